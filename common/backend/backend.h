@@ -1,0 +1,90 @@
+// The compute seam. A forward pass is split the way the cluster splits it:
+//  - RouterBackend: everything but the routed experts (embedding, attention over the paged KV
+//    cache, the gate and its top-k, dense and shared-expert FFNs, final norm, lm_head); it
+//    runs in the router process.
+//  - ExpertBackend: runs a set of experts for a set of tokens and sums their weighted outputs
+//    per token; it runs in an expert worker.
+// The CPU implementations are always built; a CUDA implementation is built when nvcc exists.
+#ifndef STRATA_COMMON_BACKEND_BACKEND_H_
+#define STRATA_COMMON_BACKEND_BACKEND_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/kv/paged_kv_cache.h"
+#include "common/tensor/tensor.h"
+
+namespace strata {
+
+// Where each token of a step sits: its KV-cache sequence and its position in it. Tokens of
+// one sequence appear in position order; a step may mix prefill chunks and decode tokens.
+struct BatchLayout {
+  std::vector<PagedKvCache::SequenceId> sequence;
+  std::vector<int64_t> position;
+
+  int64_t num_tokens() const { return static_cast<int64_t>(position.size()); }
+};
+
+// The gate's choice for each token: top_k (expert, weight) slots per token, row-major
+// [num_tokens][top_k]. An expert id of -1 marks a slot some other backend handles.
+struct RoutingTable {
+  int top_k = 0;
+  std::vector<int32_t> expert;
+  std::vector<float> weight;
+
+  int64_t num_tokens() const {
+    return top_k == 0 ? 0 : static_cast<int64_t>(expert.size()) / top_k;
+  }
+  void Resize(int64_t num_tokens, int k) {
+    top_k = k;
+    expert.assign(num_tokens * k, -1);
+    weight.assign(num_tokens * k, 0.0f);
+  }
+};
+
+class RouterBackend {
+ public:
+  virtual ~RouterBackend() = default;
+
+  // hidden[t] = embedding of ids[t]. `hidden` is resized to [ids.size(), hidden_size].
+  virtual absl::Status Embed(absl::Span<const int32_t> ids, Tensor& hidden) = 0;
+
+  // hidden += o_proj(attention(input_norm(hidden))) for every token of `batch`, writing the
+  // tokens' keys and values into `kv` first (their positions must be reserved).
+  virtual absl::Status Attention(int layer, const BatchLayout& batch, PagedKvCache& kv,
+                                 Tensor& hidden) = 0;
+
+  // ffn_input = post_attention_norm(hidden). On MoE layers also fills `routing` with the
+  // top-k experts and weights, the gate logits divided by `temperature` first.
+  virtual absl::Status PrepareFfn(int layer, const Tensor& hidden, float temperature,
+                                  Tensor& ffn_input, RoutingTable& routing) = 0;
+
+  // hidden += the layer's dense MLP (dense layers) or gated shared expert (MoE layers that
+  // have one) of ffn_input; a no-op for MoE layers without a shared expert.
+  virtual absl::Status DenseFfn(int layer, const Tensor& ffn_input, Tensor& hidden) = 0;
+
+  // hidden += partial: the combine of the experts' weighted outputs into the residual stream.
+  virtual absl::Status Combine(const Tensor& partial, Tensor& hidden) = 0;
+
+  // logits[r] = lm_head(final_norm(hidden[rows[r]])); `logits` is resized to
+  // [rows.size(), vocab].
+  virtual absl::Status Logits(const Tensor& hidden, absl::Span<const int64_t> rows,
+                              Tensor& logits) = 0;
+};
+
+class ExpertBackend {
+ public:
+  virtual ~ExpertBackend() = default;
+
+  // out[t] = sum over the slots s of token t with expert id >= 0 of
+  //          weight[t][s] * expert[t][s](x[t]).
+  // `out` is resized to x's shape; tokens with no slot of this backend get zeros.
+  virtual absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
+                                  Tensor& out) = 0;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_BACKEND_BACKEND_H_

@@ -1,0 +1,98 @@
+#include "common/backend/cpu/cpu_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace strata::cpu {
+namespace {
+
+// Row o of W as float32.
+void LoadRow(const WeightMatrix& w, int64_t o, float* row) {
+  const int64_t base = o * w.out_stride;
+  if (w.in_stride == 1) {
+    switch (w.dtype) {
+      case DType::kF32: {
+        const float* src = static_cast<const float*>(w.data) + base;
+        std::copy(src, src + w.in, row);
+        return;
+      }
+      case DType::kBF16: {
+        const uint16_t* src = static_cast<const uint16_t*>(w.data) + base;
+        for (int64_t i = 0; i < w.in; ++i) row[i] = Bf16ToFloat(src[i]);
+        return;
+      }
+      case DType::kF16:
+        break;
+    }
+  }
+  for (int64_t i = 0; i < w.in; ++i) row[i] = LoadAsFloat(w.data, w.dtype, base + i * w.in_stride);
+}
+
+}  // namespace
+
+float Dot(const float* a, const float* b, int64_t n) {
+  // Eight independent partial sums let the compiler vectorize without reassociation flags.
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) s[k] += a[i + k] * b[i + k];
+  }
+  float total = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
+void Linear(ThreadPool& pool, const float* x, int64_t n, const WeightMatrix& w,
+            const WeightVector& bias, float* y) {
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, w.in * n));
+  pool.ParallelFor(w.out, grain, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> row;
+    row.resize(w.in);
+    for (int64_t o = begin; o < end; ++o) {
+      LoadRow(w, o, row.data());
+      const float b = bias.present() ? bias.At(o) : 0.0f;
+      for (int64_t t = 0; t < n; ++t) y[t * w.out + o] = Dot(row.data(), x + t * w.in, w.in) + b;
+    }
+  });
+}
+
+void RmsNorm(const float* x, const WeightVector& weight, int64_t dim, double eps, float* out) {
+  double sum_sq = 0.0;
+  for (int64_t i = 0; i < dim; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
+  const float inv = static_cast<float>(1.0 / std::sqrt(sum_sq / static_cast<double>(dim) + eps));
+  for (int64_t i = 0; i < dim; ++i) out[i] = weight.At(i) * (x[i] * inv);
+}
+
+void RmsNormRows(ThreadPool& pool, const float* x, int64_t n, const WeightVector& weight,
+                 int64_t dim, double eps, float* out) {
+  pool.ParallelFor(n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) RmsNorm(x + t * dim, weight, dim, eps, out + t * dim);
+  });
+}
+
+void Ffn(ThreadPool& pool, const ModelConfig& config, const FfnWeights& ffn, const float* x,
+         int64_t n, float* scratch, float* out) {
+  const int64_t inter = ffn.gate.out;
+  float* gate = scratch;
+  float* up = scratch + n * inter;
+  Linear(pool, x, n, ffn.gate, ffn.gate_bias, gate);
+  Linear(pool, x, n, ffn.up, ffn.up_bias, up);
+  if (config.activation == ExpertActivation::kClampedSwiGlu) {
+    const float limit = config.swiglu_limit;
+    const float alpha = config.swiglu_alpha;
+    for (int64_t i = 0; i < n * inter; ++i) {
+      const float g = std::min(gate[i], limit);
+      const float u = std::clamp(up[i], -limit, limit);
+      gate[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+    }
+  } else {
+    for (int64_t i = 0; i < n * inter; ++i) {
+      const float g = gate[i];
+      gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  }
+  Linear(pool, gate, n, ffn.down, ffn.down_bias, out);
+}
+
+}  // namespace strata::cpu

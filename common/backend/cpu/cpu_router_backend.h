@@ -1,0 +1,41 @@
+// The reference implementation of the router side of a forward pass, in float32 on the CPU.
+#ifndef STRATA_COMMON_BACKEND_CPU_CPU_ROUTER_BACKEND_H_
+#define STRATA_COMMON_BACKEND_CPU_CPU_ROUTER_BACKEND_H_
+
+#include "common/backend/backend.h"
+#include "common/backend/rope.h"
+#include "common/model/model_weights.h"
+#include "common/util/thread_pool.h"
+
+namespace strata {
+
+class CpuRouterBackend : public RouterBackend {
+ public:
+  // `model` and `pool` must outlive the backend.
+  CpuRouterBackend(const Model& model, ThreadPool& pool);
+
+  absl::Status Embed(absl::Span<const int32_t> ids, Tensor& hidden) override;
+  absl::Status Attention(int layer, const BatchLayout& batch, PagedKvCache& kv,
+                         Tensor& hidden) override;
+  absl::Status PrepareFfn(int layer, const Tensor& hidden, float temperature, Tensor& ffn_input,
+                          RoutingTable& routing) override;
+  absl::Status DenseFfn(int layer, const Tensor& ffn_input, Tensor& hidden) override;
+  absl::Status Combine(const Tensor& partial, Tensor& hidden) override;
+  absl::Status Logits(const Tensor& hidden, absl::Span<const int64_t> rows,
+                      Tensor& logits) override;
+
+ private:
+  // Writes the top-k experts and weights of one token from its gate logits.
+  void SelectExperts(float* logits, float temperature, int32_t* experts, float* weights) const;
+
+  const ModelConfig& config_;
+  const ModelWeights& weights_;
+  ThreadPool& pool_;
+  RopeTable rope_;
+  // Scratch buffers reused across calls.
+  Tensor normed_, q_, k_, v_, attn_out_, proj_out_, gate_logits_, ffn_scratch_, ffn_out_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_BACKEND_CPU_CPU_ROUTER_BACKEND_H_

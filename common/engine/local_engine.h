@@ -1,0 +1,72 @@
+// The whole model in one process on the CPU reference backends: load, teacher-forced
+// logits, and generation for one sequence at a time.
+#ifndef STRATA_COMMON_ENGINE_LOCAL_ENGINE_H_
+#define STRATA_COMMON_ENGINE_LOCAL_ENGINE_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/backend/cpu/cpu_expert_backend.h"
+#include "common/backend/cpu/cpu_router_backend.h"
+#include "common/engine/forward_pass.h"
+#include "common/engine/sampler.h"
+#include "common/kv/paged_kv_cache.h"
+#include "common/model/model_weights.h"
+#include "common/util/thread_pool.h"
+
+namespace strata {
+
+struct LocalEngineOptions {
+  std::string model_dir;
+  int num_threads = 0;                        // 0: one per hardware thread
+  int kv_block_size = 32;                     // token slots per KV block
+  int64_t kv_cache_bytes = int64_t{1} << 30;  // upper bound on the KV pool
+  int prefill_chunk_tokens = 512;             // prompt tokens per forward step
+  float router_temperature = 1.0f;
+};
+
+struct GenerateOptions {
+  int max_new_tokens = 16;
+  SamplingParams sampling;
+  bool ignore_eos = false;  // keep going past an EOS token
+};
+
+class LocalEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalEngine>> Create(const LocalEngineOptions& options);
+
+  // Logits for every position of `ids`, computed in one pass: [ids.size(), vocab].
+  absl::StatusOr<Tensor> Logits(absl::Span<const int32_t> ids);
+
+  // New token ids after `prompt`; stops at max_new_tokens or, unless ignored, EOS (which is
+  // included in the output).
+  absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt,
+                                                const GenerateOptions& options);
+
+  const ModelConfig& config() const { return model_->config; }
+  const Model& model() const { return *model_; }
+  // Longest sequence the KV pool and the model's context allow.
+  int64_t max_sequence_tokens() const;
+
+ private:
+  LocalEngine() = default;
+  absl::Status ValidatePrompt(absl::Span<const int32_t> ids, int64_t extra_tokens) const;
+  // Runs `ids` at positions [start, start + ids.size()) of `seq`; logits for the rows asked.
+  absl::Status Step(PagedKvCache::SequenceId seq, absl::Span<const int32_t> ids, int64_t start,
+                    absl::Span<const int64_t> logit_rows, Tensor& logits);
+
+  LocalEngineOptions options_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<CpuRouterBackend> router_;
+  std::unique_ptr<CpuExpertBackend> experts_;
+  std::unique_ptr<ForwardPass> forward_;
+  std::optional<PagedKvCache> kv_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_ENGINE_LOCAL_ENGINE_H_

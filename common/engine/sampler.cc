@@ -1,0 +1,64 @@
+#include "common/engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata {
+
+absl::Status ValidateSamplingParams(const SamplingParams& p) {
+  if (!(p.temperature >= 0.0f) || std::isinf(p.temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature must be >= 0, got ", p.temperature));
+  }
+  if (p.top_k < 0) return absl::InvalidArgumentError("top_k must be >= 0");
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", p.top_p));
+  }
+  return absl::OkStatus();
+}
+
+int32_t Sampler::Sample(const float* logits, int64_t vocab) {
+  if (params_.temperature == 0.0f) {
+    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  }
+  candidates_.resize(vocab);
+  for (int64_t i = 0; i < vocab; ++i) {
+    candidates_[i] = {logits[i] / params_.temperature, static_cast<int32_t>(i)};
+  }
+  auto by_logit = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  int64_t keep = vocab;
+  if (params_.top_k > 0 && params_.top_k < vocab) keep = params_.top_k;
+  std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
+  // Softmax over the kept candidates, then cut to the smallest prefix with mass >= top_p.
+  const float max_logit = candidates_[0].first;
+  double total = 0.0;
+  for (int64_t i = 0; i < keep; ++i) {
+    candidates_[i].first = std::exp(candidates_[i].first - max_logit);
+    total += candidates_[i].first;
+  }
+  if (params_.top_p < 1.0f) {
+    double mass = 0.0;
+    int64_t cut = 0;
+    while (cut < keep) {
+      mass += candidates_[cut].first / total;
+      ++cut;
+      if (mass >= params_.top_p) break;
+    }
+    keep = cut;
+    total = 0.0;
+    for (int64_t i = 0; i < keep; ++i) total += candidates_[i].first;
+  }
+  const double draw = std::uniform_real_distribution<double>(0.0, total)(rng_);
+  double running = 0.0;
+  for (int64_t i = 0; i < keep; ++i) {
+    running += candidates_[i].first;
+    if (draw < running) return candidates_[i].second;
+  }
+  return candidates_[keep - 1].second;
+}
+
+}  // namespace strata

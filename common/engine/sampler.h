@@ -1,0 +1,36 @@
+// Picks the next token from a row of logits: greedy, or temperature with top-k / top-p.
+#ifndef STRATA_COMMON_ENGINE_SAMPLER_H_
+#define STRATA_COMMON_ENGINE_SAMPLER_H_
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace strata {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy (argmax, first index on ties)
+  int top_k = 0;             // 0: no limit
+  float top_p = 1.0f;        // nucleus mass kept, in (0, 1]
+  uint64_t seed = 0;         // same seed, same draws
+};
+
+absl::Status ValidateSamplingParams(const SamplingParams& params);
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+
+  int32_t Sample(const float* logits, int64_t vocab);
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int32_t>> candidates_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_ENGINE_SAMPLER_H_

@@ -1,0 +1,147 @@
+#include "common/model/checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "common/util/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace strata {
+namespace {
+
+std::string ShapeString(absl::Span<const int64_t> shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Shard names come from the index: keep them inside the model directory.
+bool IsPlainFileName(const std::string& name) {
+  return !name.empty() && name.find('/') == std::string::npos && name != "." && name != "..";
+}
+
+}  // namespace
+
+int64_t TensorRef::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+absl::Status Checkpoint::AddFile(const std::string& path, absl::string_view display_name) {
+  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
+  ASSIGN_OR_RETURN(std::vector<SafetensorsEntry> entries,
+                   ParseSafetensors(file->bytes(), display_name));
+  const int index = static_cast<int>(files_.size());
+  for (auto& entry : entries) {
+    if (tensors_.contains(entry.name)) {
+      return absl::InvalidArgumentError(absl::StrCat(display_name, ": tensor '", entry.name,
+                                                     "' also appears in ",
+                                                     file_names_[tensors_[entry.name].file]));
+    }
+    std::string name = entry.name;
+    tensors_.emplace(std::move(name), Located{index, std::move(entry)});
+  }
+  files_.push_back(std::move(file));
+  file_names_.emplace_back(display_name);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::unique_ptr<Checkpoint> checkpoint(new Checkpoint());
+  checkpoint->dir_ = dir;
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  const fs::path single_path = fs::path(dir) / "model.safetensors";
+  std::error_code ec;
+  if (fs::exists(index_path, ec)) {
+    ASSIGN_OR_RETURN(std::string text, ReadSmallFile(index_path.string()));
+    nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (index.is_discarded() || !index.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": not a JSON object"));
+    }
+    auto map_it = index.find("weight_map");
+    if (map_it == index.end() || !map_it->is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_path.string(), ": missing \"weight_map\" object"));
+    }
+    // Load each shard once, in the order first named.
+    std::vector<std::string> shards;
+    absl::flat_hash_set<std::string> seen;
+    for (const auto& [tensor, shard] : map_it->items()) {
+      if (!shard.is_string() || !IsPlainFileName(shard.get<std::string>())) {
+        return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": tensor '", tensor,
+                                                       "' maps to an invalid shard name"));
+      }
+      if (seen.insert(shard.get<std::string>()).second) shards.push_back(shard.get<std::string>());
+    }
+    for (const std::string& shard : shards) {
+      RETURN_IF_ERROR(checkpoint->AddFile((fs::path(dir) / shard).string(), shard));
+    }
+    for (const auto& [tensor, shard] : map_it->items()) {
+      auto it = checkpoint->tensors_.find(tensor);
+      if (it == checkpoint->tensors_.end() ||
+          checkpoint->file_names_[it->second.file] != shard.get<std::string>()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path.string(), ": tensor '", tensor, "' is listed in shard ",
+                         shard.get<std::string>(), " but that shard does not hold it"));
+      }
+    }
+  } else if (fs::exists(single_path, ec)) {
+    RETURN_IF_ERROR(checkpoint->AddFile(single_path.string(), "model.safetensors"));
+  } else {
+    return absl::NotFoundError(absl::StrCat(
+        dir, ": no model.safetensors or model.safetensors.index.json in the model directory"));
+  }
+  return checkpoint;
+}
+
+absl::StatusOr<TensorRef> Checkpoint::Get(absl::string_view name,
+                                          absl::Span<const int64_t> shape) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrCat(dir_, ": missing tensor '", name, "'"));
+  }
+  const Located& located = it->second;
+  const std::string& file_name = file_names_[located.file];
+  auto dtype = ParseDType(located.entry.dtype);
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file_name, ": tensor '", name, "': ", dtype.status().message()));
+  }
+  if (!std::equal(shape.begin(), shape.end(), located.entry.shape.begin(),
+                  located.entry.shape.end())) {
+    return absl::InvalidArgumentError(absl::StrCat(file_name, ": tensor '", name,
+                                                   "': expected shape ", ShapeString(shape),
+                                                   ", found ", ShapeString(located.entry.shape)));
+  }
+  TensorRef ref;
+  ref.name = std::string(name);
+  ref.dtype = *dtype;
+  ref.shape = located.entry.shape;
+  ref.data = files_[located.file]->bytes().data() + located.entry.begin;
+  if (reinterpret_cast<uintptr_t>(ref.data) % DTypeSize(ref.dtype) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file_name, ": tensor '", name, "': data is not aligned to its element size"));
+  }
+  return ref;
+}
+
+uint64_t Checkpoint::total_bytes() const {
+  uint64_t total = 0;
+  for (const auto& [name, located] : tensors_) total += located.entry.end - located.entry.begin;
+  return total;
+}
+
+}  // namespace strata

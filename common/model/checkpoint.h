@@ -1,0 +1,59 @@
+// The tensors of a Hugging Face model directory: model.safetensors, or the shards that
+// model.safetensors.index.json lists. Files are memory-mapped; tensors point into the maps.
+#ifndef STRATA_COMMON_MODEL_CHECKPOINT_H_
+#define STRATA_COMMON_MODEL_CHECKPOINT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/model/mapped_file.h"
+#include "common/model/safetensors.h"
+#include "common/tensor/dtype.h"
+
+namespace strata {
+
+// A float tensor inside a mapped checkpoint file; valid while the Checkpoint lives.
+struct TensorRef {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+
+  int64_t numel() const;
+  size_t bytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
+};
+
+class Checkpoint {
+ public:
+  // Opens `dir`/model.safetensors.index.json if present, else `dir`/model.safetensors.
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+
+  bool Has(absl::string_view name) const { return tensors_.contains(name); }
+  // The tensor `name`, which must exist, hold a float dtype and have exactly `shape`.
+  absl::StatusOr<TensorRef> Get(absl::string_view name, absl::Span<const int64_t> shape) const;
+  // Total bytes of all tensors.
+  uint64_t total_bytes() const;
+  size_t num_tensors() const { return tensors_.size(); }
+
+ private:
+  struct Located {
+    int file = 0;
+    SafetensorsEntry entry;
+  };
+  Checkpoint() = default;
+  absl::Status AddFile(const std::string& path, absl::string_view display_name);
+
+  std::string dir_;
+  std::vector<std::unique_ptr<MappedFile>> files_;
+  std::vector<std::string> file_names_;
+  absl::flat_hash_map<std::string, Located> tensors_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_MODEL_CHECKPOINT_H_

@@ -1,0 +1,371 @@
+#include "common/model/model_config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/util/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace strata {
+namespace {
+
+using Json = nlohmann::json;
+
+// Typed access to config keys with errors that name the file and the key.
+class ConfigReader {
+ public:
+  ConfigReader(const Json& json, absl::string_view file_name)
+      : json_(json), file_name_(file_name) {}
+
+  bool Has(absl::string_view key) const {
+    auto it = json_.find(std::string(key));
+    return it != json_.end() && !it->is_null();
+  }
+  const Json* Find(absl::string_view key) const {
+    auto it = json_.find(std::string(key));
+    return (it == json_.end() || it->is_null()) ? nullptr : &*it;
+  }
+
+  absl::Status Error(absl::string_view key, absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(file_name_, ": \"", key, "\" ", what));
+  }
+
+  absl::StatusOr<int64_t> Int(absl::string_view key, std::optional<int64_t> fallback = {},
+                              int64_t min = 1) const {
+    const Json* v = Find(key);
+    if (v == nullptr) {
+      if (fallback) return *fallback;
+      return Error(key, "is missing");
+    }
+    if (!v->is_number_integer()) return Error(key, "must be an integer");
+    const int64_t value = v->get<int64_t>();
+    if (value < min) return Error(key, absl::StrCat("must be at least ", min, ", got ", value));
+    if (value > (int64_t{1} << 40))
+      return Error(key, absl::StrCat("is implausibly large: ", value));
+    return value;
+  }
+
+  absl::StatusOr<double> Number(absl::string_view key, std::optional<double> fallback = {}) const {
+    const Json* v = Find(key);
+    if (v == nullptr) {
+      if (fallback) return *fallback;
+      return Error(key, "is missing");
+    }
+    if (!v->is_number()) return Error(key, "must be a number");
+    return v->get<double>();
+  }
+
+  absl::StatusOr<bool> Bool(absl::string_view key, bool fallback) const {
+    const Json* v = Find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean()) return Error(key, "must be true or false");
+    return v->get<bool>();
+  }
+
+  absl::StatusOr<std::string> String(absl::string_view key) const {
+    const Json* v = Find(key);
+    if (v == nullptr) return Error(key, "is missing");
+    if (!v->is_string()) return Error(key, "must be a string");
+    return v->get<std::string>();
+  }
+
+ private:
+  const Json& json_;
+  absl::string_view file_name_;
+};
+
+absl::StatusOr<RopeConfig> ParseRope(const ConfigReader& config, absl::string_view file_name) {
+  RopeConfig rope;
+  // transformers 5 writes "rope_parameters" (theta inside); older configs write "rope_theta"
+  // at the top and an optional "rope_scaling".
+  const Json* params = config.Find("rope_parameters");
+  if (params == nullptr) params = config.Find("rope_scaling");
+  if (params != nullptr && !params->is_object()) {
+    return config.Error("rope_parameters", "must be an object");
+  }
+  const Json empty = Json::object();
+  const ConfigReader rope_reader(params ? *params : empty, file_name);
+  ASSIGN_OR_RETURN(rope.theta, config.Number("rope_theta", 10000.0));
+  if (rope_reader.Has("rope_theta")) {
+    ASSIGN_OR_RETURN(rope.theta, rope_reader.Number("rope_theta"));
+  }
+  if (rope.theta <= 0) return config.Error("rope_theta", "must be positive");
+  std::string type = "default";
+  if (rope_reader.Has("rope_type")) {
+    ASSIGN_OR_RETURN(type, rope_reader.String("rope_type"));
+  } else if (rope_reader.Has("type")) {
+    ASSIGN_OR_RETURN(type, rope_reader.String("type"));
+  }
+  ASSIGN_OR_RETURN(double partial, rope_reader.Number("partial_rotary_factor", 1.0));
+  if (partial != 1.0) {
+    return config.Error("partial_rotary_factor", "other than 1.0 is not supported");
+  }
+  if (type == "default") return rope;
+  if (type != "yarn") {
+    return config.Error("rope_type",
+                        absl::StrCat("\"", type, "\" is not supported (default, yarn)"));
+  }
+  rope.type = RopeConfig::Type::kYarn;
+  ASSIGN_OR_RETURN(rope.factor, rope_reader.Number("factor"));
+  ASSIGN_OR_RETURN(double max_pos, config.Number("max_position_embeddings"));
+  ASSIGN_OR_RETURN(rope.original_max_position_embeddings,
+                   rope_reader.Number("original_max_position_embeddings", max_pos));
+  ASSIGN_OR_RETURN(rope.beta_fast, rope_reader.Number("beta_fast", 32.0));
+  ASSIGN_OR_RETURN(rope.beta_slow, rope_reader.Number("beta_slow", 1.0));
+  ASSIGN_OR_RETURN(rope.truncate, rope_reader.Bool("truncate", true));
+  if (rope_reader.Has("attention_factor")) {
+    ASSIGN_OR_RETURN(rope.attention_factor, rope_reader.Number("attention_factor"));
+  }
+  if (rope_reader.Has("mscale")) {
+    ASSIGN_OR_RETURN(rope.mscale, rope_reader.Number("mscale"));
+  }
+  if (rope_reader.Has("mscale_all_dim")) {
+    ASSIGN_OR_RETURN(rope.mscale_all_dim, rope_reader.Number("mscale_all_dim"));
+  }
+  if (rope.factor <= 0 || rope.original_max_position_embeddings <= 0) {
+    return config.Error("rope_parameters", "needs a positive factor and original length");
+  }
+  return rope;
+}
+
+// Layers that run a dense MLP instead of experts (Qwen2-MoE and Qwen3-MoE rule).
+absl::Status ParseSparseLayers(const ConfigReader& config, ModelConfig& model) {
+  ASSIGN_OR_RETURN(int64_t step, config.Int("decoder_sparse_step", 1));
+  std::vector<bool> mlp_only(model.num_layers, false);
+  if (const Json* list = config.Find("mlp_only_layers")) {
+    if (!list->is_array()) return config.Error("mlp_only_layers", "must be a list of layer ids");
+    for (const Json& v : *list) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= model.num_layers) {
+        return config.Error("mlp_only_layers", "holds an id outside [0, num_hidden_layers)");
+      }
+      mlp_only[v.get<int64_t>()] = true;
+    }
+  }
+  model.layer_is_moe.assign(model.num_layers, false);
+  for (int i = 0; i < model.num_layers; ++i) {
+    model.layer_is_moe[i] = !mlp_only[i] && model.num_experts > 0 && (i + 1) % step == 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseSlidingWindow(const ConfigReader& config, ModelConfig& model) {
+  model.sliding_window.assign(model.num_layers, 0);
+  int64_t window = 0;
+  if (config.Has("sliding_window")) {
+    ASSIGN_OR_RETURN(window, config.Int("sliding_window", {}, 0));
+  }
+  switch (model.arch) {
+    case Architecture::kMixtral:
+      model.sliding_window.assign(model.num_layers, static_cast<int>(window));
+      return absl::OkStatus();
+    case Architecture::kQwen3Moe:
+    case Architecture::kQwen2Moe: {
+      ASSIGN_OR_RETURN(bool use, config.Bool("use_sliding_window", false));
+      if (use && window > 0) return config.Error("use_sliding_window", "true is not supported");
+      return absl::OkStatus();
+    }
+    case Architecture::kGptOss: {
+      const Json* types = config.Find("layer_types");
+      if (types == nullptr) {
+        // gpt-oss alternates sliding and full attention, starting with sliding.
+        for (int i = 0; i < model.num_layers; ++i) {
+          model.sliding_window[i] = i % 2 == 0 ? static_cast<int>(window) : 0;
+        }
+        return absl::OkStatus();
+      }
+      if (!types->is_array() || static_cast<int>(types->size()) != model.num_layers) {
+        return config.Error("layer_types", "must list one type per layer");
+      }
+      for (int i = 0; i < model.num_layers; ++i) {
+        const Json& t = (*types)[i];
+        if (t == "sliding_attention") {
+          if (window <= 0) return config.Error("sliding_window", "must be set for sliding layers");
+          model.sliding_window[i] = static_cast<int>(window);
+        } else if (t != "full_attention") {
+          return config.Error("layer_types", "holds a type other than sliding/full_attention");
+        }
+      }
+      return absl::OkStatus();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseEosIds(const Json* eos, std::vector<int>& out, absl::string_view file_name) {
+  if (eos == nullptr) return absl::OkStatus();
+  out.clear();
+  auto add = [&](const Json& v) -> absl::Status {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file_name, ": \"eos_token_id\" must be a non-negative integer or a list"));
+    }
+    out.push_back(static_cast<int>(v.get<int64_t>()));
+    return absl::OkStatus();
+  };
+  if (eos->is_array()) {
+    for (const Json& v : *eos) RETURN_IF_ERROR(add(v));
+    return absl::OkStatus();
+  }
+  return add(*eos);
+}
+
+absl::StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+absl::string_view ArchitectureName(Architecture arch) {
+  switch (arch) {
+    case Architecture::kQwen3Moe:
+      return "qwen3_moe";
+    case Architecture::kMixtral:
+      return "mixtral";
+    case Architecture::kQwen2Moe:
+      return "qwen2_moe";
+    case Architecture::kGptOss:
+      return "gpt_oss";
+  }
+  return "?";
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
+                                             absl::string_view file_name) {
+  const Json json = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(file_name, ": not a JSON object"));
+  }
+  const ConfigReader config(json, file_name);
+  ModelConfig model;
+  ASSIGN_OR_RETURN(std::string model_type, config.String("model_type"));
+  if (model_type == "qwen3_moe") {
+    model.arch = Architecture::kQwen3Moe;
+  } else if (model_type == "mixtral") {
+    model.arch = Architecture::kMixtral;
+  } else if (model_type == "qwen2_moe") {
+    model.arch = Architecture::kQwen2Moe;
+  } else if (model_type == "gpt_oss") {
+    model.arch = Architecture::kGptOss;
+  } else {
+    return config.Error("model_type", absl::StrCat("\"", model_type,
+                                                   "\" is not a supported architecture "
+                                                   "(qwen3_moe, mixtral, qwen2_moe, gpt_oss)"));
+  }
+
+  ASSIGN_OR_RETURN(model.vocab_size, config.Int("vocab_size"));
+  ASSIGN_OR_RETURN(model.hidden_size, config.Int("hidden_size"));
+  ASSIGN_OR_RETURN(int64_t layers, config.Int("num_hidden_layers"));
+  ASSIGN_OR_RETURN(int64_t heads, config.Int("num_attention_heads"));
+  ASSIGN_OR_RETURN(int64_t kv_heads, config.Int("num_key_value_heads", heads));
+  model.num_layers = static_cast<int>(layers);
+  model.num_heads = static_cast<int>(heads);
+  model.num_kv_heads = static_cast<int>(kv_heads);
+  if (model.num_heads % model.num_kv_heads != 0) {
+    return config.Error("num_key_value_heads", "must divide num_attention_heads");
+  }
+  if (config.Has("head_dim")) {
+    ASSIGN_OR_RETURN(int64_t head_dim, config.Int("head_dim"));
+    model.head_dim = static_cast<int>(head_dim);
+  } else {
+    if (model.hidden_size % heads != 0) {
+      return config.Error("num_attention_heads", "must divide hidden_size when head_dim is unset");
+    }
+    model.head_dim = static_cast<int>(model.hidden_size / heads);
+  }
+  if (model.head_dim % 2 != 0) return config.Error("head_dim", "must be even for RoPE");
+  ASSIGN_OR_RETURN(model.rms_norm_eps, config.Number("rms_norm_eps", 1e-6));
+  ASSIGN_OR_RETURN(model.max_position_embeddings, config.Int("max_position_embeddings"));
+  ASSIGN_OR_RETURN(model.rope, ParseRope(config, file_name));
+  ASSIGN_OR_RETURN(model.tie_word_embeddings, config.Bool("tie_word_embeddings", false));
+  RETURN_IF_ERROR(ParseEosIds(config.Find("eos_token_id"), model.eos_token_ids, file_name));
+  if (config.Has("hidden_act")) {
+    ASSIGN_OR_RETURN(std::string act, config.String("hidden_act"));
+    if (act != "silu") return config.Error("hidden_act", "other than \"silu\" is not supported");
+  }
+
+  const char* experts_key = config.Has("num_local_experts") ? "num_local_experts" : "num_experts";
+  switch (model.arch) {
+    case Architecture::kQwen3Moe:
+    case Architecture::kQwen2Moe: {
+      ASSIGN_OR_RETURN(int64_t experts, config.Int(experts_key));
+      model.num_experts = static_cast<int>(experts);
+      ASSIGN_OR_RETURN(model.moe_intermediate_size, config.Int("moe_intermediate_size"));
+      ASSIGN_OR_RETURN(model.dense_intermediate_size, config.Int("intermediate_size"));
+      ASSIGN_OR_RETURN(model.norm_topk_prob, config.Bool("norm_topk_prob", false));
+      RETURN_IF_ERROR(ParseSparseLayers(config, model));
+      if (model.arch == Architecture::kQwen3Moe) {
+        model.qk_norm = true;
+        ASSIGN_OR_RETURN(model.qkv_bias, config.Bool("attention_bias", false));
+        model.o_bias = model.qkv_bias;
+      } else {
+        ASSIGN_OR_RETURN(model.qkv_bias, config.Bool("qkv_bias", true));
+        ASSIGN_OR_RETURN(model.shared_expert_intermediate_size,
+                         config.Int("shared_expert_intermediate_size", 0, 0));
+      }
+      break;
+    }
+    case Architecture::kMixtral: {
+      ASSIGN_OR_RETURN(int64_t experts, config.Int(experts_key));
+      model.num_experts = static_cast<int>(experts);
+      ASSIGN_OR_RETURN(model.moe_intermediate_size, config.Int("intermediate_size"));
+      model.norm_topk_prob = true;
+      model.layer_is_moe.assign(model.num_layers, true);
+      break;
+    }
+    case Architecture::kGptOss: {
+      ASSIGN_OR_RETURN(int64_t experts, config.Int(experts_key));
+      model.num_experts = static_cast<int>(experts);
+      ASSIGN_OR_RETURN(model.moe_intermediate_size, config.Int("intermediate_size"));
+      model.router_scoring = RouterScoring::kTopKThenSoftmax;
+      model.router_bias = true;
+      model.expert_bias = true;
+      model.attention_sinks = true;
+      model.activation = ExpertActivation::kClampedSwiGlu;
+      ASSIGN_OR_RETURN(double limit, config.Number("swiglu_limit", 7.0));
+      model.swiglu_limit = static_cast<float>(limit);
+      ASSIGN_OR_RETURN(model.qkv_bias, config.Bool("attention_bias", true));
+      model.o_bias = model.qkv_bias;
+      model.layer_is_moe.assign(model.num_layers, true);
+      break;
+    }
+  }
+  const char* top_k_key =
+      config.Has("num_experts_per_tok") ? "num_experts_per_tok" : "experts_per_token";
+  ASSIGN_OR_RETURN(int64_t top_k, config.Int(top_k_key));
+  model.top_k = static_cast<int>(top_k);
+  if (model.top_k > model.num_experts) {
+    return config.Error(top_k_key, "exceeds the number of experts");
+  }
+  RETURN_IF_ERROR(ParseSlidingWindow(config, model));
+  return model;
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  const std::string path = (fs::path(model_dir) / "config.json").string();
+  ASSIGN_OR_RETURN(std::string text, ReadText(path));
+  ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(text, path));
+  const std::string generation_path = (fs::path(model_dir) / "generation_config.json").string();
+  std::error_code ec;
+  if (fs::exists(generation_path, ec)) {
+    ASSIGN_OR_RETURN(std::string generation_text, ReadText(generation_path));
+    const Json generation = Json::parse(generation_text, nullptr, false);
+    if (generation.is_discarded() || !generation.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(generation_path, ": not a JSON object"));
+    }
+    auto it = generation.find("eos_token_id");
+    if (it != generation.end() && !it->is_null()) {
+      RETURN_IF_ERROR(ParseEosIds(&*it, config.eos_token_ids, generation_path));
+    }
+  }
+  return config;
+}
+
+}  // namespace strata

@@ -1,0 +1,92 @@
+// The architecture hyper-parameters of a Hugging Face MoE model, read from config.json.
+#ifndef STRATA_COMMON_MODEL_MODEL_CONFIG_H_
+#define STRATA_COMMON_MODEL_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace strata {
+
+enum class Architecture { kQwen3Moe, kMixtral, kQwen2Moe, kGptOss };
+
+absl::string_view ArchitectureName(Architecture arch);
+
+// How gate logits become expert weights.
+enum class RouterScoring {
+  kSoftmaxThenTopK,  // softmax over all experts, keep the top k (optionally renormalized)
+  kTopKThenSoftmax,  // keep the top k logits, softmax over them (gpt-oss)
+};
+
+enum class ExpertActivation {
+  kSwiGlu,         // down(silu(gate(x)) * up(x))
+  kClampedSwiGlu,  // gpt-oss: clamped gate and up, gate * sigmoid(alpha * gate) * (up + 1)
+};
+
+struct RopeConfig {
+  enum class Type { kDefault, kYarn };
+  Type type = Type::kDefault;
+  double theta = 10000.0;
+  // YaRN only.
+  double factor = 1.0;
+  double original_max_position_embeddings = 0.0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
+  std::optional<double> attention_factor;
+  std::optional<double> mscale;
+  std::optional<double> mscale_all_dim;
+};
+
+struct ModelConfig {
+  Architecture arch = Architecture::kQwen3Moe;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  double rms_norm_eps = 1e-6;
+  int64_t max_position_embeddings = 0;
+  RopeConfig rope;
+
+  // Attention.
+  bool qkv_bias = false;  // q, k, v projections carry biases
+  bool o_bias = false;    // the output projection carries a bias
+  bool qk_norm = false;   // per-head RMSNorm of q and k before RoPE (Qwen3)
+  bool attention_sinks = false;
+  std::vector<int> sliding_window;  // per layer; 0 means full causal attention
+
+  // Mixture of experts.
+  int num_experts = 0;
+  int top_k = 0;
+  bool norm_topk_prob = false;  // renormalize the kept weights to sum to 1
+  int64_t moe_intermediate_size = 0;
+  RouterScoring router_scoring = RouterScoring::kSoftmaxThenTopK;
+  bool router_bias = false;
+  bool expert_bias = false;
+  ExpertActivation activation = ExpertActivation::kSwiGlu;
+  float swiglu_alpha = 1.702f;
+  float swiglu_limit = 7.0f;
+  std::vector<bool> layer_is_moe;  // per layer; false layers run a dense MLP
+  int64_t dense_intermediate_size = 0;
+  int64_t shared_expert_intermediate_size = 0;  // 0: no shared expert
+
+  bool tie_word_embeddings = false;
+  std::vector<int> eos_token_ids;
+};
+
+// Parses config.json text; errors name `file_name` and the offending key.
+absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
+                                             absl::string_view file_name);
+
+// Reads `model_dir`/config.json, and EOS ids from generation_config.json when present.
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_MODEL_MODEL_CONFIG_H_

@@ -1,0 +1,96 @@
+// Typed views of a model's weights, bound by name from a checkpoint for each architecture.
+// Nothing is copied: every view points into the memory-mapped checkpoint files.
+#ifndef STRATA_COMMON_MODEL_MODEL_WEIGHTS_H_
+#define STRATA_COMMON_MODEL_MODEL_WEIGHTS_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/checkpoint.h"
+#include "common/model/model_config.h"
+#include "common/tensor/dtype.h"
+
+namespace strata {
+
+// A linear map y = W x with W of shape [out, in], in any stored layout: element (o, i) sits at
+// data[o * out_stride + i * in_stride]. Checkpoints that store W transposed or with gate and
+// up interleaved (gpt-oss) are described by their strides instead of being repacked.
+struct WeightMatrix {
+  const void* data = nullptr;
+  DType dtype = DType::kBF16;
+  int64_t out = 0;
+  int64_t in = 0;
+  int64_t out_stride = 0;
+  int64_t in_stride = 1;
+
+  bool present() const { return data != nullptr; }
+  float At(int64_t o, int64_t i) const {
+    return LoadAsFloat(data, dtype, o * out_stride + i * in_stride);
+  }
+};
+
+// A vector (bias, norm weight, sinks); element j at data[j * stride]. Absent when data is null.
+struct WeightVector {
+  const void* data = nullptr;
+  DType dtype = DType::kBF16;
+  int64_t size = 0;
+  int64_t stride = 1;
+
+  bool present() const { return data != nullptr; }
+  float At(int64_t j) const { return LoadAsFloat(data, dtype, j * stride); }
+};
+
+// One SwiGLU feed-forward network: down(act(gate x + gate_bias, up x + up_bias)) + down_bias.
+struct FfnWeights {
+  WeightMatrix gate, up, down;
+  WeightVector gate_bias, up_bias, down_bias;
+};
+
+struct AttentionWeights {
+  WeightMatrix q, k, v, o;
+  WeightVector q_bias, k_bias, v_bias, o_bias;
+  WeightVector q_norm, k_norm;  // per-head RMSNorm (Qwen3)
+  WeightVector sinks;           // one logit per head (gpt-oss)
+};
+
+struct LayerWeights {
+  WeightVector input_norm;
+  WeightVector post_attention_norm;
+  AttentionWeights attention;
+  // MoE layers.
+  WeightMatrix router;  // [num_experts, hidden]
+  WeightVector router_bias;
+  std::vector<FfnWeights> experts;
+  std::optional<FfnWeights> shared_expert;
+  WeightMatrix shared_expert_gate;  // [1, hidden]
+  // Dense layers.
+  std::optional<FfnWeights> dense_mlp;
+};
+
+struct ModelWeights {
+  WeightMatrix embedding;  // [vocab, hidden]; row t is token t's embedding
+  WeightMatrix lm_head;    // [vocab, hidden]; the embedding when tied
+  WeightVector final_norm;
+  std::vector<LayerWeights> layers;
+};
+
+// Binds every tensor the architecture needs, checking names, shapes and dtypes.
+absl::StatusOr<ModelWeights> BindModelWeights(const ModelConfig& config,
+                                              const Checkpoint& checkpoint);
+
+// A loaded model: its config, its mapped checkpoint and the views into it.
+struct Model {
+  std::string dir;
+  ModelConfig config;
+  std::unique_ptr<Checkpoint> checkpoint;
+  ModelWeights weights;
+};
+
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& dir);
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_MODEL_MODEL_WEIGHTS_H_

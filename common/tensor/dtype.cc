@@ -1,0 +1,76 @@
+#include "common/tensor/dtype.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace strata {
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+  }
+  return 0;
+}
+
+absl::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+  }
+  return "?";
+}
+
+absl::StatusOr<DType> ParseDType(absl::string_view name) {
+  if (name == "F32") return DType::kF32;
+  if (name == "BF16") return DType::kBF16;
+  if (name == "F16") return DType::kF16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unsupported dtype \"", name, "\" (supported: F32, BF16, F16)"));
+}
+
+float F16ToFloat(uint16_t v) {
+  const uint32_t sign = (v >> 15) & 1u;
+  const uint32_t exponent = (v >> 10) & 0x1fu;
+  const uint32_t mantissa = v & 0x3ffu;
+  float magnitude;
+  if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -24);  // subnormal
+  } else if (exponent == 31) {
+    magnitude = mantissa ? NAN : INFINITY;
+  } else {
+    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400u), static_cast<int>(exponent) - 25);
+  }
+  return sign ? -magnitude : magnitude;
+}
+
+uint16_t FloatToF16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const float a = std::fabs(f);
+  if (std::isnan(f)) return sign | 0x7e00u;
+  if (a >= 65520.0f) return sign | 0x7c00u;  // rounds to infinity
+  if (a < std::ldexp(1.0f, -14)) {           // subnormal half
+    return sign | static_cast<uint16_t>(std::nearbyint(std::ldexp(a, 24)));
+  }
+  int exponent;
+  const float m = std::frexp(a, &exponent);  // a = m * 2^exponent, m in [0.5, 1)
+  uint32_t mantissa = static_cast<uint32_t>(std::nearbyint(std::ldexp(m, 11)));  // 11 bits
+  if (mantissa == 2048) {
+    mantissa = 1024;
+    ++exponent;
+  }
+  return sign | static_cast<uint16_t>(((exponent + 14) << 10) | (mantissa & 0x3ffu));
+}
+
+}  // namespace strata

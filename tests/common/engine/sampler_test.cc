@@ -1,0 +1,63 @@
+#include "common/engine/sampler.h"
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+TEST(SamplerTest, GreedyTakesFirstMaximum) {
+  Sampler sampler(SamplingParams{});
+  const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 2.0f};
+  EXPECT_EQ(sampler.Sample(logits.data(), 4), 1);
+}
+
+TEST(SamplerTest, SameSeedSameTokens) {
+  const std::vector<float> logits = {1.0f, 1.1f, 0.9f, 1.05f, 0.2f};
+  SamplingParams params{.temperature = 1.0f, .seed = 42};
+  Sampler a(params), b(params);
+  std::vector<int32_t> draws_a, draws_b;
+  for (int i = 0; i < 50; ++i) {
+    draws_a.push_back(a.Sample(logits.data(), 5));
+    draws_b.push_back(b.Sample(logits.data(), 5));
+  }
+  EXPECT_EQ(draws_a, draws_b);
+  // Fifty draws from a near-uniform distribution use more than one token.
+  EXPECT_GT(std::set<int32_t>(draws_a.begin(), draws_a.end()).size(), 1u);
+}
+
+TEST(SamplerTest, TopKOneIsGreedy) {
+  const std::vector<float> logits = {0.5f, 0.4f, 3.0f, 0.1f};
+  Sampler sampler(SamplingParams{.temperature = 2.0f, .top_k = 1, .seed = 7});
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(sampler.Sample(logits.data(), 4), 2);
+}
+
+TEST(SamplerTest, TopPKeepsOnlyTheNucleus) {
+  // Probabilities about 0.84, 0.11, 0.04, 0.01: top_p 0.8 keeps only the first.
+  const std::vector<float> logits = {4.0f, 2.0f, 1.0f, -0.5f};
+  Sampler sampler(SamplingParams{.temperature = 1.0f, .top_p = 0.8f, .seed = 3});
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(sampler.Sample(logits.data(), 4), 0);
+}
+
+TEST(SamplerTest, FrequenciesFollowTheDistribution) {
+  const std::vector<float> logits = {0.0f, std::log(3.0f)};  // p = 0.25, 0.75
+  Sampler sampler(SamplingParams{.temperature = 1.0f, .seed = 11});
+  int ones = 0;
+  const int draws = 20000;
+  for (int i = 0; i < draws; ++i) ones += sampler.Sample(logits.data(), 2);
+  EXPECT_NEAR(static_cast<double>(ones) / draws, 0.75, 0.02);
+}
+
+TEST(SamplerTest, RejectsBadParameters) {
+  EXPECT_FALSE(ValidateSamplingParams({.temperature = -1.0f}).ok());
+  EXPECT_FALSE(ValidateSamplingParams({.top_k = -2}).ok());
+  EXPECT_FALSE(ValidateSamplingParams({.top_p = 0.0f}).ok());
+  EXPECT_FALSE(ValidateSamplingParams({.top_p = 1.5f}).ok());
+  EXPECT_TRUE(ValidateSamplingParams({.temperature = 0.7f, .top_k = 40, .top_p = 0.9f}).ok());
+}
+
+}  // namespace
+}  // namespace strata
