@@ -63,15 +63,12 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(absl::string_view file_name, const s
       return EntryError(file_name, name, "shape dimension too large");
     }
     entry.shape.push_back(static_cast<int64_t>(d));
-    if (d != 0 && elements > max_elements / d)
-      elements = max_elements + 1;  // saturate
-    else
+    if (d != 0 && elements > max_elements / d) {
+      elements = max_elements + 1;  // saturate: already too large for the file
+    } else {
       elements *= d;
+    }
   }
-  if (elements > max_elements) {
-    return EntryError(file_name, name, "shape describes more data than the file holds");
-  }
-
   auto offsets_it = value.find("data_offsets");
   if (offsets_it == value.end() || !offsets_it->is_array() || offsets_it->size() != 2 ||
       !(*offsets_it)[0].is_number_unsigned() || !(*offsets_it)[1].is_number_unsigned()) {
@@ -85,6 +82,10 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(absl::string_view file_name, const s
                       absl::StrCat("data_offsets [", begin, ", ", end,
                                    ") run past the end of the data (", data_size, " bytes)"));
   }
+  if (elements > max_elements) {
+    return EntryError(file_name, name, "shape describes more data than the file holds");
+  }
+
   const uint64_t expected_bytes = (elements * static_cast<uint64_t>(bits) + 7) / 8;
   if (end - begin != expected_bytes) {
     return EntryError(

@@ -48,6 +48,9 @@ absl::StatusOr<strata::LocalEngineOptions> EngineOptionsFromFlags() {
 }
 
 absl::Status Run(const std::string& command) {
+  if (command != "logits" && command != "generate") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\"\n", kUsage));
+  }
   auto engine = EngineOptionsFromFlags();
   if (!engine.ok()) return engine.status();
   auto ids = strata::ParseIdList(absl::GetFlag(FLAGS_ids));

@@ -1,0 +1,132 @@
+#include "common/model/model_config.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace strata {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string OracleDir(const std::string& name) {
+  return std::string(STRATA_TEST_DATA_DIR) + "/oracles/" + name;
+}
+
+TEST(ModelConfigTest, Qwen3Moe) {
+  auto c = LoadModelConfig(OracleDir("qwen3_moe"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->arch, Architecture::kQwen3Moe);
+  EXPECT_EQ(c->num_experts, 16);
+  EXPECT_EQ(c->top_k, 4);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_EQ(c->head_dim, 16);
+  EXPECT_EQ(c->layer_is_moe, std::vector<bool>(3, true));
+}
+
+TEST(ModelConfigTest, DenseLayersAndTiedEmbeddings) {
+  auto c = LoadModelConfig(OracleDir("qwen3_moe_dense_tied"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->layer_is_moe, (std::vector<bool>{false, true, false, true}));
+  EXPECT_EQ(c->head_dim, 32);
+}
+
+TEST(ModelConfigTest, MixtralDefaultsHeadDimAndEos) {
+  auto c = LoadModelConfig(OracleDir("mixtral"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 16);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int>{2});
+  EXPECT_EQ(c->sliding_window, std::vector<int>(3, 0));
+}
+
+TEST(ModelConfigTest, Qwen2MoeSharedExpert) {
+  auto c = LoadModelConfig(OracleDir("qwen2_moe"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shared_expert_intermediate_size, 64);
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_FALSE(c->o_bias);
+  EXPECT_FALSE(c->norm_topk_prob);
+}
+
+TEST(ModelConfigTest, GptOss) {
+  auto c = LoadModelConfig(OracleDir("gpt_oss"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->router_scoring, RouterScoring::kTopKThenSoftmax);
+  EXPECT_EQ(c->activation, ExpertActivation::kClampedSwiGlu);
+  EXPECT_EQ(c->sliding_window, (std::vector<int>{8, 0, 8}));
+  EXPECT_EQ(c->rope.type, RopeConfig::Type::kYarn);
+  EXPECT_EQ(c->rope.factor, 32.0);
+  EXPECT_EQ(c->rope.original_max_position_embeddings, 4096.0);
+  EXPECT_FALSE(c->rope.truncate);
+  EXPECT_TRUE(c->attention_sinks);
+  EXPECT_TRUE(c->qkv_bias && c->o_bias);
+}
+
+TEST(ModelConfigTest, OlderRopeSpelling) {
+  const std::string text = R"({"model_type": "mixtral", "vocab_size": 32, "hidden_size": 16,
+    "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+    "max_position_embeddings": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
+    "intermediate_size": 32, "rope_theta": 500000.0, "rope_scaling": null})";
+  auto c = ParseModelConfig(text, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope.theta, 500000.0);
+  EXPECT_EQ(c->rope.type, RopeConfig::Type::kDefault);
+}
+
+// Each malformed config names the file and the key at fault.
+class BadConfigTest : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
+
+TEST_P(BadConfigTest, ClearError) {
+  nlohmann::json base = {
+      {"model_type", "qwen3_moe"},     {"vocab_size", 32},         {"hidden_size", 16},
+      {"num_hidden_layers", 2},        {"num_attention_heads", 2}, {"num_key_value_heads", 1},
+      {"max_position_embeddings", 64}, {"num_experts", 4},         {"num_experts_per_tok", 2},
+      {"moe_intermediate_size", 8},    {"intermediate_size", 32}};
+  base.merge_patch(nlohmann::json::parse(GetParam().first));
+  auto c = ParseModelConfig(base.dump(), "some/config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("some/config.json"));
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr(GetParam().second));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BadConfigTest,
+    ::testing::Values(
+        std::make_pair(R"({"model_type": "llama"})", "\"llama\" is not a supported architecture"),
+        std::make_pair(R"({"model_type": null})", "\"model_type\" is missing"),
+        std::make_pair(R"({"hidden_size": "big"})", "\"hidden_size\" must be an integer"),
+        std::make_pair(R"({"hidden_size": 0})", "\"hidden_size\" must be at least 1"),
+        std::make_pair(R"({"num_hidden_layers": null})", "\"num_hidden_layers\" is missing"),
+        std::make_pair(R"({"num_key_value_heads": 3})", "must divide num_attention_heads"),
+        std::make_pair(R"({"num_experts_per_tok": 5})", "exceeds the number of experts"),
+        std::make_pair(R"({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1.0}})",
+                       "\"dynamic\" is not supported"),
+        std::make_pair(R"({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1.0}})",
+                       "\"factor\" is missing"),
+        std::make_pair(R"({"use_sliding_window": true, "sliding_window": 4})",
+                       "\"use_sliding_window\" true is not supported"),
+        std::make_pair(R"({"mlp_only_layers": [7]})", "outside [0, num_hidden_layers)"),
+        std::make_pair(R"({"hidden_act": "gelu"})", "\"hidden_act\" other than"),
+        std::make_pair(R"({"eos_token_id": "x"})", "eos_token_id"),
+        std::make_pair(R"({"head_dim": 7})", "must be even")));
+
+TEST(ModelConfigTest, NotJson) {
+  auto c = ParseModelConfig("{oops", "config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("config.json: not a JSON object"));
+}
+
+TEST(ModelConfigTest, MissingFile) {
+  auto c = LoadModelConfig("/nonexistent/model");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("/nonexistent/model/config.json"));
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,105 @@
+// The `strata` command as a user runs it: JSON on stdout, errors on stderr with a non-zero exit.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace strata {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result RunStrata(const std::string& args) {
+  const std::string command = absl::StrCat(STRATA_BIN_DIR, "/strata ", args, " 2>&1");
+  Result result;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) result.out.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+const std::string kModel = std::string(STRATA_TEST_DATA_DIR) + "/oracles/qwen3_moe";
+
+nlohmann::json Oracle() {
+  std::ifstream in(kModel + "/oracle.json");
+  return nlohmann::json::parse(in);
+}
+
+std::string Join(const std::vector<int>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) absl::StrAppend(&s, i ? "," : "", ids[i]);
+  return s;
+}
+
+TEST(StrataCliTest, LogitsPrintsOneRowPerPosition) {
+  const auto c = Oracle()["cases"][0];
+  const Result r = RunStrata("logits --model " + kModel + " --ids " + Join(c["all_ids"]));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto json = nlohmann::json::parse(r.out);
+  ASSERT_EQ(json["logits"].size(), c["all_ids"].size());
+  EXPECT_EQ(json["logits"][0].size(), 512u);
+  EXPECT_NEAR(json["logits"][3][7].get<double>(), c["logits"][3][7].get<double>(), 1e-3);
+}
+
+TEST(StrataCliTest, GenerateGreedyMatchesOracle) {
+  const auto c = Oracle()["cases"][1];
+  const Result r = RunStrata("generate --model " + kModel + " --ids " + Join(c["prompt"]) +
+                             " --max-new-tokens 16");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"], c["greedy"]);
+}
+
+TEST(StrataCliTest, SeededSamplingRepeats) {
+  const std::string args =
+      "generate --model " + kModel +
+      " --ids 1,2,3 --max-new-tokens 8 --temperature 1.5 --top-p 0.95 --seed 5";
+  const Result a = RunStrata(args);
+  const Result b = RunStrata(args);
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(nlohmann::json::parse(a.out)["token_ids"].size(), 8u);
+}
+
+TEST(StrataCliTest, Errors) {
+  struct Case {
+    std::string args;
+    std::string message;
+  };
+  const Case cases[] = {
+      {"logits --ids 1,2", "--model is required"},
+      {"logits --model /nonexistent --ids 1", "/nonexistent/config.json"},
+      {"logits --model " + kModel + " --ids 1,x", "\"x\" is not a non-negative token id"},
+      {"logits --model " + kModel + " --ids 1,512", "token id 512 at position 1 is outside"},
+      {"logits --model " + kModel + " --ids ''", "--ids is empty"},
+      {"generate --model " + kModel + " --ids 1 --max-new-tokens 0", "max_new_tokens"},
+      {"generate --model " + kModel + " --ids 1 --max-new-tokens 5000",
+       "exceed the 2048-token context"},
+      {"generate --model " + kModel + " --ids 1 --temperature -1", "temperature must be >= 0"},
+      {"generate --model " + kModel + " --ids 1 --router-temperature 0", "router_temperature"},
+      {"frobnicate --model " + kModel, "unknown command"},
+  };
+  for (const Case& c : cases) {
+    const Result r = RunStrata(c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_THAT(r.out, HasSubstr(c.message)) << c.args;
+  }
+}
+
+}  // namespace
+}  // namespace strata
