@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config python3
   libabsl-dev nlohmann-json3-dev libyaml-cpp-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libboost-dev libnuma-dev
+  libboost-dev libnuma-dev libpcre2-dev libicu-dev
   googletest libgtest-dev libgmock-dev
 )
 
