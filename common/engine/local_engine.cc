@@ -40,7 +40,8 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
 
   engine->pool_ = std::make_unique<ThreadPool>(options.num_threads);
   engine->router_ = std::make_unique<CpuRouterBackend>(*engine->model_, *engine->pool_);
-  engine->experts_ = std::make_unique<CpuExpertBackend>(*engine->model_, *engine->pool_);
+  engine->expert_source_ = std::make_unique<ModelExpertSource>(engine->model_->weights);
+  engine->experts_ = std::make_unique<CpuExpertBackend>(c, *engine->expert_source_, *engine->pool_);
   engine->forward_ = std::make_unique<ForwardPass>(
       c, *engine->router_, *engine->experts_,
       ForwardOptions{.router_temperature = options.router_temperature});

@@ -61,6 +61,7 @@ class LocalEngine {
   LocalEngineOptions options_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<ModelExpertSource> expert_source_;
   std::unique_ptr<CpuRouterBackend> router_;
   std::unique_ptr<CpuExpertBackend> experts_;
   std::unique_ptr<ForwardPass> forward_;

@@ -81,6 +81,30 @@ struct ModelWeights {
 absl::StatusOr<ModelWeights> BindModelWeights(const ModelConfig& config,
                                               const Checkpoint& checkpoint);
 
+// Where an expert backend finds expert weights: a model's own checkpoint, or the shared
+// memory of the expert store.
+class ExpertWeightSource {
+ public:
+  virtual ~ExpertWeightSource() = default;
+  // Null when the layer has no such expert.
+  virtual const FfnWeights* Find(int layer, int expert) const = 0;
+};
+
+// The experts of a checkpoint bound in this process.
+class ModelExpertSource : public ExpertWeightSource {
+ public:
+  explicit ModelExpertSource(const ModelWeights& weights) : weights_(weights) {}
+  const FfnWeights* Find(int layer, int expert) const override {
+    if (layer < 0 || layer >= static_cast<int>(weights_.layers.size())) return nullptr;
+    const auto& experts = weights_.layers[layer].experts;
+    if (expert < 0 || expert >= static_cast<int>(experts.size())) return nullptr;
+    return &experts[expert];
+  }
+
+ private:
+  const ModelWeights& weights_;
+};
+
 // A loaded model: its config, its mapped checkpoint and the views into it.
 struct Model {
   std::string dir;

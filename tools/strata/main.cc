@@ -1,6 +1,10 @@
-// strata: the command-line tool. Subcommands:
+// strata: the command-line tool.
 //   strata logits   --model DIR --ids 1,2,3
-//   strata generate --model DIR --ids 1,2,3 --max-new-tokens N [--temperature T ...]
+//   strata generate --model DIR --ids 1,2,3 [--max-new-tokens N] [--temperature T ...]
+//   strata generate --server HOST:PORT (--ids 1,2,3 | --prompt TEXT) [...]
+//   strata up       --model DIR [--workers N] [--device cpu] [--port P] [--config FILE]
+#include <unistd.h>
+
 #include <iostream>
 #include <string>
 #include <vector>
@@ -9,11 +13,18 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/util/process.h"
+#include "tools/strata/client_commands.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/id_list.h"
+#include "tools/strata/supervisor.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json + safetensors)");
 ABSL_FLAG(std::string, ids, "", "Prompt token ids, comma-separated");
+ABSL_FLAG(std::string, prompt, "", "Prompt text (with --server; the model needs a tokenizer)");
+ABSL_FLAG(std::string, server, "", "Generate through a running cluster at HOST:PORT");
+ABSL_FLAG(std::vector<std::string>, stop, {}, "Stop strings, comma-separated (with --server)");
+ABSL_FLAG(bool, stream, false, "Print the text as it arrives (with --server)");
 ABSL_FLAG(int, max_new_tokens, 16, "Tokens to generate");
 ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 is greedy");
 ABSL_FLAG(int, top_k, 0, "Sample among the k most likely tokens; 0 keeps all");
@@ -21,10 +32,17 @@ ABSL_FLAG(double, top_p, 1.0, "Sample from the smallest set with this probabilit
 ABSL_FLAG(uint64_t, seed, 0, "Random seed for sampling");
 ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the end-of-sequence token");
 ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");
-ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
+ABSL_FLAG(int, threads, 0, "CPU threads (per process with up); 0 uses every hardware thread");
 ABSL_FLAG(int, kv_block_size, 32, "Token slots per paged KV-cache block");
 ABSL_FLAG(int64_t, kv_cache_mb, 1024, "Upper bound on KV-cache memory, MiB");
 ABSL_FLAG(int, prefill_chunk, 512, "Prompt tokens per forward step");
+ABSL_FLAG(int, workers, 1, "up: expert worker processes");
+ABSL_FLAG(std::string, device, "cpu", "up: where workers run experts");
+ABSL_FLAG(std::string, host, "127.0.0.1", "up: address to serve on");
+ABSL_FLAG(int, port, 0, "up: port to serve Generate on; 0 picks a free port");
+ABSL_FLAG(std::string, transport, "shm", "up: shm or grpc between router and workers");
+ABSL_FLAG(std::string, config, "", "up: YAML or JSON cluster config; flags override it");
+ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 
 namespace {
 
@@ -33,7 +51,10 @@ constexpr char kUsage[] =
     "commands:\n"
     "  logits    --model DIR --ids 1,2,3   logits of every position, as JSON\n"
     "  generate  --model DIR --ids 1,2,3 [--max-new-tokens N] [--temperature T]\n"
-    "            [--top-k K] [--top-p P] [--seed S]   new token ids, as JSON\n";
+    "            [--top-k K] [--top-p P] [--seed S]   new token ids, as JSON\n"
+    "  generate  --server HOST:PORT (--ids 1,2,3 | --prompt TEXT) [...]   through a cluster\n"
+    "  up        --model DIR [--workers N] [--device cpu] [--port P] [--config FILE]\n"
+    "            start a cluster; prints READY <host>:<port>\n";
 
 absl::StatusOr<strata::LocalEngineOptions> EngineOptionsFromFlags() {
   strata::LocalEngineOptions options;
@@ -47,60 +68,108 @@ absl::StatusOr<strata::LocalEngineOptions> EngineOptionsFromFlags() {
   return options;
 }
 
-absl::Status Run(const std::string& command) {
+strata::SamplingParams SamplingFromFlags() {
+  strata::SamplingParams s;
+  s.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  s.top_k = absl::GetFlag(FLAGS_top_k);
+  s.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  s.seed = absl::GetFlag(FLAGS_seed);
+  return s;
+}
+
+absl::Status RemoteGenerate() {
+  strata::RemoteGenerateOptions options;
+  options.server = absl::GetFlag(FLAGS_server);
+  options.stream_text = absl::GetFlag(FLAGS_stream);
+  strata::v1::GenerateRequest& r = options.request;
+  r.set_prompt(absl::GetFlag(FLAGS_prompt));
+  if (!absl::GetFlag(FLAGS_ids).empty()) {
+    auto ids = strata::ParseIdList(absl::GetFlag(FLAGS_ids));
+    if (!ids.ok()) return ids.status();
+    for (int32_t id : *ids) r.add_prompt_token_ids(static_cast<uint32_t>(id));
+  }
+  r.set_max_new_tokens(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_max_new_tokens))));
+  const strata::SamplingParams s = SamplingFromFlags();
+  r.mutable_sampling()->set_temperature(s.temperature);
+  r.mutable_sampling()->set_top_k(static_cast<uint32_t>(std::max(0, s.top_k)));
+  r.mutable_sampling()->set_top_p(s.top_p);
+  r.mutable_sampling()->set_seed(s.seed);
+  for (const std::string& stop : absl::GetFlag(FLAGS_stop)) r.add_stop(stop);
+  r.set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  return strata::RunRemoteGenerate(options, std::cout);
+}
+
+absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
+  strata::SupervisorOptions options;
+  strata::ClusterConfig& c = options.cluster;
+  if (!absl::GetFlag(FLAGS_config).empty()) {
+    if (absl::Status s = strata::LoadClusterConfig(absl::GetFlag(FLAGS_config), c); !s.ok()) {
+      return s;
+    }
+  }
+  // Flags given on the command line override the file.
+  if (flags.Specified("model") || c.model.empty()) c.model = absl::GetFlag(FLAGS_model);
+  if (flags.Specified("workers")) c.workers = absl::GetFlag(FLAGS_workers);
+  if (flags.Specified("device")) c.device = absl::GetFlag(FLAGS_device);
+  if (flags.Specified("host")) c.host = absl::GetFlag(FLAGS_host);
+  if (flags.Specified("port")) c.port = absl::GetFlag(FLAGS_port);
+  if (flags.Specified("transport")) c.transport = absl::GetFlag(FLAGS_transport);
+  if (flags.Specified("log_level")) c.log_level = absl::GetFlag(FLAGS_log_level);
+  if (flags.Specified("threads")) c.threads_per_process = absl::GetFlag(FLAGS_threads);
+  if (flags.Specified("kv_block_size")) c.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  if (flags.Specified("kv_cache_mb")) c.kv_memory_mb = absl::GetFlag(FLAGS_kv_cache_mb);
+  if (flags.Specified("router_temperature")) {
+    c.router_temperature = static_cast<float>(absl::GetFlag(FLAGS_router_temperature));
+  }
+  if (c.device != "cpu" && c.device != "cuda") {
+    return absl::InvalidArgumentError("--device must be cpu or cuda");
+  }
+  options.bin_dir = self.substr(0, self.rfind('/'));
+  return strata::RunCluster(options, std::cout);
+}
+
+absl::Status Run(const std::string& command, strata::DashedFlags& flags, const std::string& self) {
+  if (command == "up") return Up(flags, self);
   if (command != "logits" && command != "generate") {
     return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\"\n", kUsage));
   }
+  if (command == "generate" && !absl::GetFlag(FLAGS_server).empty()) return RemoteGenerate();
   auto engine = EngineOptionsFromFlags();
   if (!engine.ok()) return engine.status();
   auto ids = strata::ParseIdList(absl::GetFlag(FLAGS_ids));
   if (!ids.ok()) return ids.status();
-  if (command == "logits") {
-    return strata::RunLogitsCommand({*engine, *ids}, std::cout);
-  }
-  if (command == "generate") {
-    strata::GenerateCommandOptions options{*engine, *ids, {}};
-    options.generate.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-    options.generate.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
-    options.generate.sampling.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
-    options.generate.sampling.top_k = absl::GetFlag(FLAGS_top_k);
-    options.generate.sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
-    options.generate.sampling.seed = absl::GetFlag(FLAGS_seed);
-    return strata::RunGenerateCommand(options, std::cout);
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\"\n", kUsage));
+  if (command == "logits") return strata::RunLogitsCommand({*engine, *ids}, std::cout);
+  strata::GenerateCommandOptions options{*engine, *ids, {}};
+  options.generate.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  options.generate.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  options.generate.sampling = SamplingFromFlags();
+  return strata::RunGenerateCommand(options, std::cout);
 }
 
-// Accepts --max-new-tokens as well as --max_new_tokens: dashes in a flag's name (not its
-// value) become underscores before Abseil parses it.
-std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
-  std::vector<std::string> out(argv, argv + argc);
-  for (size_t i = 1; i < out.size(); ++i) {
-    std::string& arg = out[i];
-    if (arg == "--") break;
-    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) continue;
-    const size_t name_end = std::min(arg.find('='), arg.size());
-    for (size_t j = 2; j < name_end; ++j) {
-      if (arg[j] == '-') arg[j] = '_';
-    }
-  }
-  return out;
+// The path of this executable, to find the server binaries beside it.
+std::string SelfPath(const char* argv0) {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) return std::string(buf, static_cast<size_t>(n));
+  return argv0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
-  std::vector<std::string> normalized = NormalizeFlagNames(argc, argv);
-  std::vector<char*> normalized_argv;
-  for (std::string& arg : normalized) normalized_argv.push_back(arg.data());
-  std::vector<char*> args =
-      absl::ParseCommandLine(static_cast<int>(normalized_argv.size()), normalized_argv.data());
+  strata::DashedFlags flags(argc, argv);
+  std::vector<char*> args = absl::ParseCommandLine(flags.argc(), flags.argv());
   if (args.size() != 2) {
     std::cerr << kUsage;
     return 2;
   }
-  absl::Status status = Run(args[1]);
+  strata::SetProgramName(absl::StrCat("strata ", args[1]));
+  if (!strata::SetLogLevel(absl::GetFlag(FLAGS_log_level))) {
+    std::cerr << "strata: --log-level must be debug, info, warning or error\n";
+    return 2;
+  }
+  absl::Status status = Run(args[1], flags, SelfPath(argv[0]));
   if (!status.ok()) {
     std::cerr << "strata " << args[1] << ": " << status.message() << "\n";
     return 1;

@@ -10,15 +10,15 @@ namespace strata {
 
 class CpuExpertBackend : public ExpertBackend {
  public:
-  // `model` and `pool` must outlive the backend.
-  CpuExpertBackend(const Model& model, ThreadPool& pool);
+  // `config`, `experts` and `pool` must outlive the backend.
+  CpuExpertBackend(const ModelConfig& config, const ExpertWeightSource& experts, ThreadPool& pool);
 
   absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                           Tensor& out) override;
 
  private:
   const ModelConfig& config_;
-  const ModelWeights& weights_;
+  const ExpertWeightSource& experts_;
   ThreadPool& pool_;
   Tensor gathered_, scratch_, expert_out_;
 };

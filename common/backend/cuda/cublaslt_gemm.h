@@ -1,0 +1,51 @@
+// bf16 GEMM through cuBLASLt for the many-token case: y[n, out] = x[n, in] W^T with W the
+// row-major [out, in] weight (the "TN" layout cuBLASLt prefers), float32 accumulation.
+// Descriptors and the heuristic's algorithm are cached per shape and alignment.
+#ifndef STRATA_COMMON_BACKEND_CUDA_CUBLASLT_GEMM_H_
+#define STRATA_COMMON_BACKEND_CUDA_CUBLASLT_GEMM_H_
+
+#include <cublasLt.h>
+
+#include <array>
+#include <cstdint>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "common/backend/cuda/cuda_context.h"
+#include "common/backend/cuda/cuda_types.h"
+
+namespace strata::gpu {
+
+class CublasLtGemm {
+ public:
+  // `context` must outlive this object.
+  explicit CublasLtGemm(CudaContext* context) : context_(context) {}
+  ~CublasLtGemm();
+  CublasLtGemm(const CublasLtGemm&) = delete;
+  CublasLtGemm& operator=(const CublasLtGemm&) = delete;
+
+  // w: [out, in] bf16; x: [n, in] bf16; y: [n, out], bf16 or float by y_type; all row-major
+  // and packed. Enqueued on `stream`; the first call per shape queries the heuristic (host only,
+  // safe inside graph capture).
+  absl::Status Run(const bf16* w, int64_t out, int64_t in, const bf16* x, int64_t n, void* y,
+                   OutType y_type, cudaStream_t stream);
+
+ private:
+  // (n, out, in, y_type, alignment of w, x, y).
+  using Key = std::array<int64_t, 7>;
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+
+  absl::Status MakePlan(const Key& key, Plan& plan);
+  static void DestroyPlan(Plan& plan);
+
+  CudaContext* context_;
+  absl::flat_hash_map<Key, Plan> plans_;
+};
+
+}  // namespace strata::gpu
+
+#endif  // STRATA_COMMON_BACKEND_CUDA_CUBLASLT_GEMM_H_

@@ -1,0 +1,20 @@
+// FP8 E4M3 weight quantization with one scale per output channel (row): scale = absmax / 448,
+// q = saturate(round_to_nearest_even(w / scale)). The host and device versions agree bit for
+// bit, so weights may be quantized once at load on either side.
+#ifndef STRATA_COMMON_BACKEND_CUDA_FP8_QUANT_H_
+#define STRATA_COMMON_BACKEND_CUDA_FP8_QUANT_H_
+
+#include "common/backend/cuda/cuda_types.h"
+
+namespace strata::gpu {
+
+// w: [out, in] bf16 row-major (raw bits on the host); q: [out, in] FP8 E4M3 bytes; scales:
+// [out]. An all-zero row gets scale 1.
+void QuantizeFp8PerChannel(const uint16_t* w, int64_t out, int64_t in, uint8_t* q, float* scales);
+
+cudaError_t LaunchQuantizeFp8PerChannel(const bf16* w, int64_t out, int64_t in, uint8_t* q,
+                                        float* scales, cudaStream_t stream);
+
+}  // namespace strata::gpu
+
+#endif  // STRATA_COMMON_BACKEND_CUDA_FP8_QUANT_H_

@@ -1,0 +1,406 @@
+#include "common/backend/cuda/gemv_core.cuh"
+#include "common/backend/cuda/grouped_expert_kernels.h"
+
+namespace strata::gpu {
+namespace {
+
+constexpr int kPlanThreads = 256;
+constexpr int kPlanPerThread = kMaxGroupedExperts / kPlanThreads;
+
+// Slots per work item: the token-count bucket the kernels are compiled for. An expert is
+// selected at most once per token, so it never has more than n slots.
+int ChunkTokens(int64_t n) {
+  if (n <= 1) return 1;
+  if (n == 2) return 2;
+  if (n <= 4) return 4;
+  if (n <= 8) return 8;
+  return 16;
+}
+
+// Upper bound on work items: sum over experts of ceil(count / chunk).
+int64_t MaxWork(int64_t slots, int num_experts, int chunk) {
+  const int64_t active = slots < num_experts ? slots : num_experts;
+  const int64_t bound = active + slots / chunk;
+  return bound < slots ? bound : slots;
+}
+
+size_t RoundUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+__device__ __forceinline__ bool ValidExpert(int32_t e, int num_experts) {
+  return e >= 0 && e < num_experts;
+}
+
+// Exclusive prefix sum over the block of one int per thread; *total gets the block's sum.
+__device__ int BlockExclusiveScan(int v, int* warp_sums, int* total) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  int inclusive = v;
+#pragma unroll
+  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+    const int other = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  __syncthreads();  // warp_sums may still be read by a previous call
+  if (lane == kWarpSize - 1) warp_sums[warp] = inclusive;
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int w = 0; w < kPlanThreads / kWarpSize; ++w) {
+    if (w < warp) before += warp_sums[w];
+    all += warp_sums[w];
+  }
+  *total = all;
+  return before + inclusive - v;
+}
+
+// One block: counts slots per expert, lays the slots out grouped by expert (in slot order
+// within an expert, so the plan is deterministic), and cuts each expert's run into items.
+__global__ void __launch_bounds__(kPlanThreads)
+    ExpertPlanKernel(const int32_t* __restrict__ expert_ids, int slots, int num_experts, int chunk,
+                     ExpertWorkspace ws) {
+  __shared__ int count[kMaxGroupedExperts];
+  __shared__ int offset[kMaxGroupedExperts];
+  __shared__ int work_offset[kMaxGroupedExperts];
+  __shared__ int fill[kMaxGroupedExperts];
+  __shared__ int warp_sums[kPlanThreads / kWarpSize];
+  for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) count[e] = fill[e] = 0;
+  __syncthreads();
+  for (int s = threadIdx.x; s < slots; s += kPlanThreads) {
+    const int32_t e = expert_ids[s];
+    if (ValidExpert(e, num_experts)) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+
+  // Thread i owns experts [i * kPlanPerThread, (i + 1) * kPlanPerThread).
+  const int e0 = threadIdx.x * kPlanPerThread;
+  int my_slots = 0, my_items = 0;
+#pragma unroll
+  for (int j = 0; j < kPlanPerThread; ++j) {
+    const int c = e0 + j < num_experts ? count[e0 + j] : 0;
+    my_slots += c;
+    my_items += (c + chunk - 1) / chunk;
+  }
+  int total_slots, total_items;
+  int slot_base = BlockExclusiveScan(my_slots, warp_sums, &total_slots);
+  int item_base = BlockExclusiveScan(my_items, warp_sums, &total_items);
+#pragma unroll
+  for (int j = 0; j < kPlanPerThread; ++j) {
+    const int e = e0 + j;
+    if (e >= num_experts) break;
+    offset[e] = slot_base;
+    work_offset[e] = item_base;
+    slot_base += count[e];
+    item_base += (count[e] + chunk - 1) / chunk;
+  }
+  __syncthreads();
+
+  // Slots into their expert's run: one warp, 32 slots at a time, ranks by lane order.
+  if (threadIdx.x < kWarpSize) {
+    const int lane = threadIdx.x;
+    for (int base = 0; base < slots; base += kWarpSize) {
+      const int s = base + lane;
+      int32_t e = s < slots ? expert_ids[s] : -1;
+      if (!ValidExpert(e, num_experts)) e = -1;
+      const unsigned peers = __match_any_sync(kFullMask, e);
+      const int rank = __popc(peers & ((1u << lane) - 1u));
+      if (e >= 0) ws.sorted_slots[offset[e] + fill[e] + rank] = s;
+      __syncwarp();
+      if (e >= 0 && rank == 0) fill[e] += __popc(peers);
+      __syncwarp();
+    }
+  }
+  for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) {
+    const int items = (count[e] + chunk - 1) / chunk;
+    for (int j = 0; j < items; ++j) {
+      int32_t* item = ws.work + 4 * (work_offset[e] + j);
+      item[0] = e;
+      item[1] = offset[e] + j * chunk;
+      item[2] = min(chunk, count[e] - j * chunk);
+      item[3] = 0;
+    }
+  }
+  if (threadIdx.x == 0) *ws.num_work = total_items;
+}
+
+template <int kNT>
+inline constexpr int kPairRowsFor = kNT <= 4 ? 2 : 1;  // gate (and up) rows per thread group
+
+__device__ __forceinline__ float Activate(float g, float u, const GluParams& act) {
+  if (act.activation == GluActivation::kClampedSwiGlu) {
+    g = fminf(g, act.limit);
+    u = fminf(fmaxf(u, -act.limit), act.limit);
+    return (u + 1.0f) * (g / (1.0f + expf(-act.alpha * g)));
+  }
+  return g / (1.0f + expf(-g)) * u;
+}
+
+// Grid: (row tiles of the intermediate dim, work items). Each thread group computes kP rows
+// of gate and the same kP rows of up for the item's slots, then applies the activation.
+template <typename WT, int kE, int kNT>
+__global__ void __launch_bounds__(kGemvThreads, 2)
+    ExpertGateUpKernel(const bf16* __restrict__ x, int top_k, ExpertWeightTable w, GluParams act,
+                       ExpertWorkspace ws, int num_parts) {
+  constexpr int kP = kPairRowsFor<kNT>;
+  constexpr int kRows = 2 * kP;
+  __shared__ float red[kGemvThreads / kWarpSize * kRows * kNT];
+  __shared__ float totals[kGemvThreads / kWarpSize][kRows * kNT];
+  if (static_cast<int>(blockIdx.y) >= *ws.num_work) return;
+  const int32_t* item = ws.work + 4 * blockIdx.y;
+  const int e = item[0];
+  const int first = item[1];
+  const int count = item[2];
+  const int group = threadIdx.x / num_parts;
+  const int part = threadIdx.x % num_parts;
+  const int64_t i0 = (int64_t{blockIdx.x} * (kGemvThreads / num_parts) + group) * kP;
+  const int64_t inter = w.intermediate;
+  const WT* gate = static_cast<const WT*>(w.gate[e]);
+  const WT* up = static_cast<const WT*>(w.up[e]);
+  const WT* wr[kRows];
+#pragma unroll
+  for (int p = 0; p < kP; ++p) {
+    const int64_t i = min(i0 + p, inter - 1);
+    wr[p] = gate + i * w.hidden;
+    wr[kP + p] = up + i * w.hidden;
+  }
+  const bf16* xr[kNT];
+#pragma unroll
+  for (int t = 0; t < kNT; ++t) {
+    const int slot = ws.sorted_slots[first + min(t, count - 1)];
+    xr[t] = x + int64_t{slot / top_k} * w.hidden;
+  }
+  float acc[kRows][kNT];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int t = 0; t < kNT; ++t) acc[r][t] = 0.0f;
+  }
+  AccumulateDots<WT, kE, kRows, kNT>(wr, xr, count, w.hidden, part, num_parts, acc);
+  GroupReduce<kRows, kNT>(acc, num_parts, red,
+                          [&](int r, int t, float v) { totals[group][r * kNT + t] = v; });
+  __syncthreads();
+  for (int idx = part; idx < kP * kNT; idx += num_parts) {
+    const int p = idx / kNT;
+    const int t = idx % kNT;
+    const int64_t i = i0 + p;
+    if (i >= inter || t >= count) continue;
+    float g = totals[group][p * kNT + t];
+    float u = totals[group][(kP + p) * kNT + t];
+    if (w.format == WeightFormat::kFp8E4M3) {
+      g *= w.gate_scale[e][i];
+      u *= w.up_scale[e][i];
+    }
+    if (w.gate_bias != nullptr && w.gate_bias[e] != nullptr)
+      g += __bfloat162float(w.gate_bias[e][i]);
+    if (w.up_bias != nullptr && w.up_bias[e] != nullptr) u += __bfloat162float(w.up_bias[e][i]);
+    const int slot = ws.sorted_slots[first + t];
+    ws.h[int64_t{slot} * inter + i] = __float2bfloat16(Activate(g, u, act));
+  }
+}
+
+// Grid: (row tiles of the hidden dim, work items): y[slot] = down_e h[slot] + bias.
+template <typename WT, int kE, int kNT>
+__global__ void __launch_bounds__(kGemvThreads, 2)
+    ExpertDownKernel(ExpertWeightTable w, ExpertWorkspace ws, int num_parts) {
+  constexpr int kRows = kNT <= 4 ? 4 : 2;
+  __shared__ float red[kGemvThreads / kWarpSize * kRows * kNT];
+  if (static_cast<int>(blockIdx.y) >= *ws.num_work) return;
+  const int32_t* item = ws.work + 4 * blockIdx.y;
+  const int e = item[0];
+  const int first = item[1];
+  const int count = item[2];
+  const int group = threadIdx.x / num_parts;
+  const int64_t o0 = (int64_t{blockIdx.x} * (kGemvThreads / num_parts) + group) * kRows;
+  const WT* down = static_cast<const WT*>(w.down[e]);
+  const WT* wr[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) wr[r] = down + min(o0 + r, w.hidden - 1) * w.intermediate;
+  const bf16* xr[kNT];
+#pragma unroll
+  for (int t = 0; t < kNT; ++t) {
+    xr[t] = ws.h + int64_t{ws.sorted_slots[first + min(t, count - 1)]} * w.intermediate;
+  }
+  float acc[kRows][kNT];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int t = 0; t < kNT; ++t) acc[r][t] = 0.0f;
+  }
+  AccumulateDots<WT, kE, kRows, kNT>(wr, xr, count, w.intermediate, threadIdx.x % num_parts,
+                                     num_parts, acc);
+  GroupReduce<kRows, kNT>(acc, num_parts, red, [&](int r, int t, float v) {
+    const int64_t o = o0 + r;
+    if (o >= w.hidden || t >= count) return;
+    if (w.format == WeightFormat::kFp8E4M3) v *= w.down_scale[e][o];
+    if (w.down_bias != nullptr && w.down_bias[e] != nullptr)
+      v += __bfloat162float(w.down_bias[e][o]);
+    ws.y[int64_t{ws.sorted_slots[first + t]} * w.hidden + o] = v;
+  });
+}
+
+// One block per token: the weighted sum of its valid slots, in slot order.
+__global__ void __launch_bounds__(256)
+    ExpertCombineKernel(const int32_t* __restrict__ expert_ids, const float* __restrict__ weights,
+                        int top_k, int num_experts, int64_t hidden, const float* __restrict__ y,
+                        bf16* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    float sum = 0.0f;
+    for (int s = 0; s < top_k; ++s) {
+      const int64_t slot = t * top_k + s;
+      if (ValidExpert(expert_ids[slot], num_experts)) sum += weights[slot] * y[slot * hidden + j];
+    }
+    out[t * hidden + j] = __float2bfloat16(sum);
+  }
+}
+
+bool ValidTable(const ExpertWeightTable& w) {
+  return w.num_experts > 0 && w.num_experts <= kMaxGroupedExperts && w.hidden > 0 &&
+         w.intermediate > 0 && w.gate != nullptr && w.up != nullptr && w.down != nullptr &&
+         (w.format == WeightFormat::kBf16 ||
+          (w.gate_scale != nullptr && w.up_scale != nullptr && w.down_scale != nullptr));
+}
+
+template <typename WT, int kE, int kNT>
+cudaError_t GateUpTyped(const bf16* x, int64_t n, int top_k, const ExpertWeightTable& w,
+                        const GluParams& act, const ExpertWorkspace& ws, cudaStream_t stream) {
+  constexpr int kP = kPairRowsFor<kNT>;
+  const int64_t max_work = MaxWork(n * top_k, w.num_experts, ChunkTokens(n));
+  const int64_t row_groups = (w.intermediate + kP - 1) / kP;
+  const int parts = GemvPartsFor(w.hidden / kE, row_groups * max_work);
+  const int64_t tiles = (row_groups + kGemvThreads / parts - 1) / (kGemvThreads / parts);
+  if (max_work > 65535 || tiles > 0x7fffffff) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(max_work));
+  ExpertGateUpKernel<WT, kE, kNT><<<grid, kGemvThreads, 0, stream>>>(x, top_k, w, act, ws, parts);
+  return cudaGetLastError();
+}
+
+template <typename WT, int kE, int kNT>
+cudaError_t DownTyped(int64_t n, int top_k, const ExpertWeightTable& w, const ExpertWorkspace& ws,
+                      cudaStream_t stream) {
+  constexpr int kRows = kNT <= 4 ? 4 : 2;
+  const int64_t max_work = MaxWork(n * top_k, w.num_experts, ChunkTokens(n));
+  const int64_t row_groups = (w.hidden + kRows - 1) / kRows;
+  const int parts = GemvPartsFor(w.intermediate / kE, row_groups * max_work);
+  const int64_t tiles = (row_groups + kGemvThreads / parts - 1) / (kGemvThreads / parts);
+  if (max_work > 65535 || tiles > 0x7fffffff) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(max_work));
+  ExpertDownKernel<WT, kE, kNT><<<grid, kGemvThreads, 0, stream>>>(w, ws, parts);
+  return cudaGetLastError();
+}
+
+// Picks the instantiation: weight type, vector width (16-byte when both dims allow), and the
+// token bucket. `Fn` is GateUpTyped or DownTyped via a generic lambda.
+template <typename Fn>
+cudaError_t Dispatch(int64_t n, const ExpertWeightTable& w, bool x_aligned, Fn&& fn) {
+  auto by_tokens = [&](auto wt, auto ke) -> cudaError_t {
+    using WT = decltype(wt);
+    constexpr int kE = decltype(ke)::value;
+    switch (ChunkTokens(n)) {
+      case 1:
+        return fn.template operator()<WT, kE, 1>();
+      case 2:
+        return fn.template operator()<WT, kE, 2>();
+      case 4:
+        return fn.template operator()<WT, kE, 4>();
+      case 8:
+        return fn.template operator()<WT, kE, 8>();
+      default:
+        return fn.template operator()<WT, kE, 16>();
+    }
+  };
+  if (w.format == WeightFormat::kBf16) {
+    constexpr int kE = kVecElems<bf16>;
+    if (x_aligned && w.hidden % kE == 0 && w.intermediate % kE == 0) {
+      return by_tokens(bf16{}, std::integral_constant<int, kE>{});
+    }
+    return by_tokens(bf16{}, std::integral_constant<int, 1>{});
+  }
+  constexpr int kE = kVecElems<uint8_t>;
+  if (x_aligned && w.hidden % kE == 0 && w.intermediate % kE == 0) {
+    return by_tokens(uint8_t{}, std::integral_constant<int, kE>{});
+  }
+  return by_tokens(uint8_t{}, std::integral_constant<int, 1>{});
+}
+
+}  // namespace
+
+size_t ExpertWorkspaceBytes(int64_t n, int top_k, int64_t hidden, int64_t intermediate) {
+  const int64_t slots = n * top_k;
+  return RoundUp(slots * sizeof(int32_t)) + RoundUp(slots * 4 * sizeof(int32_t)) +
+         RoundUp(sizeof(int32_t)) + RoundUp(slots * intermediate * sizeof(bf16)) +
+         RoundUp(slots * hidden * sizeof(float));
+}
+
+ExpertWorkspace CarveExpertWorkspace(void* base, int64_t n, int top_k, int64_t hidden,
+                                     int64_t intermediate) {
+  const int64_t slots = n * top_k;
+  char* p = static_cast<char*>(base);
+  ExpertWorkspace ws;
+  ws.sorted_slots = reinterpret_cast<int32_t*>(p);
+  p += RoundUp(slots * sizeof(int32_t));
+  ws.work = reinterpret_cast<int32_t*>(p);
+  p += RoundUp(slots * 4 * sizeof(int32_t));
+  ws.num_work = reinterpret_cast<int32_t*>(p);
+  p += RoundUp(sizeof(int32_t));
+  ws.h = reinterpret_cast<bf16*>(p);
+  p += RoundUp(slots * intermediate * sizeof(bf16));
+  ws.y = reinterpret_cast<float*>(p);
+  return ws;
+}
+
+cudaError_t LaunchExpertPlan(const int32_t* expert_ids, int64_t n, int top_k, int num_experts,
+                             const ExpertWorkspace& ws, cudaStream_t stream) {
+  if (n < 0 || top_k <= 0 || num_experts <= 0 || num_experts > kMaxGroupedExperts ||
+      n * top_k > 0x7fffffff) {
+    return cudaErrorInvalidValue;
+  }
+  ExpertPlanKernel<<<1, kPlanThreads, 0, stream>>>(expert_ids, static_cast<int>(n * top_k),
+                                                   num_experts, ChunkTokens(n), ws);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchExpertGateUp(const bf16* x, int64_t n, int top_k,
+                               const ExpertWeightTable& experts, const GluParams& act,
+                               const ExpertWorkspace& ws, cudaStream_t stream) {
+  if (!ValidTable(experts) || n < 0 || top_k <= 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  return Dispatch(n, experts, aligned, [&]<typename WT, int kE, int kNT>() {
+    return GateUpTyped<WT, kE, kNT>(x, n, top_k, experts, act, ws, stream);
+  });
+}
+
+cudaError_t LaunchExpertDown(int64_t n, int top_k, const ExpertWeightTable& experts,
+                             const ExpertWorkspace& ws, cudaStream_t stream) {
+  if (!ValidTable(experts) || n < 0 || top_k <= 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  return Dispatch(n, experts, true, [&]<typename WT, int kE, int kNT>() {
+    return DownTyped<WT, kE, kNT>(n, top_k, experts, ws, stream);
+  });
+}
+
+cudaError_t LaunchExpertCombine(const int32_t* expert_ids, const float* weights, int64_t n,
+                                int top_k, int num_experts, int64_t hidden,
+                                const ExpertWorkspace& ws, bf16* out, cudaStream_t stream) {
+  if (n < 0 || top_k <= 0 || hidden <= 0 || n > 0x7fffffff) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  ExpertCombineKernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(expert_ids, weights, top_k,
+                                                                    num_experts, hidden, ws.y, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGroupedExperts(const bf16* x, const int32_t* expert_ids, const float* weights,
+                                 int64_t n, int top_k, const ExpertWeightTable& experts,
+                                 const GluParams& act, const ExpertWorkspace& ws, bf16* out,
+                                 cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  cudaError_t err = LaunchExpertPlan(expert_ids, n, top_k, experts.num_experts, ws, stream);
+  if (err == cudaSuccess) err = LaunchExpertGateUp(x, n, top_k, experts, act, ws, stream);
+  if (err == cudaSuccess) err = LaunchExpertDown(n, top_k, experts, ws, stream);
+  if (err == cudaSuccess) {
+    err = LaunchExpertCombine(expert_ids, weights, n, top_k, experts.num_experts, experts.hidden,
+                              ws, out, stream);
+  }
+  return err;
+}
+
+}  // namespace strata::gpu

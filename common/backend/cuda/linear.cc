@@ -1,0 +1,51 @@
+#include "common/backend/cuda/linear.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/backend/cuda/cuda_status.h"
+#include "common/backend/cuda/elementwise_kernels.h"
+#include "common/backend/cuda/gemv_kernels.h"
+#include "common/util/status_macros.h"
+
+namespace strata::gpu {
+
+absl::Status LinearRunner::ReserveFp8Scratch(int64_t elements) {
+  if (elements <= static_cast<int64_t>(fp8_scratch_.size())) return absl::OkStatus();
+  fp8_scratch_.Reset();
+  ASSIGN_OR_RETURN(fp8_scratch_, DeviceBuffer<bf16>::Allocate(elements));
+  return absl::OkStatus();
+}
+
+absl::Status LinearRunner::Run(const DeviceWeight& w, const bf16* x, int64_t n, void* y,
+                               OutType y_type) {
+  if (w.data == nullptr || w.out <= 0 || w.in <= 0 || n < 0 ||
+      (w.format == WeightFormat::kFp8E4M3 && w.scale == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("linear: bad weight [", w.out, ", ", w.in, "] or token count ", n));
+  }
+  if (n == 0) return absl::OkStatus();
+  cudaStream_t stream = context_->stream();
+  if (n <= options_.gemv_max_tokens) {
+    CUDA_RETURN_IF_ERROR(LaunchGemv(w, x, w.in, n, y, y_type, w.out, stream));
+    return absl::OkStatus();
+  }
+  const bf16* dense = static_cast<const bf16*>(w.data);
+  if (w.format == WeightFormat::kFp8E4M3) {
+    RETURN_IF_ERROR(ReserveFp8Scratch(w.out * w.in));
+    CUDA_RETURN_IF_ERROR(LaunchDequantizeFp8(static_cast<const uint8_t*>(w.data), w.scale, w.out,
+                                             w.in, fp8_scratch_.data(), stream));
+    dense = fp8_scratch_.data();
+  }
+  const absl::Status gemm = gemm_.Run(dense, w.out, w.in, x, n, y, y_type, stream);
+  if (absl::IsUnimplemented(gemm)) {
+    // cuBLASLt has no kernel for this shape or alignment: the GEMV kernel is always correct.
+    CUDA_RETURN_IF_ERROR(LaunchGemv(w, x, w.in, n, y, y_type, w.out, stream));
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(gemm);
+  if (w.bias != nullptr) {
+    CUDA_RETURN_IF_ERROR(LaunchAddBias(y, y_type, w.bias, n, w.out, stream));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata::gpu

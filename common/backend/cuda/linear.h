@@ -1,0 +1,43 @@
+// y = W x (+ bias) on the device, choosing the kernel by token count: the GEMV kernel for a
+// few tokens (memory-bound), cuBLASLt for many (compute-bound). FP8 weights on the cuBLASLt
+// path are dequantized to bf16 scratch first (cuBLASLt on Hopper has no fp8 x bf16 product).
+#ifndef STRATA_COMMON_BACKEND_CUDA_LINEAR_H_
+#define STRATA_COMMON_BACKEND_CUDA_LINEAR_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/backend/cuda/cublaslt_gemm.h"
+#include "common/backend/cuda/cuda_context.h"
+#include "common/backend/cuda/cuda_types.h"
+#include "common/backend/cuda/device_buffer.h"
+
+namespace strata::gpu {
+
+struct LinearOptions {
+  int gemv_max_tokens = 16;  // up to this many tokens take the GEMV kernel
+};
+
+class LinearRunner {
+ public:
+  // `context` must outlive this object; work goes on context->stream().
+  explicit LinearRunner(CudaContext* context, LinearOptions options = {})
+      : context_(context), options_(options), gemm_(context) {}
+
+  // y[n, w.out] = x[n, w.in] W^T + bias, packed row-major; y bf16 or float by y_type.
+  absl::Status Run(const DeviceWeight& w, const bf16* x, int64_t n, void* y, OutType y_type);
+
+  // Grows the FP8 dequantization scratch to `elements` (out * in) now, so later calls do not
+  // allocate (needed before capturing a CUDA graph).
+  absl::Status ReserveFp8Scratch(int64_t elements);
+
+ private:
+  CudaContext* context_;
+  LinearOptions options_;
+  CublasLtGemm gemm_;
+  DeviceBuffer<bf16> fp8_scratch_;
+};
+
+}  // namespace strata::gpu
+
+#endif  // STRATA_COMMON_BACKEND_CUDA_LINEAR_H_

@@ -1,0 +1,121 @@
+#include "common/backend/cuda/device_utils.cuh"
+#include "common/backend/cuda/moe_gate_kernels.h"
+
+namespace strata::gpu {
+namespace {
+
+constexpr int kThreads = 128;  // one warp per token
+constexpr int kPerLane = kMaxGateExperts / kWarpSize;
+
+// True when (va, ia) ranks before (vb, ib): larger value, ties to the lower id.
+__device__ __forceinline__ bool Before(float va, int ia, float vb, int ib) {
+  return va > vb || (va == vb && ia < ib);
+}
+
+// Lane l holds experts l, l + 32, ...; top k by k rounds of a warp-wide arg-max.
+__global__ void __launch_bounds__(kThreads)
+    MoeGateKernel(const float* __restrict__ logits, int64_t n, MoeGateParams p,
+                  int32_t* __restrict__ expert_ids, float* __restrict__ weights) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t t = int64_t{blockIdx.x} * (kThreads / kWarpSize) + threadIdx.x / kWarpSize;
+  if (t >= n) return;
+  const float* row = logits + t * p.num_experts;
+  float v[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + i * kWarpSize;
+    v[i] = e < p.num_experts ? row[e] / p.temperature : -INFINITY;
+  }
+  if (p.scoring == GateScoring::kSoftmaxThenTopK) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) m = fmaxf(m, v[i]);
+    m = WarpMax(m);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + i * kWarpSize;
+      v[i] = e < p.num_experts ? expf(v[i] - m) : 0.0f;
+      sum += v[i];
+    }
+    sum = WarpSum(sum);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) v[i] /= sum;
+  }
+
+  unsigned taken = 0;  // bit i: this lane's expert lane + 32 i is already selected
+  float kept[kMaxGateTopK];
+  int kept_id[kMaxGateTopK];
+#pragma unroll
+  for (int round = 0; round < kMaxGateTopK; ++round) {
+    if (round >= p.top_k) break;
+    float best = -INFINITY;
+    int best_id = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + i * kWarpSize;
+      if (e < p.num_experts && !(taken >> i & 1u) && Before(v[i], e, best, best_id)) {
+        best = v[i];
+        best_id = e;
+      }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float ov = __shfl_xor_sync(kFullMask, best, offset);
+      const int oi = __shfl_xor_sync(kFullMask, best_id, offset);
+      if (Before(ov, oi, best, best_id)) {
+        best = ov;
+        best_id = oi;
+      }
+    }
+    if (best_id % kWarpSize == lane) taken |= 1u << (best_id / kWarpSize);
+    kept[round] = best;
+    kept_id[round] = best_id;
+  }
+
+  if (lane != 0) return;
+  if (p.scoring == GateScoring::kTopKThenSoftmax) {
+    const float m = kept[0];
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxGateTopK; ++i) {
+      if (i < p.top_k) {
+        kept[i] = expf(kept[i] - m);
+        sum += kept[i];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxGateTopK; ++i) kept[i] /= sum;
+  } else if (p.renormalize) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxGateTopK; ++i) sum += i < p.top_k ? kept[i] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxGateTopK; ++i) kept[i] /= sum;
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxGateTopK; ++i) {
+    if (i < p.top_k) {
+      expert_ids[t * p.top_k + i] = kept_id[i];
+      weights[t * p.top_k + i] = kept[i];
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchMoeGate(const float* logits, int64_t n, const MoeGateParams& params,
+                          int32_t* expert_ids, float* weights, cudaStream_t stream) {
+  if (n < 0 || params.num_experts <= 0 || params.num_experts > kMaxGateExperts ||
+      params.top_k <= 0 || params.top_k > kMaxGateTopK || params.top_k > params.num_experts ||
+      !(params.temperature > 0.0f)) {
+    return cudaErrorInvalidValue;
+  }
+  if (n == 0) return cudaSuccess;
+  const int64_t blocks = (n + kThreads / kWarpSize - 1) / (kThreads / kWarpSize);
+  MoeGateKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, n, params,
+                                                                        expert_ids, weights);
+  return cudaGetLastError();
+}
+
+}  // namespace strata::gpu

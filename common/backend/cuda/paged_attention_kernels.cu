@@ -1,0 +1,346 @@
+#include <algorithm>
+#include <cmath>
+
+#include "common/backend/cuda/device_utils.cuh"
+#include "common/backend/cuda/paged_attention_kernels.h"
+
+namespace strata::gpu {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kMaxGroup = 8;  // query heads per block (sharing one kv head)
+constexpr int kMaxSplits = 64;
+constexpr int kMinTilesPerSplit = 2;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Keys per tile: 16 KB of bf16 keys (and as much of values) in shared memory per tile.
+template <int kD>
+constexpr int TileKeys() {
+  return 8192 / kD;
+}
+
+int TileKeysFor(int head_dim) { return 8192 / head_dim; }
+
+struct Shape {
+  int group;        // query heads per kv head
+  int head_chunks;  // blocks per kv head, each taking at most kMaxGroup query heads
+  int chunk_heads;  // query heads per chunk (the last may have fewer)
+};
+
+Shape MakeShape(const PagedAttentionParams& p) {
+  Shape s;
+  s.group = p.num_heads / p.num_kv_heads;
+  s.head_chunks = (s.group + kMaxGroup - 1) / kMaxGroup;
+  s.chunk_heads = (s.group + s.head_chunks - 1) / s.head_chunks;
+  return s;
+}
+
+// One block per (token, kv head chunk, split): up to kMaxGroup query heads of one kv head walk
+// the split's keys tile by tile with an online softmax (scores in log2 units), so every key
+// and value is read once per block for all its heads.
+template <int kD>
+__global__ void __launch_bounds__(kThreads)
+    PagedAttentionKernel(const bf16* __restrict__ q, TokenBatch tokens, PagedKvLayer kv,
+                         PagedAttentionParams p, Shape shape, int num_splits, int split_len,
+                         float* __restrict__ ws_acc, float2* __restrict__ ws_ml,
+                         bf16* __restrict__ out) {
+  constexpr int kTile = TileKeys<kD>();
+  constexpr int kKPad = 8;  // one 16-byte vector per key row: conflict-free row reads
+  constexpr int kChunksPerRow = kD / 8;
+  constexpr int kHeadsPerThreadQk = kMaxGroup * kTile / kThreads;  // scores owned per thread
+  constexpr int kHeadStrideQk = kThreads / kTile;
+  constexpr int kPairsPerThread = kMaxGroup * kD / 2 / kThreads;  // output pairs per thread
+  static_assert(kThreads % kTile == 0 && kTile % kWarpSize == 0, "tile shape");
+
+  __shared__ __align__(16) float q_s[kMaxGroup][kD];
+  __shared__ __align__(16) bf16 k_s[kTile][kD + kKPad];
+  __shared__ __align__(16) bf16 v_s[kTile][kD];
+  __shared__ float p_s[kMaxGroup][kTile];
+  __shared__ float m_s[kMaxGroup], l_s[kMaxGroup], f_s[kMaxGroup];
+
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  const int64_t t = blockIdx.x;
+  const int kv_head = blockIdx.y / shape.head_chunks;
+  const int chunk = blockIdx.y % shape.head_chunks;
+  const int head0 = kv_head * shape.group + chunk * shape.chunk_heads;
+  const int num_g = min(shape.chunk_heads, shape.group - chunk * shape.chunk_heads);
+  const int split = blockIdx.z;
+
+  const int64_t pos = tokens.pos[t];
+  const int32_t* table = kv.block_tables + int64_t{tokens.seq[t]} * kv.max_blocks_per_seq;
+  const int64_t kv_dim = int64_t{kv.num_kv_heads} * kD;
+  const int64_t first = p.sliding_window > 0 ? max(int64_t{0}, pos - p.sliding_window + 1) : 0;
+  const int64_t begin = max(first, int64_t{split} * split_len);
+  // The last split runs to the query's own key even if max_context understated it.
+  const int64_t end =
+      split == num_splits - 1 ? pos + 1 : min(pos + 1, int64_t{split + 1} * split_len);
+
+  const float q_scale = p.scale * kLog2e;
+  for (int i = tid; i < kMaxGroup * kD; i += kThreads) {
+    const int g = i / kD;
+    const int d = i % kD;
+    q_s[g][d] = g < num_g
+                    ? __bfloat162float(q[t * p.q_stride + int64_t{head0 + g} * kD + d]) * q_scale
+                    : 0.0f;
+  }
+  if (tid < kMaxGroup) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0.0f;
+  }
+  float acc[kPairsPerThread][2];
+#pragma unroll
+  for (int r = 0; r < kPairsPerThread; ++r) acc[r][0] = acc[r][1] = 0.0f;
+  __syncthreads();  // q_s, m_s, l_s visible even when the split is empty
+
+  for (int64_t tile0 = begin; tile0 < end; tile0 += kTile) {
+    const int count = static_cast<int>(min(int64_t{kTile}, end - tile0));
+    // Keys and values of the tile into shared memory; rows past `count` are zeroed.
+#pragma unroll
+    for (int i = 0; i < kTile * kChunksPerRow / kThreads; ++i) {
+      const int idx = tid + i * kThreads;
+      const int j = idx / kChunksPerRow;
+      const int c = idx % kChunksPerRow;
+      uint4 kval = make_uint4(0, 0, 0, 0), vval = make_uint4(0, 0, 0, 0);
+      if (j < count) {
+        const int64_t key = tile0 + j;
+        const int64_t block = table[key / kv.block_size];
+        const int64_t slot = key % kv.block_size;
+        const bf16* base = kv.data + PagedKvOffset(block, 0, slot, kv.block_size, kv_dim) +
+                           int64_t{kv_head} * kD + c * 8;
+        kval = __ldg(reinterpret_cast<const uint4*>(base));
+        vval = __ldg(reinterpret_cast<const uint4*>(base + int64_t{kv.block_size} * kv_dim));
+      }
+      *reinterpret_cast<uint4*>(&k_s[j][c * 8]) = kval;
+      *reinterpret_cast<uint4*>(&v_s[j][c * 8]) = vval;
+    }
+    __syncthreads();
+
+    // Scores: this thread owns key j for heads g0, g0 + stride, ...
+    {
+      const int j = tid % kTile;
+      const int g0 = tid / kTile;
+      float s[kHeadsPerThreadQk];
+#pragma unroll
+      for (int h = 0; h < kHeadsPerThreadQk; ++h) s[h] = 0.0f;
+#pragma unroll 4
+      for (int c = 0; c < kChunksPerRow; ++c) {
+        float kf[8];
+        const uint4 raw = *reinterpret_cast<const uint4*>(&k_s[j][c * 8]);
+        const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(k2[e]);
+          kf[2 * e] = f.x;
+          kf[2 * e + 1] = f.y;
+        }
+#pragma unroll
+        for (int h = 0; h < kHeadsPerThreadQk; ++h) {
+          const int g = g0 + h * kHeadStrideQk;
+          if (g < num_g) {
+            const float4 qa = *reinterpret_cast<const float4*>(&q_s[g][c * 8]);
+            const float4 qb = *reinterpret_cast<const float4*>(&q_s[g][c * 8 + 4]);
+            s[h] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
+                    qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < kHeadsPerThreadQk; ++h) {
+        const int g = g0 + h * kHeadStrideQk;
+        if (g < num_g) p_s[g][j] = j < count ? s[h] : -INFINITY;
+      }
+    }
+    __syncthreads();
+
+    // Online softmax, one warp per head.
+    for (int g = warp; g < num_g; g += kThreads / kWarpSize) {
+      float tile_max = -INFINITY;
+      for (int j = lane; j < kTile; j += kWarpSize) tile_max = fmaxf(tile_max, p_s[g][j]);
+      tile_max = WarpMax(tile_max);
+      const float m_old = m_s[g];
+      const float m_new = fmaxf(m_old, tile_max);
+      float sum = 0.0f;
+      for (int j = lane; j < kTile; j += kWarpSize) {
+        const float s = p_s[g][j];
+        const float e = s == -INFINITY ? 0.0f : exp2f(s - m_new);
+        p_s[g][j] = e;
+        sum += e;
+      }
+      sum = WarpSum(sum);
+      if (lane == 0) {
+        const float factor = m_new == -INFINITY ? 1.0f : exp2f(m_old - m_new);
+        f_s[g] = factor;
+        m_s[g] = m_new;
+        l_s[g] = l_s[g] * factor + sum;
+      }
+    }
+    __syncthreads();
+
+    // acc = acc * factor + P V for the (head, dim pair) entries this thread owns.
+#pragma unroll
+    for (int r = 0; r < kPairsPerThread; ++r) {
+      const int pair = tid + r * kThreads;
+      const int g = pair / (kD / 2);
+      const int d2 = pair % (kD / 2);
+      if (g < num_g) {
+        const float factor = f_s[g];
+        float a0 = acc[r][0] * factor, a1 = acc[r][1] * factor;
+        const float* prob = p_s[g];
+        for (int j = 0; j < count; ++j) {
+          const float2 v =
+              __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v_s[j][2 * d2]));
+          a0 += prob[j] * v.x;
+          a1 += prob[j] * v.y;
+        }
+        acc[r][0] = a0;
+        acc[r][1] = a1;
+      }
+    }
+    __syncthreads();  // the next tile overwrites k_s, v_s and p_s
+  }
+
+  // Write the normalized output, or this split's unnormalized partial for the merge kernel.
+#pragma unroll
+  for (int r = 0; r < kPairsPerThread; ++r) {
+    const int pair = tid + r * kThreads;
+    const int g = pair / (kD / 2);
+    const int d2 = pair % (kD / 2);
+    if (g >= num_g) continue;
+    const int head = head0 + g;
+    const float m = m_s[g];
+    const float l = l_s[g];
+    if (num_splits == 1) {
+      float scale_out;
+      if (p.sinks != nullptr) {
+        const float sink = p.sinks[head] * kLog2e;
+        const float mx = fmaxf(m, sink);
+        const float keep = exp2f(m - mx);
+        scale_out = keep / (l * keep + exp2f(sink - mx));
+      } else {
+        scale_out = 1.0f / l;
+      }
+      bf16* o = out + t * p.out_stride + int64_t{head} * kD + 2 * d2;
+      *reinterpret_cast<__nv_bfloat162*>(o) =
+          __floats2bfloat162_rn(acc[r][0] * scale_out, acc[r][1] * scale_out);
+    } else {
+      const int64_t part = (t * p.num_heads + head) * num_splits + split;
+      *reinterpret_cast<float2*>(ws_acc + part * kD + 2 * d2) = make_float2(acc[r][0], acc[r][1]);
+      if (d2 == 0) ws_ml[part] = make_float2(m, l);
+    }
+  }
+}
+
+// Merges the splits of one (token, head): rescale each partial to the common maximum and
+// divide by the total mass, the sink's included.
+template <int kD>
+__global__ void __launch_bounds__(kD)
+    MergeSplitsKernel(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml,
+                      int num_heads, int num_splits, const float* __restrict__ sinks,
+                      int64_t out_stride, bf16* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  const int head = blockIdx.y;
+  const int64_t part0 = (t * num_heads + head) * num_splits;
+  float mx = sinks != nullptr ? sinks[head] * kLog2e : -INFINITY;
+  for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, ws_ml[part0 + s].x);
+  float denom = sinks != nullptr ? exp2f(sinks[head] * kLog2e - mx) : 0.0f;
+  float value = 0.0f;
+  for (int s = 0; s < num_splits; ++s) {
+    const float2 ml = ws_ml[part0 + s];
+    if (ml.x == -INFINITY) continue;  // an empty split
+    const float w = exp2f(ml.x - mx);
+    denom += ml.y * w;
+    value += ws_acc[(part0 + s) * kD + threadIdx.x] * w;
+  }
+  out[t * out_stride + int64_t{head} * kD + threadIdx.x] = __float2bfloat16(value / denom);
+}
+
+template <int kD>
+cudaError_t LaunchForDim(const bf16* q, const TokenBatch& tokens, const PagedKvLayer& kv,
+                         const PagedAttentionParams& p, const PagedAttentionPlan& plan,
+                         void* workspace, bf16* out, cudaStream_t stream) {
+  const Shape shape = MakeShape(p);
+  const dim3 grid(static_cast<unsigned>(tokens.n),
+                  static_cast<unsigned>(p.num_kv_heads * shape.head_chunks),
+                  static_cast<unsigned>(plan.num_splits));
+  float* ws_acc = nullptr;
+  float2* ws_ml = nullptr;
+  if (plan.num_splits > 1) {
+    const int64_t parts = tokens.n * p.num_heads * plan.num_splits;
+    ws_acc = static_cast<float*>(workspace);
+    ws_ml = reinterpret_cast<float2*>(ws_acc + parts * kD);
+  }
+  PagedAttentionKernel<kD><<<grid, kThreads, 0, stream>>>(q, tokens, kv, p, shape, plan.num_splits,
+                                                          plan.split_len, ws_acc, ws_ml, out);
+  if (plan.num_splits > 1) {
+    const cudaError_t launched = cudaGetLastError();
+    if (launched != cudaSuccess) return launched;
+    const dim3 merge_grid(static_cast<unsigned>(tokens.n), static_cast<unsigned>(p.num_heads));
+    MergeSplitsKernel<kD><<<merge_grid, kD, 0, stream>>>(
+        ws_acc, ws_ml, p.num_heads, plan.num_splits, p.sinks, p.out_stride, out);
+  }
+  return cudaGetLastError();
+}
+
+bool ValidParams(const PagedAttentionParams& p) {
+  return (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) && p.num_kv_heads > 0 &&
+         p.num_heads > 0 && p.num_heads % p.num_kv_heads == 0 && p.max_context > 0 &&
+         p.sliding_window >= 0;
+}
+
+}  // namespace
+
+PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& params, int num_sms) {
+  PagedAttentionPlan plan;
+  if (!ValidParams(params) || n <= 0) return plan;
+  const int tile = TileKeysFor(params.head_dim);
+  const int64_t tiles = (params.max_context + tile - 1) / tile;
+  const int64_t items = n * params.num_kv_heads * MakeShape(params).head_chunks;
+  const int64_t target_blocks = 2 * int64_t{std::max(num_sms, 1)};
+  int64_t splits = 1;
+  if (items < target_blocks) {
+    splits = std::min<int64_t>((target_blocks + items - 1) / items,
+                               (tiles + kMinTilesPerSplit - 1) / kMinTilesPerSplit);
+    splits = std::clamp<int64_t>(splits, 1, kMaxSplits);
+  }
+  // Whole tiles per split, then drop splits the rounding left empty.
+  const int64_t tiles_per_split = (tiles + splits - 1) / splits;
+  plan.split_len = static_cast<int>(tiles_per_split * tile);
+  plan.num_splits = static_cast<int>((params.max_context + plan.split_len - 1) / plan.split_len);
+  if (plan.num_splits > 1) {
+    const int64_t parts = n * params.num_heads * plan.num_splits;
+    plan.workspace_bytes =
+        static_cast<size_t>(parts) * (params.head_dim * sizeof(float) + sizeof(float2));
+  }
+  return plan;
+}
+
+cudaError_t LaunchPagedAttention(const bf16* q, const TokenBatch& tokens, const PagedKvLayer& kv,
+                                 const PagedAttentionParams& params, const PagedAttentionPlan& plan,
+                                 void* workspace, bf16* out, cudaStream_t stream) {
+  PagedAttentionParams p = params;
+  if (!ValidParams(p) || kv.num_kv_heads != p.num_kv_heads || kv.head_dim != p.head_dim ||
+      kv.block_size <= 0 || tokens.n < 0 || tokens.n > 0x7fffffff || plan.num_splits < 1 ||
+      plan.num_splits > 65535 || plan.split_len <= 0 ||
+      int64_t{plan.num_splits} * plan.split_len < p.max_context ||
+      (plan.num_splits > 1 && workspace == nullptr) ||
+      reinterpret_cast<uintptr_t>(kv.data) % 16 != 0 ||  // 16-byte key/value loads
+      reinterpret_cast<uintptr_t>(out) % 4 != 0 || p.out_stride % 2 != 0 ||  // bf16 pairs
+      reinterpret_cast<uintptr_t>(workspace) % 16 != 0 ||
+      int64_t{p.num_kv_heads} * MakeShape(p).head_chunks > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens.n == 0) return cudaSuccess;
+  if (p.scale == 0.0f) p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  switch (p.head_dim) {
+    case 64:
+      return LaunchForDim<64>(q, tokens, kv, p, plan, workspace, out, stream);
+    case 128:
+      return LaunchForDim<128>(q, tokens, kv, p, plan, workspace, out, stream);
+    default:
+      return LaunchForDim<256>(q, tokens, kv, p, plan, workspace, out, stream);
+  }
+}
+
+}  // namespace strata::gpu

@@ -1,0 +1,28 @@
+// The router's end of one worker's per-layer exchange. Implementations: a shared-memory
+// channel (same host) and a gRPC stream (any host).
+#ifndef STRATA_COMMON_TRANSPORT_EXPERT_CONNECTION_H_
+#define STRATA_COMMON_TRANSPORT_EXPERT_CONNECTION_H_
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/transport/expert_wire.h"
+
+namespace strata {
+
+class ExpertConnection {
+ public:
+  virtual ~ExpertConnection() = default;
+  // Hands one layer's request to the worker; returns once it is on its way.
+  virtual absl::Status Send(const ExpertRequestView& request) = 0;
+  // Waits for the response to the oldest request sent and not yet received, and passes it to
+  // `consume` (the view is valid only during the call). UNAVAILABLE when the worker is gone.
+  virtual absl::Status Receive(absl::FunctionRef<void(const ExpertResponseView&)> consume,
+                               absl::Duration timeout) = 0;
+  // False once the worker is known to be gone.
+  virtual bool Alive() const = 0;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_TRANSPORT_EXPERT_CONNECTION_H_

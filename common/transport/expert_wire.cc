@@ -1,0 +1,125 @@
+#include "common/transport/expert_wire.h"
+
+#include <cstring>
+
+namespace strata {
+namespace {
+
+constexpr uint32_t kRequestMagic = 0x51455453;   // "STEQ"
+constexpr uint32_t kResponseMagic = 0x53455453;  // "STES"
+
+struct RequestHeader {
+  uint32_t magic;
+  uint32_t layer;
+  uint64_t step;
+  uint32_t num_tokens;
+  uint32_t top_k;
+  uint32_t hidden_size;
+  uint32_t reserved;
+};
+
+struct ResponseHeader {
+  uint32_t magic;
+  uint32_t layer;
+  uint64_t step;
+  uint32_t num_tokens;
+  uint32_t hidden_size;
+  uint32_t error_bytes;
+  uint32_t reserved;
+};
+
+static_assert(sizeof(RequestHeader) == 32 && sizeof(ResponseHeader) == 32);
+
+template <typename T>
+absl::Span<const T> ViewAt(absl::Span<const uint8_t> bytes, size_t offset, size_t count) {
+  return absl::Span<const T>(reinterpret_cast<const T*>(bytes.data() + offset), count);
+}
+
+}  // namespace
+
+size_t ExpertRequestBytes(uint32_t num_tokens, uint32_t top_k, uint32_t hidden_size) {
+  return sizeof(RequestHeader) + size_t{num_tokens} * hidden_size * sizeof(float) +
+         size_t{num_tokens} * top_k * (sizeof(int32_t) + sizeof(float));
+}
+
+size_t ExpertResponseBytes(uint32_t num_tokens, uint32_t hidden_size, size_t error_bytes) {
+  if (error_bytes > 0) return sizeof(ResponseHeader) + error_bytes;
+  return sizeof(ResponseHeader) + size_t{num_tokens} * hidden_size * sizeof(float);
+}
+
+void EncodeExpertRequest(const ExpertRequestView& r, absl::Span<uint8_t> out) {
+  RequestHeader h{kRequestMagic, r.layer, r.step, r.num_tokens, r.top_k, r.hidden_size, 0};
+  uint8_t* p = out.data();
+  std::memcpy(p, &h, sizeof(h));
+  p += sizeof(h);
+  std::memcpy(p, r.hidden.data(), r.hidden.size() * sizeof(float));
+  p += r.hidden.size() * sizeof(float);
+  std::memcpy(p, r.experts.data(), r.experts.size() * sizeof(int32_t));
+  p += r.experts.size() * sizeof(int32_t);
+  std::memcpy(p, r.weights.data(), r.weights.size() * sizeof(float));
+}
+
+void EncodeExpertResponse(const ExpertResponseView& r, absl::Span<uint8_t> out) {
+  ResponseHeader h{kResponseMagic,
+                   r.layer,
+                   r.step,
+                   r.num_tokens,
+                   r.hidden_size,
+                   static_cast<uint32_t>(r.error.size()),
+                   0};
+  std::memcpy(out.data(), &h, sizeof(h));
+  if (!r.error.empty()) {
+    std::memcpy(out.data() + sizeof(h), r.error.data(), r.error.size());
+  } else {
+    std::memcpy(out.data() + sizeof(h), r.partial.data(), r.partial.size() * sizeof(float));
+  }
+}
+
+absl::StatusOr<ExpertRequestView> DecodeExpertRequest(absl::Span<const uint8_t> bytes) {
+  RequestHeader h;
+  if (bytes.size() < sizeof(h)) return absl::DataLossError("expert request: truncated header");
+  std::memcpy(&h, bytes.data(), sizeof(h));
+  if (h.magic != kRequestMagic) return absl::DataLossError("expert request: bad magic");
+  if (bytes.size() != ExpertRequestBytes(h.num_tokens, h.top_k, h.hidden_size)) {
+    return absl::DataLossError("expert request: size does not match its header");
+  }
+  ExpertRequestView r;
+  r.step = h.step;
+  r.layer = h.layer;
+  r.num_tokens = h.num_tokens;
+  r.top_k = h.top_k;
+  r.hidden_size = h.hidden_size;
+  size_t offset = sizeof(h);
+  const size_t hidden_count = size_t{h.num_tokens} * h.hidden_size;
+  const size_t slot_count = size_t{h.num_tokens} * h.top_k;
+  r.hidden = ViewAt<float>(bytes, offset, hidden_count);
+  offset += hidden_count * sizeof(float);
+  r.experts = ViewAt<int32_t>(bytes, offset, slot_count);
+  offset += slot_count * sizeof(int32_t);
+  r.weights = ViewAt<float>(bytes, offset, slot_count);
+  return r;
+}
+
+absl::StatusOr<ExpertResponseView> DecodeExpertResponse(absl::Span<const uint8_t> bytes) {
+  ResponseHeader h;
+  if (bytes.size() < sizeof(h)) return absl::DataLossError("expert response: truncated header");
+  std::memcpy(&h, bytes.data(), sizeof(h));
+  if (h.magic != kResponseMagic) return absl::DataLossError("expert response: bad magic");
+  if (bytes.size() != ExpertResponseBytes(h.num_tokens, h.hidden_size, h.error_bytes)) {
+    return absl::DataLossError("expert response: size does not match its header");
+  }
+  ExpertResponseView r;
+  r.step = h.step;
+  r.layer = h.layer;
+  r.num_tokens = h.num_tokens;
+  r.hidden_size = h.hidden_size;
+  if (h.error_bytes > 0) {
+    r.error =
+        absl::string_view(reinterpret_cast<const char*>(bytes.data() + sizeof(h)), h.error_bytes);
+  } else {
+    r.partial = ViewAt<float>(bytes, sizeof(h), size_t{h.num_tokens} * h.hidden_size);
+  }
+  return r;
+}
+
+}  // namespace strata

@@ -1,0 +1,50 @@
+// The per-layer messages between router and expert worker, as flat little-endian bytes for a
+// shared-memory slot: a fixed header, then the arrays. Views point into the buffer they were
+// decoded from, so a worker reads a request in place.
+#ifndef STRATA_COMMON_TRANSPORT_EXPERT_WIRE_H_
+#define STRATA_COMMON_TRANSPORT_EXPERT_WIRE_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace strata {
+
+// Router -> worker: the hidden states of the tokens that have at least one slot on this
+// worker, and their routing (experts of other workers are -1).
+struct ExpertRequestView {
+  uint64_t step = 0;
+  uint32_t layer = 0;
+  uint32_t num_tokens = 0;
+  uint32_t top_k = 0;
+  uint32_t hidden_size = 0;
+  absl::Span<const float> hidden;     // [num_tokens, hidden_size]
+  absl::Span<const int32_t> experts;  // [num_tokens, top_k]
+  absl::Span<const float> weights;    // [num_tokens, top_k]
+};
+
+// Worker -> router: the weighted sum of this worker's experts per token, or an error.
+struct ExpertResponseView {
+  uint64_t step = 0;
+  uint32_t layer = 0;
+  uint32_t num_tokens = 0;
+  uint32_t hidden_size = 0;
+  absl::Span<const float> partial;  // [num_tokens, hidden_size]; empty on error
+  absl::string_view error;          // non-empty when the worker failed the request
+};
+
+size_t ExpertRequestBytes(uint32_t num_tokens, uint32_t top_k, uint32_t hidden_size);
+size_t ExpertResponseBytes(uint32_t num_tokens, uint32_t hidden_size, size_t error_bytes = 0);
+
+// Encoders write exactly the bytes the *Bytes functions give; `out` must hold them.
+void EncodeExpertRequest(const ExpertRequestView& request, absl::Span<uint8_t> out);
+void EncodeExpertResponse(const ExpertResponseView& response, absl::Span<uint8_t> out);
+
+// Decoders check the magic, the sizes and the array lengths against the buffer.
+absl::StatusOr<ExpertRequestView> DecodeExpertRequest(absl::Span<const uint8_t> bytes);
+absl::StatusOr<ExpertResponseView> DecodeExpertResponse(absl::Span<const uint8_t> bytes);
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_TRANSPORT_EXPERT_WIRE_H_

@@ -1,0 +1,80 @@
+#include "services/expert-worker/expert_worker_service.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata {
+namespace {
+
+// Read a request, run it, write the response, repeat: one request in flight per stream.
+class ExchangeReactor : public grpc::ServerBidiReactor<v1::ExpertRequest, v1::ExpertResponse> {
+ public:
+  ExchangeReactor(ExpertExecutor& executor, std::mutex& executor_mu)
+      : executor_(executor), executor_mu_(executor_mu) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);  // the router closed its side
+      return;
+    }
+    response_.Clear();
+    response_.set_step(request_.step());
+    response_.set_layer(request_.layer());
+    const absl::Status status = RunRequest();
+    if (!status.ok()) response_.set_error(std::string(status.message()));
+    StartWrite(&response_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status RunRequest() {
+    const size_t n = request_.num_tokens(), k = request_.top_k();
+    if (n == 0 || request_.hidden().size() % (n * sizeof(float)) != 0 ||
+        static_cast<size_t>(request_.experts_size()) != n * k ||
+        static_cast<size_t>(request_.weights_size()) != n * k) {
+      return absl::InvalidArgumentError("malformed expert request");
+    }
+    ExpertRequestView view;
+    view.step = request_.step();
+    view.layer = request_.layer();
+    view.num_tokens = static_cast<uint32_t>(n);
+    view.top_k = static_cast<uint32_t>(k);
+    view.hidden_size = static_cast<uint32_t>(request_.hidden().size() / (n * sizeof(float)));
+    view.hidden = absl::Span<const float>(reinterpret_cast<const float*>(request_.hidden().data()),
+                                          n * view.hidden_size);
+    view.experts = absl::Span<const int32_t>(request_.experts().data(), n * k);
+    view.weights = absl::Span<const float>(request_.weights().data(), n * k);
+    std::lock_guard<std::mutex> lock(executor_mu_);
+    if (absl::Status s = executor_.Run(view); !s.ok()) return s;
+    const Tensor& partial = executor_.partial();
+    response_.set_partial(
+        std::string(reinterpret_cast<const char*>(partial.data()), partial.size() * sizeof(float)));
+    return absl::OkStatus();
+  }
+
+  ExpertExecutor& executor_;
+  std::mutex& executor_mu_;
+  v1::ExpertRequest request_;
+  v1::ExpertResponse response_;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::ExpertRequest, v1::ExpertResponse>* ExpertWorkerService::Exchange(
+    grpc::CallbackServerContext* context) {
+  return new ExchangeReactor(executor_, executor_mu_);
+}
+
+}  // namespace strata

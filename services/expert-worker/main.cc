@@ -1,0 +1,70 @@
+// strata-worker --model DIR --cache HOST:PORT --router HOST:PORT --index I [--device cpu]
+// Runs the experts the router sends it, reading their weights from strata-cache's shared
+// memory. Start order does not matter: it waits for the cache and the router.
+#include <iostream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/util/process.h"
+#include "services/expert-worker/worker_server.h"
+
+ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json is read)");
+ABSL_FLAG(std::string, cache, "", "strata-cache address");
+ABSL_FLAG(std::string, router, "", "strata-router address");
+ABSL_FLAG(int, index, 0, "This worker's index, 0 .. workers - 1");
+ABSL_FLAG(std::string, device, "cpu", "cpu (cuda:N later)");
+ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
+ABSL_FLAG(std::string, transport, "shm", "shm (same host) or grpc (router on another host)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "ExpertWorker address for --transport grpc");
+ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
+
+int main(int argc, char** argv) {
+  strata::BlockTerminationSignals();
+  strata::DashedFlags flags(argc, argv);
+  absl::ParseCommandLine(flags.argc(), flags.argv());
+  const int index = absl::GetFlag(FLAGS_index);
+  strata::SetProgramName(absl::StrCat("strata-worker[", index, "]"));
+  if (!strata::SetLogLevel(absl::GetFlag(FLAGS_log_level))) {
+    std::cerr << "strata-worker: --log-level must be debug, info, warning or error\n";
+    return 2;
+  }
+  strata::WorkerOptions options;
+  options.model_dir = absl::GetFlag(FLAGS_model);
+  options.cache_address = absl::GetFlag(FLAGS_cache);
+  options.router_address = absl::GetFlag(FLAGS_router);
+  options.index = index;
+  options.device = absl::GetFlag(FLAGS_device);
+  options.num_threads = absl::GetFlag(FLAGS_threads);
+  options.listen = absl::GetFlag(FLAGS_listen);
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport == "grpc") {
+    options.transport = strata::v1::TRANSPORT_GRPC;
+  } else if (transport != "shm") {
+    std::cerr << "strata-worker: --transport must be shm or grpc\n";
+    return 2;
+  }
+  options.log = [](const std::string& line) { strata::StatusLine(line); };
+  if (options.model_dir.empty() || options.cache_address.empty() ||
+      options.router_address.empty()) {
+    std::cerr << "strata-worker: --model, --cache and --router are required\n";
+    return 2;
+  }
+  auto worker = strata::WorkerServer::Create(options);
+  if (!worker.ok()) {
+    std::cerr << "strata-worker: " << worker.status().message() << "\n";
+    return 1;
+  }
+  std::thread signals([&] {
+    strata::WaitForTerminationSignal();
+    (*worker)->Stop();
+  });
+  signals.detach();
+  const absl::Status status = (*worker)->Run();
+  if (!status.ok()) {
+    std::cerr << "strata-worker: " << status.message() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,110 @@
+#include "services/expert-worker/mapped_experts.h"
+
+#include "absl/strings/str_cat.h"
+#include "boost/interprocess/mapped_region.hpp"
+#include "boost/interprocess/shared_memory_object.hpp"
+
+namespace strata {
+namespace bip = boost::interprocess;
+
+struct MappedExperts::Mapping {
+  bip::shared_memory_object object;
+  bip::mapped_region region;
+};
+
+MappedExperts::~MappedExperts() = default;
+
+absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::ExpertLayout& layout,
+                                                                  const ModelConfig& config) {
+  std::unique_ptr<MappedExperts> mapped(new MappedExperts());
+  mapped->generation_ = layout.generation();
+  try {
+    for (const auto& segment : layout.segments()) {
+      auto m = std::make_unique<Mapping>();
+      m->object = bip::shared_memory_object(bip::open_only, segment.name().c_str(), bip::read_only);
+      m->region = bip::mapped_region(m->object, bip::read_only);
+      if (m->region.get_size() < segment.bytes()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("expert segment ", segment.name(), " is smaller than its layout says"));
+      }
+      mapped->mappings_.push_back(std::move(m));
+    }
+  } catch (const bip::interprocess_exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot map the expert store: ", e.what()));
+  }
+
+  mapped->experts_.resize(config.num_layers);
+  for (int layer = 0; layer < config.num_layers; ++layer) {
+    if (config.layer_is_moe[layer]) mapped->experts_[layer].resize(config.num_experts);
+  }
+  const int64_t h = config.hidden_size, inter = config.moe_intermediate_size;
+  for (const auto& t : layout.tensors()) {
+    const std::string where = absl::StrCat("expert store: layer ", t.layer(), " expert ",
+                                           t.expert(), " tensor ", t.tensor(), ": ");
+    if (t.layer() >= mapped->experts_.size() || t.expert() >= mapped->experts_[t.layer()].size()) {
+      return absl::FailedPreconditionError(where + "not in this model");
+    }
+    if (t.segment() >= mapped->mappings_.size()) {
+      return absl::FailedPreconditionError(where + "segment out of range");
+    }
+    auto dtype = ParseDType(t.dtype());
+    if (!dtype.ok())
+      return absl::FailedPreconditionError(where + std::string(dtype.status().message()));
+    const auto& region = mapped->mappings_[t.segment()]->region;
+    int64_t elements = 1;
+    for (int64_t d : t.shape()) elements *= d;
+    if (t.offset() + elements * DTypeSize(*dtype) > region.get_size()) {
+      return absl::FailedPreconditionError(where + "runs past its segment");
+    }
+    const void* data = static_cast<const uint8_t*>(region.get_address()) + t.offset();
+    FfnWeights& f = mapped->experts_[t.layer()][t.expert()];
+    auto matrix = [&](WeightMatrix& m, int64_t out, int64_t in) -> absl::Status {
+      if (t.shape_size() != 2 || t.shape(0) != out || t.shape(1) != in) {
+        return absl::FailedPreconditionError(where + "shape does not match the model");
+      }
+      m = WeightMatrix{data, *dtype, out, in, in, 1};
+      return absl::OkStatus();
+    };
+    auto vector = [&](WeightVector& v, int64_t size) -> absl::Status {
+      if (t.shape_size() != 1 || t.shape(0) != size) {
+        return absl::FailedPreconditionError(where + "shape does not match the model");
+      }
+      v = WeightVector{data, *dtype, size, 1};
+      return absl::OkStatus();
+    };
+    absl::Status status;
+    if (t.tensor() == "gate")
+      status = matrix(f.gate, inter, h);
+    else if (t.tensor() == "up")
+      status = matrix(f.up, inter, h);
+    else if (t.tensor() == "down")
+      status = matrix(f.down, h, inter);
+    else if (t.tensor() == "gate_bias")
+      status = vector(f.gate_bias, inter);
+    else if (t.tensor() == "up_bias")
+      status = vector(f.up_bias, inter);
+    else if (t.tensor() == "down_bias")
+      status = vector(f.down_bias, h);
+    else
+      status = absl::FailedPreconditionError(where + "unknown tensor name");
+    if (!status.ok()) return status;
+  }
+  for (int layer = 0; layer < config.num_layers; ++layer) {
+    for (size_t e = 0; e < mapped->experts_[layer].size(); ++e) {
+      const FfnWeights& f = mapped->experts_[layer][e];
+      if (!f.gate.present() || !f.up.present() || !f.down.present()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("expert store: layer ", layer, " expert ", e, " is incomplete"));
+      }
+    }
+  }
+  return mapped;
+}
+
+const FfnWeights* MappedExperts::Find(int layer, int expert) const {
+  if (layer < 0 || layer >= static_cast<int>(experts_.size())) return nullptr;
+  if (expert < 0 || expert >= static_cast<int>(experts_[layer].size())) return nullptr;
+  return &experts_[layer][expert];
+}
+
+}  // namespace strata

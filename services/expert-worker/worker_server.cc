@@ -1,0 +1,176 @@
+#include "services/expert-worker/worker_server.h"
+
+#include <unistd.h>
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/shm/channel.h"
+#include "common/util/status_macros.h"
+
+namespace strata {
+namespace {
+
+// Calls `attempt` until it succeeds or `stopping`, saying every few seconds what it waits for.
+template <typename T>
+absl::StatusOr<T> RetryUntil(const std::function<absl::StatusOr<T>()>& attempt,
+                             const std::atomic<bool>& stopping, const std::string& what,
+                             const std::function<void(const std::string&)>& log) {
+  absl::Time next_log = absl::Now();
+  while (true) {
+    absl::StatusOr<T> result = attempt();
+    if (result.ok() || absl::IsInvalidArgument(result.status()) ||
+        absl::IsFailedPrecondition(result.status())) {
+      return result;
+    }
+    if (stopping.load()) return absl::CancelledError("stopped");
+    if (absl::Now() >= next_log) {
+      log(absl::StrCat("waiting for ", what, " (", result.status().message(), ")"));
+      next_log = absl::Now() + absl::Seconds(5);
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
+}  // namespace
+
+WorkerServer::~WorkerServer() {
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerOptions& options) {
+  if (options.device != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device \"", options.device, "\": this worker runs experts on \"cpu\" only so far"));
+  }
+  std::unique_ptr<WorkerServer> w(new WorkerServer());
+  w->options_ = options;
+  std::random_device rd;
+  w->incarnation_ = (static_cast<uint64_t>(rd()) << 20) ^ static_cast<uint64_t>(::getpid());
+  ASSIGN_OR_RETURN(w->config_, LoadModelConfig(options.model_dir));
+
+  auto cache = v1::ExpertStore::NewStub(
+      grpc::CreateChannel(options.cache_address, grpc::InsecureChannelCredentials()));
+  std::function<absl::StatusOr<v1::ExpertLayout>()> fetch =
+      [&]() -> absl::StatusOr<v1::ExpertLayout> {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::ExpertLayout layout;
+    const grpc::Status s = cache->GetLayout(&context, v1::GetLayoutRequest(), &layout);
+    if (!s.ok()) return absl::UnavailableError(s.error_message());
+    return layout;
+  };
+  ASSIGN_OR_RETURN(
+      v1::ExpertLayout layout,
+      RetryUntil(fetch, w->stopping_, absl::StrCat("strata-cache at ", options.cache_address),
+                 options.log));
+  ASSIGN_OR_RETURN(w->experts_, MappedExperts::Map(layout, w->config_));
+  options.log(absl::StrCat("mapped ", layout.tensors_size(), " expert tensors in ",
+                           layout.segments_size(), " shared-memory segment(s)"));
+
+  w->pool_ = std::make_unique<ThreadPool>(options.num_threads);
+  w->backend_ = std::make_unique<CpuExpertBackend>(w->config_, *w->experts_, *w->pool_);
+  w->executor_ = std::make_unique<ExpertExecutor>(w->config_, *w->backend_);
+  if (options.transport == v1::TRANSPORT_GRPC) {
+    w->service_ = std::make_unique<ExpertWorkerService>(*w->executor_, w->executor_mu_);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(w->service_.get());
+    builder.SetMaxReceiveMessageSize(256 << 20);
+    w->server_ = builder.BuildAndStart();
+    if (w->server_ == nullptr || port == 0) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+    }
+    w->service_address_ =
+        absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port);
+  }
+  return w;
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
+  auto router = v1::Coordinator::NewStub(
+      grpc::CreateChannel(options_.router_address, grpc::InsecureChannelCredentials()));
+  ++incarnation_;
+  std::function<absl::StatusOr<v1::RegisterWorkerResponse>()> attempt =
+      [&]() -> absl::StatusOr<v1::RegisterWorkerResponse> {
+    v1::RegisterWorkerRequest request;
+    request.set_worker_index(options_.index);
+    request.set_device(options_.device);
+    request.set_pid(static_cast<uint32_t>(::getpid()));
+    request.set_incarnation(incarnation_);
+    request.set_transport(options_.transport);
+    request.set_address(service_address_);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(15));
+    v1::RegisterWorkerResponse response;
+    const grpc::Status s = router->RegisterWorker(&context, request, &response);
+    if (!s.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    }
+    return response;
+  };
+  return RetryUntil(attempt, stopping_, absl::StrCat("strata-router at ", options_.router_address),
+                    options_.log);
+}
+
+absl::Status WorkerServer::ServeChannel(const std::string& name) {
+  ASSIGN_OR_RETURN(ShmChannel channel,
+                   ShmChannel::Open(name, {.wait_for_creator = absl::Seconds(10)}));
+  std::vector<uint8_t> error_buffer;
+  while (!stopping_.load()) {
+    auto request_bytes = channel.inbound().Peek(absl::Milliseconds(200));
+    if (absl::IsDeadlineExceeded(request_bytes.status())) continue;
+    if (!request_bytes.ok()) return request_bytes.status();  // the router is gone
+    auto request = DecodeExpertRequest(*request_bytes);
+    absl::Status status = request.status();
+    if (status.ok()) status = executor_->Run(*request);
+    ExpertResponseView response;
+    if (request.ok()) {
+      response.step = request->step;
+      response.layer = request->layer;
+      response.num_tokens = request->num_tokens;
+      response.hidden_size = request->hidden_size;
+    }
+    std::string error;
+    if (status.ok()) {
+      response.partial =
+          absl::Span<const float>(executor_->partial().data(), executor_->partial().size());
+    } else {
+      error = std::string(status.message());
+      response.error = error;
+    }
+    const size_t bytes =
+        ExpertResponseBytes(response.num_tokens, response.hidden_size, error.size());
+    ASSIGN_OR_RETURN(absl::Span<uint8_t> slot,
+                     channel.outbound().Reserve(bytes, absl::Seconds(10)));
+    EncodeExpertResponse(response, slot);
+    RETURN_IF_ERROR(channel.outbound().Commit(bytes));
+    RETURN_IF_ERROR(channel.inbound().Pop());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerServer::Run() {
+  while (!stopping_.load()) {
+    auto registration = Register();
+    if (!registration.ok()) return stopping_.load() ? absl::OkStatus() : registration.status();
+    int owned = 0;
+    for (const auto& range : registration->owned()) owned += range.experts_size();
+    options_.log(absl::StrCat("registered as worker ", options_.index, " of ",
+                              registration->num_workers(), ", owning ", owned,
+                              " (layer, expert) pairs"));
+    if (options_.transport == v1::TRANSPORT_GRPC) {
+      // Requests arrive through the ExpertWorker service; nothing to do here but wait.
+      while (!stopping_.load()) absl::SleepFor(absl::Milliseconds(100));
+      break;
+    }
+    const absl::Status served = ServeChannel(registration->channel_name());
+    if (stopping_.load()) break;
+    options_.log(
+        absl::StrCat("router connection ended (", served.message(), "); registering again"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata

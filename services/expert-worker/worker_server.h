@@ -1,0 +1,70 @@
+// strata-worker: maps the expert store's shared memory, registers with the router, and runs
+// the experts of every per-layer request the router sends, until stopped. Survives a router
+// restart by registering again.
+#ifndef STRATA_SERVICES_EXPERT_WORKER_WORKER_SERVER_H_
+#define STRATA_SERVICES_EXPERT_WORKER_WORKER_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/backend/cpu/cpu_expert_backend.h"
+#include "common/util/thread_pool.h"
+#include "services/expert-worker/expert_executor.h"
+#include "services/expert-worker/expert_worker_service.h"
+#include "services/expert-worker/mapped_experts.h"
+#include "strata/v1/cluster.grpc.pb.h"
+
+namespace strata {
+
+struct WorkerOptions {
+  std::string model_dir;       // for config.json; weights come from the expert store
+  std::string cache_address;   // strata-cache
+  std::string router_address;  // strata-router
+  int index = 0;
+  std::string device = "cpu";
+  int num_threads = 0;
+  v1::Transport transport = v1::TRANSPORT_SHARED_MEMORY;
+  std::string listen = "127.0.0.1:0";  // ExpertWorker service, for TRANSPORT_GRPC
+  // Progress and waiting messages ("waiting for strata-router at ...").
+  std::function<void(const std::string&)> log = [](const std::string&) {};
+};
+
+class WorkerServer {
+ public:
+  // Loads the config and maps the expert store (waiting for strata-cache as long as needed).
+  static absl::StatusOr<std::unique_ptr<WorkerServer>> Create(const WorkerOptions& options);
+  ~WorkerServer();
+
+  // Registers and serves until Stop(); registers again whenever the router goes away.
+  absl::Status Run();
+  void Stop() { stopping_.store(true); }
+
+ private:
+  WorkerServer() = default;
+  absl::StatusOr<v1::RegisterWorkerResponse> Register();
+  // Serves one router incarnation over a shared-memory channel; returns when it is gone.
+  absl::Status ServeChannel(const std::string& name);
+
+  WorkerOptions options_;
+  ModelConfig config_;
+  std::unique_ptr<MappedExperts> experts_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<CpuExpertBackend> backend_;
+  std::unique_ptr<ExpertExecutor> executor_;
+  std::mutex executor_mu_;
+  std::unique_ptr<ExpertWorkerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string service_address_;
+  uint64_t incarnation_ = 0;
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_EXPERT_WORKER_WORKER_SERVER_H_

@@ -1,0 +1,61 @@
+#include "services/router/coordinator_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "services/router/generation_service.h"
+#include "services/router/grpc_expert_connection.h"
+#include "services/router/shm_expert_connection.h"
+
+namespace strata {
+
+CoordinatorService::CoordinatorService(const ModelConfig& config, RemoteExpertBackend& experts,
+                                       CoordinatorOptions options)
+    : config_(config), experts_(experts), options_(std::move(options)) {}
+
+absl::Status CoordinatorService::Register(const v1::RegisterWorkerRequest& request,
+                                          v1::RegisterWorkerResponse& response) {
+  const int index = static_cast<int>(request.worker_index());
+  if (index < 0 || index >= experts_.num_workers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker index ", index, " is outside [0, ", experts_.num_workers(), ")"));
+  }
+  std::shared_ptr<ExpertConnection> connection;
+  switch (request.transport()) {
+    case v1::TRANSPORT_SHARED_MEMORY: {
+      const std::string name =
+          absl::StrCat(options_.channel_prefix, "-w", index, "-", request.incarnation());
+      auto shm = ShmExpertConnection::Create(name, options_.max_tokens_per_step, config_.top_k,
+                                             static_cast<int>(config_.hidden_size));
+      if (!shm.ok()) return shm.status();
+      connection = *std::move(shm);
+      response.set_channel_name(name);
+      break;
+    }
+    case v1::TRANSPORT_GRPC: {
+      auto grpc_connection = GrpcExpertConnection::Connect(request.address());
+      if (!grpc_connection.ok()) return grpc_connection.status();
+      connection = *std::move(grpc_connection);
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError("unknown transport");
+  }
+  experts_.SetConnection(index, std::move(connection));
+  response.set_num_workers(experts_.num_workers());
+  for (int layer = 0; layer < config_.num_layers; ++layer) {
+    if (!config_.layer_is_moe[layer]) continue;
+    v1::ExpertRange* range = response.add_owned();
+    range->set_layer(layer);
+    for (int e : experts_.placement().OwnedBy(layer, index)) range->add_experts(e);
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(
+    grpc::CallbackServerContext* context, const v1::RegisterWorkerRequest* request,
+    v1::RegisterWorkerResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(Register(*request, *response)));
+  return reactor;
+}
+
+}  // namespace strata

@@ -1,0 +1,301 @@
+#include "services/router/generation_service.h"
+
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata {
+namespace {
+
+v1::FinishReason ToProto(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone:
+      return v1::FINISH_REASON_UNSPECIFIED;
+    case FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case FinishReason::kEos:
+      return v1::FINISH_REASON_EOS;
+    case FinishReason::kCancelled:
+      return v1::FINISH_REASON_CANCELLED;
+    case FinishReason::kError:
+      return v1::FINISH_REASON_ERROR;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+class GenerateReactor;
+
+// The scheduler's handle on a stream; outlives the reactor if the client goes away first.
+class StreamSink : public ResponseSink {
+ public:
+  explicit StreamSink(GenerateReactor* reactor) : reactor_(reactor) {}
+  void OnTokens(const std::vector<int32_t>& ids, const std::string& text) override;
+  void OnFinish(FinishReason reason, const RequestUsage& usage,
+                const absl::Status& status) override;
+  void Detach() {
+    std::lock_guard<std::mutex> lock(mu_);
+    reactor_ = nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  GenerateReactor* reactor_;
+};
+
+// Writes queued responses one at a time, merging token messages that pile up behind a write.
+class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  GenerateReactor(Scheduler& scheduler) : scheduler_(scheduler) {}
+
+  void Start(absl::StatusOr<RequestSpec> spec) {
+    if (!spec.ok()) {
+      Finish(ToGrpcStatus(spec.status()));
+      return;
+    }
+    sink_ = std::make_shared<StreamSink>(this);
+    auto ticket = scheduler_.Submit(*std::move(spec), sink_);
+    if (!ticket.ok()) {
+      sink_->Detach();
+      Finish(ToGrpcStatus(ticket.status()));
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ticket_ = *ticket;
+    submitted_ = true;
+  }
+
+  void Enqueue(v1::GenerateResponse response, bool last, grpc::Status status) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (finishing_) return;
+    if (!queue_.empty() && !(writing_ && queue_.size() == 1) &&
+        queue_.back().finish_reason() == v1::FINISH_REASON_UNSPECIFIED) {
+      // Merge into the last queued (not yet written) message.
+      v1::GenerateResponse& back = queue_.back();
+      for (uint32_t id : response.token_ids()) back.add_token_ids(id);
+      back.mutable_text()->append(response.text());
+      back.set_finish_reason(response.finish_reason());
+      if (response.has_usage()) *back.mutable_usage() = response.usage();
+    } else {
+      queue_.push_back(std::move(response));
+    }
+    if (last) {
+      done_ = true;
+      final_status_ = status;
+    }
+    WriteNext(lock);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!queue_.empty()) queue_.pop_front();
+    if (!ok) {
+      // The client is gone. The call still needs its Finish before OnDone can come.
+      if (finishing_) return;
+      finishing_ = true;
+      queue_.clear();
+      lock.unlock();
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+      return;
+    }
+    WriteNext(lock);
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (submitted_) scheduler_.Cancel(ticket_);
+  }
+
+  void OnDone() override {
+    if (sink_) sink_->Detach();
+    delete this;
+  }
+
+ private:
+  // Starts the next write, or the finish, outside the lock: a reaction may run inline.
+  // The front element stays put while `writing_` (deque push_back keeps references valid).
+  void WriteNext(std::unique_lock<std::mutex>& lock) {
+    if (writing_ || finishing_) return;
+    if (!queue_.empty()) {
+      writing_ = true;
+      const v1::GenerateResponse* next = &queue_.front();
+      lock.unlock();
+      StartWrite(next);
+    } else if (done_) {
+      finishing_ = true;
+      lock.unlock();
+      Finish(final_status_);
+    }
+  }
+
+  Scheduler& scheduler_;
+  std::shared_ptr<StreamSink> sink_;
+  std::mutex mu_;
+  std::deque<v1::GenerateResponse> queue_;
+  bool writing_ = false;
+  bool done_ = false;
+  bool finishing_ = false;
+  bool submitted_ = false;
+  Scheduler::Ticket ticket_ = 0;
+  grpc::Status final_status_;
+};
+
+void StreamSink::OnTokens(const std::vector<int32_t>& ids, const std::string& text) {
+  v1::GenerateResponse response;
+  for (int32_t id : ids) response.add_token_ids(static_cast<uint32_t>(id));
+  response.set_text(text);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reactor_ != nullptr) reactor_->Enqueue(std::move(response), false, grpc::Status::OK);
+}
+
+void StreamSink::OnFinish(FinishReason reason, const RequestUsage& usage,
+                          const absl::Status& status) {
+  v1::GenerateResponse response;
+  response.set_finish_reason(ToProto(reason));
+  v1::Usage* u = response.mutable_usage();
+  u->set_prompt_tokens(usage.prompt_tokens);
+  u->set_completion_tokens(usage.completion_tokens);
+  u->set_time_to_first_token_ms(static_cast<float>(usage.time_to_first_token_ms));
+  u->set_decode_tokens_per_second(static_cast<float>(usage.decode_tokens_per_second));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reactor_ != nullptr) reactor_->Enqueue(std::move(response), true, ToGrpcStatus(status));
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+GenerationService::GenerationService(const ModelConfig& config, Scheduler& scheduler,
+                                     const Tokenizer* tokenizer, int num_workers)
+    : config_(config), scheduler_(scheduler), tokenizer_(tokenizer), num_workers_(num_workers) {}
+
+absl::StatusOr<RequestSpec> GenerationService::ToSpec(const v1::GenerateRequest& request) const {
+  RequestSpec spec;
+  spec.id = request.request_id();
+  const bool has_text = !request.prompt().empty();
+  const bool has_ids = request.prompt_token_ids_size() > 0;
+  if (has_text && has_ids) {
+    return absl::InvalidArgumentError("give either prompt or prompt_token_ids, not both");
+  }
+  if (!has_text && !has_ids) return absl::InvalidArgumentError("the prompt is empty");
+  if (has_text) {
+    if (tokenizer_ == nullptr) {
+      return absl::InvalidArgumentError(
+          "this model has no tokenizer.json: send prompt_token_ids instead of prompt");
+    }
+    auto ids = tokenizer_->Encode(request.prompt(), /*add_special_tokens=*/true);
+    if (!ids.ok()) return absl::InvalidArgumentError(ids.status().message());
+    spec.prompt = *std::move(ids);
+    if (spec.prompt.empty()) return absl::InvalidArgumentError("the prompt encodes to no tokens");
+  } else {
+    for (int i = 0; i < request.prompt_token_ids_size(); ++i) {
+      const uint32_t id = request.prompt_token_ids(i);
+      if (id >= static_cast<uint32_t>(config_.vocab_size)) {
+        return absl::InvalidArgumentError(absl::StrCat("prompt token id ", id, " at position ", i,
+                                                       " is outside the vocabulary [0, ",
+                                                       config_.vocab_size, ")"));
+      }
+      spec.prompt.push_back(static_cast<int32_t>(id));
+    }
+  }
+  if (request.max_new_tokens() == 0) {
+    return absl::InvalidArgumentError("max_new_tokens must be at least 1");
+  }
+  if (request.max_new_tokens() > static_cast<uint32_t>(scheduler_.max_context_tokens())) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens ", request.max_new_tokens(),
+                                                   " is over the limit of ",
+                                                   scheduler_.max_context_tokens()));
+  }
+  spec.max_new_tokens = static_cast<int>(request.max_new_tokens());
+  const v1::SamplingParams& s = request.sampling();
+  spec.sampling.temperature = s.temperature();
+  spec.sampling.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();
+  if (s.top_k() > static_cast<uint32_t>(config_.vocab_size)) {
+    return absl::InvalidArgumentError("top_k is larger than the vocabulary");
+  }
+  spec.sampling.top_k = static_cast<int>(s.top_k());
+  spec.sampling.seed = s.seed();
+  spec.stop.assign(request.stop().begin(), request.stop().end());
+  spec.ignore_eos = request.ignore_eos();
+  return spec;
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  auto* reactor = new GenerateReactor(scheduler_);
+  reactor->Start(ToSpec(*request));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GenerationService::ModelInfo(grpc::CallbackServerContext* context,
+                                                       const v1::ModelInfoRequest* request,
+                                                       v1::ModelInfoResponse* response) {
+  response->set_model_type(std::string(ArchitectureName(config_.arch)));
+  response->set_vocab_size(static_cast<uint32_t>(config_.vocab_size));
+  response->set_num_layers(config_.num_layers);
+  response->set_num_experts(config_.num_experts);
+  response->set_experts_per_token(config_.top_k);
+  response->set_max_context_tokens(static_cast<uint32_t>(scheduler_.max_context_tokens()));
+  response->set_has_tokenizer(tokenizer_ != nullptr);
+  for (int id : config_.eos_token_ids) response->add_eos_token_ids(id);
+  response->set_num_workers(num_workers_);
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
+                                                      const v1::TokenizeRequest* request,
+                                                      v1::TokenizeResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  if (tokenizer_ == nullptr) {
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this model has no tokenizer.json"));
+    return reactor;
+  }
+  auto ids = tokenizer_->Encode(request->text(), request->add_special_tokens());
+  if (!ids.ok()) {
+    reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(ids.status().message())));
+    return reactor;
+  }
+  for (int32_t id : *ids) response->add_token_ids(static_cast<uint32_t>(id));
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* context,
+                                                        const v1::DetokenizeRequest* request,
+                                                        v1::DetokenizeResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  if (tokenizer_ == nullptr) {
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this model has no tokenizer.json"));
+    return reactor;
+  }
+  std::vector<int32_t> ids;
+  for (uint32_t id : request->token_ids()) {
+    if (id >= static_cast<uint32_t>(tokenizer_->vocab_size())) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                   absl::StrCat("token id ", id, " is outside the vocabulary")));
+      return reactor;
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  auto text = tokenizer_->Decode(ids, request->skip_special_tokens());
+  if (!text.ok()) {
+    reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(text.status().message())));
+    return reactor;
+  }
+  response->set_text(*text);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace strata

@@ -1,0 +1,75 @@
+#include "services/router/grpc_expert_connection.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata {
+
+absl::StatusOr<std::unique_ptr<GrpcExpertConnection>> GrpcExpertConnection::Connect(
+    const std::string& address) {
+  std::unique_ptr<GrpcExpertConnection> c(new GrpcExpertConnection());
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
+    return absl::UnavailableError(absl::StrCat("cannot reach expert worker at ", address));
+  }
+  c->stub_ = v1::ExpertWorker::NewStub(channel);
+  c->context_ = std::make_unique<grpc::ClientContext>();
+  c->stream_ = c->stub_->Exchange(c->context_.get());
+  if (!c->stream_) return absl::UnavailableError("cannot open the expert exchange stream");
+  return c;
+}
+
+GrpcExpertConnection::~GrpcExpertConnection() {
+  if (stream_) {
+    context_->TryCancel();
+    stream_->Finish();
+  }
+}
+
+absl::Status GrpcExpertConnection::Send(const ExpertRequestView& r) {
+  request_.Clear();
+  request_.set_step(r.step);
+  request_.set_layer(r.layer);
+  request_.set_num_tokens(r.num_tokens);
+  request_.set_top_k(r.top_k);
+  request_.set_hidden(
+      std::string(reinterpret_cast<const char*>(r.hidden.data()), r.hidden.size() * sizeof(float)));
+  request_.mutable_experts()->Add(r.experts.begin(), r.experts.end());
+  request_.mutable_weights()->Add(r.weights.begin(), r.weights.end());
+  if (!stream_->Write(request_)) {
+    alive_.store(false);
+    return absl::UnavailableError("expert worker stream closed");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpcExpertConnection::Receive(
+    absl::FunctionRef<void(const ExpertResponseView&)> consume, absl::Duration timeout) {
+  // The synchronous stream has no per-read deadline; a dead worker breaks the stream.
+  if (!stream_->Read(&response_)) {
+    alive_.store(false);
+    return absl::UnavailableError("expert worker stream closed");
+  }
+  ExpertResponseView view;
+  view.step = response_.step();
+  view.layer = response_.layer();
+  view.error = response_.error();
+  if (view.error.empty()) {
+    view.hidden_size = request_.num_tokens() == 0
+                           ? 0
+                           : static_cast<uint32_t>(request_.hidden().size() /
+                                                   (request_.num_tokens() * sizeof(float)));
+    view.num_tokens = request_.num_tokens();
+    if (response_.partial().size() != size_t{view.num_tokens} * view.hidden_size * sizeof(float)) {
+      return absl::DataLossError("expert response has the wrong size");
+    }
+    view.partial =
+        absl::Span<const float>(reinterpret_cast<const float*>(response_.partial().data()),
+                                size_t{view.num_tokens} * view.hidden_size);
+  }
+  consume(view);
+  return absl::OkStatus();
+}
+
+}  // namespace strata

@@ -1,0 +1,82 @@
+// strata-router --model DIR [--listen HOST:PORT] [--workers N] ...
+// Serves strata.v1.Generation. Prints "LISTENING <host>:<port>" on stdout at once, and
+// "READY <host>:<port>" once every worker has registered. SIGINT/SIGTERM drain in-flight requests
+// (up to --drain-timeout) and exit; the exit status is non-zero only when requests had to be cut
+// off.
+#include <iostream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/util/process.h"
+#include "services/router/router_server.h"
+
+ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address to serve on; port 0 picks a free port");
+ABSL_FLAG(int, workers, 1, "Expert workers to wait for; 0 runs the experts in this process");
+ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
+ABSL_FLAG(int, kv_block_size, 32, "Token slots per KV-cache block");
+ABSL_FLAG(int64_t, kv_cache_mb, 1024, "KV-cache memory, MiB");
+ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");
+ABSL_FLAG(int, max_batch_tokens, 512, "Tokens per forward step (decodes + prefill chunks)");
+ABSL_FLAG(int, max_running, 64, "Sequences in the running batch");
+ABSL_FLAG(int, max_queued_requests, 256, "Waiting requests beyond this get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_context, 0, "Longest sequence; 0 uses the model's limit");
+ABSL_FLAG(double, drain_timeout_s, 30, "On SIGTERM, how long in-flight requests may finish");
+ABSL_FLAG(std::string, channel_prefix, "strata", "Shared-memory channel name prefix");
+ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
+
+int main(int argc, char** argv) {
+  strata::BlockTerminationSignals();
+  strata::SetProgramName("strata-router");
+  strata::DashedFlags flags(argc, argv);
+  absl::ParseCommandLine(flags.argc(), flags.argv());
+  if (!strata::SetLogLevel(absl::GetFlag(FLAGS_log_level))) {
+    std::cerr << "strata-router: --log-level must be debug, info, warning or error\n";
+    return 2;
+  }
+  strata::RouterOptions options;
+  options.model_dir = absl::GetFlag(FLAGS_model);
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.num_workers = absl::GetFlag(FLAGS_workers);
+  options.num_threads = absl::GetFlag(FLAGS_threads);
+  options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_mb) << 20;
+  options.router_temperature = static_cast<float>(absl::GetFlag(FLAGS_router_temperature));
+  options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
+  options.scheduler.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  options.scheduler.max_context_tokens = absl::GetFlag(FLAGS_max_context);
+  options.channel_prefix = absl::GetFlag(FLAGS_channel_prefix);
+  if (options.model_dir.empty()) {
+    std::cerr << "strata-router: --model is required\n";
+    return 2;
+  }
+  if (!(options.router_temperature > 0)) {
+    std::cerr << "strata-router: --router-temperature must be positive\n";
+    return 2;
+  }
+  auto server = strata::RouterServer::Start(options);
+  if (!server.ok()) {
+    std::cerr << "strata-router: " << server.status().message() << "\n";
+    return 1;
+  }
+  strata::RouterServer& router = **server;
+  std::cout << "LISTENING " << router.address() << std::endl;
+  strata::StatusLine(absl::StrCat("listening on ", router.address(), "; waiting for ",
+                                  options.num_workers, " worker(s)"));
+  std::thread announcer([&] {
+    while (!router.WaitReady(absl::Seconds(10))) {
+      strata::StatusLine(
+          absl::StrCat("still waiting for workers to register at ", router.address()));
+    }
+    std::cout << "READY " << router.address() << std::endl;
+  });
+  announcer.detach();
+  const int signal = strata::WaitForTerminationSignal();
+  strata::StatusLine(absl::StrCat("signal ", signal, ": draining"));
+  const bool drained = router.Shutdown(absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
+  if (!drained) strata::StatusLine("drain timed out; unfinished requests were cancelled");
+  return drained ? 0 : 1;
+}

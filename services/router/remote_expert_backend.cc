@@ -1,0 +1,132 @@
+#include "services/router/remote_expert_backend.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+
+namespace strata {
+
+ExpertPlacement ExpertPlacement::Contiguous(const ModelConfig& config, int num_workers) {
+  ExpertPlacement p;
+  p.owner.assign(config.num_layers, std::vector<int>(config.num_experts, 0));
+  for (int layer = 0; layer < config.num_layers; ++layer) {
+    for (int e = 0; e < config.num_experts; ++e) {
+      p.owner[layer][e] = static_cast<int>(int64_t{e} * num_workers / config.num_experts);
+    }
+  }
+  return p;
+}
+
+std::vector<int> ExpertPlacement::OwnedBy(int layer, int worker) const {
+  std::vector<int> experts;
+  for (int e = 0; e < static_cast<int>(owner[layer].size()); ++e) {
+    if (owner[layer][e] == worker) experts.push_back(e);
+  }
+  return experts;
+}
+
+RemoteExpertBackend::RemoteExpertBackend(const ModelConfig& config, ExpertPlacement placement,
+                                         int num_workers, RemoteExpertOptions options)
+    : config_(config),
+      placement_(std::move(placement)),
+      num_workers_(num_workers),
+      options_(options),
+      connections_(num_workers),
+      staging_(num_workers) {}
+
+void RemoteExpertBackend::SetConnection(int index, std::shared_ptr<ExpertConnection> connection) {
+  std::lock_guard<std::mutex> lock(mu_);
+  connections_.at(index) = std::move(connection);
+}
+
+int RemoteExpertBackend::num_connected() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(std::count_if(connections_.begin(), connections_.end(),
+                                        [](const auto& c) { return c && c->Alive(); }));
+}
+
+absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
+                                             const RoutingTable& routing, Tensor& out) {
+  const int64_t n = x.rows();
+  const int64_t h = x.cols();
+  const int k = routing.top_k;
+  const std::vector<int>& owner = placement_.owner.at(layer);
+  std::vector<std::shared_ptr<ExpertConnection>> connections;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    connections = connections_;
+  }
+  // Split the tokens by worker: a token goes to every worker that owns one of its experts.
+  for (Staging& s : staging_) {
+    s.rows.clear();
+    s.hidden.clear();
+    s.experts.clear();
+    s.weights.clear();
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    for (int w = 0; w < num_workers_; ++w) {
+      bool any = false;
+      for (int j = 0; j < k; ++j) {
+        const int32_t e = routing.expert[t * k + j];
+        any = any || (e >= 0 && owner[e] == w);
+      }
+      if (!any) continue;
+      Staging& s = staging_[w];
+      s.rows.push_back(t);
+      s.hidden.insert(s.hidden.end(), x.row(t), x.row(t) + h);
+      for (int j = 0; j < k; ++j) {
+        const int32_t e = routing.expert[t * k + j];
+        const bool mine = e >= 0 && owner[e] == w;
+        s.experts.push_back(mine ? e : -1);
+        s.weights.push_back(mine ? routing.weight[t * k + j] : 0.0f);
+      }
+    }
+  }
+  const uint64_t step = ++step_;
+  for (int w = 0; w < num_workers_; ++w) {
+    Staging& s = staging_[w];
+    if (s.rows.empty()) continue;
+    if (!connections[w] || !connections[w]->Alive()) {
+      return absl::UnavailableError(absl::StrCat("expert worker ", w, " is not connected"));
+    }
+    ExpertRequestView request;
+    request.step = step;
+    request.layer = static_cast<uint32_t>(layer);
+    request.num_tokens = static_cast<uint32_t>(s.rows.size());
+    request.top_k = static_cast<uint32_t>(k);
+    request.hidden_size = static_cast<uint32_t>(h);
+    request.hidden = s.hidden;
+    request.experts = s.experts;
+    request.weights = s.weights;
+    RETURN_IF_ERROR(connections[w]->Send(request));
+  }
+  out.Resize(n, h);
+  out.SetZero();
+  for (int w = 0; w < num_workers_; ++w) {
+    const Staging& s = staging_[w];
+    if (s.rows.empty()) continue;
+    absl::Status consumed;
+    RETURN_IF_ERROR(connections[w]->Receive(
+        [&](const ExpertResponseView& response) {
+          if (!response.error.empty()) {
+            consumed = absl::InternalError(absl::StrCat("expert worker ", w, ": ", response.error));
+          } else if (response.step != step || response.num_tokens != s.rows.size() ||
+                     response.hidden_size != h) {
+            consumed = absl::DataLossError(
+                absl::StrCat("expert worker ", w, " answered a different request"));
+          } else {
+            for (size_t r = 0; r < s.rows.size(); ++r) {
+              float* dst = out.row(s.rows[r]);
+              const float* src = response.partial.data() + r * h;
+              for (int64_t i = 0; i < h; ++i) dst[i] += src[i];
+            }
+          }
+        },
+        options_.timeout));
+    RETURN_IF_ERROR(consumed);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata

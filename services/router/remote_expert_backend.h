@@ -1,0 +1,64 @@
+// The router's ExpertBackend: sends each worker only the tokens routed to the experts it owns,
+// over that worker's connection, and sums the partial results the workers send back.
+#ifndef STRATA_SERVICES_ROUTER_REMOTE_EXPERT_BACKEND_H_
+#define STRATA_SERVICES_ROUTER_REMOTE_EXPERT_BACKEND_H_
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/backend/backend.h"
+#include "common/model/model_config.h"
+#include "common/transport/expert_connection.h"
+
+namespace strata {
+
+// owner[layer][expert] = worker index.
+struct ExpertPlacement {
+  std::vector<std::vector<int>> owner;
+
+  // Experts split into contiguous ranges of near-equal size, the same on every layer.
+  static ExpertPlacement Contiguous(const ModelConfig& config, int num_workers);
+  std::vector<int> OwnedBy(int layer, int worker) const;
+};
+
+struct RemoteExpertOptions {
+  absl::Duration timeout = absl::Seconds(60);  // per layer exchange
+};
+
+class RemoteExpertBackend : public ExpertBackend {
+ public:
+  RemoteExpertBackend(const ModelConfig& config, ExpertPlacement placement, int num_workers,
+                      RemoteExpertOptions options);
+
+  // Installs (or replaces, after a restart) worker `index`'s connection. Thread-safe.
+  void SetConnection(int index, std::shared_ptr<ExpertConnection> connection);
+  int num_connected() const;
+  int num_workers() const { return num_workers_; }
+  const ExpertPlacement& placement() const { return placement_; }
+
+  absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
+                          Tensor& out) override;
+
+ private:
+  const ModelConfig& config_;
+  ExpertPlacement placement_;
+  int num_workers_;
+  RemoteExpertOptions options_;
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<ExpertConnection>> connections_;
+  uint64_t step_ = 0;
+  // Per-worker staging, reused across calls.
+  struct Staging {
+    std::vector<int64_t> rows;  // token rows of x sent to this worker
+    std::vector<float> hidden;
+    std::vector<int32_t> experts;
+    std::vector<float> weights;
+  };
+  std::vector<Staging> staging_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_ROUTER_REMOTE_EXPERT_BACKEND_H_

@@ -1,0 +1,46 @@
+// A generation request as the scheduler sees it, and where its output goes.
+#ifndef STRATA_SERVICES_ROUTER_REQUEST_H_
+#define STRATA_SERVICES_ROUTER_REQUEST_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/engine/sampler.h"
+
+namespace strata {
+
+struct RequestSpec {
+  std::string id;
+  std::vector<int32_t> prompt;
+  int max_new_tokens = 16;
+  SamplingParams sampling;
+  std::vector<std::string> stop;  // stop strings; need a tokenizer
+  bool ignore_eos = false;
+};
+
+enum class FinishReason { kNone, kLength, kStop, kEos, kCancelled, kError };
+
+struct RequestUsage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  double time_to_first_token_ms = 0.0;
+  double decode_tokens_per_second = 0.0;
+};
+
+// Receives a request's output. Called from the scheduler's thread: implementations must not
+// block (queue the data and return).
+class ResponseSink {
+ public:
+  virtual ~ResponseSink() = default;
+  // New tokens since the last call, and their text (empty without a tokenizer).
+  virtual void OnTokens(const std::vector<int32_t>& ids, const std::string& text) = 0;
+  // The last call. `status` is OK unless the reason is kError.
+  virtual void OnFinish(FinishReason reason, const RequestUsage& usage,
+                        const absl::Status& status) = 0;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_ROUTER_REQUEST_H_

@@ -1,0 +1,82 @@
+// strata-router: loads the model's non-expert weights and tokenizer, runs the scheduler, and
+// serves Generation (clients), Coordinator (workers), health and reflection over gRPC.
+#ifndef STRATA_SERVICES_ROUTER_ROUTER_SERVER_H_
+#define STRATA_SERVICES_ROUTER_ROUTER_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/backend/cpu/cpu_expert_backend.h"
+#include "common/backend/cpu/cpu_router_backend.h"
+#include "common/engine/forward_pass.h"
+#include "common/tokenizer/tokenizer.h"
+#include "services/router/coordinator_service.h"
+#include "services/router/generation_service.h"
+#include "services/router/remote_expert_backend.h"
+#include "services/router/scheduler.h"
+
+namespace strata {
+
+struct RouterOptions {
+  std::string model_dir;
+  std::string listen = "127.0.0.1:0";  // port 0 picks a free port
+  int num_workers = 1;                 // 0 runs the experts in this process
+  int num_threads = 0;
+  int kv_block_size = 32;
+  int64_t kv_cache_bytes = int64_t{1} << 30;
+  float router_temperature = 1.0f;
+  SchedulerOptions scheduler;
+  std::string channel_prefix = "strata";
+  absl::Duration expert_timeout = absl::Seconds(60);
+};
+
+class RouterServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<RouterServer>> Start(const RouterOptions& options);
+  ~RouterServer();
+
+  // host:port the server listens on.
+  const std::string& address() const { return address_; }
+  // True once every configured worker is connected (health is SERVING then).
+  bool ready() const { return ready_.load(); }
+  // Blocks until ready() or the timeout; false on timeout.
+  bool WaitReady(absl::Duration timeout);
+  // Stops admitting, drains in-flight requests up to `timeout`, shuts the server down. True
+  // when every request finished.
+  bool Shutdown(absl::Duration timeout);
+
+  Scheduler& scheduler() { return *scheduler_; }
+
+ private:
+  RouterServer() = default;
+  void MonitorWorkers();
+
+  RouterOptions options_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<CpuRouterBackend> router_backend_;
+  std::unique_ptr<ModelExpertSource> local_experts_source_;
+  std::unique_ptr<ExpertBackend> expert_backend_;
+  RemoteExpertBackend* remote_ = nullptr;  // expert_backend_ when num_workers > 0
+  std::unique_ptr<ForwardPass> forward_;
+  std::unique_ptr<PagedKvCache> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<GenerationService> generation_;
+  std::unique_ptr<CoordinatorService> coordinator_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> stopping_{false};
+  std::thread monitor_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_ROUTER_ROUTER_SERVER_H_

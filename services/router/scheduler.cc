@@ -1,0 +1,338 @@
+#include "services/router/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "services/router/output_text.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MillisBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+}  // namespace
+
+struct Scheduler::Sequence {
+  Ticket ticket = 0;
+  RequestSpec spec;
+  std::shared_ptr<ResponseSink> sink;
+  std::vector<int32_t> tokens;  // prompt, then every generated token
+  int64_t computed = 0;         // leading tokens whose keys and values are in the cache
+  bool has_kv = false;
+  PagedKvCache::SequenceId kv_seq = 0;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<OutputText> text;
+  int generated = 0;
+  Clock::time_point submitted, first_token, last_token;
+};
+
+Scheduler::Scheduler(const ModelConfig& config, ForwardPass& forward, PagedKvCache& kv,
+                     const Tokenizer* tokenizer, SchedulerOptions options)
+    : config_(config), forward_(forward), kv_(kv), tokenizer_(tokenizer), options_(options) {
+  const int64_t pool_tokens = int64_t{kv.options().num_blocks} * kv.options().block_size;
+  max_context_tokens_ = std::min(config.max_position_embeddings, pool_tokens);
+  if (options.max_context_tokens > 0) {
+    max_context_tokens_ = std::min(max_context_tokens_, options.max_context_tokens);
+  }
+  options_.max_batch_tokens = std::max(options_.max_batch_tokens, 1);
+  options_.max_running = std::max(options_.max_running, 1);
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
+                                                    std::shared_ptr<ResponseSink> sink) {
+  const int64_t prompt_len = static_cast<int64_t>(spec.prompt.size());
+  if (prompt_len == 0) return absl::InvalidArgumentError("the prompt is empty");
+  for (size_t i = 0; i < spec.prompt.size(); ++i) {
+    if (spec.prompt[i] < 0 || spec.prompt[i] >= config_.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token id ", spec.prompt[i], " at position ", i,
+                       " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+    }
+  }
+  if (prompt_len >= max_context_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt has ", prompt_len, " tokens; the context holds ", max_context_tokens_));
+  }
+  if (spec.max_new_tokens <= 0) {
+    return absl::InvalidArgumentError("max_new_tokens must be at least 1");
+  }
+  if (prompt_len + spec.max_new_tokens > max_context_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_new_tokens ", spec.max_new_tokens, " is over the limit: the ", prompt_len,
+        "-token prompt leaves room for ", max_context_tokens_ - prompt_len, " new tokens"));
+  }
+  if (absl::Status s = ValidateSamplingParams(spec.sampling); !s.ok()) return s;
+  if (!spec.stop.empty() && tokenizer_ == nullptr) {
+    return absl::InvalidArgumentError("stop strings need a model with a tokenizer");
+  }
+
+  auto seq = std::make_unique<Sequence>();
+  seq->spec = std::move(spec);
+  seq->sink = std::move(sink);
+  seq->tokens = seq->spec.prompt;
+  SamplingParams sampling = seq->spec.sampling;
+  if (sampling.seed == 0 && sampling.temperature > 0.0f) sampling.seed = std::random_device()();
+  seq->sampler = std::make_unique<Sampler>(sampling);
+  seq->text = std::make_unique<OutputText>(tokenizer_, seq->spec.stop);
+  seq->submitted = Clock::now();
+  Ticket ticket;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_ || stopping_) return absl::UnavailableError("the server is shutting down");
+    if (queued_.load() >= options_.max_queued_requests) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "too many requests waiting (", options_.max_queued_requests, "); retry later"));
+    }
+    ticket = next_ticket_++;
+    seq->ticket = ticket;
+    incoming_.push_back(std::move(seq));
+    queued_.fetch_add(1);
+  }
+  cv_.notify_all();
+  return ticket;
+}
+
+void Scheduler::Cancel(Ticket ticket) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_.insert(ticket);
+  }
+  cv_.notify_all();
+}
+
+bool Scheduler::Drain(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  draining_ = true;
+  const bool done = idle_cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] {
+    return queued_.load() == 0 && running_count_.load() == 0;
+  });
+  if (done) return true;
+  // Time is up: cancel whatever is left and wait for the engine to release it.
+  for (Ticket t = 1; t < next_ticket_; ++t) cancelled_.insert(t);
+  cv_.notify_all();
+  idle_cv_.wait_for(lock, std::chrono::seconds(10),
+                    [&] { return queued_.load() == 0 && running_count_.load() == 0; });
+  return false;
+}
+
+Scheduler::Stats Scheduler::stats() const {
+  Stats s;
+  s.waiting = queued_.load();
+  s.running = running_count_.load();
+  s.free_kv_blocks = kv_.free_blocks();
+  s.steps = steps_.load();
+  s.preemptions = preemptions_.load();
+  return s;
+}
+
+void Scheduler::Loop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] {
+        return stopping_ || !incoming_.empty() || !cancelled_.empty() || !running_.empty() ||
+               !waiting_.empty();
+      });
+      while (!incoming_.empty()) {
+        waiting_.push_back(std::move(incoming_.front()));
+        incoming_.pop_front();
+      }
+      if (stopping_) {
+        for (Ticket t = 1; t < next_ticket_; ++t) cancelled_.insert(t);
+      }
+    }
+    ApplyCancellations();
+    if (stopping_ && running_.empty() && waiting_.empty()) break;
+    Admit();
+    Step();
+    if (running_.empty() && waiting_.empty()) idle_cv_.notify_all();
+  }
+  idle_cv_.notify_all();
+}
+
+void Scheduler::ApplyCancellations() {
+  absl::flat_hash_set<Ticket> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled.swap(cancelled_);
+  }
+  if (cancelled.empty()) return;
+  for (size_t i = 0; i < waiting_.size();) {
+    if (cancelled.contains(waiting_[i]->ticket)) {
+      std::unique_ptr<Sequence> seq = std::move(waiting_[i]);
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+      queued_.fetch_sub(1);
+      RequestUsage usage;
+      usage.prompt_tokens = static_cast<int>(seq->spec.prompt.size());
+      usage.completion_tokens = seq->generated;
+      seq->sink->OnFinish(FinishReason::kCancelled, usage, absl::OkStatus());
+    } else {
+      ++i;
+    }
+  }
+  // Finish() erases from running_, so collect first.
+  std::vector<Sequence*> doomed;
+  for (auto& seq : running_) {
+    if (cancelled.contains(seq->ticket)) doomed.push_back(seq.get());
+  }
+  for (Sequence* seq : doomed) Finish(seq, FinishReason::kCancelled);
+}
+
+void Scheduler::Admit() {
+  while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    queued_.fetch_sub(1);
+  }
+  running_count_.store(static_cast<int>(running_.size()));
+}
+
+void Scheduler::Preempt(Sequence* seq) {
+  if (seq->has_kv) kv_.Release(seq->kv_seq);
+  seq->has_kv = false;
+  seq->computed = 0;  // recomputed from its tokens (prompt and output so far) when readmitted
+  auto it =
+      std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == seq; });
+  waiting_.push_front(std::move(*it));
+  running_.erase(it);
+  queued_.fetch_add(1);
+  running_count_.store(static_cast<int>(running_.size()));
+  preemptions_.fetch_add(1);
+}
+
+bool Scheduler::Step() {
+  if (running_.empty()) return false;
+  struct Planned {
+    Sequence* seq;
+    int64_t count;
+  };
+  std::vector<Planned> plan;
+  int64_t budget = options_.max_batch_tokens;
+  // Decodes first (one token each, latency-critical), then prefill chunks in admission order.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto& owned : running_) {
+      Sequence* seq = owned.get();
+      const int64_t remaining = static_cast<int64_t>(seq->tokens.size()) - seq->computed;
+      const bool is_decode = remaining == 1;
+      if ((pass == 0) != is_decode || budget == 0) continue;
+      plan.push_back({seq, std::min(remaining, budget)});
+      budget -= plan.back().count;
+    }
+  }
+  // Reserve KV; when the pool is short, preempt the newest running sequences.
+  for (size_t i = 0; i < plan.size();) {
+    Sequence* seq = plan[i].seq;
+    if (!seq->has_kv) {
+      seq->kv_seq = kv_.AddSequence();
+      seq->has_kv = true;
+    }
+    if (kv_.Reserve(seq->kv_seq, seq->computed + plan[i].count).ok()) {
+      ++i;
+      continue;
+    }
+    // The victim may sit before or after `seq` in the plan; find `seq` again afterwards.
+    Sequence* victim = running_.back().get();
+    Preempt(victim);
+    plan.erase(
+        std::remove_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.seq == victim; }),
+        plan.end());
+    if (victim == seq) continue;  // plan[i] is now the next sequence
+    i = static_cast<size_t>(
+        std::find_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.seq == seq; }) -
+        plan.begin());
+  }
+  if (plan.empty()) return false;
+
+  std::vector<int32_t> ids;
+  BatchLayout batch;
+  std::vector<int64_t> logit_rows;
+  std::vector<Sequence*> sampled;
+  for (const Planned& p : plan) {
+    for (int64_t j = 0; j < p.count; ++j) {
+      ids.push_back(p.seq->tokens[p.seq->computed + j]);
+      batch.sequence.push_back(p.seq->kv_seq);
+      batch.position.push_back(p.seq->computed + j);
+    }
+    if (p.seq->computed + p.count == static_cast<int64_t>(p.seq->tokens.size())) {
+      logit_rows.push_back(static_cast<int64_t>(ids.size()) - 1);
+      sampled.push_back(p.seq);
+    }
+  }
+  const absl::Status status = forward_.Run(ids, batch, kv_, logit_rows, logits_);
+  steps_.fetch_add(1);
+  if (!status.ok()) {
+    for (const Planned& p : plan) Finish(p.seq, FinishReason::kError, status);
+    return true;
+  }
+  for (const Planned& p : plan) p.seq->computed += p.count;
+  for (size_t r = 0; r < sampled.size(); ++r) {
+    const int32_t token =
+        sampled[r]->sampler->Sample(logits_.row(static_cast<int64_t>(r)), config_.vocab_size);
+    HandleToken(sampled[r], token);
+  }
+  return true;
+}
+
+void Scheduler::HandleToken(Sequence* seq, int32_t token) {
+  const Clock::time_point now = Clock::now();
+  if (seq->generated == 0) seq->first_token = now;
+  seq->last_token = now;
+  seq->tokens.push_back(token);
+  ++seq->generated;
+  const std::vector<int>& eos = config_.eos_token_ids;
+  const bool is_eos =
+      !seq->spec.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end();
+  OutputText::Update update;
+  if (!is_eos) update = seq->text->Add(token);
+  const bool at_length = seq->generated >= seq->spec.max_new_tokens;
+  if (!update.stopped && !is_eos && at_length) update.text += seq->text->Flush();
+  seq->sink->OnTokens({token}, update.text);
+  if (update.stopped) {
+    Finish(seq, FinishReason::kStop);
+  } else if (is_eos) {
+    Finish(seq, FinishReason::kEos);
+  } else if (at_length) {
+    Finish(seq, FinishReason::kLength);
+  }
+}
+
+void Scheduler::Finish(Sequence* seq, FinishReason reason, const absl::Status& status) {
+  if (seq->has_kv) kv_.Release(seq->kv_seq);
+  seq->has_kv = false;
+  RequestUsage usage;
+  usage.prompt_tokens = static_cast<int>(seq->spec.prompt.size());
+  usage.completion_tokens = seq->generated;
+  if (seq->generated > 0) {
+    usage.time_to_first_token_ms = MillisBetween(seq->submitted, seq->first_token);
+    const double decode_ms = MillisBetween(seq->first_token, seq->last_token);
+    if (seq->generated > 1 && decode_ms > 0) {
+      usage.decode_tokens_per_second = (seq->generated - 1) * 1000.0 / decode_ms;
+    }
+  }
+  seq->sink->OnFinish(reason, usage, status);
+  auto it =
+      std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == seq; });
+  if (it != running_.end()) running_.erase(it);
+  running_count_.store(static_cast<int>(running_.size()));
+}
+
+}  // namespace strata

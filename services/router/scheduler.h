@@ -1,0 +1,108 @@
+// Continuous batching: requests join and leave the running batch between forward steps;
+// prompts are prefilled in chunks under a per-step token budget; when the paged KV cache runs
+// out of blocks the newest running request is preempted and later recomputed, never failed.
+#ifndef STRATA_SERVICES_ROUTER_SCHEDULER_H_
+#define STRATA_SERVICES_ROUTER_SCHEDULER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/engine/forward_pass.h"
+#include "common/kv/paged_kv_cache.h"
+#include "common/model/model_config.h"
+#include "common/tokenizer/tokenizer.h"
+#include "services/router/request.h"
+
+namespace strata {
+
+struct SchedulerOptions {
+  int max_batch_tokens = 512;      // tokens per forward step: decodes plus prefill chunks
+  int max_running = 64;            // sequences in the running batch
+  int max_queued_requests = 256;   // waiting requests beyond this are refused
+  int64_t max_context_tokens = 0;  // 0: the model's context, bounded by the KV pool
+};
+
+class Scheduler {
+ public:
+  using Ticket = uint64_t;
+
+  // `forward`, `kv` and `tokenizer` (may be null) must outlive the scheduler.
+  Scheduler(const ModelConfig& config, ForwardPass& forward, PagedKvCache& kv,
+            const Tokenizer* tokenizer, SchedulerOptions options);
+  ~Scheduler();
+
+  // Starts the engine thread.
+  void Start();
+
+  // Validates and queues a request: INVALID_ARGUMENT for bad input, RESOURCE_EXHAUSTED when
+  // the queue is full, UNAVAILABLE while draining. The sink receives the output.
+  absl::StatusOr<Ticket> Submit(RequestSpec spec, std::shared_ptr<ResponseSink> sink);
+  // Ends a request (its sink gets kCancelled) and frees its KV blocks.
+  void Cancel(Ticket ticket);
+  // Refuses new requests, waits up to `timeout` for those in flight, then cancels the rest.
+  // True when everything finished in time.
+  bool Drain(absl::Duration timeout);
+
+  int64_t max_context_tokens() const { return max_context_tokens_; }
+  struct Stats {
+    int waiting = 0;
+    int running = 0;
+    int free_kv_blocks = 0;
+    int64_t steps = 0;
+    int64_t preemptions = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct Sequence;
+
+  void Loop();
+  // One forward step over the running batch; false when there was nothing to run.
+  bool Step();
+  void Admit();
+  // Frees a running sequence's blocks and puts it back at the head of the queue.
+  void Preempt(Sequence* seq);
+  void Finish(Sequence* seq, FinishReason reason, const absl::Status& status = absl::OkStatus());
+  void HandleToken(Sequence* seq, int32_t token);
+  void ApplyCancellations();
+
+  const ModelConfig& config_;
+  ForwardPass& forward_;
+  PagedKvCache& kv_;
+  const Tokenizer* tokenizer_;
+  SchedulerOptions options_;
+  int64_t max_context_tokens_ = 0;
+
+  // Shared with submitting threads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Sequence>> incoming_;
+  absl::flat_hash_set<Ticket> cancelled_;
+  bool stopping_ = false;
+  bool draining_ = false;
+  Ticket next_ticket_ = 1;
+  std::atomic<int> queued_{0};  // incoming plus waiting
+  std::atomic<int> running_count_{0};
+  std::atomic<int64_t> steps_{0};
+  std::atomic<int64_t> preemptions_{0};
+  std::condition_variable idle_cv_;
+
+  // Owned by the engine thread.
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
+  Tensor logits_;
+  std::thread thread_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_ROUTER_SCHEDULER_H_

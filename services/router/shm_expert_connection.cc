@@ -1,0 +1,50 @@
+#include "services/router/shm_expert_connection.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace strata {
+
+absl::StatusOr<std::unique_ptr<ShmExpertConnection>> ShmExpertConnection::Create(
+    const std::string& name, int max_tokens, int top_k, int hidden_size) {
+  ShmChannelOptions options;
+  options.slots = 2;  // one layer in flight, plus room to queue the next
+  options.slot_bytes = std::max(ExpertRequestBytes(max_tokens, top_k, hidden_size),
+                                ExpertResponseBytes(max_tokens, hidden_size, 4096));
+  SharedSegment::Remove(name).IgnoreError();  // a stale channel of a crashed router
+  auto channel = ShmChannel::Create(name, options);
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<ShmExpertConnection>(new ShmExpertConnection(*std::move(channel)));
+}
+
+bool ShmExpertConnection::Alive() const { return channel_.PeerAlive(); }
+
+absl::Status ShmExpertConnection::Send(const ExpertRequestView& request) {
+  if (!unlinked_ && channel_.PeerStatus().ok()) {
+    // Both sides have it mapped: drop the name so a crash of either leaves nothing behind.
+    channel_.segment().Unlink().IgnoreError();
+    unlinked_ = true;
+  }
+  const size_t bytes = ExpertRequestBytes(request.num_tokens, request.top_k, request.hidden_size);
+  auto slot = channel_.outbound().Reserve(bytes, absl::Seconds(10));
+  if (!slot.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("expert channel ", channel_.name(), ": ", slot.status().message()));
+  }
+  EncodeExpertRequest(request, *slot);
+  return channel_.outbound().Commit(bytes);
+}
+
+absl::Status ShmExpertConnection::Receive(
+    absl::FunctionRef<void(const ExpertResponseView&)> consume, absl::Duration timeout) {
+  auto bytes = channel_.inbound().Peek(timeout);
+  if (!bytes.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("expert channel ", channel_.name(), ": ", bytes.status().message()));
+  }
+  auto response = DecodeExpertResponse(*bytes);
+  if (!response.ok()) return response.status();
+  consume(*response);
+  return channel_.inbound().Pop();
+}
+
+}  // namespace strata

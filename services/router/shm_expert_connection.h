@@ -1,0 +1,36 @@
+// An ExpertConnection over a shared-memory channel to a worker on the same host: requests
+// and responses are written and read in place in the channel's ring slots.
+#ifndef STRATA_SERVICES_ROUTER_SHM_EXPERT_CONNECTION_H_
+#define STRATA_SERVICES_ROUTER_SHM_EXPERT_CONNECTION_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/shm/channel.h"
+#include "common/transport/expert_connection.h"
+
+namespace strata {
+
+class ShmExpertConnection : public ExpertConnection {
+ public:
+  // Creates the channel `name`, with slots large enough for `max_tokens` tokens per request.
+  static absl::StatusOr<std::unique_ptr<ShmExpertConnection>> Create(const std::string& name,
+                                                                     int max_tokens, int top_k,
+                                                                     int hidden_size);
+
+  absl::Status Send(const ExpertRequestView& request) override;
+  absl::Status Receive(absl::FunctionRef<void(const ExpertResponseView&)> consume,
+                       absl::Duration timeout) override;
+  bool Alive() const override;
+
+ private:
+  explicit ShmExpertConnection(ShmChannel channel) : channel_(std::move(channel)) {}
+
+  mutable ShmChannel channel_;
+  bool unlinked_ = false;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_ROUTER_SHM_EXPERT_CONNECTION_H_

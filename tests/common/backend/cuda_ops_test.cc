@@ -1,0 +1,426 @@
+// The CUDA kernels against the CPU reference: embedding, RMSNorm, q/k norm + RoPE, paged KV
+// append and paged attention. The linear, MoE and sampling kernels are in the sibling files of
+// this test binary.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/backend/cpu/cpu_kernels.h"
+#include "common/backend/cuda/embedding_kernels.h"
+#include "common/backend/cuda/norm_kernels.h"
+#include "common/backend/cuda/paged_attention_kernels.h"
+#include "common/backend/cuda/paged_kv_kernels.h"
+#include "common/backend/cuda/rope_kernels.h"
+#include "common/backend/rope.h"
+#include "tests/common/backend/cuda_test_util.h"
+
+namespace strata::testing_cuda {
+namespace {
+
+using gpu::bf16;
+
+TEST_F(CudaOpsTest, EmbeddingGather) {
+  const int64_t vocab = 1000;
+  for (int64_t hidden : {64, 2048, 100}) {
+    for (int64_t n : {1, 3, 17}) {
+      const std::vector<uint16_t> table = RandomBf16(vocab * hidden);
+      std::vector<int32_t> ids(n);
+      for (int32_t& id : ids) id = RandomInt(0, vocab - 1);
+      if (n == 17) {
+        ids[5] = -1;  // out of range: zero rows
+        ids[6] = vocab;
+        ids[7] = ids[8];  // a repeated id
+      }
+      const uint16_t* d_table = Put(table);
+      const int32_t* d_ids = Put(ids);
+      uint16_t* d_out = Poisoned<uint16_t>(n * hidden);
+      ASSERT_FALSE(HasFailure());
+      LAUNCH_OK(gpu::LaunchEmbeddingGather(AsBf16(d_table), vocab, hidden, d_ids, n, AsBf16(d_out),
+                                           stream()));
+      std::vector<float> ref(n * hidden, 0.0f);
+      for (int64_t t = 0; t < n; ++t) {
+        if (ids[t] < 0 || ids[t] >= vocab) continue;
+        for (int64_t i = 0; i < hidden; ++i) ref[t * hidden + i] = F(table[ids[t] * hidden + i]);
+      }
+      ExpectClose("embedding", absl::StrCat("n=", n, " hidden=", hidden),
+                  GetBf16(AsBf16(d_out), n * hidden), ref, 0.0);
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, RmsNorm) {
+  const float eps = 1e-6f;
+  for (int64_t dim : {64, 2048, 100}) {
+    for (int64_t n : {1, 3, 17}) {
+      const std::vector<uint16_t> x = RandomBf16(n * dim, 2.0f);
+      const std::vector<uint16_t> w = RandomBf16(dim, 1.5f);
+      std::vector<float> xf = ToFloat(x), ref(n * dim);
+      for (int64_t t = 0; t < n; ++t) {
+        cpu::RmsNorm(xf.data() + t * dim, HostVector(w), dim, eps, ref.data() + t * dim);
+      }
+      const std::string shape = absl::StrCat("n=", n, " dim=", dim);
+      uint16_t* d_x = Put(x);
+      const uint16_t* d_w = Put(w);
+      uint16_t* d_out = Poisoned<uint16_t>(n * dim);
+      ASSERT_FALSE(HasFailure());
+      LAUNCH_OK(gpu::LaunchRmsNorm(AsBf16(d_x), AsBf16(d_w), n, dim, eps, AsBf16(d_out), stream()));
+      ExpectClose("rmsnorm", shape, GetBf16(AsBf16(d_out), n * dim), ref, 1e-2);
+      LAUNCH_OK(gpu::LaunchRmsNorm(AsBf16(d_x), AsBf16(d_w), n, dim, eps, AsBf16(d_x), stream()));
+      ExpectClose("rmsnorm in place", shape, GetBf16(AsBf16(d_x), n * dim), ref, 1e-2);
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, AddRmsNorm) {
+  const float eps = 1e-5f;
+  for (int64_t dim : {64, 2048, 100}) {
+    for (int64_t n : {1, 3, 17}) {
+      const std::vector<uint16_t> residual = RandomBf16(n * dim, 3.0f);
+      const std::vector<uint16_t> x = RandomBf16(n * dim, 1.0f);
+      const std::vector<uint16_t> w = RandomBf16(dim, 1.5f);
+      std::vector<float> sum(n * dim), ref(n * dim);
+      for (int64_t i = 0; i < n * dim; ++i) sum[i] = F(Bf16(F(residual[i]) + F(x[i])));
+      for (int64_t t = 0; t < n; ++t) {
+        cpu::RmsNorm(sum.data() + t * dim, HostVector(w), dim, eps, ref.data() + t * dim);
+      }
+      uint16_t* d_res = Put(residual);
+      const uint16_t* d_x = Put(x);
+      const uint16_t* d_w = Put(w);
+      uint16_t* d_out = Poisoned<uint16_t>(n * dim);
+      ASSERT_FALSE(HasFailure());
+      LAUNCH_OK(gpu::LaunchAddRmsNorm(AsBf16(d_res), AsBf16(d_x), AsBf16(d_w), n, dim, eps,
+                                      AsBf16(d_out), stream()));
+      const std::string shape = absl::StrCat("n=", n, " dim=", dim);
+      ExpectClose("add+rmsnorm residual", shape, GetBf16(AsBf16(d_res), n * dim), sum, 0.0);
+      ExpectClose("add+rmsnorm out", shape, GetBf16(AsBf16(d_out), n * dim), ref, 1e-2);
+    }
+  }
+}
+
+struct RopeCase {
+  int64_t n;
+  int heads, kv_heads, head_dim;
+  bool qk_norm, yarn, fused_qkv;
+};
+
+TEST_F(CudaOpsTest, QkNormRope) {
+  const RopeCase cases[] = {
+      {3, 4, 2, 64, true, false, false},   {17, 8, 2, 128, false, true, true},
+      {1, 32, 4, 128, true, false, true},  {17, 8, 8, 64, true, true, false},
+      {3, 4, 1, 256, false, false, false},
+  };
+  const float eps = 1e-6f;
+  for (const RopeCase& c : cases) {
+    RopeConfig rope;
+    if (c.yarn) {  // gpt-oss's YaRN settings
+      rope.type = RopeConfig::Type::kYarn;
+      rope.theta = 150000.0;
+      rope.factor = 32.0;
+      rope.original_max_position_embeddings = 4096.0;
+      rope.truncate = false;
+    } else {
+      rope.theta = 1000000.0;
+    }
+    const RopeTable table = BuildRopeTable(rope, c.head_dim);
+    const int64_t d = c.head_dim;
+    const int64_t q_dim = c.heads * d, kv_dim = c.kv_heads * d;
+    // Fused: one [n, q | k | v] buffer, as a fused qkv projection writes it.
+    const int64_t row = c.fused_qkv ? q_dim + 2 * kv_dim : 0;
+    const std::vector<uint16_t> q = RandomBf16(c.fused_qkv ? c.n * row : c.n * q_dim, 2.0f);
+    const std::vector<uint16_t> k =
+        c.fused_qkv ? std::vector<uint16_t>() : RandomBf16(c.n * kv_dim, 2.0f);
+    const std::vector<uint16_t> q_norm = RandomBf16(d, 1.5f), k_norm = RandomBf16(d, 1.5f);
+    std::vector<int32_t> pos(c.n);
+    for (int32_t& p : pos) p = RandomInt(0, 8191);
+    pos[0] = 100003;  // a long-context angle
+
+    const int64_t q_stride = c.fused_qkv ? row : q_dim;
+    const int64_t k_stride = c.fused_qkv ? row : kv_dim;
+    auto q_at = [&](int64_t t, int64_t i) { return F(q[t * q_stride + i]); };
+    auto k_at = [&](int64_t t, int64_t i) {
+      return c.fused_qkv ? F(q[t * row + q_dim + i]) : F(k[t * kv_dim + i]);
+    };
+    std::vector<float> ref_q(c.n * q_dim), ref_k(c.n * kv_dim);
+    for (int64_t t = 0; t < c.n; ++t) {
+      for (int h = 0; h < c.heads + c.kv_heads; ++h) {
+        const bool is_q = h < c.heads;
+        float* x = is_q ? &ref_q[t * q_dim + h * d] : &ref_k[t * kv_dim + (h - c.heads) * d];
+        for (int64_t i = 0; i < d; ++i) {
+          x[i] = is_q ? q_at(t, h * d + i) : k_at(t, (h - c.heads) * d + i);
+        }
+        if (c.qk_norm) cpu::RmsNorm(x, HostVector(is_q ? q_norm : k_norm), d, eps, x);
+        ApplyRope(table, pos[t], x, c.head_dim);
+      }
+    }
+
+    uint16_t* d_q = Put(q);
+    uint16_t* d_k = c.fused_qkv ? d_q + q_dim : Put(k);
+    const float* d_freq = Put(table.inv_freq);
+    const int32_t* d_pos = Put(pos);
+    const uint16_t* d_qn = Put(q_norm);
+    const uint16_t* d_kn = Put(k_norm);
+    ASSERT_FALSE(HasFailure());
+    gpu::QkRopeParams params{.num_heads = c.heads,
+                             .num_kv_heads = c.kv_heads,
+                             .head_dim = c.head_dim,
+                             .q_stride = q_stride,
+                             .k_stride = k_stride,
+                             .inv_freq = d_freq,
+                             .attention_scaling = table.attention_scaling,
+                             .q_norm = c.qk_norm ? AsBf16(d_qn) : nullptr,
+                             .k_norm = c.qk_norm ? AsBf16(d_kn) : nullptr,
+                             .eps = eps};
+    LAUNCH_OK(gpu::LaunchQkNormRope(AsBf16(d_q), AsBf16(d_k), c.n, d_pos, params, stream()));
+    const std::vector<float> got_q = GetBf16(AsBf16(d_q), q.size());
+    const std::vector<float> got_k =
+        c.fused_qkv ? std::vector<float>() : GetBf16(AsBf16(d_k), k.size());
+    std::vector<float> out_q(c.n * q_dim), out_k(c.n * kv_dim), v_got, v_ref;
+    for (int64_t t = 0; t < c.n; ++t) {
+      for (int64_t i = 0; i < q_dim; ++i) out_q[t * q_dim + i] = got_q[t * q_stride + i];
+      for (int64_t i = 0; i < kv_dim; ++i) {
+        out_k[t * kv_dim + i] = c.fused_qkv ? got_q[t * row + q_dim + i] : got_k[t * kv_dim + i];
+      }
+      if (c.fused_qkv) {  // v must be untouched
+        for (int64_t i = 0; i < kv_dim; ++i) {
+          v_got.push_back(got_q[t * row + q_dim + kv_dim + i]);
+          v_ref.push_back(F(q[t * row + q_dim + kv_dim + i]));
+        }
+      }
+    }
+    const std::string shape =
+        absl::StrCat("n=", c.n, " h=", c.heads, "/", c.kv_heads, " d=", d, c.qk_norm ? " norm" : "",
+                     c.yarn ? " yarn" : "", c.fused_qkv ? " fused" : "");
+    ExpectClose("qk norm+rope q", shape, out_q, ref_q, 1e-2);
+    ExpectClose("qk norm+rope k", shape, out_k, ref_k, 1e-2);
+    if (c.fused_qkv) ExpectClose("qk norm+rope v untouched", shape, v_got, v_ref, 0.0);
+  }
+}
+
+// A cache of one layer on the device with random block tables for `contexts.size()` sequences.
+struct TestCache {
+  int block_size = 0, kv_heads = 0, head_dim = 0, max_blocks = 0, num_blocks = 0;
+  std::vector<int32_t> tables;  // [num_seqs][max_blocks]
+  uint16_t* data = nullptr;
+  int32_t* d_tables = nullptr;
+
+  int64_t kv_dim() const { return int64_t{kv_heads} * head_dim; }
+  gpu::PagedKvLayer Layer() const {
+    return gpu::PagedKvLayer{.data = reinterpret_cast<gpu::bf16*>(data),
+                             .block_tables = d_tables,
+                             .max_blocks_per_seq = max_blocks,
+                             .block_size = block_size,
+                             .num_kv_heads = kv_heads,
+                             .head_dim = head_dim};
+  }
+  // Element offset of (seq, pos)'s key (kv = 0) or value (kv = 1) row.
+  int64_t Offset(int seq, int64_t pos, int kv) const {
+    return gpu::PagedKvOffset(tables[seq * max_blocks + pos / block_size], kv, pos % block_size,
+                              block_size, kv_dim());
+  }
+};
+
+class PagedCacheTest : public CudaOpsTest {
+ protected:
+  // Blocks for each context, shuffled so sequences interleave in the pool; one spare block.
+  TestCache MakeCache(int block_size, int kv_heads, int head_dim,
+                      const std::vector<int64_t>& contexts) {
+    TestCache cache;
+    cache.block_size = block_size;
+    cache.kv_heads = kv_heads;
+    cache.head_dim = head_dim;
+    for (int64_t len : contexts) {
+      cache.max_blocks = std::max<int>(cache.max_blocks, (len + block_size - 1) / block_size);
+      cache.num_blocks += (len + block_size - 1) / block_size;
+    }
+    cache.num_blocks += 1;
+    std::vector<int32_t> pool(cache.num_blocks);
+    std::iota(pool.begin(), pool.end(), 0);
+    std::shuffle(pool.begin(), pool.end(), rng());
+    cache.tables.assign(contexts.size() * cache.max_blocks, -1);
+    size_t next = 0;
+    for (size_t s = 0; s < contexts.size(); ++s) {
+      for (int b = 0; b < (contexts[s] + block_size - 1) / block_size; ++b) {
+        cache.tables[s * cache.max_blocks + b] = pool[next++];
+      }
+    }
+    cache.data = Poisoned<uint16_t>(int64_t{cache.num_blocks} * 2 * block_size * cache.kv_dim());
+    cache.d_tables = Put(cache.tables);
+    return cache;
+  }
+};
+
+TEST_F(PagedCacheTest, KvAppend) {
+  for (int block_size : {16, 32}) {
+    for (int head_dim : {64, 128}) {
+      const int kv_heads = 2;
+      const std::vector<int64_t> contexts = {40, 1, 70};
+      TestCache cache = MakeCache(block_size, kv_heads, head_dim, contexts);
+      const int64_t kv_dim = cache.kv_dim();
+      // 17 distinct (seq, pos) pairs; k and v read from a wider (qkv-like) row.
+      std::vector<std::pair<int, int>> slots;
+      for (size_t s = 0; s < contexts.size(); ++s) {
+        for (int p = 0; p < contexts[s]; ++p) slots.emplace_back(static_cast<int>(s), p);
+      }
+      std::shuffle(slots.begin(), slots.end(), rng());
+      slots.resize(17);
+      const int64_t n = 17, stride = 3 * kv_dim;
+      const std::vector<uint16_t> rows = RandomBf16(n * stride);
+      std::vector<int32_t> seq(n), pos(n);
+      for (int64_t t = 0; t < n; ++t) std::tie(seq[t], pos[t]) = slots[t];
+      const uint16_t* d_rows = Put(rows);
+      const int32_t* d_seq = Put(seq);
+      const int32_t* d_pos = Put(pos);
+      ASSERT_FALSE(HasFailure());
+      const gpu::TokenBatch tokens{.seq = d_seq, .pos = d_pos, .n = n};
+      LAUNCH_OK(gpu::LaunchPagedKvAppend(AsBf16(d_rows), stride, AsBf16(d_rows + kv_dim), stride,
+                                         tokens, cache.Layer(), stream()));
+      const std::vector<uint16_t> got =
+          Get(cache.data, int64_t{cache.num_blocks} * 2 * block_size * kv_dim);
+      std::vector<float> out, ref;
+      for (int64_t t = 0; t < n; ++t) {
+        for (int kv = 0; kv < 2; ++kv) {
+          const int64_t off = cache.Offset(seq[t], pos[t], kv);
+          for (int64_t i = 0; i < kv_dim; ++i) {
+            out.push_back(F(got[off + i]));
+            ref.push_back(F(rows[t * stride + kv * kv_dim + i]));
+          }
+        }
+      }
+      ExpectClose("paged kv append",
+                  absl::StrCat("n=17 bs=", block_size, " kv=", kv_heads, "x", head_dim), out, ref,
+                  0.0);
+    }
+  }
+}
+
+struct AttentionCase {
+  int head_dim, block_size, heads, kv_heads, window;
+  bool sinks;
+  std::vector<int64_t> contexts;
+  int prefill;  // queries per sequence: the last `prefill` positions (1 = decode)
+};
+
+TEST_F(PagedCacheTest, PagedAttention) {
+  const AttentionCase cases[] = {
+      {128, 16, 32, 4, 0, false, {1, 33, 700}, 1},   // Qwen3 decode, split-K
+      {128, 32, 32, 4, 0, false, {1, 33, 700}, 40},  // chunked prefill
+      {64, 16, 64, 8, 128, true, {1, 33, 700}, 1},   // gpt-oss: window + sinks
+      {64, 32, 64, 8, 128, true, {33, 700}, 40},
+      {64, 32, 16, 16, 0, true, {33, 700}, 1},  // no GQA
+      {128, 16, 32, 2, 0, false, {700}, 3},     // group 16: two head chunks
+      {256, 16, 8, 2, 0, false, {33}, 33},      // head_dim 256, full prefill
+  };
+  for (const AttentionCase& c : cases) {
+    TestCache cache = MakeCache(c.block_size, c.kv_heads, c.head_dim, c.contexts);
+    const int64_t kv_dim = cache.kv_dim();
+    const int64_t d = c.head_dim;
+    const int num_seqs = static_cast<int>(c.contexts.size());
+
+    // Every position's key and value, appended through the kernel.
+    std::vector<std::vector<uint16_t>> keys(num_seqs), values(num_seqs);
+    std::vector<int32_t> all_seq, all_pos;
+    std::vector<uint16_t> k_rows, v_rows;
+    for (int s = 0; s < num_seqs; ++s) {
+      keys[s] = RandomBf16(c.contexts[s] * kv_dim);
+      values[s] = RandomBf16(c.contexts[s] * kv_dim);
+      k_rows.insert(k_rows.end(), keys[s].begin(), keys[s].end());
+      v_rows.insert(v_rows.end(), values[s].begin(), values[s].end());
+      for (int64_t p = 0; p < c.contexts[s]; ++p) {
+        all_seq.push_back(s);
+        all_pos.push_back(static_cast<int32_t>(p));
+      }
+    }
+    const uint16_t* d_k = Put(k_rows);
+    const uint16_t* d_v = Put(v_rows);
+    const int32_t* d_all_seq = Put(all_seq);
+    const int32_t* d_all_pos = Put(all_pos);
+    ASSERT_FALSE(HasFailure());
+    LAUNCH_OK(gpu::LaunchPagedKvAppend(
+        AsBf16(d_k), kv_dim, AsBf16(d_v), kv_dim,
+        gpu::TokenBatch{.seq = d_all_seq, .pos = d_all_pos, .n = int64_t(all_seq.size())},
+        cache.Layer(), stream()));
+
+    // Queries: the last `prefill` positions of every sequence.
+    std::vector<int32_t> seq, pos;
+    for (int s = 0; s < num_seqs; ++s) {
+      for (int64_t p = std::max<int64_t>(0, c.contexts[s] - c.prefill); p < c.contexts[s]; ++p) {
+        seq.push_back(s);
+        pos.push_back(static_cast<int32_t>(p));
+      }
+    }
+    const int64_t n = static_cast<int64_t>(seq.size());
+    const int64_t q_dim = int64_t{c.heads} * d;
+    const std::vector<uint16_t> q = RandomBf16(n * q_dim, 4.0f);  // scores of a few units
+    std::vector<float> sinks(c.heads);
+    for (float& s : sinks) s = RandomFloats(1, 2.0f)[0] + 1.0f;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+
+    // Float64 reference.
+    const int group = c.heads / c.kv_heads;
+    std::vector<double> ref(n * q_dim);
+    for (int64_t t = 0; t < n; ++t) {
+      const int s = seq[t];
+      const int64_t first = c.window > 0 ? std::max<int64_t>(0, pos[t] - c.window + 1) : 0;
+      for (int h = 0; h < c.heads; ++h) {
+        const int64_t koff = int64_t{h / group} * d;
+        std::vector<double> scores;
+        double mx = c.sinks ? sinks[h] : -INFINITY;
+        for (int64_t j = first; j <= pos[t]; ++j) {
+          double dot = 0.0;
+          for (int64_t i = 0; i < d; ++i) {
+            dot += double{F(q[t * q_dim + h * d + i])} * F(keys[s][j * kv_dim + koff + i]);
+          }
+          scores.push_back(dot * scale);
+          mx = std::max(mx, scores.back());
+        }
+        double denom = c.sinks ? std::exp(sinks[h] - mx) : 0.0;
+        for (double& sc : scores) denom += (sc = std::exp(sc - mx));
+        for (int64_t j = first; j <= pos[t]; ++j) {
+          const double p = scores[j - first] / denom;
+          for (int64_t i = 0; i < d; ++i) {
+            ref[t * q_dim + h * d + i] += p * F(values[s][j * kv_dim + koff + i]);
+          }
+        }
+      }
+    }
+
+    const uint16_t* d_q = Put(q);
+    const int32_t* d_seq = Put(seq);
+    const int32_t* d_pos = Put(pos);
+    const float* d_sinks = Put(sinks);
+    ASSERT_FALSE(HasFailure());
+    gpu::PagedAttentionParams params{.num_heads = c.heads,
+                                     .num_kv_heads = c.kv_heads,
+                                     .head_dim = c.head_dim,
+                                     .q_stride = q_dim,
+                                     .out_stride = q_dim,
+                                     .sliding_window = c.window,
+                                     .sinks = c.sinks ? d_sinks : nullptr,
+                                     .scale = 0.0f,
+                                     .max_context = *std::max_element(pos.begin(), pos.end()) + 1};
+    // The device's own plan (split-K when the batch is small) and a forced single split.
+    const gpu::PagedAttentionPlan plans[] = {
+        gpu::PlanPagedAttention(n, params, context().num_sms()),
+        gpu::PlanPagedAttention(n, params, 1)};
+    for (const gpu::PagedAttentionPlan& plan : plans) {
+      uint8_t* ws = Poisoned<uint8_t>(std::max<size_t>(plan.workspace_bytes, 1));
+      uint16_t* d_out = Poisoned<uint16_t>(n * q_dim);
+      ASSERT_FALSE(HasFailure());
+      LAUNCH_OK(gpu::LaunchPagedAttention(
+          AsBf16(d_q), gpu::TokenBatch{.seq = d_seq, .pos = d_pos, .n = n}, cache.Layer(), params,
+          plan, ws, AsBf16(d_out), stream()));
+      std::string contexts;
+      for (int64_t len : c.contexts) absl::StrAppend(&contexts, contexts.empty() ? "" : ",", len);
+      ExpectClose("paged attention",
+                  absl::StrCat("d=", d, " bs=", c.block_size, " h=", c.heads, "/", c.kv_heads,
+                               " ctx=", contexts, " n=", n, c.window ? " win" : "",
+                               c.sinks ? " sink" : "", " splits=", plan.num_splits),
+                  GetBf16(AsBf16(d_out), n * q_dim), ref, 1e-2);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata::testing_cuda

@@ -1,0 +1,202 @@
+// Arg-max and sampling on the device against the CPU Sampler's definition: exact greedy
+// choices, draws only from the allowed set, frequencies that follow the distribution, and
+// reproducibility per (seed, step).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/backend/cuda/sampling_kernels.h"
+#include "tests/common/backend/cuda_test_util.h"
+
+namespace strata::testing_cuda {
+namespace {
+
+// The CPU Sampler's distribution in float64: probs[i] for each token (0 outside the kept
+// set). `boundary` is a token whose membership depends on rounding (top-p cut within 1e-4).
+struct RefDistribution {
+  std::vector<double> probs;
+  int boundary = -1;
+};
+
+RefDistribution Reference(const std::vector<float>& logits, float temperature, int top_k,
+                          float top_p) {
+  const int vocab = static_cast<int>(logits.size());
+  std::vector<std::pair<float, int>> cand(vocab);
+  for (int i = 0; i < vocab; ++i) cand[i] = {logits[i] / temperature, i};
+  std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  int keep = top_k > 0 && top_k < vocab ? top_k : vocab;
+  std::vector<double> e(keep);
+  double total = 0.0;
+  for (int i = 0; i < keep; ++i) total += (e[i] = std::exp(double{cand[i].first} - cand[0].first));
+  RefDistribution ref;
+  if (top_p < 1.0f) {
+    double mass = 0.0;
+    int cut = 0;
+    while (cut < keep) {
+      mass += e[cut] / total;
+      ++cut;
+      if (mass >= top_p) break;
+    }
+    if (std::fabs(mass - top_p) < 1e-4 && cut < keep) ref.boundary = cand[cut].second;
+    if (std::fabs(mass - e[cut - 1] / total - top_p) < 1e-4) ref.boundary = cand[cut - 1].second;
+    keep = cut;
+  }
+  ref.probs.assign(vocab, 0.0);
+  double kept = 0.0;
+  for (int i = 0; i < keep; ++i) kept += e[i];
+  for (int i = 0; i < keep; ++i) ref.probs[cand[i].second] = e[i] / kept;
+  return ref;
+}
+
+class SamplingTest : public CudaOpsTest {
+ protected:
+  // Samples `rows` copies of `logits` with steps 0..rows-1.
+  std::vector<int32_t> Sample(const std::vector<float>& logits, int rows, gpu::SampleParams p) {
+    const int64_t vocab = static_cast<int64_t>(logits.size());
+    std::vector<float> all(rows * vocab);
+    std::vector<gpu::SampleParams> params(rows, p);
+    for (int r = 0; r < rows; ++r) {
+      std::copy(logits.begin(), logits.end(), all.begin() + r * vocab);
+      params[r].step = p.step + r;
+    }
+    const float* d_logits = Put(all);
+    const gpu::SampleParams* d_params = Put(params);
+    int32_t* d_out = Poisoned<int32_t>(rows);
+    if (HasFailure()) return {};
+    const cudaError_t launched =
+        gpu::LaunchSample(d_logits, rows, vocab, d_params, d_out, stream());
+    EXPECT_EQ(launched, cudaSuccess) << cudaGetErrorString(launched);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream()), cudaSuccess);
+    return Get(d_out, rows);
+  }
+};
+
+TEST_F(CudaOpsTest, ArgmaxFirstOnTies) {
+  for (int64_t vocab : {33, 1000, 151936}) {
+    for (int64_t n : {1, 3, 17}) {
+      std::vector<float> logits = RandomFloats(n * vocab, 5.0f);
+      std::vector<int32_t> want(n);
+      for (int64_t t = 0; t < n; ++t) {
+        float* row = &logits[t * vocab];
+        if (t % 3 == 1) {  // the maximum twice
+          int a = RandomInt(0, vocab - 1), b = RandomInt(0, vocab - 1);
+          if (a > b) std::swap(a, b);
+          row[a] = row[b] = 6.0f;
+        } else if (t % 3 == 2 && n > 3) {
+          std::fill(row, row + vocab, -1.0f);  // all equal: token 0
+        }
+        want[t] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      }
+      const float* d_logits = Put(logits);
+      int32_t* d_out = Poisoned<int32_t>(n);
+      ASSERT_FALSE(HasFailure());
+      LAUNCH_OK(gpu::LaunchArgmax(d_logits, n, vocab, d_out, stream()));
+      const std::vector<int32_t> got = Get(d_out, n);
+      int64_t mismatches = 0;
+      for (int64_t t = 0; t < n; ++t) mismatches += got[t] != want[t];
+      RecordResult("argmax (mismatches)", absl::StrCat("n=", n, " vocab=", vocab),
+                   static_cast<double>(mismatches), 0.0);
+      EXPECT_EQ(got, want);
+    }
+  }
+}
+
+struct SampleCase {
+  const char* name;
+  int vocab;
+  float temperature;
+  int top_k;
+  float top_p;
+  bool ties;  // logits from {0, 1, 2}: the top-k cut falls inside a run of equal logits
+};
+
+TEST_F(SamplingTest, FrequenciesFollowTheDistribution) {
+  const SampleCase cases[] = {
+      {"gumbel", 64, 0.8f, 0, 1.0f, false},    {"top-k", 64, 1.0f, 10, 1.0f, false},
+      {"top-p", 64, 0.7f, 0, 0.9f, false},     {"top-k+top-p", 64, 1.2f, 20, 0.8f, false},
+      {"top-k ties", 64, 1.0f, 5, 1.0f, true}, {"top-p vocab>1024", 3000, 0.4f, 0, 0.9f, false},
+  };
+  for (const SampleCase& c : cases) {
+    const int rows = c.vocab > 1000 ? 8192 : 16384;
+    std::vector<float> logits = RandomFloats(c.vocab, 2.0f);
+    if (c.ties) {
+      for (float& l : logits) l = static_cast<float>(RandomInt(0, 2));
+    }
+    const RefDistribution ref = Reference(logits, c.temperature, c.top_k, c.top_p);
+    const gpu::SampleParams params{.temperature = c.temperature,
+                                   .top_k = c.top_k,
+                                   .top_p = c.top_p,
+                                   .seed = rng()(),
+                                   .step = 1000};
+    const std::vector<int32_t> tokens = Sample(logits, rows, params);
+    ASSERT_EQ(tokens.size(), static_cast<size_t>(rows));
+    std::vector<double> freq(c.vocab, 0.0);
+    int64_t outside = 0;
+    for (int32_t tok : tokens) {
+      if (tok < 0 || tok >= c.vocab) {
+        ++outside;
+        continue;
+      }
+      freq[tok] += 1.0 / rows;
+      if (ref.probs[tok] == 0.0 && tok != ref.boundary) ++outside;
+    }
+    // Total variation against its own sampling noise: mean about 0.4 sum sigma_i.
+    double tv = 0.0, sigma_sum = 0.0;
+    for (int i = 0; i < c.vocab; ++i) {
+      tv += 0.5 * std::fabs(freq[i] - ref.probs[i]);
+      sigma_sum += 0.5 * std::sqrt(ref.probs[i] * (1.0 - ref.probs[i]) / rows);
+    }
+    const std::string shape = absl::StrCat(c.name, " vocab=", c.vocab, " T=", c.temperature,
+                                           " k=", c.top_k, " p=", c.top_p, " rows=", rows);
+    RecordResult("sample outside allowed set", shape, static_cast<double>(outside), 0.0);
+    EXPECT_EQ(outside, 0) << shape;
+    RecordResult("sample total variation", shape, tv, 2.0 * sigma_sum + 0.005);
+    EXPECT_LE(tv, 2.0 * sigma_sum + 0.005) << shape;
+  }
+}
+
+TEST_F(SamplingTest, GreedyAndReproducible) {
+  const int vocab = 151936;
+  // A peaked distribution: 300 hot tokens carry almost all the mass.
+  std::vector<float> logits = RandomFloats(vocab, 2.0f);
+  for (int i = 0; i < 300; ++i) logits[RandomInt(0, vocab - 1)] = 10.0f + RandomFloats(1, 2.0f)[0];
+  const int32_t argmax =
+      static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const uint64_t seed = rng()();
+
+  // Temperature 0 and top_k 1 are greedy.
+  for (const gpu::SampleParams& p :
+       {gpu::SampleParams{.temperature = 0.0f, .seed = seed},
+        gpu::SampleParams{.temperature = 1.0f, .top_k = 1, .seed = seed}}) {
+    for (int32_t tok : Sample(logits, 4, p)) EXPECT_EQ(tok, argmax);
+  }
+  for (const gpu::SampleParams& p :
+       {gpu::SampleParams{.temperature = 0.9f, .top_k = 50, .top_p = 0.9f, .seed = seed},
+        gpu::SampleParams{.temperature = 1.0f, .top_p = 0.95f, .seed = seed},
+        gpu::SampleParams{.temperature = 1.0f, .seed = seed}}) {
+    const std::vector<int32_t> a = Sample(logits, 8, p);
+    const std::vector<int32_t> b = Sample(logits, 8, p);
+    EXPECT_EQ(a, b) << "same seed and steps must repeat";
+    const RefDistribution ref = Reference(logits, p.temperature, p.top_k, p.top_p);
+    int64_t outside = 0;
+    for (int32_t tok : a) outside += tok < 0 || tok >= vocab || ref.probs[tok] == 0.0;
+    RecordResult(
+        "sample large vocab outside set",
+        absl::StrCat("vocab=", vocab, " T=", p.temperature, " k=", p.top_k, " p=", p.top_p),
+        static_cast<double>(outside), 0.0);
+    EXPECT_EQ(outside, 0);
+    gpu::SampleParams other = p;
+    other.seed = seed + 1;
+    const std::vector<int32_t> c = Sample(logits, 8, other);
+    EXPECT_NE(a, c) << "another seed should change some of 8 draws";
+  }
+}
+
+}  // namespace
+}  // namespace strata::testing_cuda

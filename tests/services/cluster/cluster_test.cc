@@ -1,0 +1,172 @@
+// The cluster as separate processes (`strata up`: cache, workers, router) on loopback, driven
+// through the public gRPC API.
+#include <grpcpp/grpcpp.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <random>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "strata/v1/generation.grpc.pb.h"
+#include "tests/testing/cluster_process.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using ::strata::testing::ClusterProcess;
+
+std::string OracleDir(const std::string& name) {
+  return std::string(STRATA_TEST_DATA_DIR) + "/oracles/" + name;
+}
+
+struct Generated {
+  grpc::Status status;
+  std::vector<uint32_t> tokens;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  int messages = 0;
+};
+
+Generated Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+                   int deadline_ms = 120000) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
+  auto reader = stub.Generate(&context, request);
+  Generated out;
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    out.tokens.insert(out.tokens.end(), response.token_ids().begin(), response.token_ids().end());
+    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED)
+      out.finish = response.finish_reason();
+    ++out.messages;
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+v1::GenerateRequest Greedy(const std::vector<uint32_t>& prompt, int max_new_tokens) {
+  v1::GenerateRequest r;
+  for (uint32_t id : prompt) r.add_prompt_token_ids(id);
+  r.set_max_new_tokens(max_new_tokens);
+  r.set_ignore_eos(true);
+  return r;
+}
+
+std::unique_ptr<v1::Generation::Stub> Connect(const std::string& address) {
+  return v1::Generation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+class OracleClusterTest : public ::testing::TestWithParam<std::string> {};
+
+// Greedy Generate through a two-worker cluster gives transformers' greedy tokens.
+TEST_P(OracleClusterTest, TwoWorkersMatchTheOracle) {
+  ClusterProcess cluster({"--model=" + OracleDir(GetParam()), "--workers=2", "--threads=1"});
+  ASSERT_FALSE(cluster.address().empty()) << "the cluster did not become ready";
+  auto stub = Connect(cluster.address());
+  std::ifstream in(fs::path(OracleDir(GetParam())) / "oracle.json");
+  const auto oracle = nlohmann::json::parse(in);
+  for (const auto& c : oracle["cases"]) {
+    const auto greedy = c["greedy"].get<std::vector<uint32_t>>();
+    const Generated g = Generate(
+        *stub, Greedy(c["prompt"].get<std::vector<uint32_t>>(), static_cast<int>(greedy.size())));
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.tokens, greedy);
+    EXPECT_EQ(g.finish, v1::FINISH_REASON_LENGTH);
+  }
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchitectures, OracleClusterTest,
+                         ::testing::Values("qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss",
+                                           "qwen3_moe_dense_tied", "gpt_oss_long"));
+
+TEST(ClusterTest, GrpcTransportMatchesTheOracle) {
+  ClusterProcess cluster(
+      {"--model=" + OracleDir("mixtral_long"), "--workers=2", "--threads=1", "--transport=grpc"});
+  ASSERT_FALSE(cluster.address().empty());
+  auto stub = Connect(cluster.address());
+  std::ifstream in(fs::path(OracleDir("mixtral_long")) / "oracle.json");
+  const auto oracle = nlohmann::json::parse(in);
+  const auto& c = oracle["cases"][0];
+  const auto greedy = c["greedy"].get<std::vector<uint32_t>>();
+  const Generated g = Generate(
+      *stub, Greedy(c["prompt"].get<std::vector<uint32_t>>(), static_cast<int>(greedy.size())));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.tokens, greedy);
+}
+
+TEST(ClusterTest, ConcurrentRequestsMatchSequential) {
+  ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe_long"), "--workers=2", "--threads=1"});
+  ASSERT_FALSE(cluster.address().empty());
+  auto stub = Connect(cluster.address());
+  std::mt19937 rng(5);
+  std::vector<v1::GenerateRequest> requests;
+  for (int i = 0; i < 32; ++i) {
+    std::vector<uint32_t> prompt(1 + rng() % 70);
+    for (auto& id : prompt) id = 3 + rng() % 700;
+    v1::GenerateRequest r = Greedy(prompt, 1 + static_cast<int>(rng() % 10));
+    if (i % 4 == 1) {
+      r.mutable_sampling()->set_temperature(0.9f);
+      r.mutable_sampling()->set_seed(1000 + i);
+      r.mutable_sampling()->set_top_k(50);
+    }
+    requests.push_back(r);
+  }
+  std::vector<Generated> sequential;
+  for (const auto& r : requests) sequential.push_back(Generate(*stub, r));
+  std::vector<std::future<Generated>> concurrent;
+  for (const auto& r : requests) {
+    concurrent.push_back(std::async(std::launch::async, [&, r] { return Generate(*stub, r); }));
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Generated c = concurrent[i].get();
+    ASSERT_TRUE(sequential[i].status.ok()) << sequential[i].status.error_message();
+    ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+    EXPECT_EQ(c.tokens, sequential[i].tokens) << "request " << i;
+    EXPECT_EQ(c.tokens.size(), requests[i].max_new_tokens());
+  }
+}
+
+TEST(ClusterTest, BadInputGetsInvalidArgument) {
+  ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe"), "--workers=1", "--threads=1"});
+  ASSERT_FALSE(cluster.address().empty());
+  auto stub = Connect(cluster.address());
+  auto expect_invalid = [&](const v1::GenerateRequest& r, const std::string& what) {
+    const Generated g = Generate(*stub, r);
+    EXPECT_EQ(g.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << what;
+    EXPECT_FALSE(g.status.error_message().empty()) << what;
+  };
+  expect_invalid(Greedy(std::vector<uint32_t>(2048, 7), 4), "prompt longer than the context");
+  expect_invalid(Greedy({1, 2, 3}, 0), "max_new_tokens 0");
+  expect_invalid(Greedy({1, 2, 3}, 100000), "max_new_tokens over the limit");
+  expect_invalid(Greedy({1, 512}, 4), "token id outside the vocabulary");
+  expect_invalid(Greedy({}, 4), "empty prompt");
+  v1::GenerateRequest both = Greedy({1, 2}, 4);
+  both.set_prompt("hello");
+  expect_invalid(both, "prompt and prompt_token_ids");
+  v1::GenerateRequest text;
+  text.set_prompt("hello");
+  text.set_max_new_tokens(4);
+  expect_invalid(text, "text prompt for a model without a tokenizer");
+}
+
+TEST(ClusterTest, DeadlineCancelsAndFreesTheBlocks) {
+  // 1 MiB of KV cache holds 32 blocks of 32 tokens for this model: a 1024-token context.
+  ClusterProcess cluster(
+      {"--model=" + OracleDir("qwen3_moe_long"), "--workers=2", "--threads=1", "--kv-cache-mb=1"});
+  ASSERT_FALSE(cluster.address().empty());
+  auto stub = Connect(cluster.address());
+  const Generated cut = Generate(*stub, Greedy(std::vector<uint32_t>(100, 9), 900), 300);
+  EXPECT_EQ(cut.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // Only if the cancelled request gave its blocks back can one that needs every block run.
+  const Generated after = Generate(*stub, Greedy(std::vector<uint32_t>(1000, 9), 24), 60000);
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens.size(), 24u);
+  EXPECT_EQ(cluster.Stop(), 0) << "every request should have been finished or cancelled";
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,201 @@
+// Continuous batching against the one-request-at-a-time reference: same tokens whatever the
+// mix, through chunked prefill, preemption and cancellation.
+#include "services/router/scheduler.h"
+
+#include <memory>
+#include <random>
+
+#include "common/backend/cpu/cpu_expert_backend.h"
+#include "common/backend/cpu/cpu_router_backend.h"
+#include "common/engine/local_engine.h"
+#include "gtest/gtest.h"
+#include "tests/testing/collecting_sink.h"
+
+namespace strata {
+namespace {
+
+using ::strata::testing::CollectingSink;
+
+const std::string kModelDir = std::string(STRATA_TEST_DATA_DIR) + "/oracles/qwen3_moe_long";
+
+// A scheduler over the CPU backends with a KV pool of `num_blocks` blocks of 4 tokens.
+class SchedulerHarness {
+ public:
+  SchedulerHarness(int num_blocks, SchedulerOptions options) {
+    model_ = *LoadModel(kModelDir);
+    pool_ = std::make_unique<ThreadPool>(2);
+    router_ = std::make_unique<CpuRouterBackend>(*model_, *pool_);
+    source_ = std::make_unique<ModelExpertSource>(model_->weights);
+    experts_ = std::make_unique<CpuExpertBackend>(model_->config, *source_, *pool_);
+    forward_ = std::make_unique<ForwardPass>(model_->config, *router_, *experts_, ForwardOptions{});
+    KvCacheOptions kv{.block_size = 4,
+                      .num_blocks = num_blocks,
+                      .num_layers = model_->config.num_layers,
+                      .num_kv_heads = model_->config.num_kv_heads,
+                      .head_dim = model_->config.head_dim};
+    kv_ = std::make_unique<PagedKvCache>(*PagedKvCache::Create(kv));
+    scheduler_ = std::make_unique<Scheduler>(model_->config, *forward_, *kv_, nullptr, options);
+    scheduler_->Start();
+  }
+  Scheduler& scheduler() { return *scheduler_; }
+  PagedKvCache& kv() { return *kv_; }
+
+ private:
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<CpuRouterBackend> router_;
+  std::unique_ptr<ModelExpertSource> source_;
+  std::unique_ptr<CpuExpertBackend> experts_;
+  std::unique_ptr<ForwardPass> forward_;
+  std::unique_ptr<PagedKvCache> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+std::vector<RequestSpec> MixedRequests(int count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<RequestSpec> specs(count);
+  for (int i = 0; i < count; ++i) {
+    const int len = 1 + static_cast<int>(rng() % 60);
+    for (int j = 0; j < len; ++j) specs[i].prompt.push_back(3 + static_cast<int32_t>(rng() % 700));
+    specs[i].max_new_tokens = 1 + static_cast<int>(rng() % 12);
+    specs[i].ignore_eos = true;
+    if (i % 3 == 0)
+      specs[i].sampling = {.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .seed = 100u + i};
+  }
+  return specs;
+}
+
+std::vector<int32_t> RunAlone(const RequestSpec& spec) {
+  LocalEngineOptions options;
+  options.model_dir = kModelDir;
+  options.num_threads = 2;
+  static std::unique_ptr<LocalEngine> engine = *LocalEngine::Create(options);
+  GenerateOptions g;
+  g.max_new_tokens = spec.max_new_tokens;
+  g.sampling = spec.sampling;
+  g.ignore_eos = spec.ignore_eos;
+  return *engine->Generate(spec.prompt, g);
+}
+
+TEST(SchedulerTest, ConcurrentRequestsMatchOneAtATime) {
+  SchedulerHarness harness(/*num_blocks=*/512, {.max_batch_tokens = 40, .max_running = 16});
+  const std::vector<RequestSpec> specs = MixedRequests(32, 7);
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const RequestSpec& spec : specs) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(harness.scheduler().Submit(spec, sinks.back()).ok());
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->Wait());
+    EXPECT_EQ(sinks[i]->reason(), FinishReason::kLength);
+    EXPECT_EQ(sinks[i]->tokens(), RunAlone(specs[i])) << "request " << i;
+    EXPECT_EQ(sinks[i]->usage().completion_tokens, specs[i].max_new_tokens);
+  }
+  EXPECT_EQ(harness.kv().free_blocks(), 512);
+}
+
+TEST(SchedulerTest, PreemptionRecomputesWithoutChangingTokens) {
+  // 40 blocks of 4 tokens cannot hold twelve requests of up to 70 tokens at once.
+  SchedulerHarness harness(/*num_blocks=*/40, {.max_batch_tokens = 64, .max_running = 12});
+  const std::vector<RequestSpec> specs = MixedRequests(12, 11);
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const RequestSpec& spec : specs) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(harness.scheduler().Submit(spec, sinks.back()).ok());
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->Wait());
+    EXPECT_EQ(sinks[i]->tokens(), RunAlone(specs[i])) << "request " << i;
+  }
+  EXPECT_GT(harness.scheduler().stats().preemptions, 0);
+  EXPECT_EQ(harness.kv().free_blocks(), 40);
+}
+
+TEST(SchedulerTest, CancelFreesBlocks) {
+  SchedulerHarness harness(/*num_blocks=*/256, {.max_batch_tokens = 8});
+  RequestSpec spec;
+  spec.prompt.assign(50, 5);
+  spec.max_new_tokens = 500;
+  spec.ignore_eos = true;
+  auto sink = std::make_shared<CollectingSink>();
+  auto ticket = harness.scheduler().Submit(spec, sink);
+  ASSERT_TRUE(ticket.ok());
+  while (sink->tokens().size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_LT(harness.kv().free_blocks(), 256);
+  harness.scheduler().Cancel(*ticket);
+  ASSERT_TRUE(sink->Wait());
+  EXPECT_EQ(sink->reason(), FinishReason::kCancelled);
+  EXPECT_EQ(harness.kv().free_blocks(), 256);
+}
+
+TEST(SchedulerTest, RejectsBadRequests) {
+  SchedulerHarness harness(/*num_blocks=*/64, {.max_queued_requests = 2});
+  auto sink = std::make_shared<CollectingSink>();
+  const int64_t context = harness.scheduler().max_context_tokens();  // 256: the pool
+  EXPECT_EQ(context, 256);
+  RequestSpec empty;
+  EXPECT_EQ(harness.scheduler().Submit(empty, sink).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  RequestSpec too_long;
+  too_long.prompt.assign(context, 1);
+  EXPECT_EQ(harness.scheduler().Submit(too_long, sink).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  RequestSpec zero_new;
+  zero_new.prompt = {1, 2};
+  zero_new.max_new_tokens = 0;
+  EXPECT_EQ(harness.scheduler().Submit(zero_new, sink).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  RequestSpec over_limit;
+  over_limit.prompt = {1, 2};
+  over_limit.max_new_tokens = static_cast<int>(context);
+  EXPECT_EQ(harness.scheduler().Submit(over_limit, sink).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  RequestSpec bad_id;
+  bad_id.prompt = {1, 768};
+  EXPECT_EQ(harness.scheduler().Submit(bad_id, sink).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  RequestSpec stop_without_tokenizer;
+  stop_without_tokenizer.prompt = {1};
+  stop_without_tokenizer.stop = {"x"};
+  EXPECT_EQ(harness.scheduler().Submit(stop_without_tokenizer, sink).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SchedulerTest, QueueLimitGivesResourceExhausted) {
+  // One running request at a time, two may wait: the fourth of a burst is refused.
+  SchedulerHarness harness(/*num_blocks=*/64,
+                           {.max_batch_tokens = 4, .max_running = 1, .max_queued_requests = 2});
+  RequestSpec spec;
+  spec.prompt.assign(30, 9);
+  spec.max_new_tokens = 40;
+  spec.ignore_eos = true;
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  int refused = 0;
+  for (int i = 0; i < 6; ++i) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    auto ticket = harness.scheduler().Submit(spec, sinks.back());
+    if (!ticket.ok()) {
+      EXPECT_EQ(ticket.status().code(), absl::StatusCode::kResourceExhausted);
+      ++refused;
+      sinks.pop_back();
+    }
+  }
+  EXPECT_GE(refused, 3);
+  for (auto& sink : sinks) ASSERT_TRUE(sink->Wait());
+}
+
+TEST(SchedulerTest, DrainFinishesInFlightRequests) {
+  SchedulerHarness harness(/*num_blocks=*/64, {});
+  RequestSpec spec;
+  spec.prompt = {4, 5, 6};
+  spec.max_new_tokens = 10;
+  spec.ignore_eos = true;
+  auto sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(harness.scheduler().Submit(spec, sink).ok());
+  EXPECT_TRUE(harness.scheduler().Drain(absl::Seconds(60)));
+  EXPECT_EQ(sink->reason(), FinishReason::kLength);
+  EXPECT_EQ(harness.scheduler().Submit(spec, sink).status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,71 @@
+// A ResponseSink that records a request's output and lets a test wait for its end.
+#ifndef STRATA_TESTS_TESTING_COLLECTING_SINK_H_
+#define STRATA_TESTS_TESTING_COLLECTING_SINK_H_
+
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "services/router/request.h"
+
+namespace strata::testing {
+
+class CollectingSink : public ResponseSink {
+ public:
+  void OnTokens(const std::vector<int32_t>& ids, const std::string& text) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+    text_ += text;
+    ++messages_;
+  }
+  void OnFinish(FinishReason reason, const RequestUsage& usage,
+                const absl::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    reason_ = reason;
+    usage_ = usage;
+    status_ = status;
+    done_ = true;
+    cv_.notify_all();
+  }
+  // False if the request did not finish within `seconds`.
+  bool Wait(int seconds = 60) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(seconds), [&] { return done_; });
+  }
+  bool done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  std::vector<int32_t> tokens() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tokens_;
+  }
+  std::string text() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return text_;
+  }
+  FinishReason reason() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reason_;
+  }
+  RequestUsage usage() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return usage_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> tokens_;
+  std::string text_;
+  int messages_ = 0;
+  bool done_ = false;
+  FinishReason reason_ = FinishReason::kNone;
+  RequestUsage usage_;
+  absl::Status status_;
+};
+
+}  // namespace strata::testing
+
+#endif  // STRATA_TESTS_TESTING_COLLECTING_SINK_H_

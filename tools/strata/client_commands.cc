@@ -1,0 +1,49 @@
+#include "tools/strata/client_commands.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "strata/v1/generation.grpc.pb.h"
+
+namespace strata {
+
+absl::Status RunRemoteGenerate(const RemoteGenerateOptions& options, std::ostream& out) {
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(options.server, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       absl::ToChronoMilliseconds(options.timeout));
+  auto reader = stub->Generate(&context, options.request);
+  v1::GenerateResponse response;
+  std::vector<uint32_t> ids;
+  std::string text;
+  v1::GenerateResponse last;
+  while (reader->Read(&response)) {
+    ids.insert(ids.end(), response.token_ids().begin(), response.token_ids().end());
+    text += response.text();
+    if (options.stream_text) out << response.text() << std::flush;
+    last = response;
+  }
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        absl::StrCat(options.server, ": ", status.error_message()));
+  }
+  if (options.stream_text) {
+    out << "\n";
+    return absl::OkStatus();
+  }
+  nlohmann::json json;
+  json["token_ids"] = ids;
+  json["text"] = text;
+  json["finish_reason"] = v1::FinishReason_Name(last.finish_reason());
+  json["usage"] = {{"prompt_tokens", last.usage().prompt_tokens()},
+                   {"completion_tokens", last.usage().completion_tokens()},
+                   {"time_to_first_token_ms", last.usage().time_to_first_token_ms()},
+                   {"decode_tokens_per_second", last.usage().decode_tokens_per_second()}};
+  out << json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace strata

@@ -1,0 +1,27 @@
+// `strata generate --server HOST:PORT`: a client of the cluster's Generation API.
+#ifndef STRATA_TOOLS_STRATA_CLIENT_COMMANDS_H_
+#define STRATA_TOOLS_STRATA_CLIENT_COMMANDS_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "strata/v1/generation.pb.h"
+
+namespace strata {
+
+struct RemoteGenerateOptions {
+  std::string server;
+  v1::GenerateRequest request;
+  bool stream_text = false;  // print text to `out` as it arrives instead of JSON at the end
+  absl::Duration timeout = absl::Minutes(10);
+};
+
+// Prints {"token_ids": [...], "text": "...", "finish_reason": "...", "usage": {...}}.
+absl::Status RunRemoteGenerate(const RemoteGenerateOptions& options, std::ostream& out);
+
+}  // namespace strata
+
+#endif  // STRATA_TOOLS_STRATA_CLIENT_COMMANDS_H_

@@ -1,0 +1,37 @@
+// The configuration of a cluster started by `strata up`: a YAML or JSON file whose keys read
+// like the design (router_temperature, kv_cache.block_size, ...), overridden by
+// command-line flags.
+#ifndef STRATA_TOOLS_STRATA_CLUSTER_CONFIG_H_
+#define STRATA_TOOLS_STRATA_CLUSTER_CONFIG_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace strata {
+
+struct ClusterConfig {
+  std::string model;
+  int workers = 1;
+  std::string device = "cpu";
+  std::string host = "127.0.0.1";
+  int port = 0;                   // 0 picks a free port
+  std::string transport = "shm";  // shm or grpc between router and workers
+  std::string log_level = "warning";
+  int threads_per_process = 0;  // 0: every hardware thread
+  float router_temperature = 1.0f;
+  int kv_block_size = 32;
+  int64_t kv_memory_mb = 1024;
+  int max_batch_tokens = 512;
+  int max_running = 64;
+  int max_queued_requests = 256;
+  double drain_timeout_s = 30;
+};
+
+// Reads `path` (YAML or JSON) into `config`, keeping fields the file does not set. Unknown
+// keys and bad values are errors naming the file and the key.
+absl::Status LoadClusterConfig(const std::string& path, ClusterConfig& config);
+
+}  // namespace strata
+
+#endif  // STRATA_TOOLS_STRATA_CLUSTER_CONFIG_H_
