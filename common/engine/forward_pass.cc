@@ -27,6 +27,7 @@ absl::Status ForwardPass::Run(absl::Span<const int32_t> ids, const BatchLayout& 
         router_.PrepareFfn(layer, hidden_, options_.router_temperature, ffn_input_, routing_));
     RETURN_IF_ERROR(router_.DenseFfn(layer, ffn_input_, hidden_));
     if (config_.layer_is_moe[layer]) {
+      if (options_.on_routing) options_.on_routing(layer, routing_);
       RETURN_IF_ERROR(experts_.RunExperts(layer, ffn_input_, routing_, expert_out_));
       RETURN_IF_ERROR(router_.Combine(expert_out_, hidden_));
     }

@@ -3,6 +3,8 @@
 #ifndef STRATA_COMMON_ENGINE_FORWARD_PASS_H_
 #define STRATA_COMMON_ENGINE_FORWARD_PASS_H_
 
+#include <functional>
+
 #include "common/backend/backend.h"
 #include "common/model/model_config.h"
 
@@ -10,6 +12,8 @@ namespace strata {
 
 struct ForwardOptions {
   float router_temperature = 1.0f;  // gate logits are divided by this before scoring
+  // Sees every MoE layer's routing (expert activation statistics); may be empty.
+  std::function<void(int layer, const RoutingTable& routing)> on_routing;
 };
 
 class ForwardPass {

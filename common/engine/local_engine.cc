@@ -44,7 +44,8 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
   engine->experts_ = std::make_unique<CpuExpertBackend>(c, *engine->expert_source_, *engine->pool_);
   engine->forward_ = std::make_unique<ForwardPass>(
       c, *engine->router_, *engine->experts_,
-      ForwardOptions{.router_temperature = options.router_temperature});
+      ForwardOptions{.router_temperature = options.router_temperature,
+                     .on_routing = options.on_routing});
   return engine;
 }
 

@@ -26,6 +26,8 @@ struct LocalEngineOptions {
   int64_t kv_cache_bytes = int64_t{1} << 30;  // upper bound on the KV pool
   int prefill_chunk_tokens = 512;             // prompt tokens per forward step
   float router_temperature = 1.0f;
+  // Sees the routing of every MoE layer of every step (see ForwardOptions).
+  std::function<void(int layer, const RoutingTable& routing)> on_routing;
 };
 
 struct GenerateOptions {

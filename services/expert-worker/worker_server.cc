@@ -6,17 +6,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/shm/channel.h"
+#include "common/util/process.h"
 #include "common/util/status_macros.h"
 
 namespace strata {
 namespace {
 
-// Calls `attempt` until it succeeds or `stopping`, saying every few seconds what it waits for.
+// Calls `attempt` until it succeeds or `stopping`, saying every few seconds what it waits for
+// (first after two seconds, so that a routine restart of a peer stays quiet).
 template <typename T>
 absl::StatusOr<T> RetryUntil(const std::function<absl::StatusOr<T>()>& attempt,
                              const std::atomic<bool>& stopping, const std::string& what,
                              const std::function<void(const std::string&)>& log) {
-  absl::Time next_log = absl::Now();
+  absl::Time next_log = absl::Now() + absl::Seconds(2);
   while (true) {
     absl::StatusOr<T> result = attempt();
     if (result.ok() || absl::IsInvalidArgument(result.status()) ||
@@ -167,7 +169,7 @@ absl::Status WorkerServer::Run() {
     }
     const absl::Status served = ServeChannel(registration->channel_name());
     if (stopping_.load()) break;
-    options_.log(
+    Log(LogLevel::kInfo,
         absl::StrCat("router connection ended (", served.message(), "); registering again"));
   }
   return absl::OkStatus();

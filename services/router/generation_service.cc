@@ -165,6 +165,29 @@ void StreamSink::OnFinish(FinishReason reason, const RequestUsage& usage,
   if (reactor_ != nullptr) reactor_->Enqueue(std::move(response), true, ToGrpcStatus(status));
 }
 
+// Completes a unary Score call when the scheduler finishes its score-only request.
+class ScoreSink : public ResponseSink {
+ public:
+  ScoreSink(grpc::ServerUnaryReactor* reactor, v1::ScoreResponse* response)
+      : reactor_(reactor), response_(response) {}
+  void OnTokens(const std::vector<int32_t>& ids, const std::string& text) override {}
+  void OnScores(const std::vector<float>& logprobs) override {
+    response_->mutable_logprobs()->Add(logprobs.begin(), logprobs.end());
+  }
+  void OnFinish(FinishReason reason, const RequestUsage& usage,
+                const absl::Status& status) override {
+    if (reason == FinishReason::kCancelled) {
+      reactor_->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the request was cancelled"));
+    } else {
+      reactor_->Finish(ToGrpcStatus(status));
+    }
+  }
+
+ private:
+  grpc::ServerUnaryReactor* reactor_;
+  v1::ScoreResponse* response_;
+};
+
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -267,6 +290,46 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
   }
   for (int32_t id : *ids) response->add_token_ids(static_cast<uint32_t>(id));
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GenerationService::Score(grpc::CallbackServerContext* context,
+                                                   const v1::ScoreRequest* request,
+                                                   v1::ScoreResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  RequestSpec spec;
+  spec.score_only = true;
+  if (!request->text().empty() && request->token_ids_size() > 0) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "give either text or token_ids, not both"));
+    return reactor;
+  }
+  if (!request->text().empty()) {
+    if (tokenizer_ == nullptr) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                   "this model has no tokenizer.json: send token_ids"));
+      return reactor;
+    }
+    auto ids = tokenizer_->Encode(request->text(), /*add_special_tokens=*/false);
+    if (!ids.ok()) {
+      reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(ids.status().message())));
+      return reactor;
+    }
+    spec.prompt = *std::move(ids);
+  } else {
+    for (uint32_t id : request->token_ids()) {
+      if (id >= static_cast<uint32_t>(config_.vocab_size)) {
+        reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                     absl::StrCat("token id ", id, " is outside the vocabulary")));
+        return reactor;
+      }
+      spec.prompt.push_back(static_cast<int32_t>(id));
+    }
+  }
+  for (int32_t id : spec.prompt) response->add_token_ids(static_cast<uint32_t>(id));
+  auto submitted =
+      scheduler_.Submit(std::move(spec), std::make_shared<ScoreSink>(reactor, response));
+  if (!submitted.ok()) reactor->Finish(ToGrpcStatus(submitted.status()));
   return reactor;
 }
 

@@ -29,6 +29,9 @@ class GenerationService final : public v1::Generation::CallbackService {
   grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
                                        const v1::DetokenizeRequest* request,
                                        v1::DetokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* context,
+                                  const v1::ScoreRequest* request,
+                                  v1::ScoreResponse* response) override;
 
   // Turns a client request into the scheduler's form: INVALID_ARGUMENT for bad input.
   absl::StatusOr<RequestSpec> ToSpec(const v1::GenerateRequest& request) const;

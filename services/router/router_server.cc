@@ -78,6 +78,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   }
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   s->address_ = absl::StrCat(host, ":", port);
+  // The whole server ("") and the Generation service by name: NOT_SERVING until every worker
+  // has registered.
+  s->server_->GetHealthCheckService()->SetServingStatus("strata.v1.Generation", false);
   s->server_->GetHealthCheckService()->SetServingStatus(false);
   s->scheduler_->Start();
   s->monitor_ = std::thread([raw = s.get()] { raw->MonitorWorkers(); });

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,14 @@ double MillisBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
+// log softmax(row)[target], in double for a stable sum over a large vocabulary.
+float LogSoftmaxAt(const float* row, int64_t vocab, int32_t target) {
+  const float max = *std::max_element(row, row + vocab);
+  double sum = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(row[i] - max));
+  return static_cast<float>(row[target] - max - std::log(sum));
+}
+
 }  // namespace
 
 struct Scheduler::Sequence {
@@ -28,6 +37,7 @@ struct Scheduler::Sequence {
   PagedKvCache::SequenceId kv_seq = 0;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<OutputText> text;
+  std::vector<float> scores;  // score_only: log-probabilities of prompt tokens 1..n-1
   int generated = 0;
   Clock::time_point submitted, first_token, last_token;
 };
@@ -68,14 +78,20 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
                        " is outside the vocabulary [0, ", config_.vocab_size, ")"));
     }
   }
-  if (prompt_len >= max_context_tokens_) {
+  if (spec.score_only) {
+    if (prompt_len > max_context_tokens_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the text has ", prompt_len, " tokens; the context holds ", max_context_tokens_));
+    }
+    spec.max_new_tokens = 1;  // unused; keeps the checks below uniform
+  } else if (prompt_len >= max_context_tokens_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the prompt has ", prompt_len, " tokens; the context holds ", max_context_tokens_));
   }
   if (spec.max_new_tokens <= 0) {
     return absl::InvalidArgumentError("max_new_tokens must be at least 1");
   }
-  if (prompt_len + spec.max_new_tokens > max_context_tokens_) {
+  if (!spec.score_only && prompt_len + spec.max_new_tokens > max_context_tokens_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_new_tokens ", spec.max_new_tokens, " is over the limit: the ", prompt_len,
         "-token prompt leaves room for ", max_context_tokens_ - prompt_len, " new tokens"));
@@ -210,6 +226,7 @@ void Scheduler::Preempt(Sequence* seq) {
   if (seq->has_kv) kv_.Release(seq->kv_seq);
   seq->has_kv = false;
   seq->computed = 0;  // recomputed from its tokens (prompt and output so far) when readmitted
+  seq->scores.clear();
   auto it =
       std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == seq; });
   waiting_.push_front(std::move(*it));
@@ -265,18 +282,31 @@ bool Scheduler::Step() {
   std::vector<int32_t> ids;
   BatchLayout batch;
   std::vector<int64_t> logit_rows;
-  std::vector<Sequence*> sampled;
+  std::vector<Sequence*> sampled;  // the first sampled.size() logit rows
+  struct ScoreRow {
+    Sequence* seq;
+    int32_t target;  // the token whose log-probability the row gives
+  };
+  std::vector<ScoreRow> scored;  // the logit rows after those
+  std::vector<int64_t> score_rows;
   for (const Planned& p : plan) {
+    const int64_t length = static_cast<int64_t>(p.seq->tokens.size());
     for (int64_t j = 0; j < p.count; ++j) {
-      ids.push_back(p.seq->tokens[p.seq->computed + j]);
+      const int64_t position = p.seq->computed + j;
+      ids.push_back(p.seq->tokens[position]);
       batch.sequence.push_back(p.seq->kv_seq);
-      batch.position.push_back(p.seq->computed + j);
+      batch.position.push_back(position);
+      if (p.seq->spec.score_only && position + 1 < length) {
+        score_rows.push_back(static_cast<int64_t>(ids.size()) - 1);
+        scored.push_back({p.seq, p.seq->tokens[position + 1]});
+      }
     }
-    if (p.seq->computed + p.count == static_cast<int64_t>(p.seq->tokens.size())) {
+    if (!p.seq->spec.score_only && p.seq->computed + p.count == length) {
       logit_rows.push_back(static_cast<int64_t>(ids.size()) - 1);
       sampled.push_back(p.seq);
     }
   }
+  logit_rows.insert(logit_rows.end(), score_rows.begin(), score_rows.end());
   const absl::Status status = forward_.Run(ids, batch, kv_, logit_rows, logits_);
   steps_.fetch_add(1);
   if (!status.ok()) {
@@ -284,6 +314,16 @@ bool Scheduler::Step() {
     return true;
   }
   for (const Planned& p : plan) p.seq->computed += p.count;
+  for (size_t r = 0; r < scored.size(); ++r) {
+    const float* row = logits_.row(static_cast<int64_t>(sampled.size() + r));
+    scored[r].seq->scores.push_back(LogSoftmaxAt(row, config_.vocab_size, scored[r].target));
+  }
+  for (const Planned& p : plan) {
+    if (p.seq->spec.score_only && p.seq->computed == static_cast<int64_t>(p.seq->tokens.size())) {
+      p.seq->sink->OnScores(p.seq->scores);
+      Finish(p.seq, FinishReason::kLength);
+    }
+  }
   for (size_t r = 0; r < sampled.size(); ++r) {
     const int32_t token =
         sampled[r]->sampler->Sample(logits_.row(static_cast<int64_t>(r)), config_.vocab_size);

@@ -16,6 +16,7 @@
 #include "common/util/process.h"
 #include "tools/strata/client_commands.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/eval_command.h"
 #include "tools/strata/id_list.h"
 #include "tools/strata/supervisor.h"
 
@@ -43,6 +44,9 @@ ABSL_FLAG(int, port, 0, "up: port to serve Generate on; 0 picks a free port");
 ABSL_FLAG(std::string, transport, "shm", "up: shm or grpc between router and workers");
 ABSL_FLAG(std::string, config, "", "up: YAML or JSON cluster config; flags override it");
 ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
+ABSL_FLAG(std::string, text, "", "eval: the text file to score");
+ABSL_FLAG(int, window, 256, "eval: tokens per scored window");
+ABSL_FLAG(bool, expert_stats, false, "eval: per-layer expert activation counts and Gini");
 
 namespace {
 
@@ -54,7 +58,9 @@ constexpr char kUsage[] =
     "            [--top-k K] [--top-p P] [--seed S]   new token ids, as JSON\n"
     "  generate  --server HOST:PORT (--ids 1,2,3 | --prompt TEXT) [...]   through a cluster\n"
     "  up        --model DIR [--workers N] [--device cpu] [--port P] [--config FILE]\n"
-    "            start a cluster; prints READY <host>:<port>\n";
+    "            start a cluster; prints READY <host>:<port>\n"
+    "  eval      --model DIR --text FILE [--server HOST:PORT] [--window 256] [--expert-stats]\n"
+    "            perplexity of the text, as JSON\n";
 
 absl::StatusOr<strata::LocalEngineOptions> EngineOptionsFromFlags() {
   strata::LocalEngineOptions options;
@@ -130,6 +136,18 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
 
 absl::Status Run(const std::string& command, strata::DashedFlags& flags, const std::string& self) {
   if (command == "up") return Up(flags, self);
+  if (command == "eval") {
+    strata::EvalOptions options;
+    auto engine = EngineOptionsFromFlags();
+    if (!engine.ok()) return engine.status();
+    options.engine = *engine;
+    options.server = absl::GetFlag(FLAGS_server);
+    options.text_file = absl::GetFlag(FLAGS_text);
+    options.window = absl::GetFlag(FLAGS_window);
+    options.expert_stats = absl::GetFlag(FLAGS_expert_stats);
+    if (options.text_file.empty()) return absl::InvalidArgumentError("--text is required");
+    return strata::RunEvalCommand(options, std::cout);
+  }
   if (command != "logits" && command != "generate") {
     return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\"\n", kUsage));
   }

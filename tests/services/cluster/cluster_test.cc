@@ -12,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "strata/v1/generation.grpc.pb.h"
 #include "tests/testing/cluster_process.h"
+#include "tools/strata/eval_command.h"
 
 namespace strata {
 namespace {
@@ -166,6 +167,41 @@ TEST(ClusterTest, DeadlineCancelsAndFreesTheBlocks) {
   ASSERT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.tokens.size(), 24u);
   EXPECT_EQ(cluster.Stop(), 0) << "every request should have been finished or cancelled";
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// Perplexity through the cluster's Score RPC equals the in-process figure.
+TEST(ClusterTest, ScoreMatchesInProcessPerplexity) {
+  const std::string model = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
+  // The first 3 KB of the held-out text, a few windows' worth.
+  std::ifstream in(std::string(STRATA_TEST_DATA_DIR) + "/heldout/strata-demo-valid.txt");
+  std::string text(3000, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  const std::string path = ::testing::TempDir() + "/score_text.txt";
+  std::ofstream(path) << text;
+
+  EvalOptions options;
+  options.engine.model_dir = model;
+  options.engine.num_threads = 2;
+  options.text_file = path;
+  options.window = 128;
+  auto local = Evaluate(options);
+  ASSERT_TRUE(local.ok()) << local.status();
+
+  ClusterProcess cluster({"--model=" + model, "--workers=2", "--threads=1"});
+  ASSERT_FALSE(cluster.address().empty());
+  options.server = cluster.address();
+  auto remote = Evaluate(options);
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  EXPECT_EQ(remote->tokens, local->tokens);
+  EXPECT_NEAR(remote->perplexity, local->perplexity, 1e-4 * local->perplexity);
+  EXPECT_EQ(cluster.Stop(), 0);
 }
 
 }  // namespace

@@ -1,0 +1,171 @@
+#include "tools/strata/eval_command.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/tokenizer/tokenizer.h"
+#include "common/util/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "strata/v1/generation.grpc.pb.h"
+
+namespace strata {
+namespace {
+
+std::vector<absl::Span<const int32_t>> Windows(const std::vector<int32_t>& ids, int size) {
+  std::vector<absl::Span<const int32_t>> out;
+  for (size_t start = 0; start < ids.size(); start += size) {
+    const size_t len = std::min<size_t>(size, ids.size() - start);
+    if (len >= 2) out.emplace_back(ids.data() + start, len);
+  }
+  return out;
+}
+
+// Sum of -log p over positions 1..n-1 of `logits` [n, vocab] for the window's ids.
+double WindowNll(const Tensor& logits, absl::Span<const int32_t> ids) {
+  double nll = 0.0;
+  for (size_t i = 0; i + 1 < ids.size(); ++i) {
+    const float* row = logits.row(static_cast<int64_t>(i));
+    const float max = *std::max_element(row, row + logits.cols());
+    double sum = 0.0;
+    for (int64_t v = 0; v < logits.cols(); ++v) sum += std::exp(static_cast<double>(row[v] - max));
+    nll -= row[ids[i + 1]] - max - std::log(sum);
+  }
+  return nll;
+}
+
+absl::StatusOr<double> ScoreRemotely(const std::string& server,
+                                     const std::vector<absl::Span<const int32_t>>& windows) {
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  // Several windows in flight keep the cluster's batch full.
+  constexpr size_t kInFlight = 8;
+  double nll = 0.0;
+  for (size_t begin = 0; begin < windows.size(); begin += kInFlight) {
+    std::vector<std::future<absl::StatusOr<double>>> pending;
+    for (size_t w = begin; w < std::min(windows.size(), begin + kInFlight); ++w) {
+      pending.push_back(std::async(std::launch::async, [&, w]() -> absl::StatusOr<double> {
+        v1::ScoreRequest request;
+        for (int32_t id : windows[w]) request.add_token_ids(static_cast<uint32_t>(id));
+        v1::ScoreResponse response;
+        grpc::ClientContext context;
+        const grpc::Status s = stub->Score(&context, request, &response);
+        if (!s.ok()) {
+          return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                              absl::StrCat(server, ": ", s.error_message()));
+        }
+        if (response.logprobs_size() + 1 != static_cast<int>(windows[w].size())) {
+          return absl::DataLossError("the server scored a different number of tokens");
+        }
+        double sum = 0.0;
+        for (float lp : response.logprobs()) sum -= lp;
+        return sum;
+      }));
+    }
+    for (auto& p : pending) {
+      ASSIGN_OR_RETURN(double window_nll, p.get());
+      nll += window_nll;
+    }
+  }
+  return nll;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+double Gini(absl::Span<const int64_t> counts) {
+  std::vector<int64_t> sorted(counts.begin(), counts.end());
+  std::sort(sorted.begin(), sorted.end());
+  const double n = static_cast<double>(sorted.size());
+  double total = 0.0, weighted = 0.0;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    total += static_cast<double>(sorted[i]);
+    weighted += static_cast<double>(i + 1) * static_cast<double>(sorted[i]);
+  }
+  if (total == 0.0 || n == 0.0) return 0.0;
+  return 2.0 * weighted / (n * total) - (n + 1.0) / n;
+}
+
+absl::StatusOr<EvalResult> Evaluate(const EvalOptions& options) {
+  if (options.window < 2) return absl::InvalidArgumentError("--window must be at least 2");
+  const std::string tokenizer_path =
+      (std::filesystem::path(options.engine.model_dir) / "tokenizer.json").string();
+  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::FromFile(tokenizer_path));
+  ASSIGN_OR_RETURN(std::string text, ReadFile(options.text_file));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(text, false));
+  const auto windows = Windows(ids, options.window);
+  if (windows.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(options.text_file, ": fewer than 2 tokens"));
+  }
+  EvalResult result;
+  for (const auto& w : windows) result.tokens += static_cast<int64_t>(w.size()) - 1;
+  double nll = 0.0;
+  if (!options.server.empty()) {
+    if (options.expert_stats) {
+      return absl::InvalidArgumentError("expert statistics are measured in process only");
+    }
+    ASSIGN_OR_RETURN(nll, ScoreRemotely(options.server, windows));
+  } else {
+    LocalEngineOptions engine_options = options.engine;
+    std::vector<std::vector<int64_t>>& counts = result.expert_counts;
+    if (options.expert_stats) {
+      engine_options.on_routing = [&counts](int layer, const RoutingTable& routing) {
+        for (int32_t e : routing.expert) {
+          if (e >= 0) ++counts[layer][e];
+        }
+      };
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine, LocalEngine::Create(engine_options));
+    if (options.expert_stats) {
+      counts.assign(engine->config().num_layers, std::vector<int64_t>(engine->config().num_experts, 0));
+    }
+    for (const auto& w : windows) {
+      ASSIGN_OR_RETURN(Tensor logits, engine->Logits(w));
+      nll += WindowNll(logits, w);
+    }
+    // Dense layers route nothing: keep MoE layers only.
+    counts.erase(std::remove_if(counts.begin(), counts.end(),
+                                [](const auto& c) {
+                                  return std::all_of(c.begin(), c.end(),
+                                                     [](int64_t v) { return v == 0; });
+                                }),
+                 counts.end());
+  }
+  result.perplexity = std::exp(nll / static_cast<double>(result.tokens));
+  return result;
+}
+
+absl::Status RunEvalCommand(const EvalOptions& options, std::ostream& out) {
+  ASSIGN_OR_RETURN(EvalResult result, Evaluate(options));
+  nlohmann::json json;
+  json["perplexity"] = result.perplexity;
+  json["tokens"] = result.tokens;
+  if (!result.expert_counts.empty()) {
+    std::vector<double> gini;
+    std::vector<int64_t> all;
+    for (const auto& layer : result.expert_counts) {
+      gini.push_back(Gini(layer));
+      all.insert(all.end(), layer.begin(), layer.end());
+    }
+    json["expert_gini"] = gini;
+    json["gini_overall"] = Gini(all);
+    json["expert_counts"] = result.expert_counts;
+  }
+  out << json.dump() << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace strata

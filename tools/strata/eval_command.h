@@ -1,0 +1,44 @@
+// `strata eval`: perplexity of a model on a text file, in process or through a cluster, and
+// how evenly the gate spreads tokens over the experts.
+#ifndef STRATA_TOOLS_STRATA_EVAL_COMMAND_H_
+#define STRATA_TOOLS_STRATA_EVAL_COMMAND_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/engine/local_engine.h"
+
+namespace strata {
+
+struct EvalOptions {
+  LocalEngineOptions engine;  // model_dir is always needed: its tokenizer encodes the text
+  std::string server;         // if set, score through this cluster instead of in process
+  std::string text_file;
+  int window = 256;           // tokens per scored window
+  bool expert_stats = false;  // in process only: per-layer expert activation counts and Gini
+};
+
+struct EvalResult {
+  double perplexity = 0.0;
+  int64_t tokens = 0;  // scored tokens
+  // Per MoE layer, how often each expert was selected (empty without expert_stats).
+  std::vector<std::vector<int64_t>> expert_counts;
+};
+
+// The method: the file is encoded without special tokens and cut into consecutive windows of
+// `window` ids (a last window of one id is dropped); each window runs from position 0 with no
+// BOS and its positions 1..len-1 are scored; perplexity = exp(mean negative log-likelihood).
+absl::StatusOr<EvalResult> Evaluate(const EvalOptions& options);
+
+// Gini coefficient of a count vector: 0 for perfectly even use, towards 1 for concentration.
+double Gini(absl::Span<const int64_t> counts);
+
+// Prints {"perplexity": P, "tokens": N} (and "expert_gini" per layer, "gini_overall").
+absl::Status RunEvalCommand(const EvalOptions& options, std::ostream& out);
+
+}  // namespace strata
+
+#endif  // STRATA_TOOLS_STRATA_EVAL_COMMAND_H_
