@@ -3,7 +3,7 @@
 # (protobuf-compiler: protoc; protobuf-compiler-grpc: grpc_python_plugin):
 #   OUT_DIR/strata/v1/generation_pb2.py, generation_pb2.pyi, generation_pb2_grpc.py
 #   OUT_DIR/grpc_health/v1/health_pb2.py, health_pb2.pyi, health_pb2_grpc.py
-#     (from clients/python/proto/grpc_health/v1/health.proto: Debian's python3-grpcio has no
+#     (from proto/grpc_health/v1/health.proto: Debian's python3-grpcio has no
 #     grpc_health package)
 # The output needs python3-protobuf (>= 3.20) and python3-grpcio at run time; put OUT_DIR on
 # PYTHONPATH (clients/python/strata_client.py also reads STRATA_PYTHON_GENERATED_DIR).
@@ -30,7 +30,6 @@ fi
 mkdir -p "$out"
 "$protoc" \
   --proto_path="$root/proto" \
-  --proto_path="$root/clients/python/proto" \
   --python_out="$out" \
   --pyi_out="$out" \
   --plugin=protoc-gen-grpc_python="$plugin" \

@@ -2,6 +2,8 @@
 // Runs the experts the router sends it, reading their weights from strata-cache's shared
 // memory. Start order does not matter: it waits for the cache and the router.
 #include <iostream>
+#include <atomic>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -51,16 +53,21 @@ int main(int argc, char** argv) {
     std::cerr << "strata-worker: --model, --cache and --router are required\n";
     return 2;
   }
+  // Signals are handled from the start: Create may wait a long time for strata-cache.
+  static std::atomic<strata::WorkerServer*> running{nullptr};
+  std::thread signals([] {
+    strata::WaitForTerminationSignal();
+    strata::WorkerServer* w = running.load();
+    if (w == nullptr) std::_Exit(0);  // still starting: nothing to hand back
+    w->Stop();
+  });
+  signals.detach();
   auto worker = strata::WorkerServer::Create(options);
   if (!worker.ok()) {
     std::cerr << "strata-worker: " << worker.status().message() << "\n";
     return 1;
   }
-  std::thread signals([&] {
-    strata::WaitForTerminationSignal();
-    (*worker)->Stop();
-  });
-  signals.detach();
+  running.store(worker->get());
   const absl::Status status = (*worker)->Run();
   if (!status.ok()) {
     std::cerr << "strata-worker: " << status.message() << "\n";

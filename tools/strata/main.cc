@@ -43,6 +43,10 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "up: address to serve on");
 ABSL_FLAG(int, port, 0, "up: port to serve Generate on; 0 picks a free port");
 ABSL_FLAG(std::string, transport, "shm", "up: shm or grpc between router and workers");
 ABSL_FLAG(std::string, config, "", "up: YAML or JSON cluster config; flags override it");
+ABSL_FLAG(int, max_batch_tokens, 512, "up: tokens per forward step (decodes + prefill chunks)");
+ABSL_FLAG(int, max_running, 64, "up: sequences in the running batch");
+ABSL_FLAG(int, max_queued_requests, 256, "up: waiting requests beyond this get RESOURCE_EXHAUSTED");
+ABSL_FLAG(double, drain_timeout_s, 30, "up: on SIGTERM, how long in-flight requests may finish");
 ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 ABSL_FLAG(std::string, text, "", "eval: the text file to score");
 ABSL_FLAG(int, window, 256, "eval: tokens per scored window");
@@ -124,6 +128,12 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
   if (flags.Specified("threads")) c.threads_per_process = absl::GetFlag(FLAGS_threads);
   if (flags.Specified("kv_block_size")) c.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   if (flags.Specified("kv_cache_mb")) c.kv_memory_mb = absl::GetFlag(FLAGS_kv_cache_mb);
+  if (flags.Specified("max_batch_tokens")) c.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  if (flags.Specified("max_running")) c.max_running = absl::GetFlag(FLAGS_max_running);
+  if (flags.Specified("max_queued_requests")) {
+    c.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  }
+  if (flags.Specified("drain_timeout_s")) c.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   if (flags.Specified("router_temperature")) {
     c.router_temperature = static_cast<float>(absl::GetFlag(FLAGS_router_temperature));
   }

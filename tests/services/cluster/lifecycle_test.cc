@@ -1,0 +1,214 @@
+// The cluster's life: health before and after workers register, draining on SIGTERM, a worker
+// killed and restarted by the supervisor, a full queue, and a config file.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "grpc_health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "strata/v1/generation.grpc.pb.h"
+#include "tests/testing/child_process.h"
+#include "tests/testing/cluster_process.h"
+
+namespace strata {
+namespace {
+
+using ::strata::testing::ChildProcess;
+using ::strata::testing::ClusterProcess;
+
+const std::string kBin = STRATA_BIN_DIR;
+
+std::string OracleDir(const std::string& name) {
+  return std::string(STRATA_TEST_DATA_DIR) + "/oracles/" + name;
+}
+
+grpc::health::v1::HealthCheckResponse::ServingStatus Health(const std::string& address,
+                                                            const std::string& service = "") {
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  if (!stub->Check(&context, request, &response).ok()) {
+    return grpc::health::v1::HealthCheckResponse::UNKNOWN;
+  }
+  return response.status();
+}
+
+bool WaitForHealth(const std::string& address, grpc::health::v1::HealthCheckResponse::ServingStatus want,
+                   int timeout_s = 30) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (Health(address) == want) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+struct Generated {
+  grpc::Status status;
+  std::vector<uint32_t> tokens;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+};
+
+// Streams one request; `on_first` runs once the first tokens arrive.
+Generated Generate(const std::string& address, const std::vector<uint32_t>& prompt, int max_new,
+                   std::function<void()> on_first = nullptr) {
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest request;
+  for (uint32_t id : prompt) request.add_prompt_token_ids(id);
+  request.set_max_new_tokens(max_new);
+  request.set_ignore_eos(true);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  auto reader = stub->Generate(&context, request);
+  Generated out;
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    if (out.tokens.empty() && response.token_ids_size() > 0 && on_first) on_first();
+    out.tokens.insert(out.tokens.end(), response.token_ids().begin(), response.token_ids().end());
+    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) out.finish = response.finish_reason();
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+TEST(LifecycleTest, NotServingUntilEveryWorkerRegisters) {
+  const std::string model = OracleDir("qwen3_moe");
+  const std::string prefix = absl::StrCat("strata-test-", ::getpid());
+  ChildProcess router({kBin + "/strata-router", "--model=" + model, "--workers=1", "--threads=1",
+                       "--channel-prefix=" + prefix});
+  const std::string router_address = router.AwaitLine("LISTENING ");
+  ASSERT_FALSE(router_address.empty());
+  EXPECT_EQ(Health(router_address), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(Health(router_address, "strata.v1.Generation"),
+            grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  // A worker started before its cache waits for it.
+  ChildProcess worker({kBin + "/strata-worker", "--model=" + model, "--router=" + router_address,
+                       "--cache=127.0.0.1:1", "--index=0", "--threads=1"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(Health(router_address), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  worker.Stop();
+  ChildProcess cache({kBin + "/strata-cache", "--model=" + model, "--segment-prefix=" + prefix});
+  const std::string cache_address = cache.AwaitLine("READY ");
+  ASSERT_FALSE(cache_address.empty());
+  ChildProcess worker2({kBin + "/strata-worker", "--model=" + model, "--router=" + router_address,
+                        "--cache=" + cache_address, "--index=0", "--threads=1"});
+  EXPECT_TRUE(WaitForHealth(router_address, grpc::health::v1::HealthCheckResponse::SERVING));
+  EXPECT_EQ(Health(router_address, "strata.v1.Generation"),
+            grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_EQ(router.AwaitLine("READY "), router_address);
+  EXPECT_EQ(Generate(router_address, {1, 2, 3}, 4).tokens.size(), 4u);
+  EXPECT_EQ(router.Stop(), 0);
+}
+
+TEST(LifecycleTest, SigtermDrainsRequestsInFlight) {
+  ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe_long"), "--workers=2", "--threads=1"});
+  ASSERT_FALSE(cluster.address().empty());
+  std::promise<void> first;
+  auto running = std::async(std::launch::async, [&] {
+    return Generate(cluster.address(), std::vector<uint32_t>(20, 5), 400,
+                    [&] { first.set_value(); });
+  });
+  first.get_future().wait();
+  ::kill(cluster.pid(), SIGTERM);
+  const Generated g = running.get();
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.tokens.size(), 400u);
+  EXPECT_EQ(g.finish, v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+// The pid of a live child of `parent` whose command line holds both strings, or -1.
+pid_t ChildWithArgs(pid_t parent, const std::string& a, const std::string& b) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream cmdline(entry.path() / "cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmdline)), {});
+    std::ifstream stat(entry.path() / "stat");
+    std::string pid_field, comm, state;
+    pid_t ppid = 0;
+    stat >> pid_field >> comm >> state >> ppid;
+    if (ppid == parent && state != "Z" && args.find(a) != std::string::npos &&
+        args.find(b) != std::string::npos) {
+      return std::stoi(pid_field);
+    }
+  }
+  return -1;
+}
+
+TEST(LifecycleTest, SupervisorRestartsAKilledWorker) {
+  ClusterProcess cluster({"--model=" + OracleDir("mixtral"), "--workers=2", "--threads=1"});
+  ASSERT_FALSE(cluster.address().empty());
+  std::ifstream in(OracleDir("mixtral") + "/oracle.json");
+  const auto oracle = nlohmann::json::parse(in);
+  const auto prompt = oracle["cases"][2]["prompt"].get<std::vector<uint32_t>>();
+  const auto greedy = oracle["cases"][2]["greedy"].get<std::vector<uint32_t>>();
+  ASSERT_EQ(Generate(cluster.address(), prompt, static_cast<int>(greedy.size())).tokens, greedy);
+
+  // Kill worker 1 (a child of the supervisor); a new one must take its place and register.
+  const pid_t worker = ChildWithArgs(cluster.pid(), "strata-worker", "--index=1");
+  ASSERT_GT(worker, 0);
+  ASSERT_EQ(::kill(worker, SIGKILL), 0);
+  pid_t replacement = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    replacement = ChildWithArgs(cluster.pid(), "strata-worker", "--index=1");
+    if (replacement > 0 && replacement != worker) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GT(replacement, 0);
+  ASSERT_NE(replacement, worker);
+  ASSERT_TRUE(WaitForHealth(cluster.address(), grpc::health::v1::HealthCheckResponse::SERVING, 60));
+  EXPECT_EQ(Generate(cluster.address(), prompt, static_cast<int>(greedy.size())).tokens, greedy);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+TEST(LifecycleTest, FullQueueGivesResourceExhausted) {
+  ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe_long"), "--workers=1", "--threads=1",
+                          "--max-running=1", "--max-queued-requests=1", "--max-batch-tokens=8"});
+  ASSERT_FALSE(cluster.address().empty());
+  std::vector<std::future<Generated>> calls;
+  for (int i = 0; i < 6; ++i) {
+    calls.push_back(std::async(std::launch::async, [&] {
+      return Generate(cluster.address(), std::vector<uint32_t>(100, 7), 100);
+    }));
+  }
+  int exhausted = 0, completed = 0;
+  for (auto& call : calls) {
+    const Generated g = call.get();
+    if (g.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ++exhausted;
+    if (g.status.ok() && g.tokens.size() == 100u) ++completed;
+  }
+  EXPECT_GE(exhausted, 1);
+  EXPECT_GE(completed, 2);
+  EXPECT_EQ(exhausted + completed, 6);
+}
+
+TEST(LifecycleTest, ConfigFileWithFlagOverrides) {
+  const std::string path = ::testing::TempDir() + "/cluster.yaml";
+  std::ofstream(path) << "model: " << OracleDir("qwen2_moe") << "\n"
+                      << "workers: 2\nthreads: 1\nrouter_temperature: 1.0\n"
+                      << "kv_cache:\n  block_size: 16\n  memory_mb: 64\n";
+  // The flag overrides the file's worker count.
+  ClusterProcess cluster({"--config=" + path, "--workers=1"});
+  ASSERT_FALSE(cluster.address().empty());
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::ModelInfoResponse info;
+  ASSERT_TRUE(stub->ModelInfo(&context, v1::ModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.model_type(), "qwen2_moe");
+  EXPECT_EQ(info.num_workers(), 1u);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+}  // namespace
+}  // namespace strata
