@@ -111,11 +111,45 @@ SPECS = {
                                          beta_fast=32.0, beta_slow=1.0,
                                          original_max_position_embeddings=4096, truncate=False)),
     ),
+    # Head sizes the GPU attention kernel takes (64, 128), for the CUDA backend's test.
+    "qwen3_moe_hd64": dict(
+        arch="qwen3_moe", seed=21, prompts=[40, 100], new_tokens=8, dense_layers=[],
+        config=dict(vocab_size=512, hidden_size=128, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
+                    norm_topk_prob=True, moe_intermediate_size=64, intermediate_size=128,
+                    decoder_sparse_step=1, mlp_only_layers=[]),
+    ),
+    "mixtral_hd128": dict(
+        arch="mixtral", seed=23, prompts=[50, 9], new_tokens=8, dense_layers=[],
+        config=dict(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
+                    intermediate_size=128, sliding_window=None),
+    ),
+    "qwen2_moe_hd64": dict(
+        arch="qwen2_moe", seed=24, prompts=[60, 11], new_tokens=8, dense_layers=[],
+        config=dict(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=4, num_experts=6, num_experts_per_tok=2,
+                    norm_topk_prob=False, moe_intermediate_size=64, intermediate_size=128,
+                    shared_expert_intermediate_size=96, qkv_bias=True,
+                    decoder_sparse_step=1, mlp_only_layers=[]),
+    ),
+    "gpt_oss_hd64": dict(
+        arch="gpt_oss", seed=22, prompts=[70, 20], new_tokens=8, dense_layers=[],
+        config=dict(vocab_size=512, hidden_size=128, num_hidden_layers=2,
+                    layer_types=["sliding_attention", "full_attention"], sliding_window=16,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                    num_local_experts=8, num_experts_per_tok=2, intermediate_size=64,
+                    attention_bias=True, max_position_embeddings=131072,
+                    rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0,
+                                         beta_fast=32.0, beta_slow=1.0,
+                                         original_max_position_embeddings=4096, truncate=False)),
+    ),
 }
 
 # Expected attention head_dim per model (checked on the built modules).
 HEAD_DIM = {"qwen3_moe_long": 16, "qwen3_moe_dense_tied": 32, "mixtral_long": 16,
-            "qwen2_moe_long": 16, "gpt_oss_long": 16}
+            "qwen2_moe_long": 16, "gpt_oss_long": 16, "qwen3_moe_hd64": 64, "mixtral_hd128": 128,
+            "qwen2_moe_hd64": 64, "gpt_oss_hd64": 64}
 
 MAX_ORACLE_BYTES = 3_000_000
 

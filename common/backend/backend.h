@@ -28,19 +28,26 @@ struct BatchLayout {
 };
 
 // The gate's choice for each token: top_k (expert, weight) slots per token, row-major
-// [num_tokens][top_k]. An expert id of -1 marks a slot some other backend handles.
+// [num_tokens][top_k]. An expert id of -1 marks a slot some other backend handles. A host
+// backend fills `expert` and `weight`; a device backend leaves them empty and points
+// `device_expert` / `device_weight` at its own device arrays (valid until its next call).
 struct RoutingTable {
   int top_k = 0;
+  int64_t tokens = 0;
   std::vector<int32_t> expert;
   std::vector<float> weight;
+  const int32_t* device_expert = nullptr;
+  const float* device_weight = nullptr;
 
-  int64_t num_tokens() const {
-    return top_k == 0 ? 0 : static_cast<int64_t>(expert.size()) / top_k;
-  }
+  int64_t num_tokens() const { return tokens; }
+  bool on_device() const { return device_expert != nullptr; }
   void Resize(int64_t num_tokens, int k) {
     top_k = k;
+    tokens = num_tokens;
     expert.assign(num_tokens * k, -1);
     weight.assign(num_tokens * k, 0.0f);
+    device_expert = nullptr;
+    device_weight = nullptr;
   }
 };
 

@@ -3,6 +3,10 @@
 #include <algorithm>
 
 #include "absl/cleanup/cleanup.h"
+#if STRATA_HAVE_CUDA
+#include "common/backend/cuda/cuda_expert_backend.h"
+#include "common/backend/cuda/cuda_router_backend.h"
+#endif
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
 
@@ -35,18 +39,59 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
                                                    " bytes holds no block; one block needs ",
                                                    block_bytes));
   }
+  kv.host_storage = options.device == "cpu";
   ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(kv));
   engine->kv_.emplace(std::move(cache));
-
-  engine->pool_ = std::make_unique<ThreadPool>(options.num_threads);
-  engine->router_ = std::make_unique<CpuRouterBackend>(*engine->model_, *engine->pool_);
   engine->expert_source_ = std::make_unique<ModelExpertSource>(engine->model_->weights);
-  engine->experts_ = std::make_unique<CpuExpertBackend>(c, *engine->expert_source_, *engine->pool_);
-  engine->forward_ = std::make_unique<ForwardPass>(
-      c, *engine->router_, *engine->experts_,
-      ForwardOptions{.router_temperature = options.router_temperature,
-                     .on_routing = options.on_routing});
+  RETURN_IF_ERROR(engine->CreateBackends(kv));
+  engine->forward_ =
+      std::make_unique<ForwardPass>(c, *engine->router_, *engine->experts_,
+                                    ForwardOptions{.router_temperature = options.router_temperature,
+                                                   .on_routing = options.on_routing});
   return engine;
+}
+
+absl::Status LocalEngine::CreateBackends(const KvCacheOptions& kv) {
+  const ModelConfig& c = model_->config;
+  if (options_.device == "cpu") {
+    pool_ = std::make_unique<ThreadPool>(options_.num_threads);
+    router_ = std::make_unique<CpuRouterBackend>(*model_, *pool_);
+    experts_ = std::make_unique<CpuExpertBackend>(c, *expert_source_, *pool_);
+    return absl::OkStatus();
+  }
+  if (options_.device != "cuda" && options_.device.rfind("cuda:", 0) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device \"", options_.device, "\": use cpu, cuda or cuda:N"));
+  }
+  if (options_.expert_weights != "bf16" && options_.expert_weights != "fp8") {
+    return absl::InvalidArgumentError("expert weights must be bf16 or fp8");
+  }
+#if STRATA_HAVE_CUDA
+  gpu::CudaContext::Options context_options;
+  if (options_.device.size() > 5) context_options.device = std::stoi(options_.device.substr(5));
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu::CudaContext> context,
+                   gpu::CudaContext::Create(context_options));
+  gpu::CudaContext* raw = context.get();
+  device_context_ = std::shared_ptr<gpu::CudaContext>(std::move(context));
+  const int max_tokens = std::max(options_.prefill_chunk_tokens, 1);
+  ASSIGN_OR_RETURN(router_, gpu::CudaRouterBackend::Create(
+                                *model_, kv, raw, {.max_tokens = max_tokens, .max_sequences = 1}));
+  gpu::CudaExpertOptions expert_options;
+  expert_options.format =
+      options_.expert_weights == "fp8" ? gpu::WeightFormat::kFp8E4M3 : gpu::WeightFormat::kBf16;
+  expert_options.max_tokens = max_tokens;
+  if (options_.on_progress) {
+    expert_options.on_layer = [this](int layer, int layers, uint64_t bytes) {
+      options_.on_progress(absl::StrCat("experts of layer ", layer + 1, "/", layers,
+                                        " on the GPU (", bytes >> 20, " MiB)"));
+    };
+  }
+  ASSIGN_OR_RETURN(
+      experts_, gpu::CudaExpertBackend::Create(c, *expert_source_, raw, std::move(expert_options)));
+  return absl::OkStatus();
+#else
+  return absl::UnimplementedError("this build has no CUDA backend (nvcc was not found)");
+#endif
 }
 
 int64_t LocalEngine::max_sequence_tokens() const {
@@ -128,6 +173,7 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
   while (true) {
     const int32_t next = sampler.Sample(logits.row(0), vocab);
     out.push_back(next);
+    if (options.on_token) options.on_token(next);
     const bool is_eos = std::find(eos.begin(), eos.end(), next) != eos.end();
     if (static_cast<int>(out.size()) >= options.max_new_tokens || (is_eos && !options.ignore_eos)) {
       break;

@@ -26,6 +26,12 @@ struct LocalEngineOptions {
   int64_t kv_cache_bytes = int64_t{1} << 30;  // upper bound on the KV pool
   int prefill_chunk_tokens = 512;             // prompt tokens per forward step
   float router_temperature = 1.0f;
+  // "cpu" (the float32 reference) or "cuda" / "cuda:N" (bf16 on a GPU, when built with CUDA).
+  std::string device = "cpu";
+  // Expert weights on a GPU: "bf16" or "fp8" (E4M3, per-output-channel scales, at load).
+  std::string expert_weights = "bf16";
+  // Progress lines while a large model goes to the GPU.
+  std::function<void(const std::string&)> on_progress;
   // Sees the routing of every MoE layer of every step (see ForwardOptions).
   std::function<void(int layer, const RoutingTable& routing)> on_routing;
 };
@@ -34,6 +40,8 @@ struct GenerateOptions {
   int max_new_tokens = 16;
   SamplingParams sampling;
   bool ignore_eos = false;  // keep going past an EOS token
+  // Called with each new token as soon as it is sampled (streaming, timing).
+  std::function<void(int32_t)> on_token;
 };
 
 class LocalEngine {
@@ -55,6 +63,7 @@ class LocalEngine {
 
  private:
   LocalEngine() = default;
+  absl::Status CreateBackends(const KvCacheOptions& kv);
   absl::Status ValidatePrompt(absl::Span<const int32_t> ids, int64_t extra_tokens) const;
   // Runs `ids` at positions [start, start + ids.size()) of `seq`; logits for the rows asked.
   absl::Status Step(PagedKvCache::SequenceId seq, absl::Span<const int32_t> ids, int64_t start,
@@ -64,8 +73,9 @@ class LocalEngine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<ModelExpertSource> expert_source_;
-  std::unique_ptr<CpuRouterBackend> router_;
-  std::unique_ptr<CpuExpertBackend> experts_;
+  std::shared_ptr<void> device_context_;  // the GPU's context when device is cuda
+  std::unique_ptr<RouterBackend> router_;
+  std::unique_ptr<ExpertBackend> experts_;
   std::unique_ptr<ForwardPass> forward_;
   std::optional<PagedKvCache> kv_;
 };

@@ -22,8 +22,10 @@ absl::StatusOr<PagedKvCache> PagedKvCache::Create(const KvCacheOptions& options)
 PagedKvCache::PagedKvCache(const KvCacheOptions& options) : options_(options) {
   slot_floats_ = int64_t{options.num_kv_heads} * options.head_dim;
   block_floats_ = 2 * options.block_size * slot_floats_;
-  storage_.assign(static_cast<size_t>(options.num_layers) * options.num_blocks * block_floats_,
-                  0.0f);
+  if (options.host_storage) {
+    storage_.assign(static_cast<size_t>(options.num_layers) * options.num_blocks * block_floats_,
+                    0.0f);
+  }
   // Hand out low block ids first.
   for (int b = options.num_blocks - 1; b >= 0; --b) free_.push_back(b);
 }

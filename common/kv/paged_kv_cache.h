@@ -17,6 +17,9 @@ struct KvCacheOptions {
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
+  // Hold the keys and values in host memory. A device backend keeps its own storage and uses
+  // this object only for block allocation and block tables.
+  bool host_storage = true;
 };
 
 // Bytes one block takes across all layers (keys and values, float32).

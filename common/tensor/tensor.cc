@@ -11,7 +11,21 @@ Tensor Tensor::Host(int64_t rows, int64_t cols) {
   return t;
 }
 
+Tensor Tensor::DeviceView(void* data, int64_t rows, int64_t cols,
+                          std::shared_ptr<void> keep_alive) {
+  Tensor t;
+  t.device_ = Device::kCuda;
+  t.rows_ = rows;
+  t.cols_ = cols;
+  t.device_data_ = data;
+  t.keep_alive_ = std::move(keep_alive);
+  return t;
+}
+
 void Tensor::Resize(int64_t rows, int64_t cols) {
+  if (device_ != Device::kCpu) {  // a view goes back to being an owned host tensor
+    *this = Tensor();
+  }
   const int64_t needed = rows * cols;
   if (needed > capacity_ || data_ == nullptr) {
     data_ = std::shared_ptr<float[]>(new float[std::max<int64_t>(needed, 1)]);

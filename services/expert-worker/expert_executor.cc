@@ -18,6 +18,7 @@ absl::Status ExpertExecutor::Run(const ExpertRequestView& request) {
   x_.Resize(n, request.hidden_size);
   std::copy(request.hidden.begin(), request.hidden.end(), x_.data());
   routing_.top_k = static_cast<int>(request.top_k);
+  routing_.tokens = n;
   routing_.expert.assign(request.experts.begin(), request.experts.end());
   routing_.weight.assign(request.weights.begin(), request.weights.end());
   return backend_.RunExperts(static_cast<int>(request.layer), x_, routing_, partial_);

@@ -46,6 +46,9 @@ TEST(DemoModelTest, TokenizerRoundTripsTheHeldOutText) {
   auto ids = (*tokenizer)->Encode(text);
   ASSERT_TRUE(ids.ok());
   EXPECT_EQ(static_cast<int64_t>(ids->size()), HeldoutReference()["tokens_in_file"].get<int64_t>());
+  // The ids the GPU test reads instead of linking a tokenizer.
+  EXPECT_EQ(*ids, ReadJson(std::string(STRATA_TEST_DATA_DIR) + "/heldout/strata-demo-valid.ids.json")
+                      .get<std::vector<int32_t>>());
   auto decoded = (*tokenizer)->Decode(*ids);
   ASSERT_TRUE(decoded.ok());
   EXPECT_EQ(*decoded, text);

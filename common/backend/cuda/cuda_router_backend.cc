@@ -1,0 +1,362 @@
+#include "common/backend/cuda/cuda_router_backend.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/backend/cuda/elementwise_kernels.h"
+#include "common/backend/cuda/embedding_kernels.h"
+#include "common/backend/cuda/grouped_expert_kernels.h"
+#include "common/backend/cuda/moe_gate_kernels.h"
+#include "common/backend/cuda/norm_kernels.h"
+#include "common/backend/cuda/paged_attention_kernels.h"
+#include "common/backend/cuda/paged_kv_kernels.h"
+#include "common/backend/cuda/rope_kernels.h"
+#include "common/util/status_macros.h"
+
+namespace strata::gpu {
+namespace {
+
+template <typename T>
+absl::Status Allocate(DeviceBuffer<T>& buffer, size_t count) {
+  ASSIGN_OR_RETURN(buffer, DeviceBuffer<T>::Allocate(std::max<size_t>(count, 1)));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CopyToDevice(DeviceBuffer<T>& buffer, const std::vector<T>& host,
+                          cudaStream_t stream) {
+  if (host.size() > buffer.size()) {
+    return absl::InvalidArgumentError("cuda backend: step larger than its buffers");
+  }
+  if (!host.empty()) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buffer.data(), host.data(), host.size() * sizeof(T),
+                                         cudaMemcpyHostToDevice, stream));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaRouterBackend>> CudaRouterBackend::Create(
+    const Model& model, const KvCacheOptions& kv, CudaContext* context,
+    CudaBackendOptions options) {
+  std::unique_ptr<CudaRouterBackend> b(new CudaRouterBackend(model, context, options));
+  RETURN_IF_ERROR(b->Load(model, kv));
+  return b;
+}
+
+absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& kv) {
+  const ModelConfig& c = config_;
+  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the CUDA attention kernel takes head_dim 64, 128 or 256; this model has ", c.head_dim));
+  }
+  const ModelWeights& w = model.weights;
+  const int64_t h = c.hidden_size;
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  ASSIGN_OR_RETURN(DeviceWeight embedding, store_.Matrix(w.embedding));
+  embedding_ = static_cast<const bf16*>(embedding.data);
+  if (w.lm_head.data == w.embedding.data) {
+    lm_head_ = embedding;  // tied
+  } else {
+    ASSIGN_OR_RETURN(lm_head_, store_.Matrix(w.lm_head));
+  }
+  ASSIGN_OR_RETURN(final_norm_, store_.Vector(w.final_norm));
+  int64_t ffn_intermediate = 1;
+  layers_.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const strata::LayerWeights& src = w.layers[l];
+    LayerWeights& dst = layers_[l];
+    const AttentionWeights& a = src.attention;
+    ASSIGN_OR_RETURN(dst.q, store_.Matrix(a.q, a.q_bias));
+    ASSIGN_OR_RETURN(dst.k, store_.Matrix(a.k, a.k_bias));
+    ASSIGN_OR_RETURN(dst.v, store_.Matrix(a.v, a.v_bias));
+    ASSIGN_OR_RETURN(dst.o, store_.Matrix(a.o, a.o_bias));
+    ASSIGN_OR_RETURN(dst.input_norm, store_.Vector(src.input_norm));
+    ASSIGN_OR_RETURN(dst.post_norm, store_.Vector(src.post_attention_norm));
+    ASSIGN_OR_RETURN(dst.q_norm, store_.Vector(a.q_norm));
+    ASSIGN_OR_RETURN(dst.k_norm, store_.Vector(a.k_norm));
+    ASSIGN_OR_RETURN(dst.sinks, store_.FloatVector(a.sinks));
+    if (c.layer_is_moe[l]) {
+      ASSIGN_OR_RETURN(dst.router, store_.Matrix(src.router, src.router_bias));
+    }
+    const FfnWeights* ffn = src.dense_mlp       ? &*src.dense_mlp
+                            : src.shared_expert ? &*src.shared_expert
+                                                : nullptr;
+    if (ffn != nullptr) {
+      dst.has_ffn = true;
+      ASSIGN_OR_RETURN(dst.ffn, store_.SingleExpert(*ffn));
+      ffn_intermediate = std::max(ffn_intermediate, ffn->gate.out);
+    }
+    if (src.shared_expert_gate.present()) {
+      const WeightMatrix& g = src.shared_expert_gate;
+      ASSIGN_OR_RETURN(dst.shared_gate,
+                       store_.Vector(WeightVector{g.data, g.dtype, g.in, g.in_stride}));
+    }
+  }
+  const RopeTable rope = BuildRopeTable(c.rope, c.head_dim);
+  ASSIGN_OR_RETURN(float* inv_freq, store_.Upload(rope.inv_freq.data(), rope.inv_freq.size()));
+  inv_freq_ = inv_freq;
+  attention_scaling_ = rope.attention_scaling;
+
+  block_size_ = kv.block_size;
+  kv_layer_elements_ = int64_t{kv.num_blocks} * 2 * kv.block_size * kv_dim;
+  RETURN_IF_ERROR(Allocate(kv_storage_, static_cast<size_t>(kv_layer_elements_ * c.num_layers)));
+
+  const size_t t = static_cast<size_t>(options_.max_tokens);
+  RETURN_IF_ERROR(Allocate(hidden_, t * h));
+  RETURN_IF_ERROR(Allocate(normed_, t * h));
+  RETURN_IF_ERROR(Allocate(q_, t * q_dim));
+  RETURN_IF_ERROR(Allocate(k_, t * kv_dim));
+  RETURN_IF_ERROR(Allocate(v_, t * kv_dim));
+  RETURN_IF_ERROR(Allocate(attn_, t * q_dim));
+  RETURN_IF_ERROR(Allocate(proj_, t * h));
+  RETURN_IF_ERROR(Allocate(ffn_out_, t * h));
+  RETURN_IF_ERROR(Allocate(gathered_, t * h));
+  RETURN_IF_ERROR(Allocate(gate_logits_, t * std::max(c.num_experts, 1)));
+  RETURN_IF_ERROR(Allocate(logits_, t * c.vocab_size));
+  RETURN_IF_ERROR(Allocate(ids_, t));
+  RETURN_IF_ERROR(Allocate(positions_, t));
+  RETURN_IF_ERROR(Allocate(token_seq_, t));
+  RETURN_IF_ERROR(Allocate(rows_, t));
+  RETURN_IF_ERROR(Allocate(routing_ids_, t * std::max(c.top_k, 1)));
+  RETURN_IF_ERROR(Allocate(routing_weights_, t * std::max(c.top_k, 1)));
+  RETURN_IF_ERROR(
+      Allocate(block_tables_, static_cast<size_t>(options_.max_sequences) * kv.num_blocks));
+  RETURN_IF_ERROR(
+      Allocate(ffn_workspace_, ExpertWorkspaceBytes(options_.max_tokens, 1, h, ffn_intermediate)));
+  ASSIGN_OR_RETURN(single_ids_, DeviceBuffer<int32_t>::FromHost(std::vector<int32_t>(t, 0).data(),
+                                                                t, context_->stream()));
+  ASSIGN_OR_RETURN(single_weights_, DeviceBuffer<float>::FromHost(
+                                        std::vector<float>(t, 1.0f).data(), t, context_->stream()));
+  keep_alive_ = std::make_shared<int>(0);
+  return absl::OkStatus();
+}
+
+const bf16* CudaRouterBackend::NextNorm(int layer) const {
+  return layer + 1 < config_.num_layers ? layers_[layer + 1].input_norm : final_norm_;
+}
+
+absl::Status CudaRouterBackend::AddAndNormalize(const bf16* x, int layer, int64_t n) {
+  CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(hidden_.data(), x, NextNorm(layer), n, config_.hidden_size,
+                                        static_cast<float>(config_.rms_norm_eps), normed_.data(),
+                                        context_->stream()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaRouterBackend::Embed(absl::Span<const int32_t> ids, Tensor& hidden) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (n > options_.max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: ", n, " tokens in a step; the limit is ", options_.max_tokens));
+  }
+  for (int32_t id : ids) {
+    if (id < 0 || id >= config_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token id ", id, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+    }
+  }
+  cudaStream_t stream = context_->stream();
+  host_ints_.assign(ids.begin(), ids.end());
+  RETURN_IF_ERROR(CopyToDevice(ids_, host_ints_, stream));
+  CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(embedding_, config_.vocab_size, config_.hidden_size,
+                                             ids_.data(), n, hidden_.data(), stream));
+  CUDA_RETURN_IF_ERROR(LaunchRmsNorm(hidden_.data(), layers_[0].input_norm, n, config_.hidden_size,
+                                     static_cast<float>(config_.rms_norm_eps), normed_.data(),
+                                     stream));
+  step_tokens_ = n;
+  current_layer_ = 0;
+  hidden = Tensor::DeviceView(hidden_.data(), n, config_.hidden_size, keep_alive_);
+  return absl::OkStatus();
+}
+
+absl::Status CudaRouterBackend::UploadBatch(const BatchLayout& batch, PagedKvCache& kv) {
+  const int64_t n = batch.num_tokens();
+  absl::flat_hash_map<PagedKvCache::SequenceId, int32_t> row_of;
+  std::vector<PagedKvCache::SequenceId> seqs;
+  std::vector<int32_t> token_seq(n), positions(n);
+  max_context_ = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    auto [it, inserted] = row_of.emplace(batch.sequence[t], static_cast<int32_t>(seqs.size()));
+    if (inserted) seqs.push_back(batch.sequence[t]);
+    if (batch.position[t] >= kv.capacity(batch.sequence[t])) {
+      return absl::FailedPreconditionError(absl::StrCat("attention: position ", batch.position[t],
+                                                        " is not reserved in the kv cache"));
+    }
+    token_seq[t] = it->second;
+    positions[t] = static_cast<int32_t>(batch.position[t]);
+    max_context_ = std::max(max_context_, positions[t] + 1);
+  }
+  if (static_cast<int>(seqs.size()) > options_.max_sequences) {
+    return absl::InvalidArgumentError("cuda backend: too many sequences in one step");
+  }
+  max_blocks_per_seq_ = 1;
+  for (auto seq : seqs) {
+    max_blocks_per_seq_ =
+        std::max(max_blocks_per_seq_, static_cast<int>(kv.block_table(seq).size()));
+  }
+  std::vector<int32_t> tables(seqs.size() * max_blocks_per_seq_, 0);
+  for (size_t r = 0; r < seqs.size(); ++r) {
+    const std::vector<int>& table = kv.block_table(seqs[r]);
+    std::copy(table.begin(), table.end(), tables.begin() + r * max_blocks_per_seq_);
+  }
+  cudaStream_t stream = context_->stream();
+  RETURN_IF_ERROR(CopyToDevice(token_seq_, token_seq, stream));
+  RETURN_IF_ERROR(CopyToDevice(positions_, positions, stream));
+  RETURN_IF_ERROR(CopyToDevice(block_tables_, tables, stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaRouterBackend::Attention(int layer, const BatchLayout& batch, PagedKvCache& kv,
+                                          Tensor& hidden) {
+  const ModelConfig& c = config_;
+  const LayerWeights& lw = layers_[layer];
+  const int64_t n = step_tokens_;
+  if (batch.num_tokens() != n) {
+    return absl::InvalidArgumentError("attention: the batch does not match the embedded tokens");
+  }
+  if (layer == 0) RETURN_IF_ERROR(UploadBatch(batch, kv));
+  cudaStream_t stream = context_->stream();
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  RETURN_IF_ERROR(linear_.Run(lw.q, normed_.data(), n, q_.data(), OutType::kBf16));
+  RETURN_IF_ERROR(linear_.Run(lw.k, normed_.data(), n, k_.data(), OutType::kBf16));
+  RETURN_IF_ERROR(linear_.Run(lw.v, normed_.data(), n, v_.data(), OutType::kBf16));
+  QkRopeParams rope;
+  rope.num_heads = c.num_heads;
+  rope.num_kv_heads = c.num_kv_heads;
+  rope.head_dim = c.head_dim;
+  rope.q_stride = q_dim;
+  rope.k_stride = kv_dim;
+  rope.inv_freq = inv_freq_;
+  rope.attention_scaling = attention_scaling_;
+  rope.q_norm = lw.q_norm;
+  rope.k_norm = lw.k_norm;
+  rope.eps = static_cast<float>(c.rms_norm_eps);
+  CUDA_RETURN_IF_ERROR(LaunchQkNormRope(q_.data(), k_.data(), n, positions_.data(), rope, stream));
+
+  PagedKvLayer cache;
+  cache.data = kv_storage_.data() + layer * kv_layer_elements_;
+  cache.block_tables = block_tables_.data();
+  cache.max_blocks_per_seq = max_blocks_per_seq_;
+  cache.block_size = block_size_;
+  cache.num_kv_heads = c.num_kv_heads;
+  cache.head_dim = c.head_dim;
+  const TokenBatch tokens{token_seq_.data(), positions_.data(), n};
+  CUDA_RETURN_IF_ERROR(
+      LaunchPagedKvAppend(k_.data(), kv_dim, v_.data(), kv_dim, tokens, cache, stream));
+
+  PagedAttentionParams params;
+  params.num_heads = c.num_heads;
+  params.num_kv_heads = c.num_kv_heads;
+  params.head_dim = c.head_dim;
+  params.q_stride = q_dim;
+  params.out_stride = q_dim;
+  params.sliding_window = c.sliding_window[layer];
+  params.sinks = lw.sinks;
+  params.max_context = max_context_;
+  const PagedAttentionPlan plan = PlanPagedAttention(n, params, context_->num_sms());
+  if (plan.workspace_bytes > attention_workspace_.size()) {
+    RETURN_IF_ERROR(Allocate(attention_workspace_, plan.workspace_bytes));
+  }
+  CUDA_RETURN_IF_ERROR(LaunchPagedAttention(q_.data(), tokens, cache, params, plan,
+                                            attention_workspace_.data(), attn_.data(), stream));
+  RETURN_IF_ERROR(linear_.Run(lw.o, attn_.data(), n, proj_.data(), OutType::kBf16));
+  CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(hidden_.data(), proj_.data(), lw.post_norm, n,
+                                        c.hidden_size, static_cast<float>(c.rms_norm_eps),
+                                        normed_.data(), stream));
+  current_layer_ = layer;
+  return absl::OkStatus();
+}
+
+absl::Status CudaRouterBackend::PrepareFfn(int layer, const Tensor& hidden, float temperature,
+                                           Tensor& ffn_input, RoutingTable& routing) {
+  if (!(temperature > 0.0f))
+    return absl::InvalidArgumentError("router temperature must be positive");
+  const ModelConfig& c = config_;
+  const int64_t n = step_tokens_;
+  ffn_input = Tensor::DeviceView(normed_.data(), n, c.hidden_size, keep_alive_);
+  routing.expert.clear();
+  routing.weight.clear();
+  routing.tokens = n;
+  if (!c.layer_is_moe[layer]) {
+    routing.top_k = 0;
+    routing.device_expert = nullptr;
+    routing.device_weight = nullptr;
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(
+      linear_.Run(layers_[layer].router, normed_.data(), n, gate_logits_.data(), OutType::kF32));
+  MoeGateParams gate;
+  gate.num_experts = c.num_experts;
+  gate.top_k = c.top_k;
+  gate.temperature = temperature;
+  gate.scoring = c.router_scoring == RouterScoring::kTopKThenSoftmax
+                     ? GateScoring::kTopKThenSoftmax
+                     : GateScoring::kSoftmaxThenTopK;
+  gate.renormalize = c.norm_topk_prob;
+  CUDA_RETURN_IF_ERROR(LaunchMoeGate(gate_logits_.data(), n, gate, routing_ids_.data(),
+                                     routing_weights_.data(), context_->stream()));
+  routing.top_k = c.top_k;
+  routing.device_expert = routing_ids_.data();
+  routing.device_weight = routing_weights_.data();
+  return absl::OkStatus();
+}
+
+absl::Status CudaRouterBackend::RunSingleExpert(const ExpertWeightTable& table, const bf16* x,
+                                                int64_t n, bf16* out) {
+  const ExpertWorkspace ws =
+      CarveExpertWorkspace(ffn_workspace_.data(), n, 1, table.hidden, table.intermediate);
+  CUDA_RETURN_IF_ERROR(LaunchGroupedExperts(x, single_ids_.data(), single_weights_.data(), n, 1,
+                                            table, GluParams{}, ws, out, context_->stream()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaRouterBackend::DenseFfn(int layer, const Tensor& ffn_input, Tensor& hidden) {
+  const LayerWeights& lw = layers_[layer];
+  if (!lw.has_ffn) return absl::OkStatus();
+  const int64_t n = step_tokens_;
+  RETURN_IF_ERROR(RunSingleExpert(lw.ffn, normed_.data(), n, ffn_out_.data()));
+  if (!config_.layer_is_moe[layer]) return AddAndNormalize(ffn_out_.data(), layer, n);
+  // The shared expert joins the residual now; the routed experts' sum follows in Combine.
+  CUDA_RETURN_IF_ERROR(LaunchSharedExpertGateAdd(normed_.data(), lw.shared_gate, ffn_out_.data(), n,
+                                                 config_.hidden_size, hidden_.data(),
+                                                 context_->stream()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaRouterBackend::Combine(const Tensor& partial, Tensor& hidden) {
+  if (partial.device() != Device::kCuda || partial.rows() != step_tokens_) {
+    return absl::InvalidArgumentError("combine: the partial result is not this step's, on device");
+  }
+  return AddAndNormalize(static_cast<const bf16*>(partial.device_data()), current_layer_,
+                         step_tokens_);
+}
+
+absl::Status CudaRouterBackend::Logits(const Tensor& hidden, absl::Span<const int64_t> rows,
+                                       Tensor& logits) {
+  const int64_t r = static_cast<int64_t>(rows.size());
+  host_ints_.resize(r);
+  for (int64_t i = 0; i < r; ++i) {
+    if (rows[i] < 0 || rows[i] >= step_tokens_) {
+      return absl::InvalidArgumentError("logits: row outside the hidden state");
+    }
+    host_ints_[i] = static_cast<int32_t>(rows[i]);
+  }
+  cudaStream_t stream = context_->stream();
+  RETURN_IF_ERROR(CopyToDevice(rows_, host_ints_, stream));
+  // The final norm is already applied: normed_ holds it after the last layer.
+  CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(normed_.data(), step_tokens_, config_.hidden_size,
+                                             rows_.data(), r, gathered_.data(), stream));
+  RETURN_IF_ERROR(linear_.Run(lm_head_, gathered_.data(), r, logits_.data(), OutType::kF32));
+  logits.Resize(r, config_.vocab_size);
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits.data(), logits_.data(),
+                                       static_cast<size_t>(r * config_.vocab_size) * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+}  // namespace strata::gpu

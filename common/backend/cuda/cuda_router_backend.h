@@ -1,0 +1,113 @@
+// The router side of the forward pass on a CUDA device: bf16 activations in device memory,
+// the paged KV cache in device memory (block tables from the host PagedKvCache), the gate's
+// routing left on the device for a CudaExpertBackend to read. Every residual add is fused with
+// the RMSNorm that follows it (LaunchAddRmsNorm), so the normalized input of the next stage is
+// ready when it is called.
+#ifndef STRATA_COMMON_BACKEND_CUDA_CUDA_ROUTER_BACKEND_H_
+#define STRATA_COMMON_BACKEND_CUDA_CUDA_ROUTER_BACKEND_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/backend/backend.h"
+#include "common/backend/cuda/cuda_context.h"
+#include "common/backend/cuda/cuda_weights.h"
+#include "common/backend/cuda/linear.h"
+#include "common/backend/rope.h"
+#include "common/model/model_weights.h"
+
+namespace strata::gpu {
+
+struct CudaBackendOptions {
+  int max_tokens = 512;     // the largest step, in tokens
+  int max_sequences = 256;  // sequences in one step
+};
+
+class CudaRouterBackend : public RouterBackend {
+ public:
+  // `model`, `context` and the KV cache described by `kv` must outlive the backend; the cache's
+  // keys and values live on the device, allocated here.
+  static absl::StatusOr<std::unique_ptr<CudaRouterBackend>> Create(const Model& model,
+                                                                   const KvCacheOptions& kv,
+                                                                   CudaContext* context,
+                                                                   CudaBackendOptions options);
+
+  absl::Status Embed(absl::Span<const int32_t> ids, Tensor& hidden) override;
+  absl::Status Attention(int layer, const BatchLayout& batch, PagedKvCache& kv,
+                         Tensor& hidden) override;
+  absl::Status PrepareFfn(int layer, const Tensor& hidden, float temperature, Tensor& ffn_input,
+                          RoutingTable& routing) override;
+  absl::Status DenseFfn(int layer, const Tensor& ffn_input, Tensor& hidden) override;
+  absl::Status Combine(const Tensor& partial, Tensor& hidden) override;
+  absl::Status Logits(const Tensor& hidden, absl::Span<const int64_t> rows,
+                      Tensor& logits) override;
+
+  uint64_t weight_bytes() const { return store_.bytes(); }
+
+ private:
+  struct LayerWeights {
+    DeviceWeight q, k, v, o;
+    const bf16* input_norm = nullptr;
+    const bf16* post_norm = nullptr;
+    const bf16* q_norm = nullptr;
+    const bf16* k_norm = nullptr;
+    const float* sinks = nullptr;
+    DeviceWeight router;   // MoE layers
+    bool has_ffn = false;  // a dense MLP (dense layers) or a shared expert (MoE layers)
+    ExpertWeightTable ffn;
+    const bf16* shared_gate = nullptr;  // [hidden]: the shared expert's sigmoid gate
+  };
+
+  CudaRouterBackend(const Model& model, CudaContext* context, CudaBackendOptions options)
+      : config_(model.config),
+        context_(context),
+        options_(options),
+        store_(context->stream()),
+        linear_(context) {}
+  absl::Status Load(const Model& model, const KvCacheOptions& kv);
+  // The norm weight applied after layer `layer`'s residual stream is complete.
+  const bf16* NextNorm(int layer) const;
+  // hidden += x, then normed_ = RmsNorm(hidden) with the weight of the next consumer.
+  absl::Status AddAndNormalize(const bf16* x, int layer, int64_t n);
+  absl::Status UploadBatch(const BatchLayout& batch, PagedKvCache& kv);
+  absl::Status RunSingleExpert(const ExpertWeightTable& table, const bf16* x, int64_t n, bf16* out);
+  bf16* hidden_ptr() { return hidden_.data(); }
+
+  const ModelConfig& config_;
+  CudaContext* context_;
+  CudaBackendOptions options_;
+  DeviceWeightStore store_;
+  LinearRunner linear_;
+
+  const bf16* embedding_ = nullptr;
+  DeviceWeight lm_head_;
+  const bf16* final_norm_ = nullptr;
+  std::vector<LayerWeights> layers_;
+  const float* inv_freq_ = nullptr;
+  float attention_scaling_ = 1.0f;
+
+  // The paged KV cache: [layer][block][k|v][slot][kv_head][head_dim] bf16.
+  DeviceBuffer<bf16> kv_storage_;
+  int64_t kv_layer_elements_ = 0;
+  int block_size_ = 0;
+
+  // Activations, sized for options_.max_tokens.
+  DeviceBuffer<bf16> hidden_, normed_, q_, k_, v_, attn_, proj_, ffn_out_, gathered_;
+  DeviceBuffer<float> gate_logits_, logits_;
+  DeviceBuffer<int32_t> ids_, positions_, token_seq_, block_tables_, routing_ids_, rows_;
+  DeviceBuffer<float> routing_weights_;
+  DeviceBuffer<int32_t> single_ids_;    // zeros: every token to expert 0
+  DeviceBuffer<float> single_weights_;  // ones
+  DeviceBuffer<uint8_t> ffn_workspace_, attention_workspace_;
+  int max_blocks_per_seq_ = 0;
+  int max_context_ = 0;
+  int64_t step_tokens_ = 0;
+  int current_layer_ = 0;
+  std::shared_ptr<void> keep_alive_;  // device views share the backend's lifetime marker
+  std::vector<int32_t> host_ints_;
+};
+
+}  // namespace strata::gpu
+
+#endif  // STRATA_COMMON_BACKEND_CUDA_CUDA_ROUTER_BACKEND_H_
