@@ -74,8 +74,11 @@ absl::Status LocalEngine::CreateBackends(const KvCacheOptions& kv) {
   gpu::CudaContext* raw = context.get();
   device_context_ = std::shared_ptr<gpu::CudaContext>(std::move(context));
   const int max_tokens = std::max(options_.prefill_chunk_tokens, 1);
-  ASSIGN_OR_RETURN(router_, gpu::CudaRouterBackend::Create(
-                                *model_, kv, raw, {.max_tokens = max_tokens, .max_sequences = 1}));
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu::CudaRouterBackend> cuda_router,
+                   gpu::CudaRouterBackend::Create(*model_, kv, raw,
+                                                  {.max_tokens = max_tokens, .max_sequences = 1}));
+  cuda_router_ = cuda_router.get();
+  router_ = std::move(cuda_router);
   gpu::CudaExpertOptions expert_options;
   expert_options.format =
       options_.expert_weights == "fp8" ? gpu::WeightFormat::kFp8E4M3 : gpu::WeightFormat::kBf16;
@@ -170,19 +173,96 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
   }
   std::vector<int32_t> out;
   const std::vector<int>& eos = model_->config.eos_token_ids;
+  const float* row_logits = logits.row(0);
+  // Decode steps replay one CUDA graph when the whole sequence fits the graph's context.
+  const bool graphs = UseDecodeGraph(n + options.max_new_tokens);
+  absl::Cleanup leave_graph_mode = [&] {
+    if (graphs) EndDecodeGraphs();
+  };
   while (true) {
-    const int32_t next = sampler.Sample(logits.row(0), vocab);
+    const int32_t next = sampler.Sample(row_logits, vocab);
     out.push_back(next);
     if (options.on_token) options.on_token(next);
     const bool is_eos = std::find(eos.begin(), eos.end(), next) != eos.end();
     if (static_cast<int>(out.size()) >= options.max_new_tokens || (is_eos && !options.ignore_eos)) {
       break;
     }
+    const int64_t position = n + static_cast<int64_t>(out.size()) - 1;
+    if (graphs) {
+      ASSIGN_OR_RETURN(row_logits, DecodeWithGraph(seq, next, position));
+      continue;
+    }
     const int64_t row = 0;
-    RETURN_IF_ERROR(
-        Step(seq, {&next, 1}, n + static_cast<int64_t>(out.size()) - 1, {&row, 1}, logits));
+    RETURN_IF_ERROR(Step(seq, {&next, 1}, position, {&row, 1}, logits));
+    row_logits = logits.row(0);
   }
   return out;
 }
+
+#if STRATA_HAVE_CUDA
+struct LocalEngine::DecodeGraph {
+  cudaGraphExec_t exec = nullptr;
+  ~DecodeGraph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+};
+
+bool LocalEngine::UseDecodeGraph(int64_t total_tokens) {
+  if (cuda_router_ == nullptr || !options_.cuda_graphs) return false;
+  const int64_t context = std::min<int64_t>(max_sequence_tokens(), kDecodeGraphContext);
+  if (total_tokens > context) return false;
+  return cuda_router_->EnterGraphMode(static_cast<int>(context)).ok();
+}
+
+void LocalEngine::EndDecodeGraphs() { cuda_router_->LeaveGraphMode(); }
+
+absl::StatusOr<const float*> LocalEngine::DecodeWithGraph(PagedKvCache::SequenceId seq,
+                                                          int32_t token, int64_t position) {
+  RETURN_IF_ERROR(kv_->Reserve(seq, position + 1));
+  cudaStream_t stream = cuda_router_->context()->stream();
+  if (decode_graph_ == nullptr) {
+    // Capture one decode step: the host code runs once, the device work is recorded.
+    BatchLayout batch;
+    batch.sequence = {seq};
+    batch.position = {position};
+    const int64_t row = 0;
+    Tensor unused;
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      return absl::InternalError("cannot begin capturing the decode graph");
+    }
+    const absl::Status captured = forward_->Run({&token, 1}, batch, *kv_, {&row, 1}, unused);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    if (!captured.ok()) return captured;
+    if (ended != cudaSuccess) {
+      return absl::InternalError(absl::StrCat("decode graph capture: ", cudaGetErrorString(ended)));
+    }
+    auto owned = std::make_unique<DecodeGraph>();
+    const cudaError_t made = cudaGraphInstantiate(&owned->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (made != cudaSuccess) {
+      return absl::InternalError(absl::StrCat("decode graph: ", cudaGetErrorString(made)));
+    }
+    decode_graph_ = std::move(owned);
+  }
+  const std::vector<int>& table = kv_->block_table(seq);
+  cuda_router_->WriteDecodeInputs(token, static_cast<int32_t>(position), table);
+  if (cudaGraphLaunch(decode_graph_->exec, stream) != cudaSuccess ||
+      cudaStreamSynchronize(stream) != cudaSuccess) {
+    return absl::InternalError("decode graph replay failed");
+  }
+  return cuda_router_->decode_logits();
+}
+#else
+struct LocalEngine::DecodeGraph {};
+bool LocalEngine::UseDecodeGraph(int64_t) { return false; }
+void LocalEngine::EndDecodeGraphs() {}
+absl::StatusOr<const float*> LocalEngine::DecodeWithGraph(PagedKvCache::SequenceId, int32_t,
+                                                          int64_t) {
+  return absl::UnimplementedError("no CUDA in this build");
+}
+#endif
+
+LocalEngine::~LocalEngine() = default;
 
 }  // namespace strata

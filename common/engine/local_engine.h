@@ -30,6 +30,8 @@ struct LocalEngineOptions {
   std::string device = "cpu";
   // Expert weights on a GPU: "bf16" or "fp8" (E4M3, per-output-channel scales, at load).
   std::string expert_weights = "bf16";
+  // On a GPU, replay one CUDA graph per decode step (no per-kernel launch cost).
+  bool cuda_graphs = true;
   // Progress lines while a large model goes to the GPU.
   std::function<void(const std::string&)> on_progress;
   // Sees the routing of every MoE layer of every step (see ForwardOptions).
@@ -44,8 +46,13 @@ struct GenerateOptions {
   std::function<void(int32_t)> on_token;
 };
 
+namespace gpu {
+class CudaRouterBackend;
+}  // namespace gpu
+
 class LocalEngine {
  public:
+  ~LocalEngine();
   static absl::StatusOr<std::unique_ptr<LocalEngine>> Create(const LocalEngineOptions& options);
 
   // Logits for every position of `ids`, computed in one pass: [ids.size(), vocab].
@@ -64,6 +71,15 @@ class LocalEngine {
  private:
   LocalEngine() = default;
   absl::Status CreateBackends(const KvCacheOptions& kv);
+  // CUDA decode graphs (no-ops without CUDA): whether this generation can use one (entering
+  // graph mode), leaving graph mode, and one decode step by replay; the logits row stays valid
+  // until the next step.
+  struct DecodeGraph;
+  static constexpr int64_t kDecodeGraphContext = 4096;
+  bool UseDecodeGraph(int64_t total_tokens);
+  void EndDecodeGraphs();
+  absl::StatusOr<const float*> DecodeWithGraph(PagedKvCache::SequenceId seq, int32_t token,
+                                               int64_t position);
   absl::Status ValidatePrompt(absl::Span<const int32_t> ids, int64_t extra_tokens) const;
   // Runs `ids` at positions [start, start + ids.size()) of `seq`; logits for the rows asked.
   absl::Status Step(PagedKvCache::SequenceId seq, absl::Span<const int32_t> ids, int64_t start,
@@ -73,7 +89,9 @@ class LocalEngine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<ModelExpertSource> expert_source_;
-  std::shared_ptr<void> device_context_;  // the GPU's context when device is cuda
+  std::shared_ptr<void> device_context_;           // the GPU's context when device is cuda
+  gpu::CudaRouterBackend* cuda_router_ = nullptr;  // router_, when it runs on a GPU
+  std::unique_ptr<DecodeGraph> decode_graph_;
   std::unique_ptr<RouterBackend> router_;
   std::unique_ptr<ExpertBackend> experts_;
   std::unique_ptr<ForwardPass> forward_;

@@ -23,20 +23,20 @@ absl::Status Allocate(DeviceBuffer<T>& buffer, size_t count) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
 template <typename T>
-absl::Status CopyToDevice(DeviceBuffer<T>& buffer, const std::vector<T>& host,
-                          cudaStream_t stream) {
-  if (host.size() > buffer.size()) {
+absl::Status CudaRouterBackend::Stage(const T* host, size_t count, PinnedBuffer<T>& pinned,
+                                      DeviceBuffer<T>& device) {
+  if (count > pinned.size() || count > device.size()) {
     return absl::InvalidArgumentError("cuda backend: step larger than its buffers");
   }
-  if (!host.empty()) {
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buffer.data(), host.data(), host.size() * sizeof(T),
-                                         cudaMemcpyHostToDevice, stream));
-  }
+  if (count == 0) return absl::OkStatus();
+  if (host != pinned.data()) std::copy(host, host + count, pinned.data());
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device.data(), pinned.data(), count * sizeof(T),
+                                       cudaMemcpyHostToDevice, context_->stream()));
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaRouterBackend>> CudaRouterBackend::Create(
     const Model& model, const KvCacheOptions& kv, CudaContext* context,
@@ -125,6 +125,15 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
   RETURN_IF_ERROR(Allocate(routing_weights_, t * std::max(c.top_k, 1)));
   RETURN_IF_ERROR(
       Allocate(block_tables_, static_cast<size_t>(options_.max_sequences) * kv.num_blocks));
+  num_blocks_ = kv.num_blocks;
+  ASSIGN_OR_RETURN(pinned_ids_, PinnedBuffer<int32_t>::Allocate(t));
+  ASSIGN_OR_RETURN(pinned_positions_, PinnedBuffer<int32_t>::Allocate(t));
+  ASSIGN_OR_RETURN(pinned_token_seq_, PinnedBuffer<int32_t>::Allocate(t));
+  ASSIGN_OR_RETURN(pinned_rows_, PinnedBuffer<int32_t>::Allocate(t));
+  ASSIGN_OR_RETURN(
+      pinned_tables_,
+      PinnedBuffer<int32_t>::Allocate(static_cast<size_t>(options_.max_sequences) * kv.num_blocks));
+  ASSIGN_OR_RETURN(pinned_logits_, PinnedBuffer<float>::Allocate(c.vocab_size));
   RETURN_IF_ERROR(
       Allocate(ffn_workspace_, ExpertWorkspaceBytes(options_.max_tokens, 1, h, ffn_intermediate)));
   ASSIGN_OR_RETURN(single_ids_, DeviceBuffer<int32_t>::FromHost(std::vector<int32_t>(t, 0).data(),
@@ -133,6 +142,38 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
                                         std::vector<float>(t, 1.0f).data(), t, context_->stream()));
   keep_alive_ = std::make_shared<int>(0);
   return absl::OkStatus();
+}
+
+absl::Status CudaRouterBackend::EnterGraphMode(int max_context) {
+  const ModelConfig& c = config_;
+  graph_max_context_ = max_context;
+  graph_max_blocks_ = std::min(num_blocks_, (max_context + block_size_ - 1) / block_size_);
+  // The attention workspace must exist before capture: no allocation inside a graph.
+  PagedAttentionParams params;
+  params.num_heads = c.num_heads;
+  params.num_kv_heads = c.num_kv_heads;
+  params.head_dim = c.head_dim;
+  params.q_stride = int64_t{c.num_heads} * c.head_dim;
+  params.out_stride = params.q_stride;
+  params.max_context = max_context;
+  const PagedAttentionPlan plan = PlanPagedAttention(1, params, context_->num_sms());
+  if (plan.workspace_bytes > attention_workspace_.size()) {
+    RETURN_IF_ERROR(Allocate(attention_workspace_, plan.workspace_bytes));
+  }
+  graph_mode_ = true;
+  return absl::OkStatus();
+}
+
+void CudaRouterBackend::WriteDecodeInputs(int32_t token, int32_t position,
+                                          absl::Span<const int> block_table) {
+  pinned_ids_.data()[0] = token;
+  pinned_positions_.data()[0] = position;
+  pinned_token_seq_.data()[0] = 0;
+  pinned_rows_.data()[0] = 0;
+  int32_t* table = pinned_tables_.data();
+  for (int b = 0; b < graph_max_blocks_; ++b) {
+    table[b] = b < static_cast<int>(block_table.size()) ? block_table[b] : 0;
+  }
 }
 
 const bf16* CudaRouterBackend::NextNorm(int layer) const {
@@ -159,8 +200,7 @@ absl::Status CudaRouterBackend::Embed(absl::Span<const int32_t> ids, Tensor& hid
     }
   }
   cudaStream_t stream = context_->stream();
-  host_ints_.assign(ids.begin(), ids.end());
-  RETURN_IF_ERROR(CopyToDevice(ids_, host_ints_, stream));
+  RETURN_IF_ERROR(Stage(ids.data(), ids.size(), pinned_ids_, ids_));
   CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(embedding_, config_.vocab_size, config_.hidden_size,
                                              ids_.data(), n, hidden_.data(), stream));
   CUDA_RETURN_IF_ERROR(LaunchRmsNorm(hidden_.data(), layers_[0].input_norm, n, config_.hidden_size,
@@ -197,15 +237,21 @@ absl::Status CudaRouterBackend::UploadBatch(const BatchLayout& batch, PagedKvCac
     max_blocks_per_seq_ =
         std::max(max_blocks_per_seq_, static_cast<int>(kv.block_table(seq).size()));
   }
+  if (graph_mode_) {
+    if (n != 1 || max_blocks_per_seq_ > graph_max_blocks_ || max_context_ > graph_max_context_) {
+      return absl::FailedPreconditionError("cuda backend: step does not fit the decode graph");
+    }
+    max_blocks_per_seq_ = graph_max_blocks_;
+    max_context_ = graph_max_context_;
+  }
   std::vector<int32_t> tables(seqs.size() * max_blocks_per_seq_, 0);
   for (size_t r = 0; r < seqs.size(); ++r) {
     const std::vector<int>& table = kv.block_table(seqs[r]);
     std::copy(table.begin(), table.end(), tables.begin() + r * max_blocks_per_seq_);
   }
-  cudaStream_t stream = context_->stream();
-  RETURN_IF_ERROR(CopyToDevice(token_seq_, token_seq, stream));
-  RETURN_IF_ERROR(CopyToDevice(positions_, positions, stream));
-  RETURN_IF_ERROR(CopyToDevice(block_tables_, tables, stream));
+  RETURN_IF_ERROR(Stage(token_seq.data(), token_seq.size(), pinned_token_seq_, token_seq_));
+  RETURN_IF_ERROR(Stage(positions.data(), positions.size(), pinned_positions_, positions_));
+  RETURN_IF_ERROR(Stage(tables.data(), tables.size(), pinned_tables_, block_tables_));
   return absl::OkStatus();
 }
 
@@ -346,11 +392,19 @@ absl::Status CudaRouterBackend::Logits(const Tensor& hidden, absl::Span<const in
     host_ints_[i] = static_cast<int32_t>(rows[i]);
   }
   cudaStream_t stream = context_->stream();
-  RETURN_IF_ERROR(CopyToDevice(rows_, host_ints_, stream));
+  RETURN_IF_ERROR(Stage(host_ints_.data(), host_ints_.size(), pinned_rows_, rows_));
   // The final norm is already applied: normed_ holds it after the last layer.
   CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(normed_.data(), step_tokens_, config_.hidden_size,
                                              rows_.data(), r, gathered_.data(), stream));
   RETURN_IF_ERROR(linear_.Run(lm_head_, gathered_.data(), r, logits_.data(), OutType::kF32));
+  if (graph_mode_) {
+    // Captured: the row lands in pinned memory; the caller synchronizes after the replay.
+    if (r != 1) return absl::FailedPreconditionError("cuda backend: graph steps have one row");
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned_logits_.data(), logits_.data(),
+                                         config_.vocab_size * sizeof(float), cudaMemcpyDeviceToHost,
+                                         stream));
+    return absl::OkStatus();
+  }
   logits.Resize(r, config_.vocab_size);
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits.data(), logits_.data(),
                                        static_cast<size_t>(r * config_.vocab_size) * sizeof(float),

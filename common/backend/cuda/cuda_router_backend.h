@@ -45,6 +45,18 @@ class CudaRouterBackend : public RouterBackend {
 
   uint64_t weight_bytes() const { return store_.bytes(); }
 
+  // Decode-step graphs. In graph mode a step has fixed shapes, so one CUDA graph captured from
+  // ForwardPass::Run replays every decode step of one sequence: block tables are padded to
+  // cover `max_context` tokens, attention is planned for `max_context` keys, and Logits leaves
+  // its single row in pinned memory (decode_logits(), valid after the stream is synchronized)
+  // instead of a host tensor. Between replays, WriteDecodeInputs sets the step's inputs in the
+  // pinned buffers the graph's copies read.
+  absl::Status EnterGraphMode(int max_context);
+  void LeaveGraphMode() { graph_mode_ = false; }
+  void WriteDecodeInputs(int32_t token, int32_t position, absl::Span<const int> block_table);
+  const float* decode_logits() const { return pinned_logits_.data(); }
+  CudaContext* context() const { return context_; }
+
  private:
   struct LayerWeights {
     DeviceWeight q, k, v, o;
@@ -74,6 +86,10 @@ class CudaRouterBackend : public RouterBackend {
   absl::Status RunSingleExpert(const ExpertWeightTable& table, const bf16* x, int64_t n, bf16* out);
   bf16* hidden_ptr() { return hidden_.data(); }
 
+  // Copies host[0, count) to `device` through its pinned mirror (capturable).
+  template <typename T>
+  absl::Status Stage(const T* host, size_t count, PinnedBuffer<T>& pinned, DeviceBuffer<T>& device);
+
   const ModelConfig& config_;
   CudaContext* context_;
   CudaBackendOptions options_;
@@ -100,6 +116,13 @@ class CudaRouterBackend : public RouterBackend {
   DeviceBuffer<int32_t> single_ids_;    // zeros: every token to expert 0
   DeviceBuffer<float> single_weights_;  // ones
   DeviceBuffer<uint8_t> ffn_workspace_, attention_workspace_;
+  PinnedBuffer<int32_t> pinned_ids_, pinned_positions_, pinned_token_seq_, pinned_tables_,
+      pinned_rows_;
+  PinnedBuffer<float> pinned_logits_;  // graph mode: the decode step's logits row
+  bool graph_mode_ = false;
+  int graph_max_blocks_ = 0;
+  int graph_max_context_ = 0;
+  int num_blocks_ = 0;
   int max_blocks_per_seq_ = 0;
   int max_context_ = 0;
   int64_t step_tokens_ = 0;

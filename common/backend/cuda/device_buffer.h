@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -88,6 +89,42 @@ class DeviceBuffer {
     data_ = nullptr;
     size_ = 0;
   }
+
+ private:
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// PinnedBuffer<T>: page-locked host memory (cudaHostAlloc), so asynchronous copies from it
+// need no staging and can be captured in a CUDA graph (the graph reads it at replay).
+template <typename T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() {
+    if (data_ != nullptr) cudaFreeHost(data_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  PinnedBuffer(PinnedBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+    return *this;
+  }
+  static absl::StatusOr<PinnedBuffer> Allocate(size_t size) {
+    PinnedBuffer buffer;
+    void* ptr = nullptr;
+    CUDA_RETURN_IF_ERROR(
+        cudaHostAlloc(&ptr, std::max<size_t>(size, 1) * sizeof(T), cudaHostAllocDefault));
+    buffer.data_ = static_cast<T*>(ptr);
+    buffer.size_ = size;
+    return buffer;
+  }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return size_; }
 
  private:
   T* data_ = nullptr;
