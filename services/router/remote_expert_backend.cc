@@ -83,13 +83,19 @@ absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
       }
     }
   }
-  const uint64_t step = ++step_;
+  // Every worker this layer needs must be there before anything is sent: a request left
+  // unanswered would put its channel one response behind.
   for (int w = 0; w < num_workers_; ++w) {
-    Staging& s = staging_[w];
-    if (s.rows.empty()) continue;
-    if (!connections[w] || !connections[w]->Alive()) {
+    if (!staging_[w].rows.empty() && (!connections[w] || !connections[w]->Alive())) {
       return absl::UnavailableError(absl::StrCat("expert worker ", w, " is not connected"));
     }
+  }
+  const uint64_t step = ++step_;
+  std::vector<bool> sent(num_workers_, false);
+  absl::Status status;
+  for (int w = 0; w < num_workers_ && status.ok(); ++w) {
+    Staging& s = staging_[w];
+    if (s.rows.empty()) continue;
     ExpertRequestView request;
     request.step = step;
     request.layer = static_cast<uint32_t>(layer);
@@ -99,34 +105,47 @@ absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
     request.hidden = s.hidden;
     request.experts = s.experts;
     request.weights = s.weights;
-    RETURN_IF_ERROR(connections[w]->Send(request));
+    status = connections[w]->Send(request);
+    sent[w] = status.ok();
   }
   out.Resize(n, h);
   out.SetZero();
+  // Collect every response that was asked for, even after a failure, so that each channel
+  // stays in step with its requests.
   for (int w = 0; w < num_workers_; ++w) {
+    if (!sent[w]) continue;
     const Staging& s = staging_[w];
-    if (s.rows.empty()) continue;
     absl::Status consumed;
-    RETURN_IF_ERROR(connections[w]->Receive(
-        [&](const ExpertResponseView& response) {
-          if (!response.error.empty()) {
-            consumed = absl::InternalError(absl::StrCat("expert worker ", w, ": ", response.error));
-          } else if (response.step != step || response.num_tokens != s.rows.size() ||
-                     response.hidden_size != h) {
-            consumed = absl::DataLossError(
-                absl::StrCat("expert worker ", w, " answered a different request"));
-          } else {
-            for (size_t r = 0; r < s.rows.size(); ++r) {
-              float* dst = out.row(s.rows[r]);
-              const float* src = response.partial.data() + r * h;
-              for (int64_t i = 0; i < h; ++i) dst[i] += src[i];
+    bool stale = true;
+    absl::Status received;
+    // A response to an earlier, abandoned exchange (a timeout) is skipped.
+    for (int attempt = 0; stale && attempt < 4; ++attempt) {
+      stale = false;
+      received = connections[w]->Receive(
+          [&](const ExpertResponseView& response) {
+            if (response.step < step) {
+              stale = true;
+            } else if (!response.error.empty()) {
+              consumed =
+                  absl::InternalError(absl::StrCat("expert worker ", w, ": ", response.error));
+            } else if (response.step != step || response.num_tokens != s.rows.size() ||
+                       response.hidden_size != h) {
+              consumed = absl::DataLossError(
+                  absl::StrCat("expert worker ", w, " answered a different request"));
+            } else {
+              for (size_t r = 0; r < s.rows.size(); ++r) {
+                float* dst = out.row(s.rows[r]);
+                const float* src = response.partial.data() + r * h;
+                for (int64_t i = 0; i < h; ++i) dst[i] += src[i];
+              }
             }
-          }
-        },
-        options_.timeout));
-    RETURN_IF_ERROR(consumed);
+          },
+          options_.timeout);
+      if (!received.ok()) break;
+    }
+    if (status.ok()) status = received.ok() ? consumed : received;
   }
-  return absl::OkStatus();
+  return status;
 }
 
 }  // namespace strata

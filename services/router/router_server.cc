@@ -110,6 +110,7 @@ bool RouterServer::WaitReady(absl::Duration timeout) {
 bool RouterServer::Shutdown(absl::Duration timeout) {
   if (stopping_.exchange(true)) return true;
   if (monitor_.joinable()) monitor_.join();
+  if (server_ == nullptr || scheduler_ == nullptr) return true;  // Start failed part way
   server_->GetHealthCheckService()->SetServingStatus(false);
   const bool drained = scheduler_->Drain(timeout);
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
