@@ -18,9 +18,10 @@ std::string Write(const std::string& name, const std::string& text) {
 
 TEST(ClusterConfigTest, YamlWithNestedKeys) {
   ClusterConfig c;
-  ASSERT_TRUE(LoadClusterConfig(Write("a.yaml", "model: /m\nworkers: 3\nrouter_temperature: 0.7\n"
-                                                "kv_cache:\n  block_size: 16\n  memory_mb: 512\n"
-                                                "max_queued_requests: 9\ntransport: grpc\n"),
+  ASSERT_TRUE(LoadClusterConfig(Write("a.yaml",
+                                      "model: /m\nworkers: 3\nrouter_temperature: 0.7\n"
+                                      "kv_cache:\n  block_size: 16\n  memory_mb: 512\n"
+                                      "max_queued_requests: 9\ntransport: grpc\n"),
                                 c)
                   .ok());
   EXPECT_EQ(c.model, "/m");
@@ -36,7 +37,8 @@ TEST(ClusterConfigTest, YamlWithNestedKeys) {
 TEST(ClusterConfigTest, Json) {
   ClusterConfig c;
   ASSERT_TRUE(
-      LoadClusterConfig(Write("a.json", R"({"workers": 2, "kv_cache": {"block_size": 64}})"), c).ok());
+      LoadClusterConfig(Write("a.json", R"({"workers": 2, "kv_cache": {"block_size": 64}})"), c)
+          .ok());
   EXPECT_EQ(c.workers, 2);
   EXPECT_EQ(c.kv_block_size, 64);
 }
@@ -47,9 +49,11 @@ TEST(ClusterConfigTest, Errors) {
     return std::string(LoadClusterConfig(Write("bad.yaml", text), c).message());
   };
   EXPECT_THAT(message("hot_ratiox: 1\n"), HasSubstr("unknown key \"hot_ratiox\""));
-  EXPECT_THAT(message("kv_cache:\n  blocksize: 3\n"), HasSubstr("unknown key \"kv_cache.blocksize\""));
+  EXPECT_THAT(message("kv_cache:\n  blocksize: 3\n"),
+              HasSubstr("unknown key \"kv_cache.blocksize\""));
   EXPECT_THAT(message("workers: many\n"), HasSubstr("bad value for \"workers\""));
-  EXPECT_THAT(message("router_temperature: 0\n"), HasSubstr("bad value for \"router_temperature\""));
+  EXPECT_THAT(message("router_temperature: 0\n"),
+              HasSubstr("bad value for \"router_temperature\""));
   EXPECT_THAT(message("transport: carrier-pigeon\n"), HasSubstr("bad value for \"transport\""));
   EXPECT_THAT(message("[1, 2]\n"), HasSubstr("not a mapping"));
   EXPECT_THAT(message("a: [\n"), HasSubstr("bad.yaml"));

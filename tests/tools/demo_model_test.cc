@@ -47,8 +47,9 @@ TEST(DemoModelTest, TokenizerRoundTripsTheHeldOutText) {
   ASSERT_TRUE(ids.ok());
   EXPECT_EQ(static_cast<int64_t>(ids->size()), HeldoutReference()["tokens_in_file"].get<int64_t>());
   // The ids the GPU test reads instead of linking a tokenizer.
-  EXPECT_EQ(*ids, ReadJson(std::string(STRATA_TEST_DATA_DIR) + "/heldout/strata-demo-valid.ids.json")
-                      .get<std::vector<int32_t>>());
+  EXPECT_EQ(*ids,
+            ReadJson(std::string(STRATA_TEST_DATA_DIR) + "/heldout/strata-demo-valid.ids.json")
+                .get<std::vector<int32_t>>());
   auto decoded = (*tokenizer)->Decode(*ids);
   ASSERT_TRUE(decoded.ok());
   EXPECT_EQ(*decoded, text);
@@ -83,9 +84,11 @@ TEST(DemoModelTest, HeldOutPerplexityWithinOnePercentOfTransformers) {
     const auto& ref = HeldoutReference()["by_temperature"][temperature];
     EXPECT_EQ(result->tokens, ref["tokens"].get<int64_t>());
     const double expected = ref["perplexity"].get<double>();
-    EXPECT_NEAR(result->perplexity, expected, 0.01 * expected) << "router temperature " << temperature;
+    EXPECT_NEAR(result->perplexity, expected, 0.01 * expected)
+        << "router temperature " << temperature;
     if (options.expert_stats) {
-      EXPECT_EQ(result->expert_counts, ref["expert_counts"].get<std::vector<std::vector<int64_t>>>());
+      EXPECT_EQ(result->expert_counts,
+                ref["expert_counts"].get<std::vector<std::vector<int64_t>>>());
     }
   }
 }
@@ -97,7 +100,8 @@ TEST(DemoModelTest, ArgmaxAgreesWithTransformers) {
   ASSERT_TRUE(tokenizer.ok());
   auto ids = (*tokenizer)->Encode(ReadText(kHeldout));
   ASSERT_TRUE(ids.ok());
-  const auto expected = HeldoutReference()["by_temperature"]["1.0"]["argmax"].get<std::vector<int32_t>>();
+  const auto expected =
+      HeldoutReference()["by_temperature"]["1.0"]["argmax"].get<std::vector<int32_t>>();
   const int window = HeldoutReference()["window"].get<int>();
   std::vector<int32_t> ours;
   for (size_t start = 0; start < ids->size(); start += window) {
@@ -114,8 +118,8 @@ TEST(DemoModelTest, ArgmaxAgreesWithTransformers) {
   size_t agree = 0;
   for (size_t i = 0; i < ours.size(); ++i) agree += ours[i] == expected[i];
   const double rate = static_cast<double>(agree) / static_cast<double>(ours.size());
-  std::cout << "argmax agreement with transformers: " << agree << "/" << ours.size() << " = " << rate
-            << "\n";
+  std::cout << "argmax agreement with transformers: " << agree << "/" << ours.size() << " = "
+            << rate << "\n";
   // Float32 math on both sides: only exact ties in the top two logits could differ.
   EXPECT_GE(rate, 0.999);
 }

@@ -42,8 +42,8 @@ double WindowNll(const Tensor& logits, absl::Span<const int32_t> ids) {
 
 absl::StatusOr<double> ScoreRemotely(const std::string& server,
                                      const std::vector<absl::Span<const int32_t>>& windows) {
-  auto stub = v1::Generation::NewStub(
-      grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::Generation::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
   // Several windows in flight keep the cluster's batch full.
   constexpr size_t kInFlight = 8;
   double nll = 0.0;
@@ -130,7 +130,8 @@ absl::StatusOr<EvalResult> Evaluate(const EvalOptions& options) {
     }
     ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine, LocalEngine::Create(engine_options));
     if (options.expert_stats) {
-      counts.assign(engine->config().num_layers, std::vector<int64_t>(engine->config().num_experts, 0));
+      counts.assign(engine->config().num_layers,
+                    std::vector<int64_t>(engine->config().num_experts, 0));
     }
     for (const auto& w : windows) {
       ASSIGN_OR_RETURN(Tensor logits, engine->Logits(w));

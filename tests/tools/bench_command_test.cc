@@ -1,0 +1,233 @@
+// `strata bench`: its statistics match hf-peer-bench.py's, and against a small two-worker
+// cluster it writes one bench/results JSON file per concurrency with sane figures.
+#include "tools/strata/bench_command.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/cluster_process.h"
+#include "tests/testing/temp_dir.h"
+
+namespace strata {
+namespace {
+
+using ::strata::testing::ClusterProcess;
+using ::strata::testing::TempDir;
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+
+struct Result {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result RunStrata(const std::string& args) {
+  const std::string command = absl::StrCat(STRATA_BIN_DIR, "/strata ", args, " 2>&1");
+  Result result;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) result.out.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+std::vector<double> Range(int n) {
+  std::vector<double> v(n);
+  std::iota(v.begin(), v.end(), 0.0);
+  std::reverse(v.begin(), v.end());  // unsorted on purpose
+  return v;
+}
+
+// The values Python gives for statistics.median(r), r[int(0.05 (n-1))], r[round(0.95 (n-1))].
+TEST(BenchStatisticsTest, MatchHfPeerBench) {
+  struct Case {
+    int n;
+    double median, p5, p95;
+  };
+  for (const Case& c : {Case{1, 0, 0, 0}, Case{3, 1, 0, 2}, Case{10, 4.5, 0, 9}, Case{11, 5, 0, 10},
+                        Case{31, 15, 1, 28}}) {
+    EXPECT_EQ(Median(Range(c.n)), c.median) << c.n;
+    EXPECT_EQ(PercentileP5(Range(c.n)), c.p5) << c.n;
+    EXPECT_EQ(PercentileP95(Range(c.n)), c.p95) << c.n;  // 31: round(28.5) is 28, half to even
+  }
+}
+
+TEST(BenchStatisticsTest, SummaryUsesTheMedianTtftForPrefill) {
+  ConcurrencyRun run;
+  run.concurrency = 2;
+  for (double ttft : {10.0, 20.0, 40.0}) {
+    RequestTiming t;
+    t.ttft_ms = ttft;
+    t.prefill_tok_s = 100 / (ttft / 1e3);
+    t.decode_tok_s = 1000 / ttft;
+    t.tokens = 8;
+    run.requests.push_back(t);
+  }
+  run.round_throughput_tok_s = {30, 50};
+  const BenchSummary s = Summarize(run, 100);
+  EXPECT_EQ(s.requests, 3);
+  EXPECT_DOUBLE_EQ(s.ttft_ms, 20);
+  EXPECT_DOUBLE_EQ(s.ttft_ms_p95, 40);
+  EXPECT_DOUBLE_EQ(s.prefill_tok_s, 5000);  // 100 tokens / 20 ms
+  EXPECT_DOUBLE_EQ(s.prefill_tok_s_mean, (10000 + 5000 + 2500) / 3.0);
+  EXPECT_DOUBLE_EQ(s.decode_tok_s_mean, (100 + 50 + 25) / 3.0);
+  EXPECT_DOUBLE_EQ(s.decode_tok_s_p5, 25);
+  EXPECT_DOUBLE_EQ(s.decode_tok_s_p50, 50);
+  EXPECT_DOUBLE_EQ(s.throughput_tok_s, 40);
+}
+
+TEST(BenchOutputPathTest, AppendsTheConcurrencyOnlyWhenThereAreSeveral) {
+  EXPECT_EQ(BenchOutputPath("bench/results/x.json", 8, false), "bench/results/x.json");
+  EXPECT_EQ(BenchOutputPath("bench/results/x.json", 8, true), "bench/results/x-c8.json");
+  EXPECT_EQ(BenchOutputPath("x", 32, true), "x-c32");
+}
+
+TEST(BenchFlagsTest, ParseConcurrency) {
+  EXPECT_EQ(*ParseConcurrency({"1", "8", "32"}), (std::vector<int>{1, 8, 32}));
+  EXPECT_FALSE(ParseConcurrency({"1", "x"}).ok());
+  EXPECT_FALSE(ParseConcurrency({"0"}).ok());
+  EXPECT_FALSE(ParseConcurrency({}).ok());
+}
+
+TEST(BenchCommandTest, ErrorsExitNonZeroWithAMessage) {
+  struct Case {
+    std::string args;
+    std::string message;
+  };
+  const Case cases[] = {
+      {"bench", "--server HOST:PORT is required"},
+      {"bench --server 127.0.0.1:1 --runs 1", "cannot reach a Strata cluster at 127.0.0.1:1"},
+      {"bench --server 127.0.0.1:1 --concurrency 1,x", "\"x\" is not a positive integer"},
+      {"bench --server 127.0.0.1:1 --weights fp16", "--weights must be bf16 or fp8"},
+      {"bench --server 127.0.0.1:1 --output-len 1", "--output-len must be at least 2"},
+  };
+  for (const Case& c : cases) {
+    const Result r = RunStrata(c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_THAT(r.out, HasSubstr(c.message)) << c.args;
+  }
+}
+
+class BenchClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    cluster_ = new ClusterProcess(
+        {"--model=" + std::string(STRATA_TEST_DATA_DIR) + "/oracles/qwen3_moe_long", "--workers=2",
+         "--threads=1"});
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  static ClusterProcess* cluster_;
+};
+ClusterProcess* BenchClusterTest::cluster_ = nullptr;
+
+// In process: every request got exactly output_len tokens for its input_len-token prompt.
+TEST_F(BenchClusterTest, CountsEveryRequestsTokens) {
+  ASSERT_FALSE(cluster_->address().empty()) << "the cluster did not become ready";
+  BenchOptions o;
+  o.server = cluster_->address();
+  o.input_len = 16;
+  o.output_len = 8;
+  o.runs = 2;
+  o.concurrency = {1, 4};
+  std::ostringstream progress;
+  const absl::StatusOr<BenchReport> report = RunBench(o, progress);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->model, "qwen3_moe");  // model_type, with no --model-name
+  ASSERT_EQ(report->runs.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const ConcurrencyRun& run = report->runs[i];
+    EXPECT_EQ(run.concurrency, o.concurrency[i]);
+    ASSERT_EQ(run.requests.size(), static_cast<size_t>(o.runs * run.concurrency));
+    EXPECT_EQ(run.round_throughput_tok_s.size(), static_cast<size_t>(o.runs));
+    for (const RequestTiming& t : run.requests) {
+      EXPECT_EQ(t.tokens, 8);
+      EXPECT_EQ(t.prompt_tokens, 16);
+      EXPECT_GT(t.ttft_ms, 0);
+      EXPECT_GT(t.decode_tok_s, 0);
+      EXPECT_GT(t.server_ttft_ms, 0);
+    }
+  }
+  EXPECT_THAT(progress.str(), HasSubstr("concurrency 4, warmup round 1/1"));
+}
+
+// The command as a user runs it: a table, and one JSON file per concurrency.
+TEST_F(BenchClusterTest, WritesOneResultFilePerConcurrency) {
+  ASSERT_FALSE(cluster_->address().empty()) << "the cluster did not become ready";
+  TempDir dir;
+  const std::string out = dir.File("tiny-bf16-cluster.json");
+  const Result r =
+      RunStrata(absl::StrCat("bench --server ", cluster_->address(),
+                             " --input-len 16 --output-len 8 --runs 2 --concurrency 1,4 --out ",
+                             out, " --model-name tiny-qwen3 --machine 'test VM'"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("| concurrency | TTFT ms mean |"));
+  EXPECT_FALSE(std::filesystem::exists(out));
+  for (int c : {1, 4}) {
+    const std::string path = dir.File(absl::StrCat("tiny-bf16-cluster-c", c, ".json"));
+    std::ifstream in(path);
+    ASSERT_TRUE(in) << path;
+    const nlohmann::json j = nlohmann::json::parse(in);
+    EXPECT_EQ(j["model"], "tiny-qwen3");
+    EXPECT_EQ(j["weights"], "bf16");
+    EXPECT_EQ(j["mode"], "cluster");
+    EXPECT_EQ(j["gpus"], 0);
+    EXPECT_EQ(j["concurrency"], c);
+    EXPECT_EQ(j["input_len"], 16);
+    EXPECT_EQ(j["output_len"], 8);
+    EXPECT_EQ(j["runs"], 2);
+    EXPECT_EQ(j["warmup"], 1);
+    EXPECT_EQ(j["requests"], 2 * c);
+    EXPECT_EQ(j["machine"], "test VM");
+    EXPECT_THAT(j["date"].get<std::string>(), MatchesRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}"));
+    EXPECT_THAT(j["command"].get<std::string>(), HasSubstr("strata bench --server"));
+    EXPECT_THAT(j["command"].get<std::string>(), HasSubstr("'test VM'"));
+    for (const char* key :
+         {"decode_tok_s_mean", "decode_tok_s_p5", "decode_tok_s_p50", "decode_tok_s_p95",
+          "prefill_tok_s", "prefill_tok_s_mean", "ttft_ms", "ttft_ms_mean", "ttft_ms_p95",
+          "throughput_tok_s", "server_ttft_ms", "server_decode_tok_s_mean"}) {
+      ASSERT_TRUE(j[key].is_number()) << key;
+      EXPECT_GT(j[key].get<double>(), 0) << key;
+    }
+    EXPECT_LE(j["decode_tok_s_p5"].get<double>(), j["decode_tok_s_p95"].get<double>());
+    EXPECT_NEAR(j["prefill_tok_s"].get<double>(), 16 / (j["ttft_ms"].get<double>() / 1e3), 1e-6);
+    // A round of c requests of 8 tokens lasts at least as long as any request's 7 decode
+    // steps, so its throughput is at most c x 8/7 x that request's decode speed.
+    EXPECT_LT(j["throughput_tok_s"].get<double>(),
+              c * 8.0 / 7.0 * j["decode_tok_s_p95"].get<double>() * 1.01);
+  }
+}
+
+// A request the cluster refuses (its queue is full) fails the bench with the server's reason.
+TEST(BenchFailureTest, ARefusedRequestFailsTheBench) {
+  ClusterProcess cluster(
+      {"--model=" + std::string(STRATA_TEST_DATA_DIR) + "/oracles/qwen3_moe_long", "--workers=1",
+       "--threads=1", "--max-running=1", "--max-queued-requests=1"});
+  ASSERT_FALSE(cluster.address().empty()) << "the cluster did not become ready";
+  const Result r = RunStrata(absl::StrCat("bench --server ", cluster.address(),
+                                          " --input-len 16 --output-len 64 --concurrency 8"));
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("concurrency 8, warmup round 1/1: a Generate request to"));
+  EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED"));
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,396 @@
+#include "tools/strata/bench_command.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <latch>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "nlohmann/json.hpp"
+#include "strata/v1/generation.grpc.pb.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+double Mean(const std::vector<double>& values) {
+  if (values.empty()) return 0.0;
+  return std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
+}
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  const auto code = static_cast<absl::StatusCode>(s.error_code());
+  return absl::Status(
+      code, absl::StrCat(what, " (", absl::StatusCodeToString(code), "): ", s.error_message()));
+}
+
+absl::Status CheckOptions(const BenchOptions& o) {
+  if (o.server.empty()) return absl::InvalidArgumentError("--server HOST:PORT is required");
+  if (o.input_len < 1) return absl::InvalidArgumentError("--input-len must be at least 1");
+  if (o.output_len < 2) {
+    return absl::InvalidArgumentError(
+        "--output-len must be at least 2 (decode speed needs tokens after the first)");
+  }
+  if (o.runs < 1) return absl::InvalidArgumentError("--runs must be at least 1");
+  if (o.warmup < 0) return absl::InvalidArgumentError("--warmup must be >= 0");
+  if (o.concurrency.empty()) return absl::InvalidArgumentError("--concurrency is empty");
+  for (int c : o.concurrency) {
+    if (c < 1) return absl::InvalidArgumentError("every --concurrency must be at least 1");
+  }
+  if (o.weights != "bf16" && o.weights != "fp8") {
+    return absl::InvalidArgumentError("--weights must be bf16 or fp8");
+  }
+  if (o.mode != "cluster" && o.mode != "in-process" && o.mode != "transformers") {
+    return absl::InvalidArgumentError("--mode must be cluster, in-process or transformers");
+  }
+  if (o.gpus < 0) return absl::InvalidArgumentError("--gpus must be >= 0");
+  return absl::OkStatus();
+}
+
+// Draws prompts of exactly `len` ids from [0, vocab) without the EOS ids, from one seeded
+// generator, so the same options give the same prompts.
+class PromptSource {
+ public:
+  PromptSource(uint64_t seed, const v1::ModelInfoResponse& info)
+      : rng_(seed),
+        vocab_(info.vocab_size()),
+        eos_(info.eos_token_ids().begin(), info.eos_token_ids().end()) {}
+
+  v1::GenerateRequest Next(int len, int max_new_tokens) {
+    std::uniform_int_distribution<uint32_t> dist(0, vocab_ - 1);
+    v1::GenerateRequest r;
+    while (r.prompt_token_ids_size() < len) {
+      const uint32_t id = dist(rng_);
+      if (std::find(eos_.begin(), eos_.end(), id) == eos_.end()) r.add_prompt_token_ids(id);
+    }
+    r.set_max_new_tokens(static_cast<uint32_t>(max_new_tokens));
+    r.set_ignore_eos(true);
+    r.mutable_sampling()->set_temperature(0.0f);  // greedy
+    return r;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  uint32_t vocab_;
+  std::vector<uint32_t> eos_;
+};
+
+struct RequestResult {
+  absl::Status status;
+  RequestTiming timing;
+  Clock::time_point sent, done;
+};
+
+RequestResult TimeOneRequest(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+                             const BenchOptions& o) {
+  RequestResult result;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       absl::ToChronoMilliseconds(o.request_timeout));
+  result.sent = Clock::now();
+  auto reader = stub.Generate(&context, request);
+  v1::GenerateResponse response;
+  v1::GenerateResponse last;
+  Clock::time_point first_at, last_at;
+  int tokens = 0, first_tokens = 0;
+  while (reader->Read(&response)) {
+    if (response.token_ids_size() > 0) {
+      const Clock::time_point now = Clock::now();
+      if (tokens == 0) {
+        first_at = now;
+        first_tokens = response.token_ids_size();
+      }
+      last_at = now;
+      tokens += response.token_ids_size();
+    }
+    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) last = response;
+  }
+  const grpc::Status status = reader->Finish();
+  result.done = Clock::now();
+  if (!status.ok()) {
+    result.status = FromGrpc(status, absl::StrCat("a Generate request to ", o.server, " failed"));
+    return result;
+  }
+  if (last.finish_reason() != v1::FINISH_REASON_LENGTH || tokens != o.output_len) {
+    result.status = absl::DataLossError(absl::StrCat(
+        "a Generate request to ", o.server, " returned ", tokens, " tokens with finish_reason ",
+        v1::FinishReason_Name(last.finish_reason()), "; expected ", o.output_len,
+        " tokens and FINISH_REASON_LENGTH (ignore_eos is set)"));
+    return result;
+  }
+  if (last.usage().prompt_tokens() != static_cast<uint32_t>(o.input_len)) {
+    result.status =
+        absl::DataLossError(absl::StrCat("the server counted ", last.usage().prompt_tokens(),
+                                         " prompt tokens; ", o.input_len, " were sent"));
+    return result;
+  }
+  const double decode_s = Seconds(last_at - first_at);
+  if (tokens == first_tokens || decode_s <= 0) {
+    result.status = absl::DataLossError(
+        "the server sent every token in its first message: decode speed cannot be timed");
+    return result;
+  }
+  RequestTiming& t = result.timing;
+  t.tokens = tokens;
+  t.prompt_tokens = static_cast<int>(last.usage().prompt_tokens());
+  t.ttft_ms = Seconds(first_at - result.sent) * 1e3;
+  t.decode_tok_s = (tokens - first_tokens) / decode_s;
+  t.prefill_tok_s = o.input_len / (t.ttft_ms / 1e3);
+  t.server_ttft_ms = last.usage().time_to_first_token_ms();
+  t.server_decode_tok_s = last.usage().decode_tokens_per_second();
+  return result;
+}
+
+// Sends `requests` at once, one thread each; returns their timings and the round's throughput.
+absl::Status RunRound(v1::Generation::Stub& stub, const std::vector<v1::GenerateRequest>& requests,
+                      const BenchOptions& o, std::vector<RequestTiming>& timings,
+                      double& throughput_tok_s) {
+  std::vector<RequestResult> results(requests.size());
+  std::latch start(static_cast<std::ptrdiff_t>(requests.size()));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    threads.emplace_back([&, i] {
+      start.arrive_and_wait();
+      results[i] = TimeOneRequest(stub, requests[i], o);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  Clock::time_point begin = Clock::time_point::max(), end = Clock::time_point::min();
+  int64_t tokens = 0;
+  for (const RequestResult& r : results) {
+    if (!r.status.ok()) return r.status;
+    begin = std::min(begin, r.sent);
+    end = std::max(end, r.done);
+    tokens += r.timing.tokens;
+    timings.push_back(r.timing);
+  }
+  throughput_tok_s = static_cast<double>(tokens) / Seconds(end - begin);
+  return absl::OkStatus();
+}
+
+std::string Row(const BenchSummary& s) {
+  char line[256];
+  std::snprintf(
+      line, sizeof(line),
+      "| %11d | %12.1f | %8.1f | %8.1f | %13.1f | %17.2f | %9.2f | %10.2f | %10.2f | %16.2f |\n",
+      s.concurrency, s.ttft_ms_mean, s.ttft_ms, s.ttft_ms_p95, s.prefill_tok_s_mean,
+      s.decode_tok_s_mean, s.decode_tok_s_p5, s.decode_tok_s_p50, s.decode_tok_s_p95,
+      s.throughput_tok_s);
+  return line;
+}
+
+}  // namespace
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2.0;
+}
+
+double PercentileP5(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  return values[static_cast<size_t>(0.05 * static_cast<double>(values.size() - 1))];
+}
+
+double PercentileP95(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  // Python's round(): half to even, which nearbyint does in the default rounding mode.
+  return values[static_cast<size_t>(std::nearbyint(0.95 * static_cast<double>(values.size() - 1)))];
+}
+
+absl::StatusOr<std::vector<int>> ParseConcurrency(const std::vector<std::string>& values) {
+  std::vector<int> out;
+  for (const std::string& v : values) {
+    int c = 0;
+    if (!absl::SimpleAtoi(v, &c) || c < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--concurrency: \"", v, "\" is not a positive integer"));
+    }
+    out.push_back(c);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--concurrency is empty");
+  return out;
+}
+
+std::string CurrentCommandLine() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string arg, line;
+  for (bool first = true; std::getline(in, arg, '\0'); first = false) {
+    if (first) arg = std::filesystem::path(arg).filename().string();
+    const bool quote = arg.empty() || arg.find_first_of(" \t'\"\\$") != std::string::npos;
+    if (quote) arg = absl::StrCat("'", absl::StrReplaceAll(arg, {{"'", "'\\''"}}), "'");
+    absl::StrAppend(&line, first ? "" : " ", arg);
+  }
+  return line;
+}
+
+BenchSummary Summarize(const ConcurrencyRun& run, int input_len) {
+  std::vector<double> ttft, prefill, decode, server_ttft, server_decode;
+  for (const RequestTiming& t : run.requests) {
+    ttft.push_back(t.ttft_ms);
+    prefill.push_back(t.prefill_tok_s);
+    decode.push_back(t.decode_tok_s);
+    server_ttft.push_back(t.server_ttft_ms);
+    server_decode.push_back(t.server_decode_tok_s);
+  }
+  BenchSummary s;
+  s.concurrency = run.concurrency;
+  s.requests = static_cast<int>(run.requests.size());
+  s.ttft_ms = Median(ttft);
+  s.ttft_ms_mean = Mean(ttft);
+  s.ttft_ms_p95 = PercentileP95(ttft);
+  s.prefill_tok_s = s.ttft_ms > 0 ? input_len / (s.ttft_ms / 1e3) : 0.0;
+  s.prefill_tok_s_mean = Mean(prefill);
+  s.decode_tok_s_mean = Mean(decode);
+  s.decode_tok_s_p5 = PercentileP5(decode);
+  s.decode_tok_s_p50 = Median(decode);
+  s.decode_tok_s_p95 = PercentileP95(decode);
+  s.throughput_tok_s = Mean(run.round_throughput_tok_s);
+  s.server_ttft_ms = Median(server_ttft);
+  s.server_decode_tok_s_mean = Mean(server_decode);
+  return s;
+}
+
+std::string BenchOutputPath(const std::string& out, int concurrency, bool several) {
+  if (!several) return out;
+  const std::filesystem::path path(out);
+  std::filesystem::path result = path.parent_path() / path.stem();
+  result += absl::StrCat("-c", concurrency);
+  result += path.extension();
+  return result.string();
+}
+
+std::string BenchResultJson(const BenchOptions& o, const std::string& model, const BenchSummary& s,
+                            absl::Time now) {
+  // hf-peer-bench.py's fields in its order, then the ones it does not have.
+  nlohmann::ordered_json row;
+  row["model"] = model;
+  row["weights"] = o.weights;
+  row["mode"] = o.mode;
+  row["gpus"] = o.gpus;
+  row["concurrency"] = s.concurrency;
+  row["input_len"] = o.input_len;
+  row["output_len"] = o.output_len;
+  row["decode_tok_s_mean"] = s.decode_tok_s_mean;
+  row["decode_tok_s_p5"] = s.decode_tok_s_p5;
+  row["decode_tok_s_p95"] = s.decode_tok_s_p95;
+  row["prefill_tok_s"] = s.prefill_tok_s;
+  row["ttft_ms"] = s.ttft_ms;
+  row["machine"] = o.machine.empty() ? "unspecified" : o.machine;
+  row["date"] = absl::FormatTime("%Y-%m-%d", now, absl::LocalTimeZone());
+  row["command"] = o.command;
+  row["decode_tok_s_p50"] = s.decode_tok_s_p50;
+  row["ttft_ms_mean"] = s.ttft_ms_mean;
+  row["ttft_ms_p95"] = s.ttft_ms_p95;
+  row["prefill_tok_s_mean"] = s.prefill_tok_s_mean;
+  row["throughput_tok_s"] = s.throughput_tok_s;
+  row["runs"] = o.runs;
+  row["warmup"] = o.warmup;
+  row["requests"] = s.requests;
+  row["seed"] = o.seed;
+  row["server_ttft_ms"] = s.server_ttft_ms;
+  row["server_decode_tok_s_mean"] = s.server_decode_tok_s_mean;
+  return row.dump(1);
+}
+
+absl::StatusOr<BenchReport> RunBench(const BenchOptions& o, std::ostream& progress) {
+  if (absl::Status s = CheckOptions(o); !s.ok()) return s;
+  auto stub =
+      v1::Generation::NewStub(grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials()));
+  v1::ModelInfoResponse info;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         absl::ToChronoMilliseconds(o.connect_timeout));
+    const grpc::Status s = stub->ModelInfo(&context, v1::ModelInfoRequest(), &info);
+    if (!s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach a Strata cluster at ", o.server, ": ", s.error_message()));
+    }
+  }
+  if (info.vocab_size() <= static_cast<uint32_t>(info.eos_token_ids_size())) {
+    return absl::FailedPreconditionError("the model's vocabulary has no ids besides EOS");
+  }
+  const int64_t context_needed = static_cast<int64_t>(o.input_len) + o.output_len;
+  if (info.max_context_tokens() > 0 && context_needed > info.max_context_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat("--input-len + --output-len = ", context_needed,
+                                                   " exceeds the model's ",
+                                                   info.max_context_tokens(), "-token context"));
+  }
+  BenchReport report;
+  report.model = o.model_name.empty() ? info.model_type() : o.model_name;
+  PromptSource prompts(o.seed, info);
+  for (int c : o.concurrency) {
+    ConcurrencyRun run;
+    run.concurrency = c;
+    for (int round = 0; round < o.warmup + o.runs; ++round) {
+      const bool warmup = round < o.warmup;
+      const std::string name =
+          absl::StrCat("concurrency ", c, ", ", warmup ? "warmup " : "", "round ",
+                       warmup ? round + 1 : round - o.warmup + 1, "/", warmup ? o.warmup : o.runs);
+      progress << "strata bench: " << name << std::endl;
+      std::vector<v1::GenerateRequest> requests;
+      for (int i = 0; i < c; ++i) requests.push_back(prompts.Next(o.input_len, o.output_len));
+      std::vector<RequestTiming> timings;
+      double throughput = 0;
+      if (absl::Status s = RunRound(*stub, requests, o, timings, throughput); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(name, ": ", s.message()));
+      }
+      if (warmup) continue;
+      run.requests.insert(run.requests.end(), timings.begin(), timings.end());
+      run.round_throughput_tok_s.push_back(throughput);
+    }
+    report.runs.push_back(std::move(run));
+  }
+  return report;
+}
+
+absl::Status RunBenchCommand(const BenchOptions& o, std::ostream& out, std::ostream& progress) {
+  absl::StatusOr<BenchReport> report = RunBench(o, progress);
+  if (!report.ok()) return report.status();
+  const absl::Time now = absl::Now();
+  std::vector<BenchSummary> summaries;
+  for (const ConcurrencyRun& run : report->runs) summaries.push_back(Summarize(run, o.input_len));
+
+  out << report->model << " at " << o.server << ": input " << o.input_len << ", output "
+      << o.output_len << ", " << o.runs << " rounds per concurrency after " << o.warmup
+      << " warmup; greedy, ignore_eos; per-request figures over rounds x concurrency requests\n\n";
+  out << "| concurrency | TTFT ms mean | TTFT P50 | TTFT P95 | prefill tok/s | decode tok/s mean "
+         "| decode P5 | decode P50 | decode P95 | throughput tok/s |\n";
+  out << "|------------:|-------------:|---------:|---------:|--------------:|------------------:"
+         "|----------:|-----------:|-----------:|-----------------:|\n";
+  for (const BenchSummary& s : summaries) out << Row(s);
+  out << "\n";
+
+  const bool several = summaries.size() > 1;
+  for (const BenchSummary& s : summaries) {
+    const std::string json = BenchResultJson(o, report->model, s, now);
+    out << nlohmann::ordered_json::parse(json).dump() << "\n";
+    if (o.out.empty()) continue;
+    const std::string path = BenchOutputPath(o.out, s.concurrency, several);
+    std::ofstream file(path);
+    file << json << "\n";
+    file.close();
+    if (!file) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
+    progress << "strata bench: wrote " << path << std::endl;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata

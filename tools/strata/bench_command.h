@@ -1,0 +1,114 @@
+// `strata bench --server HOST:PORT`: serving benchmark of a running cluster through the public
+// Generation API, in the manner of vLLM's and SGLang's serving benchmarks. For each concurrency
+// c it runs `warmup` unrecorded rounds, then `runs` rounds of c simultaneous greedy requests
+// (random prompts of exactly input_len ids, output_len new tokens with ignore_eos), times every
+// request from the client side, prints a table and writes the bench/results JSON format of
+// ../shared/tools/hf-peer-bench.py (bench/results/README.md describes it).
+#ifndef STRATA_TOOLS_STRATA_BENCH_COMMAND_H_
+#define STRATA_TOOLS_STRATA_BENCH_COMMAND_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace strata {
+
+struct BenchOptions {
+  std::string server;  // HOST:PORT
+  int input_len = 128;
+  int output_len = 512;
+  int runs = 10;   // recorded rounds per concurrency
+  int warmup = 1;  // unrecorded rounds per concurrency, before the recorded ones
+  std::vector<int> concurrency = {1};
+  uint64_t seed = 0;  // of the random prompts
+  std::string out;    // JSON file; see BenchOutputPath for several concurrencies
+  // Labels recorded in the JSON, as hf-peer-bench.py records them.
+  std::string model_name;        // empty: the server's model_type
+  std::string weights = "bf16";  // bf16 | fp8
+  std::string mode = "cluster";  // cluster | in-process | transformers
+  int gpus = 0;                  // 0 for a CPU cluster
+  std::string machine;           // e.g. "NVIDIA H200"; empty records "unspecified"
+  std::string command;           // the command line, recorded as is
+  absl::Duration request_timeout = absl::Minutes(30);
+  absl::Duration connect_timeout = absl::Seconds(10);
+};
+
+// One request, timed on the client.
+struct RequestTiming {
+  double ttft_ms = 0;        // send -> first message with tokens
+  double decode_tok_s = 0;   // tokens after the first message / (last token time - first)
+  double prefill_tok_s = 0;  // input_len / TTFT
+  int tokens = 0;            // generated tokens received
+  int prompt_tokens = 0;     // the server's Usage.prompt_tokens
+  // What the server reported in Usage, for comparison with the client's view.
+  double server_ttft_ms = 0;
+  double server_decode_tok_s = 0;
+};
+
+// The recorded rounds of one concurrency.
+struct ConcurrencyRun {
+  int concurrency = 1;
+  std::vector<RequestTiming> requests;         // runs x concurrency
+  std::vector<double> round_throughput_tok_s;  // generated tokens / round wall time, per round
+};
+
+// The figures reported for one concurrency. Statistics follow hf-peer-bench.py: the median is
+// statistics.median, P5 = sorted[int(0.05 (n-1))], P95 = sorted[round(0.95 (n-1))] (half to
+// even); ttft_ms is the median TTFT and prefill_tok_s = input_len / median TTFT.
+struct BenchSummary {
+  int concurrency = 1;
+  int requests = 0;
+  double ttft_ms = 0;  // median
+  double ttft_ms_mean = 0;
+  double ttft_ms_p95 = 0;
+  double prefill_tok_s = 0;       // input_len / median TTFT (hf-peer-bench.py's definition)
+  double prefill_tok_s_mean = 0;  // mean of the per-request input_len / TTFT
+  double decode_tok_s_mean = 0;
+  double decode_tok_s_p5 = 0;
+  double decode_tok_s_p50 = 0;
+  double decode_tok_s_p95 = 0;
+  double throughput_tok_s = 0;  // mean over rounds of all generated tokens / round wall time
+  double server_ttft_ms = 0;    // median of the server's Usage.time_to_first_token_ms
+  double server_decode_tok_s_mean = 0;
+};
+
+struct BenchReport {
+  std::string model;  // options.model_name, or the server's model_type
+  std::vector<ConcurrencyRun> runs;
+};
+
+double Median(std::vector<double> values);
+double PercentileP5(std::vector<double> values);
+double PercentileP95(std::vector<double> values);
+BenchSummary Summarize(const ConcurrencyRun& run, int input_len);
+
+// The file one concurrency's JSON goes to: `out` itself when only one concurrency is measured,
+// else `out` with "-c<concurrency>" inserted before its extension (a.json -> a-c8.json).
+std::string BenchOutputPath(const std::string& out, int concurrency, bool several);
+
+// One bench/results object (the JSON text, indent 1, hf-peer-bench.py's field order first).
+std::string BenchResultJson(const BenchOptions& options, const std::string& model,
+                            const BenchSummary& summary, absl::Time now);
+
+// "1,8,32" as the flag library splits it: {"1", "8", "32"}; each must be a positive integer.
+absl::StatusOr<std::vector<int>> ParseConcurrency(const std::vector<std::string>& values);
+
+// This process's command line from /proc/self/cmdline, argv[0] cut to its file name, arguments
+// with spaces or quotes single-quoted: what the JSON records as "command".
+std::string CurrentCommandLine();
+
+// Checks the options, then measures; progress lines go to `progress`.
+absl::StatusOr<BenchReport> RunBench(const BenchOptions& options, std::ostream& progress);
+
+// RunBench, then the table and one JSON line per concurrency on `out`, and the files (--out).
+absl::Status RunBenchCommand(const BenchOptions& options, std::ostream& out,
+                             std::ostream& progress);
+
+}  // namespace strata
+
+#endif  // STRATA_TOOLS_STRATA_BENCH_COMMAND_H_

@@ -1,0 +1,827 @@
+#include "tools/strata/make_model.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/tensor/dtype.h"
+#include "common/util/process.h"
+#include "common/util/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "tools/strata/eval_command.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using OrderedJson = nlohmann::ordered_json;
+
+// Hugging Face's initializer_range: every linear weight and the embedding are N(0, 0.02^2),
+// norm weights are 1. With pre-norm layers this keeps activations sane at any depth.
+constexpr double kInitStd = 0.02;
+// The most a gate-row scale can give one expert: below 1/2 (see SolveZipfGateSkew).
+constexpr double kMaxSelectionProbability = 0.45;
+
+const std::vector<ModelShape>& Shapes() {
+  static const auto* shapes = new std::vector<ModelShape>{
+      // name, type, layers, hidden, vocab, experts, top_k, expert_ffn, dense_ffn, heads,
+      // kv_heads, head_dim, rope_theta, rms_norm_eps, max_position_embeddings, bos, eos
+      {"qwen3-30b-a3b", "qwen3_moe", 48, 2048, 151936, 128, 8, 768, 6144, 32, 4, 128, 1e6, 1e-6,
+       40960, 151643, 151645},
+      {"mixtral-8x7b", "mixtral", 32, 4096, 32000, 8, 2, 14336, 0, 32, 8, 128, 1e6, 1e-5, 32768, 1,
+       2},
+      {"seed-125b", "qwen3_moe", 26, 4096, 151936, 64, 2, 6144, 12288, 32, 8, 128, 1e6, 1e-6, 40960,
+       151643, 151645},
+      {"tiny-qwen3", "qwen3_moe", 2, 64, 256, 8, 2, 32, 128, 4, 2, 16, 1e6, 1e-6, 2048, 1, 2},
+      {"tiny-mixtral", "mixtral", 2, 64, 256, 8, 2, 32, 0, 4, 2, 16, 1e6, 1e-5, 2048, 1, 2},
+  };
+  return *shapes;
+}
+
+// splitmix64's output function. The generator is counter-based: element i of a tensor is
+// 16-bit lane i % 4 of Mix(key + (i / 4 + 1) * golden) mapped through a table of normal
+// quantiles, so any range of any tensor is produced independently, by any thread, in any
+// order, with the same bytes; one hash makes four values.
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+inline uint64_t Mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t KeyOf(uint64_t seed, absl::string_view name) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  return Mix(Mix(seed + kGolden) ^ h);
+}
+
+// Calls put(i, u) with the 16-bit uniform u of every element i in [begin, end).
+template <typename Put>
+inline void ForEachUniform(uint64_t key, int64_t begin, int64_t end, Put put) {
+  auto word = [key](int64_t i) { return Mix(key + static_cast<uint64_t>((i >> 2) + 1) * kGolden); };
+  int64_t i = begin;
+  if ((i & 3) != 0) {
+    const uint64_t r = word(i);
+    for (; i < end && (i & 3) != 0; ++i)
+      put(i, static_cast<uint32_t>(r >> (16 * (i & 3))) & 0xffff);
+  }
+  for (; i + 4 <= end; i += 4) {
+    const uint64_t r = word(i);
+    put(i, static_cast<uint32_t>(r) & 0xffff);
+    put(i + 1, static_cast<uint32_t>(r >> 16) & 0xffff);
+    put(i + 2, static_cast<uint32_t>(r >> 32) & 0xffff);
+    put(i + 3, static_cast<uint32_t>(r >> 48));
+  }
+  if (i < end) {
+    const uint64_t r = word(i);
+    for (; i < end; ++i) put(i, static_cast<uint32_t>(r >> (16 * (i & 3))) & 0xffff);
+  }
+}
+
+// The standard normal's quantiles at (u + 1/2) / 65536 (|z| <= 4.33, exactly symmetric), and
+// the same times kInitStd already encoded in each dtype, for the common case.
+struct NormalTables {
+  std::vector<float> z;
+  std::vector<uint16_t> init_bf16, init_f16;
+};
+
+const NormalTables& Tables() {
+  static const NormalTables* tables = [] {
+    auto* t = new NormalTables;
+    t->z.resize(65536);
+    double x = -4.5;  // Newton's method on the CDF, each quantile from the one before
+    for (int u = 0; u < 32768; ++u) {
+      const double p = (u + 0.5) / 65536.0;
+      for (double dx = 1.0; std::abs(dx) > 1e-12;) {
+        dx = (0.5 * std::erfc(-x / M_SQRT2) - p) / (std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI));
+        x -= dx;
+      }
+      t->z[u] = static_cast<float>(x);
+      t->z[65535 - u] = -t->z[u];
+    }
+    for (float z : t->z) {
+      const float v = static_cast<float>(kInitStd) * z;
+      t->init_bf16.push_back(FloatToBf16(v));
+      t->init_f16.push_back(FloatToF16(v));
+    }
+    return t;
+  }();
+  return *tables;
+}
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool ones = false;  // a norm weight
+  float std = 0.0f;
+  std::vector<float> row_scale;  // per row of a 2-D tensor (a skewed gate); empty: none
+  uint64_t key = 0;
+  int64_t numel() const {
+    return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
+  }
+};
+
+// Writes elements [begin, begin + n) of `t` into `out` as `dtype`.
+void Fill(const TensorSpec& t, DType dtype, int64_t begin, int64_t n, uint8_t* out) {
+  const NormalTables& tables = Tables();
+  uint16_t* out16 = reinterpret_cast<uint16_t*>(out);
+  float* out32 = reinterpret_cast<float*>(out);
+  const int64_t end = begin + n;
+  if (t.ones) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (dtype == DType::kF32) {
+        out32[i - begin] = 1.0f;
+      } else {
+        out16[i - begin] = dtype == DType::kBF16 ? FloatToBf16(1.0f) : FloatToF16(1.0f);
+      }
+    }
+    return;
+  }
+  const int64_t row_len = t.shape.size() == 2 ? t.shape[1] : t.numel();
+  const float* z = tables.z.data();
+  for (int64_t i = begin; i < end;) {
+    // One row segment at a time, so the scale is constant inside the loop.
+    const int64_t row = i / row_len;
+    const int64_t seg_end = std::min(end, (row + 1) * row_len);
+    const float scale = t.row_scale.empty() ? t.std : t.std * t.row_scale[row];
+    const bool init = scale == static_cast<float>(kInitStd);
+    if (init && dtype != DType::kF32) {
+      const uint16_t* table = (dtype == DType::kBF16 ? tables.init_bf16 : tables.init_f16).data();
+      ForEachUniform(t.key, i, seg_end,
+                     [&](int64_t k, uint32_t u) { out16[k - begin] = table[u]; });
+    } else if (dtype == DType::kBF16) {
+      ForEachUniform(t.key, i, seg_end,
+                     [&](int64_t k, uint32_t u) { out16[k - begin] = FloatToBf16(scale * z[u]); });
+    } else if (dtype == DType::kF16) {
+      ForEachUniform(t.key, i, seg_end,
+                     [&](int64_t k, uint32_t u) { out16[k - begin] = FloatToF16(scale * z[u]); });
+    } else {
+      ForEachUniform(t.key, i, seg_end,
+                     [&](int64_t k, uint32_t u) { out32[k - begin] = scale * z[u]; });
+    }
+    i = seg_end;
+  }
+}
+
+// A random order of the experts of one layer: order[r] is the expert ranked r.
+std::vector<int> ExpertOrder(uint64_t seed, int layer, int experts) {
+  std::vector<int> order(experts);
+  std::iota(order.begin(), order.end(), 0);
+  uint64_t state = KeyOf(seed, absl::StrCat("expert_order.", layer));
+  for (int i = experts - 1; i > 0; --i) {
+    state += kGolden;
+    std::swap(order[i], order[Mix(state) % static_cast<uint64_t>(i + 1)]);
+  }
+  return order;
+}
+
+// Every tensor the architecture needs (names and shapes as common/model/model_weights.cc binds
+// them), in module order as transformers saves them.
+std::vector<TensorSpec> PlanTensors(const ModelShape& s, int layers, uint64_t seed,
+                                    const ZipfGateSkew* skew,
+                                    std::vector<std::vector<int>>* orders) {
+  std::vector<TensorSpec> plan;
+  const float std = static_cast<float>(kInitStd);
+  auto normal = [&](std::string name, std::vector<int64_t> shape) -> TensorSpec& {
+    plan.push_back({std::move(name), std::move(shape), false, std, {}, 0});
+    return plan.back();
+  };
+  auto ones = [&](std::string name, int64_t size) {
+    plan.push_back({std::move(name), {size}, true, 1.0f, {}, 0});
+  };
+  const bool qwen = s.model_type == "qwen3_moe";
+  const int64_t h = s.hidden, q_dim = int64_t{s.heads} * s.head_dim;
+  const int64_t kv_dim = int64_t{s.kv_heads} * s.head_dim;
+  normal("model.embed_tokens.weight", {s.vocab, h});
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    ones(p + "input_layernorm.weight", h);
+    normal(p + "self_attn.q_proj.weight", {q_dim, h});
+    normal(p + "self_attn.k_proj.weight", {kv_dim, h});
+    normal(p + "self_attn.v_proj.weight", {kv_dim, h});
+    normal(p + "self_attn.o_proj.weight", {h, q_dim});
+    if (qwen) {
+      ones(p + "self_attn.q_norm.weight", s.head_dim);
+      ones(p + "self_attn.k_norm.weight", s.head_dim);
+    }
+    ones(p + "post_attention_layernorm.weight", h);
+    const std::string moe = p + (qwen ? "mlp." : "block_sparse_moe.");
+    TensorSpec& gate = normal(moe + "gate.weight", {s.experts, h});
+    if (skew != nullptr) {
+      orders->push_back(ExpertOrder(seed, l, s.experts));
+      gate.row_scale.resize(s.experts);
+      for (int r = 0; r < s.experts; ++r) {
+        gate.row_scale[orders->back()[r]] = static_cast<float>(skew->scale[r]);
+      }
+    }
+    for (int e = 0; e < s.experts; ++e) {
+      const std::string x = absl::StrCat(moe, "experts.", e, ".");
+      normal(x + (qwen ? "gate_proj" : "w1") + ".weight", {s.expert_ffn, h});
+      normal(x + (qwen ? "up_proj" : "w3") + ".weight", {s.expert_ffn, h});
+      normal(x + (qwen ? "down_proj" : "w2") + ".weight", {h, s.expert_ffn});
+    }
+  }
+  ones("model.norm.weight", h);
+  normal("lm_head.weight", {s.vocab, h});
+  for (TensorSpec& t : plan) t.key = KeyOf(seed, t.name);
+  return plan;
+}
+
+// config.json as transformers writes it (keys sorted).
+nlohmann::json ConfigJson(const ModelShape& s, int layers, absl::string_view torch_dtype) {
+  const bool qwen = s.model_type == "qwen3_moe";
+  nlohmann::json c = {
+      {"architectures", {qwen ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM"}},
+      {"attention_dropout", 0.0},
+      {"bos_token_id", s.bos_token_id},
+      {"eos_token_id", s.eos_token_id},
+      {"head_dim", s.head_dim},
+      {"hidden_act", "silu"},
+      {"hidden_size", s.hidden},
+      {"initializer_range", kInitStd},
+      {"max_position_embeddings", s.max_position_embeddings},
+      {"model_type", s.model_type},
+      {"num_attention_heads", s.heads},
+      {"num_experts_per_tok", s.top_k},
+      {"num_hidden_layers", layers},
+      {"num_key_value_heads", s.kv_heads},
+      {"output_router_logits", false},
+      {"rms_norm_eps", s.rms_norm_eps},
+      {"rope_theta", s.rope_theta},
+      {"sliding_window", nullptr},
+      {"tie_word_embeddings", false},
+      {"torch_dtype", torch_dtype},
+      {"transformers_version", "4.51.0"},
+      {"use_cache", true},
+      {"vocab_size", s.vocab},
+  };
+  if (qwen) {
+    c.update({{"attention_bias", false},
+              {"decoder_sparse_step", 1},
+              {"intermediate_size", s.dense_ffn},
+              {"max_window_layers", layers},
+              {"mlp_only_layers", nlohmann::json::array()},
+              {"moe_intermediate_size", s.expert_ffn},
+              {"norm_topk_prob", true},
+              {"num_experts", s.experts},
+              {"rope_scaling", nullptr},
+              {"router_aux_loss_coef", 0.001},
+              {"use_sliding_window", false}});
+  } else {
+    c.update({{"intermediate_size", s.expert_ffn},
+              {"num_local_experts", s.experts},
+              {"router_aux_loss_coef", 0.02},
+              {"router_jitter_noise", 0.0}});
+  }
+  return c;
+}
+
+absl::Status WriteText(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::PermissionDeniedError(absl::StrCat(path.string(), ": cannot write"));
+  return absl::OkStatus();
+}
+
+absl::Status PwriteAll(int fd, const uint8_t* data, size_t n, uint64_t offset,
+                       const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, data, n, static_cast<off_t>(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      return absl::InternalError(absl::StrCat(path, ": write failed: ", std::strerror(errno)));
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+struct Shard {
+  std::vector<const TensorSpec*> tensors;
+  std::vector<uint64_t> offsets;  // of each tensor in the data area; last entry: data size
+};
+
+// Page-aligned memory, as O_DIRECT needs.
+struct AlignedBuffer {
+  explicit AlignedBuffer(size_t size)
+      : data(static_cast<uint8_t*>(std::aligned_alloc(kPage, (size + kPage - 1) / kPage * kPage))) {
+  }
+  ~AlignedBuffer() { std::free(data); }
+  AlignedBuffer(AlignedBuffer&& other) noexcept : data(std::exchange(other.data, nullptr)) {}
+  static constexpr size_t kPage = 4096;
+  uint8_t* data;
+};
+
+// One safetensors file: the 8-byte length, the JSON header padded with spaces so the data
+// starts page-aligned, then the tensors. `threads` generators fill chunk buffers in parallel
+// and this thread alone writes them (concurrent writers of one file would take turns on its
+// inode lock), with O_DIRECT where the file system allows it: no copy into the page cache, and
+// no cache filled with a model that may be larger than memory.
+absl::Status WriteShard(const Shard& shard, const fs::path& path, DType dtype, int threads) {
+  constexpr uint64_t kPage = AlignedBuffer::kPage;
+  OrderedJson header;
+  header["__metadata__"] = {{"format", "pt"}};
+  for (size_t i = 0; i < shard.tensors.size(); ++i) {
+    header[shard.tensors[i]->name] = {{"dtype", std::string(DTypeName(dtype))},
+                                      {"shape", shard.tensors[i]->shape},
+                                      {"data_offsets", {shard.offsets[i], shard.offsets[i + 1]}}};
+  }
+  std::string text = header.dump();
+  text.resize((8 + text.size() + kPage - 1) / kPage * kPage - 8, ' ');
+  const uint64_t data_size = shard.offsets.back();
+  const uint64_t data_begin = 8 + text.size();
+  const uint64_t file_size = data_begin + data_size;
+  const std::string name = path.string();
+  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  int fd = ::open(name.c_str(), flags | O_DIRECT, 0644);
+  bool direct = fd >= 0;
+  if (!direct) fd = ::open(name.c_str(), flags, 0644);
+  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(name, ": ", std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() {
+      if (fd >= 0) ::close(fd);
+    }
+  } closer{fd};
+  const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(file_size));
+  if (rc == ENOSPC) return absl::ResourceExhaustedError(absl::StrCat(name, ": disk full"));
+  if (rc != 0 && ::ftruncate(fd, static_cast<off_t>(file_size)) != 0) {
+    return absl::InternalError(absl::StrCat(name, ": ", std::strerror(errno)));
+  }
+  {
+    AlignedBuffer head(data_begin);
+    for (int i = 0; i < 8; ++i) head.data[i] = static_cast<uint8_t>(text.size() >> (8 * i));
+    std::memcpy(head.data + 8, text.data(), text.size());
+    absl::Status s = PwriteAll(fd, head.data, data_begin, 0, name);
+    if (!s.ok() && direct) {  // O_DIRECT accepted by open() but not by write(): go buffered
+      direct = ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_DIRECT) != 0;
+      if (!direct) s = PwriteAll(fd, head.data, data_begin, 0, name);
+    }
+    RETURN_IF_ERROR(s);
+  }
+
+  // Direct writes want large requests; buffered ones a chunk that is still in cache when the
+  // kernel copies it.
+  const uint64_t chunk_size = direct ? 4ull << 20 : 512ull << 10;
+  const uint64_t chunks = (data_size + chunk_size - 1) / chunk_size;
+  const size_t elem = DTypeSize(dtype);
+  const int generators =
+      static_cast<int>(std::min<uint64_t>(std::max(threads, 1), std::max<uint64_t>(chunks, 1)));
+  std::vector<AlignedBuffer> buffers;
+  for (int i = 0; i < std::min(2 * generators + 1, 64); ++i) {
+    buffers.emplace_back(std::min(chunk_size, (data_size + kPage - 1) / kPage * kPage));
+  }
+  std::vector<int> free_buffers(buffers.size());
+  std::iota(free_buffers.begin(), free_buffers.end(), 0);
+  std::deque<std::pair<uint64_t, int>> ready;  // (chunk, buffer)
+  std::mutex mu;
+  std::condition_variable changed;
+  int running = generators;
+  bool failed = false;
+  std::atomic<uint64_t> next{0};
+  auto generate = [&] {
+    for (uint64_t c = next++; c < chunks; c = next++) {
+      int b;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        changed.wait(lock, [&] { return !free_buffers.empty() || failed; });
+        if (failed) break;
+        b = free_buffers.back();
+        free_buffers.pop_back();
+      }
+      const uint64_t begin = c * chunk_size, end = std::min(data_size, begin + chunk_size);
+      // The first tensor that ends after `begin`, then every tensor up to `end`.
+      size_t t = std::upper_bound(shard.offsets.begin(), shard.offsets.end(), begin) -
+                 shard.offsets.begin() - 1;
+      for (uint64_t at = begin; at < end; ++t) {
+        const uint64_t stop = std::min(end, shard.offsets[t + 1]);
+        Fill(*shard.tensors[t], dtype, static_cast<int64_t>((at - shard.offsets[t]) / elem),
+             static_cast<int64_t>((stop - at) / elem), buffers[b].data + (at - begin));
+        at = stop;
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      ready.emplace_back(c, b);
+      changed.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    --running;
+    changed.notify_all();
+  };
+  std::vector<std::thread> pool;
+  for (int i = 0; i < generators; ++i) pool.emplace_back(generate);
+  absl::Status error;
+  for (;;) {
+    std::pair<uint64_t, int> item;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      changed.wait(lock, [&] { return !ready.empty() || running == 0; });
+      if (ready.empty()) break;
+      item = ready.front();
+      ready.pop_front();
+    }
+    const uint64_t begin = item.first * chunk_size;
+    uint64_t size = std::min(data_size, begin + chunk_size) - begin;
+    if (direct && size % kPage != 0) {  // the last chunk: whole pages, cut back below
+      const uint64_t padded = (size + kPage - 1) / kPage * kPage;
+      std::memset(buffers[item.second].data + size, 0, padded - size);
+      size = padded;
+    }
+    if (error.ok())
+      error = PwriteAll(fd, buffers[item.second].data, size, data_begin + begin, name);
+    std::lock_guard<std::mutex> lock(mu);
+    failed = !error.ok();
+    free_buffers.push_back(item.second);
+    changed.notify_all();
+  }
+  for (std::thread& th : pool) th.join();
+  RETURN_IF_ERROR(error);
+  if (direct && ::ftruncate(fd, static_cast<off_t>(file_size)) != 0) {
+    return absl::InternalError(absl::StrCat(name, ": ", std::strerror(errno)));
+  }
+  if (::close(std::exchange(closer.fd, -1)) != 0)
+    return absl::InternalError(absl::StrCat(name, ": ", std::strerror(errno)));
+  return absl::OkStatus();
+}
+
+// The output directory: created if missing, refused if it holds anything unless `force`, in
+// which case old weight files (that an index might otherwise mix with ours) are removed.
+absl::Status PrepareOutDir(const fs::path& dir, bool force) {
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    if (!fs::is_directory(dir, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir.string(), " exists and is not a directory"));
+    }
+    if (!fs::is_empty(dir, ec)) {
+      if (!force) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(dir.string(), " exists and is not empty (--force writes into it anyway)"));
+      }
+      for (const auto& entry : fs::directory_iterator(dir, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind("model", 0) == 0 &&
+            (absl::EndsWith(name, ".safetensors") || name == "model.safetensors.index.json")) {
+          fs::remove(entry.path(), ec);
+        }
+      }
+    }
+  } else if (!fs::create_directories(dir, ec) || ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(dir.string(), " is not writable"));
+  }
+  return absl::OkStatus();
+}
+
+// The Gini coefficient of a probability vector (eval's, on counts per billion).
+double GiniOf(const std::vector<double>& p) {
+  std::vector<int64_t> counts;
+  for (double x : p) counts.push_back(std::llround(x * 1e9));
+  return Gini(counts);
+}
+
+// 61.07 GB, 314.1 kB; 30.53B, 157.1K.
+std::string Gb(uint64_t bytes) {
+  if (bytes >= 1e9) return absl::StrFormat("%.2f GB", bytes / 1e9);
+  if (bytes >= 1e6) return absl::StrFormat("%.1f MB", bytes / 1e6);
+  return absl::StrFormat("%.1f kB", bytes / 1e3);
+}
+std::string Count(int64_t n) {
+  if (n >= 1e9) return absl::StrFormat("%.2fB", n / 1e9);
+  if (n >= 1e6) return absl::StrFormat("%.1fM", n / 1e6);
+  return absl::StrFormat("%.1fK", n / 1e3);
+}
+
+}  // namespace
+
+std::vector<std::string> ModelShapeNames() {
+  std::vector<std::string> names;
+  for (const ModelShape& s : Shapes()) names.push_back(s.name);
+  return names;
+}
+
+absl::StatusOr<ModelShape> FindModelShape(absl::string_view name) {
+  for (const ModelShape& s : Shapes()) {
+    if (s.name == name) return s;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown shape \"", name, "\" (", absl::StrJoin(ModelShapeNames(), ", "), ")"));
+}
+
+absl::StatusOr<double> ParseSkew(absl::string_view spec) {
+  if (spec.empty() || spec == "none") return 0.0;
+  double exponent = 0.0;
+  if (!absl::ConsumePrefix(&spec, "zipf:") || !absl::SimpleAtod(spec, &exponent) ||
+      !std::isfinite(exponent) || exponent < 0.0 || exponent > 10.0) {
+    return absl::InvalidArgumentError(
+        "--skew must be zipf:S with an exponent 0 <= S <= 10 (e.g. zipf:1.0), or none");
+  }
+  return exponent;
+}
+
+// P(e in top k) = integral over e's logit t of density_e(t) * P(fewer than k others exceed t),
+// where other j exceeds t with probability Q_j(t) = P(N(0, scale_j^2) > t). The count of
+// others above t is Poisson-binomial: prefix and suffix dynamic programs over the experts
+// (truncated at k) give it without expert e. The trapezoid rule runs on a grid symmetric about
+// 0 and geometric in |t|, which resolves every scale from the smallest to the largest.
+std::vector<double> TopKSelectionProbability(const std::vector<double>& scale, int top_k) {
+  const int n = static_cast<int>(scale.size()), k = top_k;
+  const double lo = *std::min_element(scale.begin(), scale.end());
+  const double hi = *std::max_element(scale.begin(), scale.end());
+  constexpr int kHalf = 240;
+  std::vector<double> t;
+  for (int i = kHalf - 1; i >= 0; --i) {
+    t.push_back(
+        -std::exp(std::log(1e-4 * lo) + i * std::log(9.0 * hi / (1e-4 * lo)) / (kHalf - 1)));
+  }
+  t.push_back(0.0);
+  for (int i = kHalf - 1; i >= 0; --i) t.push_back(-t[i]);
+  const int m = static_cast<int>(t.size());
+  // q[j * m + i] = Q_j(t_i); pre/suf[(j * k + c) * m + i] = P(c of experts < j / >= j exceed t_i).
+  std::vector<double> q(static_cast<size_t>(n) * m);
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < m; ++i) q[j * m + i] = 0.5 * std::erfc(t[i] / (scale[j] * M_SQRT2));
+  }
+  std::vector<double> pre(static_cast<size_t>(n + 1) * k * m, 0.0), suf(pre.size(), 0.0);
+  auto at = [&](std::vector<double>& v, int j, int c) {
+    return &v[(static_cast<size_t>(j) * k + c) * m];
+  };
+  // One step of either program: counts with expert j in from counts without it.
+  auto add = [&](std::vector<double>& v, int to, int from, int j) {
+    for (int c = 0; c < k; ++c) {
+      double *dst = at(v, to, c), *same = at(v, from, c), *one_less = at(v, from, c - (c > 0));
+      for (int i = 0; i < m; ++i) {
+        dst[i] = same[i] * (1.0 - q[j * m + i]) + (c > 0 ? one_less[i] * q[j * m + i] : 0.0);
+      }
+    }
+  };
+  std::fill(at(pre, 0, 0), at(pre, 0, 0) + m, 1.0);
+  std::fill(at(suf, n, 0), at(suf, n, 0) + m, 1.0);
+  for (int j = 0; j < n; ++j) add(pre, j + 1, j, j);
+  for (int j = n - 1; j >= 0; --j) add(suf, j, j + 1, j);
+  std::vector<double> p(n, 0.0), g(m);
+  for (int e = 0; e < n; ++e) {
+    std::fill(g.begin(), g.end(), 0.0);
+    for (int a = 0; a < k; ++a) {
+      for (int b = 0; a + b < k; ++b) {
+        const double *x = at(pre, e, a), *y = at(suf, e + 1, b);
+        for (int i = 0; i < m; ++i) g[i] += x[i] * y[i];
+      }
+    }
+    auto f = [&](int i) {
+      const double u = t[i] / scale[e];
+      return std::exp(-0.5 * u * u) / (scale[e] * std::sqrt(2.0 * M_PI)) * g[i];
+    };
+    for (int i = 0; i + 1 < m; ++i) p[e] += 0.5 * (f(i) + f(i + 1)) * (t[i + 1] - t[i]);
+  }
+  return p;
+}
+
+// Why the clamp: a logit scale[r] * z with z symmetric cannot be in the top k more than half
+// the time (flip the sign of x and the order reverses), and a scale near 0 still wins whenever
+// fewer than k others are positive, P(Binomial(n - 1, 1/2) < k).
+absl::StatusOr<ZipfGateSkew> SolveZipfGateSkew(int experts, int top_k, double exponent) {
+  ZipfGateSkew skew;
+  skew.exponent = exponent;
+  const int n = experts, k = top_k;
+  for (int c = 0; c < k; ++c) {
+    skew.min_probability += std::exp(std::lgamma(n) - std::lgamma(c + 1) - std::lgamma(n - c) -
+                                     (n - 1) * std::log(2.0));
+  }
+  const double lo = std::max(1.25 * skew.min_probability, 1e-4), hi = kMaxSelectionProbability;
+  skew.lower = lo;
+  skew.upper = hi;
+  if (lo * n > k || hi * n < k) {
+    return absl::InvalidArgumentError(absl::StrCat("--skew needs top_k / experts between ", lo,
+                                                   " and ", hi, "; this shape has ", k, "/", n));
+  }
+  // target[r] = clamp(c / (r + 1)^S, lo, hi) with c set by bisection so the targets sum to k.
+  auto targets = [&](double log_c) {
+    std::vector<double> p(n);
+    for (int r = 0; r < n; ++r) {
+      p[r] = std::clamp(std::exp(log_c - exponent * std::log(r + 1.0)), lo, hi);
+    }
+    return p;
+  };
+  double a = -60.0, b = 60.0;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = 0.5 * (a + b);
+    const auto p = targets(mid);
+    (std::accumulate(p.begin(), p.end(), 0.0) < k ? a : b) = mid;
+  }
+  skew.target = targets(0.5 * (a + b));
+  const double sum = std::accumulate(skew.target.begin(), skew.target.end(), 0.0);
+  for (double& p : skew.target) p *= k / sum;
+  // Damped fixed point in log space: scale[r] *= (target[r] / achieved[r])^eta, eta halved
+  // whenever the worst relative error grows. Each achieved[r] rises with its own scale.
+  std::vector<double> s(n, 1.0), best = s;
+  double best_err = INFINITY, prev_err = INFINITY, eta = 0.3;
+  for (int it = 0; it < 3000 && best_err > 2e-3; ++it) {
+    const std::vector<double> p = TopKSelectionProbability(s, k);
+    double err = 0.0;
+    for (int r = 0; r < n; ++r) err = std::max(err, std::abs(std::log(p[r] / skew.target[r])));
+    if (err < best_err) best_err = err, best = s;
+    eta = err > prev_err ? std::max(0.02, eta * 0.5) : std::min(0.5, eta * 1.1);
+    prev_err = err;
+    double ms = 0.0;
+    for (int r = 0; r < n; ++r) {
+      s[r] *= std::exp(eta * std::clamp(std::log(skew.target[r] / p[r]), -1.0, 1.0));
+      ms += s[r] * s[r];
+    }
+    for (double& x : s) x /= std::sqrt(ms / n);
+  }
+  skew.scale = best;
+  skew.achieved = TopKSelectionProbability(best, k);
+  return skew;
+}
+
+absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(const ModelShape shape, FindModelShape(options.shape));
+  ASSIGN_OR_RETURN(const double exponent, ParseSkew(options.skew));
+  DType dtype;
+  std::string torch_dtype;
+  if (options.dtype == "bf16") {
+    dtype = DType::kBF16, torch_dtype = "bfloat16";
+  } else if (options.dtype == "f16") {
+    dtype = DType::kF16, torch_dtype = "float16";
+  } else if (options.dtype == "f32") {
+    dtype = DType::kF32, torch_dtype = "float32";
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype must be bf16, f16 or f32, not \"", options.dtype, "\""));
+  }
+  if (options.layers < 0 || options.layers > 1000) {
+    return absl::InvalidArgumentError("--layers must be between 1 and 1000 (0: the shape's own)");
+  }
+  if (options.out_dir.empty()) return absl::InvalidArgumentError("--out is required");
+  const int layers = options.layers > 0 ? options.layers : shape.layers;
+
+  std::optional<ZipfGateSkew> skew;
+  if (exponent > 0.0) {
+    ASSIGN_OR_RETURN(skew, SolveZipfGateSkew(shape.experts, shape.top_k, exponent));
+  }
+  std::vector<std::vector<int>> orders;
+  const std::vector<TensorSpec> plan =
+      PlanTensors(shape, layers, options.seed, skew ? &*skew : nullptr, &orders);
+
+  // Shards of at most max_shard_bytes of tensor data, in order, as transformers cuts them.
+  MakeModelResult result;
+  std::vector<Shard> shards;
+  for (const TensorSpec& t : plan) {
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * DTypeSize(dtype);
+    if (shards.empty() || (shards.back().offsets.back() + bytes > options.max_shard_bytes &&
+                           !shards.back().tensors.empty())) {
+      shards.emplace_back();
+      shards.back().offsets.push_back(0);
+    }
+    shards.back().tensors.push_back(&t);
+    shards.back().offsets.push_back(shards.back().offsets.back() + bytes);
+    result.params += t.numel();
+    result.bytes += bytes;
+  }
+  result.shards = static_cast<int>(shards.size());
+  const auto shard_name = [&](int i) {
+    return absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, result.shards);
+  };
+
+  const fs::path dir(options.out_dir);
+  RETURN_IF_ERROR(PrepareOutDir(dir, options.force));
+  std::error_code ec;
+  const fs::space_info space = fs::space(dir, ec);
+  if (options.write_tensors && !ec && space.available < result.bytes + (64ull << 20)) {
+    return absl::ResourceExhaustedError(absl::StrCat(shape.name, " with ", layers, " layers needs ",
+                                                     Gb(result.bytes), "; ", dir.string(), " has ",
+                                                     Gb(space.available), " free"));
+  }
+  const int threads = options.num_threads > 0
+                          ? options.num_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (options.progress) {
+    StatusLine(absl::StrFormat("%s, %d layers, %s: %s parameters, %s in %d shard(s), %d threads",
+                               shape.name, layers, options.dtype, Count(result.params),
+                               Gb(result.bytes), result.shards, threads));
+  }
+  if (skew && options.progress) {
+    std::vector<std::string> p;
+    for (size_t r = 0; r < skew->target.size(); ++r) {
+      if (r < 8 || r + 1 == skew->target.size()) {
+        p.push_back(absl::StrFormat("%s%.3g", r == 8 ? "... " : "", skew->target[r]));
+      }
+    }
+    StatusLine(absl::StrFormat(
+        "skew zipf:%g: per MoE layer a random order ranks the experts and the gate row of rank r "
+        "is scaled by scale[r], solved so rank r is in the top %d with probability target[r] = "
+        "clamp(c/(r+1)^%g, %.3g, %.3g): %s (Gini %.3f); orders and scales in "
+        "strata_make_model.json",
+        exponent, shape.top_k, exponent, skew->lower, skew->upper, absl::StrJoin(p, " "),
+        GiniOf(skew->target)));
+  }
+
+  OrderedJson weight_map;
+  uint64_t written = 0;
+  for (int i = 0; i < result.shards; ++i) {
+    const std::string name = shard_name(i);
+    for (const TensorSpec* t : shards[i].tensors) weight_map[t->name] = name;
+    if (!options.write_tensors) continue;
+    const auto shard_start = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(WriteShard(shards[i], dir / name, dtype, threads));
+    const double sec =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - shard_start).count();
+    written += shards[i].offsets.back();
+    if (options.progress) {
+      StatusLine(absl::StrFormat("shard %d/%d %s: %s in %.2f s (%.2f GB/s); %s of %s", i + 1,
+                                 result.shards, name, Gb(shards[i].offsets.back()), sec,
+                                 shards[i].offsets.back() / 1e9 / std::max(sec, 1e-9), Gb(written),
+                                 Gb(result.bytes)));
+    }
+  }
+
+  OrderedJson index;
+  index["metadata"] = {{"total_size", result.bytes}};
+  index["weight_map"] = std::move(weight_map);
+  RETURN_IF_ERROR(WriteText(dir / "model.safetensors.index.json", index.dump(2) + "\n"));
+  RETURN_IF_ERROR(
+      WriteText(dir / "config.json", ConfigJson(shape, layers, torch_dtype).dump(2) + "\n"));
+  const nlohmann::json generation = {{"_from_model_config", true},
+                                     {"bos_token_id", shape.bos_token_id},
+                                     {"eos_token_id", shape.eos_token_id},
+                                     {"transformers_version", "4.51.0"}};
+  RETURN_IF_ERROR(WriteText(dir / "generation_config.json", generation.dump(2) + "\n"));
+
+  OrderedJson sidecar;
+  sidecar["generator"] = "strata make-model";
+  sidecar["shape"] = shape.name;
+  sidecar["layers"] = layers;
+  sidecar["dtype"] = options.dtype;
+  sidecar["seed"] = options.seed;
+  sidecar["init"] = {
+      {"linear_std", kInitStd},
+      {"embedding_std", kInitStd},
+      {"norm_weights", 1.0},
+      {"values",
+       "element i of tensor T: 16-bit lane i % 4 of splitmix64 output i / 4 from key "
+       "hash(seed, T), taken as the normal quantile at (u + 1/2) / 65536, times the std"}};
+  if (skew) {
+    OrderedJson s;
+    s["spec"] = absl::StrFormat("zipf:%g", exponent);
+    s["exponent"] = exponent;
+    s["construction"] = absl::StrCat(
+        "In every MoE layer, expert_order[layer][r] is the expert ranked r (a random order from "
+        "the seed). Its gate row is the usual N(0, 0.02^2) row times gate_row_scale[r]. For any "
+        "gate input x the logits are then independent N(0, (0.02 gate_row_scale[r] |x|)^2), so "
+        "the chance that rank r is in the top k depends on the scales alone (and not on the "
+        "router temperature); the scales are solved (quadrature, damped fixed point) so that "
+        "it equals selection_probability[r] = clamp(c / (r + 1)^S, lo, hi), c making them sum "
+        "to top_k: Zipf's law where this construction can reach it (hi < 1/2; lo above "
+        "P(Binomial(experts - 1, 1/2) < top_k)).");
+    s["selection_probability"] = skew->target;
+    s["achieved_selection_probability"] = skew->achieved;
+    s["gate_row_scale"] = skew->scale;
+    s["clamp"] = {skew->lower, skew->upper};
+    s["expected_gini"] = GiniOf(skew->target);
+    s["expert_order"] = orders;
+    sidecar["skew"] = std::move(s);
+  } else {
+    sidecar["skew"] = "none";
+  }
+  RETURN_IF_ERROR(WriteText(dir / "strata_make_model.json", sidecar.dump(2) + "\n"));
+
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (options.progress) {
+    StatusLine(absl::StrFormat(
+        "wrote %s to %s: %s parameters, %s in %d shard(s), %.2f s (%.2f GB/s)", shape.name,
+        dir.string(), Count(result.params), Gb(result.bytes), result.shards, result.seconds,
+        result.bytes / 1e9 / std::max(result.seconds, 1e-9)));
+  }
+  return result;
+}
+
+}  // namespace strata
