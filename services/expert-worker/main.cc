@@ -1,9 +1,9 @@
 // strata-worker --model DIR --cache HOST:PORT --router HOST:PORT --index I [--device cpu]
 // Runs the experts the router sends it, reading their weights from strata-cache's shared
 // memory. Start order does not matter: it waits for the cache and the router.
-#include <iostream>
 #include <atomic>
 #include <cstdlib>
+#include <iostream>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -16,7 +16,9 @@ ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json is 
 ABSL_FLAG(std::string, cache, "", "strata-cache address");
 ABSL_FLAG(std::string, router, "", "strata-router address");
 ABSL_FLAG(int, index, 0, "This worker's index, 0 .. workers - 1");
-ABSL_FLAG(std::string, device, "cpu", "cpu (cuda:N later)");
+ABSL_FLAG(std::string, device, "cpu", "Where experts run: cpu or cuda:N");
+ABSL_FLAG(std::string, weights, "bf16", "Expert weights on a GPU: bf16 or fp8");
+ABSL_FLAG(int, max_batch_tokens, 512, "The router's tokens per step (sizes GPU buffers)");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
 ABSL_FLAG(std::string, transport, "shm", "shm (same host) or grpc (router on another host)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "ExpertWorker address for --transport grpc");
@@ -38,6 +40,8 @@ int main(int argc, char** argv) {
   options.router_address = absl::GetFlag(FLAGS_router);
   options.index = index;
   options.device = absl::GetFlag(FLAGS_device);
+  options.expert_weights = absl::GetFlag(FLAGS_weights);
+  options.max_tokens_per_step = absl::GetFlag(FLAGS_max_batch_tokens);
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.listen = absl::GetFlag(FLAGS_listen);
   const std::string transport = absl::GetFlag(FLAGS_transport);

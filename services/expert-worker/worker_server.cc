@@ -6,6 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/shm/channel.h"
+#if STRATA_HAVE_CUDA
+#include "common/backend/cuda/staged_expert_backend.h"
+#endif
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
 
@@ -41,10 +44,6 @@ WorkerServer::~WorkerServer() {
 }
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerOptions& options) {
-  if (options.device != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device \"", options.device, "\": this worker runs experts on \"cpu\" only so far"));
-  }
   std::unique_ptr<WorkerServer> w(new WorkerServer());
   w->options_ = options;
   std::random_device rd;
@@ -70,8 +69,29 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   options.log(absl::StrCat("mapped ", layout.tensors_size(), " expert tensors in ",
                            layout.segments_size(), " shared-memory segment(s)"));
 
-  w->pool_ = std::make_unique<ThreadPool>(options.num_threads);
-  w->backend_ = std::make_unique<CpuExpertBackend>(w->config_, *w->experts_, *w->pool_);
+  if (options.device == "cpu") {
+    w->pool_ = std::make_unique<ThreadPool>(options.num_threads);
+    w->backend_ = std::make_unique<CpuExpertBackend>(w->config_, *w->experts_, *w->pool_);
+  } else if (options.device.rfind("cuda:", 0) == 0) {
+#if STRATA_HAVE_CUDA
+    gpu::CudaExpertOptions cuda;
+    cuda.format =
+        options.expert_weights == "fp8" ? gpu::WeightFormat::kFp8E4M3 : gpu::WeightFormat::kBf16;
+    cuda.max_tokens = options.max_tokens_per_step;
+    cuda.on_layer = [&options](int layer, int layers, uint64_t bytes) {
+      options.log(absl::StrCat("experts of layer ", layer + 1, "/", layers, " on ", options.device,
+                               " (", bytes >> 20, " MiB)"));
+    };
+    ASSIGN_OR_RETURN(w->backend_, gpu::StagedCudaExpertBackend::Create(
+                                      w->config_, *w->experts_,
+                                      std::atoi(options.device.c_str() + 5), std::move(cuda)));
+#else
+    return absl::InvalidArgumentError("this build has no CUDA backend (nvcc was not found)");
+#endif
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device \"", options.device, "\": use cpu or cuda:N"));
+  }
   w->executor_ = std::make_unique<ExpertExecutor>(w->config_, *w->backend_);
   if (options.transport == v1::TRANSPORT_GRPC) {
     w->service_ = std::make_unique<ExpertWorkerService>(*w->executor_, w->executor_mu_);

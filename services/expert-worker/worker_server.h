@@ -27,7 +27,9 @@ struct WorkerOptions {
   std::string cache_address;   // strata-cache
   std::string router_address;  // strata-router
   int index = 0;
-  std::string device = "cpu";
+  std::string device = "cpu";           // cpu or cuda:N
+  std::string expert_weights = "bf16";  // on a GPU: bf16 or fp8
+  int max_tokens_per_step = 512;        // the router's step size (sizes GPU buffers)
   int num_threads = 0;
   v1::Transport transport = v1::TRANSPORT_SHARED_MEMORY;
   std::string listen = "127.0.0.1:0";  // ExpertWorker service, for TRANSPORT_GRPC
@@ -55,7 +57,7 @@ class WorkerServer {
   ModelConfig config_;
   std::unique_ptr<MappedExperts> experts_;
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<CpuExpertBackend> backend_;
+  std::unique_ptr<ExpertBackend> backend_;
   std::unique_ptr<ExpertExecutor> executor_;
   std::mutex executor_mu_;
   std::unique_ptr<ExpertWorkerService> service_;

@@ -4,6 +4,7 @@
 //   strata generate --server HOST:PORT (--ids 1,2,3 | --prompt TEXT) [...]
 //   strata up       --model DIR [--workers N] [--device cpu] [--port P] [--config FILE]
 //   strata bench    --server HOST:PORT [--input-len 128 --output-len 512 --runs 10 ...]
+//   strata plan     --model DIR --calibration FILE.jsonl --workers N --out plan.json
 #include <unistd.h>
 
 #include <iostream>
@@ -22,6 +23,7 @@
 #include "tools/strata/eval_command.h"
 #include "tools/strata/id_list.h"
 #include "tools/strata/make_model.h"
+#include "tools/strata/plan_command.h"
 #include "tools/strata/supervisor.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json + safetensors)");
@@ -41,7 +43,7 @@ ABSL_FLAG(int, threads, 0, "CPU threads (per process with up); 0 uses every hard
 ABSL_FLAG(int, kv_block_size, 32, "Token slots per paged KV-cache block");
 ABSL_FLAG(int64_t, kv_cache_mb, 1024, "Upper bound on KV-cache memory, MiB");
 ABSL_FLAG(int, prefill_chunk, 512, "Prompt tokens per forward step");
-ABSL_FLAG(int, workers, 1, "up: expert worker processes");
+ABSL_FLAG(int, workers, 1, "up: expert worker processes; plan: workers to place experts on");
 ABSL_FLAG(std::string, device, "cpu",
           "Where the model runs: cpu, or cuda / cuda:N (in-process commands); up: the workers'");
 ABSL_FLAG(std::string, host, "127.0.0.1", "up: address to serve on");
@@ -66,7 +68,11 @@ ABSL_FLAG(int, output_len, 512, "bench: tokens generated per request");
 ABSL_FLAG(int, runs, 10, "bench: measured rounds per concurrency");
 ABSL_FLAG(int, warmup, 1, "bench: unmeasured rounds per concurrency first");
 ABSL_FLAG(std::vector<std::string>, concurrency, {"1"}, "bench: requests per round, e.g. 1,8,32");
-ABSL_FLAG(std::string, out, "", "bench: JSON results file (bench/results/README.md)");
+ABSL_FLAG(std::string, out, "",
+          "bench: JSON results file (bench/results/README.md); make-model: the model directory; "
+          "plan: the plan file");
+ABSL_FLAG(std::string, calibration, "",
+          "plan: JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} a line");
 ABSL_FLAG(std::string, model_name, "", "bench: model recorded (default: --model's name)");
 ABSL_FLAG(std::string, weights, "bf16",
           "Expert weights on a GPU, bf16 or fp8 (bench: the weights recorded)");
@@ -92,7 +98,9 @@ constexpr char kUsage[] =
     "            [--weights bf16|fp8] [--mode cluster] [--gpus N] [--machine NAME]\n"
     "            serving benchmark of a cluster: a table, and bench/results JSON\n"
     "  make-model --shape NAME --out DIR [--dtype bf16] [--skew zipf:S] [--seed N] [--layers L]\n"
-    "            [--force]   a random-weight model in the Hugging Face format\n";
+    "            [--force]   a random-weight model in the Hugging Face format\n"
+    "  plan      --model DIR --calibration FILE.jsonl --workers N --out plan.json\n"
+    "            count expert activations, place experts so every worker's load is equal\n";
 
 absl::StatusOr<strata::LocalEngineOptions> EngineOptionsFromFlags() {
   strata::LocalEngineOptions options;
@@ -175,6 +183,7 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
   if (flags.Specified("model") || c.model.empty()) c.model = absl::GetFlag(FLAGS_model);
   if (flags.Specified("workers")) c.workers = absl::GetFlag(FLAGS_workers);
   if (flags.Specified("device")) c.device = absl::GetFlag(FLAGS_device);
+  if (flags.Specified("weights")) c.weights = absl::GetFlag(FLAGS_weights);
   if (flags.Specified("host")) c.host = absl::GetFlag(FLAGS_host);
   if (flags.Specified("port")) c.port = absl::GetFlag(FLAGS_port);
   if (flags.Specified("transport")) c.transport = absl::GetFlag(FLAGS_transport);
@@ -213,6 +222,16 @@ absl::Status Run(const std::string& command, strata::DashedFlags& flags, const s
     options.expert_stats = absl::GetFlag(FLAGS_expert_stats);
     if (options.text_file.empty()) return absl::InvalidArgumentError("--text is required");
     return strata::RunEvalCommand(options, std::cout);
+  }
+  if (command == "plan") {
+    strata::PlanOptions options;
+    auto engine = EngineOptionsFromFlags();
+    if (!engine.ok()) return engine.status();
+    options.engine = *engine;
+    options.calibration_file = absl::GetFlag(FLAGS_calibration);
+    options.workers = absl::GetFlag(FLAGS_workers);
+    options.out = absl::GetFlag(FLAGS_out);
+    return strata::RunPlanCommand(options, std::cout);
   }
   if (command == "make-model") {
     strata::MakeModelOptions options;

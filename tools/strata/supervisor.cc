@@ -184,7 +184,8 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
     workers[i] = Child{
         absl::StrCat("strata-worker[", i, "]"),
         {options.bin_dir + "/strata-worker", "--model=" + c.model, "--cache=" + *cache_address,
-         "--router=" + *router_address, absl::StrCat("--index=", i), "--device=" + device, threads,
+         "--router=" + *router_address, absl::StrCat("--index=", i), "--device=" + device,
+         "--weights=" + c.weights, absl::StrCat("--max-batch-tokens=", c.max_batch_tokens), threads,
          "--transport=" + c.transport, absl::StrCat("--listen=", c.host, ":0"), log_level}};
     if (absl::Status s = Spawn(workers[i]); !s.ok()) {
       stop_all(absl::Seconds(1));
