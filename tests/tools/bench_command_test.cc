@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/cluster_process.h"
+#include "tests/testing/run_strata.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata {
@@ -29,23 +30,8 @@ using ::strata::testing::TempDir;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-Result RunStrata(const std::string& args) {
-  const std::string command = absl::StrCat(STRATA_BIN_DIR, "/strata ", args, " 2>&1");
-  Result result;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) result.out.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+using ::strata::testing::RunStrata;
+using Result = ::strata::testing::CommandResult;
 
 std::vector<double> Range(int n) {
   std::vector<double> v(n);

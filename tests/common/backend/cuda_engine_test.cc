@@ -12,20 +12,14 @@
 #include "common/engine/local_engine.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/oracles.h"
 
 namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> OracleNames() {
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(fs::path(STRATA_TEST_DATA_DIR) / "oracles")) {
-    if (fs::exists(entry.path() / "oracle.json")) names.push_back(entry.path().filename());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
+using ::strata::testing::OracleNames;
 
 class CudaEngineTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
