@@ -15,6 +15,7 @@
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address to serve on; port 0 picks a free port");
 ABSL_FLAG(int, workers, 1, "Expert workers to wait for; 0 runs the experts in this process");
+ABSL_FLAG(std::string, plan, "", "Expert placement from `strata plan`; default: contiguous");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
 ABSL_FLAG(int, kv_block_size, 32, "Token slots per KV-cache block");
 ABSL_FLAG(int64_t, kv_cache_mb, 1024, "KV-cache memory, MiB");
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
   options.model_dir = absl::GetFlag(FLAGS_model);
   options.listen = absl::GetFlag(FLAGS_listen);
   options.num_workers = absl::GetFlag(FLAGS_workers);
+  options.plan_file = absl::GetFlag(FLAGS_plan);
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_mb) << 20;

@@ -7,33 +7,14 @@
 
 namespace strata {
 
-ExpertPlacement ExpertPlacement::Contiguous(const ModelConfig& config, int num_workers) {
-  ExpertPlacement p;
-  p.owner.assign(config.num_layers, std::vector<int>(config.num_experts, 0));
-  for (int layer = 0; layer < config.num_layers; ++layer) {
-    for (int e = 0; e < config.num_experts; ++e) {
-      p.owner[layer][e] = static_cast<int>(int64_t{e} * num_workers / config.num_experts);
-    }
-  }
-  return p;
-}
-
-std::vector<int> ExpertPlacement::OwnedBy(int layer, int worker) const {
-  std::vector<int> experts;
-  for (int e = 0; e < static_cast<int>(owner[layer].size()); ++e) {
-    if (owner[layer][e] == worker) experts.push_back(e);
-  }
-  return experts;
-}
-
-RemoteExpertBackend::RemoteExpertBackend(const ModelConfig& config, ExpertPlacement placement,
-                                         int num_workers, RemoteExpertOptions options)
+RemoteExpertBackend::RemoteExpertBackend(const ModelConfig& config, PlacementPlan placement,
+                                         RemoteExpertOptions options)
     : config_(config),
       placement_(std::move(placement)),
-      num_workers_(num_workers),
+      num_workers_(placement_.num_workers),
       options_(options),
-      connections_(num_workers),
-      staging_(num_workers) {}
+      connections_(placement_.num_workers),
+      staging_(placement_.num_workers) {}
 
 void RemoteExpertBackend::SetConnection(int index, std::shared_ptr<ExpertConnection> connection) {
   std::lock_guard<std::mutex> lock(mu_);

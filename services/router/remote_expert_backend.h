@@ -10,18 +10,10 @@
 #include "absl/time/time.h"
 #include "common/backend/backend.h"
 #include "common/model/model_config.h"
+#include "common/placement/placement_plan.h"
 #include "common/transport/expert_connection.h"
 
 namespace strata {
-
-// owner[layer][expert] = worker index.
-struct ExpertPlacement {
-  std::vector<std::vector<int>> owner;
-
-  // Experts split into contiguous ranges of near-equal size, the same on every layer.
-  static ExpertPlacement Contiguous(const ModelConfig& config, int num_workers);
-  std::vector<int> OwnedBy(int layer, int worker) const;
-};
 
 struct RemoteExpertOptions {
   absl::Duration timeout = absl::Seconds(60);  // per layer exchange
@@ -29,21 +21,21 @@ struct RemoteExpertOptions {
 
 class RemoteExpertBackend : public ExpertBackend {
  public:
-  RemoteExpertBackend(const ModelConfig& config, ExpertPlacement placement, int num_workers,
+  RemoteExpertBackend(const ModelConfig& config, PlacementPlan placement,
                       RemoteExpertOptions options);
 
   // Installs (or replaces, after a restart) worker `index`'s connection. Thread-safe.
   void SetConnection(int index, std::shared_ptr<ExpertConnection> connection);
   int num_connected() const;
   int num_workers() const { return num_workers_; }
-  const ExpertPlacement& placement() const { return placement_; }
+  const PlacementPlan& placement() const { return placement_; }
 
   absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                           Tensor& out) override;
 
  private:
   const ModelConfig& config_;
-  ExpertPlacement placement_;
+  PlacementPlan placement_;
   int num_workers_;
   RemoteExpertOptions options_;
   mutable std::mutex mu_;

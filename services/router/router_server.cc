@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/placement/plan_file.h"
 #include "common/util/status_macros.h"
 
 namespace strata {
@@ -40,9 +41,15 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   s->pool_ = std::make_unique<ThreadPool>(options.num_threads);
   s->router_backend_ = std::make_unique<CpuRouterBackend>(*s->model_, *s->pool_);
   if (options.num_workers > 0) {
+    PlacementPlan placement =
+        PlacementPlan::Contiguous(c.num_layers, c.num_experts, options.num_workers);
+    if (!options.plan_file.empty()) {
+      ASSIGN_OR_RETURN(PlanFile plan, LoadPlan(options.plan_file, c.num_layers, c.num_experts,
+                                               options.num_workers));
+      placement = std::move(plan.plan);
+    }
     auto remote = std::make_unique<RemoteExpertBackend>(
-        c, ExpertPlacement::Contiguous(c, options.num_workers), options.num_workers,
-        RemoteExpertOptions{.timeout = options.expert_timeout});
+        c, std::move(placement), RemoteExpertOptions{.timeout = options.expert_timeout});
     s->remote_ = remote.get();
     s->expert_backend_ = std::move(remote);
   } else {

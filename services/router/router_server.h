@@ -27,6 +27,7 @@ struct RouterOptions {
   std::string model_dir;
   std::string listen = "127.0.0.1:0";  // port 0 picks a free port
   int num_workers = 1;                 // 0 runs the experts in this process
+  std::string plan_file;               // placement from `strata plan`; empty: contiguous
   int num_threads = 0;
   int kv_block_size = 32;
   int64_t kv_cache_bytes = int64_t{1} << 30;

@@ -29,6 +29,7 @@ const std::map<std::string, Setter>& Setters() {
       {"model", Set<std::string>(&ClusterConfig::model)},
       {"workers", Set<int>(&ClusterConfig::workers, [](const int& v) { return v >= 0; })},
       {"device", Set<std::string>(&ClusterConfig::device)},
+      {"plan", Set<std::string>(&ClusterConfig::plan)},
       {"weights", Set<std::string>(&ClusterConfig::weights,
                                    [](const std::string& v) { return v == "bf16" || v == "fp8"; })},
       {"host", Set<std::string>(&ClusterConfig::host)},

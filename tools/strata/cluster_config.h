@@ -15,6 +15,7 @@ struct ClusterConfig {
   int workers = 1;
   std::string device = "cpu";
   std::string weights = "bf16";  // expert weights on GPUs: bf16 or fp8
+  std::string plan;              // expert placement file from `strata plan`
   std::string host = "127.0.0.1";
   int port = 0;                   // 0 picks a free port
   std::string transport = "shm";  // shm or grpc between router and workers

@@ -86,19 +86,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 }  // namespace
 
-double Gini(absl::Span<const int64_t> counts) {
-  std::vector<int64_t> sorted(counts.begin(), counts.end());
-  std::sort(sorted.begin(), sorted.end());
-  const double n = static_cast<double>(sorted.size());
-  double total = 0.0, weighted = 0.0;
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    total += static_cast<double>(sorted[i]);
-    weighted += static_cast<double>(i + 1) * static_cast<double>(sorted[i]);
-  }
-  if (total == 0.0 || n == 0.0) return 0.0;
-  return 2.0 * weighted / (n * total) - (n + 1.0) / n;
-}
-
 absl::StatusOr<EvalResult> Evaluate(const EvalOptions& options) {
   if (options.window < 2) return absl::InvalidArgumentError("--window must be at least 2");
   const std::string tokenizer_path =

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/engine/local_engine.h"
+#include "common/placement/placement_stats.h"  // Gini
 
 namespace strata {
 
@@ -32,9 +33,6 @@ struct EvalResult {
 // `window` ids (a last window of one id is dropped); each window runs from position 0 with no
 // BOS and its positions 1..len-1 are scored; perplexity = exp(mean negative log-likelihood).
 absl::StatusOr<EvalResult> Evaluate(const EvalOptions& options);
-
-// Gini coefficient of a count vector: 0 for perfectly even use, towards 1 for concentration.
-double Gini(absl::Span<const int64_t> counts);
 
 // Prints {"perplexity": P, "tokens": N} (and "expert_gini" per layer, "gini_overall").
 absl::Status RunEvalCommand(const EvalOptions& options, std::ostream& out);

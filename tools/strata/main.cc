@@ -71,6 +71,7 @@ ABSL_FLAG(std::vector<std::string>, concurrency, {"1"}, "bench: requests per rou
 ABSL_FLAG(std::string, out, "",
           "bench: JSON results file (bench/results/README.md); make-model: the model directory; "
           "plan: the plan file");
+ABSL_FLAG(std::string, plan, "", "up: expert placement file from `strata plan`");
 ABSL_FLAG(std::string, calibration, "",
           "plan: JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} a line");
 ABSL_FLAG(std::string, model_name, "", "bench: model recorded (default: --model's name)");
@@ -184,6 +185,7 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
   if (flags.Specified("workers")) c.workers = absl::GetFlag(FLAGS_workers);
   if (flags.Specified("device")) c.device = absl::GetFlag(FLAGS_device);
   if (flags.Specified("weights")) c.weights = absl::GetFlag(FLAGS_weights);
+  if (flags.Specified("plan")) c.plan = absl::GetFlag(FLAGS_plan);
   if (flags.Specified("host")) c.host = absl::GetFlag(FLAGS_host);
   if (flags.Specified("port")) c.port = absl::GetFlag(FLAGS_port);
   if (flags.Specified("transport")) c.transport = absl::GetFlag(FLAGS_transport);

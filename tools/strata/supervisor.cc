@@ -162,7 +162,7 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
        absl::StrCat("--max-running=", c.max_running),
        absl::StrCat("--max-queued-requests=", c.max_queued_requests),
        absl::StrCat("--drain-timeout-s=", c.drain_timeout_s), "--channel-prefix=" + prefix,
-       log_level}};
+       "--plan=" + c.plan, log_level}};
   std::vector<Child> workers(c.workers);
   auto stop_all = [&](absl::Duration router_grace) {
     const int router_exit = Stop(router, router_grace);

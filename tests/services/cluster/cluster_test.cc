@@ -12,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "strata/v1/generation.grpc.pb.h"
 #include "tests/testing/cluster_process.h"
+#include "tests/testing/run_strata.h"
 #include "tools/strata/eval_command.h"
 
 namespace strata {
@@ -202,6 +203,46 @@ TEST(ClusterTest, ScoreMatchesInProcessPerplexity) {
   EXPECT_EQ(remote->tokens, local->tokens);
   EXPECT_NEAR(remote->perplexity, local->perplexity, 1e-4 * local->perplexity);
   EXPECT_EQ(cluster.Stop(), 0);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// A placement made by `strata plan` from calibration counts: the cluster follows it and still
+// gives the oracle's tokens; a plan for another worker count stops the router at start-up.
+TEST(ClusterTest, PlacementFromStrataPlan) {
+  const std::string model = OracleDir("qwen3_moe_long");
+  std::ifstream in(fs::path(model) / "oracle.json");
+  const auto oracle = nlohmann::json::parse(in);
+  const std::string calibration = ::testing::TempDir() + "/calibration.jsonl";
+  {
+    std::ofstream out(calibration);
+    for (const auto& c : oracle["cases"])
+      out << nlohmann::json{{"token_ids", c["all_ids"]}}.dump() << "\n";
+  }
+  const std::string plan = ::testing::TempDir() + "/plan.json";
+  const auto planned = strata::testing::RunStrata("plan --model " + model + " --calibration " +
+                                                  calibration + " --workers 2 --out " + plan);
+  ASSERT_EQ(planned.exit_code, 0) << planned.out;
+
+  ClusterProcess cluster({"--model=" + model, "--workers=2", "--threads=1", "--plan=" + plan});
+  ASSERT_FALSE(cluster.address().empty());
+  auto stub = Connect(cluster.address());
+  for (const auto& c : oracle["cases"]) {
+    const auto greedy = c["greedy"].get<std::vector<uint32_t>>();
+    const Generated g = Generate(
+        *stub, Greedy(c["prompt"].get<std::vector<uint32_t>>(), static_cast<int>(greedy.size())));
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.tokens, greedy);
+  }
+  EXPECT_EQ(cluster.Stop(), 0);
+
+  ClusterProcess mismatched({"--model=" + model, "--workers=3", "--threads=1", "--plan=" + plan},
+                            /*ready_timeout_s=*/30);
+  EXPECT_TRUE(mismatched.address().empty());
 }
 
 }  // namespace
