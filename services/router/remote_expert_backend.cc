@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/process.h"
 #include "common/util/status_macros.h"
 
 namespace strata {
@@ -14,6 +15,7 @@ RemoteExpertBackend::RemoteExpertBackend(const ModelConfig& config, PlacementPla
       num_workers_(placement_.num_workers),
       options_(options),
       connections_(placement_.num_workers),
+      was_usable_(placement_.num_workers, true),
       staging_(placement_.num_workers) {}
 
 void RemoteExpertBackend::SetConnection(int index, std::shared_ptr<ExpertConnection> connection) {
@@ -29,15 +31,52 @@ int RemoteExpertBackend::num_connected() const {
 
 absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
                                              const RoutingTable& routing, Tensor& out) {
-  const int64_t n = x.rows();
-  const int64_t h = x.cols();
-  const int k = routing.top_k;
-  const std::vector<int>& owner = placement_.owner.at(layer);
   std::vector<std::shared_ptr<ExpertConnection>> connections;
   {
     std::lock_guard<std::mutex> lock(mu_);
     connections = connections_;
   }
+  std::vector<bool> usable(num_workers_);
+  for (int w = 0; w < num_workers_; ++w) {
+    usable[w] = connections[w] && connections[w]->Alive();
+    if (usable[w] != was_usable_[w]) {
+      was_usable_[w] = usable[w];
+      Log(LogLevel::kWarning,
+          usable[w] ? absl::StrCat("expert worker ", w, " is back; it runs its own experts again")
+                    : absl::StrCat("expert worker ", w, " is gone; the others run its experts"));
+    }
+  }
+  const std::vector<int>& planned = placement_.owner.at(layer);
+  std::vector<int> owner(planned.size());
+  // A worker that is gone (or fails during the layer) hands its experts to the others, which
+  // map every expert from the expert store: the layer runs again without it, and no request
+  // is lost. Its experts come back when it registers again.
+  for (int attempt = 0; attempt < num_workers_; ++attempt) {
+    std::vector<int> alive;
+    for (int w = 0; w < num_workers_; ++w) {
+      if (usable[w]) alive.push_back(w);
+    }
+    if (alive.empty()) return absl::UnavailableError("no expert worker is connected");
+    for (size_t e = 0; e < planned.size(); ++e) {
+      owner[e] = usable[planned[e]] ? planned[e] : alive[e % alive.size()];
+    }
+    int failed = -1;
+    const absl::Status status = Exchange(layer, x, routing, owner, connections, out, &failed);
+    if (status.ok() || failed < 0) return status;
+    usable[failed] = false;
+    reroutes_.fetch_add(1);
+    Log(LogLevel::kWarning, absl::StrCat("expert worker ", failed, " failed during layer ", layer,
+                                         " (", status.message(), "); rerouting its experts"));
+  }
+  return absl::UnavailableError("every expert worker failed");
+}
+
+absl::Status RemoteExpertBackend::Exchange(
+    int layer, const Tensor& x, const RoutingTable& routing, const std::vector<int>& owner,
+    const std::vector<std::shared_ptr<ExpertConnection>>& connections, Tensor& out, int* failed) {
+  const int64_t n = x.rows();
+  const int64_t h = x.cols();
+  const int k = routing.top_k;
   // Split the tokens by worker: a token goes to every worker that owns one of its experts.
   for (Staging& s : staging_) {
     s.rows.clear();
@@ -68,6 +107,7 @@ absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
   // unanswered would put its channel one response behind.
   for (int w = 0; w < num_workers_; ++w) {
     if (!staging_[w].rows.empty() && (!connections[w] || !connections[w]->Alive())) {
+      *failed = w;
       return absl::UnavailableError(absl::StrCat("expert worker ", w, " is not connected"));
     }
   }
@@ -88,6 +128,7 @@ absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
     request.weights = s.weights;
     status = connections[w]->Send(request);
     sent[w] = status.ok();
+    if (!status.ok()) *failed = w;
   }
   out.Resize(n, h);
   out.SetZero();
@@ -124,6 +165,7 @@ absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
           options_.timeout);
       if (!received.ok()) break;
     }
+    if (!received.ok() && *failed < 0) *failed = w;
     if (status.ok()) status = received.ok() ? consumed : received;
   }
   return status;

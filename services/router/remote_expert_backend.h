@@ -3,6 +3,7 @@
 #ifndef STRATA_SERVICES_ROUTER_REMOTE_EXPERT_BACKEND_H_
 #define STRATA_SERVICES_ROUTER_REMOTE_EXPERT_BACKEND_H_
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -33,7 +34,17 @@ class RemoteExpertBackend : public ExpertBackend {
   absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                           Tensor& out) override;
 
+  // Layers that ran again because a worker failed during them or was gone.
+  int64_t reroutes() const { return reroutes_.load(); }
+
  private:
+  // One layer's exchange with `owner[expert]` as the placement. On a worker's failure sets
+  // `failed` to its index (and leaves every other channel in step).
+  absl::Status Exchange(int layer, const Tensor& x, const RoutingTable& routing,
+                        const std::vector<int>& owner,
+                        const std::vector<std::shared_ptr<ExpertConnection>>& connections,
+                        Tensor& out, int* failed);
+
   const ModelConfig& config_;
   PlacementPlan placement_;
   int num_workers_;
@@ -41,6 +52,8 @@ class RemoteExpertBackend : public ExpertBackend {
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<ExpertConnection>> connections_;
   uint64_t step_ = 0;
+  std::atomic<int64_t> reroutes_{0};
+  std::vector<bool> was_usable_;  // for logging transitions only (engine thread)
   // Per-worker staging, reused across calls.
   struct Staging {
     std::vector<int64_t> rows;  // token rows of x sent to this worker

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -181,6 +182,58 @@ TEST(LifecycleTest, SupervisorRestartsAKilledWorker) {
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(Generate(cluster.address(), prompt, static_cast<int>(greedy.size())).tokens, greedy);
   }
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+// A worker killed with SIGKILL in the middle of generation costs its in-flight layer, not the
+// requests: the router runs that layer again on the other worker, and all 8 requests end with
+// the tokens of an undisturbed run. The supervisor restarts the worker, which serves again.
+TEST(LifecycleTest, KilledWorkerLosesNoRequest) {
+  ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe_long"), "--workers=2", "--threads=1"});
+  ASSERT_FALSE(cluster.address().empty());
+  std::vector<std::vector<uint32_t>> prompts;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<uint32_t> prompt(10 + 7 * i);
+    for (size_t j = 0; j < prompt.size(); ++j)
+      prompt[j] = static_cast<uint32_t>(3 + (i * 131 + j * 17) % 700);
+    prompts.push_back(prompt);
+  }
+  const int kNewTokens = 300;
+  std::vector<std::vector<uint32_t>> undisturbed;
+  for (const auto& p : prompts) {
+    const Generated g = Generate(cluster.address(), p, kNewTokens);
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    undisturbed.push_back(g.tokens);
+  }
+  std::promise<void> first;
+  std::atomic<bool> fired{false};
+  std::vector<std::future<Generated>> running;
+  for (const auto& p : prompts) {
+    running.push_back(std::async(std::launch::async, [&, p] {
+      return Generate(cluster.address(), p, kNewTokens, [&] {
+        if (!fired.exchange(true)) first.set_value();
+      });
+    }));
+  }
+  first.get_future().wait();
+  const pid_t worker = ChildWithArgs(cluster.pid(), "strata-worker", "--index=1");
+  ASSERT_GT(worker, 0);
+  ASSERT_EQ(::kill(worker, SIGKILL), 0);
+  for (size_t i = 0; i < running.size(); ++i) {
+    const Generated g = running[i].get();
+    ASSERT_TRUE(g.status.ok()) << "request " << i << ": " << g.status.error_message();
+    EXPECT_EQ(g.tokens, undisturbed[i]) << "request " << i;
+  }
+  // The replacement registers and serves.
+  pid_t replacement = -1;
+  for (int i = 0; i < 600 && (replacement <= 0 || replacement == worker); ++i) {
+    replacement = ChildWithArgs(cluster.pid(), "strata-worker", "--index=1");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GT(replacement, 0);
+  ASSERT_NE(replacement, worker);
+  ASSERT_TRUE(WaitForHealth(cluster.address(), grpc::health::v1::HealthCheckResponse::SERVING, 60));
+  EXPECT_EQ(Generate(cluster.address(), prompts[0], kNewTokens).tokens, undisturbed[0]);
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
