@@ -12,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "strata/v1/generation.grpc.pb.h"
 #include "tests/testing/cluster_process.h"
+#include "tests/testing/oracles.h"
 #include "tests/testing/run_strata.h"
 #include "tools/strata/eval_command.h"
 
@@ -81,9 +82,10 @@ TEST_P(OracleClusterTest, TwoWorkersMatchTheOracle) {
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllArchitectures, OracleClusterTest,
-                         ::testing::Values("qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss",
-                                           "qwen3_moe_dense_tied", "gpt_oss_long"));
+// Every oracle model (tests/data/oracles), all four architectures and their variants.
+INSTANTIATE_TEST_SUITE_P(AllOracles, OracleClusterTest,
+                         ::testing::ValuesIn(::strata::testing::OracleNames()),
+                         [](const auto& info) { return info.param; });
 
 TEST(ClusterTest, GrpcTransportMatchesTheOracle) {
   ClusterProcess cluster(
