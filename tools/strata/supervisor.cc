@@ -21,6 +21,10 @@ namespace strata {
 namespace {
 
 struct Child {
+  Child() = default;
+  Child(std::string name, std::vector<std::string> argv)
+      : name(std::move(name)), argv(std::move(argv)) {}
+
   std::string name;
   std::vector<std::string> argv;
   pid_t pid = -1;
