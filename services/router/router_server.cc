@@ -57,9 +57,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
     s->expert_backend_ =
         std::make_unique<CpuExpertBackend>(c, *s->local_experts_source_, *s->pool_);
   }
-  s->forward_ = std::make_unique<ForwardPass>(
-      c, *s->router_backend_, *s->expert_backend_,
-      ForwardOptions{.router_temperature = options.router_temperature});
+  ForwardOptions forward_options;
+  forward_options.router_temperature = options.router_temperature;
+  s->forward_ =
+      std::make_unique<ForwardPass>(c, *s->router_backend_, *s->expert_backend_, forward_options);
   s->scheduler_ =
       std::make_unique<Scheduler>(c, *s->forward_, *s->kv_, s->tokenizer_.get(), options.scheduler);
   s->generation_ = std::make_unique<GenerationService>(c, *s->scheduler_, s->tokenizer_.get(),

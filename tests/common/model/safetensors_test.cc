@@ -51,7 +51,9 @@ TEST(SafetensorsTest, ParsesWellFormedFile) {
       EXPECT_EQ(e.begin, data_begin);
       EXPECT_EQ(e.end, data_begin + 12);
     }
-    if (e.name == "b") EXPECT_EQ(e.begin, data_begin + 12);
+    if (e.name == "b") {
+      EXPECT_EQ(e.begin, data_begin + 12);
+    }
   }
 }
 
