@@ -29,6 +29,11 @@ int RemoteExpertBackend::num_connected() const {
                                         [](const auto& c) { return c && c->Alive(); }));
 }
 
+bool RemoteExpertBackend::connected(int index) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index >= 0 && index < num_workers_ && connections_[index] && connections_[index]->Alive();
+}
+
 absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
                                              const RoutingTable& routing, Tensor& out) {
   std::vector<std::shared_ptr<ExpertConnection>> connections;

@@ -28,6 +28,8 @@ class RemoteExpertBackend : public ExpertBackend {
   // Installs (or replaces, after a restart) worker `index`'s connection. Thread-safe.
   void SetConnection(int index, std::shared_ptr<ExpertConnection> connection);
   int num_connected() const;
+  // Whether worker `index` is registered and its process alive.
+  bool connected(int index) const;
   int num_workers() const { return num_workers_; }
   const PlacementPlan& placement() const { return placement_; }
 

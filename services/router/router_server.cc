@@ -72,6 +72,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(s->generation_.get());
+  s->admin_ = std::make_unique<AdminService>(*s->scheduler_, *s->kv_, s->remote_);
+  builder.RegisterService(s->admin_.get());
   if (s->remote_ != nullptr) {
     s->coordinator_ = std::make_unique<CoordinatorService>(
         c, *s->remote_,

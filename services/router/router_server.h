@@ -16,6 +16,7 @@
 #include "common/backend/cpu/cpu_router_backend.h"
 #include "common/engine/forward_pass.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/router/admin_service.h"
 #include "services/router/coordinator_service.h"
 #include "services/router/generation_service.h"
 #include "services/router/remote_expert_backend.h"
@@ -71,6 +72,7 @@ class RouterServer {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<GenerationService> generation_;
   std::unique_ptr<CoordinatorService> coordinator_;
+  std::unique_ptr<AdminService> admin_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::atomic<bool> ready_{false};

@@ -3,7 +3,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
+#include "strata/v1/cluster.grpc.pb.h"
 #include "strata/v1/generation.grpc.pb.h"
 
 namespace strata {
@@ -43,6 +45,27 @@ absl::Status RunRemoteGenerate(const RemoteGenerateOptions& options, std::ostrea
                    {"time_to_first_token_ms", last.usage().time_to_first_token_ms()},
                    {"decode_tokens_per_second", last.usage().decode_tokens_per_second()}};
   out << json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunStats(const std::string& server, std::ostream& out) {
+  auto stub = v1::Admin::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::StatsResponse response;
+  const grpc::Status status = stub->Stats(&context, v1::StatsRequest(), &response);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        absl::StrCat(server, ": ", status.error_message()));
+  }
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(response, &json, options).ok()) {
+    return absl::InternalError("cannot print the stats as JSON");
+  }
+  out << json << "\n";
   return absl::OkStatus();
 }
 

@@ -22,6 +22,9 @@ struct RemoteGenerateOptions {
 // Prints {"token_ids": [...], "text": "...", "finish_reason": "...", "usage": {...}}.
 absl::Status RunRemoteGenerate(const RemoteGenerateOptions& options, std::ostream& out);
 
+// `strata stats --server HOST:PORT`: the router's counters (strata.v1.Admin.Stats) as JSON.
+absl::Status RunStats(const std::string& server, std::ostream& out);
+
 }  // namespace strata
 
 #endif  // STRATA_TOOLS_STRATA_CLIENT_COMMANDS_H_

@@ -100,6 +100,7 @@ constexpr char kUsage[] =
     "            serving benchmark of a cluster: a table, and bench/results JSON\n"
     "  make-model --shape NAME --out DIR [--dtype bf16] [--skew zipf:S] [--seed N] [--layers L]\n"
     "            [--force]   a random-weight model in the Hugging Face format\n"
+    "  stats     --server HOST:PORT   the router's counters and its workers, as JSON\n"
     "  plan      --model DIR --calibration FILE.jsonl --workers N --out plan.json\n"
     "            count expert activations, place experts so every worker's load is equal\n";
 
@@ -212,6 +213,11 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
 
 absl::Status Run(const std::string& command, strata::DashedFlags& flags, const std::string& self) {
   if (command == "up") return Up(flags, self);
+  if (command == "stats") {
+    if (absl::GetFlag(FLAGS_server).empty())
+      return absl::InvalidArgumentError("--server is required");
+    return strata::RunStats(absl::GetFlag(FLAGS_server), std::cout);
+  }
   if (command == "bench") return Bench();
   if (command == "eval") {
     strata::EvalOptions options;

@@ -16,6 +16,7 @@
 #include "strata/v1/generation.grpc.pb.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/cluster_process.h"
+#include "tests/testing/run_strata.h"
 
 namespace strata {
 namespace {
@@ -235,6 +236,23 @@ TEST(LifecycleTest, KilledWorkerLosesNoRequest) {
   ASSERT_TRUE(WaitForHealth(cluster.address(), grpc::health::v1::HealthCheckResponse::SERVING, 60));
   EXPECT_EQ(Generate(cluster.address(), prompts[0], kNewTokens).tokens, undisturbed[0]);
   EXPECT_EQ(cluster.Stop(), 0);
+}
+
+// `strata stats` reports the router's counters and which workers are connected.
+TEST(LifecycleTest, StatsReportWorkersAndCounters) {
+  ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe"), "--workers=2", "--threads=1"});
+  ASSERT_FALSE(cluster.address().empty());
+  ASSERT_EQ(Generate(cluster.address(), {1, 2, 3}, 5).tokens.size(), 5u);
+  const auto result = strata::testing::RunStrata("stats --server " + cluster.address());
+  ASSERT_EQ(result.exit_code, 0) << result.out;
+  const auto stats = nlohmann::json::parse(result.out);
+  // 64-bit counters are strings in protobuf's JSON mapping.
+  EXPECT_GE(std::stoull(stats["steps"].get<std::string>()), 5u);
+  EXPECT_EQ(stats["running_requests"].get<uint32_t>(), 0u);
+  EXPECT_EQ(stats["free_kv_blocks"], stats["total_kv_blocks"]);
+  ASSERT_EQ(stats["workers"].size(), 2u);
+  for (const auto& w : stats["workers"]) EXPECT_TRUE(w["connected"].get<bool>());
+  EXPECT_NE(strata::testing::RunStrata("stats --server 127.0.0.1:1").exit_code, 0);
 }
 
 TEST(LifecycleTest, FullQueueGivesResourceExhausted) {
