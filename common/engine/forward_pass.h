@@ -27,8 +27,6 @@ class ForwardPass {
   absl::Status Run(absl::Span<const int32_t> ids, const BatchLayout& batch, PagedKvCache& kv,
                    absl::Span<const int64_t> logit_rows, Tensor& logits);
 
-  const ForwardOptions& options() const { return options_; }
-  void set_router_temperature(float t) { options_.router_temperature = t; }
 
  private:
   const ModelConfig& config_;

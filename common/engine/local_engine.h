@@ -64,7 +64,6 @@ class LocalEngine {
                                                 const GenerateOptions& options);
 
   const ModelConfig& config() const { return model_->config; }
-  const Model& model() const { return *model_; }
   // Longest sequence the KV pool and the model's context allow.
   int64_t max_sequence_tokens() const;
 

@@ -80,12 +80,6 @@ struct ExpertStore::Segment {
 
 ExpertStore::~ExpertStore() = default;
 
-uint64_t ExpertStore::total_bytes() const {
-  uint64_t total = 0;
-  for (const auto& s : layout_.segments()) total += s.bytes();
-  return total;
-}
-
 absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Build(const Model& model,
                                                                 const ExpertStoreOptions& options) {
   const ModelConfig& c = model.config;

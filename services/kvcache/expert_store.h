@@ -29,7 +29,6 @@ class ExpertStore {
   ~ExpertStore();  // removes the segments
 
   const v1::ExpertLayout& layout() const { return layout_; }
-  uint64_t total_bytes() const;
 
  private:
   struct Segment;

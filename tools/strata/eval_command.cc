@@ -142,14 +142,9 @@ absl::Status RunEvalCommand(const EvalOptions& options, std::ostream& out) {
   json["perplexity"] = result.perplexity;
   json["tokens"] = result.tokens;
   if (!result.expert_counts.empty()) {
-    std::vector<double> gini;
-    std::vector<int64_t> all;
-    for (const auto& layer : result.expert_counts) {
-      gini.push_back(Gini(layer));
-      all.insert(all.end(), layer.begin(), layer.end());
-    }
-    json["expert_gini"] = gini;
-    json["gini_overall"] = Gini(all);
+    const GiniReport gini = GiniByLayer(result.expert_counts);
+    json["expert_gini"] = gini.per_layer;
+    json["gini_overall"] = gini.overall;
     json["expert_counts"] = result.expert_counts;
   }
   out << json.dump() << "\n";

@@ -35,7 +35,6 @@ class CudaExpertBackend : public ExpertBackend {
   absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                           Tensor& out) override;
 
-  uint64_t weight_bytes() const { return bytes_; }
 
  private:
   CudaExpertBackend(const ModelConfig& config, CudaContext* context, CudaExpertOptions options)
@@ -55,7 +54,7 @@ class CudaExpertBackend : public ExpertBackend {
   DeviceBuffer<uint8_t> workspace_;
   DeviceBuffer<bf16> out_;
   std::shared_ptr<void> keep_alive_ = std::make_shared<int>(0);
-  uint64_t bytes_ = 0;
+  uint64_t bytes_ = 0;  // on the device so far, for progress lines
 };
 
 }  // namespace strata::gpu

@@ -43,7 +43,6 @@ class CudaRouterBackend : public RouterBackend {
   absl::Status Logits(const Tensor& hidden, absl::Span<const int64_t> rows,
                       Tensor& logits) override;
 
-  uint64_t weight_bytes() const { return store_.bytes(); }
 
   // Decode-step graphs. In graph mode a step has fixed shapes, so one CUDA graph captured from
   // ForwardPass::Run replays every decode step of one sequence: block tables are padded to
@@ -84,7 +83,6 @@ class CudaRouterBackend : public RouterBackend {
   absl::Status AddAndNormalize(const bf16* x, int layer, int64_t n);
   absl::Status UploadBatch(const BatchLayout& batch, PagedKvCache& kv);
   absl::Status RunSingleExpert(const ExpertWeightTable& table, const bf16* x, int64_t n, bf16* out);
-  bf16* hidden_ptr() { return hidden_.data(); }
 
   // Copies host[0, count) to `device` through its pinned mirror (capturable).
   template <typename T>

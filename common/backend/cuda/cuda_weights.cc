@@ -20,7 +20,6 @@ absl::StatusOr<DeviceWeight> DeviceWeightStore::Matrix(const WeightMatrix& w,
     ASSIGN_OR_RETURN(uint16_t * ptr, Upload(packed.data(), packed.size()));
     d.data = ptr;
   }
-  bytes_ += count * 2;
   if (bias.present()) {
     ASSIGN_OR_RETURN(d.bias, Vector(bias));
   }
@@ -31,7 +30,6 @@ absl::StatusOr<const bf16*> DeviceWeightStore::Vector(const WeightVector& v) {
   if (!v.present()) return nullptr;
   const std::vector<uint16_t> packed = RepackVectorBf16(v);
   ASSIGN_OR_RETURN(uint16_t * ptr, Upload(packed.data(), packed.size()));
-  bytes_ += packed.size() * 2;
   return reinterpret_cast<const bf16*>(ptr);
 }
 

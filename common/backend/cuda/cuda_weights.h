@@ -49,12 +49,10 @@ class DeviceWeightStore {
   }
   // A single-expert table for a dense SwiGLU FFN (gate, up, down, optional biases).
   absl::StatusOr<ExpertWeightTable> SingleExpert(const FfnWeights& ffn);
-  uint64_t bytes() const { return bytes_; }
 
  private:
   cudaStream_t stream_;
   std::vector<DeviceBuffer<uint8_t>> buffers_;
-  uint64_t bytes_ = 0;
 };
 
 // Whether a matrix is already row-major bf16 [out, in], so its bytes can be copied as they are.
