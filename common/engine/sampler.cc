@@ -32,9 +32,14 @@ int32_t Sampler::Sample(const float* logits, int64_t vocab) {
   };
   int64_t keep = vocab;
   if (params_.top_k > 0 && params_.top_k < vocab) keep = params_.top_k;
-  std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
+  // Only a top-k or top-p cut needs the candidates in order; plain temperature sampling draws
+  // from the whole vocabulary as it is (a full sort of 150k logits per token is not free).
+  if (keep < vocab || params_.top_p < 1.0f) {
+    std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
+  }
   // Softmax over the kept candidates, then cut to the smallest prefix with mass >= top_p.
-  const float max_logit = candidates_[0].first;
+  float max_logit = candidates_[0].first;
+  for (int64_t i = 1; i < keep; ++i) max_logit = std::max(max_logit, candidates_[i].first);
   double total = 0.0;
   for (int64_t i = 0; i < keep; ++i) {
     candidates_[i].first = std::exp(candidates_[i].first - max_logit);
