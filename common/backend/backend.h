@@ -90,6 +90,10 @@ class ExpertBackend {
   // `out` is resized to x's shape; tokens with no slot of this backend get zeros.
   virtual absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                                   Tensor& out) = 0;
+
+  // A hint that `layer` will soon run the experts of `predicted` (host routing): a backend
+  // whose experts are not all resident may start loading them. The default ignores it.
+  virtual void Prefetch(int layer, const RoutingTable& predicted) {}
 };
 
 }  // namespace strata

@@ -1,5 +1,7 @@
 #include "common/engine/forward_pass.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
 
@@ -20,19 +22,57 @@ absl::Status ForwardPass::Run(absl::Span<const int32_t> ids, const BatchLayout& 
   if (!(options_.router_temperature > 0.0f)) {
     return absl::InvalidArgumentError("router_temperature must be positive");
   }
+  if (options_.on_batch) options_.on_batch(batch);
   RETURN_IF_ERROR(router_.Embed(ids, hidden_));
+  predicted_layer_ = -1;
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     RETURN_IF_ERROR(router_.Attention(layer, batch, kv, hidden_));
     RETURN_IF_ERROR(
         router_.PrepareFfn(layer, hidden_, options_.router_temperature, ffn_input_, routing_));
     RETURN_IF_ERROR(router_.DenseFfn(layer, ffn_input_, hidden_));
     if (config_.layer_is_moe[layer]) {
+      if (predicted_layer_ == layer) ScorePrediction(routing_);
       if (options_.on_routing) options_.on_routing(layer, routing_);
       RETURN_IF_ERROR(experts_.RunExperts(layer, ffn_input_, routing_, expert_out_));
       RETURN_IF_ERROR(router_.Combine(expert_out_, hidden_));
     }
+    if (options_.predict_next_experts) RETURN_IF_ERROR(PredictNext(layer));
   }
   return router_.Logits(hidden_, logit_rows, logits);
+}
+
+absl::Status ForwardPass::PredictNext(int layer) {
+  const int next = layer + 1;
+  if (next >= config_.num_layers || !config_.layer_is_moe[next]) return absl::OkStatus();
+  // The next layer's gate sees norm(hidden + its attention); without the attention yet, this
+  // layer's output is the best guess, and the copies overlap that attention.
+  RETURN_IF_ERROR(
+      router_.PrepareFfn(next, hidden_, options_.router_temperature, predict_input_, predicted_));
+  if (predicted_.on_device()) return absl::OkStatus();  // device routing: nothing to send
+  experts_.Prefetch(next, predicted_);
+  predicted_layer_ = next;
+  return absl::OkStatus();
+}
+
+void ForwardPass::ScorePrediction(const RoutingTable& actual) {
+  if (actual.on_device() || actual.top_k != predicted_.top_k ||
+      actual.tokens != predicted_.tokens) {
+    return;
+  }
+  const int k = actual.top_k;
+  uint64_t predicted = 0, correct = 0, picked = 0;
+  for (int64_t t = 0; t < actual.tokens; ++t) {
+    const int32_t* want = &predicted_.expert[t * k];
+    for (int j = 0; j < k; ++j) {
+      const int32_t e = actual.expert[t * k + j];
+      if (e >= 0) ++picked;
+      if (want[j] >= 0) ++predicted;
+      if (e >= 0 && std::find(want, want + k, e) != want + k) ++correct;
+    }
+  }
+  prefetch_.predicted.fetch_add(predicted);
+  prefetch_.correct.fetch_add(correct);
+  prefetch_.actual.fetch_add(picked);
 }
 
 }  // namespace strata

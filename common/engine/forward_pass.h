@@ -3,6 +3,7 @@
 #ifndef STRATA_COMMON_ENGINE_FORWARD_PASS_H_
 #define STRATA_COMMON_ENGINE_FORWARD_PASS_H_
 
+#include <atomic>
 #include <functional>
 
 #include "common/backend/backend.h"
@@ -14,6 +15,19 @@ struct ForwardOptions {
   float router_temperature = 1.0f;  // gate logits are divided by this before scoring
   // Sees every MoE layer's routing (expert activation statistics); may be empty.
   std::function<void(int layer, const RoutingTable& routing)> on_routing;
+  // Sees every batch before it runs (the router sets the hot ratio by context length).
+  std::function<void(const BatchLayout& batch)> on_batch;
+  // After each layer, apply the next MoE layer's norm and gate to this layer's output to
+  // predict its experts, and hand them to ExpertBackend::Prefetch before the next attention.
+  bool predict_next_experts = false;
+};
+
+// How well the next layer's experts were predicted: per (token, slot), over layers that had a
+// prediction.
+struct PrefetchCounters {
+  std::atomic<uint64_t> predicted{0};  // predicted picks
+  std::atomic<uint64_t> correct{0};    // predicted picks the gate then made
+  std::atomic<uint64_t> actual{0};     // the gate's picks
 };
 
 class ForwardPass {
@@ -27,14 +41,22 @@ class ForwardPass {
   absl::Status Run(absl::Span<const int32_t> ids, const BatchLayout& batch, PagedKvCache& kv,
                    absl::Span<const int64_t> logit_rows, Tensor& logits);
 
+  // Thread-safe to read while Run is going.
+  const PrefetchCounters& prefetch() const { return prefetch_; }
 
  private:
   const ModelConfig& config_;
   RouterBackend& router_;
   ExpertBackend& experts_;
   ForwardOptions options_;
-  Tensor hidden_, ffn_input_, expert_out_;
-  RoutingTable routing_;
+  // Predicts layer + 1's experts from `hidden_` and sends the hint.
+  absl::Status PredictNext(int layer);
+  void ScorePrediction(const RoutingTable& actual);
+
+  Tensor hidden_, ffn_input_, expert_out_, predict_input_;
+  RoutingTable routing_, predicted_;
+  int predicted_layer_ = -1;
+  PrefetchCounters prefetch_;
 };
 
 }  // namespace strata

@@ -28,6 +28,13 @@ std::optional<ExpertKey> RankedSet::First() const {
   return ExpertKey{layer, expert};
 }
 
+std::optional<ExpertKey> RankedSet::First(absl::FunctionRef<bool(ExpertKey)> accept) const {
+  for (const auto& [rank, last_use, layer, expert] : order_) {
+    if (accept(ExpertKey{layer, expert})) return ExpertKey{layer, expert};
+  }
+  return std::nullopt;
+}
+
 }  // namespace placement_internal
 
 namespace {

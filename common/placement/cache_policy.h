@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 
@@ -43,6 +44,9 @@ class ExpertCachePolicy {
   virtual absl::Status Admit(ExpertKey key) = 0;
   // The resident expert to evict next; nullopt when none is resident.
   virtual std::optional<ExpertKey> Victim() const = 0;
+  // The first in eviction order for which `evictable` holds (a worker never evicts an expert
+  // the request at hand needs); nullopt when there is none.
+  virtual std::optional<ExpertKey> Victim(absl::FunctionRef<bool(ExpertKey)> evictable) const = 0;
   // Drops `key` from the resident set (false when it was not resident); its use history stays.
   virtual bool Erase(ExpertKey key) = 0;
 };
@@ -61,6 +65,7 @@ class RankedSet {
   void Set(ExpertKey key, Entry entry);  // inserts or updates
   bool Erase(ExpertKey key);
   std::optional<ExpertKey> First() const;
+  std::optional<ExpertKey> First(absl::FunctionRef<bool(ExpertKey)> accept) const;
 
  private:
   using Order = std::tuple<int64_t, int64_t, int, int>;
@@ -81,6 +86,9 @@ class LruPolicy : public ExpertCachePolicy {
   void Touch(ExpertKey key) override;
   absl::Status Admit(ExpertKey key) override;
   std::optional<ExpertKey> Victim() const override { return resident_.First(); }
+  std::optional<ExpertKey> Victim(absl::FunctionRef<bool(ExpertKey)> evictable) const override {
+    return resident_.First(evictable);
+  }
   bool Erase(ExpertKey key) override { return resident_.Erase(key); }
 
  private:
@@ -107,6 +115,9 @@ class LfuAgingPolicy : public ExpertCachePolicy {
   void Touch(ExpertKey key) override;
   absl::Status Admit(ExpertKey key) override;
   std::optional<ExpertKey> Victim() const override { return resident_.First(); }
+  std::optional<ExpertKey> Victim(absl::FunctionRef<bool(ExpertKey)> evictable) const override {
+    return resident_.First(evictable);
+  }
   bool Erase(ExpertKey key) override { return resident_.Erase(key); }
 
   // Current (aged) use count of `key`; 0 when never touched.

@@ -19,6 +19,11 @@ class ExpertConnection {
   // `consume` (the view is valid only during the call). UNAVAILABLE when the worker is gone.
   virtual absl::Status Receive(absl::FunctionRef<void(const ExpertResponseView&)> consume,
                                absl::Duration timeout) = 0;
+  // Tells the worker which experts of `layer` the router predicts, so that it starts loading
+  // them; nothing comes back. Transports without a cheap one-way message ignore it.
+  virtual absl::Status Prefetch(uint32_t layer, absl::Span<const int32_t> experts) {
+    return absl::OkStatus();
+  }
   // False once the worker is known to be gone.
   virtual bool Alive() const = 0;
 };

@@ -15,6 +15,8 @@ struct RequestHeader {
   uint32_t num_tokens;
   uint32_t top_k;
   uint32_t hidden_size;
+  uint32_t kind;
+  float hot_ratio;
   uint32_t reserved;
 };
 
@@ -26,9 +28,10 @@ struct ResponseHeader {
   uint32_t hidden_size;
   uint32_t error_bytes;
   uint32_t reserved;
+  TierCounters tiers;
 };
 
-static_assert(sizeof(RequestHeader) == 32 && sizeof(ResponseHeader) == 32);
+static_assert(sizeof(RequestHeader) == 40 && sizeof(ResponseHeader) == 112);
 
 template <typename T>
 absl::Span<const T> ViewAt(absl::Span<const uint8_t> bytes, size_t offset, size_t count) {
@@ -42,13 +45,25 @@ size_t ExpertRequestBytes(uint32_t num_tokens, uint32_t top_k, uint32_t hidden_s
          size_t{num_tokens} * top_k * (sizeof(int32_t) + sizeof(float));
 }
 
+size_t ExpertPrefetchBytes(uint32_t num_experts) {
+  return sizeof(RequestHeader) + size_t{num_experts} * sizeof(int32_t);
+}
+
 size_t ExpertResponseBytes(uint32_t num_tokens, uint32_t hidden_size, size_t error_bytes) {
   if (error_bytes > 0) return sizeof(ResponseHeader) + error_bytes;
   return sizeof(ResponseHeader) + size_t{num_tokens} * hidden_size * sizeof(float);
 }
 
 void EncodeExpertRequest(const ExpertRequestView& r, absl::Span<uint8_t> out) {
-  RequestHeader h{kRequestMagic, r.layer, r.step, r.num_tokens, r.top_k, r.hidden_size, 0};
+  RequestHeader h{kRequestMagic,
+                  r.layer,
+                  r.step,
+                  r.num_tokens,
+                  r.top_k,
+                  r.hidden_size,
+                  static_cast<uint32_t>(r.kind),
+                  r.hot_ratio,
+                  0};
   uint8_t* p = out.data();
   std::memcpy(p, &h, sizeof(h));
   p += sizeof(h);
@@ -66,7 +81,8 @@ void EncodeExpertResponse(const ExpertResponseView& r, absl::Span<uint8_t> out) 
                    r.num_tokens,
                    r.hidden_size,
                    static_cast<uint32_t>(r.error.size()),
-                   0};
+                   0,
+                   r.tiers};
   std::memcpy(out.data(), &h, sizeof(h));
   if (!r.error.empty()) {
     std::memcpy(out.data() + sizeof(h), r.error.data(), r.error.size());
@@ -80,10 +96,25 @@ absl::StatusOr<ExpertRequestView> DecodeExpertRequest(absl::Span<const uint8_t> 
   if (bytes.size() < sizeof(h)) return absl::DataLossError("expert request: truncated header");
   std::memcpy(&h, bytes.data(), sizeof(h));
   if (h.magic != kRequestMagic) return absl::DataLossError("expert request: bad magic");
+  ExpertRequestView r;
+  r.hot_ratio = h.hot_ratio;
+  if (h.kind == static_cast<uint32_t>(ExpertMessageKind::kPrefetch)) {
+    if (h.num_tokens != 0 || h.hidden_size != 0 || bytes.size() != ExpertPrefetchBytes(h.top_k)) {
+      return absl::DataLossError("expert prefetch: size does not match its header");
+    }
+    r.kind = ExpertMessageKind::kPrefetch;
+    r.step = h.step;
+    r.layer = h.layer;
+    r.top_k = h.top_k;
+    r.experts = ViewAt<int32_t>(bytes, sizeof(h), h.top_k);
+    return r;
+  }
+  if (h.kind != static_cast<uint32_t>(ExpertMessageKind::kRun)) {
+    return absl::DataLossError("expert request: unknown kind");
+  }
   if (bytes.size() != ExpertRequestBytes(h.num_tokens, h.top_k, h.hidden_size)) {
     return absl::DataLossError("expert request: size does not match its header");
   }
-  ExpertRequestView r;
   r.step = h.step;
   r.layer = h.layer;
   r.num_tokens = h.num_tokens;
@@ -113,6 +144,7 @@ absl::StatusOr<ExpertResponseView> DecodeExpertResponse(absl::Span<const uint8_t
   r.layer = h.layer;
   r.num_tokens = h.num_tokens;
   r.hidden_size = h.hidden_size;
+  r.tiers = h.tiers;
   if (h.error_bytes > 0) {
     r.error =
         absl::string_view(reinterpret_cast<const char*>(bytes.data() + sizeof(h)), h.error_bytes);

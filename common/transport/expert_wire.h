@@ -11,9 +11,35 @@
 
 namespace strata {
 
+// A worker's expert-tier counters since it started (strata.v1.TierCounters); every response
+// carries them so the router always has a recent copy to report.
+struct TierCounters {
+  uint64_t hot_hits = 0;
+  uint64_t warm_hits = 0;
+  uint64_t misses = 0;
+  uint64_t bytes_copied = 0;
+  uint64_t evictions = 0;
+  uint64_t prefetch_loads = 0;
+  uint64_t prefetch_hits = 0;
+  uint64_t cpu_tier_experts = 0;
+  uint32_t hot_slots = 0;
+  uint32_t warm_slots = 0;
+  uint64_t slot_bytes = 0;
+};
+
+enum class ExpertMessageKind : uint32_t {
+  kRun = 0,       // run the experts, answer with a response
+  kPrefetch = 1,  // start loading `experts` of `layer`; no response
+};
+
 // Router -> worker: the hidden states of the tokens that have at least one slot on this
-// worker, and their routing (experts of other workers are -1).
+// worker, and their routing (experts of other workers are -1). A prefetch message carries
+// only the layer and the predicted expert ids (in `experts`; num_tokens and hidden_size 0,
+// top_k the number of ids).
 struct ExpertRequestView {
+  ExpertMessageKind kind = ExpertMessageKind::kRun;
+  // The share of its owned experts the worker keeps resident; negative leaves it unchanged.
+  float hot_ratio = -1.0f;
   uint64_t step = 0;
   uint32_t layer = 0;
   uint32_t num_tokens = 0;
@@ -32,9 +58,11 @@ struct ExpertResponseView {
   uint32_t hidden_size = 0;
   absl::Span<const float> partial;  // [num_tokens, hidden_size]; empty on error
   absl::string_view error;          // non-empty when the worker failed the request
+  TierCounters tiers;
 };
 
 size_t ExpertRequestBytes(uint32_t num_tokens, uint32_t top_k, uint32_t hidden_size);
+size_t ExpertPrefetchBytes(uint32_t num_experts);
 size_t ExpertResponseBytes(uint32_t num_tokens, uint32_t hidden_size, size_t error_bytes = 0);
 
 // Encoders write exactly the bytes the *Bytes functions give; `out` must hold them.

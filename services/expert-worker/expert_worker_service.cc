@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "common/transport/tier_counters_proto.h"
 #include "absl/strings/str_cat.h"
 
 namespace strata {
@@ -10,7 +11,7 @@ namespace {
 // Read a request, run it, write the response, repeat: one request in flight per stream.
 class ExchangeReactor : public grpc::ServerBidiReactor<v1::ExpertRequest, v1::ExpertResponse> {
  public:
-  ExchangeReactor(ExpertExecutor& executor, std::mutex& executor_mu)
+  ExchangeReactor(WorkerExecutor& executor, std::mutex& executor_mu)
       : executor_(executor), executor_mu_(executor_mu) {
     StartRead(&request_);
   }
@@ -56,15 +57,18 @@ class ExchangeReactor : public grpc::ServerBidiReactor<v1::ExpertRequest, v1::Ex
                                           n * view.hidden_size);
     view.experts = absl::Span<const int32_t>(request_.experts().data(), n * k);
     view.weights = absl::Span<const float>(request_.weights().data(), n * k);
+    view.hot_ratio = request_.has_hot_ratio() ? request_.hot_ratio() : -1.0f;
     std::lock_guard<std::mutex> lock(executor_mu_);
-    if (absl::Status s = executor_.Run(view); !s.ok()) return s;
+    const absl::Status status = executor_.Run(view);
+    TierCountersToProto(executor_.counters(), *response_.mutable_tiers());
+    if (!status.ok()) return status;
     const Tensor& partial = executor_.partial();
     response_.set_partial(
         std::string(reinterpret_cast<const char*>(partial.data()), partial.size() * sizeof(float)));
     return absl::OkStatus();
   }
 
-  ExpertExecutor& executor_;
+  WorkerExecutor& executor_;
   std::mutex& executor_mu_;
   v1::ExpertRequest request_;
   v1::ExpertResponse response_;

@@ -5,7 +5,7 @@
 
 #include <mutex>
 
-#include "services/expert-worker/expert_executor.h"
+#include "services/expert-worker/worker_executor.h"
 #include "strata/v1/cluster.grpc.pb.h"
 
 namespace strata {
@@ -13,14 +13,14 @@ namespace strata {
 class ExpertWorkerService final : public v1::ExpertWorker::CallbackService {
  public:
   // Requests from all streams run one at a time on `executor`, under `executor_mu`.
-  ExpertWorkerService(ExpertExecutor& executor, std::mutex& executor_mu)
+  ExpertWorkerService(WorkerExecutor& executor, std::mutex& executor_mu)
       : executor_(executor), executor_mu_(executor_mu) {}
 
   grpc::ServerBidiReactor<v1::ExpertRequest, v1::ExpertResponse>* Exchange(
       grpc::CallbackServerContext* context) override;
 
  private:
-  ExpertExecutor& executor_;
+  WorkerExecutor& executor_;
   std::mutex& executor_mu_;
 };
 

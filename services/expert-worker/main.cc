@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/util/byte_size.h"
 #include "common/util/process.h"
 #include "services/expert-worker/worker_server.h"
 
@@ -19,6 +20,13 @@ ABSL_FLAG(int, index, 0, "This worker's index, 0 .. workers - 1");
 ABSL_FLAG(std::string, device, "cpu", "Where experts run: cpu or cuda:N");
 ABSL_FLAG(std::string, weights, "bf16", "Expert weights on a GPU: bf16 or fp8");
 ABSL_FLAG(int, max_batch_tokens, 512, "The router's tokens per step (sizes GPU buffers)");
+ABSL_FLAG(std::string, gpu_memory_budget, "",
+          "Expert memory of this worker (e.g. 24GiB; on --device cpu its private memory): hot "
+          "and warm expert slots plus step buffers. Empty keeps every expert resident");
+ABSL_FLAG(std::string, cache_policy, "lfu", "Warm-slot replacement: lru or lfu (with aging)");
+ABSL_FLAG(std::string, cold_experts, "auto",
+          "Experts in no slot: copy them in, have strata-cache compute them on its CPUs (cpu), "
+          "or let the cost model pick (auto)");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
 ABSL_FLAG(std::string, transport, "shm", "shm (same host) or grpc (router on another host)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "ExpertWorker address for --transport grpc");
@@ -44,6 +52,30 @@ int main(int argc, char** argv) {
   options.max_tokens_per_step = absl::GetFlag(FLAGS_max_batch_tokens);
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.listen = absl::GetFlag(FLAGS_listen);
+  if (const std::string budget = absl::GetFlag(FLAGS_gpu_memory_budget); !budget.empty()) {
+    auto bytes = strata::ParseByteSize(budget);
+    if (!bytes.ok()) {
+      std::cerr << "strata-worker: --gpu-memory-budget: " << bytes.status().message() << "\n";
+      return 2;
+    }
+    options.memory_budget = *bytes;
+  }
+  const std::string policy = absl::GetFlag(FLAGS_cache_policy);
+  if (policy == "lru") {
+    options.tiers.policy = strata::WarmPolicy::kLru;
+  } else if (policy != "lfu") {
+    std::cerr << "strata-worker: --cache-policy must be lru or lfu\n";
+    return 2;
+  }
+  const std::string cold = absl::GetFlag(FLAGS_cold_experts);
+  if (cold == "copy") {
+    options.cold_path.mode = strata::ColdPathOptions::kCopy;
+  } else if (cold == "cpu") {
+    options.cold_path.mode = strata::ColdPathOptions::kCpu;
+  } else if (cold != "auto") {
+    std::cerr << "strata-worker: --cold-experts must be auto, copy or cpu\n";
+    return 2;
+  }
   const std::string transport = absl::GetFlag(FLAGS_transport);
   if (transport == "grpc") {
     options.transport = strata::v1::TRANSPORT_GRPC;

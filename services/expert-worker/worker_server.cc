@@ -5,8 +5,11 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/backend/cpu/cpu_expert_slots.h"
 #include "common/shm/channel.h"
 #if STRATA_HAVE_CUDA
+#include "common/backend/cuda/cuda_expert_slots.h"
 #include "common/backend/cuda/staged_expert_backend.h"
 #endif
 #include "common/util/process.h"
@@ -69,10 +72,16 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   options.log(absl::StrCat("mapped ", layout.tensors_size(), " expert tensors in ",
                            layout.segments_size(), " shared-memory segment(s)"));
 
-  if (options.device == "cpu") {
-    w->pool_ = std::make_unique<ThreadPool>(options.num_threads);
+  if (options.device != "cpu" && options.device.rfind("cuda:", 0) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device \"", options.device, "\": use cpu or cuda:N"));
+  }
+  if (options.device == "cpu") w->pool_ = std::make_unique<ThreadPool>(options.num_threads);
+  if (options.memory_budget > 0) {
+    RETURN_IF_ERROR(w->CreateTiers());
+  } else if (options.device == "cpu") {
     w->backend_ = std::make_unique<CpuExpertBackend>(w->config_, *w->experts_, *w->pool_);
-  } else if (options.device.rfind("cuda:", 0) == 0) {
+  } else {
 #if STRATA_HAVE_CUDA
     gpu::CudaExpertOptions cuda;
     cuda.format =
@@ -88,11 +97,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
 #else
     return absl::InvalidArgumentError("this build has no CUDA backend (nvcc was not found)");
 #endif
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device \"", options.device, "\": use cpu or cuda:N"));
   }
-  w->executor_ = std::make_unique<ExpertExecutor>(w->config_, *w->backend_);
+  if (w->tiers_ != nullptr) {
+    w->executor_ = std::make_unique<WorkerExecutor>(w->config_, *w->tiers_, *w->slots_);
+    w->AttachCpuTier();
+  } else {
+    w->executor_ = std::make_unique<WorkerExecutor>(w->config_, *w->backend_);
+  }
   if (options.transport == v1::TRANSPORT_GRPC) {
     w->service_ = std::make_unique<ExpertWorkerService>(*w->executor_, w->executor_mu_);
     grpc::ServerBuilder builder;
@@ -108,6 +119,95 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
         absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port);
   }
   return w;
+}
+
+absl::Status WorkerServer::CreateTiers() {
+  const FfnWeights* sample = nullptr;
+  for (int layer = 0; layer < config_.num_layers && sample == nullptr; ++layer) {
+    if (config_.layer_is_moe[layer]) sample = experts_->Find(layer, 0);
+  }
+  if (sample == nullptr) return absl::FailedPreconditionError("the model has no experts");
+  const int64_t max_tokens = options_.max_tokens_per_step;
+  // Activations and scratch of one step come out of the budget too.
+  uint64_t scratch =
+      static_cast<uint64_t>(max_tokens) *
+      (std::max(config_.top_k, 1) * (config_.moe_intermediate_size * 2 + config_.hidden_size * 4) +
+       config_.hidden_size * 8);
+  // FP8 slots quantize through one bf16 matrix on the device.
+  if (options_.expert_weights == "fp8") {
+    scratch += static_cast<uint64_t>(config_.hidden_size * config_.moe_intermediate_size * 2);
+  }
+  uint64_t slot_bytes = 0;
+  const bool gpu = options_.device != "cpu";
+  if (!gpu) {
+    slot_bytes = CpuExpertSlotBytes(config_, sample->gate.dtype, sample->gate_bias.present());
+  } else {
+#if STRATA_HAVE_CUDA
+    slot_bytes = gpu::CudaExpertSlotBytes(config_, options_.expert_weights == "fp8"
+                                                       ? gpu::WeightFormat::kFp8E4M3
+                                                       : gpu::WeightFormat::kBf16);
+#else
+    return absl::InvalidArgumentError("this build has no CUDA backend (nvcc was not found)");
+#endif
+  }
+  const uint64_t usable = options_.memory_budget > scratch ? options_.memory_budget - scratch : 0;
+  const int num_slots = static_cast<int>(std::min<uint64_t>(usable / slot_bytes, 1 << 20));
+  ExpertTierOptions tier_options = options_.tiers;
+  tier_options.min_warm_slots = static_cast<int>(
+      std::min<int64_t>(config_.num_experts, max_tokens * std::max(config_.top_k, 1)));
+  if (num_slots < tier_options.min_warm_slots) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "memory budget %.1f MiB holds %d expert slot(s) of %.2f MiB after %.1f MiB of step "
+        "buffers; at least %d are needed (the distinct experts one layer step can use)",
+        options_.memory_budget / 1048576.0, num_slots, slot_bytes / 1048576.0, scratch / 1048576.0,
+        tier_options.min_warm_slots));
+  }
+  if (!gpu) {
+    ASSIGN_OR_RETURN(slots_, CpuExpertSlots::Create(config_, num_slots, sample->gate.dtype,
+                                                    sample->gate_bias.present(), *pool_));
+  } else {
+#if STRATA_HAVE_CUDA
+    gpu::CudaExpertSlotOptions cuda;
+    cuda.format =
+        options_.expert_weights == "fp8" ? gpu::WeightFormat::kFp8E4M3 : gpu::WeightFormat::kBf16;
+    cuda.max_tokens = options_.max_tokens_per_step;
+    cuda.num_slots = num_slots;
+    ASSIGN_OR_RETURN(
+        slots_, gpu::CreateCudaExpertSlots(config_, std::atoi(options_.device.c_str() + 5), cuda));
+    for (absl::Span<const uint8_t> segment : experts_->segments()) {
+      RETURN_IF_ERROR(gpu::RegisterHostMemory(*slots_, segment));
+    }
+#endif
+  }
+  ASSIGN_OR_RETURN(tiers_, ExpertTiers::Create(config_, *slots_, *experts_, tier_options));
+  options_.log(absl::StrFormat("expert memory: %d slots of %.2f MiB on %s (budget %.1f MiB)",
+                               num_slots, slot_bytes / 1048576.0, options_.device,
+                               options_.memory_budget / 1048576.0));
+  return absl::OkStatus();
+}
+
+void WorkerServer::AttachCpuTier() {
+  // On a CPU worker the CPU tier only adds a hop: it is used when forced.
+  if (options_.cold_path.mode == ColdPathOptions::kCopy ||
+      (options_.device == "cpu" && options_.cold_path.mode == ColdPathOptions::kAuto)) {
+    return;
+  }
+  auto client = CpuTierClient::Connect(
+      options_.cache_address, absl::StrCat("strata-cpu-tier-w", options_.index, "-", ::getpid()),
+      options_.max_tokens_per_step, config_.top_k, static_cast<int>(config_.hidden_size));
+  if (!client.ok()) {
+    Log(LogLevel::kWarning,
+        absl::StrCat("no CPU tier (", client.status().message(), "); cold experts are copied"));
+    return;
+  }
+  cpu_tier_ = *std::move(client);
+  const uint64_t bytes = slots_->slot_bytes();
+  const ColdPathOptions cold = options_.cold_path;
+  const int64_t h = config_.hidden_size, inter = config_.moe_intermediate_size;
+  executor_->SetCpuTier(cpu_tier_.get(), [cold, bytes, h, inter](int, int, int64_t tokens) {
+    return ChooseColdPath(cold, bytes, tokens, h, inter) == ColdPath::kCpu;
+  });
+  options_.log("CPU tier attached: strata-cache computes cold experts the cost model picks");
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
@@ -146,8 +246,17 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
     if (!request_bytes.ok()) return request_bytes.status();  // the router is gone
     auto request = DecodeExpertRequest(*request_bytes);
     absl::Status status = request.status();
+    if (status.ok() && request->kind == ExpertMessageKind::kPrefetch) {
+      // A hint: no response. A failed prefetch only costs the later miss.
+      if (absl::Status s = executor_->Prefetch(*request); !s.ok()) {
+        Log(LogLevel::kWarning, absl::StrCat("prefetch: ", s.message()));
+      }
+      RETURN_IF_ERROR(channel.inbound().Pop());
+      continue;
+    }
     if (status.ok()) status = executor_->Run(*request);
     ExpertResponseView response;
+    response.tiers = executor_->counters();
     if (request.ok()) {
       response.step = request->step;
       response.layer = request->layer;
@@ -179,6 +288,23 @@ absl::Status WorkerServer::Run() {
     if (!registration.ok()) return stopping_.load() ? absl::OkStatus() : registration.status();
     int owned = 0;
     for (const auto& range : registration->owned()) owned += range.experts_size();
+    if (tiers_ != nullptr) {
+      std::lock_guard<std::mutex> lock(executor_mu_);
+      absl::flat_hash_map<std::pair<int, int>, uint64_t> counts;
+      for (const auto& c : registration->calibration()) counts[{c.layer(), c.expert()}] = c.count();
+      std::vector<OwnedExpert> experts;
+      for (const auto& range : registration->owned()) {
+        for (uint32_t e : range.experts()) {
+          const auto it = counts.find({range.layer(), e});
+          experts.push_back({static_cast<int>(range.layer()), static_cast<int>(e),
+                             it == counts.end() ? 0 : it->second});
+        }
+      }
+      RETURN_IF_ERROR(tiers_->SetOwned(std::move(experts), registration->hot_ratio()));
+      const TierCounters& c = tiers_->counters();
+      options_.log(absl::StrCat("hot set: ", c.hot_slots, " expert(s) resident (hot ratio ",
+                                registration->hot_ratio(), "), ", c.warm_slots, " warm slot(s)"));
+    }
     options_.log(absl::StrCat("registered as worker ", options_.index, " of ",
                               registration->num_workers(), ", owning ", owned,
                               " (layer, expert) pairs"));

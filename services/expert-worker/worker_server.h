@@ -14,10 +14,13 @@
 
 #include "absl/status/statusor.h"
 #include "common/backend/cpu/cpu_expert_backend.h"
+#include "common/transport/mapped_experts.h"
 #include "common/util/thread_pool.h"
-#include "services/expert-worker/expert_executor.h"
+#include "services/expert-worker/cold_path_model.h"
+#include "services/expert-worker/cpu_tier_client.h"
+#include "services/expert-worker/expert_tiers.h"
 #include "services/expert-worker/expert_worker_service.h"
-#include "services/expert-worker/mapped_experts.h"
+#include "services/expert-worker/worker_executor.h"
 #include "strata/v1/cluster.grpc.pb.h"
 
 namespace strata {
@@ -31,6 +34,11 @@ struct WorkerOptions {
   std::string expert_weights = "bf16";  // on a GPU: bf16 or fp8
   int max_tokens_per_step = 512;        // the router's step size (sizes GPU buffers)
   int num_threads = 0;
+  // Bytes of expert memory (device memory on a GPU, private memory on the CPU); 0 keeps
+  // every expert resident (the GPU copies them all at start, the CPU reads the store in place).
+  uint64_t memory_budget = 0;
+  ExpertTierOptions tiers;
+  ColdPathOptions cold_path;  // misses: copied, or computed by strata-cache's CPU
   v1::Transport transport = v1::TRANSPORT_SHARED_MEMORY;
   std::string listen = "127.0.0.1:0";  // ExpertWorker service, for TRANSPORT_GRPC
   // Progress and waiting messages ("waiting for strata-router at ...").
@@ -50,6 +58,10 @@ class WorkerServer {
  private:
   WorkerServer() = default;
   absl::StatusOr<v1::RegisterWorkerResponse> Register();
+  absl::Status CreateTiers();
+  // Attaches strata-cache's CPU tier unless misses are always copied; logs and goes on
+  // without it when the cache cannot take it.
+  void AttachCpuTier();
   // Serves one router incarnation over a shared-memory channel; returns when it is gone.
   absl::Status ServeChannel(const std::string& name);
 
@@ -57,8 +69,11 @@ class WorkerServer {
   ModelConfig config_;
   std::unique_ptr<MappedExperts> experts_;
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<ExpertBackend> backend_;
-  std::unique_ptr<ExpertExecutor> executor_;
+  std::unique_ptr<ExpertBackend> backend_;  // without a budget
+  std::unique_ptr<ExpertSlots> slots_;      // with one
+  std::unique_ptr<ExpertTiers> tiers_;
+  std::unique_ptr<CpuTierClient> cpu_tier_;
+  std::unique_ptr<WorkerExecutor> executor_;
   std::mutex executor_mu_;
   std::unique_ptr<ExpertWorkerService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -10,7 +10,12 @@ namespace strata {
 absl::StatusOr<std::unique_ptr<CacheServer>> CacheServer::Start(const CacheOptions& options) {
   std::unique_ptr<CacheServer> s(new CacheServer());
   ASSIGN_OR_RETURN(s->model_, LoadModel(options.model_dir));
-  ASSIGN_OR_RETURN(s->store_, ExpertStore::Build(*s->model_, options.store));
+  ASSIGN_OR_RETURN(s->store_, options.reattach ? ExpertStore::Attach(*s->model_, options.store)
+                                               : ExpertStore::Build(*s->model_, options.store));
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
+  s->cpu_tier_ = std::make_unique<CpuTierService>(
+      std::move(config), [server = s.get()] { return server->store_->layout(); },
+      options.cpu_tier);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -36,6 +41,18 @@ grpc::ServerUnaryReactor* CacheServer::GetLayout(grpc::CallbackServerContext* co
   *response = store_->layout();
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CacheServer::AttachCompute(grpc::CallbackServerContext* context,
+                                                     const v1::AttachComputeRequest* request,
+                                                     v1::AttachComputeResponse* response) {
+  // Quick: the worker created the channel before asking; serving runs on a thread of its own.
+  const absl::Status status =
+      cpu_tier_->Attach(request->channel_name(), static_cast<pid_t>(request->pid()));
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                               std::string(status.message())));
   return reactor;
 }
 

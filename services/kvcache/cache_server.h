@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "services/kvcache/cpu_tier_service.h"
 #include "services/kvcache/expert_store.h"
 #include "strata/v1/cluster.grpc.pb.h"
 
@@ -18,6 +19,9 @@ struct CacheOptions {
   std::string model_dir;
   std::string listen = "127.0.0.1:0";
   ExpertStoreOptions store;
+  // Adopt the store a killed strata-cache left under store.segment_prefix when it checks out.
+  bool reattach = true;
+  CpuTierOptions cpu_tier;
 };
 
 class CacheServer final : public v1::ExpertStore::CallbackService {
@@ -27,16 +31,21 @@ class CacheServer final : public v1::ExpertStore::CallbackService {
 
   const std::string& address() const { return address_; }
   const ExpertStore& store() const { return *store_; }
+  CpuTierService& cpu_tier() { return *cpu_tier_; }
 
   grpc::ServerUnaryReactor* GetLayout(grpc::CallbackServerContext* context,
                                       const v1::GetLayoutRequest* request,
                                       v1::ExpertLayout* response) override;
+  grpc::ServerUnaryReactor* AttachCompute(grpc::CallbackServerContext* context,
+                                          const v1::AttachComputeRequest* request,
+                                          v1::AttachComputeResponse* response) override;
 
  private:
   CacheServer() = default;
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<ExpertStore> store_;
+  std::unique_ptr<CpuTierService> cpu_tier_;  // after store_: its threads read the store
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
 };

@@ -1,13 +1,21 @@
 #include "services/kvcache/expert_store.h"
 
 #include <numa.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "boost/interprocess/mapped_region.hpp"
 #include "boost/interprocess/shared_memory_object.hpp"
+#include "common/shm/process_liveness.h"
+#include "common/util/status_macros.h"
+#include "services/kvcache/fast_hash.h"
+#include "services/kvcache/store_meta.h"
 
 namespace strata {
 namespace bip = boost::interprocess;
@@ -69,33 +77,32 @@ void CopyContiguous(const TensorSource& t, uint8_t* dst) {
   }
 }
 
-}  // namespace
+std::string MetaName(const std::string& prefix) { return prefix + "-experts-meta"; }
 
-struct ExpertStore::Segment {
-  std::string name;
-  bip::shared_memory_object object;
-  bip::mapped_region region;
-  ~Segment() { bip::shared_memory_object::remove(name.c_str()); }
-};
+int ChecksumThreads() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
 
-ExpertStore::~ExpertStore() = default;
+double MillisecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
 
-absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Build(const Model& model,
-                                                                const ExpertStoreOptions& options) {
-  const ModelConfig& c = model.config;
-  int num_nodes = 1;
+void Say(const ExpertStoreOptions& options, const std::string& message) {
+  if (options.log) options.log(message);
+}
+
+// Where every expert tensor of `model` goes: expert e of every layer on node e % num_nodes.
+// Everything of the layout but the generation and the model directory.
+v1::ExpertLayout PlanLayout(const Model& model, const ExpertStoreOptions& options) {
   const bool numa = options.bind_numa && numa_available() >= 0;
-  if (numa) num_nodes = std::max(1, numa_num_configured_nodes());
-
-  // Plan: expert e of every layer lives on node e % num_nodes.
-  std::unique_ptr<ExpertStore> store(new ExpertStore());
+  const int num_nodes = numa ? std::max(1, numa_num_configured_nodes()) : 1;
+  v1::ExpertLayout layout;
   std::vector<uint64_t> segment_bytes(num_nodes, 0);
-  for (int layer = 0; layer < c.num_layers; ++layer) {
+  for (int layer = 0; layer < model.config.num_layers; ++layer) {
     const auto& experts = model.weights.layers[layer].experts;
     for (int e = 0; e < static_cast<int>(experts.size()); ++e) {
       const int node = e % num_nodes;
       for (const TensorSource& t : ExpertTensors(experts[e])) {
-        v1::ExpertTensorInfo* info = store->layout_.add_tensors();
+        v1::ExpertTensorInfo* info = layout.add_tensors();
         info->set_layer(layer);
         info->set_expert(e);
         info->set_tensor(t.name);
@@ -108,26 +115,120 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Build(const Model& mod
       }
     }
   }
+  for (int node = 0; node < num_nodes; ++node) {
+    v1::SharedSegmentInfo* info = layout.add_segments();
+    info->set_name(absl::StrCat(options.segment_prefix, "-experts-", node));
+    info->set_bytes(std::max<uint64_t>(segment_bytes[node], 4096));
+    info->set_numa_node(numa ? node : -1);
+  }
+  return layout;
+}
 
+// The meta of the store under `name`: NotFound when there is none, DataLoss when it is not a
+// complete one.
+absl::StatusOr<StoreMeta> ReadMeta(const std::string& name) {
+  try {
+    bip::shared_memory_object object(bip::open_only, name.c_str(), bip::read_only);
+    bip::mapped_region region(object, bip::read_only);
+    return DecodeMeta(region.get_address(), region.get_size());
+  } catch (const bip::interprocess_exception& e) {
+    if (e.get_error_code() == bip::not_found_error) return absl::NotFoundError(name);
+    return absl::DataLossError(absl::StrCat("cannot map ", name, ": ", e.what()));
+  }
+}
+
+// Two strata-cache processes must never share a store: each removes it when it stops.
+absl::Status CheckOwnerGone(const StoreMeta& meta, const std::string& prefix) {
+  if (ProcessAlive(meta.owner_pid, meta.owner_start_time)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the expert store \"", prefix, "\" belongs to strata-cache pid ", meta.owner_pid,
+        ", which is running; stop it or use another --segment-prefix"));
+  }
+  return absl::OkStatus();
+}
+
+// Why a store built for `have` cannot serve `want`; empty when it can.
+std::string ModelMismatch(const ModelIdentity& have, const ModelIdentity& want) {
+  if (have.dir != want.dir) return absl::StrCat("it holds the model in ", have.dir);
+  if (have.config_checksum != want.config_checksum) return "config.json changed since it was built";
+  if (have.checkpoint_fingerprint != want.checkpoint_fingerprint) {
+    return "the checkpoint files changed since it was built";
+  }
+  return "";
+}
+
+std::string LayoutMismatch(const v1::ExpertLayout& have, const v1::ExpertLayout& want) {
+  if (have.segments_size() != want.segments_size()) {
+    return absl::StrCat("it has ", have.segments_size(), " segment(s) where this host needs ",
+                        want.segments_size());
+  }
+  for (int i = 0; i < want.segments_size(); ++i) {
+    const auto &h = have.segments(i), &w = want.segments(i);
+    if (h.name() != w.name() || h.bytes() != w.bytes() || h.numa_node() != w.numa_node()) {
+      return absl::StrCat("its segment ", h.name(), " (", h.bytes(), " bytes, NUMA node ",
+                          h.numa_node(), ") is not this model's");
+    }
+  }
+  if (have.tensors_size() != want.tensors_size()) {
+    return absl::StrCat("it lays out ", have.tensors_size(), " expert tensors, the model has ",
+                        want.tensors_size());
+  }
+  for (int i = 0; i < want.tensors_size(); ++i) {
+    const v1::ExpertTensorInfo& t = want.tensors(i);
+    if (have.tensors(i).SerializeAsString() != t.SerializeAsString()) {
+      return absl::StrCat("layer ", t.layer(), " expert ", t.expert(), " tensor ", t.tensor(),
+                          " is laid out differently");
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+struct ExpertStore::Segment {
+  std::string name;
+  bip::shared_memory_object object;
+  bip::mapped_region region;
+  ~Segment() { bip::shared_memory_object::remove(name.c_str()); }
+};
+
+// The meta goes first, so that a stop cut short never leaves a store that looks complete.
+ExpertStore::~ExpertStore() { meta_.reset(); }
+
+absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Build(const Model& model,
+                                                                const ExpertStoreOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string meta_name = MetaName(options.segment_prefix);
+  // Replace what a gone strata-cache left under this prefix, the meta first.
+  if (absl::StatusOr<StoreMeta> old = ReadMeta(meta_name); old.ok()) {
+    RETURN_IF_ERROR(CheckOwnerGone(*old, options.segment_prefix));
+    bip::shared_memory_object::remove(meta_name.c_str());
+    for (const auto& s : old->layout.segments())
+      bip::shared_memory_object::remove(s.name().c_str());
+  }
+  bip::shared_memory_object::remove(meta_name.c_str());
+  ASSIGN_OR_RETURN(const ModelIdentity identity, IdentifyModel(model.dir));
+
+  std::unique_ptr<ExpertStore> store(new ExpertStore());
+  store->layout_ = PlanLayout(model, options);
   std::random_device rd;
-  store->layout_.set_generation((static_cast<uint64_t>(rd()) << 32) | rd());
+  uint64_t generation = 0;
+  while (generation == 0) generation = (static_cast<uint64_t>(rd()) << 32) | rd();
+  store->layout_.set_generation(generation);
   store->layout_.set_model_dir(model.dir);
   try {
-    for (int node = 0; node < num_nodes; ++node) {
+    for (const v1::SharedSegmentInfo& info : store->layout_.segments()) {
       auto segment = std::make_unique<Segment>();
-      segment->name = absl::StrCat(options.segment_prefix, "-experts-", node);
+      segment->name = info.name();
       bip::shared_memory_object::remove(segment->name.c_str());  // a stale one from a crash
       segment->object =
           bip::shared_memory_object(bip::create_only, segment->name.c_str(), bip::read_write);
-      const uint64_t bytes = std::max<uint64_t>(segment_bytes[node], 4096);
-      segment->object.truncate(static_cast<bip::offset_t>(bytes));
+      segment->object.truncate(static_cast<bip::offset_t>(info.bytes()));
       segment->region = bip::mapped_region(segment->object, bip::read_write);
       // Bind before the first write so the pages are allocated on the node.
-      if (numa) numa_tonode_memory(segment->region.get_address(), bytes, node);
-      v1::SharedSegmentInfo* info = store->layout_.add_segments();
-      info->set_name(segment->name);
-      info->set_bytes(bytes);
-      info->set_numa_node(numa ? node : -1);
+      if (info.numa_node() >= 0) {
+        numa_tonode_memory(segment->region.get_address(), info.bytes(), info.numa_node());
+      }
       store->segments_.push_back(std::move(segment));
     }
   } catch (const bip::interprocess_exception& e) {
@@ -135,8 +236,8 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Build(const Model& mod
   }
 
   // Copy, tensor by tensor, in layout order.
+  const ModelConfig& c = model.config;
   int index = 0;
-  uint64_t copied = 0;
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const auto& experts = model.weights.layers[layer].experts;
     for (const FfnWeights& expert : experts) {
@@ -144,11 +245,107 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Build(const Model& mod
         const v1::ExpertTensorInfo& info = store->layout_.tensors(index++);
         auto* base = static_cast<uint8_t*>(store->segments_[info.segment()]->region.get_address());
         CopyContiguous(t, base + info.offset());
-        copied += TensorBytes(t);
+        store->bytes_copied_ += TensorBytes(t);
       }
     }
-    if (options.on_progress) options.on_progress(layer, c.num_layers, copied);
+    if (options.on_progress) options.on_progress(layer, c.num_layers, store->bytes_copied_);
   }
+
+  // The meta last: it is what makes the store adoptable.
+  const auto checksum_start = std::chrono::steady_clock::now();
+  StoreMeta meta;
+  meta.generation = generation;
+  meta.model = identity;
+  meta.layout = store->layout_;
+  meta.owner_pid = ::getpid();
+  meta.owner_start_time = ProcessStartTime(::getpid());
+  for (int i = 0; i < store->layout_.segments_size(); ++i) {
+    meta.segment_checksums.push_back(ChunkedChecksum(store->segments_[i]->region.get_address(),
+                                                     store->layout_.segments(i).bytes(),
+                                                     ChecksumThreads()));
+  }
+  const double checksum_ms = MillisecondsSince(checksum_start);
+  const std::string encoded = EncodeMeta(meta);
+  try {
+    store->meta_ = std::make_unique<Segment>();
+    store->meta_->name = meta_name;
+    store->meta_->object =
+        bip::shared_memory_object(bip::create_only, meta_name.c_str(), bip::read_write);
+    store->meta_->object.truncate(static_cast<bip::offset_t>(encoded.size()));
+    store->meta_->region = bip::mapped_region(store->meta_->object, bip::read_write);
+  } catch (const bip::interprocess_exception& e) {
+    return absl::InternalError(absl::StrCat("expert store: meta segment: ", e.what()));
+  }
+  CommitMeta(encoded, store->meta_->region.get_address());
+  Say(options,
+      absl::StrFormat("built %d segment(s), generation %016x: copied %.1f MiB from the "
+                      "checkpoint in %.0f ms (checksums %.0f ms)",
+                      store->layout_.segments_size(), generation, store->bytes_copied_ / 1048576.0,
+                      MillisecondsSince(start), checksum_ms));
+  return store;
+}
+
+absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Attach(
+    const Model& model, const ExpertStoreOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string meta_name = MetaName(options.segment_prefix);
+  absl::StatusOr<StoreMeta> meta = ReadMeta(meta_name);
+  if (absl::IsNotFound(meta.status())) return Build(model, options);
+  if (meta.ok()) RETURN_IF_ERROR(CheckOwnerGone(*meta, options.segment_prefix));
+
+  // Why the store found cannot be adopted; empty once adopted.
+  std::string why;
+  std::unique_ptr<ExpertStore> store(new ExpertStore());
+  uint64_t checked = 0;
+  if (!meta.ok()) {
+    why = std::string(meta.status().message());
+  } else {
+    ASSIGN_OR_RETURN(const ModelIdentity identity, IdentifyModel(model.dir));
+    why = ModelMismatch(meta->model, identity);
+    if (why.empty()) why = LayoutMismatch(meta->layout, PlanLayout(model, options));
+  }
+  try {
+    // Read-only: nothing writes the data once it is built.
+    for (int i = 0; why.empty() && i < meta->layout.segments_size(); ++i) {
+      const v1::SharedSegmentInfo& info = meta->layout.segments(i);
+      auto segment = std::make_unique<Segment>();
+      segment->name = info.name();
+      segment->object =
+          bip::shared_memory_object(bip::open_only, info.name().c_str(), bip::read_only);
+      // Not MAP_POPULATE: the checksum threads fault the pages in, in parallel (faster).
+      segment->region = bip::mapped_region(segment->object, bip::read_only);
+      store->segments_.push_back(std::move(segment));  // owned from here: removed on mismatch
+      if (store->segments_.back()->region.get_size() < info.bytes()) {
+        why = absl::StrCat("segment ", info.name(), " is shorter than its layout says");
+      } else if (ChunkedChecksum(store->segments_.back()->region.get_address(), info.bytes(),
+                                 ChecksumThreads()) != meta->segment_checksums[i]) {
+        why = absl::StrCat("the data of segment ", info.name(), " does not match its checksum");
+      }
+      checked += info.bytes();
+    }
+    if (why.empty()) {
+      store->meta_ = std::make_unique<Segment>();
+      store->meta_->name = meta_name;
+      store->meta_->object =
+          bip::shared_memory_object(bip::open_only, meta_name.c_str(), bip::read_write);
+      store->meta_->region = bip::mapped_region(store->meta_->object, bip::read_write);
+      SetMetaOwner(store->meta_->region.get_address(), ::getpid(), ProcessStartTime(::getpid()));
+    }
+  } catch (const bip::interprocess_exception& e) {
+    why = absl::StrCat("cannot map it: ", e.what());
+  }
+  if (!why.empty()) {
+    Say(options, absl::StrCat("not re-attaching to the expert store \"", options.segment_prefix,
+                              "\": ", why, "; building it again"));
+    store.reset();  // removes what it had opened
+    return Build(model, options);
+  }
+  store->layout_ = std::move(meta->layout);
+  store->reattached_ = true;
+  Say(options, absl::StrFormat("re-attached to %d segment(s), generation %016x (checked %.1f MiB "
+                               "in %.0f ms)",
+                               store->layout_.segments_size(), store->layout_.generation(),
+                               checked / 1048576.0, MillisecondsSince(start)));
   return store;
 }
 

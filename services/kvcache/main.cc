@@ -1,5 +1,6 @@
-// strata-cache --model DIR [--listen HOST:PORT]
-// Loads every expert into NUMA-local shared memory and serves the layout to the workers.
+// strata-cache --model DIR [--listen HOST:PORT] [--segment-prefix P] [--reattach=false]
+// Loads every expert into NUMA-local shared memory (or re-attaches to the store a killed
+// strata-cache left) and serves the layout to the workers.
 // Prints "READY <host>:<port>" on stdout once serving.
 #include <iostream>
 
@@ -14,6 +15,11 @@ ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address to serve ExpertStore on; port 0 picks one");
 ABSL_FLAG(std::string, segment_prefix, "strata", "Shared-memory segment name prefix");
 ABSL_FLAG(bool, numa, true, "Bind each segment's pages to its NUMA node");
+ABSL_FLAG(bool, reattach, true,
+          "Re-attach to the segments a killed strata-cache left under --segment-prefix when their "
+          "model, layout and checksums match, instead of copying the model again");
+ABSL_FLAG(int, cpu_tier_threads, 0,
+          "Threads computing experts for the workers' CPU tier; 0: one per hardware thread");
 ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 
 int main(int argc, char** argv) {
@@ -30,6 +36,9 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.store.segment_prefix = absl::GetFlag(FLAGS_segment_prefix);
   options.store.bind_numa = absl::GetFlag(FLAGS_numa);
+  options.reattach = absl::GetFlag(FLAGS_reattach);
+  options.store.log = [](const std::string& message) { strata::StatusLine(message); };
+  options.cpu_tier.num_threads = absl::GetFlag(FLAGS_cpu_tier_threads);
   options.store.on_progress = [](int layer, int layers, uint64_t bytes) {
     strata::StatusLine(absl::StrFormat("loaded experts of layer %d/%d (%.1f MiB)", layer + 1,
                                        layers, bytes / 1048576.0));

@@ -1,5 +1,8 @@
 #include "services/router/admin_service.h"
 
+#include "common/transport/tier_counters_proto.h"
+#include "services/router/generation_service.h"
+
 namespace strata {
 
 grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* context,
@@ -18,10 +21,41 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
       v1::WorkerStats* worker = response->add_workers();
       worker->set_index(static_cast<uint32_t>(w));
       worker->set_connected(experts_->connected(w));
+      TierCountersToProto(experts_->tiers(w), *worker->mutable_tiers());
     }
   }
+  if (hot_ratio_ != nullptr) {
+    response->set_hot_ratio(hot_ratio_->current());
+    response->set_hot_ratio_automatic(hot_ratio_->automatic());
+  }
+  const PrefetchCounters& p = forward_.prefetch();
+  response->set_prefetch_predicted(p.predicted.load());
+  response->set_prefetch_correct(p.correct.load());
+  response->set_prefetch_actual(p.actual.load());
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::SetHotRatio(grpc::CallbackServerContext* context,
+                                                    const v1::SetHotRatioRequest* request,
+                                                    v1::SetHotRatioResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  if (hot_ratio_ == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                 "this router runs its experts itself: there are no tiers"));
+    return reactor;
+  }
+  absl::Status status;
+  if (request->automatic()) {
+    hot_ratio_->SetAutomatic();
+  } else {
+    status = hot_ratio_->SetFixed(request->hot_ratio());
+  }
+  // The workers take it with their next request.
+  response->set_hot_ratio(hot_ratio_->current());
+  response->set_automatic(hot_ratio_->automatic());
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 

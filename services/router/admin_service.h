@@ -2,6 +2,8 @@
 #ifndef STRATA_SERVICES_ROUTER_ADMIN_SERVICE_H_
 #define STRATA_SERVICES_ROUTER_ADMIN_SERVICE_H_
 
+#include "common/engine/forward_pass.h"
+#include "services/router/hot_ratio.h"
 #include "services/router/remote_expert_backend.h"
 #include "services/router/scheduler.h"
 #include "strata/v1/cluster.grpc.pb.h"
@@ -10,19 +12,28 @@ namespace strata {
 
 class AdminService final : public v1::Admin::CallbackService {
  public:
-  // `experts` is null when the router runs the experts itself.
-  AdminService(const Scheduler& scheduler, const PagedKvCache& kv,
-               const RemoteExpertBackend* experts)
-      : scheduler_(scheduler), kv_(kv), experts_(experts) {}
+  // `experts` and `hot_ratio` are null when the router runs the experts itself.
+  AdminService(const Scheduler& scheduler, const PagedKvCache& kv, const ForwardPass& forward,
+               const RemoteExpertBackend* experts, HotRatioControl* hot_ratio)
+      : scheduler_(scheduler),
+        kv_(kv),
+        forward_(forward),
+        experts_(experts),
+        hot_ratio_(hot_ratio) {}
 
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
                                   const v1::StatsRequest* request,
                                   v1::StatsResponse* response) override;
+  grpc::ServerUnaryReactor* SetHotRatio(grpc::CallbackServerContext* context,
+                                        const v1::SetHotRatioRequest* request,
+                                        v1::SetHotRatioResponse* response) override;
 
  private:
   const Scheduler& scheduler_;
   const PagedKvCache& kv_;
+  const ForwardPass& forward_;
   const RemoteExpertBackend* experts_;
+  HotRatioControl* hot_ratio_;
 };
 
 }  // namespace strata

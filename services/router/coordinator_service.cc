@@ -45,8 +45,19 @@ absl::Status CoordinatorService::Register(const v1::RegisterWorkerRequest& reque
     if (!config_.layer_is_moe[layer]) continue;
     v1::ExpertRange* range = response.add_owned();
     range->set_layer(layer);
-    for (int e : experts_.placement().OwnedBy(layer, index)) range->add_experts(e);
+    for (int e : experts_.placement().OwnedBy(layer, index)) {
+      range->add_experts(e);
+      if (layer < static_cast<int>(options_.calibration.size()) &&
+          e < static_cast<int>(options_.calibration[layer].size())) {
+        v1::ExpertCount* count = response.add_calibration();
+        count->set_layer(layer);
+        count->set_expert(e);
+        count->set_count(static_cast<uint64_t>(options_.calibration[layer][e]));
+      }
+    }
   }
+  const float hot_ratio = experts_.hot_ratio();
+  response.set_hot_ratio(hot_ratio >= 0.0f ? hot_ratio : 0.2f);
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "common/placement/placement_plan.h"
 #include "services/router/remote_expert_backend.h"
 #include "strata/v1/cluster.grpc.pb.h"
 
@@ -13,6 +14,7 @@ namespace strata {
 struct CoordinatorOptions {
   std::string channel_prefix = "strata";  // shared-memory channels: <prefix>-w<index>-<incarnation>
   int max_tokens_per_step = 512;          // sizes the channel slots
+  ExpertCounts calibration;               // [layer][expert] from the plan; may be empty
 };
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {

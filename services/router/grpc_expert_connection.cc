@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "common/transport/tier_counters_proto.h"
 #include "absl/strings/str_cat.h"
 
 namespace strata {
@@ -37,6 +38,7 @@ absl::Status GrpcExpertConnection::Send(const ExpertRequestView& r) {
       std::string(reinterpret_cast<const char*>(r.hidden.data()), r.hidden.size() * sizeof(float)));
   request_.mutable_experts()->Add(r.experts.begin(), r.experts.end());
   request_.mutable_weights()->Add(r.weights.begin(), r.weights.end());
+  if (r.hot_ratio >= 0.0f) request_.set_hot_ratio(r.hot_ratio);
   if (!stream_->Write(request_)) {
     alive_.store(false);
     return absl::UnavailableError("expert worker stream closed");
@@ -55,6 +57,7 @@ absl::Status GrpcExpertConnection::Receive(
   view.step = response_.step();
   view.layer = response_.layer();
   view.error = response_.error();
+  view.tiers = TierCountersFromProto(response_.tiers());
   if (view.error.empty()) {
     view.hidden_size = request_.num_tokens() == 0
                            ? 0

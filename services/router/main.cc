@@ -8,6 +8,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/util/process.h"
 #include "services/router/router_server.h"
@@ -25,6 +26,12 @@ ABSL_FLAG(int, max_running, 64, "Sequences in the running batch");
 ABSL_FLAG(int, max_queued_requests, 256, "Waiting requests beyond this get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_context, 0, "Longest sequence; 0 uses the model's limit");
 ABSL_FLAG(double, drain_timeout_s, 30, "On SIGTERM, how long in-flight requests may finish");
+ABSL_FLAG(std::string, hot_ratio, "auto",
+          "Share of each worker's experts kept resident: a number in [0, 1], or auto to follow "
+          "--hot-ratio-policy by context length");
+ABSL_FLAG(std::string, hot_ratio_policy, "512:0.35,2048:0.28,0.20",
+          "Hot ratio by longest context in the batch: LIMIT:RATIO,... then the ratio beyond");
+ABSL_FLAG(bool, prefetch, true, "Predict the next layer's experts and tell the workers");
 ABSL_FLAG(std::string, channel_prefix, "strata", "Shared-memory channel name prefix");
 ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 
@@ -51,6 +58,20 @@ int main(int argc, char** argv) {
   options.scheduler.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   options.scheduler.max_context_tokens = absl::GetFlag(FLAGS_max_context);
   options.channel_prefix = absl::GetFlag(FLAGS_channel_prefix);
+  options.prefetch = absl::GetFlag(FLAGS_prefetch);
+  auto policy = strata::HotRatioPolicy::Parse(absl::GetFlag(FLAGS_hot_ratio_policy));
+  if (!policy.ok()) {
+    std::cerr << "strata-router: " << policy.status().message() << "\n";
+    return 2;
+  }
+  options.hot_ratio_policy = *policy;
+  if (const std::string ratio = absl::GetFlag(FLAGS_hot_ratio); ratio != "auto") {
+    if (!absl::SimpleAtof(ratio, &options.hot_ratio) || !(options.hot_ratio >= 0.0f) ||
+        options.hot_ratio > 1.0f) {
+      std::cerr << "strata-router: --hot-ratio must be auto or a number in [0, 1]\n";
+      return 2;
+    }
+  }
   if (options.model_dir.empty()) {
     std::cerr << "strata-router: --model is required\n";
     return 2;

@@ -16,7 +16,13 @@ RemoteExpertBackend::RemoteExpertBackend(const ModelConfig& config, PlacementPla
       options_(options),
       connections_(placement_.num_workers),
       was_usable_(placement_.num_workers, true),
+      tiers_(placement_.num_workers),
       staging_(placement_.num_workers) {}
+
+TierCounters RemoteExpertBackend::tiers(int index) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index >= 0 && index < num_workers_ ? tiers_[index] : TierCounters();
+}
 
 void RemoteExpertBackend::SetConnection(int index, std::shared_ptr<ExpertConnection> connection) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -34,13 +40,8 @@ bool RemoteExpertBackend::connected(int index) const {
   return index >= 0 && index < num_workers_ && connections_[index] && connections_[index]->Alive();
 }
 
-absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
-                                             const RoutingTable& routing, Tensor& out) {
-  std::vector<std::shared_ptr<ExpertConnection>> connections;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    connections = connections_;
-  }
+std::vector<bool> RemoteExpertBackend::Usable(
+    const std::vector<std::shared_ptr<ExpertConnection>>& connections) {
   std::vector<bool> usable(num_workers_);
   for (int w = 0; w < num_workers_; ++w) {
     usable[w] = connections[w] && connections[w]->Alive();
@@ -51,20 +52,60 @@ absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
                     : absl::StrCat("expert worker ", w, " is gone; the others run its experts"));
     }
   }
+  return usable;
+}
+
+std::vector<int> RemoteExpertBackend::EffectiveOwners(int layer,
+                                                      const std::vector<bool>& usable) const {
   const std::vector<int>& planned = placement_.owner.at(layer);
-  std::vector<int> owner(planned.size());
+  std::vector<int> alive;
+  for (int w = 0; w < num_workers_; ++w) {
+    if (usable[w]) alive.push_back(w);
+  }
+  std::vector<int> owner(planned.size(), -1);
+  if (alive.empty()) return owner;
+  for (size_t e = 0; e < planned.size(); ++e) {
+    owner[e] = usable[planned[e]] ? planned[e] : alive[e % alive.size()];
+  }
+  return owner;
+}
+
+void RemoteExpertBackend::Prefetch(int layer, const RoutingTable& predicted) {
+  std::vector<std::shared_ptr<ExpertConnection>> connections;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    connections = connections_;
+  }
+  const std::vector<int> owner = EffectiveOwners(layer, Usable(connections));
+  std::vector<std::vector<int32_t>> wanted(num_workers_);
+  for (int32_t e : predicted.expert) {
+    if (e < 0 || e >= static_cast<int32_t>(owner.size()) || owner[e] < 0) continue;
+    std::vector<int32_t>& list = wanted[owner[e]];
+    if (std::find(list.begin(), list.end(), e) == list.end()) list.push_back(e);
+  }
+  for (int w = 0; w < num_workers_; ++w) {
+    if (wanted[w].empty()) continue;
+    // Only a hint: a worker that is gone shows up in the layer's exchange.
+    connections[w]->Prefetch(static_cast<uint32_t>(layer), wanted[w]).IgnoreError();
+  }
+}
+
+absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
+                                             const RoutingTable& routing, Tensor& out) {
+  std::vector<std::shared_ptr<ExpertConnection>> connections;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    connections = connections_;
+  }
+  std::vector<bool> usable = Usable(connections);
   // A worker that is gone (or fails during the layer) hands its experts to the others, which
   // map every expert from the expert store: the layer runs again without it, and no request
   // is lost. Its experts come back when it registers again.
   for (int attempt = 0; attempt < num_workers_; ++attempt) {
-    std::vector<int> alive;
-    for (int w = 0; w < num_workers_; ++w) {
-      if (usable[w]) alive.push_back(w);
+    if (std::none_of(usable.begin(), usable.end(), [](bool u) { return u; })) {
+      return absl::UnavailableError("no expert worker is connected");
     }
-    if (alive.empty()) return absl::UnavailableError("no expert worker is connected");
-    for (size_t e = 0; e < planned.size(); ++e) {
-      owner[e] = usable[planned[e]] ? planned[e] : alive[e % alive.size()];
-    }
+    const std::vector<int> owner = EffectiveOwners(layer, usable);
     int failed = -1;
     const absl::Status status = Exchange(layer, x, routing, owner, connections, out, &failed);
     if (status.ok() || failed < 0) return status;
@@ -131,6 +172,7 @@ absl::Status RemoteExpertBackend::Exchange(
     request.hidden = s.hidden;
     request.experts = s.experts;
     request.weights = s.weights;
+    request.hot_ratio = hot_ratio_.load();
     status = connections[w]->Send(request);
     sent[w] = status.ok();
     if (!status.ok()) *failed = w;
@@ -150,6 +192,10 @@ absl::Status RemoteExpertBackend::Exchange(
       stale = false;
       received = connections[w]->Receive(
           [&](const ExpertResponseView& response) {
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              tiers_[w] = response.tiers;
+            }
             if (response.step < step) {
               stale = true;
             } else if (!response.error.empty()) {

@@ -35,6 +35,14 @@ class RemoteExpertBackend : public ExpertBackend {
 
   absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                           Tensor& out) override;
+  // Sends each worker the predicted experts it would run.
+  void Prefetch(int layer, const RoutingTable& predicted) override;
+
+  // The hot ratio every request carries to the workers (negative: leave theirs). Thread-safe.
+  void set_hot_ratio(float ratio) { hot_ratio_.store(ratio); }
+  float hot_ratio() const { return hot_ratio_.load(); }
+  // Worker `index`'s tier counters as of its last response. Thread-safe.
+  TierCounters tiers(int index) const;
 
   // Layers that ran again because a worker failed during them or was gone.
   int64_t reroutes() const { return reroutes_.load(); }
@@ -42,6 +50,9 @@ class RemoteExpertBackend : public ExpertBackend {
  private:
   // One layer's exchange with `owner[expert]` as the placement. On a worker's failure sets
   // `failed` to its index (and leaves every other channel in step).
+  // Who runs each expert of `layer` now: its planned owner, or a survivor when that is gone.
+  std::vector<int> EffectiveOwners(int layer, const std::vector<bool>& usable) const;
+  std::vector<bool> Usable(const std::vector<std::shared_ptr<ExpertConnection>>& connections);
   absl::Status Exchange(int layer, const Tensor& x, const RoutingTable& routing,
                         const std::vector<int>& owner,
                         const std::vector<std::shared_ptr<ExpertConnection>>& connections,
@@ -55,7 +66,9 @@ class RemoteExpertBackend : public ExpertBackend {
   std::vector<std::shared_ptr<ExpertConnection>> connections_;
   uint64_t step_ = 0;
   std::atomic<int64_t> reroutes_{0};
-  std::vector<bool> was_usable_;  // for logging transitions only (engine thread)
+  std::atomic<float> hot_ratio_{-1.0f};
+  std::vector<TierCounters> tiers_;  // guarded by mu_
+  std::vector<bool> was_usable_;     // for logging transitions only (engine thread)
   // Per-worker staging, reused across calls.
   struct Staging {
     std::vector<int64_t> rows;  // token rows of x sent to this worker

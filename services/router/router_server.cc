@@ -40,6 +40,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
 
   s->pool_ = std::make_unique<ThreadPool>(options.num_threads);
   s->router_backend_ = std::make_unique<CpuRouterBackend>(*s->model_, *s->pool_);
+  ExpertCounts calibration;
   if (options.num_workers > 0) {
     PlacementPlan placement =
         PlacementPlan::Contiguous(c.num_layers, c.num_experts, options.num_workers);
@@ -47,11 +48,15 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
       ASSIGN_OR_RETURN(PlanFile plan, LoadPlan(options.plan_file, c.num_layers, c.num_experts,
                                                options.num_workers));
       placement = std::move(plan.plan);
+      calibration = std::move(plan.counts);
     }
     auto remote = std::make_unique<RemoteExpertBackend>(
         c, std::move(placement), RemoteExpertOptions{.timeout = options.expert_timeout});
     s->remote_ = remote.get();
     s->expert_backend_ = std::move(remote);
+    s->hot_ratio_ = std::make_unique<HotRatioControl>(options.hot_ratio_policy);
+    if (options.hot_ratio >= 0.0f) RETURN_IF_ERROR(s->hot_ratio_->SetFixed(options.hot_ratio));
+    s->remote_->set_hot_ratio(s->hot_ratio_->Update(0));
   } else {
     s->local_experts_source_ = std::make_unique<ModelExpertSource>(s->model_->weights);
     s->expert_backend_ =
@@ -59,6 +64,15 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   }
   ForwardOptions forward_options;
   forward_options.router_temperature = options.router_temperature;
+  if (s->remote_ != nullptr) {
+    forward_options.predict_next_experts = options.prefetch;
+    forward_options.on_batch = [remote = s->remote_,
+                                control = s->hot_ratio_.get()](const BatchLayout& batch) {
+      int64_t longest = 0;
+      for (int64_t p : batch.position) longest = std::max(longest, p + 1);
+      remote->set_hot_ratio(control->Update(longest));
+    };
+  }
   s->forward_ =
       std::make_unique<ForwardPass>(c, *s->router_backend_, *s->expert_backend_, forward_options);
   s->scheduler_ =
@@ -72,13 +86,15 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(s->generation_.get());
-  s->admin_ = std::make_unique<AdminService>(*s->scheduler_, *s->kv_, s->remote_);
+  s->admin_ = std::make_unique<AdminService>(*s->scheduler_, *s->kv_, *s->forward_, s->remote_,
+                                             s->hot_ratio_.get());
   builder.RegisterService(s->admin_.get());
   if (s->remote_ != nullptr) {
     s->coordinator_ = std::make_unique<CoordinatorService>(
         c, *s->remote_,
         CoordinatorOptions{.channel_prefix = options.channel_prefix,
-                           .max_tokens_per_step = options.scheduler.max_batch_tokens});
+                           .max_tokens_per_step = options.scheduler.max_batch_tokens,
+                           .calibration = std::move(calibration)});
     builder.RegisterService(s->coordinator_.get());
   }
   builder.SetMaxReceiveMessageSize(64 << 20);

@@ -19,6 +19,7 @@
 #include "services/router/admin_service.h"
 #include "services/router/coordinator_service.h"
 #include "services/router/generation_service.h"
+#include "services/router/hot_ratio.h"
 #include "services/router/remote_expert_backend.h"
 #include "services/router/scheduler.h"
 
@@ -36,6 +37,10 @@ struct RouterOptions {
   SchedulerOptions scheduler;
   std::string channel_prefix = "strata";
   absl::Duration expert_timeout = absl::Seconds(60);
+  // The workers' hot ratio: a fixed value in [0, 1], or negative for the policy by context.
+  float hot_ratio = -1.0f;
+  HotRatioPolicy hot_ratio_policy;
+  bool prefetch = true;  // predict the next layer's experts and tell the workers
 };
 
 class RouterServer {
@@ -67,6 +72,7 @@ class RouterServer {
   std::unique_ptr<ModelExpertSource> local_experts_source_;
   std::unique_ptr<ExpertBackend> expert_backend_;
   RemoteExpertBackend* remote_ = nullptr;  // expert_backend_ when num_workers > 0
+  std::unique_ptr<HotRatioControl> hot_ratio_;
   std::unique_ptr<ForwardPass> forward_;
   std::unique_ptr<PagedKvCache> kv_;
   std::unique_ptr<Scheduler> scheduler_;

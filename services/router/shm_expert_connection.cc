@@ -7,7 +7,8 @@ namespace strata {
 absl::StatusOr<std::unique_ptr<ShmExpertConnection>> ShmExpertConnection::Create(
     const std::string& name, int max_tokens, int top_k, int hidden_size) {
   ShmChannelOptions options;
-  options.slots = 2;  // one layer in flight, plus room to queue the next
+  // One layer in flight, room to queue the next, and a prefetch hint between them.
+  options.slots = 4;
   options.slot_bytes = std::max(ExpertRequestBytes(max_tokens, top_k, hidden_size),
                                 ExpertResponseBytes(max_tokens, hidden_size, 4096));
   SharedSegment::Remove(name).IgnoreError();  // a stale channel of a crashed router
@@ -24,7 +25,10 @@ absl::Status ShmExpertConnection::Send(const ExpertRequestView& request) {
     channel_.segment().Unlink().IgnoreError();
     unlinked_ = true;
   }
-  const size_t bytes = ExpertRequestBytes(request.num_tokens, request.top_k, request.hidden_size);
+  const size_t bytes =
+      request.kind == ExpertMessageKind::kPrefetch
+          ? ExpertPrefetchBytes(request.top_k)
+          : ExpertRequestBytes(request.num_tokens, request.top_k, request.hidden_size);
   auto slot = channel_.outbound().Reserve(bytes, absl::Seconds(10));
   if (!slot.ok()) {
     return absl::UnavailableError(
@@ -32,6 +36,15 @@ absl::Status ShmExpertConnection::Send(const ExpertRequestView& request) {
   }
   EncodeExpertRequest(request, *slot);
   return channel_.outbound().Commit(bytes);
+}
+
+absl::Status ShmExpertConnection::Prefetch(uint32_t layer, absl::Span<const int32_t> experts) {
+  ExpertRequestView hint;
+  hint.kind = ExpertMessageKind::kPrefetch;
+  hint.layer = layer;
+  hint.top_k = static_cast<uint32_t>(experts.size());
+  hint.experts = experts;
+  return Send(hint);
 }
 
 absl::Status ShmExpertConnection::Receive(

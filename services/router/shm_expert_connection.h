@@ -20,6 +20,7 @@ class ShmExpertConnection : public ExpertConnection {
                                                                      int hidden_size);
 
   absl::Status Send(const ExpertRequestView& request) override;
+  absl::Status Prefetch(uint32_t layer, absl::Span<const int32_t> experts) override;
   absl::Status Receive(absl::FunctionRef<void(const ExpertResponseView&)> consume,
                        absl::Duration timeout) override;
   bool Alive() const override;

@@ -1,8 +1,9 @@
-// A child process for integration tests: started with execv, its stdout read line by line,
-// stopped with SIGTERM (then SIGKILL) when the object dies.
+// A child process for integration tests: started with execv, its stdout read line by line
+// (its stderr optionally into a file), stopped with SIGTERM (then SIGKILL) when the object dies.
 #ifndef STRATA_TESTS_TESTING_CHILD_PROCESS_H_
 #define STRATA_TESTS_TESTING_CHILD_PROCESS_H_
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -16,14 +17,19 @@ namespace strata::testing {
 
 class ChildProcess {
  public:
-  // argv[0] is the program's path.
-  explicit ChildProcess(std::vector<std::string> argv) {
+  // argv[0] is the program's path. With `stderr_path`, stderr goes to that file (appended).
+  explicit ChildProcess(std::vector<std::string> argv, const std::string& stderr_path = "") {
     int fds[2];
     if (::pipe(fds) != 0) return;
     pid_ = ::fork();
     if (pid_ == 0) {
       ::dup2(fds[1], STDOUT_FILENO);
       ::close(fds[0]);
+      if (!stderr_path.empty()) {
+        const int err =
+            ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (err >= 0) ::dup2(err, STDERR_FILENO);
+      }
       std::vector<char*> raw;
       for (auto& a : argv) raw.push_back(a.data());
       raw.push_back(nullptr);

@@ -12,9 +12,11 @@ namespace strata::testing {
 
 class ClusterProcess {
  public:
-  // `args` follow "strata up"; e.g. {"--model=DIR", "--workers=2"}.
-  explicit ClusterProcess(const std::vector<std::string>& args, int ready_timeout_s = 120)
-      : process_(Argv(args)) {
+  // `args` follow "strata up"; e.g. {"--model=DIR", "--workers=2"}. With `stderr_path`, the
+  // cluster's stderr (every process's log) goes to that file.
+  explicit ClusterProcess(const std::vector<std::string>& args, int ready_timeout_s = 120,
+                          const std::string& stderr_path = "")
+      : process_(Argv(args), stderr_path) {
     address_ = process_.AwaitLine("READY ", ready_timeout_s);
   }
 

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
@@ -66,6 +67,31 @@ absl::Status RunStats(const std::string& server, std::ostream& out) {
     return absl::InternalError("cannot print the stats as JSON");
   }
   out << json << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunSetHotRatio(const std::string& server, const std::string& value,
+                            std::ostream& out) {
+  v1::SetHotRatioRequest request;
+  float ratio = 0;
+  if (value == "auto") {
+    request.set_automatic(true);
+  } else if (absl::SimpleAtof(value, &ratio) && ratio >= 0.0f && ratio <= 1.0f) {
+    request.set_hot_ratio(ratio);
+  } else {
+    return absl::InvalidArgumentError("--hot-ratio must be auto or a number in [0, 1]");
+  }
+  auto stub = v1::Admin::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::SetHotRatioResponse response;
+  const grpc::Status status = stub->SetHotRatio(&context, request, &response);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        absl::StrCat(server, ": ", status.error_message()));
+  }
+  out << "{\"hot_ratio\": " << response.hot_ratio()
+      << ", \"automatic\": " << (response.automatic() ? "true" : "false") << "}\n";
   return absl::OkStatus();
 }
 

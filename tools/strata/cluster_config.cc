@@ -5,10 +5,17 @@
 #include <functional>
 #include <map>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/util/byte_size.h"
 
 namespace strata {
 namespace {
+
+bool ValidHotRatio(const std::string& v) {
+  float ratio = 0;
+  return v == "auto" || (absl::SimpleAtof(v, &ratio) && ratio >= 0.0f && ratio <= 1.0f);
+}
 
 // Each known key (dotted for nested maps) and how to store its value.
 using Setter = std::function<bool(const YAML::Node&, ClusterConfig&)>;
@@ -53,6 +60,20 @@ const std::map<std::string, Setter>& Setters() {
        Set<int>(&ClusterConfig::max_queued_requests, [](const int& v) { return v >= 0; })},
       {"drain_timeout_s",
        Set<double>(&ClusterConfig::drain_timeout_s, [](const double& v) { return v >= 0; })},
+      {"gpu_memory_budget",
+       Set<std::string>(&ClusterConfig::gpu_memory_budget,
+                        [](const std::string& v) { return ParseByteSize(v).ok(); })},
+      {"hot_ratio", Set<std::string>(&ClusterConfig::hot_ratio, ValidHotRatio)},
+      {"hot_ratio_policy", Set<std::string>(&ClusterConfig::hot_ratio_policy,
+                                            [](const std::string& v) { return !v.empty(); })},
+      {"cache_policy",
+       Set<std::string>(&ClusterConfig::cache_policy,
+                        [](const std::string& v) { return v == "lru" || v == "lfu"; })},
+      {"cold_experts", Set<std::string>(&ClusterConfig::cold_experts,
+                                        [](const std::string& v) {
+                                          return v == "auto" || v == "copy" || v == "cpu";
+                                        })},
+      {"prefetch", Set<bool>(&ClusterConfig::prefetch)},
   };
   return *setters;
 }

@@ -28,6 +28,13 @@ struct ClusterConfig {
   int max_running = 64;
   int max_queued_requests = 256;
   double drain_timeout_s = 30;
+  // Expert tiers (see docs/tiers.md).
+  std::string gpu_memory_budget;   // per worker, e.g. 24GiB; empty: every expert resident
+  std::string hot_ratio = "auto";  // a number in [0, 1], or auto (hot_ratio_policy)
+  std::string hot_ratio_policy = "512:0.35,2048:0.28,0.20";
+  std::string cache_policy = "lfu";   // warm slots: lru or lfu
+  std::string cold_experts = "auto";  // copy, cpu (strata-cache computes them) or auto
+  bool prefetch = true;
 };
 
 // Reads `path` (YAML or JSON) into `config`, keeping fields the file does not set. Unknown

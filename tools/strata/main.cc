@@ -72,6 +72,14 @@ ABSL_FLAG(std::string, out, "",
           "bench: JSON results file (bench/results/README.md); make-model: the model directory; "
           "plan: the plan file");
 ABSL_FLAG(std::string, plan, "", "up: expert placement file from `strata plan`");
+ABSL_FLAG(std::string, gpu_memory_budget, "",
+          "up: expert memory per worker (e.g. 24GiB): hot and warm slots; empty keeps all");
+ABSL_FLAG(std::string, hot_ratio, "auto",
+          "up: share of each worker's experts kept resident, or auto (by context length); "
+          "hot-ratio: the value to set");
+ABSL_FLAG(std::string, cache_policy, "lfu", "up: warm-slot replacement, lru or lfu");
+ABSL_FLAG(std::string, cold_experts, "auto", "up: experts in no slot: copy, cpu or auto");
+ABSL_FLAG(bool, prefetch, true, "up: predict the next layer's experts and prefetch them");
 ABSL_FLAG(std::string, calibration, "",
           "plan: JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} a line");
 ABSL_FLAG(std::string, model_name, "", "bench: model recorded (default: --model's name)");
@@ -100,7 +108,8 @@ constexpr char kUsage[] =
     "            serving benchmark of a cluster: a table, and bench/results JSON\n"
     "  make-model --shape NAME --out DIR [--dtype bf16] [--skew zipf:S] [--seed N] [--layers L]\n"
     "            [--force]   a random-weight model in the Hugging Face format\n"
-    "  stats     --server HOST:PORT   the router's counters and its workers, as JSON\n"
+    "  stats     --server HOST:PORT   the router's counters, its workers and their tiers, as JSON\n"
+    "  hot-ratio --server HOST:PORT --hot-ratio (R | auto)   set the workers' hot ratio now\n"
     "  plan      --model DIR --calibration FILE.jsonl --workers N --out plan.json\n"
     "            count expert activations, place experts so every worker's load is equal\n";
 
@@ -204,6 +213,13 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
   if (flags.Specified("router_temperature")) {
     c.router_temperature = static_cast<float>(absl::GetFlag(FLAGS_router_temperature));
   }
+  if (flags.Specified("gpu_memory_budget")) {
+    c.gpu_memory_budget = absl::GetFlag(FLAGS_gpu_memory_budget);
+  }
+  if (flags.Specified("hot_ratio")) c.hot_ratio = absl::GetFlag(FLAGS_hot_ratio);
+  if (flags.Specified("cache_policy")) c.cache_policy = absl::GetFlag(FLAGS_cache_policy);
+  if (flags.Specified("cold_experts")) c.cold_experts = absl::GetFlag(FLAGS_cold_experts);
+  if (flags.Specified("prefetch")) c.prefetch = absl::GetFlag(FLAGS_prefetch);
   if (c.device != "cpu" && c.device != "cuda") {
     return absl::InvalidArgumentError("--device must be cpu or cuda");
   }
@@ -217,6 +233,12 @@ absl::Status Run(const std::string& command, strata::DashedFlags& flags, const s
     if (absl::GetFlag(FLAGS_server).empty())
       return absl::InvalidArgumentError("--server is required");
     return strata::RunStats(absl::GetFlag(FLAGS_server), std::cout);
+  }
+  if (command == "hot-ratio") {
+    if (absl::GetFlag(FLAGS_server).empty())
+      return absl::InvalidArgumentError("--server is required");
+    return strata::RunSetHotRatio(absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_hot_ratio),
+                                  std::cout);
   }
   if (command == "bench") return Bench();
   if (command == "eval") {

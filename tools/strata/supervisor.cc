@@ -154,6 +154,11 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
     return cache_address.status();
   }
   DrainInBackground(cache.stdout_fd);
+  // A restarted cache listens where the workers look for it and, with the same segment prefix,
+  // re-attaches to the store the dead one left.
+  for (std::string& arg : cache.argv) {
+    if (absl::StartsWith(arg, "--listen=")) arg = "--listen=" + *cache_address;
+  }
 
   Child router{
       "strata-router",
@@ -166,7 +171,8 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
        absl::StrCat("--max-running=", c.max_running),
        absl::StrCat("--max-queued-requests=", c.max_queued_requests),
        absl::StrCat("--drain-timeout-s=", c.drain_timeout_s), "--channel-prefix=" + prefix,
-       "--plan=" + c.plan, log_level}};
+       "--plan=" + c.plan, "--hot-ratio=" + c.hot_ratio, "--hot-ratio-policy=" + c.hot_ratio_policy,
+       absl::StrCat("--prefetch=", c.prefetch ? "true" : "false"), log_level}};
   std::vector<Child> workers(c.workers);
   auto stop_all = [&](absl::Duration router_grace) {
     const int router_exit = Stop(router, router_grace);
@@ -190,7 +196,9 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
         {options.bin_dir + "/strata-worker", "--model=" + c.model, "--cache=" + *cache_address,
          "--router=" + *router_address, absl::StrCat("--index=", i), "--device=" + device,
          "--weights=" + c.weights, absl::StrCat("--max-batch-tokens=", c.max_batch_tokens), threads,
-         "--transport=" + c.transport, absl::StrCat("--listen=", c.host, ":0"), log_level}};
+         "--transport=" + c.transport, absl::StrCat("--listen=", c.host, ":0"),
+         "--gpu-memory-budget=" + c.gpu_memory_budget, "--cache-policy=" + c.cache_policy,
+         "--cold-experts=" + c.cold_experts, log_level}};
     if (absl::Status s = Spawn(workers[i]); !s.ok()) {
       stop_all(absl::Seconds(1));
       return s;
@@ -207,9 +215,16 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
   }
   bool ready = false;
   std::string router_output;
+  // A restarted strata-cache: its stdout until READY (then -1), and whether it got there.
+  int cache_start_fd = -1;
+  bool cache_back = true;
+  absl::Time cache_stopped;
+  std::string cache_output;
   while (true) {
-    pollfd fds[2] = {{signal_fd, POLLIN, 0}, {ready ? -1 : router.stdout_fd, POLLIN, 0}};
-    if (::poll(fds, 2, 1000) < 0 && errno != EINTR) {
+    pollfd fds[3] = {{signal_fd, POLLIN, 0},
+                     {ready ? -1 : router.stdout_fd, POLLIN, 0},
+                     {cache_start_fd, POLLIN, 0}};
+    if (::poll(fds, 3, 1000) < 0 && errno != EINTR) {
       stop_all(absl::Seconds(1));
       return absl::InternalError("poll failed");
     }
@@ -225,12 +240,29 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
         DrainInBackground(router.stdout_fd);
       }
     }
+    if (cache_start_fd >= 0 && (fds[2].revents & (POLLIN | POLLHUP))) {
+      char chunk[4096];
+      const ssize_t n = ::read(cache_start_fd, chunk, sizeof(chunk));
+      if (n > 0) cache_output.append(chunk, static_cast<size_t>(n));
+      const size_t at = cache_output.find("READY ");
+      const size_t end_of_line = cache_output.find('\n', at);
+      if (at != std::string::npos && end_of_line != std::string::npos) {
+        StatusLine(absl::StrCat(
+            "strata-cache is back at ", cache_output.substr(at + 6, end_of_line - at - 6), ", ",
+            absl::ToInt64Milliseconds(absl::Now() - cache_stopped), " ms after it stopped"));
+        cache_back = true;
+        DrainInBackground(cache_start_fd);
+        cache_start_fd = -1;
+      } else if (n <= 0) {
+        cache_start_fd = -1;  // it exited: SIGCHLD says how
+      }
+    }
     if (!(fds[0].revents & POLLIN)) continue;
     signalfd_siginfo info;
     if (::read(signal_fd, &info, sizeof(info)) != sizeof(info)) continue;
     const int signal = static_cast<int>(info.ssi_signo);
     if (signal == SIGINT || signal == SIGTERM) {
-      StatusLine(absl::StrCat("strata up: signal ", signal, ", stopping the cluster"));
+      StatusLine(absl::StrCat("signal ", signal, ", stopping the cluster"));
       const int router_exit = stop_all(absl::Seconds(c.drain_timeout_s + 10));
       ::close(signal_fd);
       if (router_exit != 0) {
@@ -242,12 +274,33 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
     int status = 0;
     pid_t pid;
     while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
-      if (pid == router.pid || pid == cache.pid) {
-        Child& dead = pid == router.pid ? router : cache;
-        dead.pid = -1;
+      if (pid == cache.pid) {
+        // The workers keep serving from their mappings of its segments meanwhile. A restart
+        // that exits with an error before READY would only fail again.
+        cache.pid = -1;
+        if (!cache_back && WIFEXITED(status)) {
+          stop_all(absl::Seconds(5));
+          ::close(signal_fd);
+          return absl::InternalError(
+              absl::StrCat("strata-cache failed to restart (", Describe(status), ")"));
+        }
+        StatusLine(absl::StrCat("strata-cache stopped (", Describe(status), "), restarting it"));
+        ++cache.restarts;
+        cache_back = false;
+        cache_stopped = absl::Now();
+        cache_output.clear();
+        if (absl::Status s = Spawn(cache); !s.ok()) {
+          stop_all(absl::Seconds(2));
+          return s;
+        }
+        cache_start_fd = cache.stdout_fd;
+        continue;
+      }
+      if (pid == router.pid) {
+        router.pid = -1;
         stop_all(absl::Seconds(5));
         ::close(signal_fd);
-        return absl::InternalError(absl::StrCat(dead.name, " stopped (", Describe(status), ")"));
+        return absl::InternalError(absl::StrCat(router.name, " stopped (", Describe(status), ")"));
       }
       for (Child& w : workers) {
         if (pid != w.pid) continue;
@@ -261,8 +314,7 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
           return absl::FailedPreconditionError(
               absl::StrCat(w.name, " failed to start (", Describe(status), ")"));
         }
-        StatusLine(absl::StrCat("strata up: ", w.name, " stopped (", Describe(status),
-                                "), restarting it"));
+        StatusLine(absl::StrCat(w.name, " stopped (", Describe(status), "), restarting it"));
         ++w.restarts;
         if (absl::Status s = Spawn(w); !s.ok()) {
           stop_all(absl::Seconds(2));

@@ -1,5 +1,6 @@
 // `strata up`: starts strata-cache, the workers and strata-router as separate processes,
-// prints "READY <host>:<port>" when Generate is served, restarts a worker that dies, and stops
+// prints "READY <host>:<port>" when Generate is served, restarts a worker or strata-cache that
+// dies (the cache on the same address, re-attaching to its shared memory), and stops
 // them all on SIGINT/SIGTERM.
 #ifndef STRATA_TOOLS_STRATA_SUPERVISOR_H_
 #define STRATA_TOOLS_STRATA_SUPERVISOR_H_

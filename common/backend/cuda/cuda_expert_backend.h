@@ -24,6 +24,9 @@ struct CudaExpertOptions {
   std::function<void(int layer, int num_layers, uint64_t bytes)> on_layer;
 };
 
+// The grouped-expert kernels' activation for `config`'s experts.
+GluParams ExpertGluParams(const ModelConfig& config);
+
 class CudaExpertBackend : public ExpertBackend {
  public:
   static absl::StatusOr<std::unique_ptr<CudaExpertBackend>> Create(
@@ -34,7 +37,6 @@ class CudaExpertBackend : public ExpertBackend {
   // CudaRouterBackend produces them); `out` becomes a device view [n, hidden] bf16.
   absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                           Tensor& out) override;
-
 
  private:
   CudaExpertBackend(const ModelConfig& config, CudaContext* context, CudaExpertOptions options)
@@ -50,7 +52,8 @@ class CudaExpertBackend : public ExpertBackend {
   CudaContext* context_;
   CudaExpertOptions options_;
   std::vector<Layer> layers_;
-  DeviceBuffer<uint16_t> staging_;  // one bf16 matrix on its way to FP8
+  DeviceBuffer<uint16_t> staging_;       // one bf16 matrix on its way to FP8
+  PinnedBuffer<uint16_t> host_staging_;  // one expert repacked on the host
   DeviceBuffer<uint8_t> workspace_;
   DeviceBuffer<bf16> out_;
   std::shared_ptr<void> keep_alive_ = std::make_shared<int>(0);

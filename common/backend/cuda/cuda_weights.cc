@@ -1,9 +1,19 @@
 #include "common/backend/cuda/cuda_weights.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
 #include "common/backend/cuda/expert_repack.h"
+#include "common/backend/cuda/fp8_quant.h"
 #include "common/util/status_macros.h"
 
 namespace strata::gpu {
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
 
 absl::StatusOr<DeviceWeight> DeviceWeightStore::Matrix(const WeightMatrix& w,
                                                        const WeightVector& bias) {
@@ -66,6 +76,147 @@ absl::StatusOr<ExpertWeightTable> DeviceWeightStore::SingleExpert(const FfnWeigh
     table.down_bias = device_biases + 2;
   }
   return table;
+}
+
+ExpertDeviceLayout ExpertDeviceLayout::For(int64_t hidden, int64_t intermediate,
+                                           WeightFormat format, bool biased) {
+  ExpertDeviceLayout l;
+  l.format = format;
+  l.hidden = hidden;
+  l.intermediate = intermediate;
+  l.biased = biased;
+  const bool fp8 = format == WeightFormat::kFp8E4M3;
+  const size_t h = static_cast<size_t>(hidden), inter = static_cast<size_t>(intermediate);
+  l.matrix_bytes = AlignUp(h * inter * (fp8 ? 1 : 2));
+  l.scales_offset = 3 * l.matrix_bytes;
+  const size_t scales = fp8 ? 2 * AlignUp(inter * 4) + AlignUp(h * 4) : 0;
+  l.biases_offset = l.scales_offset + scales;
+  const size_t biases = biased ? 2 * AlignUp(inter * 2) + AlignUp(h * 2) : 0;
+  l.bytes = l.biases_offset + biases;
+  return l;
+}
+
+std::array<const void*, 9> ExpertDeviceLayout::Pointers(const uint8_t* base,
+                                                        const FfnWeights& weights) const {
+  std::array<const void*, 9> p{};
+  const size_t inter_floats = AlignUp(static_cast<size_t>(intermediate) * 4);
+  const size_t inter_bf16 = AlignUp(static_cast<size_t>(intermediate) * 2);
+  for (int m = 0; m < 3; ++m) p[m] = base + m * matrix_bytes;
+  if (format == WeightFormat::kFp8E4M3) {
+    for (int m = 0; m < 3; ++m) p[3 + m] = base + scales_offset + m * inter_floats;
+  }
+  if (biased) {
+    const WeightVector* vecs[3] = {&weights.gate_bias, &weights.up_bias, &weights.down_bias};
+    for (int m = 0; m < 3; ++m) {
+      if (vecs[m]->present()) p[6 + m] = base + biases_offset + m * inter_bf16;
+    }
+  }
+  return p;
+}
+
+size_t ExpertDeviceLayout::host_staging_elements() const {
+  const size_t biases = biased ? 2 * static_cast<size_t>(intermediate) + hidden : 0;
+  return 3 * static_cast<size_t>(hidden * intermediate) + biases;
+}
+
+absl::Status ExpertDeviceLayout::Check(const FfnWeights& weights) const {
+  const WeightMatrix* mats[3] = {&weights.gate, &weights.up, &weights.down};
+  for (int m = 0; m < 3; ++m) {
+    const WeightMatrix& w = *mats[m];
+    const int64_t want_out = m == 2 ? hidden : intermediate;
+    const int64_t want_in = m == 2 ? intermediate : hidden;
+    if (!w.present() || w.out != want_out || w.in != want_in) {
+      return absl::InvalidArgumentError(absl::StrCat("expert weights: matrix ", m, " is [", w.out,
+                                                     ", ", w.in, "], expected [", want_out, ", ",
+                                                     want_in, "]"));
+    }
+  }
+  const WeightVector* vecs[3] = {&weights.gate_bias, &weights.up_bias, &weights.down_bias};
+  const int64_t sizes[3] = {intermediate, intermediate, hidden};
+  for (int m = 0; m < 3; ++m) {
+    if (!vecs[m]->present()) continue;
+    if (!biased) {
+      return absl::InvalidArgumentError("expert weights: biases, but the model has none");
+    }
+    if (vecs[m]->size != sizes[m]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expert weights: bias ", m, " has ", vecs[m]->size, " elements"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EnqueueExpertUpload(const FfnWeights& weights, const ExpertDeviceLayout& layout,
+                                 uint8_t* base, uint16_t* host_staging, bf16* device_staging,
+                                 cudaStream_t stream, bool* used_host_staging) {
+  const bool fp8 = layout.format == WeightFormat::kFp8E4M3;
+  const std::array<const void*, 9> dst = layout.Pointers(base, weights);
+  const WeightMatrix* mats[3] = {&weights.gate, &weights.up, &weights.down};
+  const size_t count = static_cast<size_t>(layout.hidden * layout.intermediate);
+  RETURN_IF_ERROR(layout.Check(weights));
+  bool staged = false;
+  for (int m = 0; m < 3; ++m) {
+    const WeightMatrix& w = *mats[m];
+    const void* src = w.data;
+    if (!IsRowMajorBf16(w)) {
+      if (host_staging == nullptr) return absl::InternalError("expert upload: no host staging");
+      uint16_t* packed = host_staging + m * count;
+      RepackToRowMajorBf16(w, packed);
+      src = packed;
+      staged = true;
+    }
+    void* out = const_cast<void*>(dst[m]);
+    if (!fp8) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, src, count * 2, cudaMemcpyHostToDevice, stream));
+      continue;
+    }
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(device_staging, src, count * 2, cudaMemcpyHostToDevice, stream));
+    CUDA_RETURN_IF_ERROR(
+        LaunchQuantizeFp8PerChannel(device_staging, w.out, w.in, static_cast<uint8_t*>(out),
+                                    static_cast<float*>(const_cast<void*>(dst[3 + m])), stream));
+  }
+  if (layout.biased) {
+    // Biases are small and often strided (gpt-oss interleaves gate and up): always staged.
+    uint16_t* next = host_staging + 3 * count;
+    const WeightVector* vecs[3] = {&weights.gate_bias, &weights.up_bias, &weights.down_bias};
+    for (int m = 0; m < 3; ++m) {
+      if (!vecs[m]->present()) continue;
+      if (host_staging == nullptr) return absl::InternalError("expert upload: no host staging");
+      const std::vector<uint16_t> v = RepackVectorBf16(*vecs[m]);
+      std::copy(v.begin(), v.end(), next);
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(const_cast<void*>(dst[6 + m]), next, v.size() * 2,
+                                           cudaMemcpyHostToDevice, stream));
+      next += v.size();
+      staged = true;
+    }
+  }
+  if (used_host_staging != nullptr) *used_host_staging = staged;
+  return absl::OkStatus();
+}
+
+ExpertWeightTable ExpertTableOver(const ExpertDeviceLayout& layout, int num_experts,
+                                  const void* const* device_pointers) {
+  auto at = [&](int entry) { return device_pointers + static_cast<size_t>(entry) * num_experts; };
+  ExpertWeightTable t;
+  t.format = layout.format;
+  t.num_experts = num_experts;
+  t.hidden = layout.hidden;
+  t.intermediate = layout.intermediate;
+  t.gate = at(0);
+  t.up = at(1);
+  t.down = at(2);
+  if (layout.format == WeightFormat::kFp8E4M3) {
+    t.gate_scale = reinterpret_cast<const float* const*>(at(3));
+    t.up_scale = reinterpret_cast<const float* const*>(at(4));
+    t.down_scale = reinterpret_cast<const float* const*>(at(5));
+  }
+  if (layout.biased) {
+    t.gate_bias = reinterpret_cast<const bf16* const*>(at(6));
+    t.up_bias = reinterpret_cast<const bf16* const*>(at(7));
+    t.down_bias = reinterpret_cast<const bf16* const*>(at(8));
+  }
+  return t;
 }
 
 }  // namespace strata::gpu

@@ -4,6 +4,7 @@
 #ifndef STRATA_COMMON_BACKEND_CUDA_CUDA_WEIGHTS_H_
 #define STRATA_COMMON_BACKEND_CUDA_CUDA_WEIGHTS_H_
 
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -59,6 +60,45 @@ class DeviceWeightStore {
 inline bool IsRowMajorBf16(const WeightMatrix& w) {
   return w.dtype == DType::kBF16 && w.in_stride == 1 && w.out_stride == w.in;
 }
+
+// Where one routed expert's weights sit in a block of device memory: gate, up and down, then
+// (FP8) their per-row scales, then (biased models) their biases, each 256-byte aligned. Every
+// expert of CudaExpertBackend and every GPU expert slot uses this layout.
+struct ExpertDeviceLayout {
+  WeightFormat format = WeightFormat::kBf16;
+  int64_t hidden = 0;
+  int64_t intermediate = 0;
+  bool biased = false;
+  size_t matrix_bytes = 0;  // one matrix, padded
+  size_t scales_offset = 0;
+  size_t biases_offset = 0;
+  size_t bytes = 0;  // the whole expert
+
+  static ExpertDeviceLayout For(int64_t hidden, int64_t intermediate, WeightFormat format,
+                                bool biased);
+  // The expert's 9 table entries: gate, up, down, their 3 scales and 3 biases (null where the
+  // format or the weights have none).
+  std::array<const void*, 9> Pointers(const uint8_t* base, const FfnWeights& weights) const;
+  // InvalidArgument unless `weights` has this layout's shapes (biases only when biased).
+  absl::Status Check(const FfnWeights& weights) const;
+  // Host bf16 elements EnqueueExpertUpload may stage (every matrix repacked, the biases).
+  size_t host_staging_elements() const;
+};
+
+// Queues on `stream` the copy of `weights` into the expert at `base`. Matrices already in
+// row-major bf16 are copied from where they are (truly asynchronous when that memory is pinned
+// or registered); others are repacked on the host first into `host_staging` (pinned,
+// host_staging_elements() long; not touched when nothing needs repacking), as are biases. FP8
+// matrices pass through `device_staging` (one bf16 matrix) and are quantized on `stream`. The
+// caller keeps the sources and the staging untouched until `stream` is past the copies.
+// Sets `*used_host_staging` (may be null) to whether host_staging was written.
+absl::Status EnqueueExpertUpload(const FfnWeights& weights, const ExpertDeviceLayout& layout,
+                                 uint8_t* base, uint16_t* host_staging, bf16* device_staging,
+                                 cudaStream_t stream, bool* used_host_staging = nullptr);
+
+// The table over `device_pointers`: 9 arrays of `num_experts` entries in Pointers() order.
+ExpertWeightTable ExpertTableOver(const ExpertDeviceLayout& layout, int num_experts,
+                                  const void* const* device_pointers);
 
 }  // namespace strata::gpu
 

@@ -43,6 +43,19 @@ TEST(LruPolicyTest, EvictsTheLeastRecentlyUsed) {
   EXPECT_EQ(lru.Victim(), kA);
 }
 
+TEST(CachePolicyTest, VictimSkipsWhatTheCallerProtects) {
+  LruPolicy lru(3);
+  LfuAgingPolicy lfu(3, 0);
+  for (ExpertCachePolicy* policy : {static_cast<ExpertCachePolicy*>(&lru),
+                                    static_cast<ExpertCachePolicy*>(&lfu)}) {
+    for (ExpertKey k : {kA, kB, kC}) Use(*policy, k);
+    EXPECT_EQ(policy->Victim(), kA);
+    EXPECT_EQ(policy->Victim([](ExpertKey k) { return !(k == kA); }), kB);
+    EXPECT_EQ(policy->Victim([](ExpertKey k) { return k == kC; }), kC);
+    EXPECT_EQ(policy->Victim([](ExpertKey) { return false; }), std::nullopt);
+  }
+}
+
 TEST(LfuAgingPolicyTest, EvictsTheLeastFrequentlyUsedTiesByRecency) {
   LfuAgingPolicy lfu(3, /*halve_every=*/0);
   for (ExpertKey k : {kA, kA, kA, kB, kC, kC}) Use(lfu, k);

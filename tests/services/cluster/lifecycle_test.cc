@@ -1,5 +1,5 @@
 // The cluster's life: health before and after workers register, draining on SIGTERM, a worker
-// killed and restarted by the supervisor, a full queue, and a config file.
+// or strata-cache killed and restarted by the supervisor, a full queue, and a config file.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
@@ -10,9 +10,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "grpc_health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "strata/v1/cluster.grpc.pb.h"
 #include "strata/v1/generation.grpc.pb.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/cluster_process.h"
@@ -236,6 +238,101 @@ TEST(LifecycleTest, KilledWorkerLosesNoRequest) {
   ASSERT_TRUE(WaitForHealth(cluster.address(), grpc::health::v1::HealthCheckResponse::SERVING, 60));
   EXPECT_EQ(Generate(cluster.address(), prompts[0], kNewTokens).tokens, undisturbed[0]);
   EXPECT_EQ(cluster.Stop(), 0);
+}
+
+// The value of `--flag=` on a live process's command line, or "".
+std::string FlagOf(pid_t pid, const std::string& flag) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
+  std::string arg;
+  while (std::getline(in, arg, '\0')) {
+    if (arg.rfind(flag, 0) == 0) return arg.substr(flag.size());
+  }
+  return "";
+}
+
+// The generation of the expert store strata-cache at `address` serves; 0 if it does not answer.
+uint64_t StoreGeneration(const std::string& address) {
+  auto stub =
+      v1::ExpertStore::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::ExpertLayout layout;
+  if (!stub->GetLayout(&context, v1::GetLayoutRequest(), &layout).ok()) return 0;
+  return layout.generation();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// strata-cache killed with SIGKILL in the middle of generation: the workers keep serving from
+// its shared memory, so the request completes with the tokens of an undisturbed run; the
+// supervisor restarts the cache on the same address, it re-attaches to the store (same
+// generation, nothing copied), and later requests are served.
+TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
+  const std::string log = ::testing::TempDir() + "/cache_restart_" + std::to_string(::getpid());
+  std::remove(log.c_str());
+  ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe_long"), "--workers=2", "--threads=1"},
+                         120, log);
+  ASSERT_FALSE(cluster.address().empty());
+  const std::string segment_prefix = absl::StrCat("strata-", cluster.pid());
+  const std::string cache_address =
+      FlagOf(ChildWithArgs(cluster.pid(), "strata-worker", "--index=0"), "--cache=");
+  ASSERT_FALSE(cache_address.empty());
+  const uint64_t generation = StoreGeneration(cache_address);
+  ASSERT_NE(generation, 0u);
+
+  std::vector<uint32_t> prompt(12);
+  for (size_t j = 0; j < prompt.size(); ++j) prompt[j] = static_cast<uint32_t>(5 + 37 * j % 500);
+  const int kNewTokens = 300;
+  const Generated undisturbed = Generate(cluster.address(), prompt, kNewTokens);
+  ASSERT_TRUE(undisturbed.status.ok()) << undisturbed.status.error_message();
+
+  std::promise<void> first;
+  auto running = std::async(std::launch::async, [&] {
+    return Generate(cluster.address(), prompt, kNewTokens, [&] { first.set_value(); });
+  });
+  first.get_future().wait();
+  const pid_t cache = ChildWithArgs(cluster.pid(), "strata-cache", "--segment-prefix=");
+  ASSERT_GT(cache, 0);
+  ASSERT_EQ(::kill(cache, SIGKILL), 0);
+  const Generated g = running.get();
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.tokens, undisturbed.tokens);
+
+  // Back on the same address with the same store.
+  uint64_t restarted = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (restarted == 0 && std::chrono::steady_clock::now() < deadline) {
+    restarted = StoreGeneration(cache_address);
+    if (restarted == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(restarted, generation);
+  const pid_t replacement = ChildWithArgs(cluster.pid(), "strata-cache", "--segment-prefix=");
+  EXPECT_GT(replacement, 0);
+  EXPECT_NE(replacement, cache);
+  EXPECT_EQ(FlagOf(replacement, "--listen="), cache_address);
+  std::string logged;
+  const std::string back = "strata-cache is back at " + cache_address;
+  for (int i = 0; i < 100 && logged.find(back) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    logged = ReadFile(log);
+  }
+  EXPECT_NE(logged.find(absl::StrFormat(
+                "strata-cache: re-attached to 1 segment(s), generation %016x", generation)),
+            std::string::npos)
+      << logged;
+  EXPECT_NE(logged.find(back), std::string::npos) << logged;
+
+  const Generated later = Generate(cluster.address(), prompt, kNewTokens);
+  ASSERT_TRUE(later.status.ok()) << later.status.error_message();
+  EXPECT_EQ(later.tokens, undisturbed.tokens);
+  // An ordered stop still removes the store.
+  EXPECT_EQ(cluster.Stop(), 0);
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + segment_prefix + "-experts-meta"));
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + segment_prefix + "-experts-0"));
+  std::remove(log.c_str());
 }
 
 // `strata stats` reports the router's counters and which workers are connected.

@@ -1,4 +1,4 @@
-#include "services/expert-worker/expert_executor.h"
+#include "common/transport/expert_executor.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "services/expert-worker/mapped_experts.h"
+#include "common/transport/mapped_experts.h"
 
 #include "absl/strings/str_cat.h"
 #include "boost/interprocess/mapped_region.hpp"
@@ -99,6 +99,14 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
     }
   }
   return mapped;
+}
+
+std::vector<absl::Span<const uint8_t>> MappedExperts::segments() const {
+  std::vector<absl::Span<const uint8_t>> out;
+  for (const auto& m : mappings_) {
+    out.emplace_back(static_cast<const uint8_t*>(m->region.get_address()), m->region.get_size());
+  }
+  return out;
 }
 
 const FfnWeights* MappedExperts::Find(int layer, int expert) const {

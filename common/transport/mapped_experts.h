@@ -1,12 +1,13 @@
 // A worker's read-only view of the expert store: maps every segment the layout names and
 // serves FfnWeights that point into them.
-#ifndef STRATA_SERVICES_EXPERT_WORKER_MAPPED_EXPERTS_H_
-#define STRATA_SERVICES_EXPERT_WORKER_MAPPED_EXPERTS_H_
+#ifndef STRATA_COMMON_TRANSPORT_MAPPED_EXPERTS_H_
+#define STRATA_COMMON_TRANSPORT_MAPPED_EXPERTS_H_
 
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/model/model_config.h"
 #include "common/model/model_weights.h"
 #include "strata/v1/cluster.pb.h"
@@ -22,6 +23,8 @@ class MappedExperts : public ExpertWeightSource {
 
   const FfnWeights* Find(int layer, int expert) const override;
   uint64_t generation() const { return generation_; }
+  // The mapped segments (for registering them with a GPU driver as pinned host memory).
+  std::vector<absl::Span<const uint8_t>> segments() const;
 
  private:
   struct Mapping;
@@ -34,4 +37,4 @@ class MappedExperts : public ExpertWeightSource {
 
 }  // namespace strata
 
-#endif  // STRATA_SERVICES_EXPERT_WORKER_MAPPED_EXPERTS_H_
+#endif  // STRATA_COMMON_TRANSPORT_MAPPED_EXPERTS_H_

@@ -1,6 +1,6 @@
 // Runs one per-layer request from the router on this worker's expert backend.
-#ifndef STRATA_SERVICES_EXPERT_WORKER_EXPERT_EXECUTOR_H_
-#define STRATA_SERVICES_EXPERT_WORKER_EXPERT_EXECUTOR_H_
+#ifndef STRATA_COMMON_TRANSPORT_EXPERT_EXECUTOR_H_
+#define STRATA_COMMON_TRANSPORT_EXPERT_EXECUTOR_H_
 
 #include "common/backend/backend.h"
 #include "common/model/model_config.h"
@@ -27,4 +27,4 @@ class ExpertExecutor {
 
 }  // namespace strata
 
-#endif  // STRATA_SERVICES_EXPERT_WORKER_EXPERT_EXECUTOR_H_
+#endif  // STRATA_COMMON_TRANSPORT_EXPERT_EXECUTOR_H_

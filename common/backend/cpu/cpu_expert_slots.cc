@@ -1,0 +1,123 @@
+#include "common/backend/cpu/cpu_expert_slots.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata {
+namespace {
+
+constexpr uint64_t kAlign = 64;
+uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+struct SlotLayout {
+  uint64_t matrix, gate_bias, down_bias, total;
+};
+
+SlotLayout LayoutOf(const ModelConfig& config, DType dtype, bool biased) {
+  const uint64_t h = config.hidden_size, inter = config.moe_intermediate_size;
+  const uint64_t size = DTypeSize(dtype);
+  SlotLayout l;
+  l.matrix = AlignUp(h * inter * size);
+  l.gate_bias = biased ? AlignUp(inter * size) : 0;
+  l.down_bias = biased ? AlignUp(h * size) : 0;
+  l.total = 3 * l.matrix + 2 * l.gate_bias + l.down_bias;
+  return l;
+}
+
+// Copies `src` into `dst` as a packed row-major matrix of the same dtype.
+WeightMatrix CopyMatrix(const WeightMatrix& src, uint8_t* dst) {
+  const size_t size = DTypeSize(src.dtype);
+  if (src.in_stride == 1 && src.out_stride == src.in) {
+    std::memcpy(dst, src.data, static_cast<size_t>(src.out * src.in) * size);
+  } else {  // strided views (interleaved gate/up) are packed row by row, element by element
+    const uint8_t* base = static_cast<const uint8_t*>(src.data);
+    for (int64_t o = 0; o < src.out; ++o) {
+      for (int64_t i = 0; i < src.in; ++i) {
+        std::memcpy(dst + (o * src.in + i) * size,
+                    base + (o * src.out_stride + i * src.in_stride) * size, size);
+      }
+    }
+  }
+  return WeightMatrix{dst, src.dtype, src.out, src.in, src.in, 1};
+}
+
+WeightVector CopyVector(const WeightVector& src, uint8_t* dst) {
+  const size_t size = DTypeSize(src.dtype);
+  const uint8_t* base = static_cast<const uint8_t*>(src.data);
+  for (int64_t j = 0; j < src.size; ++j)
+    std::memcpy(dst + j * size, base + j * src.stride * size, size);
+  return WeightVector{dst, src.dtype, src.size, 1};
+}
+
+}  // namespace
+
+uint64_t CpuExpertSlotBytes(const ModelConfig& config, DType dtype, bool biased) {
+  return LayoutOf(config, dtype, biased).total;
+}
+
+absl::StatusOr<std::unique_ptr<CpuExpertSlots>> CpuExpertSlots::Create(const ModelConfig& config,
+                                                                       int num_slots, DType dtype,
+                                                                       bool biased,
+                                                                       ThreadPool& pool) {
+  if (num_slots < 0) return absl::InvalidArgumentError("negative slot count");
+  std::unique_ptr<CpuExpertSlots> s(new CpuExpertSlots(config, dtype, biased));
+  s->slot_bytes_ = LayoutOf(config, dtype, biased).total;
+  const uint64_t total = s->slot_bytes_ * static_cast<uint64_t>(num_slots);
+  s->memory_.reset(new (std::nothrow) uint8_t[total + kAlign]);
+  if (s->memory_ == nullptr && total > 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", total >> 20, " MiB of expert slots"));
+  }
+  s->weights_.resize(num_slots);
+  s->bound_.assign(num_slots, {-1, -1});
+  const ExpertWeightSource& bound = *s;  // private base: only the backend reads it
+  s->backend_ = std::make_unique<CpuExpertBackend>(config, bound, pool);
+  return s;
+}
+
+absl::Status CpuExpertSlots::Load(int slot, int layer, int expert, const FfnWeights& weights) {
+  if (slot < 0 || slot >= num_slots()) {
+    return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " out of range"));
+  }
+  for (const WeightMatrix* m : {&weights.gate, &weights.up, &weights.down}) {
+    if (m->dtype != dtype_) {
+      return absl::InvalidArgumentError("expert weights are not in the slots' dtype");
+    }
+  }
+  if (weights.gate_bias.present() != biased_) {
+    return absl::InvalidArgumentError("expert biases do not match the slots' layout");
+  }
+  Release(slot);
+  const SlotLayout l = LayoutOf(config_, dtype_, biased_);
+  uint8_t* base = reinterpret_cast<uint8_t*>(AlignUp(reinterpret_cast<uintptr_t>(memory_.get()))) +
+                  slot_bytes_ * slot;
+  FfnWeights& w = weights_[slot];
+  w = FfnWeights();
+  w.gate = CopyMatrix(weights.gate, base);
+  w.up = CopyMatrix(weights.up, base + l.matrix);
+  w.down = CopyMatrix(weights.down, base + 2 * l.matrix);
+  if (biased_) {
+    uint8_t* b = base + 3 * l.matrix;
+    w.gate_bias = CopyVector(weights.gate_bias, b);
+    w.up_bias = CopyVector(weights.up_bias, b + l.gate_bias);
+    w.down_bias = CopyVector(weights.down_bias, b + 2 * l.gate_bias);
+  }
+  bound_[slot] = {layer, expert};
+  slot_of_[{layer, expert}] = slot;
+  return absl::OkStatus();
+}
+
+void CpuExpertSlots::Release(int slot) {
+  if (slot < 0 || slot >= num_slots() || bound_[slot].first < 0) return;
+  slot_of_.erase(bound_[slot]);
+  bound_[slot] = {-1, -1};
+  weights_[slot] = FfnWeights();
+}
+
+const FfnWeights* CpuExpertSlots::Find(int layer, int expert) const {
+  const auto it = slot_of_.find({layer, expert});
+  return it == slot_of_.end() ? nullptr : &weights_[it->second];
+}
+
+}  // namespace strata

@@ -1,0 +1,57 @@
+// ExpertSlots in CUDA device memory, for tiered expert workers. Loads are queued on a copy
+// stream of their own, so they overlap the compute stream's kernels; each slot has an event
+// the compute stream waits on before a launch that reads the slot, and the copy stream waits
+// for the last launch that read a slot before overwriting it. The slots' backend() takes host
+// float32 input and host routing and returns host float32, as StagedCudaExpertBackend does.
+//
+// Threads: Load and Release may run on one thread while RunExperts runs on another; Loads are
+// serialized among themselves, and RunExperts takes one call at a time.
+#ifndef STRATA_COMMON_BACKEND_CUDA_CUDA_EXPERT_SLOTS_H_
+#define STRATA_COMMON_BACKEND_CUDA_CUDA_EXPERT_SLOTS_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/backend/cuda/cuda_types.h"
+#include "common/backend/expert_slots.h"
+#include "common/model/model_config.h"
+
+namespace strata::gpu {
+
+struct CudaExpertSlotOptions {
+  WeightFormat format = WeightFormat::kBf16;
+  int max_tokens = 512;  // per RunExperts call
+  int num_slots = 0;
+};
+
+// Device bytes of one slot for `config`'s experts in `format` (what ExpertSlots::slot_bytes
+// returns), so a worker can size its slots from a byte budget. Besides the slots, the slots
+// take a fixed few MB: the kernels' workspace for max_tokens, the staged input and output and,
+// for FP8, one bf16 matrix to quantize from.
+uint64_t CudaExpertSlotBytes(const ModelConfig& config, WeightFormat format);
+
+// `config` must outlive the slots.
+absl::StatusOr<std::unique_ptr<ExpertSlots>> CreateCudaExpertSlots(const ModelConfig& config,
+                                                                   int device,
+                                                                   CudaExpertSlotOptions options);
+
+// Pins `memory` (the expert store's shared-memory segments, once each) for the device, so
+// Loads from it are asynchronous DMA instead of copies through the driver's staging. Where the
+// driver refuses (no read-only registration, limits), logs a warning and returns OK: Loads from
+// it then stay correct, only slower. The memory must stay mapped until it is unregistered or
+// the slots are destroyed. InvalidArgument when `slots` are not CUDA slots.
+absl::Status RegisterHostMemory(ExpertSlots& slots, absl::Span<const uint8_t> memory);
+// Undoes RegisterHostMemory (after the Loads from it have landed); a no-op for memory that
+// is not registered.
+absl::Status UnregisterHostMemory(ExpertSlots& slots, absl::Span<const uint8_t> memory);
+
+// Waits until every Load queued so far has landed on the device (for measurements and tests;
+// RunExperts needs no such wait).
+absl::Status WaitForLoads(ExpertSlots& slots);
+
+}  // namespace strata::gpu
+
+#endif  // STRATA_COMMON_BACKEND_CUDA_CUDA_EXPERT_SLOTS_H_

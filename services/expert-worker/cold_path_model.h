@@ -1,0 +1,68 @@
+// Where a worker runs an expert that is on none of its GPU slots (a cold expert): copy its
+// weights from strata-cache's shared memory into a slot and run it on the GPU, or have
+// strata-cache compute it on its CPUs where the weights already are (CpuTierClient).
+//
+// Estimated seconds for one (expert, layer request) pair of `tokens` tokens:
+//   copy = expert_bytes / copy_bytes_per_s / (1 + copy_reuses)
+//   cpu  = cpu_overhead_s + expert_bytes / cpu_bytes_per_s
+//          + tokens * 6 * hidden * intermediate / cpu_flops
+// (6 = three matrices, a multiply and an add per weight per token). The GPU's own compute
+// of a copied expert is left out: next to the copy it is negligible.
+//
+// Reuse: a copied expert stays resident, so later uses of it are free; the CPU path leaves
+// nothing behind. If it is used `r` more times before eviction, the copy serves r + 1 uses,
+// hence the division. The default credits no reuse: the expert is cold because the worker's
+// cache policy judged it the least likely to be needed again, and the copy evicts an expert
+// the same policy judged more likely to be needed, whose reload the copy will then cost.
+// Workloads with bursty locality (one long prefill reusing its experts across chunks) can
+// set copy_reuses > 0.
+#ifndef STRATA_SERVICES_EXPERT_WORKER_COLD_PATH_MODEL_H_
+#define STRATA_SERVICES_EXPERT_WORKER_COLD_PATH_MODEL_H_
+
+#include <cstdint>
+
+namespace strata {
+
+enum class ColdPath { kCopy, kCpu };
+
+// Defaults: see each field. The CPU figures are this repository's CPU backend as measured by
+// bench/cold_path/cold_path_bench.cc on a 2-core AMD EPYC VM (generic x86-64 build), for the
+// Qwen3-30B-A3B expert shape (2048 x 768 bf16, 9 MiB): 0.84 ms for one token, +0.5 ms per
+// further token, 130 ms for 256. Measure the serving host the same way and override.
+// With these defaults kAuto always copies over a 50 GB/s link; the CPU wins one-token
+// requests below about 10 GB/s (a shared or older link, unpinned memory) or on a host whose
+// CPUs stream experts faster.
+struct ColdPathOptions {
+  // kCopy / kCpu force the path (configuration); kAuto compares the estimates.
+  enum Mode { kAuto, kCopy, kCpu } mode = kAuto;
+  // Host -> GPU copy bandwidth available to this worker. 50 GB/s: pinned memory over PCIe
+  // Gen5 x16, as on the H200 host; a default to be measured there. Lower it when GPUs share
+  // a host link, or for unpinned memory, which a staged copy moves at most at memcpy speed
+  // (about 12 GB/s for one thread on the VM above).
+  double copy_bytes_per_s = 50e9;
+  // The fit of the measurements above: time = bytes / cpu_bytes_per_s (streaming and
+  // converting the weights, 0.38 ms) + tokens * 6 * hidden * intermediate / cpu_flops
+  // (0.54 ms per token), within about 10% from 1 to 256 tokens.
+  double cpu_bytes_per_s = 2.5e10;
+  double cpu_flops = 1.75e10;
+  // Fixed cost of one CPU-tier request, measured there as a one-token request with no expert
+  // through CacheServer and CpuTierClient: 2 us back to back (both sides spinning), 35-40 us
+  // with requests 1 ms apart (the cache's thread asleep, as between a worker's layers);
+  // about 110 us when the two sides share one core (each waits out the other's spin).
+  double cpu_overhead_s = 40e-6;
+  // Further uses a copied expert is expected to serve while resident (see above).
+  double copy_reuses = 0.0;
+};
+
+// Estimated seconds of each path (the formulas above).
+double CopyPathSeconds(const ColdPathOptions& options, uint64_t expert_bytes);
+double CpuPathSeconds(const ColdPathOptions& options, uint64_t expert_bytes, int64_t tokens,
+                      int64_t hidden, int64_t intermediate);
+
+// The forced path, or the cheaper estimate (copy on a tie: it also warms the slot).
+ColdPath ChooseColdPath(const ColdPathOptions& options, uint64_t expert_bytes, int64_t tokens,
+                        int64_t hidden, int64_t intermediate);
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_EXPERT_WORKER_COLD_PATH_MODEL_H_

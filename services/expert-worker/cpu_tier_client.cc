@@ -1,0 +1,146 @@
+#include "services/expert-worker/cpu_tier_client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "strata/v1/cluster.grpc.pb.h"
+
+namespace strata {
+namespace {
+
+// Attaching is an shm_open and a thread start on the cache's side, plus, the first time, the
+// mapping of its segments.
+constexpr auto kAttachDeadline = std::chrono::seconds(10);
+constexpr absl::Duration kSubmitWait = absl::Seconds(10);
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuTierClient>> CpuTierClient::Connect(
+    const std::string& cache_address, const std::string& channel_name_prefix, int max_tokens,
+    int top_k, int hidden_size) {
+  if (max_tokens <= 0 || top_k <= 0 || hidden_size <= 0) {
+    return absl::InvalidArgumentError("CPU tier: max_tokens, top_k and hidden_size must be > 0");
+  }
+  // A channel pairs with one opener once: every connection gets a name of its own.
+  static std::atomic<int> counter{0};
+  const std::string name =
+      absl::StrCat(channel_name_prefix, "-", ::getpid(), "-", counter.fetch_add(1));
+  ShmChannelOptions options;
+  options.slots = 2;  // one layer in flight, plus room to queue the next
+  // As the router's channel, plus the successful response: with fewer than nine slots in
+  // all it is larger than its request.
+  options.slot_bytes = std::max({ExpertRequestBytes(max_tokens, top_k, hidden_size),
+                                 ExpertResponseBytes(max_tokens, hidden_size),
+                                 ExpertResponseBytes(max_tokens, hidden_size, 4096)});
+  SharedSegment::Remove(name).IgnoreError();  // left by a crashed process with our pid
+  auto channel = ShmChannel::Create(name, options);
+  if (!channel.ok()) return channel.status();
+
+  auto stub = v1::ExpertStore::NewStub(
+      grpc::CreateChannel(cache_address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + kAttachDeadline);
+  v1::AttachComputeRequest request;
+  request.set_channel_name(name);
+  request.set_pid(static_cast<uint32_t>(::getpid()));
+  v1::AttachComputeResponse response;
+  const grpc::Status s = stub->AttachCompute(&context, request, &response);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("CPU tier at ", cache_address, ": ", s.error_message()));
+  }
+  // The cache opened it before answering; this only catches it dying right after.
+  if (absl::Status peer = channel->WaitForPeer(absl::Seconds(1)); !peer.ok()) return peer;
+  // Both sides have it mapped: drop the name so that a crash of either leaves nothing behind.
+  channel->segment().Unlink().IgnoreError();
+  return std::unique_ptr<CpuTierClient>(
+      new CpuTierClient(*std::move(channel), static_cast<uint32_t>(hidden_size)));
+}
+
+absl::Status CpuTierClient::Submit(const ExpertRequestView& request) {
+  if (request.kind != ExpertMessageKind::kRun) {
+    return absl::InvalidArgumentError("CPU tier: only run requests");
+  }
+  if (request.hidden_size != hidden_size_ ||
+      request.hidden.size() != size_t{request.num_tokens} * request.hidden_size ||
+      request.experts.size() != size_t{request.num_tokens} * request.top_k ||
+      request.weights.size() != request.experts.size()) {
+    return absl::InvalidArgumentError("CPU tier: request arrays do not match its sizes");
+  }
+  const size_t bytes = ExpertRequestBytes(request.num_tokens, request.top_k, request.hidden_size);
+  if (bytes > channel_.outbound().slot_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("CPU tier: a request of ", request.num_tokens,
+                                                   " tokens exceeds the channel's slots"));
+  }
+  auto slot = channel_.outbound().Reserve(bytes, kSubmitWait);
+  if (!slot.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("CPU tier channel ", name_, ": ", slot.status().message()));
+  }
+  EncodeExpertRequest(request, *slot);
+  {
+    // Before Commit: Collect may see the response as soon as it is committed.
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back({request.step, request.layer, request.num_tokens});
+  }
+  absl::Status committed = channel_.outbound().Commit(bytes);
+  if (!committed.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.pop_back();
+    return absl::UnavailableError(
+        absl::StrCat("CPU tier channel ", name_, ": ", committed.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuTierClient::Collect(Tensor& partial, absl::Duration timeout) {
+  Pending expected;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_.empty()) return absl::FailedPreconditionError("CPU tier: nothing submitted");
+    expected = pending_.front();
+  }
+  auto bytes = channel_.inbound().Peek(timeout);
+  if (absl::IsDeadlineExceeded(bytes.status())) return bytes.status();
+  if (!bytes.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("CPU tier channel ", name_, ": ", bytes.status().message()));
+  }
+  auto response = DecodeExpertResponse(*bytes);
+  absl::Status status = response.status();
+  if (status.ok() && response->error.empty()) {
+    if (response->step != expected.step || response->layer != expected.layer ||
+        response->num_tokens != expected.num_tokens || response->hidden_size != hidden_size_) {
+      status = absl::DataLossError(absl::StrCat(
+          "CPU tier: response for step ", response->step, " layer ", response->layer,
+          " does not answer the request for step ", expected.step, " layer ", expected.layer));
+    } else {
+      partial.Resize(response->num_tokens, response->hidden_size);
+      std::memcpy(partial.data(), response->partial.data(),
+                  response->partial.size() * sizeof(float));
+    }
+  } else if (status.ok()) {
+    status = absl::InternalError(absl::StrCat("CPU tier: ", response->error));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.pop_front();
+  }
+  if (absl::Status popped = channel_.inbound().Pop(); !popped.ok()) return popped;
+  return status;
+}
+
+bool CpuTierClient::Alive() const { return channel_.PeerAlive(); }
+
+int CpuTierClient::outstanding() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(pending_.size());
+}
+
+}  // namespace strata

@@ -1,0 +1,78 @@
+// The worker's end of strata-cache's CPU tier: a shared-memory channel this worker creates
+// and strata-cache serves (ExpertStore.AttachCompute). A layer's cold experts go out as one
+// kRun request (the slots of other experts -1, as the router sends them) with Submit; the
+// worker runs its resident experts on its GPU meanwhile, then Collects the CPU's partial sums
+// and adds them in.
+//
+//   ASSIGN_OR_RETURN(auto cpu, CpuTierClient::Connect(cache, "strata_w3_cpu", 512, 8, 2048));
+//   RETURN_IF_ERROR(cpu->Submit(cold_request));
+//   ... GPU work ...
+//   absl::Status s = cpu->Collect(partial, absl::Seconds(30));  // UNAVAILABLE: copy instead
+#ifndef STRATA_SERVICES_EXPERT_WORKER_CPU_TIER_CLIENT_H_
+#define STRATA_SERVICES_EXPERT_WORKER_CPU_TIER_CLIENT_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/shm/channel.h"
+#include "common/tensor/tensor.h"
+#include "common/transport/expert_wire.h"
+
+namespace strata {
+
+class CpuTierClient {
+ public:
+  // Creates the channel "<channel_name_prefix>-<pid>-<n>" with slots for requests of up to
+  // `max_tokens` tokens and asks strata-cache at `cache_address` to serve it; returns once
+  // it does. The gRPC status of a refusal, UNAVAILABLE if the cache does not answer in time.
+  static absl::StatusOr<std::unique_ptr<CpuTierClient>> Connect(
+      const std::string& cache_address, const std::string& channel_name_prefix, int max_tokens,
+      int top_k, int hidden_size);
+  // Detaches: strata-cache ends its thread for this channel.
+  ~CpuTierClient() = default;
+
+  // Writes a kRun request into the channel. Waits only for a free request slot, when more
+  // than two requests are outstanding (up to 10 s). INVALID_ARGUMENT for another kind or a
+  // request larger than max_tokens allows; UNAVAILABLE once the cache is gone.
+  absl::Status Submit(const ExpertRequestView& request);
+
+  // Waits up to `timeout` for the response to the oldest outstanding request and copies its
+  // partial sums into `partial` ([num_tokens, hidden_size] float32). DEADLINE_EXCEEDED if it
+  // is not there yet (call again: it stays outstanding); UNAVAILABLE promptly once the cache
+  // died or detached; INTERNAL with the cache's message when it failed the request;
+  // FAILED_PRECONDITION with nothing outstanding; DATA_LOSS for a corrupt response.
+  absl::Status Collect(Tensor& partial, absl::Duration timeout);
+
+  // Whether strata-cache's end is attached and its process runs.
+  bool Alive() const;
+  // Requests submitted and not collected yet.
+  int outstanding() const;
+  const std::string& channel_name() const { return name_; }
+
+  // Submit and Collect may run on two different threads, but each on one at a time.
+
+ private:
+  struct Pending {
+    uint64_t step;
+    uint32_t layer;
+    uint32_t num_tokens;
+  };
+
+  CpuTierClient(ShmChannel channel, uint32_t hidden_size)
+      : channel_(std::move(channel)), name_(channel_.name()), hidden_size_(hidden_size) {}
+
+  mutable ShmChannel channel_;  // PeerStatus is not const
+  const std::string name_;
+  const uint32_t hidden_size_;
+  mutable std::mutex mu_;
+  std::deque<Pending> pending_;  // guarded by mu_
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_EXPERT_WORKER_CPU_TIER_CLIENT_H_

@@ -1,0 +1,200 @@
+#include "services/expert-worker/expert_tiers.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+
+namespace strata {
+
+ExpertTiers::ExpertTiers(const ModelConfig& config, ExpertSlots& slots,
+                         const ExpertWeightSource& store, ExpertTierOptions options)
+    : config_(config), slots_(slots), store_(store), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<ExpertTiers>> ExpertTiers::Create(const ModelConfig& config,
+                                                                 ExpertSlots& slots,
+                                                                 const ExpertWeightSource& store,
+                                                                 ExpertTierOptions options) {
+  if (slots.num_slots() < std::max(options.min_warm_slots, 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the expert memory budget holds ", slots.num_slots(), " expert slot(s) of ",
+        slots.slot_bytes() >> 20, " MiB; at least ", std::max(options.min_warm_slots, 1),
+        " are needed (the distinct experts one layer step can use)"));
+  }
+  std::unique_ptr<ExpertTiers> t(new ExpertTiers(config, slots, store, options));
+  const int n = slots.num_slots();
+  // The policy's own capacity is the whole pool; the warm share is enforced here, since it
+  // moves with the hot ratio.
+  if (options.policy == WarmPolicy::kLru) {
+    t->warm_ = std::make_unique<LruPolicy>(n);
+  } else {
+    const int64_t halve = options.lfu_halve_every > 0 ? options.lfu_halve_every : 8LL * n;
+    t->warm_ = std::make_unique<LfuAgingPolicy>(n, halve);
+  }
+  for (int s = n - 1; s >= 0; --s) t->free_slots_.push_back(s);
+  t->counters_.slot_bytes = slots.slot_bytes();
+  t->counters_.warm_slots = static_cast<uint32_t>(n);
+  return t;
+}
+
+absl::Status ExpertTiers::SetOwned(std::vector<OwnedExpert> owned, float hot_ratio) {
+  owned_ = std::move(owned);
+  hot_ratio_ = -1.0f;  // forces a new pick
+  return SetHotRatio(hot_ratio);
+}
+
+absl::Status ExpertTiers::SetHotRatio(float hot_ratio) {
+  if (!(hot_ratio >= 0.0f && hot_ratio <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("hot ratio ", hot_ratio, " is outside [0, 1]"));
+  }
+  if (hot_ratio == hot_ratio_) return absl::OkStatus();
+  hot_ratio_ = hot_ratio;
+  return PickHotSet();
+}
+
+absl::Status ExpertTiers::PickHotSet() {
+  // Rank owned experts by calibration counts, or by the uses seen so far without them.
+  const bool calibrated =
+      std::any_of(owned_.begin(), owned_.end(), [](const OwnedExpert& o) { return o.count > 0; });
+  std::vector<std::pair<uint64_t, ExpertKey>> ranked;
+  ranked.reserve(owned_.size());
+  for (const OwnedExpert& o : owned_) {
+    const ExpertKey key{o.layer, o.expert};
+    const auto it = uses_.find(key);
+    ranked.push_back({calibrated ? o.count : (it == uses_.end() ? 0 : it->second), key});
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  const int wanted = static_cast<int>(std::lround(hot_ratio_ * static_cast<double>(owned_.size())));
+  const int limit = slots_.num_slots() - std::max(options_.min_warm_slots, 1);
+  const int count = std::clamp(wanted, 0, std::max(limit, 0));
+
+  absl::flat_hash_set<ExpertKey> next;
+  for (int i = 0; i < count; ++i) next.insert(ranked[i].second);
+  // Leaving the hot set: resident ones become warm.
+  for (const ExpertKey& key : hot_) {
+    if (next.contains(key) || !slot_of_.contains(key)) continue;
+    RETURN_IF_ERROR(warm_->Admit(key));
+  }
+  // Joining it: resident warm ones are pinned; the rest are loaded below.
+  for (const ExpertKey& key : next) {
+    if (warm_->Contains(key)) warm_->Erase(key);
+  }
+  hot_ = std::move(next);
+  counters_.hot_slots = static_cast<uint32_t>(hot_.size());
+  counters_.warm_slots = static_cast<uint32_t>(warm_capacity());
+  while (warm_->size() > warm_capacity()) {
+    const std::optional<ExpertKey> victim = warm_->Victim();
+    if (!victim) break;
+    Evict(*victim);
+  }
+  for (const ExpertKey& key : hot_) {
+    if (!slot_of_.contains(key)) RETURN_IF_ERROR(LoadInto(key, /*hot=*/true, hot_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpertTiers::LoadInto(ExpertKey key, bool hot,
+                                   const absl::flat_hash_set<ExpertKey>& protect) {
+  const FfnWeights* weights = store_.Find(key.layer, key.expert);
+  if (weights == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("layer ", key.layer, " has no expert ", key.expert, " in the store"));
+  }
+  // A warm expert needs room in the warm share; any load needs a free slot.
+  while (free_slots_.empty() || (!hot && warm_->size() >= warm_capacity())) {
+    const std::optional<ExpertKey> victim =
+        warm_->Victim([&](ExpertKey k) { return !protect.contains(k); });
+    if (!victim) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no expert slot to free for layer ", key.layer, " expert ", key.expert, " (",
+                       slots_.num_slots(), " slots, ", hot_.size(), " hot)"));
+    }
+    Evict(*victim);
+  }
+  const int slot = free_slots_.back();
+  RETURN_IF_ERROR(slots_.Load(slot, key.layer, key.expert, *weights));
+  free_slots_.pop_back();
+  slot_of_[key] = slot;
+  counters_.bytes_copied += slots_.slot_bytes();
+  if (!hot) RETURN_IF_ERROR(warm_->Admit(key));
+  return absl::OkStatus();
+}
+
+void ExpertTiers::Evict(ExpertKey key) {
+  const auto it = slot_of_.find(key);
+  if (it == slot_of_.end()) return;
+  slots_.Release(it->second);
+  free_slots_.push_back(it->second);
+  slot_of_.erase(it);
+  warm_->Erase(key);
+  prefetched_.erase(key);
+  ++counters_.evictions;
+}
+
+absl::Status ExpertTiers::Acquire(int layer, absl::Span<const int> experts,
+                                  absl::Span<const int64_t> tokens, const ColdPathChooser& cpu_path,
+                                  std::vector<int>* cpu) {
+  cpu->clear();
+  absl::flat_hash_set<ExpertKey> protect;
+  for (int e : experts) protect.insert({layer, e});
+  std::vector<size_t> missing;
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const ExpertKey key{layer, experts[i]};
+    ++uses_[key];
+    warm_->Touch(key);
+    if (!slot_of_.contains(key)) {
+      missing.push_back(i);
+      continue;
+    }
+    if (hot_.contains(key)) {
+      ++counters_.hot_hits;
+    } else {
+      ++counters_.warm_hits;
+    }
+    if (prefetched_.erase(key) > 0) ++counters_.prefetch_hits;
+  }
+  for (size_t i : missing) {
+    ++counters_.misses;
+    const ExpertKey key{layer, experts[i]};
+    const bool hot = hot_.contains(key);
+    if (!hot && cpu_path && cpu_path(layer, experts[i], tokens[i])) {
+      cpu->push_back(experts[i]);
+      ++counters_.cpu_tier_experts;
+      continue;
+    }
+    RETURN_IF_ERROR(LoadInto(key, hot, protect));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpertTiers::EnsureResident(int layer, absl::Span<const int> experts,
+                                         absl::Span<const int> keep) {
+  absl::flat_hash_set<ExpertKey> protect;
+  for (int e : keep) protect.insert({layer, e});
+  for (int e : experts) protect.insert({layer, e});
+  for (int e : experts) {
+    const ExpertKey key{layer, e};
+    if (!slot_of_.contains(key)) RETURN_IF_ERROR(LoadInto(key, hot_.contains(key), protect));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpertTiers::Prefetch(int layer, absl::Span<const int32_t> experts) {
+  absl::flat_hash_set<ExpertKey> protect;
+  for (int e : experts) protect.insert({layer, e});
+  int loaded = 0;
+  for (int e : experts) {
+    const ExpertKey key{layer, e};
+    if (e < 0 || e >= config_.num_experts || slot_of_.contains(key)) continue;
+    // Never let one prediction take more than the warm share.
+    if (++loaded > warm_capacity()) break;
+    RETURN_IF_ERROR(LoadInto(key, hot_.contains(key), protect));
+    prefetched_.insert(key);
+    ++counters_.prefetch_loads;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata

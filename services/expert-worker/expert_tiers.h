@@ -1,0 +1,104 @@
+// A worker's expert tiers over a fixed set of slots (GPU memory, or private host memory):
+//  - hot:  hot_ratio x the experts it owns, the most activated by the calibration counts,
+//          pinned in slots;
+//  - warm: the remaining slots, filled on demand and emptied by a replacement policy;
+//  - cold: everything else, read from the expert store's shared memory when used (copied into
+//          a warm slot, or computed by strata-cache's CPU tier when the cost model says so).
+// Not thread-safe: the worker calls it from its one serving thread.
+#ifndef STRATA_SERVICES_EXPERT_WORKER_EXPERT_TIERS_H_
+#define STRATA_SERVICES_EXPERT_WORKER_EXPERT_TIERS_H_
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/backend/expert_slots.h"
+#include "common/model/model_config.h"
+#include "common/placement/cache_policy.h"
+#include "common/transport/expert_wire.h"
+
+namespace strata {
+
+enum class WarmPolicy { kLru, kLfu };
+
+struct ExpertTierOptions {
+  WarmPolicy policy = WarmPolicy::kLfu;
+  // LFU ages (halves every count) after this many uses; 0 picks 8 x the slot count.
+  int64_t lfu_halve_every = 0;
+  // Warm slots that must stay available however high the hot ratio: the most distinct experts
+  // one request can need (one layer's experts, or tokens x top_k when fewer).
+  int min_warm_slots = 0;
+};
+
+struct OwnedExpert {
+  int layer = 0;
+  int expert = 0;
+  uint64_t count = 0;  // calibration activations; 0 when unknown
+};
+
+// Whether a cold expert used by `tokens` tokens is computed on the CPU tier instead of copied.
+using ColdPathChooser = std::function<bool(int layer, int expert, int64_t tokens)>;
+
+class ExpertTiers {
+ public:
+  // `slots` and `store` (the cold tier) must outlive the tiers. InvalidArgument when there are
+  // fewer slots than options.min_warm_slots.
+  static absl::StatusOr<std::unique_ptr<ExpertTiers>> Create(const ModelConfig& config,
+                                                             ExpertSlots& slots,
+                                                             const ExpertWeightSource& store,
+                                                             ExpertTierOptions options);
+
+  // The experts this worker owns (after each registration) and the hot ratio: picks the hot
+  // set and loads it.
+  absl::Status SetOwned(std::vector<OwnedExpert> owned, float hot_ratio);
+  // Re-picks the hot set for a new ratio in [0, 1]: experts leaving it become warm (evictable),
+  // experts joining it are loaded now. A no-op when the ratio is unchanged.
+  absl::Status SetHotRatio(float hot_ratio);
+  float hot_ratio() const { return hot_ratio_; }
+
+  // Makes the distinct `experts` of `layer` resident, `tokens[i]` tokens using experts[i]:
+  // hits are counted, misses copied into warm slots (never evicting a hot expert or one of
+  // `experts`), except the misses `cpu_path` picks, which are returned in `cpu` and stay cold.
+  absl::Status Acquire(int layer, absl::Span<const int> experts, absl::Span<const int64_t> tokens,
+                       const ColdPathChooser& cpu_path, std::vector<int>* cpu);
+  // Copies `experts` of `layer` in without counting uses (the CPU tier failed for them),
+  // keeping `keep` resident too.
+  absl::Status EnsureResident(int layer, absl::Span<const int> experts, absl::Span<const int> keep);
+  // Starts loading the predicted experts of `layer` that are not resident, into warm slots.
+  absl::Status Prefetch(int layer, absl::Span<const int32_t> experts);
+
+  bool resident(int layer, int expert) const { return slot_of_.contains({layer, expert}); }
+  const TierCounters& counters() const { return counters_; }
+
+ private:
+  ExpertTiers(const ModelConfig& config, ExpertSlots& slots, const ExpertWeightSource& store,
+              ExpertTierOptions options);
+
+  int warm_capacity() const { return slots_.num_slots() - static_cast<int>(hot_.size()); }
+  absl::Status PickHotSet();
+  // Loads (layer, expert) into a free slot, evicting warm experts `protect` does not keep.
+  absl::Status LoadInto(ExpertKey key, bool hot, const absl::flat_hash_set<ExpertKey>& protect);
+  void Evict(ExpertKey key);
+
+  const ModelConfig& config_;
+  ExpertSlots& slots_;
+  const ExpertWeightSource& store_;
+  ExpertTierOptions options_;
+  std::unique_ptr<ExpertCachePolicy> warm_;  // warm residents only
+  std::vector<OwnedExpert> owned_;
+  absl::flat_hash_map<ExpertKey, uint64_t> uses_;  // ranks the hot set without calibration
+  absl::flat_hash_set<ExpertKey> hot_;             // the hot set (resident or being loaded)
+  absl::flat_hash_map<ExpertKey, int> slot_of_;    // every resident expert
+  std::vector<int> free_slots_;
+  absl::flat_hash_set<ExpertKey> prefetched_;  // loaded by a prefetch, not used since
+  float hot_ratio_ = -1.0f;
+  TierCounters counters_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_EXPERT_WORKER_EXPERT_TIERS_H_

@@ -1,0 +1,125 @@
+#include "services/expert-worker/worker_executor.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/process.h"
+#include "common/util/status_macros.h"
+#include "services/expert-worker/cpu_tier_client.h"
+
+namespace strata {
+
+WorkerExecutor::WorkerExecutor(const ModelConfig& config, ExpertBackend& backend)
+    : config_(config), executor_(config, backend) {}
+
+WorkerExecutor::WorkerExecutor(const ModelConfig& config, ExpertTiers& tiers, ExpertSlots& slots)
+    : config_(config), tiers_(&tiers), executor_(config, slots.backend()) {}
+
+void WorkerExecutor::SetCpuTier(CpuTierClient* client, ColdPathChooser choose) {
+  cpu_tier_ = client;
+  choose_cpu_ = client == nullptr ? nullptr : std::move(choose);
+}
+
+TierCounters WorkerExecutor::counters() const {
+  return tiers_ != nullptr ? tiers_->counters() : untiered_;
+}
+
+absl::Status WorkerExecutor::CountExperts(const ExpertRequestView& request) {
+  experts_.clear();
+  tokens_.clear();
+  for (size_t i = 0; i < request.experts.size(); ++i) {
+    const int e = request.experts[i];
+    if (e < 0) continue;
+    if (e >= config_.num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("expert ", e, " out of range"));
+    }
+    // Slots of one token name distinct experts; count tokens per expert.
+    const auto it = std::find(experts_.begin(), experts_.end(), e);
+    if (it == experts_.end()) {
+      experts_.push_back(e);
+      tokens_.push_back(1);
+    } else {
+      ++tokens_[it - experts_.begin()];
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerExecutor::Run(const ExpertRequestView& request) {
+  if (request.layer >= static_cast<uint32_t>(config_.num_layers) ||
+      !config_.layer_is_moe[request.layer]) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", request.layer, " has no experts"));
+  }
+  RETURN_IF_ERROR(CountExperts(request));
+  if (tiers_ == nullptr) {
+    untiered_.hot_hits += experts_.size();
+    RETURN_IF_ERROR(executor_.Run(request));
+    result_ = &executor_.partial();
+    return absl::OkStatus();
+  }
+  if (request.hot_ratio >= 0.0f) RETURN_IF_ERROR(tiers_->SetHotRatio(request.hot_ratio));
+  std::vector<int> cpu;
+  RETURN_IF_ERROR(tiers_->Acquire(static_cast<int>(request.layer), experts_, tokens_,
+                                  cpu_tier_ != nullptr ? choose_cpu_ : ColdPathChooser(), &cpu));
+  if (cpu.empty()) {
+    RETURN_IF_ERROR(executor_.Run(request));
+    result_ = &executor_.partial();
+    return absl::OkStatus();
+  }
+  result_ = &partial_;
+  return RunOnCpuTier(request, cpu);
+}
+
+absl::Status WorkerExecutor::Prefetch(const ExpertRequestView& request) {
+  if (tiers_ == nullptr) return absl::OkStatus();  // everything is resident
+  if (request.layer >= static_cast<uint32_t>(config_.num_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat("prefetch: layer ", request.layer));
+  }
+  return tiers_->Prefetch(static_cast<int>(request.layer), request.experts);
+}
+
+absl::Status WorkerExecutor::RunOnCpuTier(const ExpertRequestView& request,
+                                          const std::vector<int>& cpu) {
+  local_ids_.assign(request.experts.begin(), request.experts.end());
+  cpu_ids_.assign(local_ids_.size(), -1);
+  for (size_t i = 0; i < local_ids_.size(); ++i) {
+    if (std::find(cpu.begin(), cpu.end(), local_ids_[i]) == cpu.end()) continue;
+    cpu_ids_[i] = local_ids_[i];
+    local_ids_[i] = -1;
+  }
+  ExpertRequestView local = request, remote = request;
+  local.experts = local_ids_;
+  remote.experts = cpu_ids_;
+  remote.hot_ratio = -1.0f;
+  // The cache computes its share while this worker computes the resident experts.
+  absl::Status status = cpu_tier_->Submit(remote);
+  bool local_done = false;
+  if (status.ok()) {
+    RETURN_IF_ERROR(executor_.Run(local));
+    partial_ = executor_.partial();
+    local_done = true;
+    status = cpu_tier_->Collect(cpu_partial_, absl::Seconds(30));
+    if (status.ok() && cpu_partial_.size() == partial_.size()) {
+      for (int64_t i = 0; i < partial_.size(); ++i) partial_.data()[i] += cpu_partial_.data()[i];
+      return absl::OkStatus();
+    }
+  }
+  // strata-cache failed or went away: copy those experts in and run them here from now on.
+  Log(LogLevel::kWarning,
+      absl::StrCat("CPU tier failed (", status.message(), "); copying its experts instead"));
+  // A late response would put the channel out of step: stop using it altogether.
+  SetCpuTier(nullptr, nullptr);
+  const int layer = static_cast<int>(request.layer);
+  RETURN_IF_ERROR(tiers_->EnsureResident(layer, cpu, experts_));
+  if (!local_done) {
+    RETURN_IF_ERROR(executor_.Run(request));
+    partial_ = executor_.partial();
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(executor_.Run(remote));
+  const Tensor& rest = executor_.partial();
+  for (int64_t i = 0; i < partial_.size(); ++i) partial_.data()[i] += rest.data()[i];
+  return absl::OkStatus();
+}
+
+}  // namespace strata

@@ -1,0 +1,74 @@
+#include "services/router/hot_ratio.h"
+
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace strata {
+
+float HotRatioPolicy::For(int64_t context_tokens) const {
+  for (const Step& step : steps) {
+    if (step.below == 0 || context_tokens < step.below) return step.ratio;
+  }
+  return steps.empty() ? 0.2f : steps.back().ratio;
+}
+
+absl::StatusOr<HotRatioPolicy> HotRatioPolicy::Parse(const std::string& text) {
+  HotRatioPolicy policy;
+  policy.steps.clear();
+  const std::vector<std::string> parts = absl::StrSplit(text, ',', absl::SkipWhitespace());
+  const auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hot ratio policy \"", text, "\": ", why,
+        " (expected e.g. 512:0.35,2048:0.28,0.20: ratios in [0, 1] below ascending context "
+        "lengths, then the ratio for longer contexts)"));
+  };
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::vector<std::string> fields = absl::StrSplit(parts[i], ':');
+    Step step;
+    const bool last = i + 1 == parts.size();
+    if (fields.size() != (last ? 1u : 2u)) return bad(absl::StrCat("step \"", parts[i], "\""));
+    if (!last && (!absl::SimpleAtoi(fields[0], &step.below) || step.below <= 0 ||
+                  (!policy.steps.empty() && step.below <= policy.steps.back().below))) {
+      return bad(absl::StrCat("context limit \"", fields[0], "\""));
+    }
+    if (!absl::SimpleAtof(fields.back(), &step.ratio) || !(step.ratio >= 0.0f) ||
+        step.ratio > 1.0f) {
+      return bad(absl::StrCat("ratio \"", fields.back(), "\""));
+    }
+    policy.steps.push_back(step);
+  }
+  if (policy.steps.empty()) return bad("empty");
+  return policy;
+}
+
+std::string HotRatioPolicy::ToString() const {
+  std::vector<std::string> parts;
+  for (const Step& s : steps) {
+    parts.push_back(s.below > 0 ? absl::StrCat(s.below, ":", s.ratio) : absl::StrCat(s.ratio));
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+absl::Status HotRatioControl::SetFixed(float ratio) {
+  if (!(ratio >= 0.0f && ratio <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("hot ratio ", ratio, " is outside [0, 1]"));
+  }
+  fixed_.store(ratio);
+  automatic_.store(false);
+  current_.store(ratio);
+  return absl::OkStatus();
+}
+
+void HotRatioControl::SetAutomatic() { automatic_.store(true); }
+
+float HotRatioControl::Update(int64_t context_tokens) {
+  const float ratio = automatic_.load() ? policy_.For(context_tokens) : fixed_.load();
+  current_.store(ratio);
+  return ratio;
+}
+
+}  // namespace strata

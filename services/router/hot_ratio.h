@@ -1,0 +1,52 @@
+// The hot ratio the router hands its workers: fixed by an operator, or set by the longest
+// context in the running batch (long contexts leave GPU memory to the KV cache).
+#ifndef STRATA_SERVICES_ROUTER_HOT_RATIO_H_
+#define STRATA_SERVICES_ROUTER_HOT_RATIO_H_
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace strata {
+
+// Steps by context length: the first whose `below` exceeds the context gives the ratio; the
+// last has below == 0 and applies to every longer context.
+struct HotRatioPolicy {
+  struct Step {
+    int64_t below = 0;
+    float ratio = 0.2f;
+  };
+  std::vector<Step> steps = {{512, 0.35f}, {2048, 0.28f}, {0, 0.20f}};
+
+  float For(int64_t context_tokens) const;
+  // "512:0.35,2048:0.28,0.20": ascending limits, ratios in [0, 1], a last plain ratio.
+  static absl::StatusOr<HotRatioPolicy> Parse(const std::string& text);
+  std::string ToString() const;
+};
+
+// Thread-safe: the admin service sets it, the engine thread reads it every step.
+class HotRatioControl {
+ public:
+  explicit HotRatioControl(HotRatioPolicy policy) : policy_(std::move(policy)) {}
+
+  // Fixes the ratio (InvalidArgument outside [0, 1]) until SetAutomatic.
+  absl::Status SetFixed(float ratio);
+  void SetAutomatic();
+  // The ratio for a batch whose longest sequence has `context_tokens` tokens.
+  float Update(int64_t context_tokens);
+  float current() const { return current_.load(); }
+  bool automatic() const { return automatic_.load(); }
+
+ private:
+  HotRatioPolicy policy_;
+  std::atomic<bool> automatic_{true};
+  std::atomic<float> fixed_{0.2f};
+  std::atomic<float> current_{0.35f};
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_ROUTER_HOT_RATIO_H_

@@ -1,0 +1,190 @@
+// Expert tiers through the whole cluster (`strata up` with a memory budget smaller than the
+// model's experts): the same greedy tokens as the model in one process, through cold loads
+// and prefetch; the CPU tier of strata-cache; the hot ratio changed at run time.
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "strata/v1/cluster.grpc.pb.h"
+#include "strata/v1/generation.grpc.pb.h"
+#include "tests/testing/cluster_process.h"
+#include "tests/testing/run_strata.h"
+
+namespace strata {
+namespace {
+
+using ::strata::testing::ClusterProcess;
+using ::strata::testing::RunStrata;
+
+const std::string kModel = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
+// strata-demo's experts: 8 layers x 16 experts x 240 KiB = 30 MiB, 15 MiB per worker of two.
+// 8 MiB holds 18 slots after the step buffers: the hot set and one layer's experts.
+constexpr char kBudget[] = "--gpu-memory-budget=8MiB";
+
+// Prompts cut from the held-out text's token ids.
+std::vector<std::vector<uint32_t>> Prompts() {
+  std::ifstream in(std::string(STRATA_TEST_DATA_DIR) + "/heldout/strata-demo-valid.ids.json");
+  const auto ids = nlohmann::json::parse(in).get<std::vector<uint32_t>>();
+  std::vector<std::vector<uint32_t>> prompts;
+  for (size_t start : {0, 700, 2100}) {
+    const size_t len = 12 + start % 40;
+    prompts.emplace_back(ids.begin() + start, ids.begin() + start + len);
+  }
+  return prompts;
+}
+
+std::string IdList(const std::vector<uint32_t>& ids) {
+  std::string out;
+  for (uint32_t id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
+  return out;
+}
+
+// Greedy tokens of the model in this process (no cluster, no tiers).
+std::vector<uint32_t> InProcess(const std::vector<uint32_t>& prompt, int n) {
+  const auto r = RunStrata("generate --model " + kModel + " --threads 1 --ignore-eos --ids " +
+                           IdList(prompt) + " --max-new-tokens " + std::to_string(n));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  return nlohmann::json::parse(r.out)["token_ids"].get<std::vector<uint32_t>>();
+}
+
+std::vector<uint32_t> Generate(const std::string& address, const std::vector<uint32_t>& prompt,
+                               int n) {
+  auto stub =
+      v1::Generation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest request;
+  for (uint32_t id : prompt) request.add_prompt_token_ids(id);
+  request.set_max_new_tokens(n);
+  request.set_ignore_eos(true);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  auto reader = stub->Generate(&context, request);
+  std::vector<uint32_t> tokens;
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    tokens.insert(tokens.end(), response.token_ids().begin(), response.token_ids().end());
+  }
+  const grpc::Status status = reader->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return tokens;
+}
+
+v1::StatsResponse Stats(const std::string& address) {
+  auto stub = v1::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::StatsResponse stats;
+  EXPECT_TRUE(stub->Stats(&context, v1::StatsRequest(), &stats).ok());
+  return stats;
+}
+
+void PrintTiers(const std::string& label, const v1::StatsResponse& stats) {
+  for (const v1::WorkerStats& w : stats.workers()) {
+    const v1::TierCounters& t = w.tiers();
+    const double uses = static_cast<double>(t.hot_hits() + t.warm_hits() + t.misses());
+    std::printf(
+        "%s worker %u: hot %u + warm %u slots; hit rate hot %.3f warm %.3f, cold %.3f; "
+        "prefetch loads %llu hits %llu; cpu tier %llu; %.1f MiB copied\n",
+        label.c_str(), w.index(), t.hot_slots(), t.warm_slots(), t.hot_hits() / uses,
+        t.warm_hits() / uses, t.misses() / uses,
+        static_cast<unsigned long long>(t.prefetch_loads()),
+        static_cast<unsigned long long>(t.prefetch_hits()),
+        static_cast<unsigned long long>(t.cpu_tier_experts()), t.bytes_copied() / 1048576.0);
+  }
+  std::printf("%s prefetch accuracy: %.3f of %llu picks\n", label.c_str(),
+              static_cast<double>(stats.prefetch_correct()) /
+                  std::max<uint64_t>(stats.prefetch_actual(), 1),
+              static_cast<unsigned long long>(stats.prefetch_actual()));
+}
+
+TEST(TiersTest, ModelLargerThanTheBudgetGivesTheSameTokens) {
+  ClusterProcess cluster({"--model=" + kModel, "--workers=2", "--threads=1", kBudget});
+  ASSERT_FALSE(cluster.address().empty());
+  for (const auto& prompt : Prompts()) {
+    EXPECT_EQ(Generate(cluster.address(), prompt, 24), InProcess(prompt, 24));
+  }
+  const v1::StatsResponse stats = Stats(cluster.address());
+  PrintTiers("budget 8MiB", stats);
+  ASSERT_EQ(stats.workers_size(), 2);
+  for (const v1::WorkerStats& w : stats.workers()) {
+    const v1::TierCounters& t = w.tiers();
+    EXPECT_GT(t.misses(), 0u);
+    EXPECT_GT(t.evictions(), 0u);
+    EXPECT_GT(t.warm_hits() + t.hot_hits(), 0u);
+    EXPECT_GT(t.prefetch_hits(), 0u);
+    EXPECT_EQ(t.slot_bytes(), 245760u);
+    EXPECT_LT((t.hot_slots() + t.warm_slots()) * t.slot_bytes(), 8u << 20);
+  }
+  // The next layer's gate on this layer's output is a good guess on this model.
+  EXPECT_GT(stats.prefetch_correct(), stats.prefetch_actual() / 2);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+TEST(TiersTest, CpuTierComputesColdExperts) {
+  ClusterProcess cluster({"--model=" + kModel, "--workers=1", "--threads=1", kBudget,
+                          "--cold-experts=cpu", "--prefetch=false"});
+  ASSERT_FALSE(cluster.address().empty());
+  const auto prompt = Prompts()[1];
+  EXPECT_EQ(Generate(cluster.address(), prompt, 16), InProcess(prompt, 16));
+  const v1::StatsResponse stats = Stats(cluster.address());
+  PrintTiers("cpu tier", stats);
+  EXPECT_GT(stats.workers(0).tiers().cpu_tier_experts(), 0u);
+  EXPECT_EQ(stats.prefetch_actual(), 0u);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+TEST(TiersTest, HotRatioChangesWhileRequestsRun) {
+  ClusterProcess cluster(
+      {"--model=" + kModel, "--workers=2", "--threads=1", kBudget, "--hot-ratio=0"});
+  ASSERT_FALSE(cluster.address().empty());
+  const auto prompts = Prompts();
+  std::vector<std::future<std::vector<uint32_t>>> running;
+  for (const auto& p : prompts) {
+    running.push_back(
+        std::async(std::launch::async, [&, p] { return Generate(cluster.address(), p, 48); }));
+  }
+  auto admin = v1::Admin::NewStub(
+      grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+  for (float ratio : {1.0f, 0.1f, -1.0f}) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    v1::SetHotRatioRequest request;
+    if (ratio < 0) {
+      request.set_automatic(true);
+    } else {
+      request.set_hot_ratio(ratio);
+    }
+    v1::SetHotRatioResponse response;
+    grpc::ClientContext context;
+    ASSERT_TRUE(admin->SetHotRatio(&context, request, &response).ok());
+    EXPECT_EQ(response.automatic(), ratio < 0);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(running[i].get(), InProcess(prompts[i], 48));
+  }
+  v1::SetHotRatioRequest bad;
+  bad.set_hot_ratio(1.5f);
+  v1::SetHotRatioResponse response;
+  grpc::ClientContext context;
+  EXPECT_EQ(admin->SetHotRatio(&context, bad, &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // Short contexts under the default policy: 0.35 of 64 owned experts, capped by the slots.
+  Generate(cluster.address(), prompts[0], 2);
+  const v1::StatsResponse stats = Stats(cluster.address());
+  EXPECT_TRUE(stats.hot_ratio_automatic());
+  EXPECT_FLOAT_EQ(stats.hot_ratio(), 0.35f);
+  for (const v1::WorkerStats& w : stats.workers()) EXPECT_EQ(w.tiers().hot_slots(), 2u);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+TEST(TiersTest, BudgetTooSmallStopsTheClusterWithAClearError) {
+  const auto r =
+      RunStrata("up --model " + kModel + " --workers 1 --threads 1 " + "--gpu-memory-budget 1MiB");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("at least 16 are needed"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace strata

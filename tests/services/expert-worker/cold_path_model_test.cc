@@ -1,0 +1,79 @@
+#include "services/expert-worker/cold_path_model.h"
+
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+// Qwen3-30B-A3B's expert: 2048 x 768, bf16.
+constexpr int64_t kHidden = 2048;
+constexpr int64_t kInter = 768;
+constexpr uint64_t kBytes = 3 * kHidden * kInter * 2;
+
+// A CPU that reads weights faster than the link copies them: the regime the tier is for.
+ColdPathOptions FastCpu() {
+  ColdPathOptions o;
+  o.copy_bytes_per_s = 25e9;
+  o.cpu_bytes_per_s = 100e9;
+  o.cpu_flops = 2e12;
+  o.cpu_overhead_s = 30e-6;
+  return o;
+}
+
+TEST(ColdPathModelTest, ForcedModesOverride) {
+  ColdPathOptions o = FastCpu();
+  o.mode = ColdPathOptions::kCopy;
+  EXPECT_EQ(ChooseColdPath(o, kBytes, 1, kHidden, kInter), ColdPath::kCopy);
+  o.mode = ColdPathOptions::kCpu;
+  EXPECT_EQ(ChooseColdPath(o, kBytes, 100000, kHidden, kInter), ColdPath::kCpu);
+}
+
+TEST(ColdPathModelTest, FewTokensPickTheCpuWhenItIsFastEnough) {
+  const ColdPathOptions o = FastCpu();
+  for (int64_t tokens : {1, 4, 16}) {
+    EXPECT_EQ(ChooseColdPath(o, kBytes, tokens, kHidden, kInter), ColdPath::kCpu) << tokens;
+  }
+}
+
+TEST(ColdPathModelTest, ManyTokensPickTheCopy) {
+  const ColdPathOptions o = FastCpu();
+  for (int64_t tokens : {512, 4096}) {
+    EXPECT_EQ(ChooseColdPath(o, kBytes, tokens, kHidden, kInter), ColdPath::kCopy) << tokens;
+  }
+}
+
+TEST(ColdPathModelTest, CrossoverMatchesTheEstimates) {
+  const ColdPathOptions o = FastCpu();
+  const double copy = CopyPathSeconds(o, kBytes);
+  EXPECT_DOUBLE_EQ(copy, kBytes / 25e9);
+  // Solve cpu(tokens) = copy for the break-even token count.
+  const double per_token = 6.0 * kHidden * kInter / o.cpu_flops;
+  const double fixed = o.cpu_overhead_s + kBytes / o.cpu_bytes_per_s;
+  const int64_t even = static_cast<int64_t>((copy - fixed) / per_token);
+  ASSERT_GT(even, 1);
+  EXPECT_EQ(ChooseColdPath(o, kBytes, even, kHidden, kInter), ColdPath::kCpu);
+  EXPECT_EQ(ChooseColdPath(o, kBytes, even + 1, kHidden, kInter), ColdPath::kCopy);
+}
+
+TEST(ColdPathModelTest, ReuseCreditFavorsTheCopy) {
+  ColdPathOptions o = FastCpu();
+  ASSERT_EQ(ChooseColdPath(o, kBytes, 4, kHidden, kInter), ColdPath::kCpu);
+  o.copy_reuses = 8;
+  EXPECT_DOUBLE_EQ(CopyPathSeconds(o, kBytes), kBytes / 25e9 / 9);
+  EXPECT_EQ(ChooseColdPath(o, kBytes, 4, kHidden, kInter), ColdPath::kCopy);
+}
+
+TEST(ColdPathModelTest, DefaultsCopyOnAFastLink) {
+  // The measured CPU backend streams an expert slower than pinned PCIe Gen5 copies it.
+  const ColdPathOptions o;
+  EXPECT_EQ(o.mode, ColdPathOptions::kAuto);
+  EXPECT_EQ(ChooseColdPath(o, kBytes, 1, kHidden, kInter), ColdPath::kCopy);
+  // On a 5 GB/s link the CPU wins a decode token, but not four.
+  ColdPathOptions slow_link = o;
+  slow_link.copy_bytes_per_s = 5e9;
+  EXPECT_EQ(ChooseColdPath(slow_link, kBytes, 1, kHidden, kInter), ColdPath::kCpu);
+  EXPECT_EQ(ChooseColdPath(slow_link, kBytes, 4, kHidden, kInter), ColdPath::kCopy);
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,191 @@
+// The worker's expert tiers over CPU slots: hot set by calibration counts, warm slots under a
+// policy, misses copied from the store, never evicting what a request needs, prefetch hits,
+// hot-ratio changes, and results equal to running every expert from the store.
+#include "services/expert-worker/expert_tiers.h"
+
+#include <random>
+
+#include "common/backend/cpu/cpu_expert_slots.h"
+#include "common/tensor/dtype.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+constexpr int kLayers = 2, kExperts = 8, kHidden = 16, kInter = 8, kTopK = 2;
+
+ModelConfig TinyConfig() {
+  ModelConfig c;
+  c.hidden_size = kHidden;
+  c.num_layers = kLayers;
+  c.num_experts = kExperts;
+  c.top_k = kTopK;
+  c.moe_intermediate_size = kInter;
+  c.layer_is_moe.assign(kLayers, true);
+  return c;
+}
+
+// Random bf16 experts in host memory: the "expert store".
+class FakeStore : public ExpertWeightSource {
+ public:
+  FakeStore() {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 0.3f);
+    for (int l = 0; l < kLayers; ++l) {
+      for (int e = 0; e < kExperts; ++e) {
+        auto& m = data_[l][e];
+        for (auto* v : {&m.gate, &m.up, &m.down}) {
+          v->resize(kHidden * kInter);
+          for (auto& x : *v) x = FloatToBf16(normal(rng));
+        }
+        FfnWeights& w = weights_[l][e];
+        w.gate = WeightMatrix{m.gate.data(), DType::kBF16, kInter, kHidden, kHidden, 1};
+        w.up = WeightMatrix{m.up.data(), DType::kBF16, kInter, kHidden, kHidden, 1};
+        w.down = WeightMatrix{m.down.data(), DType::kBF16, kHidden, kInter, kInter, 1};
+      }
+    }
+  }
+  const FfnWeights* Find(int layer, int expert) const override {
+    if (layer < 0 || layer >= kLayers || expert < 0 || expert >= kExperts) return nullptr;
+    return &weights_[layer][expert];
+  }
+
+ private:
+  struct Matrices {
+    std::vector<uint16_t> gate, up, down;
+  };
+  Matrices data_[kLayers][kExperts];
+  FfnWeights weights_[kLayers][kExperts];
+};
+
+class ExpertTiersTest : public ::testing::Test {
+ protected:
+  void Make(int slots, WarmPolicy policy = WarmPolicy::kLru, int min_warm = 2) {
+    auto s = CpuExpertSlots::Create(config_, slots, DType::kBF16, false, pool_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    slots_ = *std::move(s);
+    auto t = ExpertTiers::Create(config_, *slots_, store_,
+                                 {.policy = policy, .min_warm_slots = min_warm});
+    ASSERT_TRUE(t.ok()) << t.status();
+    tiers_ = *std::move(t);
+  }
+  // Every expert of both layers owned; expert e of layer l counted 100 - 10 * e + l.
+  std::vector<OwnedExpert> Owned() {
+    std::vector<OwnedExpert> owned;
+    for (int l = 0; l < kLayers; ++l) {
+      for (int e = 0; e < kExperts; ++e) owned.push_back({l, e, uint64_t(100 - 10 * e + l)});
+    }
+    return owned;
+  }
+  absl::Status Use(int layer, std::vector<int> experts) {
+    std::vector<int64_t> tokens(experts.size(), 1);
+    std::vector<int> cpu;
+    return tiers_->Acquire(layer, experts, tokens, nullptr, &cpu);
+  }
+
+  ModelConfig config_ = TinyConfig();
+  ThreadPool pool_{1};
+  FakeStore store_;
+  std::unique_ptr<CpuExpertSlots> slots_;
+  std::unique_ptr<ExpertTiers> tiers_;
+};
+
+TEST_F(ExpertTiersTest, TooFewSlotsIsAClearError) {
+  auto s = CpuExpertSlots::Create(config_, 1, DType::kBF16, false, pool_);
+  ASSERT_TRUE(s.ok());
+  auto t = ExpertTiers::Create(config_, **s, store_, {.min_warm_slots = 2});
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("at least 2"), std::string::npos) << t.status();
+}
+
+TEST_F(ExpertTiersTest, HotSetFollowsCalibrationAndIsNeverEvicted) {
+  Make(/*slots=*/6);
+  // 16 owned, ratio 0.25 -> 4 hot: experts 0 and 1 of both layers (the highest counts).
+  ASSERT_TRUE(tiers_->SetOwned(Owned(), 0.25f).ok());
+  EXPECT_EQ(tiers_->counters().hot_slots, 4u);
+  EXPECT_EQ(tiers_->counters().warm_slots, 2u);
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_TRUE(tiers_->resident(l, 0) && tiers_->resident(l, 1));
+  }
+  // Cold experts churn through the two warm slots; the hot ones stay.
+  for (int round = 0; round < 3; ++round) {
+    for (int e = 2; e < kExperts; e += 2) ASSERT_TRUE(Use(round % 2, {e, e + 1, 0}).ok());
+  }
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_TRUE(tiers_->resident(l, 0) && tiers_->resident(l, 1));
+  }
+  const TierCounters& c = tiers_->counters();
+  EXPECT_EQ(c.hot_hits, 9u);
+  EXPECT_EQ(c.misses, 18u);
+  EXPECT_GT(c.evictions, 0u);
+  EXPECT_EQ(c.bytes_copied, (4 + 18) * slots_->slot_bytes());
+}
+
+TEST_F(ExpertTiersTest, WarmHitsAndNeverEvictingWhatTheRequestNeeds) {
+  Make(/*slots=*/3, WarmPolicy::kLfu, /*min_warm=*/3);
+  ASSERT_TRUE(tiers_->SetOwned(Owned(), 0.0f).ok());
+  ASSERT_TRUE(Use(0, {1, 2, 3}).ok());  // fills every slot
+  ASSERT_TRUE(Use(0, {1, 2}).ok());     // warm hits
+  EXPECT_EQ(tiers_->counters().warm_hits, 2u);
+  // 4 and 5 must evict two of {1, 2, 3} but not 1, which this request also needs.
+  ASSERT_TRUE(Use(0, {1, 4, 5}).ok());
+  EXPECT_TRUE(tiers_->resident(0, 1) && tiers_->resident(0, 4) && tiers_->resident(0, 5));
+}
+
+TEST_F(ExpertTiersTest, PrefetchedExpertsCountAsPrefetchHits) {
+  Make(/*slots=*/4);
+  ASSERT_TRUE(tiers_->SetOwned(Owned(), 0.0f).ok());
+  ASSERT_TRUE(tiers_->Prefetch(1, std::vector<int32_t>{3, 6, -1, 99}).ok());
+  EXPECT_EQ(tiers_->counters().prefetch_loads, 2u);  // bad ids are ignored
+  ASSERT_TRUE(Use(1, {3, 5}).ok());
+  const TierCounters& c = tiers_->counters();
+  EXPECT_EQ(c.prefetch_hits, 1u);
+  EXPECT_EQ(c.warm_hits, 1u);
+  EXPECT_EQ(c.misses, 1u);
+}
+
+TEST_F(ExpertTiersTest, HotRatioChangesPinAndUnpin) {
+  Make(/*slots=*/8);
+  ASSERT_TRUE(tiers_->SetOwned(Owned(), 0.0f).ok());
+  EXPECT_EQ(tiers_->counters().hot_slots, 0u);
+  ASSERT_TRUE(tiers_->SetHotRatio(1.0f).ok());  // capped: 8 slots - 2 warm
+  EXPECT_EQ(tiers_->counters().hot_slots, 6u);
+  EXPECT_EQ(tiers_->counters().warm_slots, 2u);
+  ASSERT_TRUE(tiers_->SetHotRatio(0.125f).ok());  // 2 hot
+  EXPECT_EQ(tiers_->counters().hot_slots, 2u);
+  EXPECT_TRUE(tiers_->resident(0, 0) && tiers_->resident(1, 0));
+  EXPECT_FALSE(tiers_->SetHotRatio(1.5f).ok());
+  // Formerly hot experts are warm now: evictable when others are needed.
+  for (int e = 2; e < kExperts; ++e) ASSERT_TRUE(Use(0, {e}).ok());
+  EXPECT_TRUE(tiers_->resident(0, 0) && tiers_->resident(1, 0));
+}
+
+TEST_F(ExpertTiersTest, TieredResultsEqualEveryExpertResident) {
+  Make(/*slots=*/3, WarmPolicy::kLfu);
+  ASSERT_TRUE(tiers_->SetOwned(Owned(), 0.2f).ok());
+  CpuExpertBackend reference(config_, store_, pool_);
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> pick(0, kExperts - 1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int step = 0; step < 20; ++step) {
+    const int layer = step % kLayers;
+    Tensor x;
+    x.Resize(1, kHidden);
+    for (int64_t i = 0; i < kHidden; ++i) x.data()[i] = normal(rng);
+    RoutingTable routing;
+    routing.Resize(1, kTopK);
+    routing.expert = {pick(rng), 0};
+    routing.expert[1] = (routing.expert[0] + 1 + pick(rng) % (kExperts - 1)) % kExperts;
+    routing.weight = {0.6f, 0.4f};
+    ASSERT_TRUE(Use(layer, {routing.expert[0], routing.expert[1]}).ok());
+    Tensor want, got;
+    ASSERT_TRUE(reference.RunExperts(layer, x, routing, want).ok());
+    ASSERT_TRUE(slots_->backend().RunExperts(layer, x, routing, got).ok());
+    for (int64_t i = 0; i < kHidden; ++i) ASSERT_EQ(got.data()[i], want.data()[i]);
+  }
+  EXPECT_GT(tiers_->counters().misses, 0u);
+}
+
+}  // namespace
+}  // namespace strata

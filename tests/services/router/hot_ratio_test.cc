@@ -1,0 +1,53 @@
+// The hot ratio by context length, its text form, and operator overrides.
+#include "services/router/hot_ratio.h"
+
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+TEST(HotRatioPolicyTest, DefaultIsTheDesignTable) {
+  const HotRatioPolicy policy;
+  EXPECT_FLOAT_EQ(policy.For(1), 0.35f);
+  EXPECT_FLOAT_EQ(policy.For(511), 0.35f);
+  EXPECT_FLOAT_EQ(policy.For(512), 0.28f);
+  EXPECT_FLOAT_EQ(policy.For(2047), 0.28f);
+  EXPECT_FLOAT_EQ(policy.For(2048), 0.20f);
+  EXPECT_FLOAT_EQ(policy.For(1 << 20), 0.20f);
+  EXPECT_EQ(policy.ToString(), "512:0.35,2048:0.28,0.2");
+}
+
+TEST(HotRatioPolicyTest, ParsesAndRejects) {
+  auto p = HotRatioPolicy::Parse("100:0.9, 1000:0.5, 0.1");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FLOAT_EQ(p->For(99), 0.9f);
+  EXPECT_FLOAT_EQ(p->For(100), 0.5f);
+  EXPECT_FLOAT_EQ(p->For(5000), 0.1f);
+  auto constant = HotRatioPolicy::Parse("0.4");
+  ASSERT_TRUE(constant.ok());
+  EXPECT_FLOAT_EQ(constant->For(10), 0.4f);
+  for (const char* bad : {"", "512:0.35", "512:1.5,0.2", "2048:0.3,512:0.2,0.1", "x:0.3,0.2",
+                          "512:0.3,0.2:0.1", "-5:0.3,0.2"}) {
+    const auto r = HotRatioPolicy::Parse(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(HotRatioControlTest, FixedOverridesThePolicyUntilAutomatic) {
+  HotRatioControl control{HotRatioPolicy()};
+  EXPECT_TRUE(control.automatic());
+  EXPECT_FLOAT_EQ(control.Update(3000), 0.20f);
+  ASSERT_TRUE(control.SetFixed(0.6f).ok());
+  EXPECT_FALSE(control.automatic());
+  EXPECT_FLOAT_EQ(control.current(), 0.6f);
+  EXPECT_FLOAT_EQ(control.Update(10), 0.6f);
+  EXPECT_FALSE(control.SetFixed(-0.1f).ok());
+  EXPECT_FALSE(control.SetFixed(1.01f).ok());
+  EXPECT_FLOAT_EQ(control.current(), 0.6f);
+  control.SetAutomatic();
+  EXPECT_FLOAT_EQ(control.Update(10), 0.35f);
+}
+
+}  // namespace
+}  // namespace strata
