@@ -211,8 +211,6 @@ void WorkerServer::AttachCpuTier() {
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
-  auto router = v1::Coordinator::NewStub(
-      grpc::CreateChannel(options_.router_address, grpc::InsecureChannelCredentials()));
   ++incarnation_;
   std::function<absl::StatusOr<v1::RegisterWorkerResponse>()> attempt =
       [&]() -> absl::StatusOr<v1::RegisterWorkerResponse> {
@@ -223,6 +221,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
     request.set_incarnation(incarnation_);
     request.set_transport(options_.transport);
     request.set_address(service_address_);
+    // A fresh channel per attempt: a restarted router is answered as soon as it listens,
+    // without waiting out the reconnect backoff of a channel that saw it gone.
+    auto router = v1::Coordinator::NewStub(
+        grpc::CreateChannel(options_.router_address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(15));
     v1::RegisterWorkerResponse response;

@@ -189,6 +189,10 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
     stop_all(absl::Seconds(1));
     return router_address.status();
   }
+  // A restarted router listens where clients and workers look for it.
+  for (std::string& arg : router.argv) {
+    if (absl::StartsWith(arg, "--listen=")) arg = "--listen=" + *router_address;
+  }
   for (int i = 0; i < c.workers; ++i) {
     std::string device = c.device == "cuda" ? absl::StrCat("cuda:", i) : c.device;
     workers[i] = Child{
@@ -214,6 +218,8 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
     return absl::InternalError("signalfd failed");
   }
   bool ready = false;
+  bool announced = false;  // READY printed (once: a restarted router only logs)
+  absl::Time router_stopped;
   std::string router_output;
   // A restarted strata-cache: its stdout until READY (then -1), and whether it got there.
   int cache_start_fd = -1;
@@ -235,7 +241,14 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
       const size_t at = router_output.find("READY ");
       const size_t end_of_line = router_output.find('\n', at);
       if (at != std::string::npos && end_of_line != std::string::npos) {
-        out << router_output.substr(at, end_of_line - at) << std::endl;
+        if (!announced) {
+          out << router_output.substr(at, end_of_line - at) << std::endl;
+          announced = true;
+        } else {
+          StatusLine(absl::StrCat("strata-router is back, ",
+                                  absl::ToInt64Milliseconds(absl::Now() - router_stopped),
+                                  " ms after it stopped"));
+        }
         ready = true;
         DrainInBackground(router.stdout_fd);
       }
@@ -298,9 +311,26 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
       }
       if (pid == router.pid) {
         router.pid = -1;
-        stop_all(absl::Seconds(5));
-        ::close(signal_fd);
-        return absl::InternalError(absl::StrCat(router.name, " stopped (", Describe(status), ")"));
+        // A router that never got ready would only fail again; one that served is restarted
+        // on its address: its in-flight requests are lost (clients see UNAVAILABLE), the
+        // workers register with the new one, the store and the workers' experts stay.
+        if (!announced) {
+          stop_all(absl::Seconds(5));
+          ::close(signal_fd);
+          return absl::InternalError(
+              absl::StrCat(router.name, " stopped (", Describe(status), ")"));
+        }
+        StatusLine(absl::StrCat(router.name, " stopped (", Describe(status), "), restarting it"));
+        ++router.restarts;
+        router_stopped = absl::Now();
+        router_output.clear();
+        ready = false;
+        if (absl::Status s = Spawn(router); !s.ok()) {
+          stop_all(absl::Seconds(2));
+          ::close(signal_fd);
+          return s;
+        }
+        continue;
       }
       for (Child& w : workers) {
         if (pid != w.pid) continue;

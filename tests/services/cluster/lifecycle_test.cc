@@ -335,6 +335,43 @@ TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
   std::remove(log.c_str());
 }
 
+// A router killed mid-generation loses only its in-flight request, which ends UNAVAILABLE; the
+// supervisor restarts it on the same address, the workers register again, and it serves.
+TEST(LifecycleTest, KilledRouterLosesOnlyItsInFlightRequests) {
+  const std::string log = ::testing::TempDir() + "/router_restart_" + std::to_string(::getpid());
+  std::remove(log.c_str());
+  ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe_long"), "--workers=2", "--threads=1"},
+                         120, log);
+  ASSERT_FALSE(cluster.address().empty());
+  std::vector<uint32_t> prompt(10);
+  for (size_t j = 0; j < prompt.size(); ++j) prompt[j] = static_cast<uint32_t>(9 + 53 * j % 400);
+  const Generated undisturbed = Generate(cluster.address(), prompt, 40);
+  ASSERT_TRUE(undisturbed.status.ok()) << undisturbed.status.error_message();
+
+  std::promise<void> first;
+  auto running = std::async(std::launch::async, [&] {
+    return Generate(cluster.address(), prompt, 2000, [&] { first.set_value(); });
+  });
+  first.get_future().wait();
+  const pid_t router = ChildWithArgs(cluster.pid(), "strata-router", "--channel-prefix=");
+  ASSERT_GT(router, 0);
+  ASSERT_EQ(::kill(router, SIGKILL), 0);
+  const Generated lost = running.get();
+  EXPECT_EQ(lost.status.error_code(), grpc::StatusCode::UNAVAILABLE) << lost.status.error_message();
+
+  ASSERT_TRUE(WaitForHealth(cluster.address(), grpc::health::v1::HealthCheckResponse::SERVING));
+  const pid_t replacement = ChildWithArgs(cluster.pid(), "strata-router", "--channel-prefix=");
+  EXPECT_GT(replacement, 0);
+  EXPECT_NE(replacement, router);
+  EXPECT_EQ(FlagOf(replacement, "--listen="), cluster.address());
+  const Generated later = Generate(cluster.address(), prompt, 40);
+  ASSERT_TRUE(later.status.ok()) << later.status.error_message();
+  EXPECT_EQ(later.tokens, undisturbed.tokens);
+  EXPECT_NE(ReadFile(log).find("strata-router is back"), std::string::npos) << ReadFile(log);
+  EXPECT_EQ(cluster.Stop(), 0);
+  std::remove(log.c_str());
+}
+
 // `strata stats` reports the router's counters and which workers are connected.
 TEST(LifecycleTest, StatsReportWorkersAndCounters) {
   ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe"), "--workers=2", "--threads=1"});
