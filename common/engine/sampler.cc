@@ -34,10 +34,10 @@ int32_t Sampler::Sample(const float* logits, int64_t vocab) {
   if (params_.top_k > 0 && params_.top_k < vocab) keep = params_.top_k;
   // Only a top-k or top-p cut needs the candidates in order; plain temperature sampling draws
   // from the whole vocabulary as it is (a full sort of 150k logits per token is not free).
-  if (keep < vocab || params_.top_p < 1.0f) {
+  if (keep < vocab) {
     std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
   }
-  // Softmax over the kept candidates, then cut to the smallest prefix with mass >= top_p.
+  // Softmax over the kept candidates (exp is monotonic: the order by logit holds).
   float max_logit = candidates_[0].first;
   for (int64_t i = 1; i < keep; ++i) max_logit = std::max(max_logit, candidates_[i].first);
   double total = 0.0;
@@ -46,9 +46,20 @@ int32_t Sampler::Sample(const float* logits, int64_t vocab) {
     total += candidates_[i].first;
   }
   if (params_.top_p < 1.0f) {
+    // The smallest prefix with mass >= top_p. Without a top-k cut the candidates are unsorted:
+    // sort growing prefixes until one holds the mass (a few hundred tokens usually do) instead
+    // of the whole vocabulary. Same arithmetic as the cut below, so the cut falls inside.
+    int64_t sorted = keep < vocab ? keep : 0;
+    for (int64_t m = std::min<int64_t>(keep, 512); sorted == 0; m = std::min(keep, m * 8)) {
+      std::partial_sort(candidates_.begin(), candidates_.begin() + m,
+                        candidates_.begin() + keep, by_logit);
+      double mass = 0.0;
+      for (int64_t i = 0; i < m && mass < params_.top_p; ++i) mass += candidates_[i].first / total;
+      if (mass >= params_.top_p || m == keep) sorted = m;
+    }
     double mass = 0.0;
     int64_t cut = 0;
-    while (cut < keep) {
+    while (cut < sorted) {
       mass += candidates_[cut].first / total;
       ++cut;
       if (mass >= params_.top_p) break;

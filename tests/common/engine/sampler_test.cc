@@ -1,6 +1,7 @@
 #include "common/engine/sampler.h"
 
 #include <cmath>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -40,6 +41,26 @@ TEST(SamplerTest, TopPKeepsOnlyTheNucleus) {
   const std::vector<float> logits = {4.0f, 2.0f, 1.0f, -0.5f};
   Sampler sampler(SamplingParams{.temperature = 1.0f, .top_p = 0.8f, .seed = 3});
   for (int i = 0; i < 50; ++i) EXPECT_EQ(sampler.Sample(logits.data(), 4), 0);
+}
+
+// Top-p without top-k sorts only a prefix of a large vocabulary: the draws equal those of a
+// sampler that keeps the whole vocabulary sorted (top_k = vocab - 1 forces the full sort; the
+// one token it drops is far outside any nucleus here).
+TEST(SamplerTest, TopPOnLargeVocabularyMatchesAFullSort) {
+  const int64_t vocab = 151936;
+  std::vector<float> logits(vocab);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (float& l : logits) l = normal(rng);
+  logits[vocab - 1] = -1e4f;
+  for (float top_p : {0.5f, 0.9f, 0.99f}) {
+    Sampler prefix(SamplingParams{.temperature = 0.8f, .top_p = top_p, .seed = 5});
+    Sampler full(SamplingParams{
+        .temperature = 0.8f, .top_k = static_cast<int>(vocab - 1), .top_p = top_p, .seed = 5});
+    for (int i = 0; i < 20; ++i) {
+      ASSERT_EQ(prefix.Sample(logits.data(), vocab), full.Sample(logits.data(), vocab)) << top_p;
+    }
+  }
 }
 
 TEST(SamplerTest, FrequenciesFollowTheDistribution) {
