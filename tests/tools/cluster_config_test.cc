@@ -43,6 +43,35 @@ TEST(ClusterConfigTest, Json) {
   EXPECT_EQ(c.kv_block_size, 64);
 }
 
+TEST(ClusterConfigTest, TierKeys) {
+  ClusterConfig c;
+  EXPECT_EQ(c.hot_ratio, "auto");
+  EXPECT_TRUE(c.prefetch);
+  ASSERT_TRUE(LoadClusterConfig(Write("tiers.yaml",
+                                      "gpu_memory_budget: 24GiB\nhot_ratio: 0.3\n"
+                                      "hot_ratio_policy: \"1024:0.5,0.25\"\n"
+                                      "cache_policy: lru\ncold_experts: cpu\nprefetch: false\n"),
+                                c)
+                  .ok());
+  EXPECT_EQ(c.gpu_memory_budget, "24GiB");
+  EXPECT_EQ(c.hot_ratio, "0.3");
+  EXPECT_EQ(c.hot_ratio_policy, "1024:0.5,0.25");
+  EXPECT_EQ(c.cache_policy, "lru");
+  EXPECT_EQ(c.cold_experts, "cpu");
+  EXPECT_FALSE(c.prefetch);
+  ASSERT_TRUE(LoadClusterConfig(Write("auto.yaml", "hot_ratio: auto\n"), c).ok());
+  EXPECT_EQ(c.hot_ratio, "auto");
+  auto message = [&](const std::string& text) {
+    return std::string(LoadClusterConfig(Write("bad.yaml", text), c).message());
+  };
+  EXPECT_THAT(message("hot_ratio: 1.5\n"), HasSubstr("bad value for \"hot_ratio\""));
+  EXPECT_THAT(message("hot_ratio: lots\n"), HasSubstr("bad value for \"hot_ratio\""));
+  EXPECT_THAT(message("gpu_memory_budget: 24 parsecs\n"),
+              HasSubstr("bad value for \"gpu_memory_budget\""));
+  EXPECT_THAT(message("cache_policy: mru\n"), HasSubstr("bad value for \"cache_policy\""));
+  EXPECT_THAT(message("cold_experts: disk\n"), HasSubstr("bad value for \"cold_experts\""));
+}
+
 TEST(ClusterConfigTest, Errors) {
   ClusterConfig c;
   auto message = [&](const std::string& text) {
