@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/cuda/elementwise_kernels.h"
 #include "common/backend/cuda/embedding_kernels.h"
+#include "common/backend/cuda/gemv_kernels.h"
 #include "common/backend/cuda/grouped_expert_kernels.h"
 #include "common/backend/cuda/moe_gate_kernels.h"
 #include "common/backend/cuda/norm_kernels.h"
@@ -267,9 +268,17 @@ absl::Status CudaRouterBackend::Attention(int layer, const BatchLayout& batch, P
   cudaStream_t stream = context_->stream();
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
-  RETURN_IF_ERROR(linear_.Run(lw.q, normed_.data(), n, q_.data(), OutType::kBf16));
-  RETURN_IF_ERROR(linear_.Run(lw.k, normed_.data(), n, k_.data(), OutType::kBf16));
-  RETURN_IF_ERROR(linear_.Run(lw.v, normed_.data(), n, v_.data(), OutType::kBf16));
+  if (n <= kGemvMaxTokens && lw.q.format == lw.k.format && lw.q.format == lw.v.format) {
+    // A few tokens: q, k and v in one GEMV launch (the k and v matrices alone are too small
+    // to keep the GPU's memory busy).
+    const DeviceWeight* w[] = {&lw.q, &lw.k, &lw.v};
+    void* y[] = {q_.data(), k_.data(), v_.data()};
+    CUDA_RETURN_IF_ERROR(LaunchGemvMulti(w, y, 3, normed_.data(), n, OutType::kBf16, stream));
+  } else {
+    RETURN_IF_ERROR(linear_.Run(lw.q, normed_.data(), n, q_.data(), OutType::kBf16));
+    RETURN_IF_ERROR(linear_.Run(lw.k, normed_.data(), n, k_.data(), OutType::kBf16));
+    RETURN_IF_ERROR(linear_.Run(lw.v, normed_.data(), n, v_.data(), OutType::kBf16));
+  }
   QkRopeParams rope;
   rope.num_heads = c.num_heads;
   rope.num_kv_heads = c.num_kv_heads;
@@ -281,7 +290,6 @@ absl::Status CudaRouterBackend::Attention(int layer, const BatchLayout& batch, P
   rope.q_norm = lw.q_norm;
   rope.k_norm = lw.k_norm;
   rope.eps = static_cast<float>(c.rms_norm_eps);
-  CUDA_RETURN_IF_ERROR(LaunchQkNormRope(q_.data(), k_.data(), n, positions_.data(), rope, stream));
 
   PagedKvLayer cache;
   cache.data = kv_storage_.data() + layer * kv_layer_elements_;
@@ -291,8 +299,6 @@ absl::Status CudaRouterBackend::Attention(int layer, const BatchLayout& batch, P
   cache.num_kv_heads = c.num_kv_heads;
   cache.head_dim = c.head_dim;
   const TokenBatch tokens{token_seq_.data(), positions_.data(), n};
-  CUDA_RETURN_IF_ERROR(
-      LaunchPagedKvAppend(k_.data(), kv_dim, v_.data(), kv_dim, tokens, cache, stream));
 
   PagedAttentionParams params;
   params.num_heads = c.num_heads;
@@ -304,11 +310,27 @@ absl::Status CudaRouterBackend::Attention(int layer, const BatchLayout& batch, P
   params.sinks = lw.sinks;
   params.max_context = max_context_;
   const PagedAttentionPlan plan = PlanPagedAttention(n, params, context_->num_sms());
-  if (plan.workspace_bytes > attention_workspace_.size()) {
-    RETURN_IF_ERROR(Allocate(attention_workspace_, plan.workspace_bytes));
+  // The fused decode needs every token's only new key to be its own (checked for small steps).
+  bool distinct_sequences = n <= kGemvMaxTokens;
+  for (int64_t i = 0; distinct_sequences && i < n; ++i) {
+    for (int64_t j = 0; j < i; ++j) distinct_sequences &= batch.sequence[i] != batch.sequence[j];
   }
-  CUDA_RETURN_IF_ERROR(LaunchPagedAttention(q_.data(), tokens, cache, params, plan,
-                                            attention_workspace_.data(), attn_.data(), stream));
+  if (plan.cluster && distinct_sequences) {
+    // Decode: q/k norm + rope and the cache append happen inside the attention kernel.
+    CUDA_RETURN_IF_ERROR(LaunchPagedDecodeWithRope(q_.data(), k_.data(), v_.data(), kv_dim, tokens,
+                                                   cache, params, rope, plan, attn_.data(),
+                                                   stream));
+  } else {
+    CUDA_RETURN_IF_ERROR(
+        LaunchQkNormRope(q_.data(), k_.data(), n, positions_.data(), rope, stream));
+    CUDA_RETURN_IF_ERROR(
+        LaunchPagedKvAppend(k_.data(), kv_dim, v_.data(), kv_dim, tokens, cache, stream));
+    if (plan.workspace_bytes > attention_workspace_.size()) {
+      RETURN_IF_ERROR(Allocate(attention_workspace_, plan.workspace_bytes));
+    }
+    CUDA_RETURN_IF_ERROR(LaunchPagedAttention(q_.data(), tokens, cache, params, plan,
+                                              attention_workspace_.data(), attn_.data(), stream));
+  }
   RETURN_IF_ERROR(linear_.Run(lw.o, attn_.data(), n, proj_.data(), OutType::kBf16));
   CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(hidden_.data(), proj_.data(), lw.post_norm, n,
                                         c.hidden_size, static_cast<float>(c.rms_norm_eps),

@@ -17,6 +17,13 @@ inline constexpr int kGemvMaxTokens = 16;
 cudaError_t LaunchGemv(const DeviceWeight& w, const bf16* x, int64_t x_stride, int64_t n, void* y,
                        OutType y_type, int64_t y_stride, cudaStream_t stream);
 
+// Several matrices of one format and input size applied to the same x in one launch (q, k and
+// v of an attention layer): y[i] = w[i] x, each output packed ([n, w[i].out]). At most
+// kGemvMaxSegments matrices; any n (loops over groups of kGemvMaxTokens tokens).
+inline constexpr int kGemvMaxSegments = 4;
+cudaError_t LaunchGemvMulti(const DeviceWeight* const* w, void* const* y, int count, const bf16* x,
+                            int64_t n, OutType y_type, cudaStream_t stream);
+
 }  // namespace strata::gpu
 
 #endif  // STRATA_COMMON_BACKEND_CUDA_GEMV_KERNELS_H_

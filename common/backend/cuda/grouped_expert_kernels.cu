@@ -135,19 +135,31 @@ __device__ __forceinline__ float Activate(float g, float u, const GluParams& act
 
 // Grid: (row tiles of the intermediate dim, work items). Each thread group computes kP rows
 // of gate and the same kP rows of up for the item's slots, then applies the activation.
-template <typename WT, int kE, int kNT>
-__global__ void __launch_bounds__(kGemvThreads, 2)
+// kDirect (one token, no plan): work item y is slot y, its expert read from the routing.
+template <typename WT, int kE, int kNT, bool kDirect = false>
+__global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<kNT, WT>)
     ExpertGateUpKernel(const bf16* __restrict__ x, int top_k, ExpertWeightTable w, GluParams act,
-                       ExpertWorkspace ws, int num_parts) {
+                       ExpertWorkspace ws, int num_parts,
+                       const int32_t* __restrict__ expert_ids = nullptr) {
   constexpr int kP = kPairRowsFor<kNT>;
   constexpr int kRows = 2 * kP;
   __shared__ float red[kGemvThreads / kWarpSize * kRows * kNT];
   __shared__ float totals[kGemvThreads / kWarpSize][kRows * kNT];
-  if (static_cast<int>(blockIdx.y) >= *ws.num_work) return;
-  const int32_t* item = ws.work + 4 * blockIdx.y;
-  const int e = item[0];
-  const int first = item[1];
-  const int count = item[2];
+  int e, first, count;
+  if constexpr (kDirect) {
+    e = expert_ids[blockIdx.y];
+    if (!ValidExpert(e, w.num_experts)) return;  // the down pass skips this slot too
+    first = static_cast<int>(blockIdx.y);
+    count = 1;
+  } else {
+    if (static_cast<int>(blockIdx.y) >= *ws.num_work) return;
+    const int32_t* item = ws.work + 4 * blockIdx.y;
+    e = item[0];
+    first = item[1];
+    count = item[2];
+  }
+  // Slot of the item's t-th token: sorted by the plan, or the block's own slot.
+  auto slot_at = [&](int t) { return kDirect ? first : ws.sorted_slots[first + t]; };
   const int group = threadIdx.x / num_parts;
   const int part = threadIdx.x % num_parts;
   const int64_t i0 = (int64_t{blockIdx.x} * (kGemvThreads / num_parts) + group) * kP;
@@ -163,10 +175,7 @@ __global__ void __launch_bounds__(kGemvThreads, 2)
   }
   const bf16* xr[kNT];
 #pragma unroll
-  for (int t = 0; t < kNT; ++t) {
-    const int slot = ws.sorted_slots[first + min(t, count - 1)];
-    xr[t] = x + int64_t{slot / top_k} * w.hidden;
-  }
+  for (int t = 0; t < kNT; ++t) xr[t] = x + int64_t{slot_at(min(t, count - 1)) / top_k} * w.hidden;
   float acc[kRows][kNT];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -191,14 +200,13 @@ __global__ void __launch_bounds__(kGemvThreads, 2)
     if (w.gate_bias != nullptr && w.gate_bias[e] != nullptr)
       g += __bfloat162float(w.gate_bias[e][i]);
     if (w.up_bias != nullptr && w.up_bias[e] != nullptr) u += __bfloat162float(w.up_bias[e][i]);
-    const int slot = ws.sorted_slots[first + t];
-    ws.h[int64_t{slot} * inter + i] = __float2bfloat16(Activate(g, u, act));
+    ws.h[int64_t{slot_at(t)} * inter + i] = __float2bfloat16(Activate(g, u, act));
   }
 }
 
 // Grid: (row tiles of the hidden dim, work items): y[slot] = down_e h[slot] + bias.
 template <typename WT, int kE, int kNT>
-__global__ void __launch_bounds__(kGemvThreads, 2)
+__global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<kNT, WT>)
     ExpertDownKernel(ExpertWeightTable w, ExpertWorkspace ws, int num_parts) {
   constexpr int kRows = kNT <= 4 ? 4 : 2;
   __shared__ float red[kGemvThreads / kWarpSize * kRows * kNT];
@@ -236,6 +244,108 @@ __global__ void __launch_bounds__(kGemvThreads, 2)
   });
 }
 
+// One token (n == 1), down and combine in one pass: out[o] = sum over the valid slots s of
+// weight_s * (scale_e[o] * (down_e[o] . h_s) + bias_e[o]). A thread group owns kDownRows output
+// rows and strides over the chunks of all valid slots' rows as one long row, so the 8 experts'
+// reads spread over every block instead of one expert per block; y and the combine kernel
+// are skipped. coef[v][row] holds weight_v * scale_e[row] for the block's rows.
+constexpr int kMaxDirectSlots = 32;  // top_k limit of this path (one warp builds the slot list)
+constexpr int kDownRows = 2;
+
+template <typename WT, int kE>
+__global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<1, WT>)
+    ExpertDownCombineKernel(const int32_t* __restrict__ expert_ids,
+                            const float* __restrict__ weights, int top_k, ExpertWeightTable w,
+                            const bf16* __restrict__ h, bf16* __restrict__ out, int num_parts) {
+  constexpr int kMaxBlockRows = kGemvThreads / kWarpSize * kDownRows;
+  __shared__ float red[kGemvThreads / kWarpSize * kDownRows];
+  __shared__ const WT* base[kMaxDirectSlots];
+  __shared__ int expert_of[kMaxDirectSlots];
+  __shared__ int slot_of[kMaxDirectSlots];
+  __shared__ float coef[kMaxDirectSlots][kMaxBlockRows];
+  __shared__ int num_valid;
+  const int groups = kGemvThreads / num_parts;
+  const int64_t block_row0 = int64_t{blockIdx.x} * groups * kDownRows;
+  const int block_rows = groups * kDownRows;
+  if (threadIdx.x < kWarpSize) {
+    const int lane = threadIdx.x;
+    const int32_t e = lane < top_k ? expert_ids[lane] : -1;
+    const bool valid = ValidExpert(e, w.num_experts);
+    const unsigned mask = __ballot_sync(kFullMask, valid);
+    const int v = __popc(mask & ((1u << lane) - 1u));
+    if (valid) {
+      base[v] = static_cast<const WT*>(w.down[e]);
+      expert_of[v] = e;
+      slot_of[v] = lane;
+    }
+    if (lane == 0) num_valid = __popc(mask);
+  }
+  __syncthreads();
+  const int nv = num_valid;
+  for (int i = threadIdx.x; i < nv * block_rows; i += kGemvThreads) {
+    const int v = i / block_rows;
+    const int64_t o = min(block_row0 + i % block_rows, w.hidden - 1);
+    float c = weights[slot_of[v]];
+    if (w.format == WeightFormat::kFp8E4M3) c *= w.down_scale[expert_of[v]][o];
+    coef[v][i % block_rows] = c;
+  }
+  __syncthreads();
+
+  const int group = threadIdx.x / num_parts;
+  const int part = threadIdx.x % num_parts;
+  const int row_in_block = group * kDownRows;
+  const int64_t o0 = block_row0 + row_in_block;
+  int64_t orow[kDownRows];
+#pragma unroll
+  for (int r = 0; r < kDownRows; ++r) orow[r] = min(o0 + r, w.hidden - 1);
+  const int64_t inter = w.intermediate;
+  const int64_t per_slot = inter / kE;
+  const int64_t chunks = nv * per_slot;
+  constexpr int kU = 4;
+  float acc[kDownRows] = {};
+  for (int64_t c0 = part; c0 < chunks; c0 += int64_t{num_parts} * kU) {
+    RawChunk<WT, kE> raw[kU][kDownRows];
+    int vs[kU];
+    int64_t cs[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t c = min(c0 + int64_t{u} * num_parts, chunks - 1);
+      vs[u] = static_cast<int>(c / per_slot);
+      cs[u] = c % per_slot;
+#pragma unroll
+      for (int r = 0; r < kDownRows; ++r) {
+        raw[u][r] = LoadChunk<WT, kE>(base[vs[u]] + orow[r] * inter + cs[u] * kE);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (c0 + int64_t{u} * num_parts < chunks) {
+        const bf16* hx[1] = {h + int64_t{slot_of[vs[u]]} * inter};
+#pragma unroll
+        for (int r = 0; r < kDownRows; ++r) {
+          float dot[1] = {0.0f};
+          DotChunk<WT, kE, 1>(raw[u][r], hx, cs[u], 1, dot);
+          acc[r] = fmaf(coef[vs[u]][row_in_block + r], dot[0], acc[r]);
+        }
+      }
+    }
+  }
+  float acc2[kDownRows][1];
+#pragma unroll
+  for (int r = 0; r < kDownRows; ++r) acc2[r][0] = acc[r];
+  GroupReduce<kDownRows, 1>(acc2, num_parts, red, [&](int r, int, float v) {
+    const int64_t o = o0 + r;
+    if (o >= w.hidden) return;
+    if (w.down_bias != nullptr) {
+      for (int i = 0; i < nv; ++i) {
+        const bf16* b = w.down_bias[expert_of[i]];
+        if (b != nullptr) v += weights[slot_of[i]] * __bfloat162float(b[o]);
+      }
+    }
+    out[o] = __float2bfloat16(v);
+  });
+}
+
 // One block per token: the weighted sum of its valid slots, in slot order.
 __global__ void __launch_bounds__(256)
     ExpertCombineKernel(const int32_t* __restrict__ expert_ids, const float* __restrict__ weights,
@@ -265,7 +375,7 @@ cudaError_t GateUpTyped(const bf16* x, int64_t n, int top_k, const ExpertWeightT
   constexpr int kP = kPairRowsFor<kNT>;
   const int64_t max_work = MaxWork(n * top_k, w.num_experts, ChunkTokens(n));
   const int64_t row_groups = (w.intermediate + kP - 1) / kP;
-  const int parts = GemvPartsFor(w.hidden / kE, row_groups * max_work);
+  const int parts = GemvPartsFor(w.hidden / kE, row_groups * max_work, kNT);
   const int64_t tiles = (row_groups + kGemvThreads / parts - 1) / (kGemvThreads / parts);
   if (max_work > 65535 || tiles > 0x7fffffff) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(max_work));
@@ -279,11 +389,44 @@ cudaError_t DownTyped(int64_t n, int top_k, const ExpertWeightTable& w, const Ex
   constexpr int kRows = kNT <= 4 ? 4 : 2;
   const int64_t max_work = MaxWork(n * top_k, w.num_experts, ChunkTokens(n));
   const int64_t row_groups = (w.hidden + kRows - 1) / kRows;
-  const int parts = GemvPartsFor(w.intermediate / kE, row_groups * max_work);
+  const int parts = GemvPartsFor(w.intermediate / kE, row_groups * max_work, kNT);
   const int64_t tiles = (row_groups + kGemvThreads / parts - 1) / (kGemvThreads / parts);
   if (max_work > 65535 || tiles > 0x7fffffff) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(max_work));
   ExpertDownKernel<WT, kE, kNT><<<grid, kGemvThreads, 0, stream>>>(w, ws, parts);
+  return cudaGetLastError();
+}
+
+// n == 1: gate/up with one work item per slot (no plan), then down and combine fused.
+// parts == 0 picks the threads per row group.
+template <typename WT, int kE>
+cudaError_t GateUpDirect(const bf16* x, const int32_t* expert_ids, int top_k,
+                         const ExpertWeightTable& w, const GluParams& act,
+                         const ExpertWorkspace& ws, cudaStream_t stream, int parts = 0) {
+  constexpr int kP = kPairRowsFor<1>;
+  const int64_t row_groups = (w.intermediate + kP - 1) / kP;
+  if (parts == 0) parts = GemvPartsFor(w.hidden / kE, row_groups * top_k, 1);
+  const int64_t tiles = (row_groups + kGemvThreads / parts - 1) / (kGemvThreads / parts);
+  if (tiles > 0x7fffffff) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(top_k));
+  ExpertGateUpKernel<WT, kE, 1, true>
+      <<<grid, kGemvThreads, 0, stream>>>(x, top_k, w, act, ws, parts, expert_ids);
+  return cudaGetLastError();
+}
+
+template <typename WT, int kE>
+cudaError_t DownCombineDirect(const int32_t* expert_ids, const float* weights, int top_k,
+                              const ExpertWeightTable& w, const ExpertWorkspace& ws, bf16* out,
+                              cudaStream_t stream, int parts = 0) {
+  // 128 threads per pair of rows: 4 rows a block, 512 blocks for hidden 2048 (about 4 per
+  // SM, all resident at once); each thread streams top_k * inter / kE / 128 chunks of both
+  // rows (6 for Qwen3's 8 x 768 in bf16).
+  if (parts == 0) parts = 128;
+  const int64_t rows_per_block = kGemvThreads / parts * kDownRows;
+  const int64_t blocks = (w.hidden + rows_per_block - 1) / rows_per_block;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  ExpertDownCombineKernel<WT, kE><<<static_cast<unsigned>(blocks), kGemvThreads, 0, stream>>>(
+      expert_ids, weights, top_k, w, ws.h, out, parts);
   return cudaGetLastError();
 }
 
@@ -393,6 +536,17 @@ cudaError_t LaunchGroupedExperts(const bf16* x, const int32_t* expert_ids, const
                                  const GluParams& act, const ExpertWorkspace& ws, bf16* out,
                                  cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
+  if (n == 1 && top_k > 0 && top_k <= kMaxDirectSlots && ValidTable(experts)) {
+    // Decode: each selected expert is one work item, so no plan; no y, no combine launch.
+    const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    return Dispatch(1, experts, aligned, [&]<typename WT, int kE, int>() {
+      cudaError_t err = GateUpDirect<WT, kE>(x, expert_ids, top_k, experts, act, ws, stream);
+      if (err == cudaSuccess) {
+        err = DownCombineDirect<WT, kE>(expert_ids, weights, top_k, experts, ws, out, stream);
+      }
+      return err;
+    });
+  }
   cudaError_t err = LaunchExpertPlan(expert_ids, n, top_k, experts.num_experts, ws, stream);
   if (err == cudaSuccess) err = LaunchExpertGateUp(x, n, top_k, experts, act, ws, stream);
   if (err == cudaSuccess) err = LaunchExpertDown(n, top_k, experts, ws, stream);

@@ -1,3 +1,5 @@
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -6,6 +8,8 @@
 
 namespace strata::gpu {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 128;
 constexpr int kMaxGroup = 8;  // query heads per block (sharing one kv head)
@@ -256,6 +260,309 @@ __global__ void __launch_bounds__(kD)
   out[t * out_stride + int64_t{head} * kD + threadIdx.x] = __float2bfloat16(value / denom);
 }
 
+// Decode (few queries): one cluster of kDecodeBlocks blocks per (token, kv head chunk), each
+// block taking an equal share of that token's keys, found from its position at run time (so a
+// graph captured for a long context still spreads a short one over all blocks). One warp per
+// query head: lane j scores key j of a 32-key tile, the softmax stays in the warp, and lane l
+// accumulates P V for dims [l * kD / 32, (l + 1) * kD / 32). The blocks merge their partial
+// softmax sums through distributed shared memory: no workspace and no second launch.
+constexpr int kDecodeBlocks = 8;  // the portable cluster size; also the merge's heads per chunk
+constexpr int kDecodeThreads = kMaxGroup * kWarpSize;
+constexpr int kDecodeTile = kWarpSize;
+static_assert(kMaxGroup <= kDecodeBlocks, "block r of a cluster merges head r of its chunk");
+
+// The step's raw k and v rows and the q/k norm and rotary embedding, for the fused decode.
+struct DecodeRope {
+  const bf16* k = nullptr;
+  const bf16* v = nullptr;
+  int64_t kv_stride = 0;
+  QkRopeParams rope;
+};
+
+// One warp normalizes (when `norm` is given) and rotates the head vector x[kD] exactly as
+// QkNormRopeKernel does, rounding to bf16 as its stores do: lane l gets the pairs
+// (x[j], x[j + kD / 2]) for j = l + 32 i.
+template <int kD>
+__device__ __forceinline__ void NormRopeHead(const bf16* x, const bf16* norm, const QkRopeParams& r,
+                                             float pos, float (&a)[kD / 64], float (&b)[kD / 64]) {
+  constexpr int kPairs = kD / 64;
+  constexpr int kHalf = kD / 2;
+  const int lane = threadIdx.x % kWarpSize;
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int j = lane + i * kWarpSize;
+    a[i] = __bfloat162float(x[j]);
+    b[i] = __bfloat162float(x[j + kHalf]);
+    sum_sq += a[i] * a[i] + b[i] * b[i];
+  }
+  if (norm != nullptr) {
+    sum_sq = WarpSum(sum_sq);
+    const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(kD) + r.eps);
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+      const int j = lane + i * kWarpSize;
+      a[i] = __bfloat162float(norm[j]) * (a[i] * inv);
+      b[i] = __bfloat162float(norm[j + kHalf]) * (b[i] * inv);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int j = lane + i * kWarpSize;
+    float sn, cs;
+    sincosf(pos * r.inv_freq[j], &sn, &cs);
+    cs *= r.attention_scaling;
+    sn *= r.attention_scaling;
+    const float ra = a[i] * cs - b[i] * sn;
+    const float rb = b[i] * cs + a[i] * sn;
+    a[i] = __bfloat162float(__float2bfloat16(ra));
+    b[i] = __bfloat162float(__float2bfloat16(rb));
+  }
+}
+
+// kFused: q, k and v are the step's raw projections. Each block normalizes and rotates its
+// query heads itself; the block whose share holds the token's own key computes that key,
+// writes it and the value to the cache and uses them from shared memory, so the norm + rope
+// and append launches disappear. Valid when no two tokens of the step share a sequence.
+__device__ __forceinline__ void Bf16x8ToFloat(const uint4& raw, float (&f)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 v = __bfloat1622float2(h[j]);
+    f[2 * j] = v.x;
+    f[2 * j + 1] = v.y;
+  }
+}
+
+template <int kD, bool kFused>
+__global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeThreads)
+    PagedDecodeKernel(const bf16* __restrict__ q, TokenBatch tokens, PagedKvLayer kv,
+                      PagedAttentionParams p, Shape shape, DecodeRope fuse,
+                      bf16* __restrict__ out) {
+  constexpr int kDL = kD / kWarpSize;  // output dims per lane
+  constexpr int kKPad = 4;             // floats: row starts 16 bytes apart mod 128 bytes
+  constexpr int kChunks = kD / 8;      // 16-byte chunks per key row
+  constexpr int kLoads = kDecodeTile * kChunks / kDecodeThreads;
+  static_assert(kLoads >= 1 && kDL % 2 == 0, "tile shape");
+  __shared__ __align__(16) float q_s[kMaxGroup][kD];
+  __shared__ __align__(16) float k_s[kDecodeTile][kD + kKPad];
+  __shared__ __align__(16) float v_s[kDecodeTile][kD];
+  __shared__ __align__(16) float o_s[kMaxGroup][kD];
+  __shared__ float2 ml_s[kMaxGroup];
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize;
+  const int g = tid / kWarpSize;  // this warp's query head within the chunk
+  const int64_t t = blockIdx.x / kDecodeBlocks;
+  const int kv_head = blockIdx.y / shape.head_chunks;
+  const int chunk = blockIdx.y % shape.head_chunks;
+  const int head0 = kv_head * shape.group + chunk * shape.chunk_heads;
+  const int num_g = min(shape.chunk_heads, shape.group - chunk * shape.chunk_heads);
+  const bool active = g < num_g;
+
+  const int pos = tokens.pos[t];
+  const int32_t* table = kv.block_tables + int64_t{tokens.seq[t]} * kv.max_blocks_per_seq;
+  const int64_t kv_dim = int64_t{kv.num_kv_heads} * kD;
+  const int first = p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
+  const int share = (pos + 1 - first + kDecodeBlocks - 1) / kDecodeBlocks;
+  const int begin = first + rank * share;
+  const int end = min(pos + 1, begin + share);
+
+  const float q_scale = p.scale * kLog2e;
+  __shared__ __align__(16) float knew_s[kFused ? kD : 1];
+  __shared__ __align__(16) float vnew_s[kFused ? kD : 1];
+  if constexpr (kFused) {
+    constexpr int kPairs = kD / 64;
+    const float fpos = static_cast<float>(pos);
+    if (active) {
+      float a[kPairs], b[kPairs];
+      NormRopeHead<kD>(q + t * p.q_stride + int64_t{head0 + g} * kD, fuse.rope.q_norm, fuse.rope,
+                       fpos, a, b);
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) {
+        q_s[g][lane + i * kWarpSize] = a[i] * q_scale;
+        q_s[g][lane + i * kWarpSize + kD / 2] = b[i] * q_scale;
+      }
+    }
+    if (g == 0 && share > 0 && rank == (pos - first) / share) {
+      // This block's share ends with the token's own key.
+      const int64_t row = t * fuse.kv_stride + int64_t{kv_head} * kD;
+      float a[kPairs], b[kPairs];
+      NormRopeHead<kD>(fuse.k + row, fuse.rope.k_norm, fuse.rope, fpos, a, b);
+      const int64_t slot =
+          PagedKvOffset(table[pos / kv.block_size], 0, pos % kv.block_size, kv.block_size, kv_dim) +
+          int64_t{kv_head} * kD;
+      bf16* k_dst = kv.data + slot;
+      bf16* v_dst = k_dst + int64_t{kv.block_size} * kv_dim;
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) {
+        const int j = lane + i * kWarpSize;
+        knew_s[j] = a[i];
+        knew_s[j + kD / 2] = b[i];
+        k_dst[j] = __float2bfloat16(a[i]);
+        k_dst[j + kD / 2] = __float2bfloat16(b[i]);
+      }
+      for (int d = lane; d < kD; d += kWarpSize) {
+        const bf16 vv = fuse.v[row + d];
+        vnew_s[d] = __bfloat162float(vv);
+        v_dst[d] = vv;
+      }
+    }
+  } else {
+    for (int i = tid; i < kMaxGroup * kD; i += kDecodeThreads) {
+      const int qg = i / kD;
+      const int d = i % kD;
+      q_s[qg][d] =
+          qg < num_g ? __bfloat162float(q[t * p.q_stride + int64_t{head0 + qg} * kD + d]) * q_scale
+                     : 0.0f;
+    }
+  }
+
+  // The block table entries of this block's keys, read once (a share of up to kMaxTable
+  // cache blocks; longer shares read the table per key).
+  constexpr int kMaxTable = 64;
+  __shared__ int32_t table_s[kMaxTable];
+  const int blk0 = begin / kv.block_size;
+  const int nblk = end > begin ? (end - 1) / kv.block_size - blk0 + 1 : 0;
+  const bool table_in_smem = nblk <= kMaxTable;
+  if (table_in_smem) {
+    for (int i = tid; i < nblk; i += kDecodeThreads) table_s[i] = table[blk0 + i];
+  }
+  __syncthreads();  // q_s, table_s (and knew_s, vnew_s) written
+
+  // Tile loads go to registers one tile ahead, so a tile's DRAM latency overlaps the math of
+  // the previous one.
+  uint4 k_raw[kLoads], v_raw[kLoads];
+  auto issue = [&](int tile0) {
+    const int count = min(kDecodeTile, end - tile0);
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int idx = tid + i * kDecodeThreads;
+      const int j = idx / kChunks;
+      const int c = idx % kChunks;
+      const int key = tile0 + j;
+      k_raw[i] = v_raw[i] = make_uint4(0, 0, 0, 0);
+      if (j < count && !(kFused && key == pos)) {
+        const int b = key / kv.block_size;
+        const int64_t block = table_in_smem ? table_s[b - blk0] : table[b];
+        const bf16* base = kv.data +
+                           PagedKvOffset(block, 0, key % kv.block_size, kv.block_size, kv_dim) +
+                           int64_t{kv_head} * kD + c * 8;
+        k_raw[i] = __ldg(reinterpret_cast<const uint4*>(base));
+        v_raw[i] = __ldg(reinterpret_cast<const uint4*>(base + int64_t{kv.block_size} * kv_dim));
+      }
+    }
+  };
+  if (begin < end) issue(begin);
+
+  float m = -INFINITY, l = 0.0f;
+  float acc[kDL] = {};
+  for (int tile0 = begin; tile0 < end; tile0 += kDecodeTile) {
+    const int count = min(kDecodeTile, end - tile0);
+    if (tile0 != begin) __syncthreads();  // the previous tile's k_s and v_s are read
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int idx = tid + i * kDecodeThreads;
+      const int j = idx / kChunks;
+      const int c = idx % kChunks;
+      float kf[8], vf[8];
+      if (kFused && j < count && tile0 + j == pos) {  // the key this block just computed
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          kf[e] = knew_s[c * 8 + e];
+          vf[e] = vnew_s[c * 8 + e];
+        }
+      } else {
+        Bf16x8ToFloat(k_raw[i], kf);
+        Bf16x8ToFloat(v_raw[i], vf);
+      }
+      *reinterpret_cast<float4*>(&k_s[j][c * 8]) = make_float4(kf[0], kf[1], kf[2], kf[3]);
+      *reinterpret_cast<float4*>(&k_s[j][c * 8 + 4]) = make_float4(kf[4], kf[5], kf[6], kf[7]);
+      *reinterpret_cast<float4*>(&v_s[j][c * 8]) = make_float4(vf[0], vf[1], vf[2], vf[3]);
+      *reinterpret_cast<float4*>(&v_s[j][c * 8 + 4]) = make_float4(vf[4], vf[5], vf[6], vf[7]);
+    }
+    __syncthreads();
+    if (tile0 + kDecodeTile < end) issue(tile0 + kDecodeTile);
+    if (active) {
+      float s = -INFINITY;
+      if (lane < count) {
+        float dot[4] = {};  // four chains, not one of kD dependent FMAs
+#pragma unroll 8
+        for (int d = 0; d < kD; d += 4) {
+          const float4 kk = *reinterpret_cast<const float4*>(&k_s[lane][d]);
+          const float4 qq = *reinterpret_cast<const float4*>(&q_s[g][d]);
+          dot[0] = fmaf(kk.x, qq.x, dot[0]);
+          dot[1] = fmaf(kk.y, qq.y, dot[1]);
+          dot[2] = fmaf(kk.z, qq.z, dot[2]);
+          dot[3] = fmaf(kk.w, qq.w, dot[3]);
+        }
+        s = (dot[0] + dot[1]) + (dot[2] + dot[3]);
+      }
+      const float m_new = fmaxf(m, WarpMax(s));  // finite: the tile has a key
+      const float pj = lane < count ? exp2f(s - m_new) : 0.0f;
+      const float factor = exp2f(m - m_new);
+      l = l * factor + WarpSum(pj);
+#pragma unroll
+      for (int d = 0; d < kDL; ++d) acc[d] *= factor;
+#pragma unroll
+      for (int j = 0; j < kDecodeTile; ++j) {
+        const float w = __shfl_sync(kFullMask, pj, j);
+        const float* v = &v_s[j][lane * kDL];
+#pragma unroll
+        for (int d = 0; d < kDL; d += 2) {
+          const float2 vv = *reinterpret_cast<const float2*>(v + d);
+          acc[d] = fmaf(w, vv.x, acc[d]);
+          acc[d + 1] = fmaf(w, vv.y, acc[d + 1]);
+        }
+      }
+      m = m_new;
+    }
+  }
+  if (active) {
+#pragma unroll
+    for (int d = 0; d < kDL; ++d) o_s[g][lane * kDL + d] = acc[d];
+    if (lane == 0) ml_s[g] = make_float2(m, l);
+  }
+  cluster.sync();  // every block's partial sums are visible to the cluster
+
+  // Block r merges head r of the chunk over the cluster's blocks, the sink included.
+  if (rank < num_g && tid < kD) {
+    const int head = head0 + rank;
+    float2 ml[kDecodeBlocks];
+    float mx = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
+#pragma unroll
+    for (int b = 0; b < kDecodeBlocks; ++b) {
+      ml[b] = *cluster.map_shared_rank(&ml_s[rank], b);
+      mx = fmaxf(mx, ml[b].x);
+    }
+    float denom = p.sinks != nullptr ? exp2f(p.sinks[head] * kLog2e - mx) : 0.0f;
+    float value = 0.0f;
+#pragma unroll
+    for (int b = 0; b < kDecodeBlocks; ++b) {
+      if (ml[b].x == -INFINITY) continue;  // a block with no keys
+      const float w = exp2f(ml[b].x - mx);
+      denom += ml[b].y * w;
+      value += *cluster.map_shared_rank(&o_s[rank][tid], b) * w;
+    }
+    out[t * p.out_stride + int64_t{head} * kD + tid] = __float2bfloat16(value / denom);
+  }
+  cluster.sync();  // the other blocks' shared memory was read: now they may exit
+}
+
+template <int kD, bool kFused>
+cudaError_t LaunchDecodeForDim(const bf16* q, const TokenBatch& tokens, const PagedKvLayer& kv,
+                               const PagedAttentionParams& p, const DecodeRope& fuse, bf16* out,
+                               cudaStream_t stream) {
+  const Shape shape = MakeShape(p);
+  const dim3 grid(static_cast<unsigned>(tokens.n * kDecodeBlocks),
+                  static_cast<unsigned>(p.num_kv_heads * shape.head_chunks));
+  PagedDecodeKernel<kD, kFused>
+      <<<grid, kDecodeThreads, 0, stream>>>(q, tokens, kv, p, shape, fuse, out);
+  return cudaGetLastError();
+}
+
 template <int kD>
 cudaError_t LaunchForDim(const bf16* q, const TokenBatch& tokens, const PagedKvLayer& kv,
                          const PagedAttentionParams& p, const PagedAttentionPlan& plan,
@@ -298,6 +605,14 @@ PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& par
   const int64_t tiles = (params.max_context + tile - 1) / tile;
   const int64_t items = n * params.num_kv_heads * MakeShape(params).head_chunks;
   const int64_t target_blocks = 2 * int64_t{std::max(num_sms, 1)};
+  if (items < target_blocks && params.head_dim <= 128 && n * kDecodeBlocks <= 0x7fffffff) {
+    // Too few (token, head) items to fill the GPU: the decode kernel's clusters split each
+    // token's keys over kDecodeBlocks blocks by its own position.
+    plan.cluster = true;
+    plan.num_splits = kDecodeBlocks;
+    plan.split_len = static_cast<int>((params.max_context + kDecodeBlocks - 1) / kDecodeBlocks);
+    return plan;
+  }
   int64_t splits = 1;
   if (items < target_blocks) {
     splits = std::min<int64_t>((target_blocks + items - 1) / items,
@@ -324,7 +639,7 @@ cudaError_t LaunchPagedAttention(const bf16* q, const TokenBatch& tokens, const 
       kv.block_size <= 0 || tokens.n < 0 || tokens.n > 0x7fffffff || plan.num_splits < 1 ||
       plan.num_splits > 65535 || plan.split_len <= 0 ||
       int64_t{plan.num_splits} * plan.split_len < p.max_context ||
-      (plan.num_splits > 1 && workspace == nullptr) ||
+      (plan.num_splits > 1 && !plan.cluster && workspace == nullptr) ||
       reinterpret_cast<uintptr_t>(kv.data) % 16 != 0 ||  // 16-byte key/value loads
       reinterpret_cast<uintptr_t>(out) % 4 != 0 || p.out_stride % 2 != 0 ||  // bf16 pairs
       reinterpret_cast<uintptr_t>(workspace) % 16 != 0 ||
@@ -333,6 +648,13 @@ cudaError_t LaunchPagedAttention(const bf16* q, const TokenBatch& tokens, const 
   }
   if (tokens.n == 0) return cudaSuccess;
   if (p.scale == 0.0f) p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  if (plan.cluster) {
+    if (p.head_dim == 64) return LaunchDecodeForDim<64, false>(q, tokens, kv, p, {}, out, stream);
+    if (p.head_dim == 128) {
+      return LaunchDecodeForDim<128, false>(q, tokens, kv, p, {}, out, stream);
+    }
+    return cudaErrorInvalidValue;
+  }
   switch (p.head_dim) {
     case 64:
       return LaunchForDim<64>(q, tokens, kv, p, plan, workspace, out, stream);
@@ -341,6 +663,33 @@ cudaError_t LaunchPagedAttention(const bf16* q, const TokenBatch& tokens, const 
     default:
       return LaunchForDim<256>(q, tokens, kv, p, plan, workspace, out, stream);
   }
+}
+
+cudaError_t LaunchPagedDecodeWithRope(const bf16* q, const bf16* k, const bf16* v,
+                                      int64_t kv_stride, const TokenBatch& tokens,
+                                      const PagedKvLayer& kv, const PagedAttentionParams& params,
+                                      const QkRopeParams& rope, const PagedAttentionPlan& plan,
+                                      bf16* out, cudaStream_t stream) {
+  PagedAttentionParams p = params;
+  if (!plan.cluster || !ValidParams(p) || kv.num_kv_heads != p.num_kv_heads ||
+      kv.head_dim != p.head_dim || kv.block_size <= 0 || tokens.n < 0 ||
+      tokens.n * kDecodeBlocks > 0x7fffffff || rope.head_dim != p.head_dim ||
+      rope.num_heads != p.num_heads || rope.num_kv_heads != p.num_kv_heads ||
+      rope.inv_freq == nullptr || k == nullptr || v == nullptr ||
+      reinterpret_cast<uintptr_t>(kv.data) % 16 != 0 ||
+      int64_t{p.num_kv_heads} * MakeShape(p).head_chunks > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens.n == 0) return cudaSuccess;
+  if (p.scale == 0.0f) p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  DecodeRope fuse;
+  fuse.k = k;
+  fuse.v = v;
+  fuse.kv_stride = kv_stride;
+  fuse.rope = rope;
+  if (p.head_dim == 64) return LaunchDecodeForDim<64, true>(q, tokens, kv, p, fuse, out, stream);
+  if (p.head_dim == 128) return LaunchDecodeForDim<128, true>(q, tokens, kv, p, fuse, out, stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace strata::gpu

@@ -9,6 +9,7 @@
 
 #include "common/backend/cuda/cuda_types.h"
 #include "common/backend/cuda/paged_kv_kernels.h"
+#include "common/backend/cuda/rope_kernels.h"
 
 namespace strata::gpu {
 
@@ -27,11 +28,15 @@ struct PagedAttentionParams {
 // How a launch divides its work; computed on the host from sizes only.
 struct PagedAttentionPlan {
   int num_splits = 1;          // key-range splits per (token, head)
-  int split_len = 0;           // keys per split
+  int split_len = 0;           // keys per split (at most; clusters size theirs at run time)
   size_t workspace_bytes = 0;  // device scratch the launch needs (0 when num_splits == 1)
+  // Decode kernel: a cluster of num_splits blocks per (token, kv head) shares each token's
+  // keys evenly by its position and merges in shared memory (no workspace). head_dim <= 128.
+  bool cluster = false;
 };
 
-// Splits the key range only when n * kv heads leaves SMs idle. `num_sms` from the device.
+// Splits the key range only when n * kv heads leaves SMs idle (for head_dim <= 128 through
+// the decode kernel's clusters). `num_sms` from the device.
 PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& params, int num_sms);
 
 // out[t][h] = softmax over keys j of (q[t][h] . k[j][h / group]) * scale, times v, for each
@@ -41,6 +46,17 @@ PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& par
 cudaError_t LaunchPagedAttention(const bf16* q, const TokenBatch& tokens, const PagedKvLayer& kv,
                                  const PagedAttentionParams& params, const PagedAttentionPlan& plan,
                                  void* workspace, bf16* out, cudaStream_t stream);
+
+// A decode step with LaunchQkNormRope and LaunchPagedKvAppend fused in, for a cluster plan
+// (plan.cluster) whose tokens all belong to different sequences: q [n, q_stride], k and v
+// [n, kv_stride] are the step's raw projections (unrotated); each token's key (normalized and
+// rotated) and value go into the cache at its position, and the output is as
+// LaunchPagedAttention's after those two launches. q and k are not modified.
+cudaError_t LaunchPagedDecodeWithRope(const bf16* q, const bf16* k, const bf16* v,
+                                      int64_t kv_stride, const TokenBatch& tokens,
+                                      const PagedKvLayer& kv, const PagedAttentionParams& params,
+                                      const QkRopeParams& rope, const PagedAttentionPlan& plan,
+                                      bf16* out, cudaStream_t stream);
 
 }  // namespace strata::gpu
 

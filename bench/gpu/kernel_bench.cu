@@ -1,0 +1,499 @@
+// Not a test: checks and times the batch-1 decode kernels at the qwen3-30b-a3b shape (hidden
+// 2048, 32/4 heads x 128, 128 experts top-8 x 768, vocab 151936) through their launch APIs,
+// each timed as many launches replayed from one CUDA graph, with inputs rotated over copies
+// that together exceed the L2 cache. Checks compare the fused paths with the unfused ones.
+// Built by hand against the library's kernel objects (bench/gpu/build_kernel_bench.sh).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+#include "common/backend/cuda/gemv_kernels.h"
+#include "common/backend/cuda/grouped_expert_kernels.h"
+#include "common/backend/cuda/paged_attention_kernels.h"
+#include "common/backend/cuda/paged_kv_kernels.h"
+#include "common/backend/cuda/rope_kernels.h"
+
+using namespace strata::gpu;  // NOLINT: a standalone tool
+
+namespace {
+
+#define CK(call)                                                                                 \
+  do {                                                                                           \
+    cudaError_t e_ = (call);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+constexpr int64_t kHidden = 2048, kHeads = 32, kKvHeads = 4, kHeadDim = 128;
+constexpr int64_t kExperts = 128, kTopK = 8, kInter = 768, kVocab = 151936;
+constexpr size_t kRotateBytes = size_t{256} << 20;  // > 50 MB of L2, several times over
+int failures = 0;
+
+__device__ uint32_t Hash(uint64_t i, uint64_t seed) {
+  uint64_t x = i * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  return static_cast<uint32_t>(x);
+}
+
+__global__ void FillBf16(bf16* p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    p[i] = __float2bfloat16((Hash(i, seed) / 4294967296.0f - 0.5f) * 2.0f * scale);
+  }
+}
+
+__global__ void FillFp8(uint8_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const uint8_t b = Hash(i, seed) & 0xff;
+    p[i] = (b & 0x7f) == 0x7f ? 0 : b;  // no NaN
+  }
+}
+
+__global__ void FillF32(float* p, size_t n, uint64_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    p[i] = lo + (hi - lo) * (Hash(i, seed) / 4294967296.0f);
+  }
+}
+
+template <typename T>
+T* Alloc(size_t n) {
+  T* p = nullptr;
+  CK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return p;
+}
+
+bf16* RandBf16(size_t n, float scale) {
+  static uint64_t seed = 1;
+  bf16* p = Alloc<bf16>(n);
+  FillBf16<<<1024, 256>>>(p, n, ++seed, scale);
+  return p;
+}
+
+template <typename T>
+std::vector<T> Get(const T* d, size_t n) {
+  std::vector<T> h(n);
+  CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+template <typename T>
+T* Put(const std::vector<T>& h) {
+  T* d = Alloc<T>(h.size());
+  CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+float F(bf16 v) { return __bfloat162float(v); }
+
+template <typename A, typename B>
+double RelErr(const std::vector<A>& a, const std::vector<B>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = F(a[i]), y = F(b[i]);
+    if (std::isnan(x) || std::isnan(y)) return INFINITY;
+    d += (x - y) * (x - y);
+    n += y * y;
+  }
+  return std::sqrt(d / std::max(n, 1e-30));
+}
+
+void Check(const char* what, double err, double tol) {
+  const bool ok = err <= tol;
+  failures += !ok;
+  std::printf("check %-44s rel err %.3g (tol %.0e) %s\n", what, err, tol, ok ? "ok" : "FAILED");
+}
+
+// Median time per call of body(i) over `calls` calls captured in one graph.
+double TimeUs(cudaStream_t s, int calls, const std::function<void(int)>& body) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) body(i);
+  CK(cudaStreamEndCapture(s, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int w = 0; w < 3; ++w) CK(cudaGraphLaunch(exec, s));
+  std::vector<float> ms;
+  for (int r = 0; r < 9; ++r) {
+    CK(cudaEventRecord(a, s));
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float t;
+    CK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  CK(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  return ms[ms.size() / 2] * 1e3 / calls;
+}
+
+void Row(const char* what, double us, double bytes) {
+  std::printf("time  %-44s %8.2f us  %7.0f GB/s\n", what, us, bytes / (us * 1e3));
+}
+
+// A weight matrix with `copies` copies, so rotating launches stream from DRAM.
+struct Weights {
+  std::vector<DeviceWeight> w;
+  DeviceWeight& at(int i) { return w[i % w.size()]; }
+};
+
+Weights MakeWeights(int64_t out, int64_t in, bool fp8) {
+  const size_t bytes = out * in * (fp8 ? 1 : 2);
+  const int copies = static_cast<int>(std::max<size_t>(2, (kRotateBytes + bytes - 1) / bytes));
+  Weights r;
+  for (int c = 0; c < copies; ++c) {
+    DeviceWeight w;
+    w.out = out;
+    w.in = in;
+    if (fp8) {
+      uint8_t* d = Alloc<uint8_t>(out * in);
+      FillFp8<<<1024, 256>>>(d, out * in, 100 + c);
+      float* s = Alloc<float>(out);
+      FillF32<<<64, 256>>>(s, out, 200 + c, 0.5f / 448, 1.5f / 448);
+      w.data = d;
+      w.scale = s;
+      w.format = WeightFormat::kFp8E4M3;
+    } else {
+      w.data = RandBf16(out * in, 0.03f);
+    }
+    r.w.push_back(w);
+  }
+  return r;
+}
+
+void GemvChecksAndTimes(cudaStream_t s) {
+  const bf16* x = RandBf16(kHidden, 1.0f);
+  Weights q = MakeWeights(kHeads * kHeadDim, kHidden, false);
+  Weights k = MakeWeights(kKvHeads * kHeadDim, kHidden, false);
+  Weights v = MakeWeights(kKvHeads * kHeadDim, kHidden, false);
+  Weights o = MakeWeights(kHidden, kHeads * kHeadDim, false);
+  Weights lm = MakeWeights(kVocab, kHidden, false);
+  bf16* yq = Alloc<bf16>(kHeads * kHeadDim);
+  bf16* yk = Alloc<bf16>(kKvHeads * kHeadDim);
+  bf16* yv = Alloc<bf16>(kKvHeads * kHeadDim);
+  bf16* yq2 = Alloc<bf16>(kHeads * kHeadDim);
+  bf16* yk2 = Alloc<bf16>(kKvHeads * kHeadDim);
+  bf16* yv2 = Alloc<bf16>(kKvHeads * kHeadDim);
+  float* logits = Alloc<float>(kVocab);
+  const bf16* xo = RandBf16(kHeads * kHeadDim, 1.0f);
+  bf16* yo = Alloc<bf16>(kHidden);
+
+  auto separate = [&](int i, bf16* a, bf16* b, bf16* c) {
+    CK(LaunchGemv(q.at(i), x, kHidden, 1, a, OutType::kBf16, q.at(i).out, s));
+    CK(LaunchGemv(k.at(i), x, kHidden, 1, b, OutType::kBf16, k.at(i).out, s));
+    CK(LaunchGemv(v.at(i), x, kHidden, 1, c, OutType::kBf16, v.at(i).out, s));
+  };
+  auto fused = [&](int i) {
+    const DeviceWeight* w[] = {&q.at(i), &k.at(i), &v.at(i)};
+    void* y[] = {yq2, yk2, yv2};
+    CK(LaunchGemvMulti(w, y, 3, x, 1, OutType::kBf16, s));
+  };
+  separate(0, yq, yk, yv);
+  fused(0);
+  CK(cudaStreamSynchronize(s));
+  const double err = RelErr(Get(yq, kHeads * kHeadDim), Get(yq2, kHeads * kHeadDim)) +
+                     RelErr(Get(yk, kKvHeads * kHeadDim), Get(yk2, kKvHeads * kHeadDim)) +
+                     RelErr(Get(yv, kKvHeads * kHeadDim), Get(yv2, kKvHeads * kHeadDim));
+  Check("gemv multi (q,k,v) vs three gemvs", err, 0.0);
+
+  const double qkv_bytes = (kHeads + 2 * kKvHeads) * kHeadDim * kHidden * 2.0;
+  Row("gemv q 4096x2048 bf16",
+      TimeUs(s, 64,
+             [&](int i) {
+               CK(LaunchGemv(q.at(i), x, kHidden, 1, yq, OutType::kBf16, q.at(i).out, s));
+             }),
+      kHeads * kHeadDim * kHidden * 2.0);
+  Row("gemv q, k, v: three launches", TimeUs(s, 64, [&](int i) { separate(i, yq, yk, yv); }),
+      qkv_bytes);
+  Row("gemv q, k, v: one launch", TimeUs(s, 64, fused), qkv_bytes);
+  Row("gemv o 2048x4096 bf16",
+      TimeUs(s, 64,
+             [&](int i) {
+               CK(LaunchGemv(o.at(i), xo, kHeads * kHeadDim, 1, yo, OutType::kBf16, kHidden, s));
+             }),
+      kHidden * kHeads * kHeadDim * 2.0);
+  Row("gemv lm_head 151936x2048 bf16 -> f32",
+      TimeUs(s, 8,
+             [&](int i) {
+               CK(LaunchGemv(lm.at(i), x, kHidden, 1, logits, OutType::kF32, kVocab, s));
+             }),
+      kVocab * kHidden * 2.0);
+  Weights q8 = MakeWeights(kHeads * kHeadDim, kHidden, true);
+  Row("gemv q 4096x2048 fp8",
+      TimeUs(s, 64,
+             [&](int i) {
+               CK(LaunchGemv(q8.at(i), x, kHidden, 1, yq, OutType::kBf16, q8.at(i).out, s));
+             }),
+      kHeads * kHeadDim * kHidden * 1.0);
+}
+
+void ExpertChecksAndTimes(cudaStream_t s, bool fp8) {
+  const size_t mat = kHidden * kInter;
+  const size_t elem = fp8 ? 1 : 2;
+  std::vector<const void*> gate(kExperts), up(kExperts), down(kExperts);
+  std::vector<const float*> gs(kExperts), us(kExperts), ds(kExperts);
+  for (int e = 0; e < kExperts; ++e) {
+    const void** ptrs[3] = {&gate[e], &up[e], &down[e]};
+    const float** sptrs[3] = {&gs[e], &us[e], &ds[e]};
+    const int64_t outs[3] = {kInter, kInter, kHidden};
+    for (int j = 0; j < 3; ++j) {
+      if (fp8) {
+        uint8_t* d = Alloc<uint8_t>(mat);
+        FillFp8<<<256, 256>>>(d, mat, 1000 + 3 * e + j);
+        float* sc = Alloc<float>(outs[j]);
+        FillF32<<<8, 256>>>(sc, outs[j], 5000 + 3 * e + j, 0.02f / 448, 0.04f / 448);
+        *ptrs[j] = d;
+        *sptrs[j] = sc;
+      } else {
+        *ptrs[j] = RandBf16(mat, 0.03f);
+      }
+    }
+  }
+  ExpertWeightTable t;
+  t.format = fp8 ? WeightFormat::kFp8E4M3 : WeightFormat::kBf16;
+  t.num_experts = kExperts;
+  t.hidden = kHidden;
+  t.intermediate = kInter;
+  t.gate = Put(gate);
+  t.up = Put(up);
+  t.down = Put(down);
+  if (fp8) {
+    t.gate_scale = Put(gs);
+    t.up_scale = Put(us);
+    t.down_scale = Put(ds);
+  }
+  // Routing sets: 16 different draws of 8 distinct experts (one slot skipped in set 0).
+  constexpr int kSets = 16;
+  std::vector<int32_t> ids(kSets * kTopK);
+  std::vector<float> wts(kSets * kTopK);
+  srand(7);
+  for (int r = 0; r < kSets; ++r) {
+    std::vector<int32_t> pool(kExperts);
+    for (int e = 0; e < kExperts; ++e) pool[e] = e;
+    for (int j = 0; j < kTopK; ++j) {
+      std::swap(pool[j], pool[j + rand() % (kExperts - j)]);
+      ids[r * kTopK + j] = pool[j];
+      wts[r * kTopK + j] = 0.05f + (rand() % 1000) / 4000.0f;
+    }
+  }
+  ids[3] = -1;
+  const int32_t* d_ids = Put(ids);
+  const float* d_wts = Put(wts);
+  const bf16* x = RandBf16(kSets * kHidden, 1.0f);
+  uint8_t* wsb = Alloc<uint8_t>(ExpertWorkspaceBytes(1, kTopK, kHidden, kInter));
+  const ExpertWorkspace ws = CarveExpertWorkspace(wsb, 1, kTopK, kHidden, kInter);
+  bf16* out = Alloc<bf16>(kHidden);
+  bf16* out2 = Alloc<bf16>(kHidden);
+  const GluParams act;
+  auto staged = [&](int i, bf16* y) {
+    const int r = i % kSets;
+    const bf16* xr = x + r * kHidden;
+    CK(LaunchExpertPlan(d_ids + r * kTopK, 1, kTopK, kExperts, ws, s));
+    CK(LaunchExpertGateUp(xr, 1, kTopK, t, act, ws, s));
+    CK(LaunchExpertDown(1, kTopK, t, ws, s));
+    CK(LaunchExpertCombine(d_ids + r * kTopK, d_wts + r * kTopK, 1, kTopK, kExperts, kHidden, ws, y,
+                           s));
+  };
+  auto grouped = [&](int i, bf16* y) {
+    const int r = i % kSets;
+    CK(LaunchGroupedExperts(x + r * kHidden, d_ids + r * kTopK, d_wts + r * kTopK, 1, kTopK, t, act,
+                            ws, y, s));
+  };
+  for (int r : {0, 1}) {
+    staged(r, out);
+    grouped(r, out2);
+    CK(cudaStreamSynchronize(s));
+    Check(fp8 ? "experts n=1 fp8: direct vs staged" : "experts n=1 bf16: direct vs staged",
+          RelErr(Get(out2, kHidden), Get(out, kHidden)), 1e-2);
+  }
+  const double bytes = 3.0 * kTopK * mat * elem;
+  Row(fp8 ? "experts n=1 fp8: plan/gate-up/down/combine"
+          : "experts n=1 bf16: plan/gate-up/down/combine",
+      TimeUs(s, 32, [&](int i) { staged(i, out); }), bytes);
+  Row(fp8 ? "experts n=1 fp8: direct gate-up, down+combine"
+          : "experts n=1 bf16: direct gate-up, down+combine",
+      TimeUs(s, 32, [&](int i) { grouped(i, out2); }), bytes);
+}
+
+void AttentionChecksAndTimes(cudaStream_t s, int sm_count) {
+  constexpr int kBlock = 16, kMaxContext = 4096;
+  constexpr int kLayers = 16;  // rotate caches so the keys come from DRAM
+  const int64_t kv_dim = kKvHeads * kHeadDim;
+  const int blocks = kMaxContext / kBlock;
+  std::vector<int32_t> table(blocks);
+  for (int b = 0; b < blocks; ++b) table[b] = (b * 37) % blocks;  // scattered blocks
+  const int32_t* d_table = Put(table);
+  std::vector<bf16*> caches;
+  for (int l = 0; l < kLayers; ++l)
+    caches.push_back(RandBf16(size_t{blocks} * 2 * kBlock * kv_dim, 1.0f));
+  const bf16* q = RandBf16(kHeads * kHeadDim, 2.0f);
+  bf16* out = Alloc<bf16>(kHeads * kHeadDim);
+  bf16* out2 = Alloc<bf16>(kHeads * kHeadDim);
+  const int32_t zero = 0;
+  const int32_t* d_seq = Put(std::vector<int32_t>{zero});
+  int32_t* d_pos = Alloc<int32_t>(1);
+  PagedAttentionParams p;
+  p.num_heads = kHeads;
+  p.num_kv_heads = kKvHeads;
+  p.head_dim = kHeadDim;
+  p.q_stride = kHeads * kHeadDim;
+  p.out_stride = kHeads * kHeadDim;
+  p.max_context = kMaxContext;
+  const PagedAttentionPlan plan = PlanPagedAttention(1, p, sm_count);
+  // The previous decode graph's plan: 32 splits of 128 keys and a merge kernel.
+  PagedAttentionPlan split;
+  split.num_splits = 32;
+  split.split_len = 128;
+  split.workspace_bytes = size_t{kHeads} * split.num_splits * (kHeadDim * 4 + 8);
+  uint8_t* ws = Alloc<uint8_t>(split.workspace_bytes);
+  auto layer = [&](int l) {
+    PagedKvLayer kv;
+    kv.data = caches[l % kLayers];
+    kv.block_tables = d_table;
+    kv.max_blocks_per_seq = blocks;
+    kv.block_size = kBlock;
+    kv.num_kv_heads = kKvHeads;
+    kv.head_dim = kHeadDim;
+    return kv;
+  };
+  const TokenBatch tokens{d_seq, d_pos, 1};
+  std::printf("plan: cluster %d, splits %d\n", plan.cluster, plan.num_splits);
+  for (int context : {1, 128, 640, 4096}) {
+    const int32_t pos = context - 1;
+    CK(cudaMemcpy(d_pos, &pos, sizeof(pos), cudaMemcpyHostToDevice));
+    CK(LaunchPagedAttention(q, tokens, layer(0), p, split, ws, out, s));
+    CK(LaunchPagedAttention(q, tokens, layer(0), p, plan, nullptr, out2, s));
+    CK(cudaStreamSynchronize(s));
+    char name[96];
+    std::snprintf(name, sizeof(name), "attention ctx %d: cluster vs split kernel", context);
+    Check(name, RelErr(Get(out2, kHeads * kHeadDim), Get(out, kHeads * kHeadDim)), 1e-2);
+    const double bytes = 2.0 * context * kv_dim * 2;
+    std::snprintf(name, sizeof(name), "attention ctx %d: 32 splits + merge", context);
+    Row(name,
+        TimeUs(s, 64,
+               [&](int i) { CK(LaunchPagedAttention(q, tokens, layer(i), p, split, ws, out, s)); }),
+        bytes);
+    std::snprintf(name, sizeof(name), "attention ctx %d: cluster kernel", context);
+    Row(name,
+        TimeUs(s, 64,
+               [&](int i) {
+                 CK(LaunchPagedAttention(q, tokens, layer(i), p, plan, nullptr, out2, s));
+               }),
+        bytes);
+  }
+}
+
+// The fused decode (norm + rope + append + attention in one kernel) against the three
+// launches it replaces, on two copies of one cache.
+void FusedDecodeChecksAndTimes(cudaStream_t s, int sm_count) {
+  constexpr int kBlock = 16, kMaxContext = 4096, kContext = 640;
+  const int64_t q_dim = kHeads * kHeadDim, kv_dim = kKvHeads * kHeadDim;
+  const int blocks = kMaxContext / kBlock;
+  std::vector<int32_t> table(blocks);
+  for (int b = 0; b < blocks; ++b) table[b] = (b * 37) % blocks;
+  const int32_t* d_table = Put(table);
+  const size_t cache_elems = size_t{blocks} * 2 * kBlock * kv_dim;
+  bf16* cache_a = RandBf16(cache_elems, 1.0f);
+  bf16* cache_b = Alloc<bf16>(cache_elems);
+  CK(cudaMemcpy(cache_b, cache_a, cache_elems * sizeof(bf16), cudaMemcpyDeviceToDevice));
+  const bf16* q = RandBf16(q_dim, 2.0f);
+  const bf16* k = RandBf16(kv_dim, 2.0f);
+  const bf16* v = RandBf16(kv_dim, 1.0f);
+  bf16* q1 = Alloc<bf16>(q_dim);
+  bf16* k1 = Alloc<bf16>(kv_dim);
+  std::vector<float> inv_freq(kHeadDim / 2);
+  for (int j = 0; j < kHeadDim / 2; ++j) inv_freq[j] = std::pow(1e6f, -2.0f * j / kHeadDim);
+  QkRopeParams rope;
+  rope.num_heads = kHeads;
+  rope.num_kv_heads = kKvHeads;
+  rope.head_dim = kHeadDim;
+  rope.q_stride = q_dim;
+  rope.k_stride = kv_dim;
+  rope.inv_freq = Put(inv_freq);
+  rope.q_norm = RandBf16(kHeadDim, 0.5f);
+  rope.k_norm = RandBf16(kHeadDim, 0.5f);
+  const int32_t pos = kContext - 1;
+  const int32_t* d_seq = Put(std::vector<int32_t>{0});
+  const int32_t* d_pos = Put(std::vector<int32_t>{pos});
+  const TokenBatch tokens{d_seq, d_pos, 1};
+  PagedAttentionParams p;
+  p.num_heads = kHeads;
+  p.num_kv_heads = kKvHeads;
+  p.head_dim = kHeadDim;
+  p.q_stride = q_dim;
+  p.out_stride = q_dim;
+  p.max_context = kMaxContext;
+  const PagedAttentionPlan plan = PlanPagedAttention(1, p, sm_count);
+  auto layer = [&](bf16* data) {
+    PagedKvLayer kv;
+    kv.data = data;
+    kv.block_tables = d_table;
+    kv.max_blocks_per_seq = blocks;
+    kv.block_size = kBlock;
+    kv.num_kv_heads = kKvHeads;
+    kv.head_dim = kHeadDim;
+    return kv;
+  };
+  bf16* out_a = Alloc<bf16>(q_dim);
+  bf16* out_b = Alloc<bf16>(q_dim);
+  auto unfused = [&](int) {
+    CK(cudaMemcpyAsync(q1, q, q_dim * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
+    CK(cudaMemcpyAsync(k1, k, kv_dim * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
+    CK(LaunchQkNormRope(q1, k1, 1, d_pos, rope, s));
+    CK(LaunchPagedKvAppend(k1, kv_dim, v, kv_dim, tokens, layer(cache_a), s));
+    CK(LaunchPagedAttention(q1, tokens, layer(cache_a), p, plan, nullptr, out_a, s));
+  };
+  auto fused = [&](int) {
+    CK(LaunchPagedDecodeWithRope(q, k, v, kv_dim, tokens, layer(cache_b), p, rope, plan, out_b, s));
+  };
+  unfused(0);
+  fused(0);
+  CK(cudaStreamSynchronize(s));
+  // Two kernels may contract the rotation into FMAs differently: allow bf16 rounding flips.
+  Check("fused decode vs rope+append+attention", RelErr(Get(out_b, q_dim), Get(out_a, q_dim)),
+        1e-3);
+  const std::vector<bf16> ca = Get(cache_a, cache_elems), cb = Get(cache_b, cache_elems);
+  std::vector<bf16> rows_a, rows_b;
+  for (int kv = 0; kv < 2; ++kv) {
+    const size_t off =
+        ((size_t{static_cast<uint32_t>(table[pos / kBlock])} * 2 + kv) * kBlock + pos % kBlock) *
+        kv_dim;
+    rows_a.insert(rows_a.end(), ca.begin() + off, ca.begin() + off + kv_dim);
+    rows_b.insert(rows_b.end(), cb.begin() + off, cb.begin() + off + kv_dim);
+  }
+  Check("fused decode: appended key and value", RelErr(rows_b, rows_a), 1e-2);
+  Check("fused decode: the rest of the cache", RelErr(cb, ca), 1e-4);
+  Row("decode ctx 640: rope, append, attention", TimeUs(s, 64, unfused), 4.0 * kContext * kv_dim);
+  Row("decode ctx 640: fused kernel", TimeUs(s, 64, fused), 4.0 * kContext * kv_dim);
+}
+
+}  // namespace
+
+int main() {
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("%s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  GemvChecksAndTimes(s);
+  ExpertChecksAndTimes(s, false);
+  ExpertChecksAndTimes(s, true);
+  AttentionChecksAndTimes(s, prop.multiProcessorCount);
+  FusedDecodeChecksAndTimes(s, prop.multiProcessorCount);
+  std::printf("%s: %d check(s) failed\n", failures ? "FAILED" : "PASSED", failures);
+  return failures ? 1 : 0;
+}
