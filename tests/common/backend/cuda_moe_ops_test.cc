@@ -145,44 +145,10 @@ struct ExpertCase {
 };
 
 // One expert's host weights, as the loader would describe them.
-struct HostExpert {
-  std::vector<uint16_t> gate_up, down, gate_up_bias, down_bias;  // storage
-  FfnWeights ffn;                                                // views into the storage
-};
-
 class GroupedExpertTest : public CudaOpsTest {
  protected:
-  // Standard layout: gate and up [inter, hidden], down [hidden, inter]. gpt-oss layout:
-  // gate_up [hidden, 2 * inter] with gate in the even columns, down [inter, hidden], and the
-  // gate/up bias interleaved likewise.
   void MakeExpert(const ExpertCase& c, HostExpert& e) {
-    const int64_t h = c.hidden, m = c.inter;
-    const float in_scale = (c.gpt_oss ? 8.0f : 3.0f) / std::sqrt(static_cast<float>(h));
-    e.gate_up = RandomBf16(2 * m * h, in_scale);
-    e.down = RandomBf16(h * m, 3.0f / std::sqrt(static_cast<float>(m)));
-    auto matrix = [](const std::vector<uint16_t>& data, int64_t offset, int64_t out, int64_t in,
-                     int64_t out_stride, int64_t in_stride) {
-      return WeightMatrix{.data = data.data() + offset,
-                          .dtype = DType::kBF16,
-                          .out = out,
-                          .in = in,
-                          .out_stride = out_stride,
-                          .in_stride = in_stride};
-    };
-    if (c.gpt_oss) {
-      e.ffn.gate = matrix(e.gate_up, 0, m, h, 2, 2 * m);
-      e.ffn.up = matrix(e.gate_up, 1, m, h, 2, 2 * m);
-      e.ffn.down = matrix(e.down, 0, h, m, 1, h);
-      e.gate_up_bias = RandomBf16(2 * m, 0.5f);
-      e.down_bias = RandomBf16(h, 0.5f);
-      e.ffn.gate_bias = WeightVector{.data = e.gate_up_bias.data(), .size = m, .stride = 2};
-      e.ffn.up_bias = WeightVector{.data = e.gate_up_bias.data() + 1, .size = m, .stride = 2};
-      e.ffn.down_bias = HostVector(e.down_bias);
-    } else {
-      e.ffn.gate = matrix(e.gate_up, 0, m, h, h, 1);
-      e.ffn.up = matrix(e.gate_up, m * h, m, h, h, 1);
-      e.ffn.down = matrix(e.down, 0, h, m, m, 1);
-    }
+    MakeRandomExpert(c.hidden, c.inter, c.gpt_oss, e);
   }
 
   void RunCase(const ExpertCase& c, bool fp8) {

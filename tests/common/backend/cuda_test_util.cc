@@ -1,6 +1,7 @@
 #include "tests/common/backend/cuda_test_util.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -177,6 +178,35 @@ std::vector<uint16_t> CudaOpsTest::RandomBf16(size_t n, float scale) {
   std::vector<uint16_t> out(n);
   for (uint16_t& v : out) v = Bf16(dist(rng_));
   return out;
+}
+
+void CudaOpsTest::MakeRandomExpert(int64_t h, int64_t m, bool gpt_oss, HostExpert& e) {
+  const float in_scale = (gpt_oss ? 8.0f : 3.0f) / std::sqrt(static_cast<float>(h));
+  e.gate_up = RandomBf16(2 * m * h, in_scale);
+  e.down = RandomBf16(h * m, 3.0f / std::sqrt(static_cast<float>(m)));
+  auto matrix = [](const std::vector<uint16_t>& data, int64_t offset, int64_t out, int64_t in,
+                   int64_t out_stride, int64_t in_stride) {
+    return WeightMatrix{.data = data.data() + offset,
+                        .dtype = DType::kBF16,
+                        .out = out,
+                        .in = in,
+                        .out_stride = out_stride,
+                        .in_stride = in_stride};
+  };
+  if (gpt_oss) {
+    e.ffn.gate = matrix(e.gate_up, 0, m, h, 2, 2 * m);
+    e.ffn.up = matrix(e.gate_up, 1, m, h, 2, 2 * m);
+    e.ffn.down = matrix(e.down, 0, h, m, 1, h);
+    e.gate_up_bias = RandomBf16(2 * m, 0.5f);
+    e.down_bias = RandomBf16(h, 0.5f);
+    e.ffn.gate_bias = WeightVector{.data = e.gate_up_bias.data(), .size = m, .stride = 2};
+    e.ffn.up_bias = WeightVector{.data = e.gate_up_bias.data() + 1, .size = m, .stride = 2};
+    e.ffn.down_bias = HostVector(e.down_bias);
+  } else {
+    e.ffn.gate = matrix(e.gate_up, 0, m, h, h, 1);
+    e.ffn.up = matrix(e.gate_up, m * h, m, h, h, 1);
+    e.ffn.down = matrix(e.down, 0, h, m, m, 1);
+  }
 }
 
 std::vector<float> CudaOpsTest::RandomFloats(size_t n, float scale) {

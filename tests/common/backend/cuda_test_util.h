@@ -65,6 +65,12 @@ void ExpectClose(const std::string& op, const std::string& shape, const std::vec
 WeightMatrix HostMatrix(const std::vector<uint16_t>& bits, int64_t out, int64_t in);
 WeightVector HostVector(const std::vector<uint16_t>& bits);
 
+// One expert's random bf16 weights in host memory and FfnWeights views into them.
+struct HostExpert {
+  std::vector<uint16_t> gate_up, down, gate_up_bias, down_bias;  // storage
+  FfnWeights ffn;                                                // views into the storage
+};
+
 class CudaOpsTest : public ::testing::Test {
  protected:
   void SetUp() override;
@@ -77,6 +83,10 @@ class CudaOpsTest : public ::testing::Test {
   // Uniform values in [-scale, scale], rounded to bf16.
   std::vector<uint16_t> RandomBf16(size_t n, float scale = 1.0f);
   std::vector<float> RandomFloats(size_t n, float scale = 1.0f);
+  // A random expert of [inter, hidden] gate/up and [hidden, inter] down, scaled so activations
+  // stay O(1). `gpt_oss`: the gpt-oss layout instead, gate_up [hidden, 2 * inter] with gate in
+  // the even columns, down [inter, hidden], and interleaved biases.
+  void MakeRandomExpert(int64_t hidden, int64_t inter, bool gpt_oss, HostExpert& e);
   int RandomInt(int lo, int hi);  // in [lo, hi]
 
   // Device copies owned by the test (freed in TearDown). A failed allocation or copy records a
