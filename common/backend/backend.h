@@ -94,6 +94,11 @@ class ExpertBackend {
   // A hint that `layer` will soon run the experts of `predicted` (host routing): a backend
   // whose experts are not all resident may start loading them. The default ignores it.
   virtual void Prefetch(int layer, const RoutingTable& predicted) {}
+
+  // Called once a step's logits are on the host. ABORTED means the step's device work may be
+  // wrong (e.g. a worker died after answering, its work still queued) and the step must run
+  // again; the default has nothing to check.
+  virtual absl::Status FinishStep() { return absl::OkStatus(); }
 };
 
 }  // namespace strata

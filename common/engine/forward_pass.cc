@@ -22,6 +22,17 @@ absl::Status ForwardPass::Run(absl::Span<const int32_t> ids, const BatchLayout& 
   if (!(options_.router_temperature > 0.0f)) {
     return absl::InvalidArgumentError("router_temperature must be positive");
   }
+  absl::Status status = RunOnce(ids, batch, kv, logit_rows, logits);
+  for (int retry = 0; retry < 2 && absl::IsAborted(status); ++retry) {
+    status = RunOnce(ids, batch, kv, logit_rows, logits);
+  }
+  if (absl::IsAborted(status)) return absl::UnavailableError(status.message());
+  return status;
+}
+
+absl::Status ForwardPass::RunOnce(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                                  PagedKvCache& kv, absl::Span<const int64_t> logit_rows,
+                                  Tensor& logits) {
   if (options_.on_batch) options_.on_batch(batch);
   RETURN_IF_ERROR(router_.Embed(ids, hidden_));
   predicted_layer_ = -1;
@@ -38,7 +49,8 @@ absl::Status ForwardPass::Run(absl::Span<const int32_t> ids, const BatchLayout& 
     }
     if (options_.predict_next_experts) RETURN_IF_ERROR(PredictNext(layer));
   }
-  return router_.Logits(hidden_, logit_rows, logits);
+  RETURN_IF_ERROR(router_.Logits(hidden_, logit_rows, logits));
+  return experts_.FinishStep();
 }
 
 absl::Status ForwardPass::PredictNext(int layer) {

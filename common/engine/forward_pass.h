@@ -37,7 +37,9 @@ class ForwardPass {
               ForwardOptions options);
 
   // Runs `ids` (laid out by `batch`, KV positions reserved) through every layer and writes
-  // the logits of hidden rows `logit_rows` into `logits` [logit_rows.size(), vocab].
+  // the logits of hidden rows `logit_rows` into `logits` [logit_rows.size(), vocab]. A step
+  // the expert backend aborts (ExpertBackend::FinishStep) runs again, rewriting its keys and
+  // values.
   absl::Status Run(absl::Span<const int32_t> ids, const BatchLayout& batch, PagedKvCache& kv,
                    absl::Span<const int64_t> logit_rows, Tensor& logits);
 
@@ -49,6 +51,8 @@ class ForwardPass {
   RouterBackend& router_;
   ExpertBackend& experts_;
   ForwardOptions options_;
+  absl::Status RunOnce(absl::Span<const int32_t> ids, const BatchLayout& batch, PagedKvCache& kv,
+                       absl::Span<const int64_t> logit_rows, Tensor& logits);
   // Predicts layer + 1's experts from `hidden_` and sends the hint.
   absl::Status PredictNext(int layer);
   void ScorePrediction(const RoutingTable& actual);

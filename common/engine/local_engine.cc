@@ -4,7 +4,6 @@
 
 #include "absl/cleanup/cleanup.h"
 #if STRATA_HAVE_CUDA
-#include "common/backend/cuda/cuda_expert_backend.h"
 #include "common/backend/cuda/cuda_router_backend.h"
 #endif
 #include "absl/strings/str_cat.h"
@@ -22,94 +21,40 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
   }
   std::unique_ptr<LocalEngine> engine(new LocalEngine());
   engine->options_ = options;
-  ASSIGN_OR_RETURN(engine->model_, LoadModel(options.model_dir));
-  const ModelConfig& c = engine->model_->config;
-
-  KvCacheOptions kv;
-  kv.block_size = options.kv_block_size;
-  kv.num_layers = c.num_layers;
-  kv.num_kv_heads = c.num_kv_heads;
-  kv.head_dim = c.head_dim;
-  if (kv.block_size <= 0) return absl::InvalidArgumentError("kv_cache.block_size must be positive");
-  const int64_t block_bytes = KvBlockBytes(kv);
-  const int64_t context_blocks = (c.max_position_embeddings + kv.block_size - 1) / kv.block_size;
-  kv.num_blocks = static_cast<int>(std::min(options.kv_cache_bytes / block_bytes, context_blocks));
-  if (kv.num_blocks <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("kv cache budget of ", options.kv_cache_bytes,
-                                                   " bytes holds no block; one block needs ",
-                                                   block_bytes));
-  }
-  kv.host_storage = options.device == "cpu";
-  ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(kv));
-  engine->kv_.emplace(std::move(cache));
-  engine->expert_source_ = std::make_unique<ModelExpertSource>(engine->model_->weights);
-  RETURN_IF_ERROR(engine->CreateBackends(kv));
-  engine->forward_ =
-      std::make_unique<ForwardPass>(c, *engine->router_, *engine->experts_,
-                                    ForwardOptions{.router_temperature = options.router_temperature,
-                                                   .on_routing = options.on_routing});
+  ModelStackOptions stack;
+  stack.device = options.device;
+  stack.num_threads = options.num_threads;
+  stack.kv_block_size = options.kv_block_size;
+  stack.kv_cache_bytes = options.kv_cache_bytes;
+  stack.kv_within_context = true;
+  stack.max_step_tokens = options.prefill_chunk_tokens;
+  stack.max_sequences = 1;
+  stack.expert_weights = options.expert_weights;
+  stack.on_progress = options.on_progress;
+  ASSIGN_OR_RETURN(engine->stack_, ModelStack::Create(options.model_dir, stack));
+  engine->cuda_router_ = engine->stack_->cuda_router();
+  engine->kv_ = &engine->stack_->kv();
+  ForwardOptions forward;
+  forward.router_temperature = options.router_temperature;
+  forward.on_routing = options.on_routing;
+  engine->forward_ = std::make_unique<ForwardPass>(
+      engine->stack_->config(), engine->stack_->router(), *engine->stack_->experts(), forward);
   return engine;
-}
-
-absl::Status LocalEngine::CreateBackends(const KvCacheOptions& kv) {
-  const ModelConfig& c = model_->config;
-  if (options_.device == "cpu") {
-    pool_ = std::make_unique<ThreadPool>(options_.num_threads);
-    router_ = std::make_unique<CpuRouterBackend>(*model_, *pool_);
-    experts_ = std::make_unique<CpuExpertBackend>(c, *expert_source_, *pool_);
-    return absl::OkStatus();
-  }
-  if (options_.device != "cuda" && options_.device.rfind("cuda:", 0) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device \"", options_.device, "\": use cpu, cuda or cuda:N"));
-  }
-  if (options_.expert_weights != "bf16" && options_.expert_weights != "fp8") {
-    return absl::InvalidArgumentError("expert weights must be bf16 or fp8");
-  }
-#if STRATA_HAVE_CUDA
-  gpu::CudaContext::Options context_options;
-  if (options_.device.size() > 5) context_options.device = std::stoi(options_.device.substr(5));
-  ASSIGN_OR_RETURN(std::unique_ptr<gpu::CudaContext> context,
-                   gpu::CudaContext::Create(context_options));
-  gpu::CudaContext* raw = context.get();
-  device_context_ = std::shared_ptr<gpu::CudaContext>(std::move(context));
-  const int max_tokens = std::max(options_.prefill_chunk_tokens, 1);
-  ASSIGN_OR_RETURN(std::unique_ptr<gpu::CudaRouterBackend> cuda_router,
-                   gpu::CudaRouterBackend::Create(*model_, kv, raw,
-                                                  {.max_tokens = max_tokens, .max_sequences = 1}));
-  cuda_router_ = cuda_router.get();
-  router_ = std::move(cuda_router);
-  gpu::CudaExpertOptions expert_options;
-  expert_options.format =
-      options_.expert_weights == "fp8" ? gpu::WeightFormat::kFp8E4M3 : gpu::WeightFormat::kBf16;
-  expert_options.max_tokens = max_tokens;
-  if (options_.on_progress) {
-    expert_options.on_layer = [this](int layer, int layers, uint64_t bytes) {
-      options_.on_progress(absl::StrCat("experts of layer ", layer + 1, "/", layers,
-                                        " on the GPU (", bytes >> 20, " MiB)"));
-    };
-  }
-  ASSIGN_OR_RETURN(
-      experts_, gpu::CudaExpertBackend::Create(c, *expert_source_, raw, std::move(expert_options)));
-  return absl::OkStatus();
-#else
-  return absl::UnimplementedError("this build has no CUDA backend (nvcc was not found)");
-#endif
 }
 
 int64_t LocalEngine::max_sequence_tokens() const {
   const int64_t pool_tokens = int64_t{kv_->options().num_blocks} * kv_->options().block_size;
-  return std::min(pool_tokens, model_->config.max_position_embeddings);
+  return std::min(pool_tokens, config().max_position_embeddings);
 }
 
 absl::Status LocalEngine::ValidatePrompt(absl::Span<const int32_t> ids,
                                          int64_t extra_tokens) const {
   if (ids.empty()) return absl::InvalidArgumentError("the prompt is empty");
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= model_->config.vocab_size) {
+    if (ids[i] < 0 || ids[i] >= config().vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("token id ", ids[i], " at position ", i,
                                                      " is outside the vocabulary [0, ",
-                                                     model_->config.vocab_size, ")"));
+                                                     config().vocab_size, ")"));
     }
   }
   const int64_t total = static_cast<int64_t>(ids.size()) + extra_tokens;
@@ -136,7 +81,7 @@ absl::Status LocalEngine::Step(PagedKvCache::SequenceId seq, absl::Span<const in
 absl::StatusOr<Tensor> LocalEngine::Logits(absl::Span<const int32_t> ids) {
   RETURN_IF_ERROR(ValidatePrompt(ids, 0));
   const int64_t n = static_cast<int64_t>(ids.size());
-  const int64_t vocab = model_->config.vocab_size;
+  const int64_t vocab = config().vocab_size;
   const PagedKvCache::SequenceId seq = kv_->AddSequence();
   absl::Cleanup release = [&] { kv_->Release(seq); };
   Tensor all = Tensor::Host(n, vocab);
@@ -159,7 +104,7 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
   }
   RETURN_IF_ERROR(ValidateSamplingParams(options.sampling));
   RETURN_IF_ERROR(ValidatePrompt(prompt, options.max_new_tokens));
-  const int64_t vocab = model_->config.vocab_size;
+  const int64_t vocab = config().vocab_size;
   const PagedKvCache::SequenceId seq = kv_->AddSequence();
   absl::Cleanup release = [&] { kv_->Release(seq); };
   Sampler sampler(options.sampling);
@@ -172,7 +117,7 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
     RETURN_IF_ERROR(Step(seq, prompt.subspan(start, len), start, {&last_row, 1}, logits));
   }
   std::vector<int32_t> out;
-  const std::vector<int>& eos = model_->config.eos_token_ids;
+  const std::vector<int>& eos = config().eos_token_ids;
   const float* row_logits = logits.row(0);
   // Decode steps replay one CUDA graph when the whole sequence fits the graph's context.
   const bool graphs = UseDecodeGraph(n + options.max_new_tokens);

@@ -4,18 +4,13 @@
 #define STRATA_COMMON_ENGINE_LOCAL_ENGINE_H_
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/backend/cpu/cpu_expert_backend.h"
-#include "common/backend/cpu/cpu_router_backend.h"
 #include "common/engine/forward_pass.h"
+#include "common/engine/model_stack.h"
 #include "common/engine/sampler.h"
-#include "common/kv/paged_kv_cache.h"
-#include "common/model/model_weights.h"
-#include "common/util/thread_pool.h"
 
 namespace strata {
 
@@ -46,10 +41,6 @@ struct GenerateOptions {
   std::function<void(int32_t)> on_token;
 };
 
-namespace gpu {
-class CudaRouterBackend;
-}  // namespace gpu
-
 class LocalEngine {
  public:
   ~LocalEngine();
@@ -63,13 +54,12 @@ class LocalEngine {
   absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt,
                                                 const GenerateOptions& options);
 
-  const ModelConfig& config() const { return model_->config; }
+  const ModelConfig& config() const { return stack_->config(); }
   // Longest sequence the KV pool and the model's context allow.
   int64_t max_sequence_tokens() const;
 
  private:
   LocalEngine() = default;
-  absl::Status CreateBackends(const KvCacheOptions& kv);
   // CUDA decode graphs (no-ops without CUDA): whether this generation can use one (entering
   // graph mode), leaving graph mode, and one decode step by replay; the logits row stays valid
   // until the next step.
@@ -85,16 +75,11 @@ class LocalEngine {
                     absl::Span<const int64_t> logit_rows, Tensor& logits);
 
   LocalEngineOptions options_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<ModelExpertSource> expert_source_;
-  std::shared_ptr<void> device_context_;           // the GPU's context when device is cuda
-  gpu::CudaRouterBackend* cuda_router_ = nullptr;  // router_, when it runs on a GPU
+  std::unique_ptr<ModelStack> stack_;
+  gpu::CudaRouterBackend* cuda_router_ = nullptr;  // the stack's router, when on a GPU
+  PagedKvCache* kv_ = nullptr;                     // the stack's
   std::unique_ptr<DecodeGraph> decode_graph_;
-  std::unique_ptr<RouterBackend> router_;
-  std::unique_ptr<ExpertBackend> experts_;
   std::unique_ptr<ForwardPass> forward_;
-  std::optional<PagedKvCache> kv_;
 };
 
 }  // namespace strata

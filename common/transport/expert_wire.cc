@@ -27,9 +27,11 @@ struct ResponseHeader {
   uint32_t num_tokens;
   uint32_t hidden_size;
   uint32_t error_bytes;
-  uint32_t reserved;
+  uint32_t flags;  // kOnDevice
   TierCounters tiers;
 };
+
+constexpr uint32_t kOnDevice = 1;
 
 static_assert(sizeof(RequestHeader) == 40 && sizeof(ResponseHeader) == 112);
 
@@ -49,6 +51,12 @@ size_t ExpertPrefetchBytes(uint32_t num_experts) {
   return sizeof(RequestHeader) + size_t{num_experts} * sizeof(int32_t);
 }
 
+size_t ExpertDeviceRunBytes() { return sizeof(RequestHeader); }
+
+size_t ExpertDeviceResponseBytes(size_t error_bytes) {
+  return sizeof(ResponseHeader) + error_bytes;
+}
+
 size_t ExpertResponseBytes(uint32_t num_tokens, uint32_t hidden_size, size_t error_bytes) {
   if (error_bytes > 0) return sizeof(ResponseHeader) + error_bytes;
   return sizeof(ResponseHeader) + size_t{num_tokens} * hidden_size * sizeof(float);
@@ -66,6 +74,7 @@ void EncodeExpertRequest(const ExpertRequestView& r, absl::Span<uint8_t> out) {
                   0};
   uint8_t* p = out.data();
   std::memcpy(p, &h, sizeof(h));
+  if (r.kind == ExpertMessageKind::kDeviceRun) return;
   p += sizeof(h);
   std::memcpy(p, r.hidden.data(), r.hidden.size() * sizeof(float));
   p += r.hidden.size() * sizeof(float);
@@ -81,12 +90,12 @@ void EncodeExpertResponse(const ExpertResponseView& r, absl::Span<uint8_t> out) 
                    r.num_tokens,
                    r.hidden_size,
                    static_cast<uint32_t>(r.error.size()),
-                   0,
+                   r.on_device ? kOnDevice : 0,
                    r.tiers};
   std::memcpy(out.data(), &h, sizeof(h));
   if (!r.error.empty()) {
     std::memcpy(out.data() + sizeof(h), r.error.data(), r.error.size());
-  } else {
+  } else if (!r.on_device) {
     std::memcpy(out.data() + sizeof(h), r.partial.data(), r.partial.size() * sizeof(float));
   }
 }
@@ -107,6 +116,18 @@ absl::StatusOr<ExpertRequestView> DecodeExpertRequest(absl::Span<const uint8_t> 
     r.layer = h.layer;
     r.top_k = h.top_k;
     r.experts = ViewAt<int32_t>(bytes, sizeof(h), h.top_k);
+    return r;
+  }
+  if (h.kind == static_cast<uint32_t>(ExpertMessageKind::kDeviceRun)) {
+    if (bytes.size() != ExpertDeviceRunBytes()) {
+      return absl::DataLossError("expert device run: size does not match its header");
+    }
+    r.kind = ExpertMessageKind::kDeviceRun;
+    r.step = h.step;
+    r.layer = h.layer;
+    r.num_tokens = h.num_tokens;
+    r.top_k = h.top_k;
+    r.hidden_size = h.hidden_size;
     return r;
   }
   if (h.kind != static_cast<uint32_t>(ExpertMessageKind::kRun)) {
@@ -136,10 +157,15 @@ absl::StatusOr<ExpertResponseView> DecodeExpertResponse(absl::Span<const uint8_t
   if (bytes.size() < sizeof(h)) return absl::DataLossError("expert response: truncated header");
   std::memcpy(&h, bytes.data(), sizeof(h));
   if (h.magic != kResponseMagic) return absl::DataLossError("expert response: bad magic");
-  if (bytes.size() != ExpertResponseBytes(h.num_tokens, h.hidden_size, h.error_bytes)) {
+  const bool on_device = (h.flags & kOnDevice) != 0;
+  const size_t expected = on_device
+                              ? ExpertDeviceResponseBytes(h.error_bytes)
+                              : ExpertResponseBytes(h.num_tokens, h.hidden_size, h.error_bytes);
+  if (bytes.size() != expected) {
     return absl::DataLossError("expert response: size does not match its header");
   }
   ExpertResponseView r;
+  r.on_device = on_device;
   r.step = h.step;
   r.layer = h.layer;
   r.num_tokens = h.num_tokens;
@@ -148,7 +174,7 @@ absl::StatusOr<ExpertResponseView> DecodeExpertResponse(absl::Span<const uint8_t
   if (h.error_bytes > 0) {
     r.error =
         absl::string_view(reinterpret_cast<const char*>(bytes.data() + sizeof(h)), h.error_bytes);
-  } else {
+  } else if (!on_device) {
     r.partial = ViewAt<float>(bytes, sizeof(h), size_t{h.num_tokens} * h.hidden_size);
   }
   return r;

@@ -30,6 +30,9 @@ struct TierCounters {
 enum class ExpertMessageKind : uint32_t {
   kRun = 0,       // run the experts, answer with a response
   kPrefetch = 1,  // start loading `experts` of `layer`; no response
+  // Run the experts on the device buffers shared at registration (CUDA IPC): the header only
+  // (step, layer, num_tokens, top_k, hidden_size, hot_ratio); the answer is a device response.
+  kDeviceRun = 2,
 };
 
 // Router -> worker: the hidden states of the tokens that have at least one slot on this
@@ -50,22 +53,28 @@ struct ExpertRequestView {
   absl::Span<const float> weights;    // [num_tokens, top_k]
 };
 
-// Worker -> router: the weighted sum of this worker's experts per token, or an error.
+// Worker -> router: the weighted sum of this worker's experts per token, or an error. A device
+// response carries no partial: it is queued into the worker's output buffer, complete when the
+// worker's interprocess event is.
 struct ExpertResponseView {
   uint64_t step = 0;
   uint32_t layer = 0;
   uint32_t num_tokens = 0;
   uint32_t hidden_size = 0;
-  absl::Span<const float> partial;  // [num_tokens, hidden_size]; empty on error
+  bool on_device = false;           // the answer to a kDeviceRun
+  absl::Span<const float> partial;  // [num_tokens, hidden_size]; empty on error or on_device
   absl::string_view error;          // non-empty when the worker failed the request
   TierCounters tiers;
 };
 
 size_t ExpertRequestBytes(uint32_t num_tokens, uint32_t top_k, uint32_t hidden_size);
 size_t ExpertPrefetchBytes(uint32_t num_experts);
+size_t ExpertDeviceRunBytes();
 size_t ExpertResponseBytes(uint32_t num_tokens, uint32_t hidden_size, size_t error_bytes = 0);
+size_t ExpertDeviceResponseBytes(size_t error_bytes = 0);
 
-// Encoders write exactly the bytes the *Bytes functions give; `out` must hold them.
+// Encoders write exactly the bytes the *Bytes functions give (by kind, and on_device for a
+// response); `out` must hold them.
 void EncodeExpertRequest(const ExpertRequestView& request, absl::Span<uint8_t> out);
 void EncodeExpertResponse(const ExpertResponseView& response, absl::Span<uint8_t> out);
 

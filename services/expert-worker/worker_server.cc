@@ -91,9 +91,12 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
       options.log(absl::StrCat("experts of layer ", layer + 1, "/", layers, " on ", options.device,
                                " (", bytes >> 20, " MiB)"));
     };
-    ASSIGN_OR_RETURN(w->backend_, gpu::StagedCudaExpertBackend::Create(
-                                      w->config_, *w->experts_,
-                                      std::atoi(options.device.c_str() + 5), std::move(cuda)));
+    ASSIGN_OR_RETURN(std::unique_ptr<gpu::StagedCudaExpertBackend> staged,
+                     gpu::StagedCudaExpertBackend::Create(w->config_, *w->experts_,
+                                                          std::atoi(options.device.c_str() + 5),
+                                                          std::move(cuda)));
+    w->device_experts_ = &staged->device_experts();
+    w->backend_ = std::move(staged);
 #else
     return absl::InvalidArgumentError("this build has no CUDA backend (nvcc was not found)");
 #endif
@@ -219,7 +222,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
     request.set_device(options_.device);
     request.set_pid(static_cast<uint32_t>(::getpid()));
     request.set_incarnation(incarnation_);
-    request.set_transport(options_.transport);
+    // A GPU worker holding every expert offers CUDA IPC; a router on the CPU declines.
+    const bool ipc =
+        device_experts_ != nullptr && options_.transport == v1::TRANSPORT_SHARED_MEMORY;
+    request.set_transport(ipc ? v1::TRANSPORT_CUDA_IPC : options_.transport);
     request.set_address(service_address_);
     // A fresh channel per attempt: a restarted router is answered as soon as it listens,
     // without waiting out the reconnect backoff of a channel that saw it gone.
@@ -248,6 +254,7 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
     if (!request_bytes.ok()) return request_bytes.status();  // the router is gone
     auto request = DecodeExpertRequest(*request_bytes);
     absl::Status status = request.status();
+    const bool on_device = request.ok() && request->kind == ExpertMessageKind::kDeviceRun;
     if (status.ok() && request->kind == ExpertMessageKind::kPrefetch) {
       // A hint: no response. A failed prefetch only costs the later miss.
       if (absl::Status s = executor_->Prefetch(*request); !s.ok()) {
@@ -256,8 +263,14 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
       RETURN_IF_ERROR(channel.inbound().Pop());
       continue;
     }
-    if (status.ok()) status = executor_->Run(*request);
+    if (status.ok() && on_device) {
+      status = ipc_link_ != nullptr ? ipc_link_->Run(*request)
+                                    : absl::FailedPreconditionError("no CUDA IPC buffers");
+    } else if (status.ok()) {
+      status = executor_->Run(*request);
+    }
     ExpertResponseView response;
+    response.on_device = on_device;
     response.tiers = executor_->counters();
     if (request.ok()) {
       response.step = request->step;
@@ -267,14 +280,17 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
     }
     std::string error;
     if (status.ok()) {
-      response.partial =
-          absl::Span<const float>(executor_->partial().data(), executor_->partial().size());
+      if (!on_device) {
+        response.partial =
+            absl::Span<const float>(executor_->partial().data(), executor_->partial().size());
+      }
     } else {
-      error = std::string(status.message());
+      error = std::string(status.message().substr(0, 4000));  // fits a slot
       response.error = error;
     }
     const size_t bytes =
-        ExpertResponseBytes(response.num_tokens, response.hidden_size, error.size());
+        on_device ? ExpertDeviceResponseBytes(error.size())
+                  : ExpertResponseBytes(response.num_tokens, response.hidden_size, error.size());
     ASSIGN_OR_RETURN(absl::Span<uint8_t> slot,
                      channel.outbound().Reserve(bytes, absl::Seconds(10)));
     EncodeExpertResponse(response, slot);
@@ -315,7 +331,26 @@ absl::Status WorkerServer::Run() {
       while (!stopping_.load()) absl::SleepFor(absl::Milliseconds(100));
       break;
     }
+    if (registration->transport() == v1::TRANSPORT_CUDA_IPC) {
+      if (device_experts_ == nullptr) {
+        return absl::FailedPreconditionError("the router granted CUDA IPC to a worker off GPUs");
+      }
+      auto link = OpenCudaIpcLink(registration->cuda_ipc(), config_, *device_experts_,
+                                  options_.max_tokens_per_step);
+      if (!link.ok()) {
+        return absl::Status(link.status().code(),
+                            absl::StrCat("CUDA IPC buffers: ", link.status().message()));
+      }
+      ipc_link_ = *std::move(link);
+      options_.log(absl::StrCat("activations by CUDA IPC in the router's cuda:",
+                                registration->cuda_ipc().device(), " buffers"));
+    }
     const absl::Status served = ServeChannel(registration->channel_name());
+    if (ipc_link_ != nullptr) {
+      const absl::Status closed = ipc_link_->Close();
+      ipc_link_.reset();
+      if (!closed.ok()) return closed;
+    }
     if (stopping_.load()) break;
     Log(LogLevel::kInfo,
         absl::StrCat("router connection ended (", served.message(), "); registering again"));

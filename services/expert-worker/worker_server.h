@@ -18,6 +18,7 @@
 #include "common/util/thread_pool.h"
 #include "services/expert-worker/cold_path_model.h"
 #include "services/expert-worker/cpu_tier_client.h"
+#include "services/expert-worker/cuda_ipc_link.h"
 #include "services/expert-worker/expert_tiers.h"
 #include "services/expert-worker/expert_worker_service.h"
 #include "services/expert-worker/worker_executor.h"
@@ -70,6 +71,9 @@ class WorkerServer {
   std::unique_ptr<MappedExperts> experts_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<ExpertBackend> backend_;  // without a budget
+  // On a GPU without a budget: backend_'s device experts, which CUDA IPC runs use directly.
+  gpu::CudaExpertBackend* device_experts_ = nullptr;
+  std::unique_ptr<CudaIpcLink> ipc_link_;  // while registered over CUDA IPC
   std::unique_ptr<ExpertSlots> slots_;      // with one
   std::unique_ptr<ExpertTiers> tiers_;
   std::unique_ptr<CpuTierClient> cpu_tier_;

@@ -18,22 +18,43 @@ absl::Status CoordinatorService::Register(const v1::RegisterWorkerRequest& reque
     return absl::InvalidArgumentError(
         absl::StrCat("worker index ", index, " is outside [0, ", experts_.num_workers(), ")"));
   }
+  const v1::Transport asked = request.transport();
+  if (options_.cuda_ipc && asked != v1::TRANSPORT_CUDA_IPC) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "strata-router runs on ", options_.router_device,
+        " and takes only CUDA IPC workers (a GPU on this host, shm transport, no GPU memory "
+        "budget); worker ",
+        index, " (", request.device(), ") asked for another transport"));
+  }
   std::shared_ptr<ExpertConnection> connection;
-  switch (request.transport()) {
-    case v1::TRANSPORT_SHARED_MEMORY: {
+  switch (asked) {
+    case v1::TRANSPORT_SHARED_MEMORY:
+    case v1::TRANSPORT_CUDA_IPC: {
+      const bool ipc = asked == v1::TRANSPORT_CUDA_IPC && options_.cuda_ipc;
       const std::string name =
           absl::StrCat(options_.channel_prefix, "-w", index, "-", request.incarnation());
-      auto shm = ShmExpertConnection::Create(name, options_.max_tokens_per_step, config_.top_k,
-                                             static_cast<int>(config_.hidden_size));
+      // Over CUDA IPC the channel carries only headers: slots for one token are plenty.
+      auto shm = ShmExpertConnection::Create(name, ipc ? 1 : options_.max_tokens_per_step,
+                                             config_.top_k, static_cast<int>(config_.hidden_size),
+                                             ipc ? kIpcSpinUs : kDefaultSpinUs);
       if (!shm.ok()) return shm.status();
-      connection = *std::move(shm);
       response.set_channel_name(name);
+      if (ipc) {
+        auto link = options_.cuda_ipc(request, *std::move(shm), *response.mutable_cuda_ipc());
+        if (!link.ok()) return link.status();
+        connection = *std::move(link);
+        response.set_transport(v1::TRANSPORT_CUDA_IPC);
+      } else {
+        connection = *std::move(shm);
+        response.set_transport(v1::TRANSPORT_SHARED_MEMORY);
+      }
       break;
     }
     case v1::TRANSPORT_GRPC: {
       auto grpc_connection = GrpcExpertConnection::Connect(request.address());
       if (!grpc_connection.ok()) return grpc_connection.status();
       connection = *std::move(grpc_connection);
+      response.set_transport(v1::TRANSPORT_GRPC);
       break;
     }
     default:

@@ -3,10 +3,13 @@
 #ifndef STRATA_SERVICES_ROUTER_COORDINATOR_SERVICE_H_
 #define STRATA_SERVICES_ROUTER_COORDINATOR_SERVICE_H_
 
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "common/placement/placement_plan.h"
 #include "services/router/remote_expert_backend.h"
+#include "services/router/shm_expert_connection.h"
 #include "strata/v1/cluster.grpc.pb.h"
 
 namespace strata {
@@ -15,6 +18,14 @@ struct CoordinatorOptions {
   std::string channel_prefix = "strata";  // shared-memory channels: <prefix>-w<index>-<incarnation>
   int max_tokens_per_step = 512;          // sizes the channel slots
   ExpertCounts calibration;               // [layer][expert] from the plan; may be empty
+  // Set when the router runs on a GPU: gives the channel of `request`'s worker its CUDA IPC
+  // device buffers, filling `buffers`. Such a router takes only TRANSPORT_CUDA_IPC workers;
+  // without it a worker that asks for CUDA IPC gets TRANSPORT_SHARED_MEMORY.
+  std::function<absl::StatusOr<std::shared_ptr<ExpertConnection>>(
+      const v1::RegisterWorkerRequest& request, std::unique_ptr<ShmExpertConnection> channel,
+      v1::CudaIpcBuffers& buffers)>
+      cuda_ipc;
+  std::string router_device = "cpu";  // for messages
 };
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {

@@ -1,4 +1,4 @@
-// strata-router --model DIR [--listen HOST:PORT] [--workers N] ...
+// strata-router --model DIR [--listen HOST:PORT] [--workers N] [--router-device cpu|cuda:N] ...
 // Serves strata.v1.Generation. Prints "LISTENING <host>:<port>" on stdout at once, and
 // "READY <host>:<port>" once every worker has registered. SIGINT/SIGTERM drain in-flight requests
 // (up to --drain-timeout) and exit; the exit status is non-zero only when requests had to be cut
@@ -18,6 +18,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address to serve on; port 0 picks
 ABSL_FLAG(int, workers, 1, "Expert workers to wait for; 0 runs the experts in this process");
 ABSL_FLAG(std::string, plan, "", "Expert placement from `strata plan`; default: contiguous");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
+ABSL_FLAG(std::string, router_device, "cpu",
+          "Where attention and the KV cache run: cpu, or cuda / cuda:N (then the workers must "
+          "run on GPUs of this host; activations stay on the GPUs, shared by CUDA IPC)");
+ABSL_FLAG(std::string, weights, "bf16", "Expert weights with --workers 0 on a GPU: bf16 or fp8");
 ABSL_FLAG(int, kv_block_size, 32, "Token slots per KV-cache block");
 ABSL_FLAG(int64_t, kv_cache_mb, 1024, "KV-cache memory, MiB");
 ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");
@@ -50,6 +54,8 @@ int main(int argc, char** argv) {
   options.num_workers = absl::GetFlag(FLAGS_workers);
   options.plan_file = absl::GetFlag(FLAGS_plan);
   options.num_threads = absl::GetFlag(FLAGS_threads);
+  options.device = absl::GetFlag(FLAGS_router_device);
+  options.expert_weights = absl::GetFlag(FLAGS_weights);
   options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_mb) << 20;
   options.router_temperature = static_cast<float>(absl::GetFlag(FLAGS_router_temperature));

@@ -15,13 +15,18 @@ RemoteExpertBackend::RemoteExpertBackend(const ModelConfig& config, PlacementPla
       num_workers_(placement_.num_workers),
       options_(options),
       connections_(placement_.num_workers),
-      was_usable_(placement_.num_workers, true),
       tiers_(placement_.num_workers),
+      was_usable_(placement_.num_workers, true),
       staging_(placement_.num_workers) {}
 
 TierCounters RemoteExpertBackend::tiers(int index) const {
   std::lock_guard<std::mutex> lock(mu_);
   return index >= 0 && index < num_workers_ ? tiers_[index] : TierCounters();
+}
+
+std::vector<std::shared_ptr<ExpertConnection>> RemoteExpertBackend::Connections() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return connections_;
 }
 
 void RemoteExpertBackend::SetConnection(int index, std::shared_ptr<ExpertConnection> connection) {
@@ -71,11 +76,7 @@ std::vector<int> RemoteExpertBackend::EffectiveOwners(int layer,
 }
 
 void RemoteExpertBackend::Prefetch(int layer, const RoutingTable& predicted) {
-  std::vector<std::shared_ptr<ExpertConnection>> connections;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    connections = connections_;
-  }
+  const std::vector<std::shared_ptr<ExpertConnection>> connections = Connections();
   const std::vector<int> owner = EffectiveOwners(layer, Usable(connections));
   std::vector<std::vector<int32_t>> wanted(num_workers_);
   for (int32_t e : predicted.expert) {
@@ -92,11 +93,7 @@ void RemoteExpertBackend::Prefetch(int layer, const RoutingTable& predicted) {
 
 absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
                                              const RoutingTable& routing, Tensor& out) {
-  std::vector<std::shared_ptr<ExpertConnection>> connections;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    connections = connections_;
-  }
+  const std::vector<std::shared_ptr<ExpertConnection>> connections = Connections();
   std::vector<bool> usable = Usable(connections);
   // A worker that is gone (or fails during the layer) hands its experts to the others, which
   // map every expert from the expert store: the layer runs again without it, and no request
@@ -157,7 +154,7 @@ absl::Status RemoteExpertBackend::Exchange(
       return absl::UnavailableError(absl::StrCat("expert worker ", w, " is not connected"));
     }
   }
-  const uint64_t step = ++step_;
+  const uint64_t step = NextStep();
   std::vector<bool> sent(num_workers_, false);
   absl::Status status;
   for (int w = 0; w < num_workers_ && status.ok(); ++w) {
@@ -184,42 +181,64 @@ absl::Status RemoteExpertBackend::Exchange(
   for (int w = 0; w < num_workers_; ++w) {
     if (!sent[w]) continue;
     const Staging& s = staging_[w];
-    absl::Status consumed;
-    bool stale = true;
-    absl::Status received;
-    // A response to an earlier, abandoned exchange (a timeout) is skipped.
-    for (int attempt = 0; stale && attempt < 4; ++attempt) {
-      stale = false;
-      received = connections[w]->Receive(
-          [&](const ExpertResponseView& response) {
-            {
-              std::lock_guard<std::mutex> lock(mu_);
-              tiers_[w] = response.tiers;
-            }
-            if (response.step < step) {
-              stale = true;
-            } else if (!response.error.empty()) {
-              consumed =
-                  absl::InternalError(absl::StrCat("expert worker ", w, ": ", response.error));
-            } else if (response.step != step || response.num_tokens != s.rows.size() ||
-                       response.hidden_size != h) {
-              consumed = absl::DataLossError(
-                  absl::StrCat("expert worker ", w, " answered a different request"));
-            } else {
-              for (size_t r = 0; r < s.rows.size(); ++r) {
-                float* dst = out.row(s.rows[r]);
-                const float* src = response.partial.data() + r * h;
-                for (int64_t i = 0; i < h; ++i) dst[i] += src[i];
-              }
-            }
-          },
-          options_.timeout);
-      if (!received.ok()) break;
-    }
-    if (!received.ok() && *failed < 0) *failed = w;
-    if (status.ok()) status = received.ok() ? consumed : received;
+    bool transport_failed = false;
+    const absl::Status received = ReceiveResponse(
+        w, *connections[w], step,
+        [&](const ExpertResponseView& response) {
+          if (response.num_tokens != s.rows.size() || response.hidden_size != h ||
+              response.partial.size() != s.rows.size() * h) {
+            return absl::DataLossError(
+                absl::StrCat("expert worker ", w, " answered a different request"));
+          }
+          for (size_t r = 0; r < s.rows.size(); ++r) {
+            float* dst = out.row(s.rows[r]);
+            const float* src = response.partial.data() + r * h;
+            for (int64_t i = 0; i < h; ++i) dst[i] += src[i];
+          }
+          return absl::OkStatus();
+        },
+        &transport_failed);
+    if (transport_failed && *failed < 0) *failed = w;
+    if (status.ok()) status = received;
   }
   return status;
+}
+
+absl::Status RemoteExpertBackend::ReceiveResponse(
+    int w, ExpertConnection& connection, uint64_t step,
+    absl::FunctionRef<absl::Status(const ExpertResponseView&)> consume, bool* transport_failed) {
+  absl::Status consumed;
+  bool stale = true;
+  // A response to an earlier, abandoned exchange (a timeout) is skipped.
+  for (int attempt = 0; stale && attempt < 4; ++attempt) {
+    stale = false;
+    const absl::Status received = connection.Receive(
+        [&](const ExpertResponseView& response) {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            tiers_[w] = response.tiers;
+          }
+          if (response.step < step) {
+            stale = true;
+          } else if (!response.error.empty()) {
+            consumed = absl::InternalError(absl::StrCat("expert worker ", w, ": ", response.error));
+          } else if (response.step != step) {
+            consumed = absl::DataLossError(
+                absl::StrCat("expert worker ", w, " answered a different request"));
+          } else {
+            consumed = consume(response);
+          }
+        },
+        options_.timeout);
+    if (!received.ok()) {
+      *transport_failed = true;
+      return received;
+    }
+  }
+  if (stale) {
+    return absl::DataLossError(absl::StrCat("expert worker ", w, " is out of step"));
+  }
+  return consumed;
 }
 
 }  // namespace strata

@@ -24,6 +24,7 @@ class RemoteExpertBackend : public ExpertBackend {
  public:
   RemoteExpertBackend(const ModelConfig& config, PlacementPlan placement,
                       RemoteExpertOptions options);
+  ~RemoteExpertBackend() override = default;
 
   // Installs (or replaces, after a restart) worker `index`'s connection. Thread-safe.
   void SetConnection(int index, std::shared_ptr<ExpertConnection> connection);
@@ -47,17 +48,28 @@ class RemoteExpertBackend : public ExpertBackend {
   // Layers that ran again because a worker failed during them or was gone.
   int64_t reroutes() const { return reroutes_.load(); }
 
- private:
-  // One layer's exchange with `owner[expert]` as the placement. On a worker's failure sets
-  // `failed` to its index (and leaves every other channel in step).
+ protected:
   // Who runs each expert of `layer` now: its planned owner, or a survivor when that is gone.
   std::vector<int> EffectiveOwners(int layer, const std::vector<bool>& usable) const;
   std::vector<bool> Usable(const std::vector<std::shared_ptr<ExpertConnection>>& connections);
-  absl::Status Exchange(int layer, const Tensor& x, const RoutingTable& routing,
-                        const std::vector<int>& owner,
-                        const std::vector<std::shared_ptr<ExpertConnection>>& connections,
-                        Tensor& out, int* failed);
+  // One layer's exchange with `owner[expert]` as the placement. On a worker's failure sets
+  // `failed` to its index (and leaves every other channel in step); RunExperts then runs the
+  // layer again without that worker. This one moves host activations over the connections.
+  virtual absl::Status Exchange(int layer, const Tensor& x, const RoutingTable& routing,
+                                const std::vector<int>& owner,
+                                const std::vector<std::shared_ptr<ExpertConnection>>& connections,
+                                Tensor& out, int* failed);
+  // Receives worker `w`'s response to `step` (skipping answers to abandoned earlier steps),
+  // keeps its tier counters and hands it to `consume`, whose status is returned.
+  absl::Status ReceiveResponse(int w, ExpertConnection& connection, uint64_t step,
+                               absl::FunctionRef<absl::Status(const ExpertResponseView&)> consume,
+                               bool* transport_failed);
+  uint64_t NextStep() { return ++step_; }
+  // A copy of the installed connections (null where none). Thread-safe.
+  std::vector<std::shared_ptr<ExpertConnection>> Connections() const;
+  const ModelConfig& config() const { return config_; }
 
+ private:
   const ModelConfig& config_;
   PlacementPlan placement_;
   int num_workers_;

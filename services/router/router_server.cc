@@ -3,10 +3,16 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#if STRATA_HAVE_CUDA
+#include "common/backend/cuda/cuda_router_backend.h"
+#include "services/router/ipc_expert_backend.h"
+#endif
 #include "common/placement/plan_file.h"
+#include "common/util/process.h"
 #include "common/util/status_macros.h"
 
 namespace strata {
@@ -14,8 +20,18 @@ namespace strata {
 absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOptions& options) {
   std::unique_ptr<RouterServer> s(new RouterServer());
   s->options_ = options;
-  ASSIGN_OR_RETURN(s->model_, LoadModel(options.model_dir));
-  const ModelConfig& c = s->model_->config;
+  ModelStackOptions stack;
+  stack.device = options.device;
+  stack.num_threads = options.num_threads;
+  stack.kv_block_size = options.kv_block_size;
+  stack.kv_cache_bytes = options.kv_cache_bytes;
+  stack.kv_within_context = false;  // shared by the running sequences
+  stack.max_step_tokens = std::max(options.scheduler.max_batch_tokens, 1);
+  stack.max_sequences = std::max(options.scheduler.max_running, 1);
+  stack.local_experts = options.num_workers == 0;
+  stack.expert_weights = options.expert_weights;
+  ASSIGN_OR_RETURN(s->stack_, ModelStack::Create(options.model_dir, stack));
+  const ModelConfig& c = s->stack_->config();
   const std::string tokenizer_path =
       (std::filesystem::path(options.model_dir) / "tokenizer.json").string();
   std::error_code ec;
@@ -23,24 +39,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
     ASSIGN_OR_RETURN(s->tokenizer_, Tokenizer::FromFile(tokenizer_path));
   }
 
-  KvCacheOptions kv;
-  kv.block_size = options.kv_block_size;
-  kv.num_layers = c.num_layers;
-  kv.num_kv_heads = c.num_kv_heads;
-  kv.head_dim = c.head_dim;
-  if (kv.block_size <= 0) return absl::InvalidArgumentError("kv_cache.block_size must be positive");
-  kv.num_blocks = static_cast<int>(options.kv_cache_bytes / KvBlockBytes(kv));
-  if (kv.num_blocks <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("the KV-cache budget of ",
-                                                   options.kv_cache_bytes,
-                                                   " bytes holds no block of ", KvBlockBytes(kv)));
-  }
-  ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(kv));
-  s->kv_ = std::make_unique<PagedKvCache>(std::move(cache));
-
-  s->pool_ = std::make_unique<ThreadPool>(options.num_threads);
-  s->router_backend_ = std::make_unique<CpuRouterBackend>(*s->model_, *s->pool_);
-  ExpertCounts calibration;
+  CoordinatorOptions coordinator;
+  coordinator.channel_prefix = options.channel_prefix;
+  coordinator.max_tokens_per_step = options.scheduler.max_batch_tokens;
+  coordinator.router_device = options.device;
   if (options.num_workers > 0) {
     PlacementPlan placement =
         PlacementPlan::Contiguous(c.num_layers, c.num_experts, options.num_workers);
@@ -48,35 +50,37 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
       ASSIGN_OR_RETURN(PlanFile plan, LoadPlan(options.plan_file, c.num_layers, c.num_experts,
                                                options.num_workers));
       placement = std::move(plan.plan);
-      calibration = std::move(plan.counts);
+      coordinator.calibration = std::move(plan.counts);
     }
-    auto remote = std::make_unique<RemoteExpertBackend>(
-        c, std::move(placement), RemoteExpertOptions{.timeout = options.expert_timeout});
-    s->remote_ = remote.get();
-    s->expert_backend_ = std::move(remote);
+    RETURN_IF_ERROR(s->CreateRemoteExperts(std::move(placement), coordinator));
     s->hot_ratio_ = std::make_unique<HotRatioControl>(options.hot_ratio_policy);
     if (options.hot_ratio >= 0.0f) RETURN_IF_ERROR(s->hot_ratio_->SetFixed(options.hot_ratio));
     s->remote_->set_hot_ratio(s->hot_ratio_->Update(0));
-  } else {
-    s->local_experts_source_ = std::make_unique<ModelExpertSource>(s->model_->weights);
-    s->expert_backend_ =
-        std::make_unique<CpuExpertBackend>(c, *s->local_experts_source_, *s->pool_);
   }
+  ExpertBackend& experts =
+      s->remote_ != nullptr ? *s->remote_ : static_cast<ExpertBackend&>(*s->stack_->experts());
   ForwardOptions forward_options;
   forward_options.router_temperature = options.router_temperature;
   if (s->remote_ != nullptr) {
-    forward_options.predict_next_experts = options.prefetch;
-    forward_options.on_batch = [remote = s->remote_,
+    // A GPU router keeps its routing on the device: nothing to predict for the workers, which
+    // hold every expert.
+    forward_options.predict_next_experts = options.prefetch && s->stack_->device_index() < 0;
+    forward_options.on_batch = [remote = s->remote_.get(),
                                 control = s->hot_ratio_.get()](const BatchLayout& batch) {
       int64_t longest = 0;
       for (int64_t p : batch.position) longest = std::max(longest, p + 1);
       remote->set_hot_ratio(control->Update(longest));
     };
   }
-  s->forward_ =
-      std::make_unique<ForwardPass>(c, *s->router_backend_, *s->expert_backend_, forward_options);
-  s->scheduler_ =
-      std::make_unique<Scheduler>(c, *s->forward_, *s->kv_, s->tokenizer_.get(), options.scheduler);
+  s->forward_ = std::make_unique<ForwardPass>(c, s->stack_->router(), experts, forward_options);
+  SchedulerOptions scheduler = options.scheduler;
+  scheduler.on_engine_thread = [stack = s->stack_.get()] {
+    if (absl::Status bound = stack->BindThread(); !bound.ok()) {
+      Log(LogLevel::kError, absl::StrCat("engine thread: ", bound.message()));
+    }
+  };
+  s->scheduler_ = std::make_unique<Scheduler>(c, *s->forward_, s->stack_->kv(),
+                                              s->tokenizer_.get(), scheduler);
   s->generation_ = std::make_unique<GenerationService>(c, *s->scheduler_, s->tokenizer_.get(),
                                                        options.num_workers);
 
@@ -86,15 +90,11 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(s->generation_.get());
-  s->admin_ = std::make_unique<AdminService>(*s->scheduler_, *s->kv_, *s->forward_, s->remote_,
-                                             s->hot_ratio_.get());
+  s->admin_ = std::make_unique<AdminService>(*s->scheduler_, s->stack_->kv(), *s->forward_,
+                                             s->remote_.get(), s->hot_ratio_.get());
   builder.RegisterService(s->admin_.get());
   if (s->remote_ != nullptr) {
-    s->coordinator_ = std::make_unique<CoordinatorService>(
-        c, *s->remote_,
-        CoordinatorOptions{.channel_prefix = options.channel_prefix,
-                           .max_tokens_per_step = options.scheduler.max_batch_tokens,
-                           .calibration = std::move(calibration)});
+    s->coordinator_ = std::make_unique<CoordinatorService>(c, *s->remote_, std::move(coordinator));
     builder.RegisterService(s->coordinator_.get());
   }
   builder.SetMaxReceiveMessageSize(64 << 20);
@@ -111,6 +111,31 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   s->scheduler_->Start();
   s->monitor_ = std::thread([raw = s.get()] { raw->MonitorWorkers(); });
   return s;
+}
+
+absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
+                                               CoordinatorOptions& coordinator) {
+  const ModelConfig& c = stack_->config();
+  const RemoteExpertOptions remote{.timeout = options_.expert_timeout};
+  if (stack_->device_index() < 0) {
+    remote_ = std::make_unique<RemoteExpertBackend>(c, std::move(placement), remote);
+    return absl::OkStatus();
+  }
+#if STRATA_HAVE_CUDA
+  ASSIGN_OR_RETURN(std::unique_ptr<IpcExpertBackend> ipc,
+                   IpcExpertBackend::Create(c, std::move(placement), remote,
+                                            stack_->cuda_router()->context(),
+                                            std::max(options_.scheduler.max_batch_tokens, 1)));
+  coordinator.cuda_ipc = [ipc = ipc.get()](const v1::RegisterWorkerRequest& request,
+                                           std::unique_ptr<ShmExpertConnection> channel,
+                                           v1::CudaIpcBuffers& buffers) {
+    return ipc->Attach(static_cast<int>(request.worker_index()), std::move(channel), buffers);
+  };
+  remote_ = std::move(ipc);
+  return absl::OkStatus();
+#else
+  return absl::UnimplementedError("this build has no CUDA backend (nvcc was not found)");
+#endif
 }
 
 void RouterServer::MonitorWorkers() {

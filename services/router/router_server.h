@@ -12,9 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/backend/cpu/cpu_expert_backend.h"
-#include "common/backend/cpu/cpu_router_backend.h"
 #include "common/engine/forward_pass.h"
+#include "common/engine/model_stack.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/admin_service.h"
 #include "services/router/coordinator_service.h"
@@ -31,6 +30,10 @@ struct RouterOptions {
   int num_workers = 1;                 // 0 runs the experts in this process
   std::string plan_file;               // placement from `strata plan`; empty: contiguous
   int num_threads = 0;
+  // Where attention, the gate and the KV cache run: cpu, or cuda / cuda:N (then its workers
+  // must be on GPUs of this host: activations move by CUDA IPC).
+  std::string device = "cpu";
+  std::string expert_weights = "bf16";  // experts in this process on a GPU (num_workers 0)
   int kv_block_size = 32;
   int64_t kv_cache_bytes = int64_t{1} << 30;
   float router_temperature = 1.0f;
@@ -64,17 +67,15 @@ class RouterServer {
   RouterServer() = default;
   void MonitorWorkers();
 
+  // Builds remote_ (num_workers > 0) for the placement, on the stack's device.
+  absl::Status CreateRemoteExperts(PlacementPlan placement, CoordinatorOptions& coordinator);
+
   RouterOptions options_;
-  std::unique_ptr<Model> model_;
+  std::unique_ptr<ModelStack> stack_;  // model, router backend, KV cache; local experts
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<CpuRouterBackend> router_backend_;
-  std::unique_ptr<ModelExpertSource> local_experts_source_;
-  std::unique_ptr<ExpertBackend> expert_backend_;
-  RemoteExpertBackend* remote_ = nullptr;  // expert_backend_ when num_workers > 0
+  std::unique_ptr<RemoteExpertBackend> remote_;  // num_workers > 0
   std::unique_ptr<HotRatioControl> hot_ratio_;
   std::unique_ptr<ForwardPass> forward_;
-  std::unique_ptr<PagedKvCache> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<GenerationService> generation_;
   std::unique_ptr<CoordinatorService> coordinator_;

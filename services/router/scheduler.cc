@@ -64,7 +64,10 @@ Scheduler::~Scheduler() {
 }
 
 void Scheduler::Start() {
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    if (options_.on_engine_thread) options_.on_engine_thread();
+    Loop();
+  });
 }
 
 absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -29,6 +30,8 @@ struct SchedulerOptions {
   int max_running = 64;            // sequences in the running batch
   int max_queued_requests = 256;   // waiting requests beyond this are refused
   int64_t max_context_tokens = 0;  // 0: the model's context, bounded by the KV pool
+  // Runs first on the engine thread (a GPU router makes its device current there).
+  std::function<void()> on_engine_thread = nullptr;
 };
 
 class Scheduler {

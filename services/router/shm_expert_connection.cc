@@ -5,10 +5,11 @@
 namespace strata {
 
 absl::StatusOr<std::unique_ptr<ShmExpertConnection>> ShmExpertConnection::Create(
-    const std::string& name, int max_tokens, int top_k, int hidden_size) {
+    const std::string& name, int max_tokens, int top_k, int hidden_size, uint32_t spin_us) {
   ShmChannelOptions options;
   // One layer in flight, room to queue the next, and a prefetch hint between them.
   options.slots = 4;
+  options.spin_us = spin_us;
   options.slot_bytes = std::max(ExpertRequestBytes(max_tokens, top_k, hidden_size),
                                 ExpertResponseBytes(max_tokens, hidden_size, 4096));
   SharedSegment::Remove(name).IgnoreError();  // a stale channel of a crashed router
@@ -26,9 +27,11 @@ absl::Status ShmExpertConnection::Send(const ExpertRequestView& request) {
     unlinked_ = true;
   }
   const size_t bytes =
-      request.kind == ExpertMessageKind::kPrefetch
-          ? ExpertPrefetchBytes(request.top_k)
-          : ExpertRequestBytes(request.num_tokens, request.top_k, request.hidden_size);
+      request.kind == ExpertMessageKind::kPrefetch    ? ExpertPrefetchBytes(request.top_k)
+      : request.kind == ExpertMessageKind::kDeviceRun ? ExpertDeviceRunBytes()
+                                                      : ExpertRequestBytes(request.num_tokens,
+                                                                           request.top_k,
+                                                                           request.hidden_size);
   auto slot = channel_.outbound().Reserve(bytes, absl::Seconds(10));
   if (!slot.ok()) {
     return absl::UnavailableError(

@@ -12,12 +12,17 @@
 
 namespace strata {
 
+// How long each side spins on the channel before sleeping: the default, and for CUDA IPC
+// control messages, which follow each other every layer (tens of microseconds apart).
+inline constexpr uint32_t kDefaultSpinUs = 50;
+inline constexpr uint32_t kIpcSpinUs = 200;
+
 class ShmExpertConnection : public ExpertConnection {
  public:
   // Creates the channel `name`, with slots large enough for `max_tokens` tokens per request.
-  static absl::StatusOr<std::unique_ptr<ShmExpertConnection>> Create(const std::string& name,
-                                                                     int max_tokens, int top_k,
-                                                                     int hidden_size);
+  static absl::StatusOr<std::unique_ptr<ShmExpertConnection>> Create(
+      const std::string& name, int max_tokens, int top_k, int hidden_size,
+      uint32_t spin_us = kDefaultSpinUs);
 
   absl::Status Send(const ExpertRequestView& request) override;
   absl::Status Prefetch(uint32_t layer, absl::Span<const int32_t> experts) override;

@@ -89,5 +89,41 @@ TEST(ClusterConfigTest, Errors) {
   EXPECT_EQ(LoadClusterConfig("/nonexistent.yaml", c).code(), absl::StatusCode::kNotFound);
 }
 
+// The router goes on GPU 0 for GPU workers that can share its buffers (CUDA IPC), stays on
+// the CPU otherwise, and router_device overrides that only where it can work.
+TEST(ClusterConfigTest, RouterDevice) {
+  ClusterConfig c;
+  EXPECT_EQ(*RouterDevice(c), "cpu");
+  c.device = "cuda";
+  EXPECT_EQ(*RouterDevice(c), "cuda:0");
+  c.router_device = "cuda:1";
+  EXPECT_EQ(*RouterDevice(c), "cuda:1");
+  c.router_device = "cpu";
+  EXPECT_EQ(*RouterDevice(c), "cpu");
+  c.router_device.clear();
+  c.gpu_memory_budget = "8GiB";  // tiered workers keep the host path
+  EXPECT_EQ(*RouterDevice(c), "cpu");
+  c.router_device = "cuda";
+  EXPECT_THAT(std::string(RouterDevice(c).status().message()), HasSubstr("CUDA IPC"));
+  c.gpu_memory_budget.clear();
+  c.transport = "grpc";
+  EXPECT_FALSE(RouterDevice(c).ok());
+  c.transport = "shm";
+  EXPECT_EQ(*RouterDevice(c), "cuda:0");
+  c.router_device = "gpu0";
+  EXPECT_EQ(RouterDevice(c).status().code(), absl::StatusCode::kInvalidArgument);
+
+  ClusterConfig from_file;
+  auto write = [](const std::string& text) {
+    const std::string path = ::testing::TempDir() + "/router_device.yaml";
+    std::ofstream(path) << text;
+    return path;
+  };
+  ASSERT_TRUE(LoadClusterConfig(write("device: cuda\nrouter_device: cuda:1\n"), from_file).ok());
+  EXPECT_EQ(from_file.router_device, "cuda:1");
+  EXPECT_THAT(std::string(LoadClusterConfig(write("router_device: tpu\n"), from_file).message()),
+              HasSubstr("bad value for \"router_device\""));
+}
+
 }  // namespace
 }  // namespace strata

@@ -12,6 +12,12 @@
 namespace strata {
 namespace {
 
+bool ValidDevice(const std::string& v) {
+  int index = 0;
+  return v == "cpu" || v == "cuda" ||
+         (v.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(v.substr(5), &index) && index >= 0);
+}
+
 bool ValidHotRatio(const std::string& v) {
   float ratio = 0;
   return v == "auto" || (absl::SimpleAtof(v, &ratio) && ratio >= 0.0f && ratio <= 1.0f);
@@ -36,6 +42,7 @@ const std::map<std::string, Setter>& Setters() {
       {"model", Set<std::string>(&ClusterConfig::model)},
       {"workers", Set<int>(&ClusterConfig::workers, [](const int& v) { return v >= 0; })},
       {"device", Set<std::string>(&ClusterConfig::device)},
+      {"router_device", Set<std::string>(&ClusterConfig::router_device, ValidDevice)},
       {"plan", Set<std::string>(&ClusterConfig::plan)},
       {"weights", Set<std::string>(&ClusterConfig::weights,
                                    [](const std::string& v) { return v == "bf16" || v == "fp8"; })},
@@ -98,6 +105,23 @@ absl::Status Apply(const YAML::Node& map, const std::string& prefix, const std::
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> RouterDevice(const ClusterConfig& c) {
+  const bool ipc_workers = c.device == "cuda" && c.transport == "shm" && c.gpu_memory_budget.empty();
+  if (c.router_device.empty()) return ipc_workers ? std::string("cuda:0") : std::string("cpu");
+  if (!ValidDevice(c.router_device)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("router_device \"", c.router_device, "\": use cpu, cuda or cuda:N"));
+  }
+  if (c.router_device == "cpu") return c.router_device;
+  if (!ipc_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "router_device ", c.router_device,
+        " needs workers on GPUs of this host that hold every expert (device cuda, transport "
+        "shm, no gpu_memory_budget): activations move between them by CUDA IPC"));
+  }
+  return c.router_device == "cuda" ? std::string("cuda:0") : c.router_device;
+}
 
 absl::Status LoadClusterConfig(const std::string& path, ClusterConfig& config) {
   YAML::Node root;

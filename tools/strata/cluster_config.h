@@ -13,7 +13,9 @@ namespace strata {
 struct ClusterConfig {
   std::string model;
   int workers = 1;
-  std::string device = "cpu";
+  std::string device = "cpu";  // the workers': cpu or cuda (worker i on cuda:i)
+  // The router's (attention, KV cache): cpu, cuda or cuda:N; empty picks (RouterDevice).
+  std::string router_device;
   std::string weights = "bf16";  // expert weights on GPUs: bf16 or fp8
   std::string plan;              // expert placement file from `strata plan`
   std::string host = "127.0.0.1";
@@ -40,6 +42,12 @@ struct ClusterConfig {
 // Reads `path` (YAML or JSON) into `config`, keeping fields the file does not set. Unknown
 // keys and bad values are errors naming the file and the key.
 absl::Status LoadClusterConfig(const std::string& path, ClusterConfig& config);
+
+// Where the router runs: router_device when set; otherwise cuda:0 for GPU workers that hold
+// every expert and talk shared memory (activations then stay on the GPUs, by CUDA IPC), and
+// cpu for everything else. INVALID_ARGUMENT when a GPU router is asked for with workers that
+// cannot share its device buffers.
+absl::StatusOr<std::string> RouterDevice(const ClusterConfig& config);
 
 }  // namespace strata
 

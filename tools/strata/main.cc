@@ -46,6 +46,9 @@ ABSL_FLAG(int, prefill_chunk, 512, "Prompt tokens per forward step");
 ABSL_FLAG(int, workers, 1, "up: expert worker processes; plan: workers to place experts on");
 ABSL_FLAG(std::string, device, "cpu",
           "Where the model runs: cpu, or cuda / cuda:N (in-process commands); up: the workers'");
+ABSL_FLAG(std::string, router_device, "",
+          "up: where the router runs: cpu, cuda or cuda:N; default cuda:0 with --device cuda "
+          "(shm transport, no --gpu-memory-budget), else cpu");
 ABSL_FLAG(std::string, host, "127.0.0.1", "up: address to serve on");
 ABSL_FLAG(int, port, 0, "up: port to serve Generate on; 0 picks a free port");
 ABSL_FLAG(std::string, transport, "shm", "up: shm or grpc between router and workers");
@@ -98,8 +101,8 @@ constexpr char kUsage[] =
     "  generate  --model DIR --ids 1,2,3 [--max-new-tokens N] [--temperature T]\n"
     "            [--top-k K] [--top-p P] [--seed S]   new token ids, as JSON\n"
     "  generate  --server HOST:PORT (--ids 1,2,3 | --prompt TEXT) [...]   through a cluster\n"
-    "  up        --model DIR [--workers N] [--device cpu] [--port P] [--config FILE]\n"
-    "            start a cluster; prints READY <host>:<port>\n"
+    "  up        --model DIR [--workers N] [--device cpu|cuda] [--router-device D] [--port P]\n"
+    "            [--config FILE]   start a cluster; prints READY <host>:<port>\n"
     "  eval      --model DIR --text FILE [--server HOST:PORT] [--window 256] [--expert-stats]\n"
     "            perplexity of the text, as JSON\n"
     "  bench     --server HOST:PORT [--input-len 128] [--output-len 512] [--runs 10]\n"
@@ -194,6 +197,7 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
   if (flags.Specified("model") || c.model.empty()) c.model = absl::GetFlag(FLAGS_model);
   if (flags.Specified("workers")) c.workers = absl::GetFlag(FLAGS_workers);
   if (flags.Specified("device")) c.device = absl::GetFlag(FLAGS_device);
+  if (flags.Specified("router_device")) c.router_device = absl::GetFlag(FLAGS_router_device);
   if (flags.Specified("weights")) c.weights = absl::GetFlag(FLAGS_weights);
   if (flags.Specified("plan")) c.plan = absl::GetFlag(FLAGS_plan);
   if (flags.Specified("host")) c.host = absl::GetFlag(FLAGS_host);
@@ -222,6 +226,9 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
   if (flags.Specified("prefetch")) c.prefetch = absl::GetFlag(FLAGS_prefetch);
   if (c.device != "cpu" && c.device != "cuda") {
     return absl::InvalidArgumentError("--device must be cpu or cuda");
+  }
+  if (absl::StatusOr<std::string> router = strata::RouterDevice(c); !router.ok()) {
+    return router.status();
   }
   options.bin_dir = self.substr(0, self.rfind('/'));
   return strata::RunCluster(options, std::cout);

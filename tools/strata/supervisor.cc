@@ -134,6 +134,8 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
   if (c.model.empty())
     return absl::InvalidArgumentError("--model (or model: in --config) is required");
   if (c.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
+  absl::StatusOr<std::string> router_device = RouterDevice(c);
+  if (!router_device.ok()) return router_device.status();
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
@@ -164,7 +166,8 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
       "strata-router",
       {options.bin_dir + "/strata-router", "--model=" + c.model,
        absl::StrCat("--listen=", c.host, ":", c.port), absl::StrCat("--workers=", c.workers),
-       threads, absl::StrCat("--kv-block-size=", c.kv_block_size),
+       threads, "--router-device=" + *router_device,
+       absl::StrCat("--kv-block-size=", c.kv_block_size),
        absl::StrCat("--kv-cache-mb=", c.kv_memory_mb),
        absl::StrCat("--router-temperature=", c.router_temperature),
        absl::StrCat("--max-batch-tokens=", c.max_batch_tokens),

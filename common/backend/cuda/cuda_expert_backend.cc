@@ -1,5 +1,7 @@
 #include "common/backend/cuda/cuda_expert_backend.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/backend/cuda/cuda_weights.h"
 #include "common/backend/cuda/expert_repack.h"
@@ -82,22 +84,34 @@ absl::Status CudaExpertBackend::LoadLayer(int layer, const ExpertWeightSource& e
 
 absl::Status CudaExpertBackend::RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                                            Tensor& out) {
-  if (layer < 0 || layer >= config_.num_layers || !config_.layer_is_moe[layer]) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("run experts: layer ", layer, " has no experts"));
-  }
   if (x.device() != Device::kCuda || !routing.on_device()) {
     return absl::InvalidArgumentError("cuda experts: input and routing must be on the device");
   }
   const int64_t n = x.rows();
+  RETURN_IF_ERROR(RunExpertsInto(layer, static_cast<const bf16*>(x.device_data()),
+                                 routing.device_expert, routing.device_weight, n, routing.top_k,
+                                 out_.data()));
+  out = Tensor::DeviceView(out_.data(), n, config_.hidden_size, keep_alive_);
+  return absl::OkStatus();
+}
+
+absl::Status CudaExpertBackend::RunExpertsInto(int layer, const bf16* x, const int32_t* ids,
+                                               const float* weights, int64_t n, int top_k,
+                                               bf16* out) {
+  if (layer < 0 || layer >= config_.num_layers || !config_.layer_is_moe[layer]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run experts: layer ", layer, " has no experts"));
+  }
   if (n > options_.max_tokens) return absl::InvalidArgumentError("cuda experts: step too large");
+  if (top_k > std::max(config_.top_k, 1)) {
+    return absl::InvalidArgumentError("cuda experts: more slots a token than the model's top_k");
+  }
   const ExpertWeightTable& table = layers_[layer].table;
   const ExpertWorkspace ws =
-      CarveExpertWorkspace(workspace_.data(), n, routing.top_k, table.hidden, table.intermediate);
-  CUDA_RETURN_IF_ERROR(LaunchGroupedExperts(
-      static_cast<const bf16*>(x.device_data()), routing.device_expert, routing.device_weight, n,
-      routing.top_k, table, ExpertGluParams(config_), ws, out_.data(), context_->stream()));
-  out = Tensor::DeviceView(out_.data(), n, config_.hidden_size, keep_alive_);
+      CarveExpertWorkspace(workspace_.data(), n, top_k, table.hidden, table.intermediate);
+  CUDA_RETURN_IF_ERROR(LaunchGroupedExperts(x, ids, weights, n, top_k, table,
+                                            ExpertGluParams(config_), ws, out,
+                                            context_->stream()));
   return absl::OkStatus();
 }
 

@@ -37,6 +37,12 @@ class CudaExpertBackend : public ExpertBackend {
   // CudaRouterBackend produces them); `out` becomes a device view [n, hidden] bf16.
   absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                           Tensor& out) override;
+  // The same on raw device arrays (also another process's buffers opened by CUDA IPC): x
+  // [n, hidden] bf16, ids and weights [n, top_k]; writes out [n, hidden] bf16. Queued on the
+  // context's stream.
+  absl::Status RunExpertsInto(int layer, const bf16* x, const int32_t* ids, const float* weights,
+                              int64_t n, int top_k, bf16* out);
+  CudaContext* context() const { return context_; }
 
  private:
   CudaExpertBackend(const ModelConfig& config, CudaContext* context, CudaExpertOptions options)

@@ -52,6 +52,9 @@ class StagedCudaExpertBackend : public ExpertBackend {
   absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                           Tensor& out) override;
 
+  // The device experts, for callers whose activations are already on a device (CUDA IPC).
+  CudaExpertBackend& device_experts() { return *experts_; }
+
  private:
   StagedCudaExpertBackend() = default;
 

@@ -5,9 +5,8 @@
 #include <memory>
 #include <random>
 
-#include "common/backend/cpu/cpu_expert_backend.h"
-#include "common/backend/cpu/cpu_router_backend.h"
 #include "common/engine/local_engine.h"
+#include "common/engine/model_stack.h"
 #include "gtest/gtest.h"
 #include "tests/testing/collecting_sink.h"
 
@@ -22,32 +21,23 @@ const std::string kModelDir = std::string(STRATA_TEST_DATA_DIR) + "/oracles/qwen
 class SchedulerHarness {
  public:
   SchedulerHarness(int num_blocks, SchedulerOptions options) {
-    model_ = *LoadModel(kModelDir);
-    pool_ = std::make_unique<ThreadPool>(2);
-    router_ = std::make_unique<CpuRouterBackend>(*model_, *pool_);
-    source_ = std::make_unique<ModelExpertSource>(model_->weights);
-    experts_ = std::make_unique<CpuExpertBackend>(model_->config, *source_, *pool_);
-    forward_ = std::make_unique<ForwardPass>(model_->config, *router_, *experts_, ForwardOptions{});
-    KvCacheOptions kv{.block_size = 4,
-                      .num_blocks = num_blocks,
-                      .num_layers = model_->config.num_layers,
-                      .num_kv_heads = model_->config.num_kv_heads,
-                      .head_dim = model_->config.head_dim};
-    kv_ = std::make_unique<PagedKvCache>(*PagedKvCache::Create(kv));
-    scheduler_ = std::make_unique<Scheduler>(model_->config, *forward_, *kv_, nullptr, options);
+    ModelStackOptions stack;
+    stack.num_threads = 2;
+    stack.kv_block_size = 4;
+    stack.kv_blocks = num_blocks;
+    stack_ = *ModelStack::Create(kModelDir, stack);
+    forward_ = std::make_unique<ForwardPass>(stack_->config(), stack_->router(),
+                                             *stack_->experts(), ForwardOptions{});
+    scheduler_ =
+        std::make_unique<Scheduler>(stack_->config(), *forward_, stack_->kv(), nullptr, options);
     scheduler_->Start();
   }
   Scheduler& scheduler() { return *scheduler_; }
-  PagedKvCache& kv() { return *kv_; }
+  PagedKvCache& kv() { return stack_->kv(); }
 
  private:
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<CpuRouterBackend> router_;
-  std::unique_ptr<ModelExpertSource> source_;
-  std::unique_ptr<CpuExpertBackend> experts_;
+  std::unique_ptr<ModelStack> stack_;
   std::unique_ptr<ForwardPass> forward_;
-  std::unique_ptr<PagedKvCache> kv_;
   std::unique_ptr<Scheduler> scheduler_;
 };
 

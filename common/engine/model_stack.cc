@@ -1,0 +1,135 @@
+#include "common/engine/model_stack.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/backend/cpu/cpu_expert_backend.h"
+#include "common/backend/cpu/cpu_router_backend.h"
+#if STRATA_HAVE_CUDA
+#include "common/backend/cuda/cuda_expert_backend.h"
+#include "common/backend/cuda/cuda_router_backend.h"
+#include "common/backend/cuda/cuda_status.h"
+#endif
+#include "common/util/status_macros.h"
+
+namespace strata {
+
+absl::StatusOr<int> ParseDevice(const std::string& device) {
+  if (device == "cpu") return -1;
+  if (device == "cuda") return 0;
+  int index = -1;
+  if (device.rfind("cuda:", 0) != 0 || !absl::SimpleAtoi(device.substr(5), &index) || index < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device \"", device, "\": use cpu, cuda or cuda:N"));
+  }
+  return index;
+}
+
+absl::StatusOr<std::unique_ptr<ModelStack>> ModelStack::Create(const std::string& model_dir,
+                                                                const ModelStackOptions& options) {
+  std::unique_ptr<ModelStack> s(new ModelStack());
+  s->options_ = options;
+  ASSIGN_OR_RETURN(s->device_index_, ParseDevice(options.device));
+  if (s->device_index_ >= 0 && options.expert_weights != "bf16" &&
+      options.expert_weights != "fp8") {
+    return absl::InvalidArgumentError("expert weights must be bf16 or fp8");
+  }
+  ASSIGN_OR_RETURN(s->model_, LoadModel(model_dir));
+  RETURN_IF_ERROR(s->CreateKv());
+  if (options.local_experts) {
+    s->expert_source_ = std::make_unique<ModelExpertSource>(s->model_->weights);
+  }
+  if (s->device_index_ < 0) {
+    RETURN_IF_ERROR(s->CreateCpuBackends());
+  } else {
+    RETURN_IF_ERROR(s->CreateCudaBackends());
+  }
+  return s;
+}
+
+absl::Status ModelStack::CreateKv() {
+  const ModelConfig& c = model_->config;
+  KvCacheOptions kv;
+  kv.block_size = options_.kv_block_size;
+  kv.num_layers = c.num_layers;
+  kv.num_kv_heads = c.num_kv_heads;
+  kv.head_dim = c.head_dim;
+  if (kv.block_size <= 0) return absl::InvalidArgumentError("kv_cache.block_size must be positive");
+  const int64_t block_bytes = KvBlockBytes(kv);
+  int64_t blocks = options_.kv_cache_bytes / block_bytes;
+  if (options_.kv_blocks > 0) {
+    blocks = options_.kv_blocks;
+  } else if (options_.kv_within_context) {
+    blocks = std::min(blocks, (c.max_position_embeddings + kv.block_size - 1) / kv.block_size);
+  }
+  if (blocks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("the KV-cache budget of ",
+                                                   options_.kv_cache_bytes,
+                                                   " bytes holds no block; one block needs ",
+                                                   block_bytes));
+  }
+  kv.num_blocks = static_cast<int>(std::min<int64_t>(blocks, int64_t{1} << 30));
+  // A GPU router keeps the keys and values on its device; the host object keeps the tables.
+  kv.host_storage = device_index_ < 0;
+  ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(kv));
+  kv_ = std::make_unique<PagedKvCache>(std::move(cache));
+  return absl::OkStatus();
+}
+
+absl::Status ModelStack::CreateCpuBackends() {
+  pool_ = std::make_unique<ThreadPool>(options_.num_threads);
+  router_ = std::make_unique<CpuRouterBackend>(*model_, *pool_);
+  if (options_.local_experts) {
+    experts_ = std::make_unique<CpuExpertBackend>(model_->config, *expert_source_, *pool_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelStack::CreateCudaBackends() {
+#if STRATA_HAVE_CUDA
+  const ModelConfig& c = model_->config;
+  gpu::CudaContext::Options context_options;
+  context_options.device = device_index_;
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu::CudaContext> context,
+                   gpu::CudaContext::Create(context_options));
+  gpu::CudaContext* raw = context.get();
+  device_context_ = std::shared_ptr<gpu::CudaContext>(std::move(context));
+  const int max_tokens = std::max(options_.max_step_tokens, 1);
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<gpu::CudaRouterBackend> cuda_router,
+      gpu::CudaRouterBackend::Create(
+          *model_, kv_->options(), raw,
+          {.max_tokens = max_tokens, .max_sequences = std::max(options_.max_sequences, 1)}));
+  cuda_router_ = cuda_router.get();
+  router_ = std::move(cuda_router);
+  if (!options_.local_experts) return absl::OkStatus();
+  gpu::CudaExpertOptions expert_options;
+  expert_options.format =
+      options_.expert_weights == "fp8" ? gpu::WeightFormat::kFp8E4M3 : gpu::WeightFormat::kBf16;
+  expert_options.max_tokens = max_tokens;
+  if (options_.on_progress) {
+    expert_options.on_layer = [progress = options_.on_progress](int layer, int layers,
+                                                                uint64_t bytes) {
+      progress(absl::StrCat("experts of layer ", layer + 1, "/", layers, " on the GPU (",
+                            bytes >> 20, " MiB)"));
+    };
+  }
+  ASSIGN_OR_RETURN(experts_, gpu::CudaExpertBackend::Create(c, *expert_source_, raw,
+                                                            std::move(expert_options)));
+  return absl::OkStatus();
+#else
+  return absl::UnimplementedError("this build has no CUDA backend (nvcc was not found)");
+#endif
+}
+
+absl::Status ModelStack::BindThread() const {
+#if STRATA_HAVE_CUDA
+  if (device_index_ >= 0) CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index_));
+#endif
+  return absl::OkStatus();
+}
+
+ModelStack::~ModelStack() = default;
+
+}  // namespace strata

@@ -1,0 +1,163 @@
+#include "services/expert-worker/cuda_ipc_link.h"
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#if STRATA_HAVE_CUDA
+#include "absl/time/clock.h"
+#include "common/backend/cuda/cuda_expert_backend.h"
+#include "common/backend/cuda/cuda_status.h"
+#include "common/util/status_macros.h"
+#endif
+
+namespace strata {
+
+#if STRATA_HAVE_CUDA
+namespace {
+
+class CudaIpcLinkImpl : public CudaIpcLink {
+ public:
+  CudaIpcLinkImpl(const ModelConfig& config, gpu::CudaExpertBackend& experts)
+      : config_(config), experts_(experts) {}
+  ~CudaIpcLinkImpl() override { Close().IgnoreError(); }
+
+  absl::Status Open(const v1::CudaIpcBuffers& b, int max_tokens) {
+    if (b.hidden_size() != static_cast<uint32_t>(config_.hidden_size) || b.top_k() == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "CUDA IPC buffers of hidden size ", b.hidden_size(), " for a model of ",
+          config_.hidden_size, ": the router serves another model"));
+    }
+    if (b.max_tokens() > static_cast<uint32_t>(max_tokens)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the router's steps hold up to ", b.max_tokens(), " tokens and this worker's buffers ",
+          max_tokens, ": give both the same --max-batch-tokens"));
+    }
+    max_tokens_ = b.max_tokens();
+    top_k_ = b.top_k();
+    // Everything is opened in this worker's own context: an opened event behaves like one
+    // made here, which this device's streams may record and wait for.
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device()));
+    RETURN_IF_ERROR(OpenEvent(b.input_ready(), &input_ready_));
+    RETURN_IF_ERROR(OpenEvent(b.output_ready(), &output_ready_));
+    RETURN_IF_ERROR(OpenMemory(b.input(), &input_));
+    RETURN_IF_ERROR(OpenMemory(b.expert_ids(), &ids_));
+    RETURN_IF_ERROR(OpenMemory(b.expert_weights(), &weights_));
+    RETURN_IF_ERROR(OpenMemory(b.output(), &output_));
+    return absl::OkStatus();
+  }
+
+  absl::Status Run(const ExpertRequestView& r) override {
+    // Everything is checked before anything is queued.
+    if (output_ready_ == nullptr) return absl::FailedPreconditionError("CUDA IPC link closed");
+    if (r.layer >= static_cast<uint32_t>(config_.num_layers) || !config_.layer_is_moe[r.layer]) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", r.layer, " has no experts"));
+    }
+    if (r.num_tokens > max_tokens_ || r.top_k == 0 || r.top_k > top_k_ ||
+        r.hidden_size != static_cast<uint32_t>(config_.hidden_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("device run of ", r.num_tokens, " tokens x ",
+                                                     r.top_k, " does not fit the buffers"));
+    }
+    cudaStream_t stream = experts_.context()->stream();
+    absl::Status status = Queue(r, stream);
+    if (!status.ok()) cudaStreamSynchronize(stream);  // best effort
+    return status;
+  }
+
+  absl::Status Close() override {
+    if (output_ready_ == nullptr && input_ready_ == nullptr && input_ == nullptr) {
+      return absl::OkStatus();
+    }
+    cudaSetDevice(device());
+    // Unmapping waits for no one: let the queued runs finish first, but not forever.
+    cudaStream_t stream = experts_.context()->stream();
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    cudaError_t state = cudaStreamQuery(stream);
+    while (state == cudaErrorNotReady && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+      state = cudaStreamQuery(stream);
+    }
+    if (state == cudaErrorNotReady) {
+      return absl::UnavailableError(
+          "the GPU stream is still blocked after the router left (an input event it never "
+          "recorded); this worker must restart");
+    }
+    for (void** ptr : {&input_, &ids_, &weights_, &output_}) {
+      if (*ptr != nullptr) cudaIpcCloseMemHandle(*ptr);
+      *ptr = nullptr;
+    }
+    for (cudaEvent_t* event : {&input_ready_, &output_ready_}) {
+      if (*event != nullptr) cudaEventDestroy(*event);
+      *event = nullptr;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int device() const { return experts_.context()->device(); }
+
+  absl::Status Queue(const ExpertRequestView& r, cudaStream_t stream) {
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, input_ready_, 0));
+    RETURN_IF_ERROR(experts_.RunExpertsInto(
+        static_cast<int>(r.layer), static_cast<const gpu::bf16*>(input_),
+        static_cast<const int32_t*>(ids_), static_cast<const float*>(weights_), r.num_tokens,
+        static_cast<int>(r.top_k), static_cast<gpu::bf16*>(output_)));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(output_ready_, stream));
+    return absl::OkStatus();
+  }
+
+  static absl::Status OpenMemory(const std::string& bytes, void** ptr) {
+    cudaIpcMemHandle_t handle;
+    if (bytes.size() != sizeof(handle)) {
+      return absl::InvalidArgumentError("CUDA IPC: a memory handle of the wrong size");
+    }
+    std::memcpy(&handle, bytes.data(), sizeof(handle));
+    // A worker on another GPU reaches the router's memory through peer access.
+    CUDA_RETURN_IF_ERROR(cudaIpcOpenMemHandle(ptr, handle, cudaIpcMemLazyEnablePeerAccess));
+    return absl::OkStatus();
+  }
+
+  static absl::Status OpenEvent(const std::string& bytes, cudaEvent_t* event) {
+    cudaIpcEventHandle_t handle;
+    if (bytes.size() != sizeof(handle)) {
+      return absl::InvalidArgumentError("CUDA IPC: an event handle of the wrong size");
+    }
+    std::memcpy(&handle, bytes.data(), sizeof(handle));
+    CUDA_RETURN_IF_ERROR(cudaIpcOpenEventHandle(event, handle));
+    return absl::OkStatus();
+  }
+
+  const ModelConfig& config_;
+  gpu::CudaExpertBackend& experts_;
+  uint32_t max_tokens_ = 0;
+  uint32_t top_k_ = 0;
+  void* input_ = nullptr;
+  void* ids_ = nullptr;
+  void* weights_ = nullptr;
+  void* output_ = nullptr;
+  cudaEvent_t input_ready_ = nullptr;
+  cudaEvent_t output_ready_ = nullptr;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaIpcLink>> OpenCudaIpcLink(const v1::CudaIpcBuffers& buffers,
+                                                             const ModelConfig& config,
+                                                             gpu::CudaExpertBackend& experts,
+                                                             int max_tokens) {
+  auto link = std::make_unique<CudaIpcLinkImpl>(config, experts);
+  RETURN_IF_ERROR(link->Open(buffers, max_tokens));
+  return link;
+}
+
+#else
+
+absl::StatusOr<std::unique_ptr<CudaIpcLink>> OpenCudaIpcLink(const v1::CudaIpcBuffers&,
+                                                             const ModelConfig&,
+                                                             gpu::CudaExpertBackend&, int) {
+  return absl::UnimplementedError("this build has no CUDA backend (nvcc was not found)");
+}
+
+#endif
+
+}  // namespace strata

@@ -1,0 +1,44 @@
+// The worker's end of TRANSPORT_CUDA_IPC: the router's device buffers and interprocess events,
+// opened once per registration, and each layer's run on them. Plain C++ here; without CUDA in
+// the build, opening fails with UNIMPLEMENTED.
+#ifndef STRATA_SERVICES_EXPERT_WORKER_CUDA_IPC_LINK_H_
+#define STRATA_SERVICES_EXPERT_WORKER_CUDA_IPC_LINK_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/model/model_config.h"
+#include "common/transport/expert_wire.h"
+#include "strata/v1/cluster.pb.h"
+
+namespace strata {
+
+namespace gpu {
+class CudaExpertBackend;
+}  // namespace gpu
+
+class CudaIpcLink {
+ public:
+  virtual ~CudaIpcLink() = default;
+
+  // Queues one kDeviceRun on the experts' stream: wait for the router's input event, run the
+  // request's experts from the shared input and routing into this worker's output buffer,
+  // record the output event. Returns once queued (the router waits on the event). On an
+  // error the stream is drained first, so that the router may reuse the buffers at once.
+  virtual absl::Status Run(const ExpertRequestView& request) = 0;
+
+  // Lets queued work finish (within a few seconds) and closes the handles. UNAVAILABLE when
+  // the stream stays blocked, e.g. on an input event of a router that died before recording
+  // it: the worker must then restart.
+  virtual absl::Status Close() = 0;
+};
+
+// Opens `buffers` on the device of `experts`, whose steps hold at most `max_tokens` tokens.
+absl::StatusOr<std::unique_ptr<CudaIpcLink>> OpenCudaIpcLink(const v1::CudaIpcBuffers& buffers,
+                                                             const ModelConfig& config,
+                                                             gpu::CudaExpertBackend& experts,
+                                                             int max_tokens);
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_EXPERT_WORKER_CUDA_IPC_LINK_H_

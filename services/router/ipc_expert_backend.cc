@@ -1,0 +1,283 @@
+#include "services/router/ipc_expert_backend.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/backend/cuda/cuda_status.h"
+#include "common/backend/cuda/expert_split_kernels.h"
+#include "common/util/process.h"
+#include "common/util/status_macros.h"
+
+namespace strata {
+namespace {
+
+constexpr unsigned kEventFlags = cudaEventInterprocess | cudaEventDisableTiming;
+
+// Shared allocations are whole multiples of 2 MiB: smaller ones may be carved from a larger
+// block, which a handle would share whole (and map from its start).
+template <typename T>
+absl::StatusOr<gpu::DeviceBuffer<T>> AllocateShared(size_t count) {
+  constexpr size_t kGranule = size_t{2} << 20;
+  const size_t bytes = (count * sizeof(T) + kGranule - 1) / kGranule * kGranule;
+  return gpu::DeviceBuffer<T>::Allocate(bytes / sizeof(T));
+}
+
+absl::Status PutMemHandle(void* device_ptr, std::string* out) {
+  cudaIpcMemHandle_t handle;
+  CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, device_ptr));
+  out->assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  return absl::OkStatus();
+}
+
+absl::Status PutEventHandle(cudaEvent_t event, std::string* out) {
+  cudaIpcEventHandle_t handle;
+  CUDA_RETURN_IF_ERROR(cudaIpcGetEventHandle(&handle, event));
+  out->assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CudaIpcConnection::~CudaIpcConnection() {
+  // Best effort, on whichever thread drops the last reference.
+  cudaSetDevice(device_);
+  if (input_ready_ != nullptr) cudaEventDestroy(input_ready_);
+  if (output_ready_ != nullptr) cudaEventDestroy(output_ready_);
+}
+
+absl::StatusOr<std::unique_ptr<IpcExpertBackend>> IpcExpertBackend::Create(
+    const ModelConfig& config, PlacementPlan placement, RemoteExpertOptions options,
+    gpu::CudaContext* context, int max_tokens) {
+  if (placement.num_workers > gpu::kMaxSplitTargets) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA IPC experts: at most ",
+                                                   gpu::kMaxSplitTargets, " workers, not ",
+                                                   placement.num_workers));
+  }
+  if (max_tokens <= 0) return absl::InvalidArgumentError("CUDA IPC experts: max_tokens");
+  std::unique_ptr<IpcExpertBackend> b(
+      new IpcExpertBackend(config, std::move(placement), options, context, max_tokens));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(context->device()));
+  const size_t activations = static_cast<size_t>(max_tokens) * config.hidden_size;
+  ASSIGN_OR_RETURN(b->input_, AllocateShared<gpu::bf16>(activations));
+  ASSIGN_OR_RETURN(b->sum_, gpu::DeviceBuffer<gpu::bf16>::Allocate(activations));
+  ASSIGN_OR_RETURN(b->owners_,
+                   gpu::DeviceBuffer<int32_t>::Allocate(static_cast<size_t>(config.num_layers) *
+                                                        std::max(config.num_experts, 1)));
+  b->uploaded_owners_.resize(config.num_layers);
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->release_stream_, cudaStreamNonBlocking));
+  b->watchdog_ = std::thread([raw = b.get()] { raw->Watch(); });
+  return b;
+}
+
+IpcExpertBackend::~IpcExpertBackend() {
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    stopping_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  cudaSetDevice(context_->device());
+  if (release_stream_ != nullptr) cudaStreamDestroy(release_stream_);
+}
+
+void IpcExpertBackend::Watch() {
+  cudaSetDevice(context_->device());
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  while (!watch_cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return stopping_; })) {
+    for (const std::shared_ptr<ExpertConnection>& connection : Connections()) {
+      auto* link = dynamic_cast<CudaIpcConnection*>(connection.get());
+      if (link != nullptr) ReleaseIfLost(*link);
+    }
+  }
+}
+
+void IpcExpertBackend::ReleaseIfLost(CudaIpcConnection& link) {
+  std::lock_guard<std::mutex> lock(release_mu_);
+  if (!link.awaited_.load() || link.Alive()) return;
+  // Gone, after the router's stream started waiting for its output event.
+  const cudaError_t state = cudaEventQuery(link.output_ready_);
+  if (state != cudaErrorNotReady) {
+    if (state != cudaSuccess) cudaGetLastError();
+    link.awaited_.store(false);
+    return;
+  }
+  // Its record will never run. A record here completes at once and releases the waiting
+  // stream; what that stream computed meanwhile is wrong, so the step runs again.
+  cudaEventRecord(link.output_ready_, release_stream_);
+  link.awaited_.store(false);
+  lost_.store(true);
+  Log(LogLevel::kWarning,
+      "an expert worker died with its GPU work queued; the step runs again without it");
+}
+
+absl::Status IpcExpertBackend::FinishStep() {
+  if (lost_.exchange(false)) {
+    return absl::AbortedError("an expert worker died with this step's GPU work queued");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<ExpertConnection>> IpcExpertBackend::Attach(
+    int index, std::unique_ptr<ShmExpertConnection> channel, v1::CudaIpcBuffers& buffers) {
+  const ModelConfig& c = config();
+  // Registration runs on a gRPC thread: make the router's device current there.
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(context_->device()));
+  // The connection this one replaces goes soon: free no stream that still waits on it.
+  const std::vector<std::shared_ptr<ExpertConnection>> current = Connections();
+  if (index >= 0 && index < static_cast<int>(current.size())) {
+    if (auto* old = dynamic_cast<CudaIpcConnection*>(current[index].get())) ReleaseIfLost(*old);
+  }
+  std::shared_ptr<CudaIpcConnection> link(new CudaIpcConnection());
+  link->device_ = context_->device();
+  const int top_k = std::max(c.top_k, 1);
+  const size_t slots = static_cast<size_t>(max_tokens_) * top_k;
+  ASSIGN_OR_RETURN(link->ids_, AllocateShared<int32_t>(slots));
+  ASSIGN_OR_RETURN(link->weights_, AllocateShared<float>(slots));
+  ASSIGN_OR_RETURN(link->output_, AllocateShared<gpu::bf16>(static_cast<size_t>(max_tokens_) *
+                                                            c.hidden_size));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&link->input_ready_, kEventFlags));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&link->output_ready_, kEventFlags));
+  buffers.set_device(context_->device());
+  buffers.set_max_tokens(static_cast<uint32_t>(max_tokens_));
+  buffers.set_top_k(static_cast<uint32_t>(top_k));
+  buffers.set_hidden_size(static_cast<uint32_t>(c.hidden_size));
+  RETURN_IF_ERROR(PutMemHandle(input_.data(), buffers.mutable_input()));
+  RETURN_IF_ERROR(PutMemHandle(link->ids_.data(), buffers.mutable_expert_ids()));
+  RETURN_IF_ERROR(PutMemHandle(link->weights_.data(), buffers.mutable_expert_weights()));
+  RETURN_IF_ERROR(PutMemHandle(link->output_.data(), buffers.mutable_output()));
+  RETURN_IF_ERROR(PutEventHandle(link->input_ready_, buffers.mutable_input_ready()));
+  RETURN_IF_ERROR(PutEventHandle(link->output_ready_, buffers.mutable_output_ready()));
+  link->channel_ = std::move(channel);
+  return std::shared_ptr<ExpertConnection>(std::move(link));
+}
+
+absl::Status IpcExpertBackend::UploadOwners(int layer, const std::vector<int>& owner) {
+  if (uploaded_owners_[layer] == owner) return absl::OkStatus();
+  const ModelConfig& c = config();
+  if (static_cast<int>(owner.size()) != c.num_experts) {
+    return absl::InternalError("CUDA IPC experts: placement does not match the model");
+  }
+  const std::vector<int32_t> row(owner.begin(), owner.end());
+  cudaStream_t stream = context_->stream();
+  // Rare (the first step, or a worker came or went): waited for, so `row` can go.
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(owners_.data() + static_cast<size_t>(layer) * c.num_experts,
+                                       row.data(), row.size() * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  uploaded_owners_[layer] = owner;
+  return absl::OkStatus();
+}
+
+absl::Status IpcExpertBackend::Exchange(
+    int layer, const Tensor& x, const RoutingTable& routing, const std::vector<int>& owner,
+    const std::vector<std::shared_ptr<ExpertConnection>>& connections, Tensor& out, int* failed) {
+  const ModelConfig& c = config();
+  const int64_t n = x.rows();
+  const int64_t h = c.hidden_size;
+  const int k = routing.top_k;
+  if (x.device() != Device::kCuda || !routing.on_device() || x.cols() != h) {
+    return absl::InvalidArgumentError(
+        "CUDA IPC experts: the layer's input and routing must be on the router's device");
+  }
+  if (n > max_tokens_ || k <= 0 || k > std::max(c.top_k, 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA IPC experts: ", n, " tokens x ", k,
+                                                   " slots do not fit the buffers (",
+                                                   max_tokens_, " x ", c.top_k, ")"));
+  }
+  // Every worker that runs an expert of this layer takes part: the routing stays on the
+  // device, so which of them the tokens picked is not known here.
+  std::vector<int> workers;
+  for (int w = 0; w < num_workers(); ++w) {
+    if (std::find(owner.begin(), owner.end(), w) != owner.end()) workers.push_back(w);
+  }
+  std::vector<CudaIpcConnection*> links(num_workers(), nullptr);
+  for (int w : workers) {
+    links[w] = dynamic_cast<CudaIpcConnection*>(connections[w].get());
+    if (links[w] == nullptr || !links[w]->Alive()) {
+      *failed = w;
+      return absl::UnavailableError(
+          absl::StrCat("expert worker ", w, " is not connected over CUDA IPC"));
+    }
+  }
+  RETURN_IF_ERROR(UploadOwners(layer, owner));
+  cudaStream_t stream = context_->stream();
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(input_.data(), x.device_data(),
+                                       static_cast<size_t>(n * h) * sizeof(gpu::bf16),
+                                       cudaMemcpyDeviceToDevice, stream));
+  gpu::RoutingSplit split;
+  for (int w : workers) {
+    split.worker[split.count] = w;
+    split.ids[split.count] = links[w]->ids_.data();
+    split.weights[split.count] = links[w]->weights_.data();
+    ++split.count;
+  }
+  CUDA_RETURN_IF_ERROR(gpu::LaunchSplitRouting(
+      routing.device_expert, routing.device_weight, n, k,
+      owners_.data() + static_cast<size_t>(layer) * c.num_experts, c.num_experts, split, stream));
+  for (int w : workers) CUDA_RETURN_IF_ERROR(cudaEventRecord(links[w]->input_ready_, stream));
+
+  const uint64_t step = NextStep();
+  std::vector<bool> sent(num_workers(), false);
+  absl::Status status;
+  for (int w : workers) {
+    ExpertRequestView request;
+    request.kind = ExpertMessageKind::kDeviceRun;
+    request.step = step;
+    request.layer = static_cast<uint32_t>(layer);
+    request.num_tokens = static_cast<uint32_t>(n);
+    request.top_k = static_cast<uint32_t>(k);
+    request.hidden_size = static_cast<uint32_t>(h);
+    request.hot_ratio = hot_ratio();
+    status = links[w]->Send(request);
+    if (!status.ok()) {
+      *failed = w;
+      break;
+    }
+    sent[w] = true;
+  }
+  gpu::PartialSet partials;
+  std::shared_ptr<void> holder;  // keeps a single partial's buffer alive with the view
+  for (int w : workers) {
+    if (!sent[w]) continue;
+    bool transport_failed = false;
+    const absl::Status received = ReceiveResponse(
+        w, *links[w], step,
+        [&](const ExpertResponseView& response) {
+          if (!response.on_device || response.num_tokens != n || response.hidden_size != h) {
+            return absl::DataLossError(
+                absl::StrCat("expert worker ", w, " answered a different request"));
+          }
+          return absl::OkStatus();
+        },
+        &transport_failed);
+    if (received.ok()) {
+      // Also when the layer fails elsewhere: whatever this stream does next (a rerun writes
+      // the same buffers) must follow this worker's kernels.
+      const cudaError_t waited = cudaStreamWaitEvent(stream, links[w]->output_ready_, 0);
+      if (waited != cudaSuccess && status.ok()) {
+        status = gpu::CudaStatus(waited, "cudaStreamWaitEvent", __FILE__, __LINE__);
+      }
+      links[w]->awaited_.store(true);
+      partials.parts[partials.count++] = links[w]->output_.data();
+      holder = connections[w];
+    }
+    if (transport_failed && *failed < 0) *failed = w;
+    if (status.ok()) status = received;
+  }
+  if (!status.ok()) return status;
+  if (partials.count == 1) {
+    out = Tensor::DeviceView(const_cast<gpu::bf16*>(partials.parts[0]), n, h, std::move(holder));
+    return absl::OkStatus();
+  }
+  if (partials.count == 0) {
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(sum_.data(), 0,
+                                         static_cast<size_t>(n * h) * sizeof(gpu::bf16), stream));
+  } else {
+    CUDA_RETURN_IF_ERROR(gpu::LaunchSumPartials(partials, n * h, sum_.data(), stream));
+  }
+  out = Tensor::DeviceView(sum_.data(), n, h, keep_alive_);
+  return absl::OkStatus();
+}
+
+}  // namespace strata

@@ -1,0 +1,121 @@
+// The router's ExpertBackend when the router runs on a GPU and its workers run on GPUs of the
+// same host (TRANSPORT_CUDA_IPC): activations never leave the device. Per MoE layer the
+// router's stream copies the layer's input into a buffer every worker can read, writes each
+// worker's routing (other workers' experts set to -1), records each worker's input event and
+// sends it a small kDeviceRun message over its shared-memory channel; each worker's stream
+// waits for that event, runs its experts into its output buffer and records its output event,
+// and the worker answers as soon as that is queued. The router's stream then waits for the
+// output events and sums the partials, so the pipeline stays on the GPUs; the host only waits
+// for messages. Buffers live on the router's GPU (a worker on another GPU reads and writes
+// them through peer access). Placement, liveness and rerouting are RemoteExpertBackend's.
+//
+// A worker that dies before answering costs its layer, which runs again on the others (as
+// RemoteExpertBackend does). One that dies after answering leaves the router's stream
+// waiting for an output event whose record will never run: a watchdog thread notices, records
+// the event itself (releasing the stream), and FinishStep aborts the step so that it runs
+// again without that worker.
+#ifndef STRATA_SERVICES_ROUTER_IPC_EXPERT_BACKEND_H_
+#define STRATA_SERVICES_ROUTER_IPC_EXPERT_BACKEND_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/backend/cuda/cuda_context.h"
+#include "common/backend/cuda/cuda_types.h"
+#include "common/backend/cuda/device_buffer.h"
+#include "services/router/remote_expert_backend.h"
+#include "services/router/shm_expert_connection.h"
+#include "strata/v1/cluster.pb.h"
+
+namespace strata {
+
+// One worker's device buffers and events on the router's GPU, and its control channel.
+class CudaIpcConnection : public ExpertConnection {
+ public:
+  ~CudaIpcConnection() override;
+
+  absl::Status Send(const ExpertRequestView& request) override { return channel_->Send(request); }
+  absl::Status Receive(absl::FunctionRef<void(const ExpertResponseView&)> consume,
+                       absl::Duration timeout) override {
+    return channel_->Receive(consume, timeout);
+  }
+  bool Alive() const override { return channel_->Alive(); }
+
+ private:
+  friend class IpcExpertBackend;
+  CudaIpcConnection() = default;
+
+  std::unique_ptr<ShmExpertConnection> channel_;
+  int device_ = 0;  // the router's, where the buffers and events are
+  gpu::DeviceBuffer<int32_t> ids_;
+  gpu::DeviceBuffer<float> weights_;
+  gpu::DeviceBuffer<gpu::bf16> output_;
+  cudaEvent_t input_ready_ = nullptr;   // recorded by the router
+  cudaEvent_t output_ready_ = nullptr;  // recorded by the worker
+  std::atomic<bool> awaited_{false};    // the router's stream has waited on output_ready_
+};
+
+class IpcExpertBackend : public RemoteExpertBackend {
+ public:
+  // Buffers for steps of up to `max_tokens` tokens on `context`'s device, whose stream the
+  // router backend uses; the context must outlive the backend.
+  static absl::StatusOr<std::unique_ptr<IpcExpertBackend>> Create(const ModelConfig& config,
+                                                                  PlacementPlan placement,
+                                                                  RemoteExpertOptions options,
+                                                                  gpu::CudaContext* context,
+                                                                  int max_tokens);
+  ~IpcExpertBackend() override;
+
+  // ABORTED when the watchdog released a dead worker's output event during the step.
+  absl::Status FinishStep() override;
+
+  // Allocates worker `index`'s buffers and events, writes their handles into `buffers` and
+  // wraps `channel`; install the result with SetConnection. Any thread.
+  absl::StatusOr<std::shared_ptr<ExpertConnection>> Attach(
+      int index, std::unique_ptr<ShmExpertConnection> channel, v1::CudaIpcBuffers& buffers);
+
+ protected:
+  // `x` and `routing` on the router's device; `out` becomes a device view [n, hidden] bf16.
+  absl::Status Exchange(int layer, const Tensor& x, const RoutingTable& routing,
+                        const std::vector<int>& owner,
+                        const std::vector<std::shared_ptr<ExpertConnection>>& connections,
+                        Tensor& out, int* failed) override;
+
+ private:
+  IpcExpertBackend(const ModelConfig& config, PlacementPlan placement, RemoteExpertOptions options,
+                   gpu::CudaContext* context, int max_tokens)
+      : RemoteExpertBackend(config, std::move(placement), options),
+        context_(context),
+        max_tokens_(max_tokens) {}
+  // Puts `owner` (expert -> worker) for `layer` on the device when it changed.
+  absl::Status UploadOwners(int layer, const std::vector<int>& owner);
+  // The watchdog thread's loop.
+  void Watch();
+  // When `link`'s worker is gone and the router's stream waits for an output event it will
+  // never record: records it here (releasing the stream) and marks the step lost.
+  void ReleaseIfLost(CudaIpcConnection& link);
+
+  gpu::CudaContext* context_;
+  int max_tokens_;
+  gpu::DeviceBuffer<gpu::bf16> input_;  // [max_tokens, hidden], read by every worker
+  gpu::DeviceBuffer<gpu::bf16> sum_;    // [max_tokens, hidden]: the partials' sum
+  gpu::DeviceBuffer<int32_t> owners_;   // [num_layers][num_experts]
+  std::vector<std::vector<int>> uploaded_owners_;  // what owners_ holds, by layer
+  std::shared_ptr<void> keep_alive_ = std::make_shared<int>(0);
+  std::atomic<bool> lost_{false};  // a dead worker's output event was released
+  cudaStream_t release_stream_ = nullptr;  // ReleaseIfLost's records
+  std::mutex release_mu_;                  // ReleaseIfLost: the watchdog and registrations
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool stopping_ = false;  // guarded by watch_mu_
+  std::thread watchdog_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_ROUTER_IPC_EXPERT_BACKEND_H_

@@ -1,0 +1,103 @@
+// The per-layer wire format: host runs, prefetch hints, and the header-only device runs of CUDA
+// IPC with their answers.
+#include "common/transport/expert_wire.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+TEST(ExpertWireTest, HostRunRoundTrip) {
+  const std::vector<float> hidden = {1, 2, 3, 4, 5, 6};
+  const std::vector<int32_t> experts = {3, -1, 0, 7};
+  const std::vector<float> weights = {0.5f, 0, 0.25f, 0.75f};
+  ExpertRequestView r;
+  r.step = 9;
+  r.layer = 2;
+  r.num_tokens = 2;
+  r.top_k = 2;
+  r.hidden_size = 3;
+  r.hidden = hidden;
+  r.experts = experts;
+  r.weights = weights;
+  std::vector<uint8_t> bytes(ExpertRequestBytes(2, 2, 3));
+  EncodeExpertRequest(r, absl::MakeSpan(bytes));
+  auto decoded = DecodeExpertRequest(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->kind, ExpertMessageKind::kRun);
+  EXPECT_EQ(std::vector<float>(decoded->hidden.begin(), decoded->hidden.end()), hidden);
+  EXPECT_EQ(std::vector<int32_t>(decoded->experts.begin(), decoded->experts.end()), experts);
+}
+
+TEST(ExpertWireTest, DeviceRunIsTheHeaderOnly) {
+  ExpertRequestView r;
+  r.kind = ExpertMessageKind::kDeviceRun;
+  r.step = 41;
+  r.layer = 5;
+  r.num_tokens = 300;
+  r.top_k = 8;
+  r.hidden_size = 2048;
+  r.hot_ratio = 0.25f;
+  std::vector<uint8_t> bytes(ExpertDeviceRunBytes());
+  EncodeExpertRequest(r, absl::MakeSpan(bytes));
+  auto decoded = DecodeExpertRequest(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->kind, ExpertMessageKind::kDeviceRun);
+  EXPECT_EQ(decoded->step, 41u);
+  EXPECT_EQ(decoded->layer, 5u);
+  EXPECT_EQ(decoded->num_tokens, 300u);
+  EXPECT_EQ(decoded->top_k, 8u);
+  EXPECT_EQ(decoded->hidden_size, 2048u);
+  EXPECT_FLOAT_EQ(decoded->hot_ratio, 0.25f);
+  EXPECT_TRUE(decoded->hidden.empty());
+  // A device run with arrays appended is refused.
+  bytes.resize(bytes.size() + 4);
+  EXPECT_FALSE(DecodeExpertRequest(bytes).ok());
+}
+
+TEST(ExpertWireTest, DeviceResponseCarriesNoPartial) {
+  ExpertResponseView r;
+  r.step = 41;
+  r.layer = 5;
+  r.num_tokens = 300;
+  r.hidden_size = 2048;
+  r.on_device = true;
+  r.tiers.hot_hits = 3;
+  std::vector<uint8_t> bytes(ExpertDeviceResponseBytes());
+  EncodeExpertResponse(r, absl::MakeSpan(bytes));
+  auto decoded = DecodeExpertResponse(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_TRUE(decoded->on_device);
+  EXPECT_EQ(decoded->num_tokens, 300u);
+  EXPECT_TRUE(decoded->partial.empty());
+  EXPECT_TRUE(decoded->error.empty());
+  EXPECT_EQ(decoded->tiers.hot_hits, 3u);
+
+  const std::string error = "layer 5 has no experts";
+  r.error = error;
+  bytes.assign(ExpertDeviceResponseBytes(error.size()), 0);
+  EncodeExpertResponse(r, absl::MakeSpan(bytes));
+  decoded = DecodeExpertResponse(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_TRUE(decoded->on_device);
+  EXPECT_EQ(decoded->error, error);
+}
+
+TEST(ExpertWireTest, HostResponseIsNotOnDevice) {
+  const std::vector<float> partial = {1, 2, 3};
+  ExpertResponseView r;
+  r.num_tokens = 1;
+  r.hidden_size = 3;
+  r.partial = partial;
+  std::vector<uint8_t> bytes(ExpertResponseBytes(1, 3));
+  EncodeExpertResponse(r, absl::MakeSpan(bytes));
+  auto decoded = DecodeExpertResponse(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_FALSE(decoded->on_device);
+  EXPECT_EQ(std::vector<float>(decoded->partial.begin(), decoded->partial.end()), partial);
+}
+
+}  // namespace
+}  // namespace strata
