@@ -70,6 +70,9 @@ TEST(ClusterConfigTest, TierKeys) {
               HasSubstr("bad value for \"gpu_memory_budget\""));
   EXPECT_THAT(message("cache_policy: mru\n"), HasSubstr("bad value for \"cache_policy\""));
   EXPECT_THAT(message("cold_experts: disk\n"), HasSubstr("bad value for \"cold_experts\""));
+  EXPECT_THAT(message("mps: maybe\n"), HasSubstr("bad value for \"mps\""));
+  ASSERT_TRUE(LoadClusterConfig(Write("mps.yaml", "mps: off\n"), c).ok());
+  EXPECT_EQ(c.mps, "off");
 }
 
 TEST(ClusterConfigTest, Errors) {

@@ -81,6 +81,9 @@ const std::map<std::string, Setter>& Setters() {
                                           return v == "auto" || v == "copy" || v == "cpu";
                                         })},
       {"prefetch", Set<bool>(&ClusterConfig::prefetch)},
+      {"mps", Set<std::string>(
+                  &ClusterConfig::mps,
+                  [](const std::string& v) { return v == "auto" || v == "on" || v == "off"; })},
   };
   return *setters;
 }
@@ -107,7 +110,8 @@ absl::Status Apply(const YAML::Node& map, const std::string& prefix, const std::
 }  // namespace
 
 absl::StatusOr<std::string> RouterDevice(const ClusterConfig& c) {
-  const bool ipc_workers = c.device == "cuda" && c.transport == "shm" && c.gpu_memory_budget.empty();
+  const bool ipc_workers =
+      c.device == "cuda" && c.transport == "shm" && c.gpu_memory_budget.empty();
   if (c.router_device.empty()) return ipc_workers ? std::string("cuda:0") : std::string("cpu");
   if (!ValidDevice(c.router_device)) {
     return absl::InvalidArgumentError(

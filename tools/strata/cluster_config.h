@@ -37,6 +37,9 @@ struct ClusterConfig {
   std::string cache_policy = "lfu";   // warm slots: lru or lfu
   std::string cold_experts = "auto";  // copy, cpu (strata-cache computes them) or auto
   bool prefetch = true;
+  // GPU clusters: a CUDA MPS daemon for the cluster's processes. auto: when the control
+  // binary is there; on: required; off: never.
+  std::string mps = "auto";
 };
 
 // Reads `path` (YAML or JSON) into `config`, keeping fields the file does not set. Unknown

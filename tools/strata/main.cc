@@ -82,6 +82,8 @@ ABSL_FLAG(std::string, hot_ratio, "auto",
           "hot-ratio: the value to set");
 ABSL_FLAG(std::string, cache_policy, "lfu", "up: warm-slot replacement, lru or lfu");
 ABSL_FLAG(std::string, cold_experts, "auto", "up: experts in no slot: copy, cpu or auto");
+ABSL_FLAG(std::string, mps, "auto",
+          "up: CUDA MPS daemon for the GPU processes: auto (when installed), on or off");
 ABSL_FLAG(bool, prefetch, true, "up: predict the next layer's experts and prefetch them");
 ABSL_FLAG(std::string, calibration, "",
           "plan: JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} a line");
@@ -224,6 +226,10 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
   if (flags.Specified("cache_policy")) c.cache_policy = absl::GetFlag(FLAGS_cache_policy);
   if (flags.Specified("cold_experts")) c.cold_experts = absl::GetFlag(FLAGS_cold_experts);
   if (flags.Specified("prefetch")) c.prefetch = absl::GetFlag(FLAGS_prefetch);
+  if (flags.Specified("mps")) c.mps = absl::GetFlag(FLAGS_mps);
+  if (c.mps != "auto" && c.mps != "on" && c.mps != "off") {
+    return absl::InvalidArgumentError("--mps must be auto, on or off");
+  }
   if (c.device != "cpu" && c.device != "cuda") {
     return absl::InvalidArgumentError("--device must be cpu or cuda");
   }

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/util/process.h"
+#include "tools/strata/mps_daemon.h"
 
 namespace strata {
 namespace {
@@ -143,6 +144,20 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
   sigaddset(&set, SIGCHLD);
   ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
+  // GPU processes share a GPU through an MPS daemon of this cluster's own (see mps_daemon.h).
+  std::unique_ptr<MpsDaemon> mps;
+  if (c.device == "cuda" && c.mps != "off") {
+    auto started = MpsDaemon::Start(absl::StrCat("/tmp/strata-mps-", ::getpid()));
+    if (started.ok()) {
+      mps = *std::move(started);
+      StatusLine(absl::StrCat("CUDA MPS daemon started (", mps->pipe_dir(), ")"));
+    } else if (c.mps == "on") {
+      return started.status();
+    } else {
+      StatusLine(absl::StrCat("no CUDA MPS (", started.status().message(),
+                              "): processes on one GPU share it by time slices"));
+    }
+  }
   const std::string prefix = absl::StrCat("strata-", ::getpid());
   const std::string threads = absl::StrCat("--threads=", c.threads_per_process);
   const std::string log_level = absl::StrCat("--log-level=", c.log_level);
