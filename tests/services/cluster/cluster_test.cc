@@ -12,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "strata/v1/generation.grpc.pb.h"
 #include "tests/testing/cluster_process.h"
+#include "tests/testing/generate_client.h"
 #include "tests/testing/oracles.h"
 #include "tests/testing/run_strata.h"
 #include "tools/strata/eval_command.h"
@@ -21,10 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::strata::testing::ClusterProcess;
-
-std::string OracleDir(const std::string& name) {
-  return std::string(STRATA_TEST_DATA_DIR) + "/oracles/" + name;
-}
+using ::strata::testing::OracleDir;
 
 struct Generated {
   grpc::Status status;

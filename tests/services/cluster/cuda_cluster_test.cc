@@ -19,6 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "strata/v1/generation.grpc.pb.h"
 #include "tests/testing/cluster_process.h"
+#include "tests/testing/generate_client.h"
 #include "tests/testing/oracles.h"
 #include "tools/strata/eval_command.h"
 
@@ -27,10 +28,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::strata::testing::ClusterProcess;
-
-std::string OracleDir(const std::string& name) {
-  return std::string(STRATA_TEST_DATA_DIR) + "/oracles/" + name;
-}
+using ::strata::testing::Generated;
+using ::strata::testing::GenerateGreedy;
+using ::strata::testing::OracleDir;
 
 int Workers() { return gpu::CudaDeviceCount() >= 2 ? 2 : 1; }
 
@@ -42,32 +42,6 @@ std::vector<std::string> GpuClusterArgs(const std::string& model, int max_batch_
           "--max-batch-tokens=" + std::to_string(max_batch_tokens),
           "--max-running=16",
           "--kv-cache-mb=256"};
-}
-
-struct Generated {
-  grpc::Status status;
-  std::vector<uint32_t> tokens;
-};
-
-Generated Generate(const std::string& address, const std::vector<uint32_t>& prompt, int max_new,
-                   std::function<void()> on_first = nullptr) {
-  auto stub =
-      v1::Generation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  v1::GenerateRequest request;
-  for (uint32_t id : prompt) request.add_prompt_token_ids(id);
-  request.set_max_new_tokens(max_new);
-  request.set_ignore_eos(true);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-  auto reader = stub->Generate(&context, request);
-  Generated out;
-  v1::GenerateResponse response;
-  while (reader->Read(&response)) {
-    if (out.tokens.empty() && response.token_ids_size() > 0 && on_first) on_first();
-    out.tokens.insert(out.tokens.end(), response.token_ids().begin(), response.token_ids().end());
-  }
-  out.status = reader->Finish();
-  return out;
 }
 
 // Whether the reference's top two logits of `row` are apart by more than a tenth of the
@@ -135,7 +109,7 @@ TEST_P(CudaClusterOracleTest, GreedyMatchesTheReference) {
     std::vector<std::future<Generated>> running;
     for (size_t r = begin; r < std::min(rows.size(), begin + 16); ++r) {
       running.push_back(std::async(std::launch::async, [&cluster, &rows, r] {
-        return Generate(cluster.address(), rows[r].prefix, 1);
+        return GenerateGreedy(cluster.address(), rows[r].prefix, 1);
       }));
     }
     for (size_t i = 0; i < running.size(); ++i) {
@@ -148,8 +122,8 @@ TEST_P(CudaClusterOracleTest, GreedyMatchesTheReference) {
   int free_running = 0, greedy_total = 0;
   for (const auto& c : cases) {
     const auto greedy = c["greedy"].get<std::vector<uint32_t>>();
-    const Generated g = Generate(cluster.address(), c["prompt"].get<std::vector<uint32_t>>(),
-                                 static_cast<int>(greedy.size()));
+    const Generated g = GenerateGreedy(cluster.address(), c["prompt"].get<std::vector<uint32_t>>(),
+                                       static_cast<int>(greedy.size()));
     ASSERT_TRUE(g.status.ok()) << g.status.error_message();
     ASSERT_EQ(g.tokens.size(), greedy.size());
     size_t same = 0;
@@ -232,7 +206,7 @@ TEST(CudaClusterTest, KilledWorkerGivesUnavailableOrReroutes) {
   std::promise<void> first;
   std::atomic<bool> fired{false};
   auto running = std::async(std::launch::async, [&] {
-    return Generate(cluster.address(), prompt, kNewTokens, [&] {
+    return GenerateGreedy(cluster.address(), prompt, kNewTokens, [&] {
       if (!fired.exchange(true)) first.set_value();
     });
   });
@@ -263,7 +237,7 @@ TEST(CudaClusterTest, KilledWorkerGivesUnavailableOrReroutes) {
     if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_TRUE(back) << "the restarted worker did not register";
-  const Generated after = Generate(cluster.address(), prompt, 16);
+  const Generated after = GenerateGreedy(cluster.address(), prompt, 16);
   ASSERT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.tokens.size(), 16u);
   EXPECT_EQ(cluster.Stop(), 0);

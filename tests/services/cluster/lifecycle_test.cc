@@ -18,6 +18,7 @@
 #include "strata/v1/generation.grpc.pb.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/cluster_process.h"
+#include "tests/testing/generate_client.h"
 #include "tests/testing/run_strata.h"
 
 namespace strata {
@@ -25,12 +26,11 @@ namespace {
 
 using ::strata::testing::ChildProcess;
 using ::strata::testing::ClusterProcess;
+using ::strata::testing::Generated;
+using ::strata::testing::GenerateGreedy;
+using ::strata::testing::OracleDir;
 
 const std::string kBin = STRATA_BIN_DIR;
-
-std::string OracleDir(const std::string& name) {
-  return std::string(STRATA_TEST_DATA_DIR) + "/oracles/" + name;
-}
 
 grpc::health::v1::HealthCheckResponse::ServingStatus Health(const std::string& address,
                                                             const std::string& service = "") {
@@ -55,36 +55,6 @@ bool WaitForHealth(const std::string& address,
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return false;
-}
-
-struct Generated {
-  grpc::Status status;
-  std::vector<uint32_t> tokens;
-  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
-};
-
-// Streams one request; `on_first` runs once the first tokens arrive.
-Generated Generate(const std::string& address, const std::vector<uint32_t>& prompt, int max_new,
-                   std::function<void()> on_first = nullptr) {
-  auto stub =
-      v1::Generation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  v1::GenerateRequest request;
-  for (uint32_t id : prompt) request.add_prompt_token_ids(id);
-  request.set_max_new_tokens(max_new);
-  request.set_ignore_eos(true);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-  auto reader = stub->Generate(&context, request);
-  Generated out;
-  v1::GenerateResponse response;
-  while (reader->Read(&response)) {
-    if (out.tokens.empty() && response.token_ids_size() > 0 && on_first) on_first();
-    out.tokens.insert(out.tokens.end(), response.token_ids().begin(), response.token_ids().end());
-    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED)
-      out.finish = response.finish_reason();
-  }
-  out.status = reader->Finish();
-  return out;
 }
 
 TEST(LifecycleTest, NotServingUntilEveryWorkerRegisters) {
@@ -112,7 +82,7 @@ TEST(LifecycleTest, NotServingUntilEveryWorkerRegisters) {
   EXPECT_EQ(Health(router_address, "strata.v1.Generation"),
             grpc::health::v1::HealthCheckResponse::SERVING);
   EXPECT_EQ(router.AwaitLine("READY "), router_address);
-  EXPECT_EQ(Generate(router_address, {1, 2, 3}, 4).tokens.size(), 4u);
+  EXPECT_EQ(GenerateGreedy(router_address, {1, 2, 3}, 4).tokens.size(), 4u);
   EXPECT_EQ(router.Stop(), 0);
 }
 
@@ -121,8 +91,8 @@ TEST(LifecycleTest, SigtermDrainsRequestsInFlight) {
   ASSERT_FALSE(cluster.address().empty());
   std::promise<void> first;
   auto running = std::async(std::launch::async, [&] {
-    return Generate(cluster.address(), std::vector<uint32_t>(20, 5), 400,
-                    [&] { first.set_value(); });
+    return GenerateGreedy(cluster.address(), std::vector<uint32_t>(20, 5), 400,
+                          [&] { first.set_value(); });
   });
   first.get_future().wait();
   ::kill(cluster.pid(), SIGTERM);
@@ -157,14 +127,15 @@ TEST(LifecycleTest, SupervisorRestartsAKilledWorker) {
   const auto oracle = nlohmann::json::parse(in);
   const auto prompt = oracle["cases"][2]["prompt"].get<std::vector<uint32_t>>();
   const auto greedy = oracle["cases"][2]["greedy"].get<std::vector<uint32_t>>();
-  ASSERT_EQ(Generate(cluster.address(), prompt, static_cast<int>(greedy.size())).tokens, greedy);
+  ASSERT_EQ(GenerateGreedy(cluster.address(), prompt, static_cast<int>(greedy.size())).tokens,
+            greedy);
 
   // Kill worker 1 (a child of the supervisor); a new one must take its place and register.
   const pid_t worker = ChildWithArgs(cluster.pid(), "strata-worker", "--index=1");
   ASSERT_GT(worker, 0);
   ASSERT_EQ(::kill(worker, SIGKILL), 0);
   // A request while the worker is gone may fail, but must not leave any channel out of step.
-  Generate(cluster.address(), prompt, static_cast<int>(greedy.size()));
+  GenerateGreedy(cluster.address(), prompt, static_cast<int>(greedy.size()));
   pid_t replacement = -1;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
@@ -178,12 +149,13 @@ TEST(LifecycleTest, SupervisorRestartsAKilledWorker) {
   bool served = false;
   const auto serve_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!served && std::chrono::steady_clock::now() < serve_deadline) {
-    served = Generate(cluster.address(), prompt, static_cast<int>(greedy.size())).status.ok();
+    served = GenerateGreedy(cluster.address(), prompt, static_cast<int>(greedy.size())).status.ok();
     if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_TRUE(served);
   for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(Generate(cluster.address(), prompt, static_cast<int>(greedy.size())).tokens, greedy);
+    EXPECT_EQ(GenerateGreedy(cluster.address(), prompt, static_cast<int>(greedy.size())).tokens,
+              greedy);
   }
   EXPECT_EQ(cluster.Stop(), 0);
 }
@@ -204,7 +176,7 @@ TEST(LifecycleTest, KilledWorkerLosesNoRequest) {
   const int kNewTokens = 300;
   std::vector<std::vector<uint32_t>> undisturbed;
   for (const auto& p : prompts) {
-    const Generated g = Generate(cluster.address(), p, kNewTokens);
+    const Generated g = GenerateGreedy(cluster.address(), p, kNewTokens);
     ASSERT_TRUE(g.status.ok()) << g.status.error_message();
     undisturbed.push_back(g.tokens);
   }
@@ -213,7 +185,7 @@ TEST(LifecycleTest, KilledWorkerLosesNoRequest) {
   std::vector<std::future<Generated>> running;
   for (const auto& p : prompts) {
     running.push_back(std::async(std::launch::async, [&, p] {
-      return Generate(cluster.address(), p, kNewTokens, [&] {
+      return GenerateGreedy(cluster.address(), p, kNewTokens, [&] {
         if (!fired.exchange(true)) first.set_value();
       });
     }));
@@ -236,7 +208,7 @@ TEST(LifecycleTest, KilledWorkerLosesNoRequest) {
   ASSERT_GT(replacement, 0);
   ASSERT_NE(replacement, worker);
   ASSERT_TRUE(WaitForHealth(cluster.address(), grpc::health::v1::HealthCheckResponse::SERVING, 60));
-  EXPECT_EQ(Generate(cluster.address(), prompts[0], kNewTokens).tokens, undisturbed[0]);
+  EXPECT_EQ(GenerateGreedy(cluster.address(), prompts[0], kNewTokens).tokens, undisturbed[0]);
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
@@ -286,12 +258,12 @@ TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
   std::vector<uint32_t> prompt(12);
   for (size_t j = 0; j < prompt.size(); ++j) prompt[j] = static_cast<uint32_t>(5 + 37 * j % 500);
   const int kNewTokens = 300;
-  const Generated undisturbed = Generate(cluster.address(), prompt, kNewTokens);
+  const Generated undisturbed = GenerateGreedy(cluster.address(), prompt, kNewTokens);
   ASSERT_TRUE(undisturbed.status.ok()) << undisturbed.status.error_message();
 
   std::promise<void> first;
   auto running = std::async(std::launch::async, [&] {
-    return Generate(cluster.address(), prompt, kNewTokens, [&] { first.set_value(); });
+    return GenerateGreedy(cluster.address(), prompt, kNewTokens, [&] { first.set_value(); });
   });
   first.get_future().wait();
   const pid_t cache = ChildWithArgs(cluster.pid(), "strata-cache", "--segment-prefix=");
@@ -325,7 +297,7 @@ TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
       << logged;
   EXPECT_NE(logged.find(back), std::string::npos) << logged;
 
-  const Generated later = Generate(cluster.address(), prompt, kNewTokens);
+  const Generated later = GenerateGreedy(cluster.address(), prompt, kNewTokens);
   ASSERT_TRUE(later.status.ok()) << later.status.error_message();
   EXPECT_EQ(later.tokens, undisturbed.tokens);
   // An ordered stop still removes the store.
@@ -345,12 +317,12 @@ TEST(LifecycleTest, KilledRouterLosesOnlyItsInFlightRequests) {
   ASSERT_FALSE(cluster.address().empty());
   std::vector<uint32_t> prompt(10);
   for (size_t j = 0; j < prompt.size(); ++j) prompt[j] = static_cast<uint32_t>(9 + 53 * j % 400);
-  const Generated undisturbed = Generate(cluster.address(), prompt, 40);
+  const Generated undisturbed = GenerateGreedy(cluster.address(), prompt, 40);
   ASSERT_TRUE(undisturbed.status.ok()) << undisturbed.status.error_message();
 
   std::promise<void> first;
   auto running = std::async(std::launch::async, [&] {
-    return Generate(cluster.address(), prompt, 2000, [&] { first.set_value(); });
+    return GenerateGreedy(cluster.address(), prompt, 2000, [&] { first.set_value(); });
   });
   first.get_future().wait();
   const pid_t router = ChildWithArgs(cluster.pid(), "strata-router", "--channel-prefix=");
@@ -364,7 +336,7 @@ TEST(LifecycleTest, KilledRouterLosesOnlyItsInFlightRequests) {
   EXPECT_GT(replacement, 0);
   EXPECT_NE(replacement, router);
   EXPECT_EQ(FlagOf(replacement, "--listen="), cluster.address());
-  const Generated later = Generate(cluster.address(), prompt, 40);
+  const Generated later = GenerateGreedy(cluster.address(), prompt, 40);
   ASSERT_TRUE(later.status.ok()) << later.status.error_message();
   EXPECT_EQ(later.tokens, undisturbed.tokens);
   EXPECT_NE(ReadFile(log).find("strata-router is back"), std::string::npos) << ReadFile(log);
@@ -376,7 +348,7 @@ TEST(LifecycleTest, KilledRouterLosesOnlyItsInFlightRequests) {
 TEST(LifecycleTest, StatsReportWorkersAndCounters) {
   ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe"), "--workers=2", "--threads=1"});
   ASSERT_FALSE(cluster.address().empty());
-  ASSERT_EQ(Generate(cluster.address(), {1, 2, 3}, 5).tokens.size(), 5u);
+  ASSERT_EQ(GenerateGreedy(cluster.address(), {1, 2, 3}, 5).tokens.size(), 5u);
   const auto result = strata::testing::RunStrata("stats --server " + cluster.address());
   ASSERT_EQ(result.exit_code, 0) << result.out;
   const auto stats = nlohmann::json::parse(result.out);
@@ -396,7 +368,7 @@ TEST(LifecycleTest, FullQueueGivesResourceExhausted) {
   std::vector<std::future<Generated>> calls;
   for (int i = 0; i < 6; ++i) {
     calls.push_back(std::async(std::launch::async, [&] {
-      return Generate(cluster.address(), std::vector<uint32_t>(100, 7), 100);
+      return GenerateGreedy(cluster.address(), std::vector<uint32_t>(100, 7), 100);
     }));
   }
   int exhausted = 0, completed = 0;

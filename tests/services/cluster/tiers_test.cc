@@ -13,6 +13,7 @@
 #include "strata/v1/cluster.grpc.pb.h"
 #include "strata/v1/generation.grpc.pb.h"
 #include "tests/testing/cluster_process.h"
+#include "tests/testing/generate_client.h"
 #include "tests/testing/run_strata.h"
 
 namespace strata {
@@ -54,23 +55,9 @@ std::vector<uint32_t> InProcess(const std::vector<uint32_t>& prompt, int n) {
 
 std::vector<uint32_t> Generate(const std::string& address, const std::vector<uint32_t>& prompt,
                                int n) {
-  auto stub =
-      v1::Generation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  v1::GenerateRequest request;
-  for (uint32_t id : prompt) request.add_prompt_token_ids(id);
-  request.set_max_new_tokens(n);
-  request.set_ignore_eos(true);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-  auto reader = stub->Generate(&context, request);
-  std::vector<uint32_t> tokens;
-  v1::GenerateResponse response;
-  while (reader->Read(&response)) {
-    tokens.insert(tokens.end(), response.token_ids().begin(), response.token_ids().end());
-  }
-  const grpc::Status status = reader->Finish();
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  return tokens;
+  const auto g = ::strata::testing::GenerateGreedy(address, prompt, n);
+  EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+  return g.tokens;
 }
 
 v1::StatsResponse Stats(const std::string& address) {
