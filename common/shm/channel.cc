@@ -70,13 +70,20 @@ class PeerMonitor : public ShmWaitObserver {
         return absl::FailedPreconditionError("shm channel peer has not attached yet");
     }
     const pid_t pid = peer_pid();
-    if (!ProcessAlive(pid, peer_->start_time.load(std::memory_order_relaxed))) {
-      return absl::UnavailableError(absl::StrCat("shm channel peer process ", pid, " died"));
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lock(mu_);
+    // Reading /proc costs microseconds and the router asks before and after every layer: a
+    // peer found alive less than kAliveRecheck ago is taken as alive; a dead one stays dead.
+    if (dead_ || !alive_seen_ || now - alive_at_ >= kAliveRecheck) {
+      if (dead_ || !ProcessAlive(pid, peer_->start_time.load(std::memory_order_relaxed))) {
+        dead_ = true;
+        return absl::UnavailableError(absl::StrCat("shm channel peer process ", pid, " died"));
+      }
+      alive_seen_ = true;
+      alive_at_ = now;
     }
     if (heartbeat_timeout_ == absl::InfiniteDuration()) return absl::OkStatus();
     const uint64_t beat = peer_->heartbeat.load(std::memory_order_relaxed);
-    const auto now = std::chrono::steady_clock::now();
-    std::lock_guard<std::mutex> lock(mu_);
     if (!seen_ || beat != last_beat_) {
       seen_ = true;
       last_beat_ = beat;
@@ -95,7 +102,11 @@ class PeerMonitor : public ShmWaitObserver {
   Party* const self_;
   Party* const peer_;
   const absl::Duration heartbeat_timeout_;
+  static constexpr std::chrono::milliseconds kAliveRecheck{1};
   std::mutex mu_;  // PeerStatus may run on the producer and consumer threads at once
+  bool dead_ = false;
+  bool alive_seen_ = false;
+  std::chrono::steady_clock::time_point alive_at_;
   bool seen_ = false;
   uint64_t last_beat_ = 0;
   std::chrono::steady_clock::time_point last_change_;
