@@ -94,6 +94,8 @@ class ExpertBackend {
   // A hint that `layer` will soon run the experts of `predicted` (host routing): a backend
   // whose experts are not all resident may start loading them. The default ignores it.
   virtual void Prefetch(int layer, const RoutingTable& predicted) {}
+  // Whether Prefetch does anything: when not, the forward pass skips the prediction.
+  virtual bool wants_prefetch() const { return false; }
 
   // Called once a step's logits are on the host. ABORTED means the step's device work may be
   // wrong (e.g. a worker died after answering, its work still queued) and the step must run

@@ -55,7 +55,9 @@ absl::Status ForwardPass::RunOnce(absl::Span<const int32_t> ids, const BatchLayo
 
 absl::Status ForwardPass::PredictNext(int layer) {
   const int next = layer + 1;
-  if (next >= config_.num_layers || !config_.layer_is_moe[next]) return absl::OkStatus();
+  if (next >= config_.num_layers || !config_.layer_is_moe[next] || !experts_.wants_prefetch()) {
+    return absl::OkStatus();  // every expert resident: a prediction would help nobody
+  }
   // The next layer's gate sees norm(hidden + its attention); without the attention yet, this
   // layer's output is the best guess, and the copies overlap that attention.
   RETURN_IF_ERROR(

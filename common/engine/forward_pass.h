@@ -18,7 +18,8 @@ struct ForwardOptions {
   // Sees every batch before it runs (the router sets the hot ratio by context length).
   std::function<void(const BatchLayout& batch)> on_batch;
   // After each layer, apply the next MoE layer's norm and gate to this layer's output to
-  // predict its experts, and hand them to ExpertBackend::Prefetch before the next attention.
+  // predict its experts, and hand them to ExpertBackend::Prefetch before the next attention
+  // (only while the expert backend wants_prefetch()).
   bool predict_next_experts = false;
 };
 

@@ -40,6 +40,12 @@ absl::StatusOr<T> RetryUntil(const std::function<absl::StatusOr<T>()>& attempt,
   }
 }
 
+#if STRATA_HAVE_CUDA
+gpu::WeightFormat ExpertFormat(const std::string& weights) {
+  return weights == "fp8" ? gpu::WeightFormat::kFp8E4M3 : gpu::WeightFormat::kBf16;
+}
+#endif
+
 }  // namespace
 
 WorkerServer::~WorkerServer() {
@@ -84,17 +90,16 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   } else {
 #if STRATA_HAVE_CUDA
     gpu::CudaExpertOptions cuda;
-    cuda.format =
-        options.expert_weights == "fp8" ? gpu::WeightFormat::kFp8E4M3 : gpu::WeightFormat::kBf16;
+    cuda.format = ExpertFormat(options.expert_weights);
     cuda.max_tokens = options.max_tokens_per_step;
     cuda.on_layer = [&options](int layer, int layers, uint64_t bytes) {
       options.log(absl::StrCat("experts of layer ", layer + 1, "/", layers, " on ", options.device,
                                " (", bytes >> 20, " MiB)"));
     };
-    ASSIGN_OR_RETURN(std::unique_ptr<gpu::StagedCudaExpertBackend> staged,
-                     gpu::StagedCudaExpertBackend::Create(w->config_, *w->experts_,
-                                                          std::atoi(options.device.c_str() + 5),
-                                                          std::move(cuda)));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<gpu::StagedCudaExpertBackend> staged,
+        gpu::StagedCudaExpertBackend::Create(
+            w->config_, *w->experts_, std::atoi(options.device.c_str() + 5), std::move(cuda)));
     w->device_experts_ = &staged->device_experts();
     w->backend_ = std::move(staged);
 #else
@@ -146,9 +151,7 @@ absl::Status WorkerServer::CreateTiers() {
     slot_bytes = CpuExpertSlotBytes(config_, sample->gate.dtype, sample->gate_bias.present());
   } else {
 #if STRATA_HAVE_CUDA
-    slot_bytes = gpu::CudaExpertSlotBytes(config_, options_.expert_weights == "fp8"
-                                                       ? gpu::WeightFormat::kFp8E4M3
-                                                       : gpu::WeightFormat::kBf16);
+    slot_bytes = gpu::CudaExpertSlotBytes(config_, ExpertFormat(options_.expert_weights));
 #else
     return absl::InvalidArgumentError("this build has no CUDA backend (nvcc was not found)");
 #endif
@@ -171,8 +174,7 @@ absl::Status WorkerServer::CreateTiers() {
   } else {
 #if STRATA_HAVE_CUDA
     gpu::CudaExpertSlotOptions cuda;
-    cuda.format =
-        options_.expert_weights == "fp8" ? gpu::WeightFormat::kFp8E4M3 : gpu::WeightFormat::kBf16;
+    cuda.format = ExpertFormat(options_.expert_weights);
     cuda.max_tokens = options_.max_tokens_per_step;
     cuda.num_slots = num_slots;
     ASSIGN_OR_RETURN(
@@ -227,6 +229,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
         device_experts_ != nullptr && options_.transport == v1::TRANSPORT_SHARED_MEMORY;
     request.set_transport(ipc ? v1::TRANSPORT_CUDA_IPC : options_.transport);
     request.set_address(service_address_);
+    request.set_tiered(tiers_ != nullptr);
     // A fresh channel per attempt: a restarted router is answered as soon as it listens,
     // without waiting out the reconnect backoff of a channel that saw it gone.
     auto router = v1::Coordinator::NewStub(

@@ -60,7 +60,7 @@ absl::Status CoordinatorService::Register(const v1::RegisterWorkerRequest& reque
     default:
       return absl::InvalidArgumentError("unknown transport");
   }
-  experts_.SetConnection(index, std::move(connection));
+  experts_.SetConnection(index, std::move(connection), request.tiered());
   response.set_num_workers(experts_.num_workers());
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     if (!config_.layer_is_moe[layer]) continue;

@@ -16,6 +16,7 @@ RemoteExpertBackend::RemoteExpertBackend(const ModelConfig& config, PlacementPla
       options_(options),
       connections_(placement_.num_workers),
       tiers_(placement_.num_workers),
+      wants_prefetch_(placement_.num_workers, false),
       was_usable_(placement_.num_workers, true),
       staging_(placement_.num_workers) {}
 
@@ -29,9 +30,19 @@ std::vector<std::shared_ptr<ExpertConnection>> RemoteExpertBackend::Connections(
   return connections_;
 }
 
-void RemoteExpertBackend::SetConnection(int index, std::shared_ptr<ExpertConnection> connection) {
+void RemoteExpertBackend::SetConnection(int index, std::shared_ptr<ExpertConnection> connection,
+                                        bool wants_prefetch) {
   std::lock_guard<std::mutex> lock(mu_);
   connections_.at(index) = std::move(connection);
+  wants_prefetch_.at(index) = wants_prefetch;
+}
+
+bool RemoteExpertBackend::wants_prefetch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int w = 0; w < num_workers_; ++w) {
+    if (wants_prefetch_[w] && connections_[w] && connections_[w]->Alive()) return true;
+  }
+  return false;
 }
 
 int RemoteExpertBackend::num_connected() const {
@@ -75,6 +86,11 @@ std::vector<int> RemoteExpertBackend::EffectiveOwners(int layer,
   return owner;
 }
 
+bool RemoteExpertBackend::wants_prefetch_hint(int index) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wants_prefetch_[index];
+}
+
 void RemoteExpertBackend::Prefetch(int layer, const RoutingTable& predicted) {
   const std::vector<std::shared_ptr<ExpertConnection>> connections = Connections();
   const std::vector<int> owner = EffectiveOwners(layer, Usable(connections));
@@ -85,7 +101,7 @@ void RemoteExpertBackend::Prefetch(int layer, const RoutingTable& predicted) {
     if (std::find(list.begin(), list.end(), e) == list.end()) list.push_back(e);
   }
   for (int w = 0; w < num_workers_; ++w) {
-    if (wanted[w].empty()) continue;
+    if (wanted[w].empty() || !wants_prefetch_hint(w)) continue;
     // Only a hint: a worker that is gone shows up in the layer's exchange.
     connections[w]->Prefetch(static_cast<uint32_t>(layer), wanted[w]).IgnoreError();
   }

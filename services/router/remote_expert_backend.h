@@ -26,8 +26,10 @@ class RemoteExpertBackend : public ExpertBackend {
                       RemoteExpertOptions options);
   ~RemoteExpertBackend() override = default;
 
-  // Installs (or replaces, after a restart) worker `index`'s connection. Thread-safe.
-  void SetConnection(int index, std::shared_ptr<ExpertConnection> connection);
+  // Installs (or replaces, after a restart) worker `index`'s connection; `wants_prefetch`: the
+  // worker keeps only some experts resident and takes prefetch hints. Thread-safe.
+  void SetConnection(int index, std::shared_ptr<ExpertConnection> connection,
+                     bool wants_prefetch = false);
   int num_connected() const;
   // Whether worker `index` is registered and its process alive.
   bool connected(int index) const;
@@ -36,8 +38,9 @@ class RemoteExpertBackend : public ExpertBackend {
 
   absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                           Tensor& out) override;
-  // Sends each worker the predicted experts it would run.
+  // Sends each worker that takes hints the predicted experts it would run.
   void Prefetch(int layer, const RoutingTable& predicted) override;
+  bool wants_prefetch() const override;
 
   // The hot ratio every request carries to the workers (negative: leave theirs). Thread-safe.
   void set_hot_ratio(float ratio) { hot_ratio_.store(ratio); }
@@ -79,8 +82,10 @@ class RemoteExpertBackend : public ExpertBackend {
   uint64_t step_ = 0;
   std::atomic<int64_t> reroutes_{0};
   std::atomic<float> hot_ratio_{-1.0f};
-  std::vector<TierCounters> tiers_;  // guarded by mu_
-  std::vector<bool> was_usable_;     // for logging transitions only (engine thread)
+  std::vector<TierCounters> tiers_;   // guarded by mu_
+  std::vector<bool> wants_prefetch_;  // guarded by mu_
+  bool wants_prefetch_hint(int index) const;
+  std::vector<bool> was_usable_;  // for logging transitions only (engine thread)
   // Per-worker staging, reused across calls.
   struct Staging {
     std::vector<int64_t> rows;  // token rows of x sent to this worker

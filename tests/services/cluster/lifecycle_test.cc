@@ -25,6 +25,7 @@ namespace strata {
 namespace {
 
 using ::strata::testing::ChildProcess;
+using ::strata::testing::ChildWithArgs;
 using ::strata::testing::ClusterProcess;
 using ::strata::testing::Generated;
 using ::strata::testing::GenerateGreedy;
@@ -101,23 +102,6 @@ TEST(LifecycleTest, SigtermDrainsRequestsInFlight) {
   EXPECT_EQ(g.tokens.size(), 400u);
   EXPECT_EQ(g.finish, v1::FINISH_REASON_LENGTH);
   EXPECT_EQ(cluster.Stop(), 0);
-}
-
-// The pid of a live child of `parent` whose command line holds both strings, or -1.
-pid_t ChildWithArgs(pid_t parent, const std::string& a, const std::string& b) {
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    std::ifstream cmdline(entry.path() / "cmdline");
-    std::string args((std::istreambuf_iterator<char>(cmdline)), {});
-    std::ifstream stat(entry.path() / "stat");
-    std::string pid_field, comm, state;
-    pid_t ppid = 0;
-    stat >> pid_field >> comm >> state >> ppid;
-    if (ppid == parent && state != "Z" && args.find(a) != std::string::npos &&
-        args.find(b) != std::string::npos) {
-      return std::stoi(pid_field);
-    }
-  }
-  return -1;
 }
 
 TEST(LifecycleTest, SupervisorRestartsAKilledWorker) {
@@ -358,6 +342,8 @@ TEST(LifecycleTest, StatsReportWorkersAndCounters) {
   EXPECT_EQ(stats["free_kv_blocks"], stats["total_kv_blocks"]);
   ASSERT_EQ(stats["workers"].size(), 2u);
   for (const auto& w : stats["workers"]) EXPECT_TRUE(w["connected"].get<bool>());
+  // Every expert is resident without a budget: the router predicts nothing.
+  EXPECT_EQ(stats["prefetch_actual"].get<std::string>(), "0");
   EXPECT_NE(strata::testing::RunStrata("stats --server 127.0.0.1:1").exit_code, 0);
 }
 
