@@ -75,26 +75,40 @@ class RankedSet {
 
 }  // namespace placement_internal
 
-// Least recently used: evicts the resident expert whose last use is oldest.
-class LruPolicy : public ExpertCachePolicy {
+namespace placement_internal {
+
+// The shared part of the policies: a fixed capacity and the resident experts in eviction
+// order; the policies differ only in how Touch and Admit rank them.
+class RankedPolicy : public ExpertCachePolicy {
  public:
-  explicit LruPolicy(int capacity) : capacity_(capacity < 0 ? 0 : capacity) {}
+  explicit RankedPolicy(int capacity) : capacity_(capacity < 0 ? 0 : capacity) {}
 
   int capacity() const override { return capacity_; }
   int size() const override { return resident_.size(); }
   bool Contains(ExpertKey key) const override { return resident_.Contains(key); }
-  void Touch(ExpertKey key) override;
-  absl::Status Admit(ExpertKey key) override;
   std::optional<ExpertKey> Victim() const override { return resident_.First(); }
   std::optional<ExpertKey> Victim(absl::FunctionRef<bool(ExpertKey)> evictable) const override {
     return resident_.First(evictable);
   }
   bool Erase(ExpertKey key) override { return resident_.Erase(key); }
 
+ protected:
+  const int capacity_;
+  RankedSet resident_;
+};
+
+}  // namespace placement_internal
+
+// Least recently used: evicts the resident expert whose last use is oldest.
+class LruPolicy : public placement_internal::RankedPolicy {
+ public:
+  explicit LruPolicy(int capacity) : RankedPolicy(capacity) {}
+
+  void Touch(ExpertKey key) override;
+  absl::Status Admit(ExpertKey key) override;
+
  private:
-  int capacity_;
-  int64_t clock_ = 0;
-  placement_internal::RankedSet resident_;  // rank 0: ordered by last use alone
+  int64_t clock_ = 0;  // resident_ ranks are 0: ordered by last use alone
 };
 
 // Least frequently used with aging: evicts the resident expert with the fewest uses (ties: the
@@ -104,21 +118,13 @@ class LruPolicy : public ExpertCachePolicy {
 // generation), and without aging an expert that was hot long ago would hold its slot forever.
 // halve_every == 0 never ages. History holds one entry per expert ever touched (bounded by
 // layers x experts).
-class LfuAgingPolicy : public ExpertCachePolicy {
+class LfuAgingPolicy : public placement_internal::RankedPolicy {
  public:
   LfuAgingPolicy(int capacity, int64_t halve_every)
-      : capacity_(capacity < 0 ? 0 : capacity), halve_every_(halve_every) {}
+      : RankedPolicy(capacity), halve_every_(halve_every) {}
 
-  int capacity() const override { return capacity_; }
-  int size() const override { return resident_.size(); }
-  bool Contains(ExpertKey key) const override { return resident_.Contains(key); }
   void Touch(ExpertKey key) override;
   absl::Status Admit(ExpertKey key) override;
-  std::optional<ExpertKey> Victim() const override { return resident_.First(); }
-  std::optional<ExpertKey> Victim(absl::FunctionRef<bool(ExpertKey)> evictable) const override {
-    return resident_.First(evictable);
-  }
-  bool Erase(ExpertKey key) override { return resident_.Erase(key); }
 
   // Current (aged) use count of `key`; 0 when never touched.
   int64_t count(ExpertKey key) const;
@@ -126,12 +132,10 @@ class LfuAgingPolicy : public ExpertCachePolicy {
  private:
   void Age();
 
-  int capacity_;
   int64_t halve_every_;
   int64_t clock_ = 0;  // touches and admissions so far
   int64_t touches_ = 0;
   absl::flat_hash_map<ExpertKey, placement_internal::RankedSet::Entry> history_;
-  placement_internal::RankedSet resident_;
 };
 
 struct CacheSimResult {

@@ -29,17 +29,18 @@ enum class ColdPath { kCopy, kCpu };
 // bench/cold_path/cold_path_bench.cc on a 2-core AMD EPYC VM (generic x86-64 build), for the
 // Qwen3-30B-A3B expert shape (2048 x 768 bf16, 9 MiB): 0.84 ms for one token, +0.5 ms per
 // further token, 130 ms for 256. Measure the serving host the same way and override.
-// With these defaults kAuto always copies over a 50 GB/s link; the CPU wins one-token
+// With these defaults kAuto always copies over a 48.6 GB/s link; the CPU wins one-token
 // requests below about 10 GB/s (a shared or older link, unpinned memory) or on a host whose
 // CPUs stream experts faster.
 struct ColdPathOptions {
   // kCopy / kCpu force the path (configuration); kAuto compares the estimates.
   enum Mode { kAuto, kCopy, kCpu } mode = kAuto;
-  // Host -> GPU copy bandwidth available to this worker. 50 GB/s: pinned memory over PCIe
-  // Gen5 x16, as on the H200 host; a default to be measured there. Lower it when GPUs share
+  // Host -> GPU copy bandwidth available to this worker: measured 48.6 GB/s on the H200 host
+  // for one 9 MiB bf16 expert from the store's registered (pinned) segments by the CUDA expert
+  // slots (41.3 GB/s into FP8 slots, quantized on the device). Lower it when GPUs share
   // a host link, or for unpinned memory, which a staged copy moves at most at memcpy speed
   // (about 12 GB/s for one thread on the VM above).
-  double copy_bytes_per_s = 50e9;
+  double copy_bytes_per_s = 48.6e9;
   // The fit of the measurements above: time = bytes / cpu_bytes_per_s (streaming and
   // converting the weights, 0.38 ms) + tokens * 6 * hidden * intermediate / cpu_flops
   // (0.54 ms per token), within about 10% from 1 to 256 tokens.

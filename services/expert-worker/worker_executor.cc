@@ -27,21 +27,23 @@ TierCounters WorkerExecutor::counters() const {
 absl::Status WorkerExecutor::CountExperts(const ExpertRequestView& request) {
   experts_.clear();
   tokens_.clear();
-  for (size_t i = 0; i < request.experts.size(); ++i) {
-    const int e = request.experts[i];
+  // position_[e]: where expert e sits in experts_, or -1 (reset for the experts seen below).
+  position_.resize(config_.num_experts, -1);
+  for (const int32_t e : request.experts) {
     if (e < 0) continue;
     if (e >= config_.num_experts) {
+      for (int seen : experts_) position_[seen] = -1;
       return absl::InvalidArgumentError(absl::StrCat("expert ", e, " out of range"));
     }
-    // Slots of one token name distinct experts; count tokens per expert.
-    const auto it = std::find(experts_.begin(), experts_.end(), e);
-    if (it == experts_.end()) {
+    // Slots of one token name distinct experts: a slot is a token of its expert.
+    if (position_[e] < 0) {
+      position_[e] = static_cast<int>(experts_.size());
       experts_.push_back(e);
-      tokens_.push_back(1);
-    } else {
-      ++tokens_[it - experts_.begin()];
+      tokens_.push_back(0);
     }
+    ++tokens_[position_[e]];
   }
+  for (int seen : experts_) position_[seen] = -1;
   return absl::OkStatus();
 }
 

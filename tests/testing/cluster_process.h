@@ -3,12 +3,35 @@
 #ifndef STRATA_TESTS_TESTING_CLUSTER_PROCESS_H_
 #define STRATA_TESTS_TESTING_CLUSTER_PROCESS_H_
 
+#include <sys/types.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "tests/testing/child_process.h"
 
 namespace strata::testing {
+
+// The pid of a live child of `parent` (e.g. a cluster's strata-worker) whose command line
+// holds both strings, or -1.
+inline pid_t ChildWithArgs(pid_t parent, const std::string& a, const std::string& b) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream cmdline(entry.path() / "cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmdline)), {});
+    std::ifstream stat(entry.path() / "stat");
+    std::string pid_field, comm, state;
+    pid_t ppid = 0;
+    stat >> pid_field >> comm >> state >> ppid;
+    if (ppid == parent && state != "Z" && args.find(a) != std::string::npos &&
+        args.find(b) != std::string::npos) {
+      return std::stoi(pid_field);
+    }
+  }
+  return -1;
+}
 
 class ClusterProcess {
  public:

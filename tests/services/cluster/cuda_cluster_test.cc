@@ -27,6 +27,7 @@ namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
+using ::strata::testing::ChildWithArgs;
 using ::strata::testing::ClusterProcess;
 using ::strata::testing::Generated;
 using ::strata::testing::GenerateGreedy;
@@ -165,22 +166,6 @@ TEST(CudaClusterTest, DemoPerplexityMatchesInProcess) {
   EXPECT_EQ(remote->tokens, local->tokens);
   EXPECT_NEAR(remote->perplexity, local->perplexity, 1e-3 * local->perplexity);
   EXPECT_EQ(cluster.Stop(), 0);
-}
-
-pid_t ChildWithArgs(pid_t parent, const std::string& a, const std::string& b) {
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    std::ifstream cmdline(entry.path() / "cmdline");
-    std::string args((std::istreambuf_iterator<char>(cmdline)), {});
-    std::ifstream stat(entry.path() / "stat");
-    std::string pid_field, comm, state;
-    pid_t ppid = 0;
-    stat >> pid_field >> comm >> state >> ppid;
-    if (ppid == parent && state != "Z" && args.find(a) != std::string::npos &&
-        args.find(b) != std::string::npos) {
-      return std::stoi(pid_field);
-    }
-  }
-  return -1;
 }
 
 bool Serving(const std::string& address) {
