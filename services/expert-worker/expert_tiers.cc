@@ -137,8 +137,6 @@ absl::Status ExpertTiers::Acquire(int layer, absl::Span<const int> experts,
                                   absl::Span<const int64_t> tokens, const ColdPathChooser& cpu_path,
                                   std::vector<int>* cpu) {
   cpu->clear();
-  absl::flat_hash_set<ExpertKey> protect;
-  for (int e : experts) protect.insert({layer, e});
   std::vector<size_t> missing;
   for (size_t i = 0; i < experts.size(); ++i) {
     const ExpertKey key{layer, experts[i]};
@@ -155,6 +153,9 @@ absl::Status ExpertTiers::Acquire(int layer, absl::Span<const int> experts,
     }
     if (prefetched_.erase(key) > 0) ++counters_.prefetch_hits;
   }
+  if (missing.empty()) return absl::OkStatus();  // the common case: no set to build
+  absl::flat_hash_set<ExpertKey> protect;
+  for (int e : experts) protect.insert({layer, e});
   for (size_t i : missing) {
     ++counters_.misses;
     const ExpertKey key{layer, experts[i]};
