@@ -98,12 +98,17 @@ if has engine && (( SECONDS - start < 190 )); then
     >"$out/cuda_engine_test.log" 2>&1
   note "cuda_engine_test (hd64/hd128, bf16): exit $?"
   grep -E "argmax|^\[  (PASSED|FAILED)" "$out/cuda_engine_test.log" | tee -a "$sum"
+  if [ -d "$root/models/strata-demo" ]; then
+    timeout 60 "$B/cuda_demo_model_test" --gtest_filter='*Graph*' >"$out/cuda_demo_graph.log" 2>&1
+    note "cuda_demo_model_test (graph replay = eager): exit $?"
+    grep -E "^\[  (PASSED|FAILED)|Failure" "$out/cuda_demo_graph.log" | tee -a "$sum"
+  fi
 fi
 
 if has verify; then
-  timeout 80 "$B/cuda_cluster_test" >"$out/cuda_cluster_test-all.log" 2>&1
+  timeout 300 "$B/cuda_cluster_test" >"$out/cuda_cluster_test-all.log" 2>&1
   note "cuda_cluster_test on $gpus GPU: exit $?"
-  grep -E "argmax|perplexity|killed worker|^\[  (PASSED|FAILED)|Failure|rror" \
+  grep -E "argmax|perplexity|killed worker|by replay|^\[  (PASSED|FAILED)|Failure|rror" \
     "$out/cuda_cluster_test-all.log" | head -24 | tee -a "$sum"
   if [ "$gpus" -ge 2 ] && (( SECONDS - start < 60 )); then
     CUDA_VISIBLE_DEVICES=0 timeout 40 "$B/cuda_cluster_test" --gtest_filter='-*Demo*' \

@@ -101,6 +101,14 @@ class ExpertBackend {
   // wrong (e.g. a worker died after answering, its work still queued) and the step must run
   // again; the default has nothing to check.
   virtual absl::Status FinishStep() { return absl::OkStatus(); }
+
+  // Decode-step CUDA graphs. 0 when this backend's work cannot be captured in the router's
+  // graph; otherwise a version that changes whenever a captured step would be stale (e.g. a
+  // worker came or went), so the caller captures again.
+  virtual uint64_t graph_version() const { return 0; }
+  // Called before each replay of a captured step of `tokens` tokens (e.g. to start the
+  // workers' own graphs); an error means the step must run without the graph.
+  virtual absl::Status BeginGraphStep(int64_t tokens) { return absl::OkStatus(); }
 };
 
 }  // namespace strata

@@ -3,9 +3,6 @@
 #include <algorithm>
 
 #include "absl/cleanup/cleanup.h"
-#if STRATA_HAVE_CUDA
-#include "common/backend/cuda/cuda_router_backend.h"
-#endif
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
 
@@ -121,9 +118,6 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
   const float* row_logits = logits.row(0);
   // Decode steps replay one CUDA graph when the whole sequence fits the graph's context.
   const bool graphs = UseDecodeGraph(n + options.max_new_tokens);
-  absl::Cleanup leave_graph_mode = [&] {
-    if (graphs) EndDecodeGraphs();
-  };
   while (true) {
     const int32_t next = sampler.Sample(row_logits, vocab);
     out.push_back(next);
@@ -144,69 +138,29 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
   return out;
 }
 
-#if STRATA_HAVE_CUDA
-struct LocalEngine::DecodeGraph {
-  cudaGraphExec_t exec = nullptr;
-  ~DecodeGraph() {
-    if (exec != nullptr) cudaGraphExecDestroy(exec);
-  }
-};
-
 bool LocalEngine::UseDecodeGraph(int64_t total_tokens) {
   if (cuda_router_ == nullptr || !options_.cuda_graphs) return false;
   const int64_t context = std::min<int64_t>(max_sequence_tokens(), kDecodeGraphContext);
   if (total_tokens > context) return false;
-  return cuda_router_->EnterGraphMode(static_cast<int>(context)).ok();
+  if (decode_graphs_ == nullptr || decode_graph_context_ != context) {
+    DecodeGraphOptions options;
+    options.max_context = static_cast<int>(context);
+    options.max_sequences = 1;
+    decode_graphs_ =
+        std::make_unique<DecodeGraphs>(*forward_, *cuda_router_, *stack_->experts(), *kv_, options);
+    decode_graph_context_ = context;
+  }
+  return true;
 }
-
-void LocalEngine::EndDecodeGraphs() { cuda_router_->LeaveGraphMode(); }
 
 absl::StatusOr<const float*> LocalEngine::DecodeWithGraph(PagedKvCache::SequenceId seq,
                                                           int32_t token, int64_t position) {
   RETURN_IF_ERROR(kv_->Reserve(seq, position + 1));
-  cudaStream_t stream = cuda_router_->context()->stream();
-  if (decode_graph_ == nullptr) {
-    // Capture one decode step: the host code runs once, the device work is recorded.
-    BatchLayout batch;
-    batch.sequence = {seq};
-    batch.position = {position};
-    const int64_t row = 0;
-    Tensor unused;
-    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-      return absl::InternalError("cannot begin capturing the decode graph");
-    }
-    const absl::Status captured = forward_->Run({&token, 1}, batch, *kv_, {&row, 1}, unused);
-    cudaGraph_t graph = nullptr;
-    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-    if (!captured.ok()) return captured;
-    if (ended != cudaSuccess) {
-      return absl::InternalError(absl::StrCat("decode graph capture: ", cudaGetErrorString(ended)));
-    }
-    auto owned = std::make_unique<DecodeGraph>();
-    const cudaError_t made = cudaGraphInstantiate(&owned->exec, graph, 0);
-    cudaGraphDestroy(graph);
-    if (made != cudaSuccess) {
-      return absl::InternalError(absl::StrCat("decode graph: ", cudaGetErrorString(made)));
-    }
-    decode_graph_ = std::move(owned);
-  }
-  const std::vector<int>& table = kv_->block_table(seq);
-  cuda_router_->WriteDecodeInputs(token, static_cast<int32_t>(position), table);
-  if (cudaGraphLaunch(decode_graph_->exec, stream) != cudaSuccess ||
-      cudaStreamSynchronize(stream) != cudaSuccess) {
-    return absl::InternalError("decode graph replay failed");
-  }
-  return cuda_router_->decode_logits();
+  BatchLayout batch;
+  batch.sequence = {seq};
+  batch.position = {position};
+  return decode_graphs_->Run({&token, 1}, batch);
 }
-#else
-struct LocalEngine::DecodeGraph {};
-bool LocalEngine::UseDecodeGraph(int64_t) { return false; }
-void LocalEngine::EndDecodeGraphs() {}
-absl::StatusOr<const float*> LocalEngine::DecodeWithGraph(PagedKvCache::SequenceId, int32_t,
-                                                          int64_t) {
-  return absl::UnimplementedError("no CUDA in this build");
-}
-#endif
 
 LocalEngine::~LocalEngine() = default;
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/engine/decode_graphs.h"
 #include "common/engine/forward_pass.h"
 #include "common/engine/model_stack.h"
 #include "common/engine/sampler.h"
@@ -60,13 +61,9 @@ class LocalEngine {
 
  private:
   LocalEngine() = default;
-  // CUDA decode graphs (no-ops without CUDA): whether this generation can use one (entering
-  // graph mode), leaving graph mode, and one decode step by replay; the logits row stays valid
-  // until the next step.
-  struct DecodeGraph;
-  static constexpr int64_t kDecodeGraphContext = 4096;
+  // CUDA decode graphs: whether this generation can replay them (false without CUDA), and one
+  // decode step by replay; the logits row stays valid until the next step.
   bool UseDecodeGraph(int64_t total_tokens);
-  void EndDecodeGraphs();
   absl::StatusOr<const float*> DecodeWithGraph(PagedKvCache::SequenceId seq, int32_t token,
                                                int64_t position);
   absl::Status ValidatePrompt(absl::Span<const int32_t> ids, int64_t extra_tokens) const;
@@ -78,8 +75,9 @@ class LocalEngine {
   std::unique_ptr<ModelStack> stack_;
   gpu::CudaRouterBackend* cuda_router_ = nullptr;  // the stack's router, when on a GPU
   PagedKvCache* kv_ = nullptr;                     // the stack's
-  std::unique_ptr<DecodeGraph> decode_graph_;
   std::unique_ptr<ForwardPass> forward_;
+  std::unique_ptr<DecodeGraphs> decode_graphs_;  // after forward_: the graphs use it
+  int64_t decode_graph_context_ = 0;
 };
 
 }  // namespace strata

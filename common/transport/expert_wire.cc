@@ -53,6 +53,24 @@ size_t ExpertPrefetchBytes(uint32_t num_experts) {
 
 size_t ExpertDeviceRunBytes() { return sizeof(RequestHeader); }
 
+size_t ExpertDeviceStepBytes(uint32_t num_layers) {
+  return sizeof(RequestHeader) + size_t{num_layers} * sizeof(int32_t);
+}
+
+size_t EncodedSize(const ExpertRequestView& r) {
+  switch (r.kind) {
+    case ExpertMessageKind::kPrefetch:
+      return ExpertPrefetchBytes(r.top_k);
+    case ExpertMessageKind::kDeviceRun:
+      return ExpertDeviceRunBytes();
+    case ExpertMessageKind::kDeviceStep:
+      return ExpertDeviceStepBytes(static_cast<uint32_t>(r.layers.size()));
+    case ExpertMessageKind::kRun:
+      break;
+  }
+  return ExpertRequestBytes(r.num_tokens, r.top_k, r.hidden_size);
+}
+
 size_t ExpertDeviceResponseBytes(size_t error_bytes) {
   return sizeof(ResponseHeader) + error_bytes;
 }
@@ -63,8 +81,9 @@ size_t ExpertResponseBytes(uint32_t num_tokens, uint32_t hidden_size, size_t err
 }
 
 void EncodeExpertRequest(const ExpertRequestView& r, absl::Span<uint8_t> out) {
+  const bool step = r.kind == ExpertMessageKind::kDeviceStep;
   RequestHeader h{kRequestMagic,
-                  r.layer,
+                  step ? static_cast<uint32_t>(r.layers.size()) : r.layer,
                   r.step,
                   r.num_tokens,
                   r.top_k,
@@ -76,6 +95,10 @@ void EncodeExpertRequest(const ExpertRequestView& r, absl::Span<uint8_t> out) {
   std::memcpy(p, &h, sizeof(h));
   if (r.kind == ExpertMessageKind::kDeviceRun) return;
   p += sizeof(h);
+  if (step) {
+    std::memcpy(p, r.layers.data(), r.layers.size() * sizeof(int32_t));
+    return;
+  }
   std::memcpy(p, r.hidden.data(), r.hidden.size() * sizeof(float));
   p += r.hidden.size() * sizeof(float);
   std::memcpy(p, r.experts.data(), r.experts.size() * sizeof(int32_t));
@@ -128,6 +151,18 @@ absl::StatusOr<ExpertRequestView> DecodeExpertRequest(absl::Span<const uint8_t> 
     r.num_tokens = h.num_tokens;
     r.top_k = h.top_k;
     r.hidden_size = h.hidden_size;
+    return r;
+  }
+  if (h.kind == static_cast<uint32_t>(ExpertMessageKind::kDeviceStep)) {
+    if (bytes.size() != ExpertDeviceStepBytes(h.layer)) {
+      return absl::DataLossError("expert device step: size does not match its header");
+    }
+    r.kind = ExpertMessageKind::kDeviceStep;
+    r.step = h.step;
+    r.num_tokens = h.num_tokens;
+    r.top_k = h.top_k;
+    r.hidden_size = h.hidden_size;
+    r.layers = ViewAt<int32_t>(bytes, sizeof(h), h.layer);
     return r;
   }
   if (h.kind != static_cast<uint32_t>(ExpertMessageKind::kRun)) {

@@ -33,6 +33,11 @@ enum class ExpertMessageKind : uint32_t {
   // Run the experts on the device buffers shared at registration (CUDA IPC): the header only
   // (step, layer, num_tokens, top_k, hidden_size, hot_ratio); the answer is a device response.
   kDeviceRun = 2,
+  // Replay the worker's graph for a whole decode step on the shared device buffers: for each
+  // of `layers` in order, wait for the router's input flag, run, raise the output flag. The
+  // header (step, num_tokens, top_k, hidden_size, hot_ratio) and the layer list; the answer,
+  // a device response, comes once the replay is queued.
+  kDeviceStep = 3,
 };
 
 // Router -> worker: the hidden states of the tokens that have at least one slot on this
@@ -51,6 +56,7 @@ struct ExpertRequestView {
   absl::Span<const float> hidden;     // [num_tokens, hidden_size]
   absl::Span<const int32_t> experts;  // [num_tokens, top_k]
   absl::Span<const float> weights;    // [num_tokens, top_k]
+  absl::Span<const int32_t> layers;   // kDeviceStep only
 };
 
 // Worker -> router: the weighted sum of this worker's experts per token, or an error. A device
@@ -70,6 +76,9 @@ struct ExpertResponseView {
 size_t ExpertRequestBytes(uint32_t num_tokens, uint32_t top_k, uint32_t hidden_size);
 size_t ExpertPrefetchBytes(uint32_t num_experts);
 size_t ExpertDeviceRunBytes();
+size_t ExpertDeviceStepBytes(uint32_t num_layers);
+// The bytes EncodeExpertRequest writes for `r`, whatever its kind.
+size_t EncodedSize(const ExpertRequestView& r);
 size_t ExpertResponseBytes(uint32_t num_tokens, uint32_t hidden_size, size_t error_bytes = 0);
 size_t ExpertDeviceResponseBytes(size_t error_bytes = 0);
 

@@ -1,13 +1,17 @@
 #include "services/expert-worker/cuda_ipc_link.h"
 
 #include <cstring>
+#include <memory>
 #include <string>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #if STRATA_HAVE_CUDA
+#include "absl/container/flat_hash_map.h"
 #include "absl/time/clock.h"
 #include "common/backend/cuda/cuda_expert_backend.h"
 #include "common/backend/cuda/cuda_status.h"
+#include "common/backend/cuda/stream_flags.h"
 #include "common/util/status_macros.h"
 #endif
 
@@ -24,9 +28,9 @@ class CudaIpcLinkImpl : public CudaIpcLink {
 
   absl::Status Open(const v1::CudaIpcBuffers& b, int max_tokens) {
     if (b.hidden_size() != static_cast<uint32_t>(config_.hidden_size) || b.top_k() == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "CUDA IPC buffers of hidden size ", b.hidden_size(), " for a model of ",
-          config_.hidden_size, ": the router serves another model"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("CUDA IPC buffers of hidden size ", b.hidden_size(), " for a model of ",
+                       config_.hidden_size, ": the router serves another model"));
     }
     if (b.max_tokens() > static_cast<uint32_t>(max_tokens)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -44,6 +48,43 @@ class CudaIpcLinkImpl : public CudaIpcLink {
     RETURN_IF_ERROR(OpenMemory(b.expert_ids(), &ids_));
     RETURN_IF_ERROR(OpenMemory(b.expert_weights(), &weights_));
     RETURN_IF_ERROR(OpenMemory(b.output(), &output_));
+    if (!b.flags().empty()) {
+      if (b.num_layers() != static_cast<uint32_t>(config_.num_layers)) {
+        return absl::FailedPreconditionError("CUDA IPC flags for another model");
+      }
+      RETURN_IF_ERROR(OpenMemory(b.flags(), &flags_));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RunStep(const ExpertRequestView& r) override {
+    if (output_ready_ == nullptr) return absl::FailedPreconditionError("CUDA IPC link closed");
+    if (flags_ == nullptr) {
+      return absl::FailedPreconditionError("the router shared no flags for graph steps");
+    }
+    if (r.num_tokens == 0 || r.num_tokens > max_tokens_ || r.top_k == 0 || r.top_k > top_k_ ||
+        r.hidden_size != static_cast<uint32_t>(config_.hidden_size) || r.layers.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("device step of ", r.num_tokens, " tokens x ",
+                                                     r.top_k, " does not fit the buffers"));
+    }
+    for (int32_t layer : r.layers) {
+      if (layer < 0 || layer >= config_.num_layers || !config_.layer_is_moe[layer]) {
+        return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " has no experts"));
+      }
+    }
+    std::string key = absl::StrCat(r.num_tokens, ":", r.top_k, ":");
+    key.append(reinterpret_cast<const char*>(r.layers.data()), r.layers.size() * sizeof(int32_t));
+    cudaStream_t stream = experts_.context()->stream();
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      if (graphs_.size() >= kMaxGraphs) {
+        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // none of them still running
+        graphs_.clear();
+      }
+      ASSIGN_OR_RETURN(cudaGraphExec_t exec, Capture(r, stream));
+      it = graphs_.emplace(std::move(key), GraphExec(exec)).first;
+    }
+    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.get(), stream));
     return absl::OkStatus();
   }
 
@@ -82,7 +123,8 @@ class CudaIpcLinkImpl : public CudaIpcLink {
           "the GPU stream is still blocked after the router left (an input event it never "
           "recorded); this worker must restart");
     }
-    for (void** ptr : {&input_, &ids_, &weights_, &output_}) {
+    graphs_.clear();
+    for (void** ptr : {&input_, &ids_, &weights_, &output_, &flags_}) {
       if (*ptr != nullptr) cudaIpcCloseMemHandle(*ptr);
       *ptr = nullptr;
     }
@@ -104,6 +146,44 @@ class CudaIpcLinkImpl : public CudaIpcLink {
         static_cast<int>(r.top_k), static_cast<gpu::bf16*>(output_)));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(output_ready_, stream));
     return absl::OkStatus();
+  }
+
+  struct DestroyExec {
+    void operator()(cudaGraphExec_t exec) const { cudaGraphExecDestroy(exec); }
+  };
+  using GraphExec = std::unique_ptr<std::remove_pointer_t<cudaGraphExec_t>, DestroyExec>;
+  static constexpr size_t kMaxGraphs = 64;  // batch sizes x layer sets; all dropped beyond
+
+  absl::StatusOr<cudaGraphExec_t> Capture(const ExpertRequestView& r, cudaStream_t stream) {
+    uint32_t* in_flags = static_cast<uint32_t*>(flags_);
+    uint32_t* out_flags = in_flags + config_.num_layers;
+    CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    absl::Status queued = absl::OkStatus();
+    for (int32_t layer : r.layers) {
+      queued = gpu::WaitFlag(stream, in_flags + layer, 1);
+      if (queued.ok()) queued = gpu::WriteFlag(stream, in_flags + layer, 0);
+      if (queued.ok()) {
+        queued = experts_.RunExpertsInto(
+            layer, static_cast<const gpu::bf16*>(input_), static_cast<const int32_t*>(ids_),
+            static_cast<const float*>(weights_), r.num_tokens, static_cast<int>(r.top_k),
+            static_cast<gpu::bf16*>(output_));
+      }
+      if (queued.ok()) queued = gpu::WriteFlag(stream, out_flags + layer, 1);
+      if (!queued.ok()) break;
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    if (!queued.ok() || ended != cudaSuccess) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      return queued.ok() ? gpu::CudaStatus(ended, "cudaStreamEndCapture", __FILE__, __LINE__)
+                         : queued;
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_RETURN_IF_ERROR(made);
+    return exec;
   }
 
   static absl::Status OpenMemory(const std::string& bytes, void** ptr) {
@@ -135,6 +215,8 @@ class CudaIpcLinkImpl : public CudaIpcLink {
   void* ids_ = nullptr;
   void* weights_ = nullptr;
   void* output_ = nullptr;
+  void* flags_ = nullptr;  // uint32 [2][num_layers]: input flags, then output flags
+  absl::flat_hash_map<std::string, GraphExec> graphs_;  // by token count, top_k and layers
   cudaEvent_t input_ready_ = nullptr;
   cudaEvent_t output_ready_ = nullptr;
 };

@@ -27,6 +27,11 @@ class CudaIpcLink {
   // error the stream is drained first, so that the router may reuse the buffers at once.
   virtual absl::Status Run(const ExpertRequestView& request) = 0;
 
+  // Queues one kDeviceStep: replays this worker's graph for the request's token count and
+  // layers (captured the first time they are seen): per layer, wait for the router's input
+  // flag, clear it, run the experts, raise the output flag. Returns once queued.
+  virtual absl::Status RunStep(const ExpertRequestView& request) = 0;
+
   // Lets queued work finish (within a few seconds) and closes the handles. UNAVAILABLE when
   // the stream stays blocked, e.g. on an input event of a router that died before recording
   // it: the worker must then restart.

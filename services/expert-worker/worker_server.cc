@@ -257,7 +257,8 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
     if (!request_bytes.ok()) return request_bytes.status();  // the router is gone
     auto request = DecodeExpertRequest(*request_bytes);
     absl::Status status = request.status();
-    const bool on_device = request.ok() && request->kind == ExpertMessageKind::kDeviceRun;
+    const bool step = request.ok() && request->kind == ExpertMessageKind::kDeviceStep;
+    const bool on_device = request.ok() && (request->kind == ExpertMessageKind::kDeviceRun || step);
     if (status.ok() && request->kind == ExpertMessageKind::kPrefetch) {
       // A hint: no response. A failed prefetch only costs the later miss.
       if (absl::Status s = executor_->Prefetch(*request); !s.ok()) {
@@ -267,8 +268,11 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
       continue;
     }
     if (status.ok() && on_device) {
-      status = ipc_link_ != nullptr ? ipc_link_->Run(*request)
-                                    : absl::FailedPreconditionError("no CUDA IPC buffers");
+      if (ipc_link_ == nullptr) {
+        status = absl::FailedPreconditionError("no CUDA IPC buffers");
+      } else {
+        status = step ? ipc_link_->RunStep(*request) : ipc_link_->Run(*request);
+      }
     } else if (status.ok()) {
       status = executor_->Run(*request);
     }

@@ -15,6 +15,7 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
   response->set_total_kv_blocks(static_cast<uint32_t>(kv_.options().num_blocks));
   response->set_steps(static_cast<uint64_t>(s.steps));
   response->set_preemptions(static_cast<uint64_t>(s.preemptions));
+  response->set_graph_steps(static_cast<uint64_t>(s.graph_steps));
   if (experts_ != nullptr) {
     response->set_reroutes(static_cast<uint64_t>(experts_->reroutes()));
     for (int w = 0; w < experts_->num_workers(); ++w) {

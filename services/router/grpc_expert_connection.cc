@@ -2,8 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "common/transport/tier_counters_proto.h"
 #include "absl/strings/str_cat.h"
+#include "common/transport/tier_counters_proto.h"
 
 namespace strata {
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cuda/cuda_status.h"
-#include "common/backend/cuda/expert_split_kernels.h"
+#include "common/backend/cuda/stream_flags.h"
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
 
@@ -94,6 +94,17 @@ void IpcExpertBackend::Watch() {
 
 void IpcExpertBackend::ReleaseIfLost(CudaIpcConnection& link) {
   std::lock_guard<std::mutex> lock(release_mu_);
+  if (link.graph_awaited_.load() && !link.Alive()) {
+    // A replayed step waits on output flags this worker will never raise: raise them all
+    // (the router's stream clears each as it passes) and run the step again.
+    const size_t layers = static_cast<size_t>(config().num_layers);
+    if (gpu::FillFlags(release_stream_, link.flags_.data() + layers, 1, layers).ok()) {
+      link.graph_awaited_.store(false);
+      lost_.store(true);
+      Log(LogLevel::kWarning,
+          "an expert worker died during a replayed step; the step runs again without it");
+    }
+  }
   if (!link.awaited_.load() || link.Alive()) return;
   // Gone, after the router's stream started waiting for its output event.
   const cudaError_t state = cudaEventQuery(link.output_ready_);
@@ -112,6 +123,10 @@ void IpcExpertBackend::ReleaseIfLost(CudaIpcConnection& link) {
 }
 
 absl::Status IpcExpertBackend::FinishStep() {
+  for (const std::shared_ptr<ExpertConnection>& connection : Connections()) {
+    auto* link = dynamic_cast<CudaIpcConnection*>(connection.get());
+    if (link != nullptr) link->graph_awaited_.store(false);
+  }
   if (lost_.exchange(false)) {
     return absl::AbortedError("an expert worker died with this step's GPU work queued");
   }
@@ -134,8 +149,15 @@ absl::StatusOr<std::shared_ptr<ExpertConnection>> IpcExpertBackend::Attach(
   const size_t slots = static_cast<size_t>(max_tokens_) * top_k;
   ASSIGN_OR_RETURN(link->ids_, AllocateShared<int32_t>(slots));
   ASSIGN_OR_RETURN(link->weights_, AllocateShared<float>(slots));
-  ASSIGN_OR_RETURN(link->output_, AllocateShared<gpu::bf16>(static_cast<size_t>(max_tokens_) *
-                                                            c.hidden_size));
+  ASSIGN_OR_RETURN(link->output_,
+                   AllocateShared<gpu::bf16>(static_cast<size_t>(max_tokens_) * c.hidden_size));
+  ASSIGN_OR_RETURN(link->flags_, AllocateShared<uint32_t>(2 * static_cast<size_t>(c.num_layers)));
+  // On the private stream: the legacy stream would wait for the engine's (perhaps capturing).
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(link->flags_.data(), 0,
+                                       2 * static_cast<size_t>(c.num_layers) * sizeof(uint32_t),
+                                       release_stream_));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(release_stream_));
+  link->generation_ = next_generation_.fetch_add(1);
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&link->input_ready_, kEventFlags));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&link->output_ready_, kEventFlags));
   buffers.set_device(context_->device());
@@ -146,10 +168,115 @@ absl::StatusOr<std::shared_ptr<ExpertConnection>> IpcExpertBackend::Attach(
   RETURN_IF_ERROR(PutMemHandle(link->ids_.data(), buffers.mutable_expert_ids()));
   RETURN_IF_ERROR(PutMemHandle(link->weights_.data(), buffers.mutable_expert_weights()));
   RETURN_IF_ERROR(PutMemHandle(link->output_.data(), buffers.mutable_output()));
+  RETURN_IF_ERROR(PutMemHandle(link->flags_.data(), buffers.mutable_flags()));
+  buffers.set_num_layers(static_cast<uint32_t>(c.num_layers));
   RETURN_IF_ERROR(PutEventHandle(link->input_ready_, buffers.mutable_input_ready()));
   RETURN_IF_ERROR(PutEventHandle(link->output_ready_, buffers.mutable_output_ready()));
   link->channel_ = std::move(channel);
   return std::shared_ptr<ExpertConnection>(std::move(link));
+}
+
+uint64_t IpcExpertBackend::graph_version() const {
+  if (wants_prefetch()) return 0;
+  uint64_t version = 0;
+  bool any = false;
+  for (const std::shared_ptr<ExpertConnection>& connection : Connections()) {
+    const auto* link = dynamic_cast<const CudaIpcConnection*>(connection.get());
+    const bool alive = link != nullptr && link->Alive();
+    any = any || alive;
+    version = version * 1000003 + (alive ? link->generation_ : 0);
+  }
+  return any ? (version | 1) : 0;
+}
+
+absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
+  const ModelConfig& c = config();
+  const std::vector<std::shared_ptr<ExpertConnection>> connections = Connections();
+  const uint64_t step = NextStep();
+  std::vector<int> sent;
+  absl::Status status;
+  for (int w = 0; w < static_cast<int>(graph_layers_.size()) && status.ok(); ++w) {
+    if (graph_layers_[w].empty()) continue;
+    auto* link = w < static_cast<int>(connections.size())
+                     ? dynamic_cast<CudaIpcConnection*>(connections[w].get())
+                     : nullptr;
+    if (link == nullptr || !link->Alive()) {
+      status = absl::UnavailableError(absl::StrCat("expert worker ", w, " is not connected"));
+      break;
+    }
+    ExpertRequestView request;
+    request.kind = ExpertMessageKind::kDeviceStep;
+    request.step = step;
+    request.num_tokens = static_cast<uint32_t>(tokens);
+    request.top_k = static_cast<uint32_t>(std::max(c.top_k, 1));
+    request.hidden_size = static_cast<uint32_t>(c.hidden_size);
+    request.hot_ratio = hot_ratio();
+    request.layers = graph_layers_[w];
+    status = link->Send(request);
+    if (status.ok()) sent.push_back(w);
+  }
+  std::vector<int> started;
+  for (int w : sent) {
+    bool transport_failed = false;
+    const absl::Status received = ReceiveResponse(
+        w, *connections[w], step,
+        [&](const ExpertResponseView& response) {
+          if (!response.on_device || response.num_tokens != tokens) {
+            return absl::DataLossError(
+                absl::StrCat("expert worker ", w, " answered a different request"));
+          }
+          return absl::OkStatus();
+        },
+        &transport_failed);
+    if (received.ok()) {
+      started.push_back(w);
+      static_cast<CudaIpcConnection*>(connections[w].get())->graph_awaited_.store(true);
+    } else if (status.ok()) {
+      status = absl::UnavailableError(received.message());
+    }
+  }
+  if (status.ok()) return status;
+  RETURN_IF_ERROR(RunOut(started, connections));
+  return status;
+}
+
+absl::Status IpcExpertBackend::RunOut(
+    const std::vector<int>& started,
+    const std::vector<std::shared_ptr<ExpertConnection>>& connections) {
+  const size_t layers = static_cast<size_t>(config().num_layers);
+  cudaStream_t stream = context_->stream();
+  for (int w : started) {
+    auto* link = static_cast<CudaIpcConnection*>(connections[w].get());
+    uint32_t* in = link->flags_.data();
+    for (int32_t layer : graph_layers_[w]) {
+      RETURN_IF_ERROR(gpu::WriteFlag(stream, in + layer, 1));
+      RETURN_IF_ERROR(gpu::WaitFlag(stream, in + layers + layer, 1));
+      RETURN_IF_ERROR(gpu::WriteFlag(stream, in + layers + layer, 0));
+    }
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+absl::Status IpcExpertBackend::CaptureExchange(int layer, const std::vector<int>& workers,
+                                               const std::vector<CudaIpcConnection*>& links,
+                                               gpu::PartialSet& partials) {
+  const size_t layers = static_cast<size_t>(config().num_layers);
+  if (layer <= last_captured_layer_) {
+    for (std::vector<int32_t>& list : graph_layers_) list.clear();  // a new capture
+  }
+  last_captured_layer_ = layer;
+  graph_layers_.resize(num_workers());
+  cudaStream_t stream = context_->stream();
+  for (int w : workers) RETURN_IF_ERROR(gpu::WriteFlag(stream, links[w]->flags_.data() + layer, 1));
+  for (int w : workers) {
+    uint32_t* out_flag = links[w]->flags_.data() + layers + layer;
+    RETURN_IF_ERROR(gpu::WaitFlag(stream, out_flag, 1));
+    RETURN_IF_ERROR(gpu::WriteFlag(stream, out_flag, 0));
+    partials.parts[partials.count++] = links[w]->output_.data();
+    graph_layers_[w].push_back(layer);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status IpcExpertBackend::UploadOwners(int layer, const std::vector<int>& owner) {
@@ -182,8 +309,8 @@ absl::Status IpcExpertBackend::Exchange(
   }
   if (n > max_tokens_ || k <= 0 || k > std::max(c.top_k, 1)) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA IPC experts: ", n, " tokens x ", k,
-                                                   " slots do not fit the buffers (",
-                                                   max_tokens_, " x ", c.top_k, ")"));
+                                                   " slots do not fit the buffers (", max_tokens_,
+                                                   " x ", c.top_k, ")"));
   }
   // Every worker that runs an expert of this layer takes part: the routing stays on the
   // device, so which of them the tokens picked is not known here.
@@ -200,8 +327,16 @@ absl::Status IpcExpertBackend::Exchange(
           absl::StrCat("expert worker ", w, " is not connected over CUDA IPC"));
     }
   }
-  RETURN_IF_ERROR(UploadOwners(layer, owner));
   cudaStream_t stream = context_->stream();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  if (capturing && uploaded_owners_[layer] != owner) {
+    // The upload waits for its copy, which a capture cannot; the eager step that follows a
+    // failed capture uploads it.
+    return absl::FailedPreconditionError("expert owners changed since the last eager step");
+  }
+  if (!capturing) RETURN_IF_ERROR(UploadOwners(layer, owner));
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(input_.data(), x.device_data(),
                                        static_cast<size_t>(n * h) * sizeof(gpu::bf16),
                                        cudaMemcpyDeviceToDevice, stream));
@@ -215,6 +350,13 @@ absl::Status IpcExpertBackend::Exchange(
   CUDA_RETURN_IF_ERROR(gpu::LaunchSplitRouting(
       routing.device_expert, routing.device_weight, n, k,
       owners_.data() + static_cast<size_t>(layer) * c.num_experts, c.num_experts, split, stream));
+  gpu::PartialSet partials;
+  std::shared_ptr<void> holder;  // keeps a single partial's buffer alive with the view
+  if (capturing) {
+    RETURN_IF_ERROR(CaptureExchange(layer, workers, links, partials));
+    if (partials.count == 1) holder = connections[workers[0]];
+    return SumPartials(partials, n, std::move(holder), out);
+  }
   for (int w : workers) CUDA_RETURN_IF_ERROR(cudaEventRecord(links[w]->input_ready_, stream));
 
   const uint64_t step = NextStep();
@@ -236,8 +378,6 @@ absl::Status IpcExpertBackend::Exchange(
     }
     sent[w] = true;
   }
-  gpu::PartialSet partials;
-  std::shared_ptr<void> holder;  // keeps a single partial's buffer alive with the view
   for (int w : workers) {
     if (!sent[w]) continue;
     bool transport_failed = false;
@@ -266,13 +406,20 @@ absl::Status IpcExpertBackend::Exchange(
     if (status.ok()) status = received;
   }
   if (!status.ok()) return status;
+  return SumPartials(partials, n, std::move(holder), out);
+}
+
+absl::Status IpcExpertBackend::SumPartials(const gpu::PartialSet& partials, int64_t n,
+                                           std::shared_ptr<void> holder, Tensor& out) {
+  const int64_t h = config().hidden_size;
+  cudaStream_t stream = context_->stream();
   if (partials.count == 1) {
     out = Tensor::DeviceView(const_cast<gpu::bf16*>(partials.parts[0]), n, h, std::move(holder));
     return absl::OkStatus();
   }
   if (partials.count == 0) {
-    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(sum_.data(), 0,
-                                         static_cast<size_t>(n * h) * sizeof(gpu::bf16), stream));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(sum_.data(), 0, static_cast<size_t>(n * h) * sizeof(gpu::bf16), stream));
   } else {
     CUDA_RETURN_IF_ERROR(gpu::LaunchSumPartials(partials, n * h, sum_.data(), stream));
   }

@@ -9,6 +9,12 @@
 // for messages. Buffers live on the router's GPU (a worker on another GPU reads and writes
 // them through peer access). Placement, liveness and rerouting are RemoteExpertBackend's.
 //
+// Decode steps replayed as CUDA graphs (DecodeGraphs) cannot send a message per layer: in a
+// captured step each layer raises the workers' input flags and waits for their output flags on
+// the GPU (stream memory operations on a flag buffer shared like the others), and
+// BeginGraphStep sends each worker one kDeviceStep message with its layers, which replays the
+// worker's own graph of flag waits and expert runs.
+//
 // A worker that dies before answering costs its layer, which runs again on the others (as
 // RemoteExpertBackend does). One that dies after answering leaves the router's stream
 // waiting for an output event whose record will never run: a watchdog thread notices, records
@@ -28,6 +34,7 @@
 #include "common/backend/cuda/cuda_context.h"
 #include "common/backend/cuda/cuda_types.h"
 #include "common/backend/cuda/device_buffer.h"
+#include "common/backend/cuda/expert_split_kernels.h"
 #include "services/router/remote_expert_backend.h"
 #include "services/router/shm_expert_connection.h"
 #include "strata/v1/cluster.pb.h"
@@ -55,9 +62,12 @@ class CudaIpcConnection : public ExpertConnection {
   gpu::DeviceBuffer<int32_t> ids_;
   gpu::DeviceBuffer<float> weights_;
   gpu::DeviceBuffer<gpu::bf16> output_;
-  cudaEvent_t input_ready_ = nullptr;   // recorded by the router
-  cudaEvent_t output_ready_ = nullptr;  // recorded by the worker
-  std::atomic<bool> awaited_{false};    // the router's stream has waited on output_ready_
+  gpu::DeviceBuffer<uint32_t> flags_;       // [2][num_layers]: input flags, then output flags
+  uint64_t generation_ = 0;                 // distinguishes this registration from earlier ones
+  cudaEvent_t input_ready_ = nullptr;       // recorded by the router
+  cudaEvent_t output_ready_ = nullptr;      // recorded by the worker
+  std::atomic<bool> awaited_{false};        // the router's stream has waited on output_ready_
+  std::atomic<bool> graph_awaited_{false};  // a replayed step waits on its output flags
 };
 
 class IpcExpertBackend : public RemoteExpertBackend {
@@ -73,6 +83,13 @@ class IpcExpertBackend : public RemoteExpertBackend {
 
   // ABORTED when the watchdog released a dead worker's output event during the step.
   absl::Status FinishStep() override;
+
+  // Changes whenever a worker registers again or comes or goes; 0 while none is connected
+  // over CUDA IPC or a worker keeps only some experts resident.
+  uint64_t graph_version() const override;
+  // Sends each worker of the captured step its kDeviceStep and waits for the answers (queued,
+  // not run). UNAVAILABLE when one fails; the workers already started are run out first.
+  absl::Status BeginGraphStep(int64_t tokens) override;
 
   // Allocates worker `index`'s buffers and events, writes their handles into `buffers` and
   // wraps `channel`; install the result with SetConnection. Any thread.
@@ -94,6 +111,18 @@ class IpcExpertBackend : public RemoteExpertBackend {
         max_tokens_(max_tokens) {}
   // Puts `owner` (expert -> worker) for `layer` on the device when it changed.
   absl::Status UploadOwners(int layer, const std::vector<int>& owner);
+  // out = the partials' sum ([n, hidden]; a single partial is viewed in place, `holder`
+  // keeping its buffer alive).
+  absl::Status SumPartials(const gpu::PartialSet& partials, int64_t n, std::shared_ptr<void> holder,
+                           Tensor& out);
+  // The captured part of Exchange: flags instead of messages and events.
+  absl::Status CaptureExchange(int layer, const std::vector<int>& workers,
+                               const std::vector<CudaIpcConnection*>& links,
+                               gpu::PartialSet& partials);
+  // Runs out the graphs of workers that were started for a step that will not replay: raises
+  // their input flags and clears their output flags in order, on the router's stream.
+  absl::Status RunOut(const std::vector<int>& started,
+                      const std::vector<std::shared_ptr<ExpertConnection>>& connections);
   // The watchdog thread's loop.
   void Watch();
   // When `link`'s worker is gone and the router's stream waits for an output event it will
@@ -102,12 +131,16 @@ class IpcExpertBackend : public RemoteExpertBackend {
 
   gpu::CudaContext* context_;
   int max_tokens_;
-  gpu::DeviceBuffer<gpu::bf16> input_;  // [max_tokens, hidden], read by every worker
-  gpu::DeviceBuffer<gpu::bf16> sum_;    // [max_tokens, hidden]: the partials' sum
-  gpu::DeviceBuffer<int32_t> owners_;   // [num_layers][num_experts]
+  gpu::DeviceBuffer<gpu::bf16> input_;             // [max_tokens, hidden], read by every worker
+  gpu::DeviceBuffer<gpu::bf16> sum_;               // [max_tokens, hidden]: the partials' sum
+  gpu::DeviceBuffer<int32_t> owners_;              // [num_layers][num_experts]
   std::vector<std::vector<int>> uploaded_owners_;  // what owners_ holds, by layer
   std::shared_ptr<void> keep_alive_ = std::make_shared<int>(0);
   std::atomic<bool> lost_{false};  // a dead worker's output event was released
+  std::atomic<uint64_t> next_generation_{1};
+  // Per worker, the MoE layers of the last captured step (engine thread).
+  std::vector<std::vector<int32_t>> graph_layers_;
+  int last_captured_layer_ = -1;
   cudaStream_t release_stream_ = nullptr;  // ReleaseIfLost's records
   std::mutex release_mu_;                  // ReleaseIfLost: the watchdog and registrations
   std::mutex watch_mu_;

@@ -74,13 +74,24 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   }
   s->forward_ = std::make_unique<ForwardPass>(c, s->stack_->router(), experts, forward_options);
   SchedulerOptions scheduler = options.scheduler;
+  if (s->stack_->cuda_router() != nullptr && options.cuda_graph_max_batch > 0) {
+    DecodeGraphOptions graphs;
+    graphs.max_sequences = std::min(options.cuda_graph_max_batch, stack.max_sequences);
+    graphs.max_context = static_cast<int>(std::min<int64_t>(
+        {int64_t{kDecodeGraphContext},
+         int64_t{s->stack_->kv().options().num_blocks} * s->stack_->kv().options().block_size,
+         c.max_position_embeddings}));
+    s->decode_graphs_ = std::make_unique<DecodeGraphs>(*s->forward_, *s->stack_->cuda_router(),
+                                                       experts, s->stack_->kv(), graphs);
+    scheduler.decode_graphs = s->decode_graphs_.get();
+  }
   scheduler.on_engine_thread = [stack = s->stack_.get()] {
     if (absl::Status bound = stack->BindThread(); !bound.ok()) {
       Log(LogLevel::kError, absl::StrCat("engine thread: ", bound.message()));
     }
   };
-  s->scheduler_ = std::make_unique<Scheduler>(c, *s->forward_, s->stack_->kv(),
-                                              s->tokenizer_.get(), scheduler);
+  s->scheduler_ =
+      std::make_unique<Scheduler>(c, *s->forward_, s->stack_->kv(), s->tokenizer_.get(), scheduler);
   s->generation_ = std::make_unique<GenerationService>(c, *s->scheduler_, s->tokenizer_.get(),
                                                        options.num_workers);
 
@@ -122,10 +133,10 @@ absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
     return absl::OkStatus();
   }
 #if STRATA_HAVE_CUDA
-  ASSIGN_OR_RETURN(std::unique_ptr<IpcExpertBackend> ipc,
-                   IpcExpertBackend::Create(c, std::move(placement), remote,
-                                            stack_->cuda_router()->context(),
-                                            std::max(options_.scheduler.max_batch_tokens, 1)));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<IpcExpertBackend> ipc,
+      IpcExpertBackend::Create(c, std::move(placement), remote, stack_->cuda_router()->context(),
+                               std::max(options_.scheduler.max_batch_tokens, 1)));
   coordinator.cuda_ipc = [ipc = ipc.get()](const v1::RegisterWorkerRequest& request,
                                            std::unique_ptr<ShmExpertConnection> channel,
                                            v1::CudaIpcBuffers& buffers) {

@@ -44,6 +44,9 @@ struct RouterOptions {
   float hot_ratio = -1.0f;
   HotRatioPolicy hot_ratio_policy;
   bool prefetch = true;  // predict the next layer's experts and tell the workers
+  // On a GPU: decode-only steps of up to this many sequences replay a CUDA graph (one per
+  // batch size); 0 turns graphs off.
+  int cuda_graph_max_batch = 32;
 };
 
 class RouterServer {
@@ -76,6 +79,7 @@ class RouterServer {
   std::unique_ptr<RemoteExpertBackend> remote_;  // num_workers > 0
   std::unique_ptr<HotRatioControl> hot_ratio_;
   std::unique_ptr<ForwardPass> forward_;
+  std::unique_ptr<DecodeGraphs> decode_graphs_;  // GPU router with graphs on
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<GenerationService> generation_;
   std::unique_ptr<CoordinatorService> coordinator_;

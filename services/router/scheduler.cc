@@ -6,6 +6,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/process.h"
 #include "services/router/output_text.h"
 
 namespace strata {
@@ -160,6 +161,7 @@ Scheduler::Stats Scheduler::stats() const {
   s.free_kv_blocks = kv_.free_blocks();
   s.steps = steps_.load();
   s.preemptions = preemptions_.load();
+  s.graph_steps = graph_steps_.load();
   return s;
 }
 
@@ -310,15 +312,22 @@ bool Scheduler::Step() {
     }
   }
   logit_rows.insert(logit_rows.end(), score_rows.begin(), score_rows.end());
-  const absl::Status status = forward_.Run(ids, batch, kv_, logit_rows, logits_);
+  const float* graph_logits = TryGraphStep(ids, batch, logit_rows);
+  const absl::Status status = graph_logits != nullptr
+                                  ? absl::OkStatus()
+                                  : forward_.Run(ids, batch, kv_, logit_rows, logits_);
   steps_.fetch_add(1);
+  const int64_t vocab = config_.vocab_size;
+  auto logits_row = [&](int64_t r) {
+    return graph_logits != nullptr ? graph_logits + r * vocab : logits_.row(r);
+  };
   if (!status.ok()) {
     for (const Planned& p : plan) Finish(p.seq, FinishReason::kError, status);
     return true;
   }
   for (const Planned& p : plan) p.seq->computed += p.count;
   for (size_t r = 0; r < scored.size(); ++r) {
-    const float* row = logits_.row(static_cast<int64_t>(sampled.size() + r));
+    const float* row = logits_row(static_cast<int64_t>(sampled.size() + r));
     scored[r].seq->scores.push_back(LogSoftmaxAt(row, config_.vocab_size, scored[r].target));
   }
   for (const Planned& p : plan) {
@@ -329,10 +338,37 @@ bool Scheduler::Step() {
   }
   for (size_t r = 0; r < sampled.size(); ++r) {
     const int32_t token =
-        sampled[r]->sampler->Sample(logits_.row(static_cast<int64_t>(r)), config_.vocab_size);
+        sampled[r]->sampler->Sample(logits_row(static_cast<int64_t>(r)), config_.vocab_size);
     HandleToken(sampled[r], token);
   }
   return true;
+}
+
+const float* Scheduler::TryGraphStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                                     absl::Span<const int64_t> logit_rows) {
+  DecodeGraphs* graphs = options_.decode_graphs;
+  constexpr int kMaxGraphFailures = 3;
+  if (graphs == nullptr || graph_failures_ >= kMaxGraphFailures ||
+      !graphs->Fits(batch, logit_rows)) {
+    return nullptr;
+  }
+  absl::StatusOr<const float*> logits = graphs->Run(ids, batch);
+  if (logits.ok()) {
+    graph_failures_ = 0;
+    graph_steps_.fetch_add(1);
+    return *logits;
+  }
+  // The step runs eagerly instead (rewriting whatever keys and values the replay wrote); a
+  // worker that died is rerouted there.
+  graphs->Clear();
+  if (++graph_failures_ == kMaxGraphFailures) {
+    Log(LogLevel::kWarning, absl::StrCat("CUDA graphs off after ", kMaxGraphFailures,
+                                         " failed steps; last: ", logits.status().message()));
+  } else {
+    Log(LogLevel::kWarning, absl::StrCat("decode graph step failed (", logits.status().message(),
+                                         "); running it without the graph"));
+  }
+  return nullptr;
 }
 
 void Scheduler::HandleToken(Sequence* seq, int32_t token) {

@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/engine/decode_graphs.h"
 #include "common/engine/forward_pass.h"
 #include "common/kv/paged_kv_cache.h"
 #include "common/model/model_config.h"
@@ -32,6 +33,9 @@ struct SchedulerOptions {
   int64_t max_context_tokens = 0;  // 0: the model's context, bounded by the KV pool
   // Runs first on the engine thread (a GPU router makes its device current there).
   std::function<void()> on_engine_thread = nullptr;
+  // When set (a GPU router), decode-only steps that fit replay a CUDA graph; must outlive the
+  // scheduler.
+  DecodeGraphs* decode_graphs = nullptr;
 };
 
 class Scheduler {
@@ -62,6 +66,7 @@ class Scheduler {
     int free_kv_blocks = 0;
     int64_t steps = 0;
     int64_t preemptions = 0;
+    int64_t graph_steps = 0;  // steps run by CUDA graph replay
   };
   Stats stats() const;
 
@@ -71,6 +76,10 @@ class Scheduler {
   void Loop();
   // One forward step over the running batch; false when there was nothing to run.
   bool Step();
+  // Runs the step by graph replay when one fits; null when it did not run (then the caller
+  // runs it eagerly).
+  const float* TryGraphStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                            absl::Span<const int64_t> logit_rows);
   void Admit();
   // Frees a running sequence's blocks and puts it back at the head of the queue.
   void Preempt(Sequence* seq);
@@ -97,12 +106,14 @@ class Scheduler {
   std::atomic<int> running_count_{0};
   std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> preemptions_{0};
+  std::atomic<int64_t> graph_steps_{0};
   std::condition_variable idle_cv_;
 
   // Owned by the engine thread.
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
   Tensor logits_;
+  int graph_failures_ = 0;  // consecutive failed graph steps; graphs stop after a few
   std::thread thread_;
 };
 

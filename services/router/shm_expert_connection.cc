@@ -26,12 +26,7 @@ absl::Status ShmExpertConnection::Send(const ExpertRequestView& request) {
     channel_.segment().Unlink().IgnoreError();
     unlinked_ = true;
   }
-  const size_t bytes =
-      request.kind == ExpertMessageKind::kPrefetch    ? ExpertPrefetchBytes(request.top_k)
-      : request.kind == ExpertMessageKind::kDeviceRun ? ExpertDeviceRunBytes()
-                                                      : ExpertRequestBytes(request.num_tokens,
-                                                                           request.top_k,
-                                                                           request.hidden_size);
+  const size_t bytes = EncodedSize(request);
   auto slot = channel_.outbound().Reserve(bytes, absl::Seconds(10));
   if (!slot.ok()) {
     return absl::UnavailableError(

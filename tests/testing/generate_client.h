@@ -1,5 +1,5 @@
-// The cluster tests' client: one streamed greedy Generate over gRPC, and where the oracle
-// models are.
+// The cluster tests' client: one streamed greedy Generate over gRPC, the router's counters,
+// and where the oracle models are.
 #ifndef STRATA_TESTS_TESTING_GENERATE_CLIENT_H_
 #define STRATA_TESTS_TESTING_GENERATE_CLIENT_H_
 
@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "gtest/gtest.h"
+#include "strata/v1/cluster.grpc.pb.h"
 #include "strata/v1/generation.grpc.pb.h"
 
 namespace strata::testing {
@@ -49,6 +51,16 @@ inline Generated GenerateGreedy(const std::string& address, const std::vector<ui
   }
   out.status = reader->Finish();
   return out;
+}
+
+// The router's counters (Admin.Stats); a failed call fails the test and gives empty counters.
+inline v1::StatsResponse RouterStats(const std::string& address) {
+  auto stub = v1::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::StatsResponse stats;
+  const grpc::Status status = stub->Stats(&context, v1::StatsRequest(), &stats);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return stats;
 }
 
 }  // namespace strata::testing

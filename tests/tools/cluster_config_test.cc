@@ -73,6 +73,11 @@ TEST(ClusterConfigTest, TierKeys) {
   EXPECT_THAT(message("mps: maybe\n"), HasSubstr("bad value for \"mps\""));
   ASSERT_TRUE(LoadClusterConfig(Write("mps.yaml", "mps: off\n"), c).ok());
   EXPECT_EQ(c.mps, "off");
+  EXPECT_EQ(c.cuda_graph_max_batch, 32);
+  ASSERT_TRUE(LoadClusterConfig(Write("graphs.yaml", "cuda_graph_max_batch: 0\n"), c).ok());
+  EXPECT_EQ(c.cuda_graph_max_batch, 0);
+  EXPECT_THAT(message("cuda_graph_max_batch: -1\n"),
+              HasSubstr("bad value for \"cuda_graph_max_batch\""));
 }
 
 TEST(ClusterConfigTest, Errors) {

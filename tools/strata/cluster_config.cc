@@ -81,6 +81,8 @@ const std::map<std::string, Setter>& Setters() {
                                           return v == "auto" || v == "copy" || v == "cpu";
                                         })},
       {"prefetch", Set<bool>(&ClusterConfig::prefetch)},
+      {"cuda_graph_max_batch", Set<int>(&ClusterConfig::cuda_graph_max_batch,
+                                        [](const int& v) { return v >= 0 && v <= 256; })},
       {"mps", Set<std::string>(
                   &ClusterConfig::mps,
                   [](const std::string& v) { return v == "auto" || v == "on" || v == "off"; })},

@@ -37,6 +37,8 @@ struct ClusterConfig {
   std::string cache_policy = "lfu";   // warm slots: lru or lfu
   std::string cold_experts = "auto";  // copy, cpu (strata-cache computes them) or auto
   bool prefetch = true;
+  // GPU router: decode steps of up to this many sequences replay CUDA graphs (0: off).
+  int cuda_graph_max_batch = 32;
   // GPU clusters: a CUDA MPS daemon for the cluster's processes. auto: when the control
   // binary is there; on: required; off: never.
   std::string mps = "auto";

@@ -85,6 +85,8 @@ ABSL_FLAG(std::string, cold_experts, "auto", "up: experts in no slot: copy, cpu 
 ABSL_FLAG(std::string, mps, "auto",
           "up: CUDA MPS daemon for the GPU processes: auto (when installed), on or off");
 ABSL_FLAG(bool, prefetch, true, "up: predict the next layer's experts and prefetch them");
+ABSL_FLAG(int, cuda_graph_max_batch, 32,
+          "up: GPU router, decode steps of up to this many sequences replay CUDA graphs (0: off)");
 ABSL_FLAG(std::string, calibration, "",
           "plan: JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} a line");
 ABSL_FLAG(std::string, model_name, "", "bench: model recorded (default: --model's name)");
@@ -226,6 +228,9 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
   if (flags.Specified("cache_policy")) c.cache_policy = absl::GetFlag(FLAGS_cache_policy);
   if (flags.Specified("cold_experts")) c.cold_experts = absl::GetFlag(FLAGS_cold_experts);
   if (flags.Specified("prefetch")) c.prefetch = absl::GetFlag(FLAGS_prefetch);
+  if (flags.Specified("cuda_graph_max_batch")) {
+    c.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
+  }
   if (flags.Specified("mps")) c.mps = absl::GetFlag(FLAGS_mps);
   if (c.mps != "auto" && c.mps != "on" && c.mps != "off") {
     return absl::InvalidArgumentError("--mps must be auto, on or off");

@@ -177,20 +177,27 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
     if (absl::StartsWith(arg, "--listen=")) arg = "--listen=" + *cache_address;
   }
 
-  Child router{
-      "strata-router",
-      {options.bin_dir + "/strata-router", "--model=" + c.model,
-       absl::StrCat("--listen=", c.host, ":", c.port), absl::StrCat("--workers=", c.workers),
-       threads, "--router-device=" + *router_device,
-       absl::StrCat("--kv-block-size=", c.kv_block_size),
-       absl::StrCat("--kv-cache-mb=", c.kv_memory_mb),
-       absl::StrCat("--router-temperature=", c.router_temperature),
-       absl::StrCat("--max-batch-tokens=", c.max_batch_tokens),
-       absl::StrCat("--max-running=", c.max_running),
-       absl::StrCat("--max-queued-requests=", c.max_queued_requests),
-       absl::StrCat("--drain-timeout-s=", c.drain_timeout_s), "--channel-prefix=" + prefix,
-       "--plan=" + c.plan, "--hot-ratio=" + c.hot_ratio, "--hot-ratio-policy=" + c.hot_ratio_policy,
-       absl::StrCat("--prefetch=", c.prefetch ? "true" : "false"), log_level}};
+  Child router{"strata-router",
+               {options.bin_dir + "/strata-router",
+                "--model=" + c.model,
+                absl::StrCat("--listen=", c.host, ":", c.port),
+                absl::StrCat("--workers=", c.workers),
+                threads,
+                "--router-device=" + *router_device,
+                absl::StrCat("--kv-block-size=", c.kv_block_size),
+                absl::StrCat("--kv-cache-mb=", c.kv_memory_mb),
+                absl::StrCat("--router-temperature=", c.router_temperature),
+                absl::StrCat("--max-batch-tokens=", c.max_batch_tokens),
+                absl::StrCat("--max-running=", c.max_running),
+                absl::StrCat("--max-queued-requests=", c.max_queued_requests),
+                absl::StrCat("--drain-timeout-s=", c.drain_timeout_s),
+                "--channel-prefix=" + prefix,
+                "--plan=" + c.plan,
+                "--hot-ratio=" + c.hot_ratio,
+                "--hot-ratio-policy=" + c.hot_ratio_policy,
+                absl::StrCat("--prefetch=", c.prefetch ? "true" : "false"),
+                absl::StrCat("--cuda-graph-max-batch=", c.cuda_graph_max_batch),
+                log_level}};
   std::vector<Child> workers(c.workers);
   auto stop_all = [&](absl::Duration router_grace) {
     const int router_exit = Stop(router, router_grace);

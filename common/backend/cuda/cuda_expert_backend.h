@@ -43,6 +43,8 @@ class CudaExpertBackend : public ExpertBackend {
   absl::Status RunExpertsInto(int layer, const bf16* x, const int32_t* ids, const float* weights,
                               int64_t n, int top_k, bf16* out);
   CudaContext* context() const { return context_; }
+  // Everything is resident and queued on the router's stream: always capturable.
+  uint64_t graph_version() const override { return 1; }
 
  private:
   CudaExpertBackend(const ModelConfig& config, CudaContext* context, CudaExpertOptions options)

@@ -145,11 +145,15 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
   return absl::OkStatus();
 }
 
-absl::Status CudaRouterBackend::EnterGraphMode(int max_context) {
+absl::Status CudaRouterBackend::PrepareGraphs(int max_context, int max_sequences) {
   const ModelConfig& c = config_;
-  graph_max_context_ = max_context;
-  graph_max_blocks_ = std::min(num_blocks_, (max_context + block_size_ - 1) / block_size_);
-  // The attention workspace must exist before capture: no allocation inside a graph.
+  if (max_sequences <= 0 || max_sequences > options_.max_sequences ||
+      max_sequences > options_.max_tokens || max_context <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: decode graphs of up to ", max_sequences, " sequences"));
+  }
+  // Captured graphs keep these pointers: sized once for every batch size, never reallocated
+  // (an eager step may grow its own attention workspace freely).
   PagedAttentionParams params;
   params.num_heads = c.num_heads;
   params.num_kv_heads = c.num_kv_heads;
@@ -157,24 +161,54 @@ absl::Status CudaRouterBackend::EnterGraphMode(int max_context) {
   params.q_stride = int64_t{c.num_heads} * c.head_dim;
   params.out_stride = params.q_stride;
   params.max_context = max_context;
-  const PagedAttentionPlan plan = PlanPagedAttention(1, params, context_->num_sms());
-  if (plan.workspace_bytes > attention_workspace_.size()) {
-    RETURN_IF_ERROR(Allocate(attention_workspace_, plan.workspace_bytes));
+  size_t workspace = 0;
+  for (int n = 1; n <= max_sequences; ++n) {
+    workspace =
+        std::max(workspace, PlanPagedAttention(n, params, context_->num_sms()).workspace_bytes);
   }
+  RETURN_IF_ERROR(Allocate(graph_attention_workspace_, workspace));
+  ASSIGN_OR_RETURN(pinned_logits_, PinnedBuffer<float>::Allocate(
+                                       static_cast<size_t>(max_sequences) * c.vocab_size));
+  graph_max_context_ = max_context;
+  graph_max_blocks_ = std::min(num_blocks_, (max_context + block_size_ - 1) / block_size_);
+  graph_prepared_sequences_ = max_sequences;
+  return absl::OkStatus();
+}
+
+absl::Status CudaRouterBackend::EnterGraphMode(int sequences) {
+  if (sequences <= 0 || sequences > graph_prepared_sequences_) {
+    return absl::FailedPreconditionError(absl::StrCat("cuda backend: a decode graph of ", sequences,
+                                                      " sequences; prepared for ",
+                                                      graph_prepared_sequences_));
+  }
+  graph_sequences_ = sequences;
   graph_mode_ = true;
   return absl::OkStatus();
 }
 
-void CudaRouterBackend::WriteDecodeInputs(int32_t token, int32_t position,
-                                          absl::Span<const int> block_table) {
-  pinned_ids_.data()[0] = token;
-  pinned_positions_.data()[0] = position;
-  pinned_token_seq_.data()[0] = 0;
-  pinned_rows_.data()[0] = 0;
-  int32_t* table = pinned_tables_.data();
-  for (int b = 0; b < graph_max_blocks_; ++b) {
-    table[b] = b < static_cast<int>(block_table.size()) ? block_table[b] : 0;
+absl::Status CudaRouterBackend::WriteDecodeInputs(
+    absl::Span<const int32_t> tokens, absl::Span<const int32_t> positions,
+    absl::Span<const std::vector<int>* const> tables) {
+  const size_t n = tokens.size();
+  if (positions.size() != n || tables.size() != n || static_cast<int>(n) > options_.max_tokens ||
+      static_cast<int>(n) > options_.max_sequences) {
+    return absl::InvalidArgumentError("cuda backend: decode inputs do not match");
   }
+  for (size_t i = 0; i < n; ++i) {
+    if (static_cast<int>(tables[i]->size()) > graph_max_blocks_) {
+      return absl::FailedPreconditionError("cuda backend: a sequence outgrew the decode graph");
+    }
+    pinned_ids_.data()[i] = tokens[i];
+    pinned_positions_.data()[i] = positions[i];
+    pinned_token_seq_.data()[i] = static_cast<int32_t>(i);
+    pinned_rows_.data()[i] = static_cast<int32_t>(i);
+    int32_t* table = pinned_tables_.data() + i * graph_max_blocks_;
+    const std::vector<int>& blocks = *tables[i];
+    for (int b = 0; b < graph_max_blocks_; ++b) {
+      table[b] = b < static_cast<int>(blocks.size()) ? blocks[b] : 0;
+    }
+  }
+  return absl::OkStatus();
 }
 
 const bf16* CudaRouterBackend::NextNorm(int layer) const {
@@ -239,7 +273,9 @@ absl::Status CudaRouterBackend::UploadBatch(const BatchLayout& batch, PagedKvCac
         std::max(max_blocks_per_seq_, static_cast<int>(kv.block_table(seq).size()));
   }
   if (graph_mode_) {
-    if (n != 1 || max_blocks_per_seq_ > graph_max_blocks_ || max_context_ > graph_max_context_) {
+    // The captured layout: one token per sequence, sequence i at row i.
+    if (n != graph_sequences_ || static_cast<int64_t>(seqs.size()) != n ||
+        max_blocks_per_seq_ > graph_max_blocks_ || max_context_ > graph_max_context_) {
       return absl::FailedPreconditionError("cuda backend: step does not fit the decode graph");
     }
     max_blocks_per_seq_ = graph_max_blocks_;
@@ -325,11 +361,14 @@ absl::Status CudaRouterBackend::Attention(int layer, const BatchLayout& batch, P
         LaunchQkNormRope(q_.data(), k_.data(), n, positions_.data(), rope, stream));
     CUDA_RETURN_IF_ERROR(
         LaunchPagedKvAppend(k_.data(), kv_dim, v_.data(), kv_dim, tokens, cache, stream));
-    if (plan.workspace_bytes > attention_workspace_.size()) {
+    DeviceBuffer<uint8_t>& workspace =
+        graph_mode_ ? graph_attention_workspace_ : attention_workspace_;
+    if (plan.workspace_bytes > workspace.size()) {
+      if (graph_mode_) return absl::InternalError("cuda backend: graph workspace too small");
       RETURN_IF_ERROR(Allocate(attention_workspace_, plan.workspace_bytes));
     }
     CUDA_RETURN_IF_ERROR(LaunchPagedAttention(q_.data(), tokens, cache, params, plan,
-                                              attention_workspace_.data(), attn_.data(), stream));
+                                              workspace.data(), attn_.data(), stream));
   }
   RETURN_IF_ERROR(linear_.Run(lw.o, attn_.data(), n, proj_.data(), OutType::kBf16));
   CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(hidden_.data(), proj_.data(), lw.post_norm, n,
@@ -420,11 +459,14 @@ absl::Status CudaRouterBackend::Logits(const Tensor& hidden, absl::Span<const in
                                              rows_.data(), r, gathered_.data(), stream));
   RETURN_IF_ERROR(linear_.Run(lm_head_, gathered_.data(), r, logits_.data(), OutType::kF32));
   if (graph_mode_) {
-    // Captured: the row lands in pinned memory; the caller synchronizes after the replay.
-    if (r != 1) return absl::FailedPreconditionError("cuda backend: graph steps have one row");
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned_logits_.data(), logits_.data(),
-                                         config_.vocab_size * sizeof(float), cudaMemcpyDeviceToHost,
-                                         stream));
+    // Captured: the rows land in pinned memory; the caller synchronizes after the replay.
+    if (r != graph_sequences_) {
+      return absl::FailedPreconditionError("cuda backend: graph steps have a row per sequence");
+    }
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(pinned_logits_.data(), logits_.data(),
+                        static_cast<size_t>(r) * config_.vocab_size * sizeof(float),
+                        cudaMemcpyDeviceToHost, stream));
     return absl::OkStatus();
   }
   logits.Resize(r, config_.vocab_size);

@@ -43,16 +43,21 @@ class CudaRouterBackend : public RouterBackend {
   absl::Status Logits(const Tensor& hidden, absl::Span<const int64_t> rows,
                       Tensor& logits) override;
 
-
   // Decode-step graphs. In graph mode a step has fixed shapes, so one CUDA graph captured from
-  // ForwardPass::Run replays every decode step of one sequence: block tables are padded to
-  // cover `max_context` tokens, attention is planned for `max_context` keys, and Logits leaves
-  // its single row in pinned memory (decode_logits(), valid after the stream is synchronized)
-  // instead of a host tensor. Between replays, WriteDecodeInputs sets the step's inputs in the
-  // pinned buffers the graph's copies read.
-  absl::Status EnterGraphMode(int max_context);
+  // ForwardPass::Run replays every decode step of `sequences` sequences, one token each,
+  // sequence i at row i: block tables are padded to cover `max_context` tokens, attention is
+  // planned for `max_context` keys, and Logits leaves its rows in pinned memory
+  // (decode_logits(), [sequences, vocab], valid after the stream is synchronized) instead of a
+  // host tensor. PrepareGraphs allocates what graphs of up to `max_sequences` sequences keep
+  // (again only when no graph is kept: it frees the old buffers); then capture in graph mode
+  // and leave it; before each replay, WriteDecodeInputs sets the step's inputs in the pinned
+  // buffers the graph's copies read.
+  absl::Status PrepareGraphs(int max_context, int max_sequences);
+  absl::Status EnterGraphMode(int sequences);
   void LeaveGraphMode() { graph_mode_ = false; }
-  void WriteDecodeInputs(int32_t token, int32_t position, absl::Span<const int> block_table);
+  absl::Status WriteDecodeInputs(absl::Span<const int32_t> tokens,
+                                 absl::Span<const int32_t> positions,
+                                 absl::Span<const std::vector<int>* const> tables);
   const float* decode_logits() const { return pinned_logits_.data(); }
   CudaContext* context() const { return context_; }
 
@@ -116,10 +121,13 @@ class CudaRouterBackend : public RouterBackend {
   DeviceBuffer<uint8_t> ffn_workspace_, attention_workspace_;
   PinnedBuffer<int32_t> pinned_ids_, pinned_positions_, pinned_token_seq_, pinned_tables_,
       pinned_rows_;
-  PinnedBuffer<float> pinned_logits_;  // graph mode: the decode step's logits row
+  PinnedBuffer<float> pinned_logits_;  // graph mode: the decode step's logits rows
   bool graph_mode_ = false;
   int graph_max_blocks_ = 0;
   int graph_max_context_ = 0;
+  int graph_sequences_ = 1;
+  int graph_prepared_sequences_ = 0;
+  DeviceBuffer<uint8_t> graph_attention_workspace_;  // graph mode's, sized by PrepareGraphs
   int num_blocks_ = 0;
   int max_blocks_per_seq_ = 0;
   int max_context_ = 0;

@@ -57,6 +57,35 @@ TEST(ExpertWireTest, DeviceRunIsTheHeaderOnly) {
   EXPECT_FALSE(DecodeExpertRequest(bytes).ok());
 }
 
+TEST(ExpertWireTest, DeviceStepCarriesItsLayers) {
+  const std::vector<int32_t> layers = {1, 2, 5, 47};
+  ExpertRequestView r;
+  r.kind = ExpertMessageKind::kDeviceStep;
+  r.step = 9;
+  r.num_tokens = 8;
+  r.top_k = 8;
+  r.hidden_size = 2048;
+  r.layers = layers;
+  std::vector<uint8_t> bytes(ExpertDeviceStepBytes(layers.size()));
+  EXPECT_EQ(EncodedSize(r), bytes.size());
+  EncodeExpertRequest(r, absl::MakeSpan(bytes));
+  auto decoded = DecodeExpertRequest(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->kind, ExpertMessageKind::kDeviceStep);
+  EXPECT_EQ(decoded->step, 9u);
+  EXPECT_EQ(decoded->num_tokens, 8u);
+  EXPECT_EQ(decoded->top_k, 8u);
+  EXPECT_EQ(decoded->hidden_size, 2048u);
+  EXPECT_EQ(std::vector<int32_t>(decoded->layers.begin(), decoded->layers.end()), layers);
+  EXPECT_TRUE(decoded->hidden.empty());
+  EXPECT_TRUE(decoded->experts.empty());
+  // A layer list shorter or longer than its header says is refused.
+  bytes.pop_back();
+  EXPECT_FALSE(DecodeExpertRequest(bytes).ok());
+  bytes.resize(bytes.size() + 5);
+  EXPECT_FALSE(DecodeExpertRequest(bytes).ok());
+}
+
 TEST(ExpertWireTest, DeviceResponseCarriesNoPartial) {
   ExpertResponseView r;
   r.step = 41;

@@ -17,6 +17,7 @@
 #include "grpc_health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "strata/v1/cluster.grpc.pb.h"
 #include "strata/v1/generation.grpc.pb.h"
 #include "tests/testing/cluster_process.h"
 #include "tests/testing/generate_client.h"
@@ -32,6 +33,7 @@ using ::strata::testing::ClusterProcess;
 using ::strata::testing::Generated;
 using ::strata::testing::GenerateGreedy;
 using ::strata::testing::OracleDir;
+using ::strata::testing::RouterStats;
 
 int Workers() { return gpu::CudaDeviceCount() >= 2 ? 2 : 1; }
 
@@ -166,6 +168,53 @@ TEST(CudaClusterTest, DemoPerplexityMatchesInProcess) {
   EXPECT_EQ(remote->tokens, local->tokens);
   EXPECT_NEAR(remote->perplexity, local->perplexity, 1e-3 * local->perplexity);
   EXPECT_EQ(cluster.Stop(), 0);
+}
+
+// Eight sequences decoding together (batches of one to eight as they start and finish) by CUDA
+// graph replay on both sides of the process split, against the same cluster with graphs off:
+// the same greedy tokens on the demo model, and the graph cluster ran most steps by replay.
+TEST(CudaClusterTest, GraphStepsGiveTheEagerTokens) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::string model = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
+  constexpr int kSequences = 8;
+  constexpr int kNewTokens = 40;
+  auto run = [&](int max_graph_batch, int64_t* graph_steps, int64_t* steps) {
+    std::vector<std::string> args = GpuClusterArgs(model);
+    args.push_back("--cuda-graph-max-batch=" + std::to_string(max_graph_batch));
+    ClusterProcess cluster(args);
+    EXPECT_FALSE(cluster.address().empty());
+    std::vector<std::future<Generated>> running;
+    for (int i = 0; i < kSequences; ++i) {
+      std::vector<uint32_t> prompt;
+      for (int j = 0; j < 12 + i; ++j) prompt.push_back(static_cast<uint32_t>(100 + 37 * i + j));
+      running.push_back(std::async(std::launch::async, [&cluster, prompt, i] {
+        return GenerateGreedy(cluster.address(), prompt, kNewTokens - 2 * i);
+      }));
+    }
+    std::vector<std::vector<uint32_t>> tokens;
+    for (auto& r : running) {
+      const Generated g = r.get();
+      EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+      tokens.push_back(g.tokens);
+    }
+    const v1::StatsResponse stats = RouterStats(cluster.address());
+    *graph_steps = static_cast<int64_t>(stats.graph_steps());
+    *steps = static_cast<int64_t>(stats.steps());
+    EXPECT_EQ(cluster.Stop(), 0);
+    return tokens;
+  };
+  int64_t graph_steps = 0, steps = 0, eager_graph_steps = 0, eager_steps = 0;
+  const auto replayed = run(32, &graph_steps, &steps);
+  const auto eager = run(0, &eager_graph_steps, &eager_steps);
+  std::cout << "graph cluster: " << graph_steps << " of " << steps
+            << " steps by replay; eager cluster: " << eager_steps << " steps\n";
+  ASSERT_EQ(replayed.size(), eager.size());
+  for (int i = 0; i < kSequences; ++i) {
+    EXPECT_EQ(replayed[i].size(), static_cast<size_t>(kNewTokens - 2 * i));
+    EXPECT_EQ(replayed[i], eager[i]) << "sequence " << i;
+  }
+  EXPECT_EQ(eager_graph_steps, 0);
+  EXPECT_GT(graph_steps, steps / 2);
 }
 
 bool Serving(const std::string& address) {

@@ -20,6 +20,7 @@ namespace strata {
 namespace {
 
 using ::strata::testing::ClusterProcess;
+using ::strata::testing::RouterStats;
 using ::strata::testing::RunStrata;
 
 const std::string kModel = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
@@ -60,14 +61,6 @@ std::vector<uint32_t> Generate(const std::string& address, const std::vector<uin
   return g.tokens;
 }
 
-v1::StatsResponse Stats(const std::string& address) {
-  auto stub = v1::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  v1::StatsResponse stats;
-  EXPECT_TRUE(stub->Stats(&context, v1::StatsRequest(), &stats).ok());
-  return stats;
-}
-
 void PrintTiers(const std::string& label, const v1::StatsResponse& stats) {
   for (const v1::WorkerStats& w : stats.workers()) {
     const v1::TierCounters& t = w.tiers();
@@ -93,7 +86,7 @@ TEST(TiersTest, ModelLargerThanTheBudgetGivesTheSameTokens) {
   for (const auto& prompt : Prompts()) {
     EXPECT_EQ(Generate(cluster.address(), prompt, 24), InProcess(prompt, 24));
   }
-  const v1::StatsResponse stats = Stats(cluster.address());
+  const v1::StatsResponse stats = RouterStats(cluster.address());
   PrintTiers("budget 8MiB", stats);
   ASSERT_EQ(stats.workers_size(), 2);
   for (const v1::WorkerStats& w : stats.workers()) {
@@ -116,7 +109,7 @@ TEST(TiersTest, CpuTierComputesColdExperts) {
   ASSERT_FALSE(cluster.address().empty());
   const auto prompt = Prompts()[1];
   EXPECT_EQ(Generate(cluster.address(), prompt, 16), InProcess(prompt, 16));
-  const v1::StatsResponse stats = Stats(cluster.address());
+  const v1::StatsResponse stats = RouterStats(cluster.address());
   PrintTiers("cpu tier", stats);
   EXPECT_GT(stats.workers(0).tiers().cpu_tier_experts(), 0u);
   EXPECT_EQ(stats.prefetch_actual(), 0u);
@@ -159,7 +152,7 @@ TEST(TiersTest, HotRatioChangesWhileRequestsRun) {
             grpc::StatusCode::INVALID_ARGUMENT);
   // Short contexts under the default policy: 0.35 of 64 owned experts, capped by the slots.
   Generate(cluster.address(), prompts[0], 2);
-  const v1::StatsResponse stats = Stats(cluster.address());
+  const v1::StatsResponse stats = RouterStats(cluster.address());
   EXPECT_TRUE(stats.hot_ratio_automatic());
   EXPECT_FLOAT_EQ(stats.hot_ratio(), 0.35f);
   for (const v1::WorkerStats& w : stats.workers()) EXPECT_EQ(w.tiers().hot_slots(), 2u);

@@ -1,0 +1,28 @@
+// Stream-ordered waits on and writes of 32-bit flags in device memory (the driver's stream
+// memory operations). Two processes that share a flag word by CUDA IPC order their streams
+// through it without a host round trip, and both operations can be captured in a CUDA graph
+// (an interprocess event cannot: a captured wait would see the record of the capture's time).
+#ifndef STRATA_COMMON_BACKEND_CUDA_STREAM_FLAGS_H_
+#define STRATA_COMMON_BACKEND_CUDA_STREAM_FLAGS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace strata::gpu {
+
+// Work queued on `stream` after this waits until *flag == value.
+absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value);
+
+// Sets *flag = value once the work queued before it on `stream` is done and its writes are
+// visible (a memory fence precedes the write).
+absl::Status WriteFlag(cudaStream_t stream, uint32_t* flag, uint32_t value);
+
+// Sets count flags to `value` on `stream` (no fence; for releasing a stuck waiter).
+absl::Status FillFlags(cudaStream_t stream, uint32_t* flags, uint32_t value, size_t count);
+
+}  // namespace strata::gpu
+
+#endif  // STRATA_COMMON_BACKEND_CUDA_STREAM_FLAGS_H_

@@ -1,0 +1,147 @@
+#include "common/engine/decode_graphs.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+#if STRATA_HAVE_CUDA
+#include "common/backend/cuda/cuda_router_backend.h"
+#endif
+
+namespace strata {
+
+DecodeGraphs::DecodeGraphs(ForwardPass& forward, gpu::CudaRouterBackend& router,
+                           ExpertBackend& experts, PagedKvCache& kv, DecodeGraphOptions options)
+    : forward_(forward), router_(router), experts_(experts), kv_(kv), options_(options) {}
+
+bool DecodeGraphs::Fits(const BatchLayout& batch, absl::Span<const int64_t> logit_rows) const {
+#if STRATA_HAVE_CUDA
+  const int64_t n = batch.num_tokens();
+  if (n < 1 || n > options_.max_sequences || experts_.graph_version() == 0 ||
+      static_cast<int64_t>(logit_rows.size()) != n) {
+    return false;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (logit_rows[i] != i || batch.position[i] >= options_.max_context) return false;
+    for (int64_t j = 0; j < i; ++j) {
+      if (batch.sequence[i] == batch.sequence[j]) return false;
+    }
+  }
+  return true;
+#else
+  return false;
+#endif
+}
+
+#if STRATA_HAVE_CUDA
+
+struct DecodeGraphs::Graph {
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+};
+
+DecodeGraphs::~DecodeGraphs() = default;
+
+void DecodeGraphs::Clear() { graphs_.clear(); }
+
+absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int32_t> ids,
+                                                           const BatchLayout& batch) {
+  const int n = static_cast<int>(batch.num_tokens());
+  if (!prepared_) {
+    RETURN_IF_ERROR(router_.PrepareGraphs(options_.max_context, options_.max_sequences));
+    prepared_ = true;
+  }
+  RETURN_IF_ERROR(router_.EnterGraphMode(n));
+  absl::Cleanup leave = [&] { router_.LeaveGraphMode(); };
+  std::vector<int64_t> rows(n);
+  for (int i = 0; i < n; ++i) rows[i] = i;
+  cudaStream_t stream = router_.context()->stream();
+  // The host code runs once and the device work is recorded; the replay that follows is the
+  // step itself.
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError("cannot begin capturing a decode graph");
+  }
+  Tensor unused;
+  const absl::Status captured = forward_.Run(ids, batch, kv_, rows, unused);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  absl::Cleanup destroy = [&] {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  };
+  if (!captured.ok()) {
+    cudaGetLastError();
+    return captured;
+  }
+  if (ended != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat("decode graph capture: ", cudaGetErrorString(ended)));
+  }
+  auto owned = std::make_unique<Graph>();
+  const cudaError_t made = cudaGraphInstantiate(&owned->exec, graph, 0);
+  if (made != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat("decode graph: ", cudaGetErrorString(made)));
+  }
+  Graph* raw = owned.get();
+  graphs_[n] = std::move(owned);
+  return raw;
+}
+
+absl::StatusOr<const float*> DecodeGraphs::Run(absl::Span<const int32_t> ids,
+                                               const BatchLayout& batch) {
+  const int n = static_cast<int>(batch.num_tokens());
+  if (static_cast<int>(ids.size()) != n) {
+    return absl::InvalidArgumentError("decode graph: ids do not match the batch");
+  }
+  const uint64_t version = experts_.graph_version();
+  if (version != version_) {
+    graphs_.clear();  // captured against experts that changed since
+    version_ = version;
+  }
+  Graph* graph = nullptr;
+  if (auto it = graphs_.find(n); it != graphs_.end()) {
+    graph = it->second.get();
+  } else {
+    ASSIGN_OR_RETURN(graph, Capture(ids, batch));
+  }
+  std::vector<int32_t> positions(n);
+  std::vector<const std::vector<int>*> tables(n);
+  for (int i = 0; i < n; ++i) {
+    positions[i] = static_cast<int32_t>(batch.position[i]);
+    tables[i] = &kv_.block_table(batch.sequence[i]);
+  }
+  RETURN_IF_ERROR(router_.WriteDecodeInputs(ids, positions, tables));
+  RETURN_IF_ERROR(experts_.BeginGraphStep(n));
+  cudaStream_t stream = router_.context()->stream();
+  const cudaError_t launched = cudaGraphLaunch(graph->exec, stream);
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  if (launched != cudaSuccess || synced != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat(
+        "decode graph replay: ", cudaGetErrorString(launched != cudaSuccess ? launched : synced)));
+  }
+  RETURN_IF_ERROR(experts_.FinishStep());
+  return router_.decode_logits();
+}
+
+#else
+
+struct DecodeGraphs::Graph {};
+DecodeGraphs::~DecodeGraphs() = default;
+void DecodeGraphs::Clear() { graphs_.clear(); }
+absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int32_t>,
+                                                           const BatchLayout&) {
+  return absl::UnimplementedError("no CUDA in this build");
+}
+absl::StatusOr<const float*> DecodeGraphs::Run(absl::Span<const int32_t>, const BatchLayout&) {
+  return absl::UnimplementedError("no CUDA in this build");
+}
+
+#endif
+
+}  // namespace strata

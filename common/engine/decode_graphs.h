@@ -1,0 +1,70 @@
+// Decode steps by CUDA graph replay: one graph per batch size, captured from ForwardPass::Run
+// the first time a decode step of that many sequences runs, then replayed with the step's
+// tokens, positions and block tables written into the pinned buffers the graph reads. Replay
+// costs one launch instead of a launch per kernel; with experts in worker processes, the
+// workers replay their own graphs and the two sides meet through flags on the GPU.
+// Without CUDA in the build, nothing fits and Run fails.
+#ifndef STRATA_COMMON_ENGINE_DECODE_GRAPHS_H_
+#define STRATA_COMMON_ENGINE_DECODE_GRAPHS_H_
+
+#include <map>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/backend/backend.h"
+#include "common/engine/forward_pass.h"
+#include "common/kv/paged_kv_cache.h"
+
+namespace strata {
+
+namespace gpu {
+class CudaRouterBackend;
+}  // namespace gpu
+
+// Longer sequences run their steps eagerly: a graph's attention is planned for its context.
+inline constexpr int kDecodeGraphContext = 4096;
+
+struct DecodeGraphOptions {
+  int max_context = 4096;  // keys per sequence the graphs are planned for
+  int max_sequences = 1;   // the largest batch with a graph of its own
+};
+
+class DecodeGraphs {
+ public:
+  // Everything must outlive the graphs.
+  DecodeGraphs(ForwardPass& forward, gpu::CudaRouterBackend& router, ExpertBackend& experts,
+               PagedKvCache& kv, DecodeGraphOptions options);
+  ~DecodeGraphs();
+
+  // Whether a step of `ids` laid out by `batch` can replay a graph: one token per distinct
+  // sequence, the logits of every row in order, within the graphs' sizes, and an expert
+  // backend that can be captured.
+  bool Fits(const BatchLayout& batch, absl::Span<const int64_t> logit_rows) const;
+
+  // Runs the step (its KV positions reserved); returns its logits, [n, vocab] in pinned memory,
+  // valid until the next step. On an error nothing is cached for the batch size; ABORTED and
+  // UNAVAILABLE mean the step should run again without a graph (e.g. a worker died).
+  absl::StatusOr<const float*> Run(absl::Span<const int32_t> ids, const BatchLayout& batch);
+
+  // Drops every graph (they are captured again when next needed).
+  void Clear();
+
+  int captured() const { return static_cast<int>(graphs_.size()); }
+
+ private:
+  struct Graph;
+  absl::StatusOr<Graph*> Capture(absl::Span<const int32_t> ids, const BatchLayout& batch);
+
+  ForwardPass& forward_;
+  gpu::CudaRouterBackend& router_;
+  ExpertBackend& experts_;
+  PagedKvCache& kv_;
+  DecodeGraphOptions options_;
+  uint64_t version_ = 0;   // experts_.graph_version() the graphs were captured at
+  bool prepared_ = false;  // the router backend's graph buffers exist
+  std::map<int, std::unique_ptr<Graph>> graphs_;  // by batch size
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_ENGINE_DECODE_GRAPHS_H_
