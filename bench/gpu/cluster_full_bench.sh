@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# On the GPU machine: whole benchmark shapes through the GPU cluster (strata-cache, strata-router
+# on cuda:0, workers on GPUs, CUDA IPC, MPS, decode steps by CUDA graph replay on both sides),
+# `strata bench` 128 in / 512 out, and the transformers peer on the same weights in the same
+# call. Stages, comma-separated, each "what:shape:weights:workers:concurrency" or "peer:shape";
+# concurrencies separated by "/", a shape may end in @LAYERS for a cut of its first layers:
+#   cluster:qwen3-30b-a3b:bf16:1:1/8/32   cluster:qwen3-30b-a3b@16:bf16:1:1   peer:qwen3-30b-a3b
+# The weights go to /dev/shm when it holds them and the expert store (about twice the
+# checkpoint), else to /tmp. Binaries in .device-ipc/bin, libraries in .device-ipc/lib,
+# hf-peer-bench.py in .device-ipc/. OUT_DIR gets the bench JSON files (as soon as each is
+# written), logs.tgz and a summary; a table is printed last.
+#   bash bench/gpu/cluster_full_bench.sh OUT_DIR STAGES [RUNS]
+set -uo pipefail
+final=$1 stages=$2 runs=${3:-3}
+out=/tmp/full-work
+mkdir -p $out
+root=$PWD
+export LD_LIBRARY_PATH=$root/.device-ipc/lib:/usr/local/cuda/lib64
+export NCCL_NVLS_ENABLE=0
+B=$root/.device-ipc/bin
+gpus=$(nvidia-smi -L | wc -l)
+sum=$final/summary.txt
+start=$SECONDS
+note() { echo "$*" | tee -a "$sum"; }
+machine="NVIDIA H200 ($gpus GPU)"
+
+model_dir() {  # shape[@layers] -> directory with the weights (made once per machine)
+  local shape=$1 dir layers=()
+  for dir in /dev/shm/$shape /tmp/$shape; do
+    [ -f $dir/config.json ] && { echo $dir; return; }
+  done
+  dir=/tmp/$shape
+  [ "$(df --output=avail -B1G /dev/shm | tail -1)" -ge 140 ] && dir=/dev/shm/$shape
+  [[ $shape == *@* ]] && layers=(--layers "${shape#*@}")
+  "$B/strata" make-model --shape "${shape%@*}" "${layers[@]}" --out $dir --threads 16 \
+    >>"$out/make-$shape.log" 2>&1
+  echo $dir
+}
+
+up() {  # name, flags...: sets $addr (empty on failure) and $up
+  local name=$1; shift
+  "$B/strata" up "$@" >"$out/up-$name.out" 2>"$out/up-$name.log" &
+  up=$!
+  addr=
+  for _ in $(seq 1 600); do
+    addr=$(awk '/^READY/{print $2}' "$out/up-$name.out")
+    [ -n "$addr" ] && break
+    kill -0 $up 2>/dev/null || break
+    sleep 0.5
+  done
+  [ -n "$addr" ] || { note "$name: no READY after $((SECONDS - start)) s"; tail -5 "$out/up-$name.log" | tee -a "$sum"; }
+}
+down() { kill -TERM $up 2>/dev/null; wait $up; note "$1: strata up exit $?"; }
+
+for stage in ${stages//,/ }; do
+  IFS=: read -r what shape weights workers conc <<<"$stage"
+  conc=${conc//\//,}
+  t0=$SECONDS
+  dir=$(model_dir $shape)
+  note "$shape in $dir ($(du -sh $dir | cut -f1)) after $((SECONDS - start)) s"
+  if [ "$what" = peer ]; then
+    timeout 420 python3 "$root/.device-ipc/hf-peer-bench.py" --model $dir --shape $shape \
+      --runs $runs --out "$final/transformers-$shape-bf16.json" >"$out/peer-$shape.log" 2>&1
+    note "peer $shape: exit $? in $((SECONDS - t0)) s"
+    tail -2 "$out/peer-$shape.log" | tee -a "$sum"
+    continue
+  fi
+  tag=$shape; [[ $shape == *@* ]] && tag="${shape%@*}-${shape#*@}L"
+  name=$tag-$weights-${workers}w
+  up $name --model $dir --workers $workers --device cuda --weights $weights --threads 8 \
+    --max-batch-tokens 512
+  if [ -n "$addr" ]; then
+    note "$name: READY in $((SECONDS - t0)) s"
+    suffix=""; [ "$workers" -gt 1 ] && suffix="-${workers}gpu"
+    timeout 400 "$B/strata" bench --server "$addr" --model $dir --model-name $tag \
+      --input-len 128 --output-len 512 --runs $runs --concurrency $conc --weights $weights \
+      --mode cluster --gpus $workers --machine "$machine" \
+      --out "$final/strata-$tag-$weights-cluster$suffix.json" \
+      >"$out/bench-$name.txt" 2>&1
+    note "$name bench: exit $? after $((SECONDS - t0)) s"
+    grep -E "^\| *[0-9]" "$out/bench-$name.txt" | tee -a "$sum"
+    "$B/strata" stats --server "$addr" >"$out/stats-$name.json" 2>&1
+    grep -o '"steps":"[0-9]*"\|"graph_steps":"[0-9]*"' "$out/stats-$name.json" | tr '\n' ' ' | tee -a "$sum"; echo | tee -a "$sum"
+  fi
+  down $name
+done
+tar czf "$final/logs.tgz" -C "$out" . 2>/dev/null
+python3 - "$final" <<'PY'
+import glob, json, os, sys
+print('file | conc | decode tok/s mean | P5 | P95 | TTFT ms | throughput tok/s')
+for f in sorted(glob.glob(os.path.join(sys.argv[1], '*.json'))):
+    try:
+        r = json.load(open(f))
+    except Exception:
+        continue
+    if 'decode_tok_s_mean' in r:
+        print(f"{os.path.basename(f)} | {r.get('concurrency')} | {r['decode_tok_s_mean']:.1f} | "
+              f"{r['decode_tok_s_p5']:.1f} | {r['decode_tok_s_p95']:.1f} | {r['ttft_ms']:.1f} | "
+              f"{r.get('throughput_tok_s', float('nan'))}")
+PY
+cat "$sum"
+echo "total $((SECONDS - start)) s"
