@@ -66,7 +66,19 @@ absl::Status HotRatioControl::SetFixed(float ratio) {
 void HotRatioControl::SetAutomatic() { automatic_.store(true); }
 
 float HotRatioControl::Update(int64_t context_tokens) {
-  const float ratio = automatic_.load() ? policy_.For(context_tokens) : fixed_.load();
+  if (!automatic_.load()) {
+    const float fixed = fixed_.load();
+    current_.store(fixed);
+    return fixed;
+  }
+  float ratio = policy_.For(context_tokens);
+  const float current = current_.load();
+  // A shorter context takes a higher ratio only once it is clearly (an eighth) below the step's
+  // limit: a batch whose longest context hovers around a limit would otherwise make the workers
+  // re-pick their hot sets step after step.
+  if (ratio > current && policy_.For(context_tokens + context_tokens / 8) <= current) {
+    ratio = current;
+  }
   current_.store(ratio);
   return ratio;
 }

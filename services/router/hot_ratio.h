@@ -35,7 +35,9 @@ class HotRatioControl {
   // Fixes the ratio (InvalidArgument outside [0, 1]) until SetAutomatic.
   absl::Status SetFixed(float ratio);
   void SetAutomatic();
-  // The ratio for a batch whose longest sequence has `context_tokens` tokens.
+  // The ratio for a batch whose longest sequence has `context_tokens` tokens: the policy's,
+  // except that a context shrinking back below a step's limit raises the ratio only once it is
+  // an eighth below it (hysteresis).
   float Update(int64_t context_tokens);
   float current() const { return current_.load(); }
   bool automatic() const { return automatic_.load(); }

@@ -49,5 +49,18 @@ TEST(HotRatioControlTest, FixedOverridesThePolicyUntilAutomatic) {
   EXPECT_FLOAT_EQ(control.Update(10), 0.35f);
 }
 
+TEST(HotRatioControlTest, ShorterContextsRaiseTheRatioOnlyClearlyBelowALimit) {
+  HotRatioControl control{HotRatioPolicy()};  // 512:0.35, 2048:0.28, 0.20
+  EXPECT_FLOAT_EQ(control.Update(100), 0.35f);
+  EXPECT_FLOAT_EQ(control.Update(600), 0.28f);  // longer: at once
+  EXPECT_FLOAT_EQ(control.Update(500), 0.28f);  // just below 512: kept
+  EXPECT_FLOAT_EQ(control.Update(600), 0.28f);
+  EXPECT_FLOAT_EQ(control.Update(470), 0.28f);  // 470 + 470 / 8 = 528: within an eighth
+  EXPECT_FLOAT_EQ(control.Update(450), 0.35f);  // 450 + 56 = 506: clearly below
+  EXPECT_FLOAT_EQ(control.Update(5000), 0.20f);
+  EXPECT_FLOAT_EQ(control.Update(1900), 0.20f);  // 1900 + 237 >= 2048
+  EXPECT_FLOAT_EQ(control.Update(100), 0.35f);   // far below both limits
+}
+
 }  // namespace
 }  // namespace strata
