@@ -123,6 +123,13 @@ void EncodeExpertResponse(const ExpertResponseView& r, absl::Span<uint8_t> out) 
   }
 }
 
+uint64_t ExpertRequestStep(absl::Span<const uint8_t> bytes) {
+  RequestHeader h;
+  if (bytes.size() < sizeof(h)) return 0;
+  std::memcpy(&h, bytes.data(), sizeof(h));
+  return h.magic == kRequestMagic ? h.step : 0;
+}
+
 absl::StatusOr<ExpertRequestView> DecodeExpertRequest(absl::Span<const uint8_t> bytes) {
   RequestHeader h;
   if (bytes.size() < sizeof(h)) return absl::DataLossError("expert request: truncated header");

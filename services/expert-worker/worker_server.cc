@@ -284,6 +284,9 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
       response.layer = request->layer;
       response.num_tokens = request->num_tokens;
       response.hidden_size = request->hidden_size;
+    } else {
+      // Answer the step the router waits for, so that it fails now instead of at its timeout.
+      response.step = ExpertRequestStep(*request_bytes);
     }
     std::string error;
     if (status.ok()) {

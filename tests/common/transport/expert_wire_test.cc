@@ -79,9 +79,12 @@ TEST(ExpertWireTest, DeviceStepCarriesItsLayers) {
   EXPECT_EQ(std::vector<int32_t>(decoded->layers.begin(), decoded->layers.end()), layers);
   EXPECT_TRUE(decoded->hidden.empty());
   EXPECT_TRUE(decoded->experts.empty());
-  // A layer list shorter or longer than its header says is refused.
+  // A layer list shorter or longer than its header says is refused; its step can still be read
+  // (the worker answers it with the error).
   bytes.pop_back();
   EXPECT_FALSE(DecodeExpertRequest(bytes).ok());
+  EXPECT_EQ(ExpertRequestStep(bytes), 9u);
+  EXPECT_EQ(ExpertRequestStep(absl::MakeSpan(bytes).subspan(0, 8)), 0u);  // no whole header
   bytes.resize(bytes.size() + 5);
   EXPECT_FALSE(DecodeExpertRequest(bytes).ok());
 }
