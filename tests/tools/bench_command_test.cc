@@ -208,11 +208,17 @@ TEST(BenchFailureTest, ARefusedRequestFailsTheBench) {
       {"--model=" + std::string(STRATA_TEST_DATA_DIR) + "/oracles/qwen3_moe_long", "--workers=1",
        "--threads=1", "--max-running=1", "--max-queued-requests=1"});
   ASSERT_FALSE(cluster.address().empty()) << "the cluster did not become ready";
+  // Concurrency 1 is measured and its file written before concurrency 8 is refused.
+  TempDir dir;
+  const std::string out = dir.File("refused.json");
   const Result r = RunStrata(absl::StrCat("bench --server ", cluster.address(),
-                                          " --input-len 16 --output-len 64 --concurrency 8"));
+                                          " --input-len 16 --output-len 64 --runs 1",
+                                          " --concurrency 1,8 --out ", out));
   EXPECT_NE(r.exit_code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("concurrency 8, warmup round 1/1: a Generate request to"));
   EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED"));
+  EXPECT_TRUE(std::filesystem::exists(dir.File("refused-c1.json")));
+  EXPECT_FALSE(std::filesystem::exists(dir.File("refused-c8.json")));
 }
 
 }  // namespace

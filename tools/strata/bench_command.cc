@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "strata/v1/generation.grpc.pb.h"
 
@@ -309,7 +310,9 @@ std::string BenchResultJson(const BenchOptions& o, const std::string& model, con
   return row.dump(1);
 }
 
-absl::StatusOr<BenchReport> RunBench(const BenchOptions& o, std::ostream& progress) {
+absl::StatusOr<BenchReport> RunBench(
+    const BenchOptions& o, std::ostream& progress,
+    std::function<absl::Status(const std::string& model, const ConcurrencyRun& run)> on_run) {
   if (absl::Status s = CheckOptions(o); !s.ok()) return s;
   auto stub =
       v1::Generation::NewStub(grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials()));
@@ -356,15 +359,28 @@ absl::StatusOr<BenchReport> RunBench(const BenchOptions& o, std::ostream& progre
       run.requests.insert(run.requests.end(), timings.begin(), timings.end());
       run.round_throughput_tok_s.push_back(throughput);
     }
+    if (on_run) RETURN_IF_ERROR(on_run(report.model, run));
     report.runs.push_back(std::move(run));
   }
   return report;
 }
 
 absl::Status RunBenchCommand(const BenchOptions& o, std::ostream& out, std::ostream& progress) {
-  absl::StatusOr<BenchReport> report = RunBench(o, progress);
-  if (!report.ok()) return report.status();
   const absl::Time now = absl::Now();
+  const bool several = o.concurrency.size() > 1;
+  auto write = [&](const std::string& model, const ConcurrencyRun& run) -> absl::Status {
+    if (o.out.empty()) return absl::OkStatus();
+    const BenchSummary s = Summarize(run, o.input_len);
+    const std::string path = BenchOutputPath(o.out, s.concurrency, several);
+    std::ofstream file(path);
+    file << BenchResultJson(o, model, s, now) << "\n";
+    file.close();
+    if (!file) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
+    progress << "strata bench: wrote " << path << std::endl;
+    return absl::OkStatus();
+  };
+  absl::StatusOr<BenchReport> report = RunBench(o, progress, write);
+  if (!report.ok()) return report.status();
   std::vector<BenchSummary> summaries;
   for (const ConcurrencyRun& run : report->runs) summaries.push_back(Summarize(run, o.input_len));
 
@@ -377,18 +393,8 @@ absl::Status RunBenchCommand(const BenchOptions& o, std::ostream& out, std::ostr
          "|----------:|-----------:|-----------:|-----------------:|\n";
   for (const BenchSummary& s : summaries) out << Row(s);
   out << "\n";
-
-  const bool several = summaries.size() > 1;
   for (const BenchSummary& s : summaries) {
-    const std::string json = BenchResultJson(o, report->model, s, now);
-    out << nlohmann::ordered_json::parse(json).dump() << "\n";
-    if (o.out.empty()) continue;
-    const std::string path = BenchOutputPath(o.out, s.concurrency, several);
-    std::ofstream file(path);
-    file << json << "\n";
-    file.close();
-    if (!file) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
-    progress << "strata bench: wrote " << path << std::endl;
+    out << nlohmann::ordered_json::parse(BenchResultJson(o, report->model, s, now)).dump() << "\n";
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 #define STRATA_TOOLS_STRATA_BENCH_COMMAND_H_
 
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -102,10 +103,16 @@ absl::StatusOr<std::vector<int>> ParseConcurrency(const std::vector<std::string>
 // with spaces or quotes single-quoted: what the JSON records as "command".
 std::string CurrentCommandLine();
 
-// Checks the options, then measures; progress lines go to `progress`.
-absl::StatusOr<BenchReport> RunBench(const BenchOptions& options, std::ostream& progress);
+// Checks the options, then measures; progress lines go to `progress`. `on_run`, when set, sees
+// each concurrency's measurements as soon as they are complete (with the model's name); its
+// error stops the benchmark.
+absl::StatusOr<BenchReport> RunBench(
+    const BenchOptions& options, std::ostream& progress,
+    std::function<absl::Status(const std::string& model, const ConcurrencyRun& run)> on_run =
+        nullptr);
 
-// RunBench, then the table and one JSON line per concurrency on `out`, and the files (--out).
+// RunBench, writing each concurrency's file (--out) as soon as it is measured (a later failure
+// keeps the earlier ones), then the table and one JSON line per concurrency on `out`.
 absl::Status RunBenchCommand(const BenchOptions& options, std::ostream& out,
                              std::ostream& progress);
 
