@@ -264,6 +264,7 @@ absl::Status CudaRouterBackend::UploadBatch(const BatchLayout& batch, PagedKvCac
     positions[t] = static_cast<int32_t>(batch.position[t]);
     max_context_ = std::max(max_context_, positions[t] + 1);
   }
+  one_token_per_sequence_ = static_cast<int64_t>(seqs.size()) == n;
   if (static_cast<int>(seqs.size()) > options_.max_sequences) {
     return absl::InvalidArgumentError("cuda backend: too many sequences in one step");
   }
@@ -346,12 +347,9 @@ absl::Status CudaRouterBackend::Attention(int layer, const BatchLayout& batch, P
   params.sinks = lw.sinks;
   params.max_context = max_context_;
   const PagedAttentionPlan plan = PlanPagedAttention(n, params, context_->num_sms());
-  // The fused decode needs every token's only new key to be its own (checked for small steps).
-  bool distinct_sequences = n <= kGemvMaxTokens;
-  for (int64_t i = 0; distinct_sequences && i < n; ++i) {
-    for (int64_t j = 0; j < i; ++j) distinct_sequences &= batch.sequence[i] != batch.sequence[j];
-  }
-  if (plan.cluster && distinct_sequences) {
+  // The fused decode needs every token's only new key to be its own (one token a sequence);
+  // taken for small steps only, where it was measured.
+  if (plan.cluster && n <= kGemvMaxTokens && one_token_per_sequence_) {
     // Decode: q/k norm + rope and the cache append happen inside the attention kernel.
     CUDA_RETURN_IF_ERROR(LaunchPagedDecodeWithRope(q_.data(), k_.data(), v_.data(), kv_dim, tokens,
                                                    cache, params, rope, plan, attn_.data(),

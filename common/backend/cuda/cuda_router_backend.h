@@ -132,6 +132,7 @@ class CudaRouterBackend : public RouterBackend {
   int max_blocks_per_seq_ = 0;
   int max_context_ = 0;
   int64_t step_tokens_ = 0;
+  bool one_token_per_sequence_ = false;  // this step's, from UploadBatch
   int current_layer_ = 0;
   std::shared_ptr<void> keep_alive_;  // device views share the backend's lifetime marker
   std::vector<int32_t> host_ints_;
