@@ -109,6 +109,9 @@ class ExpertBackend {
   // Called before each replay of a captured step of `tokens` tokens (e.g. to start the
   // workers' own graphs); an error means the step must run without the graph.
   virtual absl::Status BeginGraphStep(int64_t tokens) { return absl::OkStatus(); }
+  // Called instead of a replay that could not be launched after BeginGraphStep succeeded:
+  // whatever BeginGraphStep started must not wait for it.
+  virtual void AbortGraphStep() {}
 };
 
 }  // namespace strata

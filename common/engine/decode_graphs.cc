@@ -19,8 +19,10 @@ DecodeGraphs::DecodeGraphs(ForwardPass& forward, gpu::CudaRouterBackend& router,
 bool DecodeGraphs::Fits(const BatchLayout& batch, absl::Span<const int64_t> logit_rows) const {
 #if STRATA_HAVE_CUDA
   const int64_t n = batch.num_tokens();
-  if (n < 1 || n > options_.max_sequences || experts_.graph_version() == 0 ||
-      static_cast<int64_t>(logit_rows.size()) != n) {
+  const uint64_t version = experts_.graph_version();
+  if (n < 1 || n > options_.max_sequences || version == 0 ||
+      static_cast<int64_t>(logit_rows.size()) != n ||
+      (failures_ >= kMaxFailures && version == failed_version_)) {
     return false;
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -67,7 +69,7 @@ absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int3
     return absl::InternalError("cannot begin capturing a decode graph");
   }
   Tensor unused;
-  const absl::Status captured = forward_.Run(ids, batch, kv_, rows, unused);
+  const absl::Status captured = forward_.RunOnceForCapture(ids, batch, kv_, rows, unused);
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
   absl::Cleanup destroy = [&] {
@@ -94,6 +96,22 @@ absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int3
 
 absl::StatusOr<const float*> DecodeGraphs::Run(absl::Span<const int32_t> ids,
                                                const BatchLayout& batch) {
+  absl::StatusOr<const float*> logits = Replay(ids, batch);
+  if (logits.ok()) {
+    failures_ = 0;
+    return logits;
+  }
+  // A graph (and the expert backend's record of it) may be half made or stale: start over.
+  graphs_.clear();
+  const uint64_t version = experts_.graph_version();
+  if (version != failed_version_) failures_ = 0;
+  failed_version_ = version;
+  ++failures_;
+  return logits.status();
+}
+
+absl::StatusOr<const float*> DecodeGraphs::Replay(absl::Span<const int32_t> ids,
+                                                  const BatchLayout& batch) {
   const int n = static_cast<int>(batch.num_tokens());
   if (static_cast<int>(ids.size()) != n) {
     return absl::InvalidArgumentError("decode graph: ids do not match the batch");
@@ -116,14 +134,18 @@ absl::StatusOr<const float*> DecodeGraphs::Run(absl::Span<const int32_t> ids,
     tables[i] = &kv_.block_table(batch.sequence[i]);
   }
   RETURN_IF_ERROR(router_.WriteDecodeInputs(ids, positions, tables));
+  forward_.NoteBatch(batch);  // the host code of the pass does not run in a replay
   RETURN_IF_ERROR(experts_.BeginGraphStep(n));
   cudaStream_t stream = router_.context()->stream();
   const cudaError_t launched = cudaGraphLaunch(graph->exec, stream);
-  const cudaError_t synced = cudaStreamSynchronize(stream);
-  if (launched != cudaSuccess || synced != cudaSuccess) {
+  if (launched != cudaSuccess) {
     cudaGetLastError();
-    return absl::InternalError(absl::StrCat(
-        "decode graph replay: ", cudaGetErrorString(launched != cudaSuccess ? launched : synced)));
+    experts_.AbortGraphStep();
+    return absl::InternalError(absl::StrCat("decode graph launch: ", cudaGetErrorString(launched)));
+  }
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  if (synced != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("decode graph replay: ", cudaGetErrorString(synced)));
   }
   RETURN_IF_ERROR(experts_.FinishStep());
   return router_.decode_logits();
@@ -139,6 +161,9 @@ absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int3
   return absl::UnimplementedError("no CUDA in this build");
 }
 absl::StatusOr<const float*> DecodeGraphs::Run(absl::Span<const int32_t>, const BatchLayout&) {
+  return absl::UnimplementedError("no CUDA in this build");
+}
+absl::StatusOr<const float*> DecodeGraphs::Replay(absl::Span<const int32_t>, const BatchLayout&) {
   return absl::UnimplementedError("no CUDA in this build");
 }
 

@@ -37,23 +37,29 @@ class DecodeGraphs {
   ~DecodeGraphs();
 
   // Whether a step of `ids` laid out by `batch` can replay a graph: one token per distinct
-  // sequence, the logits of every row in order, within the graphs' sizes, and an expert
-  // backend that can be captured.
+  // sequence, the logits of every row in order, within the graphs' sizes, an expert backend
+  // that can be captured, and fewer than kMaxFailures failed steps in a row since the expert
+  // backend last changed (graph_version).
   bool Fits(const BatchLayout& batch, absl::Span<const int64_t> logit_rows) const;
 
   // Runs the step (its KV positions reserved); returns its logits, [n, vocab] in pinned memory,
-  // valid until the next step. On an error nothing is cached for the batch size; ABORTED and
-  // UNAVAILABLE mean the step should run again without a graph (e.g. a worker died).
+  // valid until the next step. On an error every graph is dropped and the step should run
+  // again without one (its keys and values are rewritten then); e.g. a worker died.
   absl::StatusOr<const float*> Run(absl::Span<const int32_t> ids, const BatchLayout& batch);
+
+  static constexpr int kMaxFailures = 3;
 
   // Drops every graph (they are captured again when next needed).
   void Clear();
 
   int captured() const { return static_cast<int>(graphs_.size()); }
+  // Failed steps in a row (graphs stay off at kMaxFailures until the expert backend changes).
+  int failures() const { return failures_; }
 
  private:
   struct Graph;
   absl::StatusOr<Graph*> Capture(absl::Span<const int32_t> ids, const BatchLayout& batch);
+  absl::StatusOr<const float*> Replay(absl::Span<const int32_t> ids, const BatchLayout& batch);
 
   ForwardPass& forward_;
   gpu::CudaRouterBackend& router_;
@@ -62,6 +68,8 @@ class DecodeGraphs {
   DecodeGraphOptions options_;
   uint64_t version_ = 0;   // experts_.graph_version() the graphs were captured at
   bool prepared_ = false;  // the router backend's graph buffers exist
+  int failures_ = 0;       // failed steps in a row, at failed_version_
+  uint64_t failed_version_ = 0;
   std::map<int, std::unique_ptr<Graph>> graphs_;  // by batch size
 };
 

@@ -11,9 +11,7 @@ ForwardPass::ForwardPass(const ModelConfig& config, RouterBackend& router, Exper
                          ForwardOptions options)
     : config_(config), router_(router), experts_(experts), options_(options) {}
 
-absl::Status ForwardPass::Run(absl::Span<const int32_t> ids, const BatchLayout& batch,
-                              PagedKvCache& kv, absl::Span<const int64_t> logit_rows,
-                              Tensor& logits) {
+absl::Status ForwardPass::Check(absl::Span<const int32_t> ids, const BatchLayout& batch) const {
   if (static_cast<int64_t>(ids.size()) != batch.num_tokens() ||
       batch.sequence.size() != batch.position.size()) {
     return absl::InvalidArgumentError(
@@ -22,6 +20,20 @@ absl::Status ForwardPass::Run(absl::Span<const int32_t> ids, const BatchLayout& 
   if (!(options_.router_temperature > 0.0f)) {
     return absl::InvalidArgumentError("router_temperature must be positive");
   }
+  return absl::OkStatus();
+}
+
+absl::Status ForwardPass::RunOnceForCapture(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                                            PagedKvCache& kv, absl::Span<const int64_t> logit_rows,
+                                            Tensor& logits) {
+  RETURN_IF_ERROR(Check(ids, batch));
+  return RunOnce(ids, batch, kv, logit_rows, logits);
+}
+
+absl::Status ForwardPass::Run(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                              PagedKvCache& kv, absl::Span<const int64_t> logit_rows,
+                              Tensor& logits) {
+  RETURN_IF_ERROR(Check(ids, batch));
   absl::Status status = RunOnce(ids, batch, kv, logit_rows, logits);
   for (int retry = 0; retry < 2 && absl::IsAborted(status); ++retry) {
     status = RunOnce(ids, batch, kv, logit_rows, logits);

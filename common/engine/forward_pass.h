@@ -44,6 +44,16 @@ class ForwardPass {
   absl::Status Run(absl::Span<const int32_t> ids, const BatchLayout& batch, PagedKvCache& kv,
                    absl::Span<const int64_t> logit_rows, Tensor& logits);
 
+  // Run without running an aborted step again: a CUDA graph capture must record one pass.
+  absl::Status RunOnceForCapture(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                                 PagedKvCache& kv, absl::Span<const int64_t> logit_rows,
+                                 Tensor& logits);
+  // What Run tells its observers of a batch (the on_batch hook), for a step replayed from a
+  // graph, which runs no host code of the pass.
+  void NoteBatch(const BatchLayout& batch) {
+    if (options_.on_batch) options_.on_batch(batch);
+  }
+
   // Thread-safe to read while Run is going.
   const PrefetchCounters& prefetch() const { return prefetch_; }
 
@@ -52,6 +62,7 @@ class ForwardPass {
   RouterBackend& router_;
   ExpertBackend& experts_;
   ForwardOptions options_;
+  absl::Status Check(absl::Span<const int32_t> ids, const BatchLayout& batch) const;
   absl::Status RunOnce(absl::Span<const int32_t> ids, const BatchLayout& batch, PagedKvCache& kv,
                        absl::Span<const int64_t> logit_rows, Tensor& logits);
   // Predicts layer + 1's experts from `hidden_` and sends the hint.

@@ -27,7 +27,7 @@ absl::StatusOr<int> ParseDevice(const std::string& device) {
 }
 
 absl::StatusOr<std::unique_ptr<ModelStack>> ModelStack::Create(const std::string& model_dir,
-                                                                const ModelStackOptions& options) {
+                                                               const ModelStackOptions& options) {
   std::unique_ptr<ModelStack> s(new ModelStack());
   s->options_ = options;
   ASSIGN_OR_RETURN(s->device_index_, ParseDevice(options.device));
@@ -64,10 +64,9 @@ absl::Status ModelStack::CreateKv() {
     blocks = std::min(blocks, (c.max_position_embeddings + kv.block_size - 1) / kv.block_size);
   }
   if (blocks <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("the KV-cache budget of ",
-                                                   options_.kv_cache_bytes,
-                                                   " bytes holds no block; one block needs ",
-                                                   block_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the KV-cache budget of ", options_.kv_cache_bytes,
+                     " bytes holds no block; one block needs ", block_bytes));
   }
   kv.num_blocks = static_cast<int>(std::min<int64_t>(blocks, int64_t{1} << 30));
   // A GPU router keeps the keys and values on its device; the host object keeps the tables.
@@ -115,8 +114,8 @@ absl::Status ModelStack::CreateCudaBackends() {
                             bytes >> 20, " MiB)"));
     };
   }
-  ASSIGN_OR_RETURN(experts_, gpu::CudaExpertBackend::Create(c, *expert_source_, raw,
-                                                            std::move(expert_options)));
+  ASSIGN_OR_RETURN(
+      experts_, gpu::CudaExpertBackend::Create(c, *expert_source_, raw, std::move(expert_options)));
   return absl::OkStatus();
 #else
   return absl::UnimplementedError("this build has no CUDA backend (nvcc was not found)");

@@ -51,8 +51,8 @@ int32_t Sampler::Sample(const float* logits, int64_t vocab) {
     // of the whole vocabulary. Same arithmetic as the cut below, so the cut falls inside.
     int64_t sorted = keep < vocab ? keep : 0;
     for (int64_t m = std::min<int64_t>(keep, 512); sorted == 0; m = std::min(keep, m * 8)) {
-      std::partial_sort(candidates_.begin(), candidates_.begin() + m,
-                        candidates_.begin() + keep, by_logit);
+      std::partial_sort(candidates_.begin(), candidates_.begin() + m, candidates_.begin() + keep,
+                        by_logit);
       double mass = 0.0;
       for (int64_t i = 0; i < m && mass < params_.top_p; ++i) mass += candidates_[i].first / total;
       if (mass >= params_.top_p || m == keep) sorted = m;

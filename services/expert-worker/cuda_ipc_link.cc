@@ -152,7 +152,8 @@ class CudaIpcLinkImpl : public CudaIpcLink {
     void operator()(cudaGraphExec_t exec) const { cudaGraphExecDestroy(exec); }
   };
   using GraphExec = std::unique_ptr<std::remove_pointer_t<cudaGraphExec_t>, DestroyExec>;
-  static constexpr size_t kMaxGraphs = 64;  // batch sizes x layer sets; all dropped beyond
+  // Batch sizes (the router's graphs go up to 64) x layer sets; all dropped beyond.
+  static constexpr size_t kMaxGraphs = 128;
 
   absl::StatusOr<cudaGraphExec_t> Capture(const ExpertRequestView& r, cudaStream_t stream) {
     uint32_t* in_flags = static_cast<uint32_t*>(flags_);

@@ -186,6 +186,8 @@ uint64_t IpcExpertBackend::graph_version() const {
     any = any || alive;
     version = version * 1000003 + (alive ? link->generation_ : 0);
   }
+  // A rerouted layer changes the owners the captured split routes by, not the connections.
+  version = version * 1000003 + owners_version_.load();
   return any ? (version | 1) : 0;
 }
 
@@ -193,6 +195,7 @@ absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
   const ModelConfig& c = config();
   const std::vector<std::shared_ptr<ExpertConnection>> connections = Connections();
   const uint64_t step = NextStep();
+  started_.clear();
   std::vector<int> sent;
   absl::Status status;
   for (int w = 0; w < static_cast<int>(graph_layers_.size()) && status.ok(); ++w) {
@@ -200,8 +203,9 @@ absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
     auto* link = w < static_cast<int>(connections.size())
                      ? dynamic_cast<CudaIpcConnection*>(connections[w].get())
                      : nullptr;
-    if (link == nullptr || !link->Alive()) {
-      status = absl::UnavailableError(absl::StrCat("expert worker ", w, " is not connected"));
+    if (link == nullptr || !link->Alive() || connections[w] != graph_connections_[w]) {
+      status = absl::UnavailableError(
+          absl::StrCat("expert worker ", w, " is not the one the decode graphs were made with"));
       break;
     }
     ExpertRequestView request;
@@ -215,7 +219,6 @@ absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
     status = link->Send(request);
     if (status.ok()) sent.push_back(w);
   }
-  std::vector<int> started;
   for (int w : sent) {
     bool transport_failed = false;
     const absl::Status received = ReceiveResponse(
@@ -229,44 +232,64 @@ absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
         },
         &transport_failed);
     if (received.ok()) {
-      started.push_back(w);
+      started_.push_back(w);
       static_cast<CudaIpcConnection*>(connections[w].get())->graph_awaited_.store(true);
-    } else if (status.ok()) {
-      status = absl::UnavailableError(received.message());
+    } else {
+      // A worker that answered with an error started nothing. One whose answer never came may
+      // have: it is left to the liveness checks (a known gap: it would stay blocked).
+      if (transport_failed) {
+        Log(LogLevel::kError, absl::StrCat("expert worker ", w,
+                                           " did not answer a graph step: ", received.message()));
+      }
+      if (status.ok()) status = absl::UnavailableError(received.message());
     }
   }
   if (status.ok()) return status;
-  RETURN_IF_ERROR(RunOut(started, connections));
+  RunOut(started_).IgnoreError();
+  started_.clear();
   return status;
 }
 
-absl::Status IpcExpertBackend::RunOut(
-    const std::vector<int>& started,
-    const std::vector<std::shared_ptr<ExpertConnection>>& connections) {
-  const size_t layers = static_cast<size_t>(config().num_layers);
-  cudaStream_t stream = context_->stream();
-  for (int w : started) {
-    auto* link = static_cast<CudaIpcConnection*>(connections[w].get());
-    uint32_t* in = link->flags_.data();
-    for (int32_t layer : graph_layers_[w]) {
-      RETURN_IF_ERROR(gpu::WriteFlag(stream, in + layer, 1));
-      RETURN_IF_ERROR(gpu::WaitFlag(stream, in + layers + layer, 1));
-      RETURN_IF_ERROR(gpu::WriteFlag(stream, in + layers + layer, 0));
-    }
+void IpcExpertBackend::AbortGraphStep() {
+  if (absl::Status s = RunOut(started_); !s.ok()) {
+    Log(LogLevel::kError, absl::StrCat("running out the workers' graph step: ", s.message()));
   }
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  return absl::OkStatus();
+  started_.clear();
 }
 
-absl::Status IpcExpertBackend::CaptureExchange(int layer, const std::vector<int>& workers,
-                                               const std::vector<CudaIpcConnection*>& links,
-                                               gpu::PartialSet& partials) {
+absl::Status IpcExpertBackend::RunOut(const std::vector<int>& started) {
   const size_t layers = static_cast<size_t>(config().num_layers);
-  if (layer <= last_captured_layer_) {
-    for (std::vector<int32_t>& list : graph_layers_) list.clear();  // a new capture
+  cudaStream_t stream = context_->stream();
+  absl::Status status;
+  for (int w : started) {
+    auto* link = static_cast<CudaIpcConnection*>(graph_connections_[w].get());
+    uint32_t* in = link->flags_.data();
+    for (int32_t layer : graph_layers_[w]) {
+      for (absl::Status s :
+           {gpu::WriteFlag(stream, in + layer, 1), gpu::WaitFlag(stream, in + layers + layer, 1),
+            gpu::WriteFlag(stream, in + layers + layer, 0)}) {
+        if (status.ok()) status = s;
+      }
+    }
+  }
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  if (status.ok() && synced != cudaSuccess) {
+    status = gpu::CudaStatus(synced, "cudaStreamSynchronize", __FILE__, __LINE__);
+  }
+  return status;
+}
+
+absl::Status IpcExpertBackend::CaptureExchange(
+    int layer, const std::vector<int>& workers, const std::vector<CudaIpcConnection*>& links,
+    const std::vector<std::shared_ptr<ExpertConnection>>& connections, gpu::PartialSet& partials) {
+  const size_t layers = static_cast<size_t>(config().num_layers);
+  if (layer <= last_captured_layer_) {  // a new capture
+    for (std::vector<int32_t>& list : graph_layers_) list.clear();
+    for (std::shared_ptr<ExpertConnection>& connection : graph_connections_) connection.reset();
   }
   last_captured_layer_ = layer;
   graph_layers_.resize(num_workers());
+  graph_connections_.resize(num_workers());
   cudaStream_t stream = context_->stream();
   for (int w : workers) RETURN_IF_ERROR(gpu::WriteFlag(stream, links[w]->flags_.data() + layer, 1));
   for (int w : workers) {
@@ -275,6 +298,7 @@ absl::Status IpcExpertBackend::CaptureExchange(int layer, const std::vector<int>
     RETURN_IF_ERROR(gpu::WriteFlag(stream, out_flag, 0));
     partials.parts[partials.count++] = links[w]->output_.data();
     graph_layers_[w].push_back(layer);
+    graph_connections_[w] = connections[w];
   }
   return absl::OkStatus();
 }
@@ -293,6 +317,7 @@ absl::Status IpcExpertBackend::UploadOwners(int layer, const std::vector<int>& o
                                        cudaMemcpyHostToDevice, stream));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   uploaded_owners_[layer] = owner;
+  owners_version_.fetch_add(1);
   return absl::OkStatus();
 }
 
@@ -353,7 +378,7 @@ absl::Status IpcExpertBackend::Exchange(
   gpu::PartialSet partials;
   std::shared_ptr<void> holder;  // keeps a single partial's buffer alive with the view
   if (capturing) {
-    RETURN_IF_ERROR(CaptureExchange(layer, workers, links, partials));
+    RETURN_IF_ERROR(CaptureExchange(layer, workers, links, connections, partials));
     if (partials.count == 1) holder = connections[workers[0]];
     return SumPartials(partials, n, std::move(holder), out);
   }

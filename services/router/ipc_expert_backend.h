@@ -88,8 +88,10 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // over CUDA IPC or a worker keeps only some experts resident.
   uint64_t graph_version() const override;
   // Sends each worker of the captured step its kDeviceStep and waits for the answers (queued,
-  // not run). UNAVAILABLE when one fails; the workers already started are run out first.
+  // not run). UNAVAILABLE when one fails, or when a worker's connection is not the one the
+  // graphs were captured with; the workers already started are run out first.
   absl::Status BeginGraphStep(int64_t tokens) override;
+  void AbortGraphStep() override;
 
   // Allocates worker `index`'s buffers and events, writes their handles into `buffers` and
   // wraps `channel`; install the result with SetConnection. Any thread.
@@ -118,11 +120,12 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // The captured part of Exchange: flags instead of messages and events.
   absl::Status CaptureExchange(int layer, const std::vector<int>& workers,
                                const std::vector<CudaIpcConnection*>& links,
+                               const std::vector<std::shared_ptr<ExpertConnection>>& connections,
                                gpu::PartialSet& partials);
   // Runs out the graphs of workers that were started for a step that will not replay: raises
-  // their input flags and clears their output flags in order, on the router's stream.
-  absl::Status RunOut(const std::vector<int>& started,
-                      const std::vector<std::shared_ptr<ExpertConnection>>& connections);
+  // their input flags and clears their output flags in order, on the router's stream (a
+  // worker that dies meanwhile is released by the watchdog). Best effort over all of them.
+  absl::Status RunOut(const std::vector<int>& started);
   // The watchdog thread's loop.
   void Watch();
   // When `link`'s worker is gone and the router's stream waits for an output event it will
@@ -138,9 +141,13 @@ class IpcExpertBackend : public RemoteExpertBackend {
   std::shared_ptr<void> keep_alive_ = std::make_shared<int>(0);
   std::atomic<bool> lost_{false};  // a dead worker's output event was released
   std::atomic<uint64_t> next_generation_{1};
-  // Per worker, the MoE layers of the last captured step (engine thread).
+  std::atomic<uint64_t> owners_version_{0};  // bumped whenever owners_ changes
+  // Per worker, the MoE layers of the last captured step and the connection whose buffers
+  // and flags it uses (held: the graphs point into them). Engine thread.
   std::vector<std::vector<int32_t>> graph_layers_;
+  std::vector<std::shared_ptr<ExpertConnection>> graph_connections_;
   int last_captured_layer_ = -1;
+  std::vector<int> started_;               // workers BeginGraphStep started for the coming replay
   cudaStream_t release_stream_ = nullptr;  // ReleaseIfLost's records
   std::mutex release_mu_;                  // ReleaseIfLost: the watchdog and registrations
   std::mutex watch_mu_;

@@ -37,7 +37,8 @@ ABSL_FLAG(std::string, hot_ratio_policy, "512:0.35,2048:0.28,0.20",
           "Hot ratio by longest context in the batch: LIMIT:RATIO,... then the ratio beyond");
 ABSL_FLAG(bool, prefetch, true, "Predict the next layer's experts and tell the workers");
 ABSL_FLAG(int, cuda_graph_max_batch, 32,
-          "GPU router: decode steps of up to this many sequences replay a CUDA graph (0: off)");
+          "GPU router: decode steps of up to this many sequences replay a CUDA graph (0: off, "
+          "at most 64)");
 ABSL_FLAG(std::string, channel_prefix, "strata", "Shared-memory channel name prefix");
 ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 
@@ -68,6 +69,10 @@ int main(int argc, char** argv) {
   options.channel_prefix = absl::GetFlag(FLAGS_channel_prefix);
   options.prefetch = absl::GetFlag(FLAGS_prefetch);
   options.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
+  if (options.cuda_graph_max_batch < 0 || options.cuda_graph_max_batch > 64) {
+    std::cerr << "strata-router: --cuda-graph-max-batch must be in [0, 64]\n";
+    return 2;
+  }
   auto policy = strata::HotRatioPolicy::Parse(absl::GetFlag(FLAGS_hot_ratio_policy));
   if (!policy.ok()) {
     std::cerr << "strata-router: " << policy.status().message() << "\n";

@@ -76,7 +76,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   SchedulerOptions scheduler = options.scheduler;
   if (s->stack_->cuda_router() != nullptr && options.cuda_graph_max_batch > 0) {
     DecodeGraphOptions graphs;
-    graphs.max_sequences = std::min(options.cuda_graph_max_batch, stack.max_sequences);
+    graphs.max_sequences =
+        std::min({options.cuda_graph_max_batch, stack.max_sequences, stack.max_step_tokens});
     graphs.max_context = static_cast<int>(std::min<int64_t>(
         {int64_t{kDecodeGraphContext},
          int64_t{s->stack_->kv().options().num_blocks} * s->stack_->kv().options().block_size,

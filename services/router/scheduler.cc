@@ -347,27 +347,18 @@ bool Scheduler::Step() {
 const float* Scheduler::TryGraphStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
                                      absl::Span<const int64_t> logit_rows) {
   DecodeGraphs* graphs = options_.decode_graphs;
-  constexpr int kMaxGraphFailures = 3;
-  if (graphs == nullptr || graph_failures_ >= kMaxGraphFailures ||
-      !graphs->Fits(batch, logit_rows)) {
-    return nullptr;
-  }
+  if (graphs == nullptr || !graphs->Fits(batch, logit_rows)) return nullptr;
   absl::StatusOr<const float*> logits = graphs->Run(ids, batch);
   if (logits.ok()) {
-    graph_failures_ = 0;
     graph_steps_.fetch_add(1);
     return *logits;
   }
   // The step runs eagerly instead (rewriting whatever keys and values the replay wrote); a
   // worker that died is rerouted there.
-  graphs->Clear();
-  if (++graph_failures_ == kMaxGraphFailures) {
-    Log(LogLevel::kWarning, absl::StrCat("CUDA graphs off after ", kMaxGraphFailures,
-                                         " failed steps; last: ", logits.status().message()));
-  } else {
-    Log(LogLevel::kWarning, absl::StrCat("decode graph step failed (", logits.status().message(),
-                                         "); running it without the graph"));
-  }
+  const bool off = graphs->failures() >= DecodeGraphs::kMaxFailures;
+  Log(LogLevel::kWarning, absl::StrCat("decode graph step failed (", logits.status().message(),
+                                       off ? "); CUDA graphs off until the workers change"
+                                           : "); running it without the graph"));
   return nullptr;
 }
 

@@ -113,7 +113,6 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
   Tensor logits_;
-  int graph_failures_ = 0;  // consecutive failed graph steps; graphs stop after a few
   std::thread thread_;
 };
 

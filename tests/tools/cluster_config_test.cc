@@ -78,6 +78,8 @@ TEST(ClusterConfigTest, TierKeys) {
   EXPECT_EQ(c.cuda_graph_max_batch, 0);
   EXPECT_THAT(message("cuda_graph_max_batch: -1\n"),
               HasSubstr("bad value for \"cuda_graph_max_batch\""));
+  EXPECT_THAT(message("cuda_graph_max_batch: 65\n"),
+              HasSubstr("bad value for \"cuda_graph_max_batch\""));
 }
 
 TEST(ClusterConfigTest, Errors) {

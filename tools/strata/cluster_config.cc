@@ -82,7 +82,7 @@ const std::map<std::string, Setter>& Setters() {
                                         })},
       {"prefetch", Set<bool>(&ClusterConfig::prefetch)},
       {"cuda_graph_max_batch", Set<int>(&ClusterConfig::cuda_graph_max_batch,
-                                        [](const int& v) { return v >= 0 && v <= 256; })},
+                                        [](const int& v) { return v >= 0 && v <= 64; })},
       {"mps", Set<std::string>(
                   &ClusterConfig::mps,
                   [](const std::string& v) { return v == "auto" || v == "on" || v == "off"; })},

@@ -86,7 +86,8 @@ ABSL_FLAG(std::string, mps, "auto",
           "up: CUDA MPS daemon for the GPU processes: auto (when installed), on or off");
 ABSL_FLAG(bool, prefetch, true, "up: predict the next layer's experts and prefetch them");
 ABSL_FLAG(int, cuda_graph_max_batch, 32,
-          "up: GPU router, decode steps of up to this many sequences replay CUDA graphs (0: off)");
+          "up: GPU router, decode steps of up to this many sequences replay CUDA graphs (0: off, "
+          "at most 64)");
 ABSL_FLAG(std::string, calibration, "",
           "plan: JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} a line");
 ABSL_FLAG(std::string, model_name, "", "bench: model recorded (default: --model's name)");
@@ -232,6 +233,9 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
     c.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
   }
   if (flags.Specified("mps")) c.mps = absl::GetFlag(FLAGS_mps);
+  if (c.cuda_graph_max_batch < 0 || c.cuda_graph_max_batch > 64) {
+    return absl::InvalidArgumentError("--cuda-graph-max-batch must be in [0, 64]");
+  }
   if (c.mps != "auto" && c.mps != "on" && c.mps != "off") {
     return absl::InvalidArgumentError("--mps must be auto, on or off");
   }
