@@ -12,12 +12,9 @@
 #          (strata eval --server), cuda_cluster_test's check of the two, cuda_demo_model_test
 # Binaries in .device-ipc/bin, their libraries in .device-ipc/lib. OUT_DIR gets the summary
 # (written as it goes), the bench JSON files and logs.tgz; a table is printed last.
-# Packing (here): strip build/bin/{strata,strata-router,strata-worker,strata-cache} and the test
-# binaries into a bin/ folder, ../shared/tools/device-bundle.sh lib bin/*, tar both into
-# .device-ipc/bundle.tar.xz (carried; the call unpacks it into .device-ipc). The tree travels
-# without models/ (moved aside for the call): ppl and verify want models/strata-demo unpacked
-# from a carried .device-demo/demo.tar.xz, and verify with tests/data/oracles moved aside too
-# wants the head_dim 64/128 oracles from .device-ipc/oracles.tar.xz, to stay under 64 MiB.
+# Packing (here): bash bench/gpu/pack_device.sh, which also says how the call carries and unpacks
+# the bundle, the oracles and the demo model (models/ and tests/data/oracles/ moved aside for
+# the call, to stay under 64 MiB).
 #   bash bench/gpu/cluster_ipc_bench.sh OUT_DIR [tests,bench,engine,verify,ppl]
 set -uo pipefail
 final=$1 stages=${2:-tests,bench}
