@@ -6,9 +6,17 @@
 //   memop   front-end waits (cuStreamWaitValue32), as strata ships
 //   kernel  one-thread polling kernels for the waits
 //   local   memop waits between two streams of one process (no IPC): the baseline
-// with an optional busy kernel of --work-us on each side standing in for a layer's work. Run
-// it with and without the MPS daemon to compare. Build: bench/gpu/build_flag_pingpong.sh.
+// with an optional busy kernel of --work-us on each side standing in for a layer's work, and
+// the operations around each hand-over (--chain):
+//   bare    the flags alone
+//   strata  as a replayed step has them now: router: work (attention), input copy, routing
+//           split, raise, wait, clear, combine; worker: wait, clear, work (gate/up), down, raise
+//   folded  the signalling folded into kernels: router: work, a split kernel that copies the
+//           input and raises the flag, a combine kernel that waits and clears; worker: a kernel
+//           that waits and clears, work, a down kernel that raises the output flag
+// Run it with and without the MPS daemon to compare. Build: bench/gpu/build_flag_pingpong.sh.
 //   flag_pingpong [--layers 48] [--reps 100] [--work-us 0] [--mode memop|kernel|local]
+//                 [--chain bare|strata|folded]
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <spawn.h>
@@ -52,11 +60,37 @@ __global__ void Poll(const volatile uint32_t* flag, uint32_t value) {
   while (*flag != value) __nanosleep(32);
 }
 
+__global__ void Tiny() {}
+
+// A split kernel that also copies the layer's input and then raises the worker's flag.
+__global__ void CopyAndRaise(const uint4* src, uint4* dst, int n, volatile uint32_t* flag) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    *flag = 1;
+  }
+}
+
+// A kernel that waits for its flag and clears it before its own work.
+__global__ void WaitAndClear(volatile uint32_t* flag) {
+  if (threadIdx.x == 0) {
+    while (*flag != 1) __nanosleep(32);
+    *flag = 0;
+  }
+  __syncthreads();
+}
+
 struct Options {
   int layers = 48, reps = 100;
   double work_us = 0;
   std::string mode = "memop";
+  std::string chain = "bare";
 };
+
+constexpr int kRowBytes = 4096;  // one token's bf16 hidden state (2048 wide)
+uint4* g_src = nullptr;          // this process's stand-ins for the layer's buffers
+uint4* g_dst = nullptr;
 
 CUdeviceptr Ptr(const uint32_t* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
@@ -85,17 +119,40 @@ cudaGraphExec_t Capture(cudaStream_t s, uint32_t* flags, bool router, const Opti
   uint32_t* in = flags;
   uint32_t* out = flags + o.layers;
   const long long cycles = WorkCycles(o);
+  if (g_src == nullptr) {
+    CHECK(cudaMalloc(&g_src, kRowBytes));
+    CHECK(cudaMalloc(&g_dst, kRowBytes));
+  }
+  const int n16 = kRowBytes / 16;
   CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   for (int l = 0; l < o.layers; ++l) {
+    const bool strata = o.chain == "strata", folded = o.chain == "folded";
     if (router) {
       if (cycles > 0) Busy<<<1, 1, 0, s>>>(cycles);
+      if (folded) {
+        CopyAndRaise<<<1, 128, 0, s>>>(g_src, g_dst, n16, in + l);
+        WaitAndClear<<<1, 128, 0, s>>>(out + l);
+        continue;
+      }
+      if (strata) {
+        CHECK(cudaMemcpyAsync(g_dst, g_src, kRowBytes, cudaMemcpyDeviceToDevice, s));
+        Tiny<<<1, 128, 0, s>>>();
+      }
       Write(s, in + l, 1);
       Wait(s, out + l, o);
       Write(s, out + l, 0);
+      if (strata) Tiny<<<1, 128, 0, s>>>();
     } else {
+      if (folded) {
+        WaitAndClear<<<1, 128, 0, s>>>(in + l);
+        if (cycles > 0) Busy<<<1, 1, 0, s>>>(cycles);
+        CopyAndRaise<<<1, 128, 0, s>>>(g_src, g_dst, n16, out + l);
+        continue;
+      }
       Wait(s, in + l, o);
       Write(s, in + l, 0);
       if (cycles > 0) Busy<<<1, 1, 0, s>>>(cycles);
+      if (strata) Tiny<<<1, 128, 0, s>>>();
       Write(s, out + l, 1);
     }
   }
@@ -133,6 +190,7 @@ int main(int argc, char** argv) {
     else if (flag == "--reps") o.reps = std::atoi(value.c_str());
     else if (flag == "--work-us") o.work_us = std::atof(value.c_str());
     else if (flag == "--mode") o.mode = value;
+    else if (flag == "--chain") o.chain = value;
     else if (flag == "--child") child = value;
   }
   if (!child.empty()) {
@@ -162,7 +220,8 @@ int main(int argc, char** argv) {
                       work = std::to_string(o.work_us);
     std::vector<const char*> args = {argv[0], "--child", hex.c_str(), "--layers", layers.c_str(),
                                      "--reps", reps.c_str(), "--work-us", work.c_str(),
-                                     "--mode", o.mode.c_str(), nullptr};
+                                     "--mode", o.mode.c_str(), "--chain", o.chain.c_str(),
+                                     nullptr};
     if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, const_cast<char**>(args.data()),
                     environ) != 0) {
       std::perror("posix_spawn");
@@ -184,8 +243,9 @@ int main(int argc, char** argv) {
   CHECK(cudaEventElapsedTime(&ms, start, stop));
   if (pid > 0) waitpid(pid, nullptr, 0);
   const double per = 1000.0 * ms / (static_cast<double>(o.reps) * o.layers);
-  std::printf("mode %s, %d layers x %d reps, work %.1f us a side: %.2f us per hand-over "
-              "(%.2f us beyond the work)\n",
-              o.mode.c_str(), o.layers, o.reps, o.work_us, per, per - 2 * o.work_us);
+  std::printf("mode %s, chain %s, %d layers x %d reps, work %.1f us a side: %.2f us per "
+              "hand-over (%.2f us beyond the work)\n",
+              o.mode.c_str(), o.chain.c_str(), o.layers, o.reps, o.work_us, per,
+              per - 2 * o.work_us);
   return 0;
 }
