@@ -137,52 +137,41 @@ absl::StatusOr<ExpertRequestView> DecodeExpertRequest(absl::Span<const uint8_t> 
   if (h.magic != kRequestMagic) return absl::DataLossError("expert request: bad magic");
   ExpertRequestView r;
   r.hot_ratio = h.hot_ratio;
-  if (h.kind == static_cast<uint32_t>(ExpertMessageKind::kPrefetch)) {
-    if (h.num_tokens != 0 || h.hidden_size != 0 || bytes.size() != ExpertPrefetchBytes(h.top_k)) {
-      return absl::DataLossError("expert prefetch: size does not match its header");
-    }
-    r.kind = ExpertMessageKind::kPrefetch;
-    r.step = h.step;
-    r.layer = h.layer;
-    r.top_k = h.top_k;
-    r.experts = ViewAt<int32_t>(bytes, sizeof(h), h.top_k);
-    return r;
-  }
-  if (h.kind == static_cast<uint32_t>(ExpertMessageKind::kDeviceRun)) {
-    if (bytes.size() != ExpertDeviceRunBytes()) {
-      return absl::DataLossError("expert device run: size does not match its header");
-    }
-    r.kind = ExpertMessageKind::kDeviceRun;
-    r.step = h.step;
-    r.layer = h.layer;
-    r.num_tokens = h.num_tokens;
-    r.top_k = h.top_k;
-    r.hidden_size = h.hidden_size;
-    return r;
-  }
-  if (h.kind == static_cast<uint32_t>(ExpertMessageKind::kDeviceStep)) {
-    if (bytes.size() != ExpertDeviceStepBytes(h.layer)) {
-      return absl::DataLossError("expert device step: size does not match its header");
-    }
-    r.kind = ExpertMessageKind::kDeviceStep;
-    r.step = h.step;
-    r.num_tokens = h.num_tokens;
-    r.top_k = h.top_k;
-    r.hidden_size = h.hidden_size;
-    r.layers = ViewAt<int32_t>(bytes, sizeof(h), h.layer);
-    return r;
-  }
-  if (h.kind != static_cast<uint32_t>(ExpertMessageKind::kRun)) {
-    return absl::DataLossError("expert request: unknown kind");
-  }
-  if (bytes.size() != ExpertRequestBytes(h.num_tokens, h.top_k, h.hidden_size)) {
-    return absl::DataLossError("expert request: size does not match its header");
-  }
   r.step = h.step;
   r.layer = h.layer;
   r.num_tokens = h.num_tokens;
   r.top_k = h.top_k;
   r.hidden_size = h.hidden_size;
+  switch (h.kind) {
+    case static_cast<uint32_t>(ExpertMessageKind::kPrefetch):
+      if (h.num_tokens != 0 || h.hidden_size != 0 || bytes.size() != ExpertPrefetchBytes(h.top_k)) {
+        return absl::DataLossError("expert prefetch: size does not match its header");
+      }
+      r.kind = ExpertMessageKind::kPrefetch;
+      r.experts = ViewAt<int32_t>(bytes, sizeof(h), h.top_k);
+      return r;
+    case static_cast<uint32_t>(ExpertMessageKind::kDeviceRun):
+      if (bytes.size() != ExpertDeviceRunBytes()) {
+        return absl::DataLossError("expert device run: size does not match its header");
+      }
+      r.kind = ExpertMessageKind::kDeviceRun;
+      return r;
+    case static_cast<uint32_t>(ExpertMessageKind::kDeviceStep):
+      if (bytes.size() != ExpertDeviceStepBytes(h.layer)) {
+        return absl::DataLossError("expert device step: size does not match its header");
+      }
+      r.kind = ExpertMessageKind::kDeviceStep;
+      r.layer = 0;  // the header's layer field counts the layers
+      r.layers = ViewAt<int32_t>(bytes, sizeof(h), h.layer);
+      return r;
+    case static_cast<uint32_t>(ExpertMessageKind::kRun):
+      break;
+    default:
+      return absl::DataLossError("expert request: unknown kind");
+  }
+  if (bytes.size() != ExpertRequestBytes(h.num_tokens, h.top_k, h.hidden_size)) {
+    return absl::DataLossError("expert request: size does not match its header");
+  }
   size_t offset = sizeof(h);
   const size_t hidden_count = size_t{h.num_tokens} * h.hidden_size;
   const size_t slot_count = size_t{h.num_tokens} * h.top_k;
