@@ -329,14 +329,42 @@ void ExpertChecksAndTimes(cudaStream_t s, bool fp8) {
       TimeUs(s, 32, [&](int i) { grouped(i, out2); }), bytes);
 }
 
+// A block table of `blocks` scattered blocks.
+std::vector<int32_t> ScatteredTable(int blocks) {
+  std::vector<int32_t> table(blocks);
+  for (int b = 0; b < blocks; ++b) table[b] = (b * 37) % blocks;
+  return table;
+}
+
+// Decode attention over the benchmark's heads, planned for `max_context` keys.
+PagedAttentionParams DecodeParams(int max_context) {
+  PagedAttentionParams p;
+  p.num_heads = kHeads;
+  p.num_kv_heads = kKvHeads;
+  p.head_dim = kHeadDim;
+  p.q_stride = kHeads * kHeadDim;
+  p.out_stride = kHeads * kHeadDim;
+  p.max_context = max_context;
+  return p;
+}
+
+PagedKvLayer KvLayer(bf16* data, const int32_t* table, int blocks, int block_size) {
+  PagedKvLayer kv;
+  kv.data = data;
+  kv.block_tables = table;
+  kv.max_blocks_per_seq = blocks;
+  kv.block_size = block_size;
+  kv.num_kv_heads = kKvHeads;
+  kv.head_dim = kHeadDim;
+  return kv;
+}
+
 void AttentionChecksAndTimes(cudaStream_t s, int sm_count) {
   constexpr int kBlock = 16, kMaxContext = 4096;
   constexpr int kLayers = 16;  // rotate caches so the keys come from DRAM
   const int64_t kv_dim = kKvHeads * kHeadDim;
   const int blocks = kMaxContext / kBlock;
-  std::vector<int32_t> table(blocks);
-  for (int b = 0; b < blocks; ++b) table[b] = (b * 37) % blocks;  // scattered blocks
-  const int32_t* d_table = Put(table);
+  const int32_t* d_table = Put(ScatteredTable(blocks));
   std::vector<bf16*> caches;
   for (int l = 0; l < kLayers; ++l)
     caches.push_back(RandBf16(size_t{blocks} * 2 * kBlock * kv_dim, 1.0f));
@@ -346,13 +374,7 @@ void AttentionChecksAndTimes(cudaStream_t s, int sm_count) {
   const int32_t zero = 0;
   const int32_t* d_seq = Put(std::vector<int32_t>{zero});
   int32_t* d_pos = Alloc<int32_t>(1);
-  PagedAttentionParams p;
-  p.num_heads = kHeads;
-  p.num_kv_heads = kKvHeads;
-  p.head_dim = kHeadDim;
-  p.q_stride = kHeads * kHeadDim;
-  p.out_stride = kHeads * kHeadDim;
-  p.max_context = kMaxContext;
+  const PagedAttentionParams p = DecodeParams(kMaxContext);
   const PagedAttentionPlan plan = PlanPagedAttention(1, p, sm_count);
   // The previous decode graph's plan: 32 splits of 128 keys and a merge kernel.
   PagedAttentionPlan split;
@@ -360,16 +382,7 @@ void AttentionChecksAndTimes(cudaStream_t s, int sm_count) {
   split.split_len = 128;
   split.workspace_bytes = size_t{kHeads} * split.num_splits * (kHeadDim * 4 + 8);
   uint8_t* ws = Alloc<uint8_t>(split.workspace_bytes);
-  auto layer = [&](int l) {
-    PagedKvLayer kv;
-    kv.data = caches[l % kLayers];
-    kv.block_tables = d_table;
-    kv.max_blocks_per_seq = blocks;
-    kv.block_size = kBlock;
-    kv.num_kv_heads = kKvHeads;
-    kv.head_dim = kHeadDim;
-    return kv;
-  };
+  auto layer = [&](int l) { return KvLayer(caches[l % kLayers], d_table, blocks, kBlock); };
   const TokenBatch tokens{d_seq, d_pos, 1};
   std::printf("plan: cluster %d, splits %d\n", plan.cluster, plan.num_splits);
   for (int context : {1, 128, 640, 4096}) {
@@ -403,8 +416,7 @@ void FusedDecodeChecksAndTimes(cudaStream_t s, int sm_count) {
   constexpr int kBlock = 16, kMaxContext = 4096, kContext = 640;
   const int64_t q_dim = kHeads * kHeadDim, kv_dim = kKvHeads * kHeadDim;
   const int blocks = kMaxContext / kBlock;
-  std::vector<int32_t> table(blocks);
-  for (int b = 0; b < blocks; ++b) table[b] = (b * 37) % blocks;
+  const std::vector<int32_t> table = ScatteredTable(blocks);
   const int32_t* d_table = Put(table);
   const size_t cache_elems = size_t{blocks} * 2 * kBlock * kv_dim;
   bf16* cache_a = RandBf16(cache_elems, 1.0f);
@@ -430,24 +442,9 @@ void FusedDecodeChecksAndTimes(cudaStream_t s, int sm_count) {
   const int32_t* d_seq = Put(std::vector<int32_t>{0});
   const int32_t* d_pos = Put(std::vector<int32_t>{pos});
   const TokenBatch tokens{d_seq, d_pos, 1};
-  PagedAttentionParams p;
-  p.num_heads = kHeads;
-  p.num_kv_heads = kKvHeads;
-  p.head_dim = kHeadDim;
-  p.q_stride = q_dim;
-  p.out_stride = q_dim;
-  p.max_context = kMaxContext;
+  const PagedAttentionParams p = DecodeParams(kMaxContext);
   const PagedAttentionPlan plan = PlanPagedAttention(1, p, sm_count);
-  auto layer = [&](bf16* data) {
-    PagedKvLayer kv;
-    kv.data = data;
-    kv.block_tables = d_table;
-    kv.max_blocks_per_seq = blocks;
-    kv.block_size = kBlock;
-    kv.num_kv_heads = kKvHeads;
-    kv.head_dim = kHeadDim;
-    return kv;
-  };
+  auto layer = [&](bf16* data) { return KvLayer(data, d_table, blocks, kBlock); };
   bf16* out_a = Alloc<bf16>(q_dim);
   bf16* out_b = Alloc<bf16>(q_dim);
   auto unfused = [&](int) {
