@@ -21,7 +21,6 @@ B=$root/.device-ipc/bin
 gpus=$(nvidia-smi -L | wc -l)
 sum=$final/summary.txt
 start=$SECONDS
-note() { echo "$*" | tee -a "$sum"; }
 machine="NVIDIA H200 ($gpus GPU)"
 
 model_dir() {  # shape[@layers] -> directory with the weights (made once per machine)
@@ -37,20 +36,7 @@ model_dir() {  # shape[@layers] -> directory with the weights (made once per mac
   echo $dir
 }
 
-up() {  # name, flags...: sets $addr (empty on failure) and $up
-  local name=$1; shift
-  "$B/strata" up "$@" >"$out/up-$name.out" 2>"$out/up-$name.log" &
-  up=$!
-  addr=
-  for _ in $(seq 1 600); do
-    addr=$(awk '/^READY/{print $2}' "$out/up-$name.out")
-    [ -n "$addr" ] && break
-    kill -0 $up 2>/dev/null || break
-    sleep 0.5
-  done
-  [ -n "$addr" ] || { note "$name: no READY after $((SECONDS - start)) s"; tail -5 "$out/up-$name.log" | tee -a "$sum"; }
-}
-down() { kill -TERM $up 2>/dev/null; wait $up; note "$1: strata up exit $?"; }
+UP_WAIT_S=300 source "$root/bench/gpu/cluster_lib.sh"
 
 for stage in ${stages//,/ }; do
   IFS=: read -r what shape weights workers conc <<<"$stage"

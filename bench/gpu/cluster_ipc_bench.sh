@@ -32,23 +32,8 @@ sum=$final/summary.txt
 start=$SECONDS
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$sum"
 has() { [[ ",$stages," == *",$1,"* ]]; }
-note() { echo "$*" | tee -a "$sum"; }
 
-# Starts `strata up` with the given flags; sets $addr (empty on failure) and $up.
-up() {
-  local name=$1; shift
-  "$B/strata" up "$@" >"$out/up-$name.out" 2>"$out/up-$name.log" &
-  up=$!
-  addr=
-  for _ in $(seq 1 240); do
-    addr=$(awk '/^READY/{print $2}' "$out/up-$name.out")
-    [ -n "$addr" ] && break
-    kill -0 $up 2>/dev/null || break
-    sleep 0.5
-  done
-  [ -n "$addr" ] || { note "$name: no READY after $((SECONDS - start)) s"; tail -5 "$out/up-$name.log"; }
-}
-down() { kill -TERM $up 2>/dev/null; wait $up; note "$1: strata up exit $?"; }
+source "$root/bench/gpu/cluster_lib.sh"
 
 if has tests; then
   # One GPU (one worker), then, when there are two, a worker on each.
