@@ -80,13 +80,34 @@ absl::Status CpuExpertSlots::Load(int slot, int layer, int expert, const FfnWeig
   if (slot < 0 || slot >= num_slots()) {
     return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " out of range"));
   }
-  for (const WeightMatrix* m : {&weights.gate, &weights.up, &weights.down}) {
+  if (layer < 0 || layer >= config_.num_layers || !config_.layer_is_moe[layer] || expert < 0 ||
+      expert >= config_.num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert slots: layer ", layer, " has no expert ", expert));
+  }
+  // The slot's regions are sized by the model: weights of another shape would overrun them.
+  const int64_t h = config_.hidden_size, inter = config_.moe_intermediate_size;
+  const std::pair<const WeightMatrix*, std::pair<int64_t, int64_t>> shapes[] = {
+      {&weights.gate, {inter, h}}, {&weights.up, {inter, h}}, {&weights.down, {h, inter}}};
+  for (const auto& [m, shape] : shapes) {
     if (m->dtype != dtype_) {
       return absl::InvalidArgumentError("expert weights are not in the slots' dtype");
     }
+    if (m->out != shape.first || m->in != shape.second) {
+      return absl::InvalidArgumentError(absl::StrCat("expert weights of shape [", m->out, ", ",
+                                                     m->in, "], not the model's [", shape.first,
+                                                     ", ", shape.second, "]"));
+    }
   }
-  if (weights.gate_bias.present() != biased_) {
+  if (weights.gate_bias.present() != biased_ ||
+      (biased_ && (weights.gate_bias.size != inter || weights.up_bias.size != inter ||
+                   weights.down_bias.size != h))) {
     return absl::InvalidArgumentError("expert biases do not match the slots' layout");
+  }
+  // One slot per expert: a second would be dropped from the index when the first is released.
+  if (const auto it = slot_of_.find({layer, expert}); it != slot_of_.end() && it->second != slot) {
+    return absl::AlreadyExistsError(absl::StrCat("expert slots: layer ", layer, " expert ", expert,
+                                                 " is already in slot ", it->second));
   }
   Release(slot);
   const SlotLayout l = LayoutOf(config_, dtype_, biased_);

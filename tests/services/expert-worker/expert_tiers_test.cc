@@ -156,9 +156,41 @@ TEST_F(ExpertTiersTest, HotRatioChangesPinAndUnpin) {
   EXPECT_EQ(tiers_->counters().hot_slots, 2u);
   EXPECT_TRUE(tiers_->resident(0, 0) && tiers_->resident(1, 0));
   EXPECT_FALSE(tiers_->SetHotRatio(1.5f).ok());
-  // Formerly hot experts are warm now: evictable when others are needed.
+  // Formerly hot experts are warm now: evictable when others are needed. (0,2) is a hit; the
+  // five misses fill the 2 free warm slots, then evict three formerly hot experts.
   for (int e = 2; e < kExperts; ++e) ASSERT_TRUE(Use(0, {e}).ok());
   EXPECT_TRUE(tiers_->resident(0, 0) && tiers_->resident(1, 0));
+  EXPECT_EQ(tiers_->counters().evictions, 3u);
+  EXPECT_FALSE(tiers_->resident(1, 1));
+}
+
+// The CPU slots refuse what would corrupt them: a second slot for an expert (releasing one of
+// them would drop the other from the index) and weights of another shape (they would overrun
+// the slot), with the expert still found where it was loaded.
+TEST_F(ExpertTiersTest, CpuSlotsRefuseADuplicateExpertAndAnotherShape) {
+  auto s = CpuExpertSlots::Create(config_, 2, DType::kBF16, false, pool_);
+  ASSERT_TRUE(s.ok()) << s.status();
+  CpuExpertSlots& slots = **s;
+  const FfnWeights& w = *store_.Find(0, 3);
+  ASSERT_TRUE(slots.Load(0, 0, 3, w).ok());
+  EXPECT_EQ(slots.Load(1, 0, 3, w).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(slots.Load(0, 0, 3, w).ok());  // the same slot again is a reload
+  FfnWeights wide = w;
+  wide.gate.in = kHidden * 2;
+  EXPECT_EQ(slots.Load(1, 0, 4, wide).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(slots.Load(1, 0, kExperts, w).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(slots.Load(1, kLayers, 0, w).code(), absl::StatusCode::kInvalidArgument);
+  slots.Release(1);  // held nothing: expert 3 stays in slot 0
+  Tensor x = Tensor::Host(1, kHidden), out;
+  for (int i = 0; i < kHidden; ++i) x.data()[i] = 0.1f * i;
+  RoutingTable routing;
+  routing.tokens = 1;
+  routing.top_k = 1;
+  routing.expert = {3};
+  routing.weight = {1.0f};
+  EXPECT_TRUE(slots.backend().RunExperts(0, x, routing, out).ok());
+  routing.expert = {4};  // never loaded
+  EXPECT_FALSE(slots.backend().RunExperts(0, x, routing, out).ok());
 }
 
 TEST_F(ExpertTiersTest, TieredResultsEqualEveryExpertResident) {
