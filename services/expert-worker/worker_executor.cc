@@ -60,16 +60,17 @@ absl::Status WorkerExecutor::Run(const ExpertRequestView& request) {
     return absl::OkStatus();
   }
   if (request.hot_ratio >= 0.0f) RETURN_IF_ERROR(tiers_->SetHotRatio(request.hot_ratio));
-  std::vector<int> cpu;
-  RETURN_IF_ERROR(tiers_->Acquire(static_cast<int>(request.layer), experts_, tokens_,
-                                  cpu_tier_ != nullptr ? choose_cpu_ : ColdPathChooser(), &cpu));
-  if (cpu.empty()) {
+  // choose_cpu_ is empty without a CPU tier (SetCpuTier).
+  cpu_.clear();
+  RETURN_IF_ERROR(
+      tiers_->Acquire(static_cast<int>(request.layer), experts_, tokens_, choose_cpu_, &cpu_));
+  if (cpu_.empty()) {
     RETURN_IF_ERROR(executor_.Run(request));
     result_ = &executor_.partial();
     return absl::OkStatus();
   }
   result_ = &partial_;
-  return RunOnCpuTier(request, cpu);
+  return RunOnCpuTier(request, cpu_);
 }
 
 absl::Status WorkerExecutor::Prefetch(const ExpertRequestView& request) {
@@ -84,11 +85,16 @@ absl::Status WorkerExecutor::RunOnCpuTier(const ExpertRequestView& request,
                                           const std::vector<int>& cpu) {
   local_ids_.assign(request.experts.begin(), request.experts.end());
   cpu_ids_.assign(local_ids_.size(), -1);
+  // Mark the CPU tier's experts in position_ (by expert id, -1 between calls; ids were
+  // range-checked by CountExperts) instead of searching `cpu` for every slot.
+  constexpr int kOnCpuTier = -2;
+  for (int e : cpu) position_[e] = kOnCpuTier;
   for (size_t i = 0; i < local_ids_.size(); ++i) {
-    if (std::find(cpu.begin(), cpu.end(), local_ids_[i]) == cpu.end()) continue;
+    if (local_ids_[i] < 0 || position_[local_ids_[i]] != kOnCpuTier) continue;
     cpu_ids_[i] = local_ids_[i];
     local_ids_[i] = -1;
   }
+  for (int e : cpu) position_[e] = -1;
   ExpertRequestView local = request, remote = request;
   local.experts = local_ids_;
   remote.experts = cpu_ids_;

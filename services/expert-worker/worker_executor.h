@@ -46,6 +46,7 @@ class WorkerExecutor {
   std::vector<int> experts_;
   std::vector<int64_t> tokens_;
   std::vector<int> position_;  // by expert id; -1 between calls
+  std::vector<int> cpu_;       // this layer's experts for the CPU tier (reused)
   std::vector<int32_t> local_ids_, cpu_ids_;
   Tensor partial_, cpu_partial_;  // partial_: the sum when the CPU tier took a share
   const Tensor* result_ = &partial_;
