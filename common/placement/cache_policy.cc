@@ -22,12 +22,6 @@ bool RankedSet::Erase(ExpertKey key) {
   return true;
 }
 
-std::optional<ExpertKey> RankedSet::First() const {
-  if (order_.empty()) return std::nullopt;
-  const auto& [rank, last_use, layer, expert] = *order_.begin();
-  return ExpertKey{layer, expert};
-}
-
 std::optional<ExpertKey> RankedSet::First(absl::FunctionRef<bool(ExpertKey)> accept) const {
   for (const auto& [rank, last_use, layer, expert] : order_) {
     if (accept(ExpertKey{layer, expert})) return ExpertKey{layer, expert};

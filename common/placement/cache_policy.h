@@ -43,7 +43,9 @@ class ExpertCachePolicy {
   // taken: evict Victim() first.
   virtual absl::Status Admit(ExpertKey key) = 0;
   // The resident expert to evict next; nullopt when none is resident.
-  virtual std::optional<ExpertKey> Victim() const = 0;
+  std::optional<ExpertKey> Victim() const {
+    return Victim([](ExpertKey) { return true; });
+  }
   // The first in eviction order for which `evictable` holds (a worker never evicts an expert
   // the request at hand needs); nullopt when there is none.
   virtual std::optional<ExpertKey> Victim(absl::FunctionRef<bool(ExpertKey)> evictable) const = 0;
@@ -64,7 +66,6 @@ class RankedSet {
   int size() const { return static_cast<int>(entries_.size()); }
   void Set(ExpertKey key, Entry entry);  // inserts or updates
   bool Erase(ExpertKey key);
-  std::optional<ExpertKey> First() const;
   std::optional<ExpertKey> First(absl::FunctionRef<bool(ExpertKey)> accept) const;
 
  private:
@@ -86,7 +87,7 @@ class RankedPolicy : public ExpertCachePolicy {
   int capacity() const override { return capacity_; }
   int size() const override { return resident_.size(); }
   bool Contains(ExpertKey key) const override { return resident_.Contains(key); }
-  std::optional<ExpertKey> Victim() const override { return resident_.First(); }
+  using ExpertCachePolicy::Victim;
   std::optional<ExpertKey> Victim(absl::FunctionRef<bool(ExpertKey)> evictable) const override {
     return resident_.First(evictable);
   }
