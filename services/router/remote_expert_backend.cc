@@ -35,9 +35,13 @@ void RemoteExpertBackend::SetConnection(int index, std::shared_ptr<ExpertConnect
   std::lock_guard<std::mutex> lock(mu_);
   connections_.at(index) = std::move(connection);
   wants_prefetch_.at(index) = wants_prefetch;
+  tiered_workers_.store(
+      static_cast<int>(std::count(wants_prefetch_.begin(), wants_prefetch_.end(), true)));
 }
 
 bool RemoteExpertBackend::wants_prefetch() const {
+  // Asked every MoE layer: without a tiered worker (the common case) no lock, no liveness check.
+  if (tiered_workers_.load() == 0) return false;
   std::lock_guard<std::mutex> lock(mu_);
   for (int w = 0; w < num_workers_; ++w) {
     if (wants_prefetch_[w] && connections_[w] && connections_[w]->Alive()) return true;
@@ -86,24 +90,26 @@ std::vector<int> RemoteExpertBackend::EffectiveOwners(int layer,
   return owner;
 }
 
-bool RemoteExpertBackend::wants_prefetch_hint(int index) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return wants_prefetch_[index];
-}
-
 void RemoteExpertBackend::Prefetch(int layer, const RoutingTable& predicted) {
-  const std::vector<std::shared_ptr<ExpertConnection>> connections = Connections();
+  std::vector<std::shared_ptr<ExpertConnection>> connections;
+  std::vector<bool> hinted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    connections = connections_;
+    hinted = wants_prefetch_;
+  }
   const std::vector<int> owner = EffectiveOwners(layer, Usable(connections));
-  std::vector<std::vector<int32_t>> wanted(num_workers_);
+  prefetch_lists_.resize(num_workers_);
+  for (std::vector<int32_t>& list : prefetch_lists_) list.clear();
   for (int32_t e : predicted.expert) {
     if (e < 0 || e >= static_cast<int32_t>(owner.size()) || owner[e] < 0) continue;
-    std::vector<int32_t>& list = wanted[owner[e]];
+    std::vector<int32_t>& list = prefetch_lists_[owner[e]];
     if (std::find(list.begin(), list.end(), e) == list.end()) list.push_back(e);
   }
   for (int w = 0; w < num_workers_; ++w) {
-    if (wanted[w].empty() || !wants_prefetch_hint(w)) continue;
+    if (prefetch_lists_[w].empty() || !hinted[w]) continue;
     // Only a hint: a worker that is gone shows up in the layer's exchange.
-    connections[w]->Prefetch(static_cast<uint32_t>(layer), wanted[w]).IgnoreError();
+    connections[w]->Prefetch(static_cast<uint32_t>(layer), prefetch_lists_[w]).IgnoreError();
   }
 }
 

@@ -82,9 +82,10 @@ class RemoteExpertBackend : public ExpertBackend {
   uint64_t step_ = 0;
   std::atomic<int64_t> reroutes_{0};
   std::atomic<float> hot_ratio_{-1.0f};
-  std::vector<TierCounters> tiers_;   // guarded by mu_
-  std::vector<bool> wants_prefetch_;  // guarded by mu_
-  bool wants_prefetch_hint(int index) const;
+  std::vector<TierCounters> tiers_;                   // guarded by mu_
+  std::vector<bool> wants_prefetch_;                  // guarded by mu_
+  std::atomic<int> tiered_workers_{0};                // workers registered with wants_prefetch
+  std::vector<std::vector<int32_t>> prefetch_lists_;  // Prefetch's, by worker (engine thread)
   std::vector<bool> was_usable_;  // for logging transitions only (engine thread)
   // Per-worker staging, reused across calls.
   struct Staging {
