@@ -177,7 +177,7 @@ absl::StatusOr<std::shared_ptr<ExpertConnection>> IpcExpertBackend::Attach(
 }
 
 uint64_t IpcExpertBackend::graph_version() const {
-  if (wants_prefetch()) return 0;
+  // Workers here hold every expert (the coordinator refuses a tiered one over CUDA IPC).
   uint64_t version = 0;
   bool any = false;
   for (const std::shared_ptr<ExpertConnection>& connection : Connections()) {

@@ -84,8 +84,8 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // ABORTED when the watchdog released a dead worker's output event during the step.
   absl::Status FinishStep() override;
 
-  // Changes whenever a worker registers again or comes or goes; 0 while none is connected
-  // over CUDA IPC or a worker keeps only some experts resident.
+  // Changes whenever a worker registers again or comes or goes, or a layer's owners change;
+  // 0 while none is connected over CUDA IPC.
   uint64_t graph_version() const override;
   // Sends each worker of the captured step its kDeviceStep and waits for the answers (queued,
   // not run). UNAVAILABLE when one fails, or when a worker's connection is not the one the
