@@ -29,6 +29,12 @@ TEST(ExpertWireTest, HostRunRoundTrip) {
   EXPECT_EQ(decoded->kind, ExpertMessageKind::kRun);
   EXPECT_EQ(std::vector<float>(decoded->hidden.begin(), decoded->hidden.end()), hidden);
   EXPECT_EQ(std::vector<int32_t>(decoded->experts.begin(), decoded->experts.end()), experts);
+  EXPECT_EQ(std::vector<float>(decoded->weights.begin(), decoded->weights.end()), weights);
+  EXPECT_EQ(decoded->step, 9u);
+  EXPECT_EQ(decoded->layer, 2u);
+  EXPECT_EQ(decoded->num_tokens, 2u);
+  EXPECT_EQ(decoded->top_k, 2u);
+  EXPECT_EQ(decoded->hidden_size, 3u);
 }
 
 TEST(ExpertWireTest, DeviceRunIsTheHeaderOnly) {

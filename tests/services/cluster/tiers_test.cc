@@ -111,6 +111,7 @@ TEST(TiersTest, CpuTierComputesColdExperts) {
   EXPECT_EQ(Generate(cluster.address(), prompt, 16), InProcess(prompt, 16));
   const v1::StatsResponse stats = RouterStats(cluster.address());
   PrintTiers("cpu tier", stats);
+  ASSERT_EQ(stats.workers_size(), 1);
   EXPECT_GT(stats.workers(0).tiers().cpu_tier_experts(), 0u);
   EXPECT_EQ(stats.prefetch_actual(), 0u);
   EXPECT_EQ(cluster.Stop(), 0);
@@ -155,6 +156,7 @@ TEST(TiersTest, HotRatioChangesWhileRequestsRun) {
   const v1::StatsResponse stats = RouterStats(cluster.address());
   EXPECT_TRUE(stats.hot_ratio_automatic());
   EXPECT_FLOAT_EQ(stats.hot_ratio(), 0.35f);
+  ASSERT_EQ(stats.workers_size(), 2);
   for (const v1::WorkerStats& w : stats.workers()) EXPECT_EQ(w.tiers().hot_slots(), 2u);
   EXPECT_EQ(cluster.Stop(), 0);
 }
