@@ -368,21 +368,22 @@ absl::StatusOr<BenchReport> RunBench(
 absl::Status RunBenchCommand(const BenchOptions& o, std::ostream& out, std::ostream& progress) {
   const absl::Time now = absl::Now();
   const bool several = o.concurrency.size() > 1;
-  auto write = [&](const std::string& model, const ConcurrencyRun& run) -> absl::Status {
+  std::vector<BenchSummary> summaries;
+  std::vector<std::string> rows;  // each concurrency's JSON object
+  auto record = [&](const std::string& model, const ConcurrencyRun& run) -> absl::Status {
+    summaries.push_back(Summarize(run, o.input_len));
+    rows.push_back(BenchResultJson(o, model, summaries.back(), now));
     if (o.out.empty()) return absl::OkStatus();
-    const BenchSummary s = Summarize(run, o.input_len);
-    const std::string path = BenchOutputPath(o.out, s.concurrency, several);
+    const std::string path = BenchOutputPath(o.out, summaries.back().concurrency, several);
     std::ofstream file(path);
-    file << BenchResultJson(o, model, s, now) << "\n";
+    file << rows.back() << "\n";
     file.close();
     if (!file) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
     progress << "strata bench: wrote " << path << std::endl;
     return absl::OkStatus();
   };
-  absl::StatusOr<BenchReport> report = RunBench(o, progress, write);
+  absl::StatusOr<BenchReport> report = RunBench(o, progress, record);
   if (!report.ok()) return report.status();
-  std::vector<BenchSummary> summaries;
-  for (const ConcurrencyRun& run : report->runs) summaries.push_back(Summarize(run, o.input_len));
 
   out << report->model << " at " << o.server << ": input " << o.input_len << ", output "
       << o.output_len << ", " << o.runs << " rounds per concurrency after " << o.warmup
@@ -393,9 +394,7 @@ absl::Status RunBenchCommand(const BenchOptions& o, std::ostream& out, std::ostr
          "|----------:|-----------:|-----------:|-----------------:|\n";
   for (const BenchSummary& s : summaries) out << Row(s);
   out << "\n";
-  for (const BenchSummary& s : summaries) {
-    out << nlohmann::ordered_json::parse(BenchResultJson(o, report->model, s, now)).dump() << "\n";
-  }
+  for (const std::string& row : rows) out << nlohmann::ordered_json::parse(row).dump() << "\n";
   return absl::OkStatus();
 }
 
