@@ -48,8 +48,6 @@ struct DecodeGraphs::Graph {
 
 DecodeGraphs::~DecodeGraphs() = default;
 
-void DecodeGraphs::Clear() { graphs_.clear(); }
-
 absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int32_t> ids,
                                                            const BatchLayout& batch) {
   const int n = static_cast<int>(batch.num_tokens());
@@ -155,7 +153,6 @@ absl::StatusOr<const float*> DecodeGraphs::Replay(absl::Span<const int32_t> ids,
 
 struct DecodeGraphs::Graph {};
 DecodeGraphs::~DecodeGraphs() = default;
-void DecodeGraphs::Clear() { graphs_.clear(); }
 absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int32_t>,
                                                            const BatchLayout&) {
   return absl::UnimplementedError("no CUDA in this build");

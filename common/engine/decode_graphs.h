@@ -23,6 +23,9 @@ class CudaRouterBackend;
 
 // Longer sequences run their steps eagerly: a graph's attention is planned for its context.
 inline constexpr int kDecodeGraphContext = 4096;
+// The largest batch with a graph of its own that a server may ask for (a worker keeps a graph
+// per batch size and layer set).
+inline constexpr int kMaxDecodeGraphBatch = 64;
 
 struct DecodeGraphOptions {
   int max_context = 4096;  // keys per sequence the graphs are planned for
@@ -49,10 +52,6 @@ class DecodeGraphs {
 
   static constexpr int kMaxFailures = 3;
 
-  // Drops every graph (they are captured again when next needed).
-  void Clear();
-
-  int captured() const { return static_cast<int>(graphs_.size()); }
   // Failed steps in a row (graphs stay off at kMaxFailures until the expert backend changes).
   int failures() const { return failures_; }
 

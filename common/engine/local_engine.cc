@@ -36,6 +36,16 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
   forward.on_routing = options.on_routing;
   engine->forward_ = std::make_unique<ForwardPass>(
       engine->stack_->config(), engine->stack_->router(), *engine->stack_->experts(), forward);
+  if (engine->cuda_router_ != nullptr && options.cuda_graphs) {
+    // Decode steps replay one graph when the whole sequence fits its context.
+    DecodeGraphOptions graphs;
+    graphs.max_context =
+        static_cast<int>(std::min<int64_t>(engine->max_sequence_tokens(), kDecodeGraphContext));
+    graphs.max_sequences = 1;
+    engine->decode_graph_context_ = graphs.max_context;
+    engine->decode_graphs_ = std::make_unique<DecodeGraphs>(
+        *engine->forward_, *engine->cuda_router_, *engine->stack_->experts(), *engine->kv_, graphs);
+  }
   return engine;
 }
 
@@ -139,18 +149,7 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
 }
 
 bool LocalEngine::UseDecodeGraph(int64_t total_tokens) {
-  if (cuda_router_ == nullptr || !options_.cuda_graphs) return false;
-  const int64_t context = std::min<int64_t>(max_sequence_tokens(), kDecodeGraphContext);
-  if (total_tokens > context) return false;
-  if (decode_graphs_ == nullptr || decode_graph_context_ != context) {
-    DecodeGraphOptions options;
-    options.max_context = static_cast<int>(context);
-    options.max_sequences = 1;
-    decode_graphs_ =
-        std::make_unique<DecodeGraphs>(*forward_, *cuda_router_, *stack_->experts(), *kv_, options);
-    decode_graph_context_ = context;
-  }
-  return true;
+  return decode_graphs_ != nullptr && total_tokens <= decode_graph_context_;
 }
 
 absl::StatusOr<const float*> LocalEngine::DecodeWithGraph(PagedKvCache::SequenceId seq,

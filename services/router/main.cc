@@ -10,6 +10,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/engine/decode_graphs.h"
 #include "common/util/process.h"
 #include "services/router/router_server.h"
 
@@ -69,8 +70,10 @@ int main(int argc, char** argv) {
   options.channel_prefix = absl::GetFlag(FLAGS_channel_prefix);
   options.prefetch = absl::GetFlag(FLAGS_prefetch);
   options.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
-  if (options.cuda_graph_max_batch < 0 || options.cuda_graph_max_batch > 64) {
-    std::cerr << "strata-router: --cuda-graph-max-batch must be in [0, 64]\n";
+  if (options.cuda_graph_max_batch < 0 ||
+      options.cuda_graph_max_batch > strata::kMaxDecodeGraphBatch) {
+    std::cerr << "strata-router: --cuda-graph-max-batch must be in [0, "
+              << strata::kMaxDecodeGraphBatch << "]\n";
     return 2;
   }
   auto policy = strata::HotRatioPolicy::Parse(absl::GetFlag(FLAGS_hot_ratio_policy));

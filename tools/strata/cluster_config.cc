@@ -7,16 +7,14 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/engine/decode_graphs.h"
+#include "common/engine/model_stack.h"
 #include "common/util/byte_size.h"
 
 namespace strata {
 namespace {
 
-bool ValidDevice(const std::string& v) {
-  int index = 0;
-  return v == "cpu" || v == "cuda" ||
-         (v.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(v.substr(5), &index) && index >= 0);
-}
+bool ValidDevice(const std::string& v) { return ParseDevice(v).ok(); }
 
 bool ValidHotRatio(const std::string& v) {
   float ratio = 0;
@@ -81,8 +79,9 @@ const std::map<std::string, Setter>& Setters() {
                                           return v == "auto" || v == "copy" || v == "cpu";
                                         })},
       {"prefetch", Set<bool>(&ClusterConfig::prefetch)},
-      {"cuda_graph_max_batch", Set<int>(&ClusterConfig::cuda_graph_max_batch,
-                                        [](const int& v) { return v >= 0 && v <= 64; })},
+      {"cuda_graph_max_batch",
+       Set<int>(&ClusterConfig::cuda_graph_max_batch,
+                [](const int& v) { return v >= 0 && v <= kMaxDecodeGraphBatch; })},
       {"mps", Set<std::string>(
                   &ClusterConfig::mps,
                   [](const std::string& v) { return v == "auto" || v == "on" || v == "off"; })},
@@ -115,18 +114,17 @@ absl::StatusOr<std::string> RouterDevice(const ClusterConfig& c) {
   const bool ipc_workers =
       c.device == "cuda" && c.transport == "shm" && c.gpu_memory_budget.empty();
   if (c.router_device.empty()) return ipc_workers ? std::string("cuda:0") : std::string("cpu");
-  if (!ValidDevice(c.router_device)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("router_device \"", c.router_device, "\": use cpu, cuda or cuda:N"));
-  }
-  if (c.router_device == "cpu") return c.router_device;
+  const absl::StatusOr<int> index = ParseDevice(c.router_device);
+  if (!index.ok())
+    return absl::InvalidArgumentError(absl::StrCat("router_", index.status().message()));
+  if (*index < 0) return std::string("cpu");
   if (!ipc_workers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "router_device ", c.router_device,
         " needs workers on GPUs of this host that hold every expert (device cuda, transport "
         "shm, no gpu_memory_budget): activations move between them by CUDA IPC"));
   }
-  return c.router_device == "cuda" ? std::string("cuda:0") : c.router_device;
+  return absl::StrCat("cuda:", *index);
 }
 
 absl::Status LoadClusterConfig(const std::string& path, ClusterConfig& config) {

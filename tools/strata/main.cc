@@ -16,6 +16,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/engine/decode_graphs.h"
 #include "common/util/process.h"
 #include "tools/strata/bench_command.h"
 #include "tools/strata/client_commands.h"
@@ -233,8 +234,9 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
     c.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
   }
   if (flags.Specified("mps")) c.mps = absl::GetFlag(FLAGS_mps);
-  if (c.cuda_graph_max_batch < 0 || c.cuda_graph_max_batch > 64) {
-    return absl::InvalidArgumentError("--cuda-graph-max-batch must be in [0, 64]");
+  if (c.cuda_graph_max_batch < 0 || c.cuda_graph_max_batch > strata::kMaxDecodeGraphBatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cuda-graph-max-batch must be in [0, ", strata::kMaxDecodeGraphBatch, "]"));
   }
   if (c.mps != "auto" && c.mps != "on" && c.mps != "off") {
     return absl::InvalidArgumentError("--mps must be auto, on or off");
