@@ -12,10 +12,8 @@ absl::StatusOr<std::unique_ptr<CacheServer>> CacheServer::Start(const CacheOptio
   ASSIGN_OR_RETURN(s->model_, LoadModel(options.model_dir));
   ASSIGN_OR_RETURN(s->store_, options.reattach ? ExpertStore::Attach(*s->model_, options.store)
                                                : ExpertStore::Build(*s->model_, options.store));
-  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
   s->cpu_tier_ = std::make_unique<CpuTierService>(
-      std::move(config), [server = s.get()] { return server->store_->layout(); },
-      options.cpu_tier);
+      s->model_->config, [server = s.get()] { return server->store_->layout(); }, options.cpu_tier);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -51,8 +49,8 @@ grpc::ServerUnaryReactor* CacheServer::AttachCompute(grpc::CallbackServerContext
   const absl::Status status =
       cpu_tier_->Attach(request->channel_name(), static_cast<pid_t>(request->pid()));
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                               std::string(status.message())));
+  reactor->Finish(
+      grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message())));
   return reactor;
 }
 

@@ -199,10 +199,9 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Build(const Model& mod
                                                                 const ExpertStoreOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const std::string meta_name = MetaName(options.segment_prefix);
-  // Replace what a gone strata-cache left under this prefix, the meta first.
+  // Replace what a gone strata-cache left under this prefix: its segments, then the meta.
   if (absl::StatusOr<StoreMeta> old = ReadMeta(meta_name); old.ok()) {
     RETURN_IF_ERROR(CheckOwnerGone(*old, options.segment_prefix));
-    bip::shared_memory_object::remove(meta_name.c_str());
     for (const auto& s : old->layout.segments())
       bip::shared_memory_object::remove(s.name().c_str());
   }
