@@ -77,8 +77,8 @@ absl::Status CoordinatorService::Register(const v1::RegisterWorkerRequest& reque
       }
     }
   }
-  const float hot_ratio = experts_.hot_ratio();
-  response.set_hot_ratio(hot_ratio >= 0.0f ? hot_ratio : 0.2f);
+  // Set before the coordinator serves (RouterServer::Start).
+  response.set_hot_ratio(experts_.hot_ratio());
   return absl::OkStatus();
 }
 
