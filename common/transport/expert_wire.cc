@@ -1,5 +1,6 @@
 #include "common/transport/expert_wire.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace strata {
@@ -55,6 +56,12 @@ size_t ExpertDeviceRunBytes() { return sizeof(RequestHeader); }
 
 size_t ExpertDeviceStepBytes(uint32_t num_layers) {
   return sizeof(RequestHeader) + size_t{num_layers} * sizeof(int32_t);
+}
+
+size_t ExpertSlotBytes(uint32_t max_tokens, uint32_t top_k, uint32_t hidden_size) {
+  return std::max({ExpertRequestBytes(max_tokens, top_k, hidden_size),
+                   ExpertResponseBytes(max_tokens, hidden_size, 0),
+                   ExpertResponseBytes(max_tokens, hidden_size, kMaxExpertErrorBytes)});
 }
 
 size_t EncodedSize(const ExpertRequestView& r) {

@@ -73,6 +73,9 @@ struct ExpertResponseView {
   TierCounters tiers;
 };
 
+// The error text a response carries at most: longer messages are cut to it.
+inline constexpr size_t kMaxExpertErrorBytes = 4000;
+
 size_t ExpertRequestBytes(uint32_t num_tokens, uint32_t top_k, uint32_t hidden_size);
 size_t ExpertPrefetchBytes(uint32_t num_experts);
 size_t ExpertDeviceRunBytes();
@@ -80,6 +83,9 @@ size_t ExpertDeviceStepBytes(uint32_t num_layers);
 // The step in a request's header when the header is there and its magic right, else 0: a
 // worker that cannot decode a request still answers its step.
 uint64_t ExpertRequestStep(absl::Span<const uint8_t> bytes);
+// A channel slot that holds any request or response of up to `max_tokens` tokens (errors
+// included).
+size_t ExpertSlotBytes(uint32_t max_tokens, uint32_t top_k, uint32_t hidden_size);
 // The bytes EncodeExpertRequest writes for `r`, whatever its kind.
 size_t EncodedSize(const ExpertRequestView& r);
 size_t ExpertResponseBytes(uint32_t num_tokens, uint32_t hidden_size, size_t error_bytes = 0);

@@ -33,11 +33,7 @@ absl::StatusOr<std::unique_ptr<CpuTierClient>> CpuTierClient::Connect(
       absl::StrCat(channel_name_prefix, "-", ::getpid(), "-", counter.fetch_add(1));
   ShmChannelOptions options;
   options.slots = 2;  // one layer in flight, plus room to queue the next
-  // As the router's channel, plus the successful response: with fewer than nine slots in
-  // all it is larger than its request.
-  options.slot_bytes = std::max({ExpertRequestBytes(max_tokens, top_k, hidden_size),
-                                 ExpertResponseBytes(max_tokens, hidden_size),
-                                 ExpertResponseBytes(max_tokens, hidden_size, 4096)});
+  options.slot_bytes = ExpertSlotBytes(max_tokens, top_k, hidden_size);
   SharedSegment::Remove(name).IgnoreError();  // left by a crashed process with our pid
   auto channel = ShmChannel::Create(name, options);
   if (!channel.ok()) return channel.status();

@@ -295,7 +295,7 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
             absl::Span<const float>(executor_->partial().data(), executor_->partial().size());
       }
     } else {
-      error = std::string(status.message().substr(0, 4000));  // fits a slot
+      error = std::string(status.message().substr(0, kMaxExpertErrorBytes));
       response.error = error;
     }
     const size_t bytes =

@@ -17,8 +17,6 @@ namespace {
 constexpr absl::Duration kPoll = absl::Milliseconds(200);
 // The worker creates the channel before it asks; this only covers a slow file system.
 constexpr absl::Duration kOpenWait = absl::Seconds(1);
-// Error responses stay far below the 4096 error bytes a client sizes its slots for.
-constexpr size_t kMaxErrorBytes = 2048;
 
 }  // namespace
 
@@ -135,7 +133,7 @@ void CpuTierService::Serve(ShmChannel& channel) {
       response.partial =
           absl::Span<const float>(executor.partial().data(), executor.partial().size());
     } else {
-      error = std::string(status.message()).substr(0, kMaxErrorBytes);
+      error = std::string(status.message()).substr(0, kMaxExpertErrorBytes);
       if (error.empty()) error = "CPU tier: request failed";
       response.error = error;
       bytes = ExpertResponseBytes(response.num_tokens, response.hidden_size, error.size());

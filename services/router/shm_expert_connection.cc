@@ -10,8 +10,7 @@ absl::StatusOr<std::unique_ptr<ShmExpertConnection>> ShmExpertConnection::Create
   // One layer in flight, room to queue the next, and a prefetch hint between them.
   options.slots = 4;
   options.spin_us = spin_us;
-  options.slot_bytes = std::max(ExpertRequestBytes(max_tokens, top_k, hidden_size),
-                                ExpertResponseBytes(max_tokens, hidden_size, 4096));
+  options.slot_bytes = ExpertSlotBytes(max_tokens, top_k, hidden_size);
   SharedSegment::Remove(name).IgnoreError();  // a stale channel of a crashed router
   auto channel = ShmChannel::Create(name, options);
   if (!channel.ok()) return channel.status();

@@ -2,6 +2,7 @@
 // IPC with their answers.
 #include "common/transport/expert_wire.h"
 
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -35,6 +36,19 @@ TEST(ExpertWireTest, HostRunRoundTrip) {
   EXPECT_EQ(decoded->num_tokens, 2u);
   EXPECT_EQ(decoded->top_k, 2u);
   EXPECT_EQ(decoded->hidden_size, 3u);
+}
+
+// A slot holds the largest message either way: the request, a full partial (larger than the
+// request when a step has fewer than nine slots), or the longest error.
+TEST(ExpertWireTest, SlotBytesHoldEveryMessage) {
+  for (const auto [tokens, top_k, hidden] :
+       {std::tuple{1u, 8u, 2048u}, std::tuple{512u, 8u, 2048u}, std::tuple{1u, 1u, 16u}}) {
+    const size_t slot = ExpertSlotBytes(tokens, top_k, hidden);
+    EXPECT_GE(slot, ExpertRequestBytes(tokens, top_k, hidden));
+    EXPECT_GE(slot, ExpertResponseBytes(tokens, hidden));
+    EXPECT_GE(slot, ExpertResponseBytes(tokens, hidden, kMaxExpertErrorBytes));
+  }
+  EXPECT_GT(ExpertResponseBytes(1, 2048), ExpertRequestBytes(1, 8, 2048));
 }
 
 TEST(ExpertWireTest, DeviceRunIsTheHeaderOnly) {
