@@ -5,6 +5,9 @@
 # call. Stages, comma-separated, each "what:shape:weights:workers:concurrency" or "peer:shape";
 # concurrencies separated by "/", a shape may end in @LAYERS for a cut of its first layers:
 #   cluster:qwen3-30b-a3b:bf16:1:1/8/32   cluster:qwen3-30b-a3b@16:bf16:1:1   peer:qwen3-30b-a3b
+# "inprocess:shape:weights" runs decode_bench (the same model in one process, graphs) and
+# "stamps:shape:weights:1:1" one cluster run with GPU clock stamps on, split by
+# bench/gpu/stamps_report.py (stamps-TAG.txt/json; the stamps slow it, so its figure is not one).
 # The weights go to /dev/shm when it holds them and the expert store (about twice the
 # checkpoint), else to /tmp. Binaries in .device-ipc/bin, libraries in .device-ipc/lib,
 # hf-peer-bench.py in .device-ipc/. OUT_DIR gets the bench JSON files (as soon as each is
@@ -44,6 +47,14 @@ for stage in ${stages//,/ }; do
   t0=$SECONDS
   dir=$(model_dir $shape)
   note "$shape in $dir ($(du -sh $dir | cut -f1)) after $((SECONDS - start)) s"
+  tag=$shape; [[ $shape == *@* ]] && tag="${shape%@*}-${shape#*@}L"
+  if [ "$what" = inprocess ]; then
+    timeout 300 "$B/decode_bench" --model $dir --model-name $tag --weights $weights --runs $runs \
+      --machine "$machine" --out "$final/inprocess-$tag-$weights.json" >"$out/inprocess-$tag.txt" 2>&1
+    note "in process $tag $weights: exit $? in $((SECONDS - t0)) s"
+    tail -1 "$out/inprocess-$tag.txt" | tee -a "$sum"
+    continue
+  fi
   if [ "$what" = peer ]; then
     timeout 420 python3 "$root/.device-ipc/hf-peer-bench.py" --model $dir --shape $shape \
       --runs $runs --out "$final/transformers-$shape-bf16.json" >"$out/peer-$shape.log" 2>&1
@@ -51,9 +62,12 @@ for stage in ${stages//,/ }; do
     tail -2 "$out/peer-$shape.log" | tee -a "$sum"
     continue
   fi
-  tag=$shape; [[ $shape == *@* ]] && tag="${shape%@*}-${shape#*@}L"
   name=$tag-$weights-${workers}w
-  up $name --model $dir --workers $workers --device cuda --weights $weights --threads 8 \
+  stamps=""
+  if [ "$what" = stamps ]; then
+    stamps=$out/stamps-$tag && name=$name-stamps && rm -rf $stamps && mkdir -p $stamps
+  fi
+  STRATA_GPU_CLOCK_STAMPS=$stamps up $name --model $dir --workers $workers --device cuda --weights $weights --threads 8 \
     --max-batch-tokens 512
   if [ -n "$addr" ]; then
     note "$name: READY in $((SECONDS - t0)) s"
@@ -61,7 +75,7 @@ for stage in ${stages//,/ }; do
     timeout 400 "$B/strata" bench --server "$addr" --model $dir --model-name $tag \
       --input-len 128 --output-len 512 --runs $runs --concurrency $conc --weights $weights \
       --mode cluster --gpus $workers --machine "$machine" \
-      --out "$final/strata-$tag-$weights-cluster$suffix.json" \
+      --out "$final/${stamps:+stamps-}strata-$tag-$weights-cluster$suffix.json" \
       >"$out/bench-$name.txt" 2>&1
     note "$name bench: exit $? after $((SECONDS - t0)) s"
     grep -E "^\| *[0-9]" "$out/bench-$name.txt" | tee -a "$sum"
@@ -69,6 +83,10 @@ for stage in ${stages//,/ }; do
     grep -o '"steps":"[0-9]*"\|"graph_steps":"[0-9]*"' "$out/stats-$name.json" | tr '\n' ' ' | tee -a "$sum"; echo | tee -a "$sum"
   fi
   down $name
+  if [ -n "$stamps" ]; then
+    python3 "$root/bench/gpu/stamps_report.py" $stamps --json "$final/stamps-$tag.json" 2>&1 |
+      tee "$final/stamps-$tag.txt" | tee -a "$sum"
+  fi
 done
 tar czf "$final/logs.tgz" -C "$out" . 2>/dev/null
 python3 - "$final" <<'PY'

@@ -8,6 +8,8 @@
 #          8), then decode_bench in process on the same weights: the process split's cost
 #   engine cuda_engine_test (in process, bf16) on the same oracle models
 #   verify cuda_cluster_test whole on every GPU (demo perplexity included), then on one GPU
+#   stamps the 16-layer cut through the GPU cluster (one worker) with GPU clock stamps on, and
+#          bench/gpu/stamps_report.py's split of a replayed step (stamps.txt, stamps.json)
 #   ppl    held-out perplexity of models/strata-demo in process and through the GPU cluster
 #          (strata eval --server), cuda_cluster_test's check of the two, cuda_demo_model_test
 # Binaries in .device-ipc/bin, their libraries in .device-ipc/lib. OUT_DIR gets the summary
@@ -49,10 +51,29 @@ if has tests; then
   note "after tests: $((SECONDS - start)) s"
 fi
 
-if has bench; then
-  M=/dev/shm/q16 name=qwen3-30b-a3b-16L
+M=/dev/shm/q16 name=qwen3-30b-a3b-16L
+if has bench || has stamps; then
   [ -f $M/config.json ] || "$B/strata" make-model --shape qwen3-30b-a3b --layers 16 --out $M \
     --threads 16 2>&1 | tail -1 | tee -a "$sum"
+fi
+
+if has stamps; then
+  mkdir -p $out/stamps
+  STRATA_GPU_CLOCK_STAMPS=$out/stamps up stamps --model $M --workers 1 --device cuda --threads 8 \
+    --max-batch-tokens 512
+  if [ -n "$addr" ]; then
+    timeout 60 "$B/strata" bench --server "$addr" --model $M --model-name $name --input-len 128 \
+      --output-len 512 --runs 2 --concurrency 1 --out "$out/stamps-bench.json" \
+      >"$out/bench-stamps.txt" 2>&1
+    note "stamps bench: exit $?"
+    tail -3 "$out/bench-stamps.txt" | tee -a "$sum"
+  fi
+  down stamps
+  python3 "$root/bench/gpu/stamps_report.py" $out/stamps --json "$final/stamps.json" 2>&1 |
+    tee "$final/stamps.txt" | tee -a "$sum"
+fi
+
+if has bench; then
   bench() {  # tag workers gpus
     local tag=$1 w=$2 g=$3
     up "$tag" --model $M --workers "$w" --device cuda --threads 8 --max-batch-tokens 512

@@ -106,9 +106,13 @@ class ExpertBackend {
   // graph; otherwise a version that changes whenever a captured step would be stale (e.g. a
   // worker came or went), so the caller captures again.
   virtual uint64_t graph_version() const { return 0; }
-  // Called before each replay of a captured step of `tokens` tokens (e.g. to start the
-  // workers' own graphs); an error means the step must run without the graph.
+  // Called before each replay of a captured step of `tokens` tokens is launched (e.g. to start
+  // the workers' own graphs); an error means the step must run without the graph.
   virtual absl::Status BeginGraphStep(int64_t tokens) { return absl::OkStatus(); }
+  // Called once the replay is launched, to confirm what BeginGraphStep started. An error means
+  // the replay computes garbage: the backend has released whatever the replay waits for, and
+  // the caller lets it finish, then runs the step without the graph.
+  virtual absl::Status AwaitGraphStep() { return absl::OkStatus(); }
   // Called instead of a replay that could not be launched after BeginGraphStep succeeded:
   // whatever BeginGraphStep started must not wait for it.
   virtual void AbortGraphStep() {}

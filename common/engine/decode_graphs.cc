@@ -125,15 +125,19 @@ absl::StatusOr<const float*> DecodeGraphs::Replay(absl::Span<const int32_t> ids,
   } else {
     ASSIGN_OR_RETURN(graph, Capture(ids, batch));
   }
+  // The workers are told first: their wake-up and launches overlap the router's own.
+  RETURN_IF_ERROR(experts_.BeginGraphStep(n));
   std::vector<int32_t> positions(n);
   std::vector<const std::vector<int>*> tables(n);
   for (int i = 0; i < n; ++i) {
     positions[i] = static_cast<int32_t>(batch.position[i]);
     tables[i] = &kv_.block_table(batch.sequence[i]);
   }
-  RETURN_IF_ERROR(router_.WriteDecodeInputs(ids, positions, tables));
+  if (absl::Status written = router_.WriteDecodeInputs(ids, positions, tables); !written.ok()) {
+    experts_.AbortGraphStep();
+    return written;
+  }
   forward_.NoteBatch(batch);  // the host code of the pass does not run in a replay
-  RETURN_IF_ERROR(experts_.BeginGraphStep(n));
   cudaStream_t stream = router_.context()->stream();
   const cudaError_t launched = cudaGraphLaunch(graph->exec, stream);
   if (launched != cudaSuccess) {
@@ -141,11 +145,14 @@ absl::StatusOr<const float*> DecodeGraphs::Replay(absl::Span<const int32_t> ids,
     experts_.AbortGraphStep();
     return absl::InternalError(absl::StrCat("decode graph launch: ", cudaGetErrorString(launched)));
   }
+  const absl::Status started = experts_.AwaitGraphStep();
   const cudaError_t synced = cudaStreamSynchronize(stream);
   if (synced != cudaSuccess) {
     return absl::InternalError(absl::StrCat("decode graph replay: ", cudaGetErrorString(synced)));
   }
-  RETURN_IF_ERROR(experts_.FinishStep());
+  const absl::Status finished = experts_.FinishStep();
+  if (!started.ok()) return started;
+  RETURN_IF_ERROR(finished);
   return router_.decode_logits();
 }
 

@@ -9,6 +9,7 @@
 #if STRATA_HAVE_CUDA
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/clock.h"
+#include "common/backend/cuda/clock_stamps.h"
 #include "common/backend/cuda/cuda_expert_backend.h"
 #include "common/backend/cuda/cuda_status.h"
 #include "common/backend/cuda/stream_flags.h"
@@ -26,7 +27,7 @@ class CudaIpcLinkImpl : public CudaIpcLink {
       : config_(config), experts_(experts) {}
   ~CudaIpcLinkImpl() override { Close().IgnoreError(); }
 
-  absl::Status Open(const v1::CudaIpcBuffers& b, int max_tokens) {
+  absl::Status Open(const v1::CudaIpcBuffers& b, int max_tokens, const std::string& stamps) {
     if (b.hidden_size() != static_cast<uint32_t>(config_.hidden_size) || b.top_k() == 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("CUDA IPC buffers of hidden size ", b.hidden_size(), " for a model of ",
@@ -54,6 +55,9 @@ class CudaIpcLinkImpl : public CudaIpcLink {
       }
       RETURN_IF_ERROR(OpenMemory(b.flags(), &flags_));
     }
+    if (!stamps.empty()) {
+      ASSIGN_OR_RETURN(stamps_, gpu::ClockStamps::Open(stamps, "worker", 2 * config_.num_layers));
+    }
     return absl::OkStatus();
   }
 
@@ -75,6 +79,9 @@ class CudaIpcLinkImpl : public CudaIpcLink {
     std::string key = absl::StrCat(r.num_tokens, ":", r.top_k, ":");
     key.append(reinterpret_cast<const char*>(r.layers.data()), r.layers.size() * sizeof(int32_t));
     cudaStream_t stream = experts_.context()->stream();
+    // The router waited for the last step's output flags: that step is done but for its
+    // last flag write.
+    if (stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Flush(stream));
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       if (graphs_.size() >= kMaxGraphs) {
@@ -163,12 +170,14 @@ class CudaIpcLinkImpl : public CudaIpcLink {
     for (int32_t layer : r.layers) {
       queued = gpu::WaitFlag(stream, in_flags + layer, 1);
       if (queued.ok()) queued = gpu::WriteFlag(stream, in_flags + layer, 0);
+      if (queued.ok() && stamps_ != nullptr) queued = stamps_->Mark(stream, 2 * layer);
       if (queued.ok()) {
         queued = experts_.RunExpertsInto(
             layer, static_cast<const gpu::bf16*>(input_), static_cast<const int32_t*>(ids_),
             static_cast<const float*>(weights_), r.num_tokens, static_cast<int>(r.top_k),
             static_cast<gpu::bf16*>(output_));
       }
+      if (queued.ok() && stamps_ != nullptr) queued = stamps_->Mark(stream, 2 * layer + 1);
       if (queued.ok()) queued = gpu::WriteFlag(stream, out_flags + layer, 1);
       if (!queued.ok()) break;
     }
@@ -217,6 +226,7 @@ class CudaIpcLinkImpl : public CudaIpcLink {
   void* weights_ = nullptr;
   void* output_ = nullptr;
   void* flags_ = nullptr;  // uint32 [2][num_layers]: input flags, then output flags
+  std::unique_ptr<gpu::ClockStamps> stamps_;            // profiling; null unless asked for
   absl::flat_hash_map<std::string, GraphExec> graphs_;  // by token count, top_k and layers
   cudaEvent_t input_ready_ = nullptr;
   cudaEvent_t output_ready_ = nullptr;
@@ -227,9 +237,10 @@ class CudaIpcLinkImpl : public CudaIpcLink {
 absl::StatusOr<std::unique_ptr<CudaIpcLink>> OpenCudaIpcLink(const v1::CudaIpcBuffers& buffers,
                                                              const ModelConfig& config,
                                                              gpu::CudaExpertBackend& experts,
-                                                             int max_tokens) {
+                                                             int max_tokens,
+                                                             const std::string& clock_stamps) {
   auto link = std::make_unique<CudaIpcLinkImpl>(config, experts);
-  RETURN_IF_ERROR(link->Open(buffers, max_tokens));
+  RETURN_IF_ERROR(link->Open(buffers, max_tokens, clock_stamps));
   return link;
 }
 
@@ -237,7 +248,8 @@ absl::StatusOr<std::unique_ptr<CudaIpcLink>> OpenCudaIpcLink(const v1::CudaIpcBu
 
 absl::StatusOr<std::unique_ptr<CudaIpcLink>> OpenCudaIpcLink(const v1::CudaIpcBuffers&,
                                                              const ModelConfig&,
-                                                             gpu::CudaExpertBackend&, int) {
+                                                             gpu::CudaExpertBackend&, int,
+                                                             const std::string&) {
   return absl::UnimplementedError("this build has no CUDA backend (nvcc was not found)");
 }
 

@@ -39,10 +39,14 @@ class CudaIpcLink {
 };
 
 // Opens `buffers` on the device of `experts`, whose steps hold at most `max_tokens` tokens.
+// Profiling: with a `clock_stamps` path, graph steps stamp the GPU clock per layer (slot
+// 2 * layer + 0 once the input flag was seen, + 1 before the output flag is raised), appended
+// to that file at the next step.
 absl::StatusOr<std::unique_ptr<CudaIpcLink>> OpenCudaIpcLink(const v1::CudaIpcBuffers& buffers,
                                                              const ModelConfig& config,
                                                              gpu::CudaExpertBackend& experts,
-                                                             int max_tokens);
+                                                             int max_tokens,
+                                                             const std::string& clock_stamps = "");
 
 }  // namespace strata
 

@@ -52,6 +52,9 @@ int main(int argc, char** argv) {
   options.max_tokens_per_step = absl::GetFlag(FLAGS_max_batch_tokens);
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.listen = absl::GetFlag(FLAGS_listen);
+  if (const char* dir = std::getenv("STRATA_GPU_CLOCK_STAMPS"); dir != nullptr && *dir != 0) {
+    options.gpu_clock_stamps = absl::StrCat(dir, "/worker-", index, ".txt");
+  }
   if (const std::string budget = absl::GetFlag(FLAGS_gpu_memory_budget); !budget.empty()) {
     auto bytes = strata::ParseByteSize(budget);
     if (!bytes.ok()) {

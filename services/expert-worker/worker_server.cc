@@ -346,7 +346,7 @@ absl::Status WorkerServer::Run() {
         return absl::FailedPreconditionError("the router granted CUDA IPC to a worker off GPUs");
       }
       auto link = OpenCudaIpcLink(registration->cuda_ipc(), config_, *device_experts_,
-                                  options_.max_tokens_per_step);
+                                  options_.max_tokens_per_step, options_.gpu_clock_stamps);
       if (!link.ok()) {
         return absl::Status(link.status().code(),
                             absl::StrCat("CUDA IPC buffers: ", link.status().message()));

@@ -42,6 +42,8 @@ struct WorkerOptions {
   ColdPathOptions cold_path;  // misses: copied, or computed by strata-cache's CPU
   v1::Transport transport = v1::TRANSPORT_SHARED_MEMORY;
   std::string listen = "127.0.0.1:0";  // ExpertWorker service, for TRANSPORT_GRPC
+  // Profiling: a file CUDA IPC graph steps append GPU clock stamps to (see CudaIpcLink).
+  std::string gpu_clock_stamps;
   // Progress and waiting messages ("waiting for strata-router at ...").
   std::function<void(const std::string&)> log = [](const std::string&) {};
 };
@@ -74,7 +76,7 @@ class WorkerServer {
   // On a GPU without a budget: backend_'s device experts, which CUDA IPC runs use directly.
   gpu::CudaExpertBackend* device_experts_ = nullptr;
   std::unique_ptr<CudaIpcLink> ipc_link_;  // while registered over CUDA IPC
-  std::unique_ptr<ExpertSlots> slots_;      // with one
+  std::unique_ptr<ExpertSlots> slots_;     // with one
   std::unique_ptr<ExpertTiers> tiers_;
   std::unique_ptr<CpuTierClient> cpu_tier_;
   std::unique_ptr<WorkerExecutor> executor_;

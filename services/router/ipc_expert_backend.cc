@@ -122,10 +122,26 @@ void IpcExpertBackend::ReleaseIfLost(CudaIpcConnection& link) {
       "an expert worker died with its GPU work queued; the step runs again without it");
 }
 
+absl::Status IpcExpertBackend::StampClocks(const std::string& path) {
+  ASSIGN_OR_RETURN(stamps_, gpu::ClockStamps::Open(path, "router", 3 * config().num_layers));
+  return absl::OkStatus();
+}
+
 absl::Status IpcExpertBackend::FinishStep() {
+  if (stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Flush(context_->stream()));
   for (const std::shared_ptr<ExpertConnection>& connection : Connections()) {
     auto* link = dynamic_cast<CudaIpcConnection*>(connection.get());
     if (link != nullptr) link->graph_awaited_.store(false);
+  }
+  if (!reset_flags_.empty()) {
+    // Workers that failed to start a replayed step, now over: none of their flags may stay up.
+    const size_t bytes = 2 * static_cast<size_t>(config().num_layers) * sizeof(uint32_t);
+    for (const std::shared_ptr<ExpertConnection>& connection : reset_flags_) {
+      auto* link = static_cast<CudaIpcConnection*>(connection.get());
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(link->flags_.data(), 0, bytes, release_stream_));
+    }
+    reset_flags_.clear();
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(release_stream_));
   }
   if (lost_.exchange(false)) {
     return absl::AbortedError("an expert worker died with this step's GPU work queued");
@@ -194,9 +210,10 @@ uint64_t IpcExpertBackend::graph_version() const {
 absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
   const ModelConfig& c = config();
   const std::vector<std::shared_ptr<ExpertConnection>> connections = Connections();
-  const uint64_t step = NextStep();
+  step_ = NextStep();
+  step_tokens_ = tokens;
+  sent_.clear();
   started_.clear();
-  std::vector<int> sent;
   absl::Status status;
   for (int w = 0; w < static_cast<int>(graph_layers_.size()) && status.ok(); ++w) {
     if (graph_layers_[w].empty()) continue;
@@ -210,21 +227,31 @@ absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
     }
     ExpertRequestView request;
     request.kind = ExpertMessageKind::kDeviceStep;
-    request.step = step;
+    request.step = step_;
     request.num_tokens = static_cast<uint32_t>(tokens);
     request.top_k = static_cast<uint32_t>(std::max(c.top_k, 1));
     request.hidden_size = static_cast<uint32_t>(c.hidden_size);
     request.hot_ratio = hot_ratio();
     request.layers = graph_layers_[w];
     status = link->Send(request);
-    if (status.ok()) sent.push_back(w);
+    if (status.ok()) sent_.push_back(w);
   }
-  for (int w : sent) {
+  if (status.ok()) return status;
+  std::vector<int> failed;
+  CollectAnswers(failed).IgnoreError();
+  RunOut(started_).IgnoreError();
+  started_.clear();
+  return status;
+}
+
+absl::Status IpcExpertBackend::CollectAnswers(std::vector<int>& failed) {
+  absl::Status status;
+  for (int w : sent_) {
     bool transport_failed = false;
     const absl::Status received = ReceiveResponse(
-        w, *connections[w], step,
+        w, *graph_connections_[w], step_,
         [&](const ExpertResponseView& response) {
-          if (!response.on_device || response.num_tokens != tokens) {
+          if (!response.on_device || response.num_tokens != step_tokens_) {
             return absl::DataLossError(
                 absl::StrCat("expert worker ", w, " answered a different request"));
           }
@@ -233,7 +260,7 @@ absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
         &transport_failed);
     if (received.ok()) {
       started_.push_back(w);
-      static_cast<CudaIpcConnection*>(connections[w].get())->graph_awaited_.store(true);
+      static_cast<CudaIpcConnection*>(graph_connections_[w].get())->graph_awaited_.store(true);
     } else {
       // A worker that answered with an error started nothing. One whose answer never came may
       // have: it is left to the liveness checks (a known gap: it would stay blocked).
@@ -241,16 +268,34 @@ absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
         Log(LogLevel::kError, absl::StrCat("expert worker ", w,
                                            " did not answer a graph step: ", received.message()));
       }
+      failed.push_back(w);
       if (status.ok()) status = absl::UnavailableError(received.message());
     }
   }
-  if (status.ok()) return status;
-  RunOut(started_).IgnoreError();
-  started_.clear();
+  sent_.clear();
+  return status;
+}
+
+absl::Status IpcExpertBackend::AwaitGraphStep() {
+  std::vector<int> failed;
+  const absl::Status status = CollectAnswers(failed);
+  const size_t layers = static_cast<size_t>(config().num_layers);
+  for (int w : failed) {
+    // The replay waits for output flags this worker will not raise: raise them here, and
+    // clear every flag of its once the step is over (FinishStep).
+    auto* link = static_cast<CudaIpcConnection*>(graph_connections_[w].get());
+    if (absl::Status s = gpu::FillFlags(release_stream_, link->flags_.data() + layers, 1, layers);
+        !s.ok()) {
+      Log(LogLevel::kError, absl::StrCat("releasing a replayed step: ", s.message()));
+    }
+    reset_flags_.push_back(graph_connections_[w]);
+  }
   return status;
 }
 
 void IpcExpertBackend::AbortGraphStep() {
+  std::vector<int> failed;
+  CollectAnswers(failed).IgnoreError();
   if (absl::Status s = RunOut(started_); !s.ok()) {
     Log(LogLevel::kError, absl::StrCat("running out the workers' graph step: ", s.message()));
   }
@@ -292,6 +337,7 @@ absl::Status IpcExpertBackend::CaptureExchange(
   graph_connections_.resize(num_workers());
   cudaStream_t stream = context_->stream();
   for (int w : workers) RETURN_IF_ERROR(gpu::WriteFlag(stream, links[w]->flags_.data() + layer, 1));
+  if (stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Mark(stream, 3 * layer + 1));
   for (int w : workers) {
     uint32_t* out_flag = links[w]->flags_.data() + layers + layer;
     RETURN_IF_ERROR(gpu::WaitFlag(stream, out_flag, 1));
@@ -300,6 +346,7 @@ absl::Status IpcExpertBackend::CaptureExchange(
     graph_layers_[w].push_back(layer);
     graph_connections_[w] = connections[w];
   }
+  if (stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Mark(stream, 3 * layer + 2));
   return absl::OkStatus();
 }
 
@@ -362,6 +409,7 @@ absl::Status IpcExpertBackend::Exchange(
     return absl::FailedPreconditionError("expert owners changed since the last eager step");
   }
   if (!capturing) RETURN_IF_ERROR(UploadOwners(layer, owner));
+  if (capturing && stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Mark(stream, 3 * layer));
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(input_.data(), x.device_data(),
                                        static_cast<size_t>(n * h) * sizeof(gpu::bf16),
                                        cudaMemcpyDeviceToDevice, stream));

@@ -13,7 +13,9 @@
 // captured step each layer raises the workers' input flags and waits for their output flags on
 // the GPU (stream memory operations on a flag buffer shared like the others), and
 // BeginGraphStep sends each worker one kDeviceStep message with its layers, which replays the
-// worker's own graph of flag waits and expert runs.
+// worker's own graph of flag waits and expert runs; the router launches its own replay before
+// it collects the answers (AwaitGraphStep), so that the workers' wake-up and launches overlap
+// its own.
 //
 // A worker that dies before answering costs its layer, which runs again on the others (as
 // RemoteExpertBackend does). One that dies after answering leaves the router's stream
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/backend/cuda/clock_stamps.h"
 #include "common/backend/cuda/cuda_context.h"
 #include "common/backend/cuda/cuda_types.h"
 #include "common/backend/cuda/device_buffer.h"
@@ -87,11 +90,19 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // Changes whenever a worker registers again or comes or goes, or a layer's owners change;
   // 0 while none is connected over CUDA IPC.
   uint64_t graph_version() const override;
-  // Sends each worker of the captured step its kDeviceStep and waits for the answers (queued,
-  // not run). UNAVAILABLE when one fails, or when a worker's connection is not the one the
-  // graphs were captured with; the workers already started are run out first.
+  // Sends each worker of the captured step its kDeviceStep. UNAVAILABLE when one fails, or
+  // when a worker's connection is not the one the graphs were captured with; the workers
+  // already started are run out first.
   absl::Status BeginGraphStep(int64_t tokens) override;
+  // Waits for the workers' answers (their graphs queued, not run). UNAVAILABLE when one did
+  // not start: its output flags are raised from a side stream so that the replay finishes.
+  absl::Status AwaitGraphStep() override;
   void AbortGraphStep() override;
+
+  // Profiling: replayed steps stamp the GPU clock per MoE layer (slot 3 * layer + 0 before the
+  // input copy, + 1 once the input flags are raised, + 2 once the output flags were seen) and
+  // FinishStep appends them to `path`.
+  absl::Status StampClocks(const std::string& path);
 
   // Allocates worker `index`'s buffers and events, writes their handles into `buffers` and
   // wraps `channel`; install the result with SetConnection. Any thread.
@@ -122,6 +133,9 @@ class IpcExpertBackend : public RemoteExpertBackend {
                                const std::vector<CudaIpcConnection*>& links,
                                const std::vector<std::shared_ptr<ExpertConnection>>& connections,
                                gpu::PartialSet& partials);
+  // Receives the answers to BeginGraphStep's messages: started_ gets the workers that started,
+  // `failed` the others.
+  absl::Status CollectAnswers(std::vector<int>& failed);
   // Runs out the graphs of workers that were started for a step that will not replay: raises
   // their input flags and clears their output flags in order, on the router's stream (a
   // worker that dies meanwhile is released by the watchdog). Best effort over all of them.
@@ -147,9 +161,16 @@ class IpcExpertBackend : public RemoteExpertBackend {
   std::vector<std::vector<int32_t>> graph_layers_;
   std::vector<std::shared_ptr<ExpertConnection>> graph_connections_;
   int last_captured_layer_ = -1;
-  std::vector<int> started_;               // workers BeginGraphStep started for the coming replay
-  cudaStream_t release_stream_ = nullptr;  // ReleaseIfLost's records
-  std::mutex release_mu_;                  // ReleaseIfLost: the watchdog and registrations
+  // The replay BeginGraphStep announced: its step, tokens, the workers told and those started.
+  uint64_t step_ = 0;
+  int64_t step_tokens_ = 0;
+  std::vector<int> sent_;
+  std::vector<int> started_;
+  // Workers that did not start a launched replay: their flags are cleared once it is over.
+  std::vector<std::shared_ptr<ExpertConnection>> reset_flags_;
+  std::unique_ptr<gpu::ClockStamps> stamps_;  // profiling; null unless StampClocks
+  cudaStream_t release_stream_ = nullptr;     // ReleaseIfLost's records
+  std::mutex release_mu_;                     // ReleaseIfLost: the watchdog and registrations
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;
   bool stopping_ = false;  // guarded by watch_mu_

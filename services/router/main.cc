@@ -3,6 +3,7 @@
 // "READY <host>:<port>" once every worker has registered. SIGINT/SIGTERM drain in-flight requests
 // (up to --drain-timeout) and exit; the exit status is non-zero only when requests had to be cut
 // off.
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
@@ -70,6 +71,9 @@ int main(int argc, char** argv) {
   options.channel_prefix = absl::GetFlag(FLAGS_channel_prefix);
   options.prefetch = absl::GetFlag(FLAGS_prefetch);
   options.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
+  if (const char* dir = std::getenv("STRATA_GPU_CLOCK_STAMPS"); dir != nullptr && *dir != 0) {
+    options.gpu_clock_stamps = std::string(dir) + "/router.txt";
+  }
   if (options.cuda_graph_max_batch < 0 ||
       options.cuda_graph_max_batch > strata::kMaxDecodeGraphBatch) {
     std::cerr << "strata-router: --cuda-graph-max-batch must be in [0, "

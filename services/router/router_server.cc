@@ -138,6 +138,9 @@ absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
       std::unique_ptr<IpcExpertBackend> ipc,
       IpcExpertBackend::Create(c, std::move(placement), remote, stack_->cuda_router()->context(),
                                std::max(options_.scheduler.max_batch_tokens, 1)));
+  if (!options_.gpu_clock_stamps.empty()) {
+    RETURN_IF_ERROR(ipc->StampClocks(options_.gpu_clock_stamps));
+  }
   coordinator.cuda_ipc = [ipc = ipc.get()](const v1::RegisterWorkerRequest& request,
                                            std::unique_ptr<ShmExpertConnection> channel,
                                            v1::CudaIpcBuffers& buffers) {

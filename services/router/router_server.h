@@ -47,6 +47,9 @@ struct RouterOptions {
   // On a GPU: decode-only steps of up to this many sequences replay a CUDA graph (one per
   // batch size); 0 turns graphs off.
   int cuda_graph_max_batch = 32;
+  // Profiling: a file the GPU cluster's replayed steps append GPU clock stamps to (see
+  // gpu::ClockStamps); empty: none.
+  std::string gpu_clock_stamps;
 };
 
 class RouterServer {
