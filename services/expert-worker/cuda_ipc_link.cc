@@ -54,6 +54,8 @@ class CudaIpcLinkImpl : public CudaIpcLink {
         return absl::FailedPreconditionError("CUDA IPC flags for another model");
       }
       RETURN_IF_ERROR(OpenMemory(b.flags(), &flags_));
+      ASSIGN_OR_RETURN(blocks_done_, gpu::DeviceBuffer<uint32_t>::Allocate(1));
+      CUDA_RETURN_IF_ERROR(cudaMemset(blocks_done_.data(), 0, sizeof(uint32_t)));
     }
     if (!stamps.empty()) {
       ASSIGN_OR_RETURN(stamps_, gpu::ClockStamps::Open(stamps, "worker", 2 * config_.num_layers));
@@ -169,16 +171,21 @@ class CudaIpcLinkImpl : public CudaIpcLink {
     absl::Status queued = absl::OkStatus();
     for (int32_t layer : r.layers) {
       queued = gpu::WaitFlag(stream, in_flags + layer, 1);
-      if (queued.ok()) queued = gpu::WriteFlag(stream, in_flags + layer, 0);
       if (queued.ok() && stamps_ != nullptr) queued = stamps_->Mark(stream, 2 * layer);
+      // The experts' last kernel clears the input flag and raises the output flag itself: no
+      // flag operations of their own on the path between the two processes.
+      gpu::GridSignal signal;
+      signal.count = 1;
+      signal.clear[0] = in_flags + layer;
+      signal.raise[0] = out_flags + layer;
+      signal.done = blocks_done_.data();
       if (queued.ok()) {
         queued = experts_.RunExpertsInto(
             layer, static_cast<const gpu::bf16*>(input_), static_cast<const int32_t*>(ids_),
             static_cast<const float*>(weights_), r.num_tokens, static_cast<int>(r.top_k),
-            static_cast<gpu::bf16*>(output_));
+            static_cast<gpu::bf16*>(output_), signal);
       }
       if (queued.ok() && stamps_ != nullptr) queued = stamps_->Mark(stream, 2 * layer + 1);
-      if (queued.ok()) queued = gpu::WriteFlag(stream, out_flags + layer, 1);
       if (!queued.ok()) break;
     }
     cudaGraph_t graph = nullptr;
@@ -226,6 +233,7 @@ class CudaIpcLinkImpl : public CudaIpcLink {
   void* weights_ = nullptr;
   void* output_ = nullptr;
   void* flags_ = nullptr;  // uint32 [2][num_layers]: input flags, then output flags
+  gpu::DeviceBuffer<uint32_t> blocks_done_;             // the experts' GridSignal counter
   std::unique_ptr<gpu::ClockStamps> stamps_;            // profiling; null unless asked for
   absl::flat_hash_map<std::string, GraphExec> graphs_;  // by token count, top_k and layers
   cudaEvent_t input_ready_ = nullptr;

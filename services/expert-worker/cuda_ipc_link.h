@@ -29,7 +29,8 @@ class CudaIpcLink {
 
   // Queues one kDeviceStep: replays this worker's graph for the request's token count and
   // layers (captured the first time they are seen): per layer, wait for the router's input
-  // flag, clear it, run the experts, raise the output flag. Returns once queued.
+  // flag, run the experts, whose last kernel clears it and raises the output flag. Returns
+  // once queued.
   virtual absl::Status RunStep(const ExpertRequestView& request) = 0;
 
   // Lets queued work finish (within a few seconds) and closes the handles. UNAVAILABLE when
@@ -40,7 +41,8 @@ class CudaIpcLink {
 
 // Opens `buffers` on the device of `experts`, whose steps hold at most `max_tokens` tokens.
 // Profiling: with a `clock_stamps` path, graph steps stamp the GPU clock per layer (slot
-// 2 * layer + 0 once the input flag was seen, + 1 before the output flag is raised), appended
+// 2 * layer + 0 once the input flag was seen, + 1 after the experts, whose last kernel raised
+// the output flag), appended
 // to that file at the next step.
 absl::StatusOr<std::unique_ptr<CudaIpcLink>> OpenCudaIpcLink(const v1::CudaIpcBuffers& buffers,
                                                              const ModelConfig& config,

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "common/backend/cpu/cpu_expert_slots.h"
 #include "common/shm/channel.h"
 #if STRATA_HAVE_CUDA
@@ -17,6 +18,9 @@
 
 namespace strata {
 namespace {
+
+// How long a CUDA IPC worker spins for the router's next message before it sleeps.
+constexpr absl::Duration kDeviceStepSpin = absl::Milliseconds(20);
 
 // Calls `attempt` until it succeeds or `stopping`, saying every few seconds what it waits for
 // (first after two seconds, so that a routine restart of a peer stays quiet).
@@ -250,6 +254,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
 absl::Status WorkerServer::ServeChannel(const std::string& name) {
   ASSIGN_OR_RETURN(ShmChannel channel,
                    ShmChannel::Open(name, {.wait_for_creator = absl::Seconds(10)}));
+  // Over CUDA IPC a decode step's message starts this worker's graph, which the router's
+  // first MoE layer soon waits for: a futex wake-up (tens of microseconds) would be on the
+  // critical path of every step. Steps come every few milliseconds while decoding, so spin
+  // through that gap; an idle worker still sleeps after it.
+  if (ipc_link_ != nullptr) channel.inbound().set_spin(kDeviceStepSpin);
   std::vector<uint8_t> error_buffer;
   while (!stopping_.load()) {
     auto request_bytes = channel.inbound().Peek(absl::Milliseconds(200));

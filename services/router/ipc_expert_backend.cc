@@ -64,6 +64,8 @@ absl::StatusOr<std::unique_ptr<IpcExpertBackend>> IpcExpertBackend::Create(
   ASSIGN_OR_RETURN(b->owners_,
                    gpu::DeviceBuffer<int32_t>::Allocate(static_cast<size_t>(config.num_layers) *
                                                         std::max(config.num_experts, 1)));
+  ASSIGN_OR_RETURN(b->blocks_done_, gpu::DeviceBuffer<uint32_t>::Allocate(1));
+  CUDA_RETURN_IF_ERROR(cudaMemset(b->blocks_done_.data(), 0, sizeof(uint32_t)));
   b->uploaded_owners_.resize(config.num_layers);
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->release_stream_, cudaStreamNonBlocking));
   b->watchdog_ = std::thread([raw = b.get()] { raw->Watch(); });
@@ -95,10 +97,11 @@ void IpcExpertBackend::Watch() {
 void IpcExpertBackend::ReleaseIfLost(CudaIpcConnection& link) {
   std::lock_guard<std::mutex> lock(release_mu_);
   if (link.graph_awaited_.load() && !link.Alive()) {
-    // A replayed step waits on output flags this worker will never raise: raise them all
-    // (the router's stream clears each as it passes) and run the step again.
+    // A replayed step waits on output flags this worker will never raise: release them all
+    // for good (the split kernel's lowering leaves kFlagReleased up) and run the step again.
     const size_t layers = static_cast<size_t>(config().num_layers);
-    if (gpu::FillFlags(release_stream_, link.flags_.data() + layers, 1, layers).ok()) {
+    if (gpu::FillFlags(release_stream_, link.flags_.data() + layers, gpu::kFlagReleased, layers)
+            .ok()) {
       link.graph_awaited_.store(false);
       lost_.store(true);
       Log(LogLevel::kWarning,
@@ -281,10 +284,11 @@ absl::Status IpcExpertBackend::AwaitGraphStep() {
   const absl::Status status = CollectAnswers(failed);
   const size_t layers = static_cast<size_t>(config().num_layers);
   for (int w : failed) {
-    // The replay waits for output flags this worker will not raise: raise them here, and
-    // clear every flag of its once the step is over (FinishStep).
+    // The replay waits for output flags this worker will not raise: release them for good
+    // here, and clear every flag of its once the step is over (FinishStep).
     auto* link = static_cast<CudaIpcConnection*>(graph_connections_[w].get());
-    if (absl::Status s = gpu::FillFlags(release_stream_, link->flags_.data() + layers, 1, layers);
+    if (absl::Status s = gpu::FillFlags(release_stream_, link->flags_.data() + layers,
+                                        gpu::kFlagReleased, layers);
         !s.ok()) {
       Log(LogLevel::kError, absl::StrCat("releasing a replayed step: ", s.message()));
     }
@@ -310,11 +314,18 @@ absl::Status IpcExpertBackend::RunOut(const std::vector<int>& started) {
     auto* link = static_cast<CudaIpcConnection*>(graph_connections_[w].get());
     uint32_t* in = link->flags_.data();
     for (int32_t layer : graph_layers_[w]) {
-      for (absl::Status s :
-           {gpu::WriteFlag(stream, in + layer, 1), gpu::WaitFlag(stream, in + layers + layer, 1),
-            gpu::WriteFlag(stream, in + layers + layer, 0)}) {
-        if (status.ok()) status = s;
+      // As a replay's split kernel does: lower the output flag the last replay left up (but
+      // not a released one) and raise the input flag; then wait for the worker.
+      gpu::GridSignal signal;
+      signal.count = 1;
+      signal.clear[0] = in + layers + layer;
+      signal.raise[0] = in + layer;
+      signal.done = blocks_done_.data();
+      const cudaError_t raised = gpu::LaunchSignal(signal, stream);
+      if (status.ok() && raised != cudaSuccess) {
+        status = gpu::CudaStatus(raised, "LaunchSignal", __FILE__, __LINE__);
       }
+      if (absl::Status s = gpu::WaitFlag(stream, in + layers + layer, 1); status.ok()) status = s;
     }
   }
   const cudaError_t synced = cudaStreamSynchronize(stream);
@@ -336,12 +347,10 @@ absl::Status IpcExpertBackend::CaptureExchange(
   graph_layers_.resize(num_workers());
   graph_connections_.resize(num_workers());
   cudaStream_t stream = context_->stream();
-  for (int w : workers) RETURN_IF_ERROR(gpu::WriteFlag(stream, links[w]->flags_.data() + layer, 1));
+  // The split kernel raised the input flags; the output flags stay up until the next replay's.
   if (stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Mark(stream, 3 * layer + 1));
   for (int w : workers) {
-    uint32_t* out_flag = links[w]->flags_.data() + layers + layer;
-    RETURN_IF_ERROR(gpu::WaitFlag(stream, out_flag, 1));
-    RETURN_IF_ERROR(gpu::WriteFlag(stream, out_flag, 0));
+    RETURN_IF_ERROR(gpu::WaitFlag(stream, links[w]->flags_.data() + layers + layer, 1));
     partials.parts[partials.count++] = links[w]->output_.data();
     graph_layers_[w].push_back(layer);
     graph_connections_[w] = connections[w];
@@ -410,19 +419,27 @@ absl::Status IpcExpertBackend::Exchange(
   }
   if (!capturing) RETURN_IF_ERROR(UploadOwners(layer, owner));
   if (capturing && stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Mark(stream, 3 * layer));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(input_.data(), x.device_data(),
-                                       static_cast<size_t>(n * h) * sizeof(gpu::bf16),
-                                       cudaMemcpyDeviceToDevice, stream));
+  const size_t layers = static_cast<size_t>(c.num_layers);
   gpu::RoutingSplit split;
+  gpu::GridSignal signal;  // a captured step: the kernel raises the workers' input flags
   for (int w : workers) {
     split.worker[split.count] = w;
     split.ids[split.count] = links[w]->ids_.data();
     split.weights[split.count] = links[w]->weights_.data();
     ++split.count;
+    if (capturing) {
+      // The output flag the last replay left up goes down before the worker can raise it again.
+      signal.clear[signal.count] = links[w]->flags_.data() + layers + layer;
+      signal.raise[signal.count] = links[w]->flags_.data() + layer;
+      ++signal.count;
+    }
   }
-  CUDA_RETURN_IF_ERROR(gpu::LaunchSplitRouting(
-      routing.device_expert, routing.device_weight, n, k,
-      owners_.data() + static_cast<size_t>(layer) * c.num_experts, c.num_experts, split, stream));
+  signal.done = blocks_done_.data();
+  const gpu::SplitInput input{static_cast<const gpu::bf16*>(x.device_data()), input_.data(), h};
+  CUDA_RETURN_IF_ERROR(
+      gpu::LaunchSplitRouting(input, routing.device_expert, routing.device_weight, n, k,
+                              owners_.data() + static_cast<size_t>(layer) * c.num_experts,
+                              c.num_experts, split, signal, stream));
   gpu::PartialSet partials;
   std::shared_ptr<void> holder;  // keeps a single partial's buffer alive with the view
   if (capturing) {

@@ -10,12 +10,14 @@
 // them through peer access). Placement, liveness and rerouting are RemoteExpertBackend's.
 //
 // Decode steps replayed as CUDA graphs (DecodeGraphs) cannot send a message per layer: in a
-// captured step each layer raises the workers' input flags and waits for their output flags on
-// the GPU (stream memory operations on a flag buffer shared like the others), and
-// BeginGraphStep sends each worker one kDeviceStep message with its layers, which replays the
-// worker's own graph of flag waits and expert runs; the router launches its own replay before
-// it collects the answers (AwaitGraphStep), so that the workers' wake-up and launches overlap
-// its own.
+// captured step each layer's routing split kernel also copies the input and, once done, raises
+// the workers' input flags (a flag buffer shared like the others); the router's stream waits
+// for their output flags (a stream memory operation), which each worker's last expert kernel
+// raises after clearing its input flag. The signalling adds no operation of its own to the
+// GPU's path but the wait. BeginGraphStep sends each worker one kDeviceStep message with its
+// layers, which replays the worker's own graph of flag waits and expert runs; the router
+// launches its own replay before it collects the answers (AwaitGraphStep), so that the
+// workers' wake-up and launches overlap its own.
 //
 // A worker that dies before answering costs its layer, which runs again on the others (as
 // RemoteExpertBackend does). One that dies after answering leaves the router's stream
@@ -136,9 +138,10 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // Receives the answers to BeginGraphStep's messages: started_ gets the workers that started,
   // `failed` the others.
   absl::Status CollectAnswers(std::vector<int>& failed);
-  // Runs out the graphs of workers that were started for a step that will not replay: raises
-  // their input flags and clears their output flags in order, on the router's stream (a
-  // worker that dies meanwhile is released by the watchdog). Best effort over all of them.
+  // Runs out the graphs of workers that were started for a step that will not replay: layer by
+  // layer on the router's stream, signals as a replay's split kernel does and waits for the
+  // output flag (a worker that dies meanwhile is released by the watchdog). Best effort over
+  // all of them.
   absl::Status RunOut(const std::vector<int>& started);
   // The watchdog thread's loop.
   void Watch();
@@ -151,6 +154,7 @@ class IpcExpertBackend : public RemoteExpertBackend {
   gpu::DeviceBuffer<gpu::bf16> input_;             // [max_tokens, hidden], read by every worker
   gpu::DeviceBuffer<gpu::bf16> sum_;               // [max_tokens, hidden]: the partials' sum
   gpu::DeviceBuffer<int32_t> owners_;              // [num_layers][num_experts]
+  gpu::DeviceBuffer<uint32_t> blocks_done_;        // the split kernel's GridSignal counter
   std::vector<std::vector<int>> uploaded_owners_;  // what owners_ holds, by layer
   std::shared_ptr<void> keep_alive_ = std::make_shared<int>(0);
   std::atomic<bool> lost_{false};  // a dead worker's output event was released

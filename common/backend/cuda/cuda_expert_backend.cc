@@ -97,7 +97,7 @@ absl::Status CudaExpertBackend::RunExperts(int layer, const Tensor& x, const Rou
 
 absl::Status CudaExpertBackend::RunExpertsInto(int layer, const bf16* x, const int32_t* ids,
                                                const float* weights, int64_t n, int top_k,
-                                               bf16* out) {
+                                               bf16* out, const GridSignal& signal) {
   if (layer < 0 || layer >= config_.num_layers || !config_.layer_is_moe[layer]) {
     return absl::InvalidArgumentError(
         absl::StrCat("run experts: layer ", layer, " has no experts"));
@@ -110,8 +110,8 @@ absl::Status CudaExpertBackend::RunExpertsInto(int layer, const bf16* x, const i
   const ExpertWorkspace ws =
       CarveExpertWorkspace(workspace_.data(), n, top_k, table.hidden, table.intermediate);
   CUDA_RETURN_IF_ERROR(LaunchGroupedExperts(x, ids, weights, n, top_k, table,
-                                            ExpertGluParams(config_), ws, out,
-                                            context_->stream()));
+                                            ExpertGluParams(config_), ws, out, context_->stream(),
+                                            signal));
   return absl::OkStatus();
 }
 

@@ -38,10 +38,10 @@ class CudaExpertBackend : public ExpertBackend {
   absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                           Tensor& out) override;
   // The same on raw device arrays (also another process's buffers opened by CUDA IPC): x
-  // [n, hidden] bf16, ids and weights [n, top_k]; writes out [n, hidden] bf16. Queued on the
-  // context's stream.
+  // [n, hidden] bf16, ids and weights [n, top_k]; writes out [n, hidden] bf16, then raises
+  // `signal`. Queued on the context's stream.
   absl::Status RunExpertsInto(int layer, const bf16* x, const int32_t* ids, const float* weights,
-                              int64_t n, int top_k, bf16* out);
+                              int64_t n, int top_k, bf16* out, const GridSignal& signal = {});
   CudaContext* context() const { return context_; }
   // Everything is resident and queued on the router's stream: always capturable.
   uint64_t graph_version() const override { return 1; }

@@ -1,5 +1,8 @@
+#include <algorithm>
+
 #include "common/backend/cuda/device_utils.cuh"
 #include "common/backend/cuda/expert_split_kernels.h"
+#include "common/backend/cuda/grid_signal.cuh"
 
 namespace strata::gpu {
 namespace {
@@ -12,9 +15,14 @@ unsigned GridFor(int64_t total) {
 }
 
 __global__ void __launch_bounds__(kThreads)
-    SplitRoutingKernel(const int32_t* __restrict__ expert_ids, const float* __restrict__ weights,
+    SplitRoutingKernel(const uint4* __restrict__ x, uint4* __restrict__ input, int64_t vectors,
+                       const int32_t* __restrict__ expert_ids, const float* __restrict__ weights,
                        int64_t slots, const int32_t* __restrict__ owner, int num_experts,
-                       RoutingSplit split) {
+                       RoutingSplit split, GridSignal signal) {
+  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < vectors;
+       i += int64_t{gridDim.x} * kThreads) {
+    input[i] = x[i];
+  }
   for (int64_t s = int64_t{blockIdx.x} * kThreads + threadIdx.x; s < slots;
        s += int64_t{gridDim.x} * kThreads) {
     const int32_t e = expert_ids[s];
@@ -26,6 +34,7 @@ __global__ void __launch_bounds__(kThreads)
       split.weights[i][s] = mine ? weight : 0.0f;
     }
   }
+  SignalGridDone(signal);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -40,17 +49,34 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-cudaError_t LaunchSplitRouting(const int32_t* expert_ids, const float* weights, int64_t n,
-                               int top_k, const int32_t* owner, int num_experts,
-                               const RoutingSplit& split, cudaStream_t stream) {
+cudaError_t LaunchSplitRouting(const SplitInput& in, const int32_t* expert_ids,
+                               const float* weights, int64_t n, int top_k, const int32_t* owner,
+                               int num_experts, const RoutingSplit& split, const GridSignal& signal,
+                               cudaStream_t stream) {
+  // The copy moves 16-byte vectors: both buffers are allocations (256-byte aligned) and a
+  // hidden size that is a multiple of 8 keeps every row whole.
+  const bool aligned = reinterpret_cast<uintptr_t>(in.x) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(in.input) % 16 == 0 && in.hidden % 8 == 0;
   if (n < 0 || top_k <= 0 || num_experts <= 0 || split.count < 0 ||
-      split.count > kMaxSplitTargets) {
+      split.count > kMaxSplitTargets || signal.count < 0 || signal.count > kMaxSignalFlags ||
+      (signal.count > 0 && signal.done == nullptr) || (n > 0 && !aligned)) {
     return cudaErrorInvalidValue;
   }
   const int64_t slots = n * top_k;
-  if (slots == 0 || split.count == 0) return cudaSuccess;
-  SplitRoutingKernel<<<GridFor(slots), kThreads, 0, stream>>>(expert_ids, weights, slots, owner,
-                                                              num_experts, split);
+  const int64_t vectors = n * in.hidden / 8;
+  if (slots == 0 && signal.count == 0) return cudaSuccess;
+  SplitRoutingKernel<<<GridFor(std::max(slots, vectors)), kThreads, 0, stream>>>(
+      reinterpret_cast<const uint4*>(in.x), reinterpret_cast<uint4*>(in.input), vectors, expert_ids,
+      weights, slots, owner, num_experts, split, signal);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSignal(const GridSignal& signal, cudaStream_t stream) {
+  if (signal.count <= 0 || signal.count > kMaxSignalFlags || signal.done == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  SplitRoutingKernel<<<1, kThreads, 0, stream>>>(nullptr, nullptr, 0, nullptr, nullptr, 0, nullptr,
+                                                 0, RoutingSplit(), signal);
   return cudaGetLastError();
 }
 

@@ -5,6 +5,7 @@
 #define STRATA_COMMON_BACKEND_CUDA_EXPERT_SPLIT_KERNELS_H_
 
 #include "common/backend/cuda/cuda_types.h"
+#include "common/backend/cuda/grid_signal.h"
 
 namespace strata::gpu {
 
@@ -18,12 +19,24 @@ struct RoutingSplit {
   float* weights[kMaxSplitTargets] = {};
 };
 
-// For every target i and slot s of [n, top_k]: ids[i][s] = expert_ids[s] and weights[i][s] =
-// weights[s] when owner[expert_ids[s]] == worker[i], else -1 and 0. `owner` has num_experts
-// entries; ids outside [0, num_experts) go to no worker.
-cudaError_t LaunchSplitRouting(const int32_t* expert_ids, const float* weights, int64_t n,
-                               int top_k, const int32_t* owner, int num_experts,
-                               const RoutingSplit& split, cudaStream_t stream);
+// The layer's input for the workers: x ([n, hidden] bf16) copied to `input`.
+struct SplitInput {
+  const bf16* x = nullptr;
+  bf16* input = nullptr;
+  int64_t hidden = 0;
+};
+
+// Copies the input, and for every target i and slot s of [n, top_k]: ids[i][s] =
+// expert_ids[s] and weights[i][s] = weights[s] when owner[expert_ids[s]] == worker[i], else -1
+// and 0. `owner` has num_experts entries; ids outside [0, num_experts) go to no worker. Then
+// `signal` (the workers' input flags) once all of it is visible.
+cudaError_t LaunchSplitRouting(const SplitInput& in, const int32_t* expert_ids,
+                               const float* weights, int64_t n, int top_k, const int32_t* owner,
+                               int num_experts, const RoutingSplit& split, const GridSignal& signal,
+                               cudaStream_t stream);
+
+// Only `signal`, as a split with nothing to copy or split raises it.
+cudaError_t LaunchSignal(const GridSignal& signal, cudaStream_t stream);
 
 // The workers' partial sums, up to kMaxSplitTargets of them.
 struct PartialSet {

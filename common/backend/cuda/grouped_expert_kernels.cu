@@ -1,4 +1,5 @@
 #include "common/backend/cuda/gemv_core.cuh"
+#include "common/backend/cuda/grid_signal.cuh"
 #include "common/backend/cuda/grouped_expert_kernels.h"
 
 namespace strata::gpu {
@@ -256,7 +257,8 @@ template <typename WT, int kE>
 __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<1, WT>)
     ExpertDownCombineKernel(const int32_t* __restrict__ expert_ids,
                             const float* __restrict__ weights, int top_k, ExpertWeightTable w,
-                            const bf16* __restrict__ h, bf16* __restrict__ out, int num_parts) {
+                            const bf16* __restrict__ h, bf16* __restrict__ out, int num_parts,
+                            GridSignal signal) {
   constexpr int kMaxBlockRows = kGemvThreads / kWarpSize * kDownRows;
   __shared__ float red[kGemvThreads / kWarpSize * kDownRows];
   __shared__ const WT* base[kMaxDirectSlots];
@@ -344,13 +346,14 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<1, WT>)
     }
     out[o] = __float2bfloat16(v);
   });
+  SignalGridDone(signal);
 }
 
 // One block per token: the weighted sum of its valid slots, in slot order.
 __global__ void __launch_bounds__(256)
     ExpertCombineKernel(const int32_t* __restrict__ expert_ids, const float* __restrict__ weights,
                         int top_k, int num_experts, int64_t hidden, const float* __restrict__ y,
-                        bf16* __restrict__ out) {
+                        bf16* __restrict__ out, GridSignal signal) {
   const int64_t t = blockIdx.x;
   for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
     float sum = 0.0f;
@@ -360,6 +363,7 @@ __global__ void __launch_bounds__(256)
     }
     out[t * hidden + j] = __float2bfloat16(sum);
   }
+  SignalGridDone(signal);
 }
 
 bool ValidTable(const ExpertWeightTable& w) {
@@ -417,7 +421,7 @@ cudaError_t GateUpDirect(const bf16* x, const int32_t* expert_ids, int top_k,
 template <typename WT, int kE>
 cudaError_t DownCombineDirect(const int32_t* expert_ids, const float* weights, int top_k,
                               const ExpertWeightTable& w, const ExpertWorkspace& ws, bf16* out,
-                              cudaStream_t stream, int parts = 0) {
+                              const GridSignal& signal, cudaStream_t stream, int parts = 0) {
   // 128 threads per pair of rows: 4 rows a block, 512 blocks for hidden 2048 (about 4 per
   // SM, all resident at once); each thread streams top_k * inter / kE / 128 chunks of both
   // rows (6 for Qwen3's 8 x 768 in bf16).
@@ -426,7 +430,7 @@ cudaError_t DownCombineDirect(const int32_t* expert_ids, const float* weights, i
   const int64_t blocks = (w.hidden + rows_per_block - 1) / rows_per_block;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   ExpertDownCombineKernel<WT, kE><<<static_cast<unsigned>(blocks), kGemvThreads, 0, stream>>>(
-      expert_ids, weights, top_k, w, ws.h, out, parts);
+      expert_ids, weights, top_k, w, ws.h, out, parts, signal);
   return cudaGetLastError();
 }
 
@@ -523,18 +527,23 @@ cudaError_t LaunchExpertDown(int64_t n, int top_k, const ExpertWeightTable& expe
 
 cudaError_t LaunchExpertCombine(const int32_t* expert_ids, const float* weights, int64_t n,
                                 int top_k, int num_experts, int64_t hidden,
-                                const ExpertWorkspace& ws, bf16* out, cudaStream_t stream) {
+                                const ExpertWorkspace& ws, bf16* out, cudaStream_t stream,
+                                const GridSignal& signal) {
   if (n < 0 || top_k <= 0 || hidden <= 0 || n > 0x7fffffff) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  ExpertCombineKernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(expert_ids, weights, top_k,
-                                                                    num_experts, hidden, ws.y, out);
+  ExpertCombineKernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(
+      expert_ids, weights, top_k, num_experts, hidden, ws.y, out, signal);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchGroupedExperts(const bf16* x, const int32_t* expert_ids, const float* weights,
                                  int64_t n, int top_k, const ExpertWeightTable& experts,
                                  const GluParams& act, const ExpertWorkspace& ws, bf16* out,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, const GridSignal& signal) {
+  if (signal.count < 0 || signal.count > kMaxSignalFlags ||
+      (signal.count > 0 && (signal.done == nullptr || n == 0))) {
+    return cudaErrorInvalidValue;
+  }
   if (n == 0) return cudaSuccess;
   if (n == 1 && top_k > 0 && top_k <= kMaxDirectSlots && ValidTable(experts)) {
     // Decode: each selected expert is one work item, so no plan; no y, no combine launch.
@@ -542,7 +551,8 @@ cudaError_t LaunchGroupedExperts(const bf16* x, const int32_t* expert_ids, const
     return Dispatch(1, experts, aligned, [&]<typename WT, int kE, int>() {
       cudaError_t err = GateUpDirect<WT, kE>(x, expert_ids, top_k, experts, act, ws, stream);
       if (err == cudaSuccess) {
-        err = DownCombineDirect<WT, kE>(expert_ids, weights, top_k, experts, ws, out, stream);
+        err =
+            DownCombineDirect<WT, kE>(expert_ids, weights, top_k, experts, ws, out, signal, stream);
       }
       return err;
     });
@@ -552,7 +562,7 @@ cudaError_t LaunchGroupedExperts(const bf16* x, const int32_t* expert_ids, const
   if (err == cudaSuccess) err = LaunchExpertDown(n, top_k, experts, ws, stream);
   if (err == cudaSuccess) {
     err = LaunchExpertCombine(expert_ids, weights, n, top_k, experts.num_experts, experts.hidden,
-                              ws, out, stream);
+                              ws, out, stream, signal);
   }
   return err;
 }

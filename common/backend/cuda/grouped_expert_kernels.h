@@ -11,6 +11,7 @@
 #include <cstddef>
 
 #include "common/backend/cuda/cuda_types.h"
+#include "common/backend/cuda/grid_signal.h"
 
 namespace strata::gpu {
 
@@ -70,16 +71,17 @@ cudaError_t LaunchExpertGateUp(const bf16* x, int64_t n, int top_k,
                                const ExpertWorkspace& ws, cudaStream_t stream);
 cudaError_t LaunchExpertDown(int64_t n, int top_k, const ExpertWeightTable& experts,
                              const ExpertWorkspace& ws, cudaStream_t stream);
-// out: [n, hidden] bf16; tokens with no valid slot get zeros.
+// out: [n, hidden] bf16; tokens with no valid slot get zeros. `signal` once out is written.
 cudaError_t LaunchExpertCombine(const int32_t* expert_ids, const float* weights, int64_t n,
                                 int top_k, int num_experts, int64_t hidden,
-                                const ExpertWorkspace& ws, bf16* out, cudaStream_t stream);
+                                const ExpertWorkspace& ws, bf16* out, cudaStream_t stream,
+                                const GridSignal& signal = {});
 
-// The four stages in order.
+// The four stages in order (two for one token); the last raises `signal` once out is written.
 cudaError_t LaunchGroupedExperts(const bf16* x, const int32_t* expert_ids, const float* weights,
                                  int64_t n, int top_k, const ExpertWeightTable& experts,
                                  const GluParams& act, const ExpertWorkspace& ws, bf16* out,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, const GridSignal& signal = {});
 
 }  // namespace strata::gpu
 

@@ -58,8 +58,9 @@ CUstream Stream(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
 absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value) {
   const DriverApi& d = Driver();
   if (!d.ok) return Unavailable();
-  return DriverStatus(d.wait_value32(Stream(stream), Address(flag), value, CU_STREAM_WAIT_VALUE_EQ),
-                      "cuStreamWaitValue32");
+  return DriverStatus(
+      d.wait_value32(Stream(stream), Address(flag), value, CU_STREAM_WAIT_VALUE_GEQ),
+      "cuStreamWaitValue32");
 }
 
 absl::Status WriteFlag(cudaStream_t stream, uint32_t* flag, uint32_t value) {

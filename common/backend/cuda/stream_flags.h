@@ -13,7 +13,8 @@
 
 namespace strata::gpu {
 
-// Work queued on `stream` after this waits until *flag == value.
+// Work queued on `stream` after this waits until *flag >= value (a flag released for good, see
+// kFlagReleased, passes every wait).
 absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value);
 
 // Sets *flag = value once the work queued before it on `stream` is done and its writes are

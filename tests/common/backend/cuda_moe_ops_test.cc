@@ -1,5 +1,6 @@
 // The MoE kernels against the CPU reference: gate scoring and top-k, grouped experts (bf16 and
-// FP8, SwiGLU and gpt-oss's clamped SwiGLU with biases and strided checkpoint layout).
+// FP8, SwiGLU and gpt-oss's clamped SwiGLU with biases and strided checkpoint layout), and the
+// router's split of a layer among CUDA IPC workers.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_kernels.h"
 #include "common/backend/cuda/expert_repack.h"
+#include "common/backend/cuda/expert_split_kernels.h"
 #include "common/backend/cuda/fp8_quant.h"
 #include "common/backend/cuda/grouped_expert_kernels.h"
 #include "common/backend/cuda/moe_gate_kernels.h"
@@ -283,11 +285,19 @@ class GroupedExpertTest : public CudaOpsTest {
       // 4.3% from the bf16 result for random weights, measured on the host.
       ExpectClose("grouped experts fp8 vs bf16", shape, out, reference(bf16_ffn), 6e-2);
     }
-    // Deterministic: a second run gives the same bits.
+    // Deterministic: a second run gives the same bits, this time with a signal as a worker's
+    // replayed step has: its last kernel lowers one flag and raises the other.
+    uint32_t* d_flags = Put(std::vector<uint32_t>{1, 0, 0});  // clear, raise, blocks done
+    gpu::GridSignal signal;
+    signal.count = 1;
+    signal.clear[0] = d_flags;
+    signal.raise[0] = d_flags + 1;
+    signal.done = d_flags + 2;
     LAUNCH_OK(gpu::LaunchGroupedExperts(AsBf16(d_x), d_ids, d_weights, n, c.top_k, table, act, ws,
-                                        AsBf16(d_out), stream()));
+                                        AsBf16(d_out), stream(), signal));
     const std::vector<float> again = GetBf16(AsBf16(d_out), n * h);
     EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * sizeof(float)), 0) << shape;
+    EXPECT_EQ(Get(d_flags, 3), (std::vector<uint32_t>{0, 1, 0})) << shape;
   }
 };
 
@@ -333,6 +343,59 @@ TEST_F(CudaOpsTest, RepackGptOssLayout) {
   }
   RecordResult("repack strided -> row-major", "mismatches", static_cast<double>(mismatches), 0.0);
   EXPECT_EQ(mismatches, 0);
+}
+
+TEST_F(CudaOpsTest, SplitRoutingCopiesInputAndSignals) {
+  const int64_t n = 5, h = 64;
+  const int k = 4, experts = 16;
+  std::vector<int32_t> ids(n * k);
+  for (int32_t& e : ids) e = RandomInt(-1, experts);  // -1 and `experts` go to no worker
+  const std::vector<float> weights = RandomFloats(n * k);
+  std::vector<int32_t> owner(experts);
+  for (int32_t& o : owner) o = RandomInt(0, 2);  // worker 2 is not among the targets
+  const std::vector<uint16_t> x = RandomBf16(n * h);
+  const uint16_t* d_x = Put(x);
+  uint16_t* d_input = Poisoned<uint16_t>(n * h);
+  const int32_t* d_ids = Put(ids);
+  const float* d_weights = Put(weights);
+  const int32_t* d_owner = Put(owner);
+  gpu::RoutingSplit split;
+  gpu::GridSignal signal;
+  // Per target: [clear, raise]; then the blocks-done counter. The second target's flag was
+  // released for good (its worker is gone): lowering leaves it up.
+  uint32_t* d_flags = Put(std::vector<uint32_t>{1, 0, gpu::kFlagReleased, 0, 0});
+  for (int w = 0; w < 2; ++w) {
+    split.worker[w] = w;
+    split.ids[w] = Poisoned<int32_t>(n * k);
+    split.weights[w] = Poisoned<float>(n * k);
+    signal.clear[w] = d_flags + 2 * w;
+    signal.raise[w] = d_flags + 2 * w + 1;
+  }
+  split.count = signal.count = 2;
+  signal.done = d_flags + 4;
+  ASSERT_FALSE(HasFailure());
+  LAUNCH_OK(gpu::LaunchSplitRouting({AsBf16(d_x), AsBf16(d_input), h}, d_ids, d_weights, n, k,
+                                    d_owner, experts, split, signal, stream()));
+  EXPECT_EQ(Get(d_input, n * h), x);
+  for (int w = 0; w < 2; ++w) {
+    const std::vector<int32_t> got_ids = Get(split.ids[w], n * k);
+    const std::vector<float> got_weights = Get(split.weights[w], n * k);
+    for (int64_t s = 0; s < n * k; ++s) {
+      const bool mine = ids[s] >= 0 && ids[s] < experts && owner[ids[s]] == w;
+      EXPECT_EQ(got_ids[s], mine ? ids[s] : -1) << "worker " << w << " slot " << s;
+      EXPECT_EQ(got_weights[s], mine ? weights[s] : 0.0f) << "worker " << w << " slot " << s;
+    }
+  }
+  EXPECT_EQ(Get(d_flags, 5), (std::vector<uint32_t>{0, 1, gpu::kFlagReleased, 1, 0}));
+
+  // The signal alone (a run-out step): the raised flag goes down again, the other goes up.
+  gpu::GridSignal alone;
+  alone.count = 1;
+  alone.clear[0] = d_flags + 1;
+  alone.raise[0] = d_flags;
+  alone.done = d_flags + 4;
+  LAUNCH_OK(gpu::LaunchSignal(alone, stream()));
+  EXPECT_EQ(Get(d_flags, 5), (std::vector<uint32_t>{1, 0, gpu::kFlagReleased, 1, 0}));
 }
 
 }  // namespace

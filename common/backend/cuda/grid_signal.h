@@ -1,0 +1,31 @@
+// Flags a kernel raises once all of its blocks are done: the hand-over between the router's and
+// a worker's streams (stream_flags.h waits on them) folded into the kernels on either side of
+// it, instead of separate flag operations each on the GPU's critical path.
+#ifndef STRATA_COMMON_BACKEND_CUDA_GRID_SIGNAL_H_
+#define STRATA_COMMON_BACKEND_CUDA_GRID_SIGNAL_H_
+
+#include <cstdint>
+
+namespace strata::gpu {
+
+inline constexpr int kMaxSignalFlags = 16;
+
+// A flag value that stays up: lowering (below) only takes a flag from 1 to 0. Set from the
+// host side when the process that should raise a flag is gone, so that its waiter passes
+// however often the flag is lowered and waited on again.
+inline constexpr uint32_t kFlagReleased = 2;
+
+// When the kernel's last block finishes, after every block's writes are visible to other
+// processes and GPUs: each clear[i] that is 1 is set to 0, then each raise[i] to 1. `done`
+// counts the finished blocks; it must be 0 before the launch and is 0 again after it. count 0:
+// no signal.
+struct GridSignal {
+  int count = 0;
+  uint32_t* clear[kMaxSignalFlags] = {};
+  uint32_t* raise[kMaxSignalFlags] = {};
+  uint32_t* done = nullptr;
+};
+
+}  // namespace strata::gpu
+
+#endif  // STRATA_COMMON_BACKEND_CUDA_GRID_SIGNAL_H_
