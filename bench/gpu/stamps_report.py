@@ -6,9 +6,9 @@ STRATA_GPU_CLOCK_STAMPS=DIR (DIR/router.txt, DIR/worker-0.txt; see gpu::ClockSta
 prints the median microseconds of each phase of a MoE layer and of the gap between steps:
   router   the router's own work between two layers' hand-overs (combine, attention, gate)
   send     input copy, routing split and raising the input flag
-  to-w     until the worker's stream has seen the flag (and cleared it)
+  to-w     until the worker's stream has seen the flag
   experts  the worker's expert kernels
-  to-r     raising the output flag until the router's stream has seen it (and cleared it)
+  to-r     from the worker's experts until the router's stream has seen the output flag
   step gap last layer's hand-over to the next step's first (lm_head, sampling on the host,
            the next step's messages and launches, the first layer's attention)
 Each stamp is itself a small kernel on the path: phases read a microsecond or two high.

@@ -147,10 +147,10 @@ absl::StatusOr<const float*> DecodeGraphs::Replay(absl::Span<const int32_t> ids,
   }
   const absl::Status started = experts_.AwaitGraphStep();
   const cudaError_t synced = cudaStreamSynchronize(stream);
+  const absl::Status finished = experts_.FinishStep();  // also when the replay failed
   if (synced != cudaSuccess) {
     return absl::InternalError(absl::StrCat("decode graph replay: ", cudaGetErrorString(synced)));
   }
-  const absl::Status finished = experts_.FinishStep();
   if (!started.ok()) return started;
   RETURN_IF_ERROR(finished);
   return router_.decode_logits();

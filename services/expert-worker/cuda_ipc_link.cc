@@ -81,8 +81,8 @@ class CudaIpcLinkImpl : public CudaIpcLink {
     std::string key = absl::StrCat(r.num_tokens, ":", r.top_k, ":");
     key.append(reinterpret_cast<const char*>(r.layers.data()), r.layers.size() * sizeof(int32_t));
     cudaStream_t stream = experts_.context()->stream();
-    // The router waited for the last step's output flags: that step is done but for its
-    // last flag write.
+    // The router waited for the last step's output flags: that step is done, and the
+    // synchronizing flush waits for nothing more.
     if (stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Flush(stream));
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {

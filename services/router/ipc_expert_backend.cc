@@ -99,11 +99,13 @@ void IpcExpertBackend::ReleaseIfLost(CudaIpcConnection& link) {
   if (link.graph_awaited_.load() && !link.Alive()) {
     // A replayed step waits on output flags this worker will never raise: release them all
     // for good (the split kernel's lowering leaves kFlagReleased up) and run the step again.
+    // The step is marked lost before its stream can go on: FinishStep must not see it done
+    // and not lost.
+    lost_.store(true);
     const size_t layers = static_cast<size_t>(config().num_layers);
     if (gpu::FillFlags(release_stream_, link.flags_.data() + layers, gpu::kFlagReleased, layers)
             .ok()) {
       link.graph_awaited_.store(false);
-      lost_.store(true);
       Log(LogLevel::kWarning,
           "an expert worker died during a replayed step; the step runs again without it");
     }
@@ -117,10 +119,11 @@ void IpcExpertBackend::ReleaseIfLost(CudaIpcConnection& link) {
     return;
   }
   // Its record will never run. A record here completes at once and releases the waiting
-  // stream; what that stream computed meanwhile is wrong, so the step runs again.
+  // stream; what that stream computed meanwhile is wrong, so the step runs again (marked
+  // first, as above).
+  lost_.store(true);
   cudaEventRecord(link.output_ready_, release_stream_);
   link.awaited_.store(false);
-  lost_.store(true);
   Log(LogLevel::kWarning,
       "an expert worker died with its GPU work queued; the step runs again without it");
 }
@@ -131,24 +134,34 @@ absl::Status IpcExpertBackend::StampClocks(const std::string& path) {
 }
 
 absl::Status IpcExpertBackend::FinishStep() {
-  if (stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Flush(context_->stream()));
   for (const std::shared_ptr<ExpertConnection>& connection : Connections()) {
     auto* link = dynamic_cast<CudaIpcConnection*>(connection.get());
     if (link != nullptr) link->graph_awaited_.store(false);
   }
+  absl::Status status;
   if (!reset_flags_.empty()) {
-    // Workers that failed to start a replayed step, now over: none of their flags may stay up.
+    // Workers that failed to start a replayed step, now over: none of their flags may stay up
+    // (a released output flag would let the next replay pass its wait at once).
     const size_t bytes = 2 * static_cast<size_t>(config().num_layers) * sizeof(uint32_t);
     for (const std::shared_ptr<ExpertConnection>& connection : reset_flags_) {
       auto* link = static_cast<CudaIpcConnection*>(connection.get());
-      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(link->flags_.data(), 0, bytes, release_stream_));
+      const cudaError_t reset = cudaMemsetAsync(link->flags_.data(), 0, bytes, release_stream_);
+      if (reset != cudaSuccess && status.ok()) {
+        status = gpu::CudaStatus(reset, "cudaMemsetAsync", __FILE__, __LINE__);
+      }
     }
     reset_flags_.clear();
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(release_stream_));
+    const cudaError_t synced = cudaStreamSynchronize(release_stream_);
+    if (synced != cudaSuccess && status.ok()) {
+      status = gpu::CudaStatus(synced, "cudaStreamSynchronize", __FILE__, __LINE__);
+    }
   }
   if (lost_.exchange(false)) {
     return absl::AbortedError("an expert worker died with this step's GPU work queued");
   }
+  RETURN_IF_ERROR(status);
+  // Profiling last: nothing above may be skipped by its failure.
+  if (stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Flush(context_->stream()));
   return absl::OkStatus();
 }
 
@@ -332,6 +345,10 @@ absl::Status IpcExpertBackend::RunOut(const std::vector<int>& started) {
   if (status.ok() && synced != cudaSuccess) {
     status = gpu::CudaStatus(synced, "cudaStreamSynchronize", __FILE__, __LINE__);
   }
+  // Run out: a worker that exits now costs no step.
+  for (int w : started) {
+    static_cast<CudaIpcConnection*>(graph_connections_[w].get())->graph_awaited_.store(false);
+  }
   return status;
 }
 
@@ -421,6 +438,7 @@ absl::Status IpcExpertBackend::Exchange(
   if (capturing && stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Mark(stream, 3 * layer));
   const size_t layers = static_cast<size_t>(c.num_layers);
   gpu::RoutingSplit split;
+  static_assert(gpu::kMaxSplitTargets <= gpu::kMaxSignalFlags, "a flag pair per split target");
   gpu::GridSignal signal;  // a captured step: the kernel raises the workers' input flags
   for (int w : workers) {
     split.worker[split.count] = w;

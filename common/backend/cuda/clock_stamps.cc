@@ -51,7 +51,10 @@ absl::Status ClockStamps::Flush(cudaStream_t stream) {
     any = true;
     std::fprintf(file_, " %zu:%" PRIu64, i, host_[i]);
   }
-  if (any) std::fputc('\n', file_);
+  if (any) {
+    std::fputc('\n', file_);
+    std::fflush(file_);  // a killed process keeps what it stamped
+  }
   ++step_;
   return absl::OkStatus();
 }

@@ -58,8 +58,8 @@ cudaError_t LaunchSplitRouting(const SplitInput& in, const int32_t* expert_ids,
   const bool aligned = reinterpret_cast<uintptr_t>(in.x) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(in.input) % 16 == 0 && in.hidden % 8 == 0;
   if (n < 0 || top_k <= 0 || num_experts <= 0 || split.count < 0 ||
-      split.count > kMaxSplitTargets || signal.count < 0 || signal.count > kMaxSignalFlags ||
-      (signal.count > 0 && signal.done == nullptr) || (n > 0 && !aligned)) {
+      split.count > kMaxSplitTargets || !ValidSignal(signal) ||
+      (n > 0 && (in.x == nullptr || in.input == nullptr || in.hidden <= 0 || !aligned))) {
     return cudaErrorInvalidValue;
   }
   const int64_t slots = n * top_k;
@@ -72,9 +72,7 @@ cudaError_t LaunchSplitRouting(const SplitInput& in, const int32_t* expert_ids,
 }
 
 cudaError_t LaunchSignal(const GridSignal& signal, cudaStream_t stream) {
-  if (signal.count <= 0 || signal.count > kMaxSignalFlags || signal.done == nullptr) {
-    return cudaErrorInvalidValue;
-  }
+  if (signal.count == 0 || !ValidSignal(signal)) return cudaErrorInvalidValue;
   SplitRoutingKernel<<<1, kThreads, 0, stream>>>(nullptr, nullptr, 0, nullptr, nullptr, 0, nullptr,
                                                  0, RoutingSplit(), signal);
   return cudaGetLastError();

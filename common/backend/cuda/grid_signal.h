@@ -26,6 +26,17 @@ struct GridSignal {
   uint32_t* done = nullptr;
 };
 
+// What a launch taking a signal checks first: the count in range and every pointer it uses set.
+inline bool ValidSignal(const GridSignal& s) {
+  if (s.count < 0 || s.count > kMaxSignalFlags) return false;
+  if (s.count == 0) return true;
+  if (s.done == nullptr) return false;
+  for (int i = 0; i < s.count; ++i) {
+    if (s.clear[i] == nullptr || s.raise[i] == nullptr) return false;
+  }
+  return true;
+}
+
 }  // namespace strata::gpu
 
 #endif  // STRATA_COMMON_BACKEND_CUDA_GRID_SIGNAL_H_

@@ -529,7 +529,10 @@ cudaError_t LaunchExpertCombine(const int32_t* expert_ids, const float* weights,
                                 int top_k, int num_experts, int64_t hidden,
                                 const ExpertWorkspace& ws, bf16* out, cudaStream_t stream,
                                 const GridSignal& signal) {
-  if (n < 0 || top_k <= 0 || hidden <= 0 || n > 0x7fffffff) return cudaErrorInvalidValue;
+  if (n < 0 || top_k <= 0 || hidden <= 0 || n > 0x7fffffff || !ValidSignal(signal) ||
+      (signal.count > 0 && n == 0)) {
+    return cudaErrorInvalidValue;
+  }
   if (n == 0) return cudaSuccess;
   ExpertCombineKernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(
       expert_ids, weights, top_k, num_experts, hidden, ws.y, out, signal);
@@ -540,10 +543,7 @@ cudaError_t LaunchGroupedExperts(const bf16* x, const int32_t* expert_ids, const
                                  int64_t n, int top_k, const ExpertWeightTable& experts,
                                  const GluParams& act, const ExpertWorkspace& ws, bf16* out,
                                  cudaStream_t stream, const GridSignal& signal) {
-  if (signal.count < 0 || signal.count > kMaxSignalFlags ||
-      (signal.count > 0 && (signal.done == nullptr || n == 0))) {
-    return cudaErrorInvalidValue;
-  }
+  if (!ValidSignal(signal) || (signal.count > 0 && n == 0)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (n == 1 && top_k > 0 && top_k <= kMaxDirectSlots && ValidTable(experts)) {
     // Decode: each selected expert is one work item, so no plan; no y, no combine launch.
