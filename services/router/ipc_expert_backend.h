@@ -13,11 +13,12 @@
 // captured step each layer's routing split kernel also copies the input and, once done, raises
 // the workers' input flags (a flag buffer shared like the others); the router's stream waits
 // for their output flags (a stream memory operation), which each worker's last expert kernel
-// raises after clearing its input flag. The signalling adds no operation of its own to the
-// GPU's path but the wait. BeginGraphStep sends each worker one kDeviceStep message with its
-// layers, which replays the worker's own graph of flag waits and expert runs; the router
-// launches its own replay before it collects the answers (AwaitGraphStep), so that the
-// workers' wake-up and launches overlap its own.
+// raises after clearing its input flag (a worker on another GPU does so with atomics through
+// its peer mapping: the GPUs need native peer atomics, as NVLink has). The signalling adds no
+// operation of its own to the GPU's path but the wait. BeginGraphStep sends each worker one
+// kDeviceStep message with its layers, which replays the worker's own graph of flag waits and
+// expert runs; the router launches its own replay before it collects the answers (AwaitGraphStep),
+// so that the workers' wake-up and launches overlap its own.
 //
 // A worker that dies before answering costs its layer, which runs again on the others (as
 // RemoteExpertBackend does). One that dies after answering leaves the router's stream
