@@ -3,7 +3,7 @@
 #define STRATA_SERVICES_ROUTER_ADMIN_SERVICE_H_
 
 #include "common/engine/forward_pass.h"
-#include "services/router/hot_ratio.h"
+#include "common/placement/hot_ratio.h"
 #include "services/router/remote_expert_backend.h"
 #include "services/router/scheduler.h"
 #include "strata/v1/cluster.grpc.pb.h"

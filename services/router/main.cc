@@ -86,13 +86,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.hot_ratio_policy = *policy;
-  if (const std::string ratio = absl::GetFlag(FLAGS_hot_ratio); ratio != "auto") {
-    if (!absl::SimpleAtof(ratio, &options.hot_ratio) || !(options.hot_ratio >= 0.0f) ||
-        options.hot_ratio > 1.0f) {
-      std::cerr << "strata-router: --hot-ratio must be auto or a number in [0, 1]\n";
-      return 2;
-    }
+  const auto ratio = strata::ParseHotRatio(absl::GetFlag(FLAGS_hot_ratio));
+  if (!ratio.ok()) {
+    std::cerr << "strata-router: --hot-ratio: " << ratio.status().message() << "\n";
+    return 2;
   }
+  if (ratio->has_value()) options.hot_ratio = **ratio;
   if (options.model_dir.empty()) {
     std::cerr << "strata-router: --model is required\n";
     return 2;

@@ -18,7 +18,7 @@
 #include "services/router/admin_service.h"
 #include "services/router/coordinator_service.h"
 #include "services/router/generation_service.h"
-#include "services/router/hot_ratio.h"
+#include "common/placement/hot_ratio.h"
 #include "services/router/remote_expert_backend.h"
 #include "services/router/scheduler.h"
 

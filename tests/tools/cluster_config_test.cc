@@ -66,6 +66,11 @@ TEST(ClusterConfigTest, TierKeys) {
   };
   EXPECT_THAT(message("hot_ratio: 1.5\n"), HasSubstr("bad value for \"hot_ratio\""));
   EXPECT_THAT(message("hot_ratio: lots\n"), HasSubstr("bad value for \"hot_ratio\""));
+  // The policy is checked at load, not when the router starts.
+  EXPECT_THAT(message("hot_ratio_policy: \"2048:0.3,512:0.5,0.2\"\n"),
+              HasSubstr("bad value for \"hot_ratio_policy\""));
+  EXPECT_THAT(message("hot_ratio_policy: \"512:1.5,0.2\"\n"),
+              HasSubstr("bad value for \"hot_ratio_policy\""));
   EXPECT_THAT(message("gpu_memory_budget: 24 parsecs\n"),
               HasSubstr("bad value for \"gpu_memory_budget\""));
   EXPECT_THAT(message("cache_policy: mru\n"), HasSubstr("bad value for \"cache_policy\""));

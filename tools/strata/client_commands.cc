@@ -2,8 +2,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <optional>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/placement/hot_ratio.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "strata/v1/cluster.grpc.pb.h"
@@ -73,13 +76,14 @@ absl::Status RunStats(const std::string& server, std::ostream& out) {
 absl::Status RunSetHotRatio(const std::string& server, const std::string& value,
                             std::ostream& out) {
   v1::SetHotRatioRequest request;
-  float ratio = 0;
-  if (value == "auto") {
-    request.set_automatic(true);
-  } else if (absl::SimpleAtof(value, &ratio) && ratio >= 0.0f && ratio <= 1.0f) {
-    request.set_hot_ratio(ratio);
+  const absl::StatusOr<std::optional<float>> ratio = ParseHotRatio(value);
+  if (!ratio.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--hot-ratio: ", ratio.status().message()));
+  }
+  if (ratio->has_value()) {
+    request.set_hot_ratio(**ratio);
   } else {
-    return absl::InvalidArgumentError("--hot-ratio must be auto or a number in [0, 1]");
+    request.set_automatic(true);
   }
   auto stub = v1::Admin::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/engine/decode_graphs.h"
 #include "common/engine/model_stack.h"
+#include "common/placement/hot_ratio.h"
 #include "common/util/byte_size.h"
 
 namespace strata {
@@ -16,10 +17,8 @@ namespace {
 
 bool ValidDevice(const std::string& v) { return ParseDevice(v).ok(); }
 
-bool ValidHotRatio(const std::string& v) {
-  float ratio = 0;
-  return v == "auto" || (absl::SimpleAtof(v, &ratio) && ratio >= 0.0f && ratio <= 1.0f);
-}
+bool ValidHotRatio(const std::string& v) { return ParseHotRatio(v).ok(); }
+bool ValidHotRatioPolicy(const std::string& v) { return HotRatioPolicy::Parse(v).ok(); }
 
 // Each known key (dotted for nested maps) and how to store its value.
 using Setter = std::function<bool(const YAML::Node&, ClusterConfig&)>;
@@ -69,8 +68,7 @@ const std::map<std::string, Setter>& Setters() {
        Set<std::string>(&ClusterConfig::gpu_memory_budget,
                         [](const std::string& v) { return ParseByteSize(v).ok(); })},
       {"hot_ratio", Set<std::string>(&ClusterConfig::hot_ratio, ValidHotRatio)},
-      {"hot_ratio_policy", Set<std::string>(&ClusterConfig::hot_ratio_policy,
-                                            [](const std::string& v) { return !v.empty(); })},
+      {"hot_ratio_policy", Set<std::string>(&ClusterConfig::hot_ratio_policy, ValidHotRatioPolicy)},
       {"cache_policy",
        Set<std::string>(&ClusterConfig::cache_policy,
                         [](const std::string& v) { return v == "lru" || v == "lfu"; })},

@@ -1,16 +1,21 @@
 // The hot ratio the router hands its workers: fixed by an operator, or set by the longest
 // context in the running batch (long contexts leave GPU memory to the KV cache).
-#ifndef STRATA_SERVICES_ROUTER_HOT_RATIO_H_
-#define STRATA_SERVICES_ROUTER_HOT_RATIO_H_
+#ifndef STRATA_COMMON_PLACEMENT_HOT_RATIO_H_
+#define STRATA_COMMON_PLACEMENT_HOT_RATIO_H_
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace strata {
+
+// A hot ratio as operators write it (flags, cluster.yaml, `strata hot-ratio`): "auto" (nullopt:
+// the policy decides) or a number in [0, 1]; anything else is InvalidArgument.
+absl::StatusOr<std::optional<float>> ParseHotRatio(const std::string& text);
 
 // Steps by context length: the first whose `below` exceeds the context gives the ratio; the
 // last has below == 0 and applies to every longer context.
@@ -51,4 +56,4 @@ class HotRatioControl {
 
 }  // namespace strata
 
-#endif  // STRATA_SERVICES_ROUTER_HOT_RATIO_H_
+#endif  // STRATA_COMMON_PLACEMENT_HOT_RATIO_H_

@@ -1,4 +1,4 @@
-#include "services/router/hot_ratio.h"
+#include "common/placement/hot_ratio.h"
 
 #include <cstdlib>
 
@@ -8,6 +8,16 @@
 #include "absl/strings/str_split.h"
 
 namespace strata {
+
+absl::StatusOr<std::optional<float>> ParseHotRatio(const std::string& text) {
+  if (text == "auto") return std::nullopt;
+  float ratio = 0;
+  if (!absl::SimpleAtof(text, &ratio) || !(ratio >= 0.0f && ratio <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hot ratio \"", text, "\": auto or a number in [0, 1]"));
+  }
+  return ratio;
+}
 
 float HotRatioPolicy::For(int64_t context_tokens) const {
   for (const Step& step : steps) {

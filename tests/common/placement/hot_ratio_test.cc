@@ -1,5 +1,7 @@
 // The hot ratio by context length, its text form, and operator overrides.
-#include "services/router/hot_ratio.h"
+#include "common/placement/hot_ratio.h"
+
+#include <utility>
 
 #include "gtest/gtest.h"
 
@@ -15,6 +17,22 @@ TEST(HotRatioPolicyTest, DefaultIsTheDesignTable) {
   EXPECT_FLOAT_EQ(policy.For(2048), 0.20f);
   EXPECT_FLOAT_EQ(policy.For(1 << 20), 0.20f);
   EXPECT_EQ(policy.ToString(), "512:0.35,2048:0.28,0.2");
+}
+
+TEST(HotRatioTest, ParsesAutoOrAFraction) {
+  const auto automatic = ParseHotRatio("auto");
+  ASSERT_TRUE(automatic.ok());
+  EXPECT_FALSE(automatic->has_value());
+  for (const auto& [text, value] : {std::pair{"0", 0.0f}, {"0.35", 0.35f}, {"1", 1.0f}}) {
+    const auto r = ParseHotRatio(text);
+    ASSERT_TRUE(r.ok() && r->has_value()) << text;
+    EXPECT_FLOAT_EQ(**r, value);
+  }
+  for (const char* bad : {"", "Auto", "-0.1", "1.01", "nan", "0.3x", "lots"}) {
+    const auto r = ParseHotRatio(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
 }
 
 TEST(HotRatioPolicyTest, ParsesAndRejects) {
