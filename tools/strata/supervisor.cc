@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -30,6 +32,7 @@ struct Child {
   std::vector<std::string> argv;
   pid_t pid = -1;
   int stdout_fd = -1;
+  std::string unread;  // read from stdout_fd, not yet taken as lines
   absl::Time started;
   int restarts = 0;
 };
@@ -41,7 +44,12 @@ absl::Status Spawn(Child& child) {
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
-  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid < 0) {
+    const int error = errno;
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    return absl::InternalError(absl::StrCat("fork failed: ", std::strerror(error)));
+  }
   if (pid == 0) {
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -60,23 +68,39 @@ absl::Status Spawn(Child& child) {
   ::close(pipe_fds[1]);
   if (child.stdout_fd >= 0) ::close(child.stdout_fd);
   child.stdout_fd = pipe_fds[0];
+  child.unread.clear();
   child.pid = pid;
   child.started = absl::Now();
   return absl::OkStatus();
 }
 
+// Drops the complete lines at the front of `buffer` up to the first that starts with `prefix`
+// and returns the rest of that one; nullopt while there is none (an incomplete line stays).
+std::optional<std::string> TakeLineWithPrefix(std::string& buffer, absl::string_view prefix) {
+  size_t newline;
+  while ((newline = buffer.find('\n')) != std::string::npos) {
+    std::string line = buffer.substr(0, newline);
+    buffer.erase(0, newline + 1);
+    if (absl::StartsWith(line, prefix)) return line.substr(prefix.size());
+  }
+  return std::nullopt;
+}
+
+// One read of `child`'s stdout into child.unread; false once the child has closed it.
+bool ReadStdout(Child& child) {
+  char chunk[4096];
+  const ssize_t n = ::read(child.stdout_fd, chunk, sizeof(chunk));
+  if (n <= 0) return false;
+  child.unread.append(chunk, static_cast<size_t>(n));
+  return true;
+}
+
 // Reads `child`'s stdout until a line starting with `prefix`; returns the rest of the line.
-absl::StatusOr<std::string> AwaitLine(Child& child, const std::string& prefix,
+absl::StatusOr<std::string> AwaitLine(Child& child, absl::string_view prefix,
                                       absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  std::string buffer;
   while (true) {
-    size_t newline;
-    while ((newline = buffer.find('\n')) != std::string::npos) {
-      std::string line = buffer.substr(0, newline);
-      buffer.erase(0, newline + 1);
-      if (absl::StartsWith(line, prefix)) return line.substr(prefix.size());
-    }
+    if (std::optional<std::string> rest = TakeLineWithPrefix(child.unread, prefix)) return *rest;
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(absl::StrCat(child.name, " did not print ", prefix));
@@ -84,12 +108,16 @@ absl::StatusOr<std::string> AwaitLine(Child& child, const std::string& prefix,
     pollfd fd{child.stdout_fd, POLLIN, 0};
     const int ready = ::poll(&fd, 1, static_cast<int>(absl::ToInt64Milliseconds(left)));
     if (ready <= 0) continue;
-    char chunk[4096];
-    const ssize_t n = ::read(child.stdout_fd, chunk, sizeof(chunk));
-    if (n <= 0) {
+    if (!ReadStdout(child)) {
       return absl::UnavailableError(absl::StrCat(child.name, " exited during start-up"));
     }
-    buffer.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+// Points `child`'s --listen= at `address`: a restarted child listens where the others look.
+void SetListenAddress(Child& child, const std::string& address) {
+  for (std::string& arg : child.argv) {
+    if (absl::StartsWith(arg, "--listen=")) arg = "--listen=" + address;
   }
 }
 
@@ -173,9 +201,7 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
   DrainInBackground(cache.stdout_fd);
   // A restarted cache listens where the workers look for it and, with the same segment prefix,
   // re-attaches to the store the dead one left.
-  for (std::string& arg : cache.argv) {
-    if (absl::StartsWith(arg, "--listen=")) arg = "--listen=" + *cache_address;
-  }
+  SetListenAddress(cache, *cache_address);
 
   Child router{"strata-router",
                {options.bin_dir + "/strata-router",
@@ -205,19 +231,22 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
     Stop(cache, absl::Seconds(5));
     return router_exit;
   };
-  if (absl::Status s = Spawn(router); !s.ok()) {
-    stop_all(absl::Seconds(1));
-    return s;
-  }
+  // Every error from here on stops the whole cluster before it is returned.
+  auto fail = [&](absl::Duration router_grace, absl::Status status) {
+    stop_all(router_grace);
+    return status;
+  };
+  // Says why `child` stopped and starts it again, on the same arguments.
+  auto restart = [](Child& child, int status) {
+    StatusLine(absl::StrCat(child.name, " stopped (", Describe(status), "), restarting it"));
+    ++child.restarts;
+    return Spawn(child);
+  };
+  if (absl::Status s = Spawn(router); !s.ok()) return fail(absl::Seconds(1), s);
   auto router_address = AwaitLine(router, "LISTENING ", absl::Minutes(30));
-  if (!router_address.ok()) {
-    stop_all(absl::Seconds(1));
-    return router_address.status();
-  }
+  if (!router_address.ok()) return fail(absl::Seconds(1), router_address.status());
   // A restarted router listens where clients and workers look for it.
-  for (std::string& arg : router.argv) {
-    if (absl::StartsWith(arg, "--listen=")) arg = "--listen=" + *router_address;
-  }
+  SetListenAddress(router, *router_address);
   for (int i = 0; i < c.workers; ++i) {
     std::string device = c.device == "cuda" ? absl::StrCat("cuda:", i) : c.device;
     workers[i] = Child{
@@ -228,46 +257,36 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
          "--transport=" + c.transport, absl::StrCat("--listen=", c.host, ":0"),
          "--gpu-memory-budget=" + c.gpu_memory_budget, "--cache-policy=" + c.cache_policy,
          "--cold-experts=" + c.cold_experts, log_level}};
-    if (absl::Status s = Spawn(workers[i]); !s.ok()) {
-      stop_all(absl::Seconds(1));
-      return s;
-    }
+    if (absl::Status s = Spawn(workers[i]); !s.ok()) return fail(absl::Seconds(1), s);
     DrainInBackground(workers[i].stdout_fd);
   }
 
   // One poll loop: the router's stdout until it prints READY, and the signals (SIGCHLD too)
   // through a signalfd.
   const int signal_fd = ::signalfd(-1, &set, SFD_CLOEXEC);
-  if (signal_fd < 0) {
-    stop_all(absl::Seconds(1));
-    return absl::InternalError("signalfd failed");
-  }
+  if (signal_fd < 0) return fail(absl::Seconds(1), absl::InternalError("signalfd failed"));
+  // Closed on every way out, after the children are stopped. (SFD_CLOEXEC already keeps it
+  // from the children that are restarted: they exec.)
+  absl::Cleanup close_signal_fd = [signal_fd] { ::close(signal_fd); };
   bool ready = false;
   bool announced = false;  // READY printed (once: a restarted router only logs)
   absl::Time router_stopped;
-  std::string router_output;
-  // A restarted strata-cache: its stdout until READY (then -1), and whether it got there.
-  int cache_start_fd = -1;
+  // A restarted strata-cache: whether its stdout is watched for READY, and whether it got there.
+  bool cache_starting = false;
   bool cache_back = true;
   absl::Time cache_stopped;
-  std::string cache_output;
   while (true) {
     pollfd fds[3] = {{signal_fd, POLLIN, 0},
                      {ready ? -1 : router.stdout_fd, POLLIN, 0},
-                     {cache_start_fd, POLLIN, 0}};
+                     {cache_starting ? cache.stdout_fd : -1, POLLIN, 0}};
     if (::poll(fds, 3, 1000) < 0 && errno != EINTR) {
-      stop_all(absl::Seconds(1));
-      return absl::InternalError("poll failed");
+      return fail(absl::Seconds(1), absl::InternalError("poll failed"));
     }
     if (!ready && (fds[1].revents & (POLLIN | POLLHUP))) {
-      char chunk[4096];
-      const ssize_t n = ::read(router.stdout_fd, chunk, sizeof(chunk));
-      if (n > 0) router_output.append(chunk, static_cast<size_t>(n));
-      const size_t at = router_output.find("READY ");
-      const size_t end_of_line = router_output.find('\n', at);
-      if (at != std::string::npos && end_of_line != std::string::npos) {
+      ReadStdout(router);
+      if (std::optional<std::string> address = TakeLineWithPrefix(router.unread, "READY ")) {
         if (!announced) {
-          out << router_output.substr(at, end_of_line - at) << std::endl;
+          out << "READY " << *address << std::endl;
           announced = true;
         } else {
           StatusLine(absl::StrCat("strata-router is back, ",
@@ -278,21 +297,17 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
         DrainInBackground(router.stdout_fd);
       }
     }
-    if (cache_start_fd >= 0 && (fds[2].revents & (POLLIN | POLLHUP))) {
-      char chunk[4096];
-      const ssize_t n = ::read(cache_start_fd, chunk, sizeof(chunk));
-      if (n > 0) cache_output.append(chunk, static_cast<size_t>(n));
-      const size_t at = cache_output.find("READY ");
-      const size_t end_of_line = cache_output.find('\n', at);
-      if (at != std::string::npos && end_of_line != std::string::npos) {
-        StatusLine(absl::StrCat(
-            "strata-cache is back at ", cache_output.substr(at + 6, end_of_line - at - 6), ", ",
-            absl::ToInt64Milliseconds(absl::Now() - cache_stopped), " ms after it stopped"));
+    if (cache_starting && (fds[2].revents & (POLLIN | POLLHUP))) {
+      const bool open = ReadStdout(cache);
+      if (std::optional<std::string> address = TakeLineWithPrefix(cache.unread, "READY ")) {
+        StatusLine(absl::StrCat("strata-cache is back at ", *address, ", ",
+                                absl::ToInt64Milliseconds(absl::Now() - cache_stopped),
+                                " ms after it stopped"));
         cache_back = true;
-        DrainInBackground(cache_start_fd);
-        cache_start_fd = -1;
-      } else if (n <= 0) {
-        cache_start_fd = -1;  // it exited: SIGCHLD says how
+        DrainInBackground(cache.stdout_fd);
+        cache_starting = false;
+      } else if (!open) {
+        cache_starting = false;  // it exited: SIGCHLD says how
       }
     }
     if (!(fds[0].revents & POLLIN)) continue;
@@ -302,7 +317,6 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
     if (signal == SIGINT || signal == SIGTERM) {
       StatusLine(absl::StrCat("signal ", signal, ", stopping the cluster"));
       const int router_exit = stop_all(absl::Seconds(c.drain_timeout_s + 10));
-      ::close(signal_fd);
       if (router_exit != 0) {
         return absl::DeadlineExceededError("the router could not finish every request in time");
       }
@@ -317,21 +331,14 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
         // that exits with an error before READY would only fail again.
         cache.pid = -1;
         if (!cache_back && WIFEXITED(status)) {
-          stop_all(absl::Seconds(5));
-          ::close(signal_fd);
-          return absl::InternalError(
-              absl::StrCat("strata-cache failed to restart (", Describe(status), ")"));
+          return fail(absl::Seconds(5),
+                      absl::InternalError(
+                          absl::StrCat("strata-cache failed to restart (", Describe(status), ")")));
         }
-        StatusLine(absl::StrCat("strata-cache stopped (", Describe(status), "), restarting it"));
-        ++cache.restarts;
         cache_back = false;
         cache_stopped = absl::Now();
-        cache_output.clear();
-        if (absl::Status s = Spawn(cache); !s.ok()) {
-          stop_all(absl::Seconds(2));
-          return s;
-        }
-        cache_start_fd = cache.stdout_fd;
+        if (absl::Status s = restart(cache, status); !s.ok()) return fail(absl::Seconds(2), s);
+        cache_starting = true;
         continue;
       }
       if (pid == router.pid) {
@@ -340,21 +347,12 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
         // on its address: its in-flight requests are lost (clients see UNAVAILABLE), the
         // workers register with the new one, the store and the workers' experts stay.
         if (!announced) {
-          stop_all(absl::Seconds(5));
-          ::close(signal_fd);
-          return absl::InternalError(
-              absl::StrCat(router.name, " stopped (", Describe(status), ")"));
+          return fail(absl::Seconds(5), absl::InternalError(absl::StrCat(router.name, " stopped (",
+                                                                         Describe(status), ")")));
         }
-        StatusLine(absl::StrCat(router.name, " stopped (", Describe(status), "), restarting it"));
-        ++router.restarts;
         router_stopped = absl::Now();
-        router_output.clear();
         ready = false;
-        if (absl::Status s = Spawn(router); !s.ok()) {
-          stop_all(absl::Seconds(2));
-          ::close(signal_fd);
-          return s;
-        }
+        if (absl::Status s = restart(router, status); !s.ok()) return fail(absl::Seconds(2), s);
         continue;
       }
       for (Child& w : workers) {
@@ -364,17 +362,10 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
                                   absl::Now() - w.started < absl::Seconds(30) && w.restarts == 0 &&
                                   !ready;
         if (config_error) {
-          stop_all(absl::Seconds(2));
-          ::close(signal_fd);
-          return absl::FailedPreconditionError(
-              absl::StrCat(w.name, " failed to start (", Describe(status), ")"));
+          return fail(absl::Seconds(2), absl::FailedPreconditionError(absl::StrCat(
+                                            w.name, " failed to start (", Describe(status), ")")));
         }
-        StatusLine(absl::StrCat(w.name, " stopped (", Describe(status), "), restarting it"));
-        ++w.restarts;
-        if (absl::Status s = Spawn(w); !s.ok()) {
-          stop_all(absl::Seconds(2));
-          return s;
-        }
+        if (absl::Status s = restart(w, status); !s.ok()) return fail(absl::Seconds(2), s);
         DrainInBackground(w.stdout_fd);
       }
     }
