@@ -1,17 +1,22 @@
 // Runs `strata up` as a child process for integration tests: waits for its READY line and
-// stops it (SIGTERM) when the object dies.
+// stops it (SIGTERM) when the object dies. Finds, kills and awaits the replacement of the
+// processes it supervises.
 #ifndef STRATA_TESTS_TESTING_CLUSTER_PROCESS_H_
 #define STRATA_TESTS_TESTING_CLUSTER_PROCESS_H_
 
+#include <signal.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
 
+#include "gtest/gtest.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/poll.h"
 
 namespace strata::testing {
 
@@ -31,6 +36,29 @@ inline pid_t ChildWithArgs(pid_t parent, const std::string& a, const std::string
     }
   }
   return -1;
+}
+
+// Sends SIGKILL to the live child of `parent` whose command line holds `a` and `b`, its pid
+// into `*killed`. Fails the test if there is none or the signal fails: call it inside
+// ASSERT_NO_FATAL_FAILURE.
+inline void KillChild(pid_t parent, const std::string& a, const std::string& b, pid_t* killed) {
+  *killed = ChildWithArgs(parent, a, b);
+  ASSERT_GT(*killed, 0) << "no child of " << parent << " with " << a << " and " << b;
+  ASSERT_EQ(::kill(*killed, SIGKILL), 0);
+}
+
+// The child of `parent` with `a` and `b` on its command line that took the place of `old` (a
+// process the supervisor restarted), looked for every 50 ms for `timeout_s`; -1 if none came.
+inline pid_t AwaitReplacement(pid_t parent, const std::string& a, const std::string& b, pid_t old,
+                              int timeout_s = 30) {
+  pid_t replacement = -1;
+  const bool came = PollUntil(
+      [&] {
+        replacement = ChildWithArgs(parent, a, b);
+        return replacement > 0 && replacement != old;
+      },
+      std::chrono::seconds(timeout_s));
+  return came ? replacement : -1;
 }
 
 class ClusterProcess {

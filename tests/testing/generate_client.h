@@ -1,13 +1,17 @@
-// The cluster tests' client: one streamed greedy Generate over gRPC, the router's counters,
-// and where the oracle models are.
+// The cluster tests' client: streamed Generate calls over gRPC (greedy ones, in the background,
+// with a hook on the first tokens to act mid-generation) and the router's counters.
 #ifndef STRATA_TESTS_TESTING_GENERATE_CLIENT_H_
 #define STRATA_TESTS_TESTING_GENERATE_CLIENT_H_
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
+#include <future>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -16,30 +20,33 @@
 
 namespace strata::testing {
 
-inline std::string OracleDir(const std::string& name) {
-  return std::string(STRATA_TEST_DATA_DIR) + "/oracles/" + name;
-}
-
 struct Generated {
   grpc::Status status;
   std::vector<uint32_t> tokens;
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
 };
 
-// Greedy, ignoring EOS, `max_new` tokens after `prompt`; `on_first` runs once the first tokens
-// arrive (to act mid-generation).
-inline Generated GenerateGreedy(const std::string& address, const std::vector<uint32_t>& prompt,
-                                int max_new, std::function<void()> on_first = nullptr,
-                                int deadline_s = 120) {
-  auto stub =
-      v1::Generation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+inline std::unique_ptr<v1::Generation::Stub> GenerationStub(const std::string& address) {
+  return v1::Generation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+// Greedy, ignoring EOS, `max_new` tokens after `prompt`.
+inline v1::GenerateRequest GreedyRequest(const std::vector<uint32_t>& prompt, int max_new) {
   v1::GenerateRequest request;
   for (uint32_t id : prompt) request.add_prompt_token_ids(id);
   request.set_max_new_tokens(max_new);
   request.set_ignore_eos(true);
+  return request;
+}
+
+// One streamed Generate, its tokens gathered; `on_first` runs once the first tokens arrive (to
+// act mid-generation).
+inline Generated Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+                          const std::function<void()>& on_first = nullptr,
+                          std::chrono::milliseconds deadline = std::chrono::seconds(120)) {
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(deadline_s));
-  auto reader = stub->Generate(&context, request);
+  context.set_deadline(std::chrono::system_clock::now() + deadline);
+  auto reader = stub.Generate(&context, request);
   Generated out;
   v1::GenerateResponse response;
   while (reader->Read(&response)) {
@@ -52,6 +59,40 @@ inline Generated GenerateGreedy(const std::string& address, const std::vector<ui
   out.status = reader->Finish();
   return out;
 }
+
+// Greedy, ignoring EOS, `max_new` tokens after `prompt`, on a channel of its own.
+inline Generated GenerateGreedy(const std::string& address, const std::vector<uint32_t>& prompt,
+                                int max_new, const std::function<void()>& on_first = nullptr,
+                                std::chrono::milliseconds deadline = std::chrono::seconds(120)) {
+  return Generate(*GenerationStub(address), GreedyRequest(prompt, max_new), on_first, deadline);
+}
+
+// GenerateGreedy on a thread of its own.
+inline std::future<Generated> GenerateGreedyAsync(std::string address, std::vector<uint32_t> prompt,
+                                                  int max_new,
+                                                  std::function<void()> on_first = nullptr) {
+  return std::async(std::launch::async, [address = std::move(address), prompt = std::move(prompt),
+                                         max_new, on_first = std::move(on_first)] {
+    return GenerateGreedy(address, prompt, max_new, on_first);
+  });
+}
+
+// The moment the first tokens of any of several requests arrive: pass Callback() as their
+// `on_first`, then Wait(). Must outlive the requests.
+class FirstTokens {
+ public:
+  std::function<void()> Callback() {
+    return [this] {
+      if (!fired_.exchange(true)) arrived_.set_value();
+    };
+  }
+  void Wait() { arrived_future_.wait(); }
+
+ private:
+  std::atomic<bool> fired_{false};
+  std::promise<void> arrived_;
+  std::future<void> arrived_future_ = arrived_.get_future();
+};
 
 // The router's counters (Admin.Stats); a failed call fails the test and gives empty counters.
 inline v1::StatsResponse RouterStats(const std::string& address) {

@@ -4,10 +4,24 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "nlohmann/json.hpp"
+
 namespace strata::testing {
+
+// The folder of the oracle model `name`.
+inline std::string OracleDir(const std::string& name) {
+  return std::string(STRATA_TEST_DATA_DIR) + "/oracles/" + name;
+}
+
+// Its oracle.json: the reference "cases" (prompt, greedy, all_ids, logits).
+inline nlohmann::json LoadOracle(const std::string& name) {
+  std::ifstream in(std::filesystem::path(OracleDir(name)) / "oracle.json");
+  return nlohmann::json::parse(in);
+}
 
 // Folder names of every oracle model, sorted.
 inline std::vector<std::string> OracleNames() {

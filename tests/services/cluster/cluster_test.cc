@@ -2,7 +2,6 @@
 // through the public gRPC API.
 #include <grpcpp/grpcpp.h>
 
-#include <filesystem>
 #include <fstream>
 #include <future>
 #include <random>
@@ -11,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "strata/v1/generation.grpc.pb.h"
+#include "tests/testing/cluster_eval.h"
 #include "tests/testing/cluster_process.h"
 #include "tests/testing/generate_client.h"
 #include "tests/testing/oracles.h"
@@ -20,44 +20,18 @@
 namespace strata {
 namespace {
 
-namespace fs = std::filesystem;
 using ::strata::testing::ClusterProcess;
+using ::strata::testing::Generate;
+using ::strata::testing::Generated;
+using ::strata::testing::GenerationStub;
+using ::strata::testing::GreedyRequest;
+using ::strata::testing::LoadOracle;
 using ::strata::testing::OracleDir;
 
-struct Generated {
-  grpc::Status status;
-  std::vector<uint32_t> tokens;
-  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
-  int messages = 0;
-};
-
-Generated Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
-                   int deadline_ms = 120000) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
-  auto reader = stub.Generate(&context, request);
-  Generated out;
-  v1::GenerateResponse response;
-  while (reader->Read(&response)) {
-    out.tokens.insert(out.tokens.end(), response.token_ids().begin(), response.token_ids().end());
-    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED)
-      out.finish = response.finish_reason();
-    ++out.messages;
-  }
-  out.status = reader->Finish();
-  return out;
-}
-
-v1::GenerateRequest Greedy(const std::vector<uint32_t>& prompt, int max_new_tokens) {
-  v1::GenerateRequest r;
-  for (uint32_t id : prompt) r.add_prompt_token_ids(id);
-  r.set_max_new_tokens(max_new_tokens);
-  r.set_ignore_eos(true);
-  return r;
-}
-
-std::unique_ptr<v1::Generation::Stub> Connect(const std::string& address) {
-  return v1::Generation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+// A greedy request for an oracle case's prompt, as long as its greedy continuation.
+v1::GenerateRequest GreedyRequestFor(const nlohmann::json& oracle_case) {
+  return GreedyRequest(oracle_case["prompt"].get<std::vector<uint32_t>>(),
+                       static_cast<int>(oracle_case["greedy"].size()));
 }
 
 class OracleClusterTest : public ::testing::TestWithParam<std::string> {};
@@ -66,15 +40,12 @@ class OracleClusterTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(OracleClusterTest, TwoWorkersMatchTheOracle) {
   ClusterProcess cluster({"--model=" + OracleDir(GetParam()), "--workers=2", "--threads=1"});
   ASSERT_FALSE(cluster.address().empty()) << "the cluster did not become ready";
-  auto stub = Connect(cluster.address());
-  std::ifstream in(fs::path(OracleDir(GetParam())) / "oracle.json");
-  const auto oracle = nlohmann::json::parse(in);
+  auto stub = GenerationStub(cluster.address());
+  const auto oracle = LoadOracle(GetParam());
   for (const auto& c : oracle["cases"]) {
-    const auto greedy = c["greedy"].get<std::vector<uint32_t>>();
-    const Generated g = Generate(
-        *stub, Greedy(c["prompt"].get<std::vector<uint32_t>>(), static_cast<int>(greedy.size())));
+    const Generated g = Generate(*stub, GreedyRequestFor(c));
     ASSERT_TRUE(g.status.ok()) << g.status.error_message();
-    EXPECT_EQ(g.tokens, greedy);
+    EXPECT_EQ(g.tokens, c["greedy"].get<std::vector<uint32_t>>());
     EXPECT_EQ(g.finish, v1::FINISH_REASON_LENGTH);
   }
   EXPECT_EQ(cluster.Stop(), 0);
@@ -89,27 +60,24 @@ TEST(ClusterTest, GrpcTransportMatchesTheOracle) {
   ClusterProcess cluster(
       {"--model=" + OracleDir("mixtral_long"), "--workers=2", "--threads=1", "--transport=grpc"});
   ASSERT_FALSE(cluster.address().empty());
-  auto stub = Connect(cluster.address());
-  std::ifstream in(fs::path(OracleDir("mixtral_long")) / "oracle.json");
-  const auto oracle = nlohmann::json::parse(in);
+  auto stub = GenerationStub(cluster.address());
+  const auto oracle = LoadOracle("mixtral_long");
   const auto& c = oracle["cases"][0];
-  const auto greedy = c["greedy"].get<std::vector<uint32_t>>();
-  const Generated g = Generate(
-      *stub, Greedy(c["prompt"].get<std::vector<uint32_t>>(), static_cast<int>(greedy.size())));
+  const Generated g = Generate(*stub, GreedyRequestFor(c));
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
-  EXPECT_EQ(g.tokens, greedy);
+  EXPECT_EQ(g.tokens, c["greedy"].get<std::vector<uint32_t>>());
 }
 
 TEST(ClusterTest, ConcurrentRequestsMatchSequential) {
   ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe_long"), "--workers=2", "--threads=1"});
   ASSERT_FALSE(cluster.address().empty());
-  auto stub = Connect(cluster.address());
+  auto stub = GenerationStub(cluster.address());
   std::mt19937 rng(5);
   std::vector<v1::GenerateRequest> requests;
   for (int i = 0; i < 32; ++i) {
     std::vector<uint32_t> prompt(1 + rng() % 70);
     for (auto& id : prompt) id = 3 + rng() % 700;
-    v1::GenerateRequest r = Greedy(prompt, 1 + static_cast<int>(rng() % 10));
+    v1::GenerateRequest r = GreedyRequest(prompt, 1 + static_cast<int>(rng() % 10));
     if (i % 4 == 1) {
       r.mutable_sampling()->set_temperature(0.9f);
       r.mutable_sampling()->set_seed(1000 + i);
@@ -135,18 +103,19 @@ TEST(ClusterTest, ConcurrentRequestsMatchSequential) {
 TEST(ClusterTest, BadInputGetsInvalidArgument) {
   ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe"), "--workers=1", "--threads=1"});
   ASSERT_FALSE(cluster.address().empty());
-  auto stub = Connect(cluster.address());
+  auto stub = GenerationStub(cluster.address());
   auto expect_invalid = [&](const v1::GenerateRequest& r, const std::string& what) {
     const Generated g = Generate(*stub, r);
     EXPECT_EQ(g.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << what;
     EXPECT_FALSE(g.status.error_message().empty()) << what;
   };
-  expect_invalid(Greedy(std::vector<uint32_t>(2048, 7), 4), "prompt longer than the context");
-  expect_invalid(Greedy({1, 2, 3}, 0), "max_new_tokens 0");
-  expect_invalid(Greedy({1, 2, 3}, 100000), "max_new_tokens over the limit");
-  expect_invalid(Greedy({1, 512}, 4), "token id outside the vocabulary");
-  expect_invalid(Greedy({}, 4), "empty prompt");
-  v1::GenerateRequest both = Greedy({1, 2}, 4);
+  expect_invalid(GreedyRequest(std::vector<uint32_t>(2048, 7), 4),
+                 "prompt longer than the context");
+  expect_invalid(GreedyRequest({1, 2, 3}, 0), "max_new_tokens 0");
+  expect_invalid(GreedyRequest({1, 2, 3}, 100000), "max_new_tokens over the limit");
+  expect_invalid(GreedyRequest({1, 512}, 4), "token id outside the vocabulary");
+  expect_invalid(GreedyRequest({}, 4), "empty prompt");
+  v1::GenerateRequest both = GreedyRequest({1, 2}, 4);
   both.set_prompt("hello");
   expect_invalid(both, "prompt and prompt_token_ids");
   v1::GenerateRequest text;
@@ -160,11 +129,13 @@ TEST(ClusterTest, DeadlineCancelsAndFreesTheBlocks) {
   ClusterProcess cluster(
       {"--model=" + OracleDir("qwen3_moe_long"), "--workers=2", "--threads=1", "--kv-cache-mb=1"});
   ASSERT_FALSE(cluster.address().empty());
-  auto stub = Connect(cluster.address());
-  const Generated cut = Generate(*stub, Greedy(std::vector<uint32_t>(100, 9), 900), 300);
+  auto stub = GenerationStub(cluster.address());
+  const Generated cut = Generate(*stub, GreedyRequest(std::vector<uint32_t>(100, 9), 900), nullptr,
+                                 std::chrono::milliseconds(300));
   EXPECT_EQ(cut.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   // Only if the cancelled request gave its blocks back can one that needs every block run.
-  const Generated after = Generate(*stub, Greedy(std::vector<uint32_t>(1000, 9), 24), 60000);
+  const Generated after = Generate(*stub, GreedyRequest(std::vector<uint32_t>(1000, 9), 24),
+                                   nullptr, std::chrono::seconds(60));
   ASSERT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.tokens.size(), 24u);
   EXPECT_EQ(cluster.Stop(), 0) << "every request should have been finished or cancelled";
@@ -192,17 +163,11 @@ TEST(ClusterTest, ScoreMatchesInProcessPerplexity) {
   options.engine.num_threads = 2;
   options.text_file = path;
   options.window = 128;
-  auto local = Evaluate(options);
-  ASSERT_TRUE(local.ok()) << local.status();
-
-  ClusterProcess cluster({"--model=" + model, "--workers=2", "--threads=1"});
-  ASSERT_FALSE(cluster.address().empty());
-  options.server = cluster.address();
-  auto remote = Evaluate(options);
-  ASSERT_TRUE(remote.ok()) << remote.status();
-  EXPECT_EQ(remote->tokens, local->tokens);
-  EXPECT_NEAR(remote->perplexity, local->perplexity, 1e-4 * local->perplexity);
-  EXPECT_EQ(cluster.Stop(), 0);
+  EvalResult local, remote;
+  ASSERT_NO_FATAL_FAILURE(::strata::testing::EvaluateInProcessAndInCluster(
+      options, {"--model=" + model, "--workers=2", "--threads=1"}, &local, &remote));
+  EXPECT_EQ(remote.tokens, local.tokens);
+  EXPECT_NEAR(remote.perplexity, local.perplexity, 1e-4 * local.perplexity);
 }
 
 }  // namespace
@@ -215,8 +180,7 @@ namespace {
 // gives the oracle's tokens; a plan for another worker count stops the router at start-up.
 TEST(ClusterTest, PlacementFromStrataPlan) {
   const std::string model = OracleDir("qwen3_moe_long");
-  std::ifstream in(fs::path(model) / "oracle.json");
-  const auto oracle = nlohmann::json::parse(in);
+  const auto oracle = LoadOracle("qwen3_moe_long");
   const std::string calibration = ::testing::TempDir() + "/calibration.jsonl";
   {
     std::ofstream out(calibration);
@@ -230,13 +194,11 @@ TEST(ClusterTest, PlacementFromStrataPlan) {
 
   ClusterProcess cluster({"--model=" + model, "--workers=2", "--threads=1", "--plan=" + plan});
   ASSERT_FALSE(cluster.address().empty());
-  auto stub = Connect(cluster.address());
+  auto stub = GenerationStub(cluster.address());
   for (const auto& c : oracle["cases"]) {
-    const auto greedy = c["greedy"].get<std::vector<uint32_t>>();
-    const Generated g = Generate(
-        *stub, Greedy(c["prompt"].get<std::vector<uint32_t>>(), static_cast<int>(greedy.size())));
+    const Generated g = Generate(*stub, GreedyRequestFor(c));
     ASSERT_TRUE(g.status.ok()) << g.status.error_message();
-    EXPECT_EQ(g.tokens, greedy);
+    EXPECT_EQ(g.tokens, c["greedy"].get<std::vector<uint32_t>>());
   }
   EXPECT_EQ(cluster.Stop(), 0);
 

@@ -4,24 +4,23 @@
 // top-two margin is clear (bf16 may flip closer calls, and the random oracle models amplify
 // small differences). One worker per GPU, at most two. Skips without a GPU.
 #include <grpcpp/grpcpp.h>
-#include <signal.h>
 
-#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <future>
-#include <thread>
 
 #include "common/backend/cuda/cuda_context.h"
-#include "grpc_health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "strata/v1/cluster.grpc.pb.h"
 #include "strata/v1/generation.grpc.pb.h"
+#include "tests/testing/cluster_eval.h"
 #include "tests/testing/cluster_process.h"
 #include "tests/testing/generate_client.h"
+#include "tests/testing/health_client.h"
 #include "tests/testing/oracles.h"
+#include "tests/testing/poll.h"
 #include "tools/strata/eval_command.h"
 
 namespace strata {
@@ -30,10 +29,16 @@ namespace {
 namespace fs = std::filesystem;
 using ::strata::testing::ChildWithArgs;
 using ::strata::testing::ClusterProcess;
+using ::strata::testing::FirstTokens;
 using ::strata::testing::Generated;
 using ::strata::testing::GenerateGreedy;
+using ::strata::testing::GenerateGreedyAsync;
+using ::strata::testing::KillChild;
+using ::strata::testing::LoadOracle;
 using ::strata::testing::OracleDir;
+using ::strata::testing::PollUntil;
 using ::strata::testing::RouterStats;
+using ::strata::testing::Serving;
 
 int Workers() { return gpu::CudaDeviceCount() >= 2 ? 2 : 1; }
 
@@ -93,8 +98,7 @@ TEST_P(CudaClusterOracleTest, GreedyMatchesTheReference) {
   if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   ClusterProcess cluster(GpuClusterArgs(OracleDir(GetParam())));
   ASSERT_FALSE(cluster.address().empty()) << "the GPU cluster did not become ready";
-  std::ifstream in(fs::path(OracleDir(GetParam())) / "oracle.json");
-  const auto cases = nlohmann::json::parse(in)["cases"];
+  const auto cases = LoadOracle(GetParam())["cases"];
   struct Row {
     std::vector<uint32_t> prefix;
     uint32_t argmax;
@@ -111,9 +115,7 @@ TEST_P(CudaClusterOracleTest, GreedyMatchesTheReference) {
   for (size_t begin = 0; begin < rows.size(); begin += 16) {
     std::vector<std::future<Generated>> running;
     for (size_t r = begin; r < std::min(rows.size(), begin + 16); ++r) {
-      running.push_back(std::async(std::launch::async, [&cluster, &rows, r] {
-        return GenerateGreedy(cluster.address(), rows[r].prefix, 1);
-      }));
+      running.push_back(GenerateGreedyAsync(cluster.address(), rows[r].prefix, 1));
     }
     for (size_t i = 0; i < running.size(); ++i) {
       const Generated g = running[i].get();
@@ -155,19 +157,13 @@ TEST(CudaClusterTest, DemoPerplexityMatchesInProcess) {
   options.engine.device = "cuda";
   options.text_file = std::string(STRATA_TEST_DATA_DIR) + "/heldout/strata-demo-valid.txt";
   options.window = 256;
-  auto local = Evaluate(options);
-  ASSERT_TRUE(local.ok()) << local.status();
-
-  ClusterProcess cluster(GpuClusterArgs(model, /*max_batch_tokens=*/512));
-  ASSERT_FALSE(cluster.address().empty());
-  options.server = cluster.address();
-  auto remote = Evaluate(options);
-  ASSERT_TRUE(remote.ok()) << remote.status();
-  std::cout << "held-out perplexity: in process " << local->perplexity << ", GPU cluster "
-            << remote->perplexity << " (" << remote->tokens << " tokens)\n";
-  EXPECT_EQ(remote->tokens, local->tokens);
-  EXPECT_NEAR(remote->perplexity, local->perplexity, 1e-3 * local->perplexity);
-  EXPECT_EQ(cluster.Stop(), 0);
+  EvalResult local, remote;
+  ASSERT_NO_FATAL_FAILURE(::strata::testing::EvaluateInProcessAndInCluster(
+      options, GpuClusterArgs(model, /*max_batch_tokens=*/512), &local, &remote));
+  std::cout << "held-out perplexity: in process " << local.perplexity << ", GPU cluster "
+            << remote.perplexity << " (" << remote.tokens << " tokens)\n";
+  EXPECT_EQ(remote.tokens, local.tokens);
+  EXPECT_NEAR(remote.perplexity, local.perplexity, 1e-3 * local.perplexity);
 }
 
 // Eight sequences decoding together (batches of one to eight as they start and finish) by CUDA
@@ -187,9 +183,7 @@ TEST(CudaClusterTest, GraphStepsGiveTheEagerTokens) {
     for (int i = 0; i < kSequences; ++i) {
       std::vector<uint32_t> prompt;
       for (int j = 0; j < 12 + i; ++j) prompt.push_back(static_cast<uint32_t>(100 + 37 * i + j));
-      running.push_back(std::async(std::launch::async, [&cluster, prompt, i] {
-        return GenerateGreedy(cluster.address(), prompt, kNewTokens - 2 * i);
-      }));
+      running.push_back(GenerateGreedyAsync(cluster.address(), prompt, kNewTokens - 2 * i));
     }
     std::vector<std::vector<uint32_t>> tokens;
     for (auto& r : running) {
@@ -217,16 +211,6 @@ TEST(CudaClusterTest, GraphStepsGiveTheEagerTokens) {
   EXPECT_GT(graph_steps, steps / 2);
 }
 
-bool Serving(const std::string& address) {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  grpc::health::v1::HealthCheckResponse response;
-  return stub->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok() &&
-         response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
-}
-
 // A worker killed in the middle of generation: with a second worker the request completes
 // (its layers run on the survivor); alone, it ends UNAVAILABLE, not in a hang. The supervisor
 // restarts the worker, which registers again over CUDA IPC and serves.
@@ -237,18 +221,12 @@ TEST(CudaClusterTest, KilledWorkerGivesUnavailableOrReroutes) {
   ASSERT_FALSE(cluster.address().empty());
   const std::vector<uint32_t> prompt(20, 7);
   const int kNewTokens = 400;
-  std::promise<void> first;
-  std::atomic<bool> fired{false};
-  auto running = std::async(std::launch::async, [&] {
-    return GenerateGreedy(cluster.address(), prompt, kNewTokens, [&] {
-      if (!fired.exchange(true)) first.set_value();
-    });
-  });
-  first.get_future().wait();
+  FirstTokens first;
+  auto running = GenerateGreedyAsync(cluster.address(), prompt, kNewTokens, first.Callback());
+  first.Wait();
   const std::string index = "--index=" + std::to_string(Workers() - 1);
-  const pid_t worker = ChildWithArgs(cluster.pid(), "strata-worker", index);
-  ASSERT_GT(worker, 0);
-  ASSERT_EQ(::kill(worker, SIGKILL), 0);
+  pid_t worker = -1;
+  ASSERT_NO_FATAL_FAILURE(KillChild(cluster.pid(), "strata-worker", index, &worker));
   ASSERT_EQ(running.wait_for(std::chrono::seconds(60)), std::future_status::ready)
       << "the request hangs after its worker died";
   const Generated g = running.get();
@@ -266,12 +244,12 @@ TEST(CudaClusterTest, KilledWorkerGivesUnavailableOrReroutes) {
   std::cout << "request with a killed worker: "
             << (g.status.ok() ? std::string("OK") : g.status.error_message()) << "\n";
   // The replacement registers and serves.
-  bool back = false;
-  for (int i = 0; i < 600 && !back; ++i) {
-    const pid_t replacement = ChildWithArgs(cluster.pid(), "strata-worker", index);
-    back = replacement > 0 && replacement != worker && Serving(cluster.address());
-    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  const bool back = PollUntil(
+      [&] {
+        const pid_t replacement = ChildWithArgs(cluster.pid(), "strata-worker", index);
+        return replacement > 0 && replacement != worker && Serving(cluster.address());
+      },
+      std::chrono::seconds(60), std::chrono::milliseconds(100));
   ASSERT_TRUE(back) << "the restarted worker did not register";
   const Generated after = GenerateGreedy(cluster.address(), prompt, 16);
   ASSERT_TRUE(after.status.ok()) << after.status.error_message();

@@ -3,7 +3,6 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
-#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -11,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "grpc_health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "strata/v1/cluster.grpc.pb.h"
@@ -19,44 +17,35 @@
 #include "tests/testing/child_process.h"
 #include "tests/testing/cluster_process.h"
 #include "tests/testing/generate_client.h"
+#include "tests/testing/health_client.h"
+#include "tests/testing/oracles.h"
+#include "tests/testing/poll.h"
 #include "tests/testing/run_strata.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata {
 namespace {
 
+using ::strata::testing::AwaitReplacement;
 using ::strata::testing::ChildProcess;
 using ::strata::testing::ChildWithArgs;
 using ::strata::testing::ClusterProcess;
+using ::strata::testing::FirstTokens;
 using ::strata::testing::Generated;
 using ::strata::testing::GenerateGreedy;
+using ::strata::testing::GenerateGreedyAsync;
+using ::strata::testing::Health;
+using ::strata::testing::KillChild;
+using ::strata::testing::LoadOracle;
 using ::strata::testing::OracleDir;
+using ::strata::testing::PollUntil;
+using ::strata::testing::TempDir;
+using ::strata::testing::WaitForHealth;
 
 const std::string kBin = STRATA_BIN_DIR;
 
-grpc::health::v1::HealthCheckResponse::ServingStatus Health(const std::string& address,
-                                                            const std::string& service = "") {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  grpc::health::v1::HealthCheckRequest request;
-  request.set_service(service);
-  grpc::health::v1::HealthCheckResponse response;
-  if (!stub->Check(&context, request, &response).ok()) {
-    return grpc::health::v1::HealthCheckResponse::UNKNOWN;
-  }
-  return response.status();
-}
-
-bool WaitForHealth(const std::string& address,
-                   grpc::health::v1::HealthCheckResponse::ServingStatus want, int timeout_s = 30) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (Health(address) == want) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
+constexpr auto kNotServing = grpc::health::v1::HealthCheckResponse::NOT_SERVING;
+constexpr auto kServing = grpc::health::v1::HealthCheckResponse::SERVING;
 
 TEST(LifecycleTest, NotServingUntilEveryWorkerRegisters) {
   const std::string model = OracleDir("qwen3_moe");
@@ -65,23 +54,21 @@ TEST(LifecycleTest, NotServingUntilEveryWorkerRegisters) {
                        "--channel-prefix=" + prefix});
   const std::string router_address = router.AwaitLine("LISTENING ");
   ASSERT_FALSE(router_address.empty());
-  EXPECT_EQ(Health(router_address), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
-  EXPECT_EQ(Health(router_address, "strata.v1.Generation"),
-            grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(Health(router_address), kNotServing);
+  EXPECT_EQ(Health(router_address, "strata.v1.Generation"), kNotServing);
   // A worker started before its cache waits for it.
   ChildProcess worker({kBin + "/strata-worker", "--model=" + model, "--router=" + router_address,
                        "--cache=127.0.0.1:1", "--index=0", "--threads=1"});
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  EXPECT_EQ(Health(router_address), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(Health(router_address), kNotServing);
   worker.Stop();
   ChildProcess cache({kBin + "/strata-cache", "--model=" + model, "--segment-prefix=" + prefix});
   const std::string cache_address = cache.AwaitLine("READY ");
   ASSERT_FALSE(cache_address.empty());
   ChildProcess worker2({kBin + "/strata-worker", "--model=" + model, "--router=" + router_address,
                         "--cache=" + cache_address, "--index=0", "--threads=1"});
-  EXPECT_TRUE(WaitForHealth(router_address, grpc::health::v1::HealthCheckResponse::SERVING));
-  EXPECT_EQ(Health(router_address, "strata.v1.Generation"),
-            grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_TRUE(WaitForHealth(router_address, kServing));
+  EXPECT_EQ(Health(router_address, "strata.v1.Generation"), kServing);
   EXPECT_EQ(router.AwaitLine("READY "), router_address);
   EXPECT_EQ(GenerateGreedy(router_address, {1, 2, 3}, 4).tokens.size(), 4u);
   EXPECT_EQ(router.Stop(), 0);
@@ -90,12 +77,10 @@ TEST(LifecycleTest, NotServingUntilEveryWorkerRegisters) {
 TEST(LifecycleTest, SigtermDrainsRequestsInFlight) {
   ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe_long"), "--workers=2", "--threads=1"});
   ASSERT_FALSE(cluster.address().empty());
-  std::promise<void> first;
-  auto running = std::async(std::launch::async, [&] {
-    return GenerateGreedy(cluster.address(), std::vector<uint32_t>(20, 5), 400,
-                          [&] { first.set_value(); });
-  });
-  first.get_future().wait();
+  FirstTokens first;
+  auto running =
+      GenerateGreedyAsync(cluster.address(), std::vector<uint32_t>(20, 5), 400, first.Callback());
+  first.Wait();
   ::kill(cluster.pid(), SIGTERM);
   const Generated g = running.get();
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
@@ -107,36 +92,27 @@ TEST(LifecycleTest, SigtermDrainsRequestsInFlight) {
 TEST(LifecycleTest, SupervisorRestartsAKilledWorker) {
   ClusterProcess cluster({"--model=" + OracleDir("mixtral"), "--workers=2", "--threads=1"});
   ASSERT_FALSE(cluster.address().empty());
-  std::ifstream in(OracleDir("mixtral") + "/oracle.json");
-  const auto oracle = nlohmann::json::parse(in);
+  const auto oracle = LoadOracle("mixtral");
   const auto prompt = oracle["cases"][2]["prompt"].get<std::vector<uint32_t>>();
   const auto greedy = oracle["cases"][2]["greedy"].get<std::vector<uint32_t>>();
   ASSERT_EQ(GenerateGreedy(cluster.address(), prompt, static_cast<int>(greedy.size())).tokens,
             greedy);
 
   // Kill worker 1 (a child of the supervisor); a new one must take its place and register.
-  const pid_t worker = ChildWithArgs(cluster.pid(), "strata-worker", "--index=1");
-  ASSERT_GT(worker, 0);
-  ASSERT_EQ(::kill(worker, SIGKILL), 0);
+  pid_t worker = -1;
+  ASSERT_NO_FATAL_FAILURE(KillChild(cluster.pid(), "strata-worker", "--index=1", &worker));
   // A request while the worker is gone may fail, but must not leave any channel out of step.
   GenerateGreedy(cluster.address(), prompt, static_cast<int>(greedy.size()));
-  pid_t replacement = -1;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (std::chrono::steady_clock::now() < deadline) {
-    replacement = ChildWithArgs(cluster.pid(), "strata-worker", "--index=1");
-    if (replacement > 0 && replacement != worker) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const pid_t replacement = AwaitReplacement(cluster.pid(), "strata-worker", "--index=1", worker);
   ASSERT_GT(replacement, 0);
   ASSERT_NE(replacement, worker);
   // Serving again once the replacement has registered (requests fail until then).
-  bool served = false;
-  const auto serve_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!served && std::chrono::steady_clock::now() < serve_deadline) {
-    served = GenerateGreedy(cluster.address(), prompt, static_cast<int>(greedy.size())).status.ok();
-    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_TRUE(served);
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        return GenerateGreedy(cluster.address(), prompt, static_cast<int>(greedy.size()))
+            .status.ok();
+      },
+      std::chrono::seconds(60), std::chrono::milliseconds(100)));
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(GenerateGreedy(cluster.address(), prompt, static_cast<int>(greedy.size())).tokens,
               greedy);
@@ -164,34 +140,24 @@ TEST(LifecycleTest, KilledWorkerLosesNoRequest) {
     ASSERT_TRUE(g.status.ok()) << g.status.error_message();
     undisturbed.push_back(g.tokens);
   }
-  std::promise<void> first;
-  std::atomic<bool> fired{false};
+  FirstTokens first;
   std::vector<std::future<Generated>> running;
   for (const auto& p : prompts) {
-    running.push_back(std::async(std::launch::async, [&, p] {
-      return GenerateGreedy(cluster.address(), p, kNewTokens, [&] {
-        if (!fired.exchange(true)) first.set_value();
-      });
-    }));
+    running.push_back(GenerateGreedyAsync(cluster.address(), p, kNewTokens, first.Callback()));
   }
-  first.get_future().wait();
-  const pid_t worker = ChildWithArgs(cluster.pid(), "strata-worker", "--index=1");
-  ASSERT_GT(worker, 0);
-  ASSERT_EQ(::kill(worker, SIGKILL), 0);
+  first.Wait();
+  pid_t worker = -1;
+  ASSERT_NO_FATAL_FAILURE(KillChild(cluster.pid(), "strata-worker", "--index=1", &worker));
   for (size_t i = 0; i < running.size(); ++i) {
     const Generated g = running[i].get();
     ASSERT_TRUE(g.status.ok()) << "request " << i << ": " << g.status.error_message();
     EXPECT_EQ(g.tokens, undisturbed[i]) << "request " << i;
   }
   // The replacement registers and serves.
-  pid_t replacement = -1;
-  for (int i = 0; i < 600 && (replacement <= 0 || replacement == worker); ++i) {
-    replacement = ChildWithArgs(cluster.pid(), "strata-worker", "--index=1");
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const pid_t replacement = AwaitReplacement(cluster.pid(), "strata-worker", "--index=1", worker);
   ASSERT_GT(replacement, 0);
   ASSERT_NE(replacement, worker);
-  ASSERT_TRUE(WaitForHealth(cluster.address(), grpc::health::v1::HealthCheckResponse::SERVING, 60));
+  ASSERT_TRUE(WaitForHealth(cluster.address(), kServing, 60));
   EXPECT_EQ(GenerateGreedy(cluster.address(), prompts[0], kNewTokens).tokens, undisturbed[0]);
   EXPECT_EQ(cluster.Stop(), 0);
 }
@@ -227,8 +193,8 @@ std::string ReadFile(const std::string& path) {
 // supervisor restarts the cache on the same address, it re-attaches to the store (same
 // generation, nothing copied), and later requests are served.
 TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
-  const std::string log = ::testing::TempDir() + "/cache_restart_" + std::to_string(::getpid());
-  std::remove(log.c_str());
+  const TempDir dir;
+  const std::string log = dir.File("cluster.log");
   ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe_long"), "--workers=2", "--threads=1"},
                          120, log);
   ASSERT_FALSE(cluster.address().empty());
@@ -245,25 +211,19 @@ TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
   const Generated undisturbed = GenerateGreedy(cluster.address(), prompt, kNewTokens);
   ASSERT_TRUE(undisturbed.status.ok()) << undisturbed.status.error_message();
 
-  std::promise<void> first;
-  auto running = std::async(std::launch::async, [&] {
-    return GenerateGreedy(cluster.address(), prompt, kNewTokens, [&] { first.set_value(); });
-  });
-  first.get_future().wait();
-  const pid_t cache = ChildWithArgs(cluster.pid(), "strata-cache", "--segment-prefix=");
-  ASSERT_GT(cache, 0);
-  ASSERT_EQ(::kill(cache, SIGKILL), 0);
+  FirstTokens first;
+  auto running = GenerateGreedyAsync(cluster.address(), prompt, kNewTokens, first.Callback());
+  first.Wait();
+  pid_t cache = -1;
+  ASSERT_NO_FATAL_FAILURE(KillChild(cluster.pid(), "strata-cache", "--segment-prefix=", &cache));
   const Generated g = running.get();
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
   EXPECT_EQ(g.tokens, undisturbed.tokens);
 
   // Back on the same address with the same store.
   uint64_t restarted = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (restarted == 0 && std::chrono::steady_clock::now() < deadline) {
-    restarted = StoreGeneration(cache_address);
-    if (restarted == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  PollUntil([&] { return (restarted = StoreGeneration(cache_address)) != 0; },
+            std::chrono::seconds(30));
   EXPECT_EQ(restarted, generation);
   const pid_t replacement = ChildWithArgs(cluster.pid(), "strata-cache", "--segment-prefix=");
   EXPECT_GT(replacement, 0);
@@ -271,10 +231,8 @@ TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
   EXPECT_EQ(FlagOf(replacement, "--listen="), cache_address);
   std::string logged;
   const std::string back = "strata-cache is back at " + cache_address;
-  for (int i = 0; i < 100 && logged.find(back) == std::string::npos; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    logged = ReadFile(log);
-  }
+  PollUntil([&] { return (logged = ReadFile(log)).find(back) != std::string::npos; },
+            std::chrono::seconds(5));
   EXPECT_NE(logged.find(absl::StrFormat(
                 "strata-cache: re-attached to 1 segment(s), generation %016x", generation)),
             std::string::npos)
@@ -288,14 +246,13 @@ TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
   EXPECT_EQ(cluster.Stop(), 0);
   EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + segment_prefix + "-experts-meta"));
   EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + segment_prefix + "-experts-0"));
-  std::remove(log.c_str());
 }
 
 // A router killed mid-generation loses only its in-flight request, which ends UNAVAILABLE; the
 // supervisor restarts it on the same address, the workers register again, and it serves.
 TEST(LifecycleTest, KilledRouterLosesOnlyItsInFlightRequests) {
-  const std::string log = ::testing::TempDir() + "/router_restart_" + std::to_string(::getpid());
-  std::remove(log.c_str());
+  const TempDir dir;
+  const std::string log = dir.File("cluster.log");
   ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe_long"), "--workers=2", "--threads=1"},
                          120, log);
   ASSERT_FALSE(cluster.address().empty());
@@ -304,18 +261,15 @@ TEST(LifecycleTest, KilledRouterLosesOnlyItsInFlightRequests) {
   const Generated undisturbed = GenerateGreedy(cluster.address(), prompt, 40);
   ASSERT_TRUE(undisturbed.status.ok()) << undisturbed.status.error_message();
 
-  std::promise<void> first;
-  auto running = std::async(std::launch::async, [&] {
-    return GenerateGreedy(cluster.address(), prompt, 2000, [&] { first.set_value(); });
-  });
-  first.get_future().wait();
-  const pid_t router = ChildWithArgs(cluster.pid(), "strata-router", "--channel-prefix=");
-  ASSERT_GT(router, 0);
-  ASSERT_EQ(::kill(router, SIGKILL), 0);
+  FirstTokens first;
+  auto running = GenerateGreedyAsync(cluster.address(), prompt, 2000, first.Callback());
+  first.Wait();
+  pid_t router = -1;
+  ASSERT_NO_FATAL_FAILURE(KillChild(cluster.pid(), "strata-router", "--channel-prefix=", &router));
   const Generated lost = running.get();
   EXPECT_EQ(lost.status.error_code(), grpc::StatusCode::UNAVAILABLE) << lost.status.error_message();
 
-  ASSERT_TRUE(WaitForHealth(cluster.address(), grpc::health::v1::HealthCheckResponse::SERVING));
+  ASSERT_TRUE(WaitForHealth(cluster.address(), kServing));
   const pid_t replacement = ChildWithArgs(cluster.pid(), "strata-router", "--channel-prefix=");
   EXPECT_GT(replacement, 0);
   EXPECT_NE(replacement, router);
@@ -325,7 +279,6 @@ TEST(LifecycleTest, KilledRouterLosesOnlyItsInFlightRequests) {
   EXPECT_EQ(later.tokens, undisturbed.tokens);
   EXPECT_NE(ReadFile(log).find("strata-router is back"), std::string::npos) << ReadFile(log);
   EXPECT_EQ(cluster.Stop(), 0);
-  std::remove(log.c_str());
 }
 
 // `strata stats` reports the router's counters and which workers are connected.
@@ -353,9 +306,7 @@ TEST(LifecycleTest, FullQueueGivesResourceExhausted) {
   ASSERT_FALSE(cluster.address().empty());
   std::vector<std::future<Generated>> calls;
   for (int i = 0; i < 6; ++i) {
-    calls.push_back(std::async(std::launch::async, [&] {
-      return GenerateGreedy(cluster.address(), std::vector<uint32_t>(100, 7), 100);
-    }));
+    calls.push_back(GenerateGreedyAsync(cluster.address(), std::vector<uint32_t>(100, 7), 100));
   }
   int exhausted = 0, completed = 0;
   for (auto& call : calls) {
@@ -377,8 +328,7 @@ TEST(LifecycleTest, ConfigFileWithFlagOverrides) {
   // The flag overrides the file's worker count.
   ClusterProcess cluster({"--config=" + path, "--workers=1"});
   ASSERT_FALSE(cluster.address().empty());
-  auto stub = v1::Generation::NewStub(
-      grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+  auto stub = ::strata::testing::GenerationStub(cluster.address());
   grpc::ClientContext context;
   v1::ModelInfoResponse info;
   ASSERT_TRUE(stub->ModelInfo(&context, v1::ModelInfoRequest(), &info).ok());

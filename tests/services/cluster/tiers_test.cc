@@ -20,6 +20,8 @@ namespace strata {
 namespace {
 
 using ::strata::testing::ClusterProcess;
+using ::strata::testing::Generated;
+using ::strata::testing::GenerateGreedyAsync;
 using ::strata::testing::RouterStats;
 using ::strata::testing::RunStrata;
 
@@ -122,11 +124,8 @@ TEST(TiersTest, HotRatioChangesWhileRequestsRun) {
       {"--model=" + kModel, "--workers=2", "--threads=1", kBudget, "--hot-ratio=0"});
   ASSERT_FALSE(cluster.address().empty());
   const auto prompts = Prompts();
-  std::vector<std::future<std::vector<uint32_t>>> running;
-  for (const auto& p : prompts) {
-    running.push_back(
-        std::async(std::launch::async, [&, p] { return Generate(cluster.address(), p, 48); }));
-  }
+  std::vector<std::future<Generated>> running;
+  for (const auto& p : prompts) running.push_back(GenerateGreedyAsync(cluster.address(), p, 48));
   auto admin = v1::Admin::NewStub(
       grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
   for (float ratio : {1.0f, 0.1f, -1.0f}) {
@@ -143,7 +142,9 @@ TEST(TiersTest, HotRatioChangesWhileRequestsRun) {
     EXPECT_EQ(response.automatic(), ratio < 0);
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(running[i].get(), InProcess(prompts[i], 48));
+    const Generated g = running[i].get();
+    EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.tokens, InProcess(prompts[i], 48));
   }
   v1::SetHotRatioRequest bad;
   bad.set_hot_ratio(1.5f);
