@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 namespace strata {
 namespace {
@@ -128,6 +129,38 @@ void EncodeExpertResponse(const ExpertResponseView& r, absl::Span<uint8_t> out) 
   } else if (!r.on_device) {
     std::memcpy(out.data() + sizeof(h), r.partial.data(), r.partial.size() * sizeof(float));
   }
+}
+
+ExpertResponseView ExpertResponseFor(absl::Span<const uint8_t> request_bytes,
+                                     const absl::StatusOr<ExpertRequestView>& request,
+                                     const absl::Status& status, bool on_device,
+                                     absl::Span<const float> partial, std::string& error) {
+  ExpertResponseView response;
+  response.on_device = on_device;
+  if (request.ok()) {
+    response.step = request->step;
+    response.layer = request->layer;
+    response.num_tokens = request->num_tokens;
+    response.hidden_size = request->hidden_size;
+  } else {
+    response.step = ExpertRequestStep(request_bytes);
+  }
+  error.clear();
+  if (status.ok()) {
+    if (!on_device) response.partial = partial;
+    return response;
+  }
+  // An empty message would read as success on the other side.
+  error = status.message().empty() ? absl::StatusCodeToString(status.code())
+                                   : std::string(status.message());
+  error.resize(std::min(error.size(), kMaxExpertErrorBytes));
+  response.error = error;
+  return response;
+}
+
+size_t EncodedSize(const ExpertResponseView& r) {
+  return r.on_device ? ExpertDeviceResponseBytes(r.error.size())
+                     : ExpertResponseBytes(r.num_tokens, r.hidden_size, r.error.size());
 }
 
 uint64_t ExpertRequestStep(absl::Span<const uint8_t> bytes) {

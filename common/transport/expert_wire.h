@@ -5,6 +5,7 @@
 #define STRATA_COMMON_TRANSPORT_EXPERT_WIRE_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -90,6 +91,17 @@ size_t ExpertSlotBytes(uint32_t max_tokens, uint32_t top_k, uint32_t hidden_size
 size_t EncodedSize(const ExpertRequestView& r);
 size_t ExpertResponseBytes(uint32_t num_tokens, uint32_t hidden_size, size_t error_bytes = 0);
 size_t ExpertDeviceResponseBytes(size_t error_bytes = 0);
+
+// The answer to the request in `request_bytes` (`request` is its decoding, or why it has
+// none): the request's header fields, or for an undecodable one only the step it names (the
+// router waiting for it then fails at once); `partial` when `status` is ok, else the status's
+// message cut to kMaxExpertErrorBytes, kept in `error`, which the view points into.
+ExpertResponseView ExpertResponseFor(absl::Span<const uint8_t> request_bytes,
+                                     const absl::StatusOr<ExpertRequestView>& request,
+                                     const absl::Status& status, bool on_device,
+                                     absl::Span<const float> partial, std::string& error);
+// The bytes EncodeExpertResponse writes for `r`.
+size_t EncodedSize(const ExpertResponseView& r);
 
 // Encoders write exactly the bytes the *Bytes functions give (by kind, and on_device for a
 // response); `out` must hold them.

@@ -259,7 +259,7 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
   // critical path of every step. Steps come every few milliseconds while decoding, so spin
   // through that gap; an idle worker still sleeps after it.
   if (ipc_link_ != nullptr) channel.inbound().set_spin(kDeviceStepSpin);
-  std::vector<uint8_t> error_buffer;
+  std::string error;  // the text an error response points into
   while (!stopping_.load()) {
     auto request_bytes = channel.inbound().Peek(absl::Milliseconds(200));
     if (absl::IsDeadlineExceeded(request_bytes.status())) continue;
@@ -285,31 +285,11 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
     } else if (status.ok()) {
       status = executor_->Run(*request);
     }
-    ExpertResponseView response;
-    response.on_device = on_device;
+    ExpertResponseView response = ExpertResponseFor(
+        *request_bytes, request, status, on_device,
+        absl::Span<const float>(executor_->partial().data(), executor_->partial().size()), error);
     response.tiers = executor_->counters();
-    if (request.ok()) {
-      response.step = request->step;
-      response.layer = request->layer;
-      response.num_tokens = request->num_tokens;
-      response.hidden_size = request->hidden_size;
-    } else {
-      // Answer the step the router waits for, so that it fails now instead of at its timeout.
-      response.step = ExpertRequestStep(*request_bytes);
-    }
-    std::string error;
-    if (status.ok()) {
-      if (!on_device) {
-        response.partial =
-            absl::Span<const float>(executor_->partial().data(), executor_->partial().size());
-      }
-    } else {
-      error = std::string(status.message().substr(0, kMaxExpertErrorBytes));
-      response.error = error;
-    }
-    const size_t bytes =
-        on_device ? ExpertDeviceResponseBytes(error.size())
-                  : ExpertResponseBytes(response.num_tokens, response.hidden_size, error.size());
+    const size_t bytes = EncodedSize(response);
     ASSIGN_OR_RETURN(absl::Span<uint8_t> slot,
                      channel.outbound().Reserve(bytes, absl::Seconds(10)));
     EncodeExpertResponse(response, slot);

@@ -98,6 +98,7 @@ void CpuTierService::ReapLocked() {
 // ending the channel: a worker may collect late, and a dead one ends the wait anyway.
 void CpuTierService::Serve(ShmChannel& channel) {
   ExpertExecutor executor(config_, *backend_);
+  std::string error;  // the text an error response points into
   absl::Status ended;
   while (!stopping_.load()) {
     auto request_bytes = channel.inbound().Peek(kPoll);
@@ -120,24 +121,10 @@ void CpuTierService::Serve(ShmChannel& channel) {
       std::lock_guard<std::mutex> lock(backend_mu_);
       status = executor.Run(*request);
     }
-    ExpertResponseView response;
-    if (request.ok()) {
-      response.step = request->step;
-      response.layer = request->layer;
-      response.num_tokens = request->num_tokens;
-      response.hidden_size = request->hidden_size;
-    }
-    size_t bytes = ExpertResponseBytes(response.num_tokens, response.hidden_size);
-    std::string error;
-    if (status.ok()) {
-      response.partial =
-          absl::Span<const float>(executor.partial().data(), executor.partial().size());
-    } else {
-      error = std::string(status.message()).substr(0, kMaxExpertErrorBytes);
-      if (error.empty()) error = "CPU tier: request failed";
-      response.error = error;
-      bytes = ExpertResponseBytes(response.num_tokens, response.hidden_size, error.size());
-    }
+    const ExpertResponseView response = ExpertResponseFor(
+        *request_bytes, request, status, /*on_device=*/false,
+        absl::Span<const float>(executor.partial().data(), executor.partial().size()), error);
+    const size_t bytes = EncodedSize(response);
     absl::StatusOr<absl::Span<uint8_t>> slot;
     do {
       slot = channel.outbound().Reserve(bytes, kPoll);

@@ -2,7 +2,9 @@
 // IPC with their answers.
 #include "common/transport/expert_wire.h"
 
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -41,7 +43,7 @@ TEST(ExpertWireTest, HostRunRoundTrip) {
 // A slot holds the largest message either way: the request, a full partial (larger than the
 // request when a step has fewer than nine slots), or the longest error.
 TEST(ExpertWireTest, SlotBytesHoldEveryMessage) {
-  for (const auto [tokens, top_k, hidden] :
+  for (const auto& [tokens, top_k, hidden] :
        {std::tuple{1u, 8u, 2048u}, std::tuple{512u, 8u, 2048u}, std::tuple{1u, 1u, 16u}}) {
     const size_t slot = ExpertSlotBytes(tokens, top_k, hidden);
     EXPECT_GE(slot, ExpertRequestBytes(tokens, top_k, hidden));
@@ -149,6 +151,67 @@ TEST(ExpertWireTest, HostResponseIsNotOnDevice) {
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_FALSE(decoded->on_device);
   EXPECT_EQ(std::vector<float>(decoded->partial.begin(), decoded->partial.end()), partial);
+}
+
+// What a worker or the CPU tier answers: fields, partial or error, round-tripped.
+TEST(ExpertWireTest, ResponseForARequest) {
+  ExpertRequestView r;
+  r.step = 41;
+  r.layer = 3;
+  r.num_tokens = 1;
+  r.top_k = 1;
+  r.hidden_size = 2;
+  const std::vector<float> hidden = {1, 2};
+  const std::vector<int32_t> experts = {0};
+  const std::vector<float> weights = {1};
+  r.hidden = hidden;
+  r.experts = experts;
+  r.weights = weights;
+  std::vector<uint8_t> bytes(EncodedSize(r));
+  EncodeExpertRequest(r, absl::MakeSpan(bytes));
+  const absl::StatusOr<ExpertRequestView> request = DecodeExpertRequest(bytes);
+  ASSERT_TRUE(request.ok());
+  const std::vector<float> partial = {0.5f, -0.5f};
+  std::string error;
+  auto round_trip = [](const ExpertResponseView& response) {
+    std::vector<uint8_t> out(EncodedSize(response));
+    EncodeExpertResponse(response, absl::MakeSpan(out));
+    auto decoded = DecodeExpertResponse(out);
+    EXPECT_TRUE(decoded.ok()) << decoded.status();
+    return std::make_pair(std::move(out), *decoded);
+  };
+
+  const auto [ok_bytes, ok] =
+      round_trip(ExpertResponseFor(bytes, request, absl::OkStatus(), false, partial, error));
+  EXPECT_EQ(std::make_tuple(ok.step, ok.layer, ok.num_tokens, ok.hidden_size),
+            std::make_tuple(41u, 3u, 1u, 2u));
+  EXPECT_EQ(std::vector<float>(ok.partial.begin(), ok.partial.end()), partial);
+  EXPECT_TRUE(ok.error.empty());
+
+  // On the device: no partial, whatever the caller passed.
+  const auto [device_bytes, device] =
+      round_trip(ExpertResponseFor(bytes, request, absl::OkStatus(), true, partial, error));
+  EXPECT_TRUE(device.on_device);
+  EXPECT_TRUE(device.partial.empty());
+
+  // An error: its text, cut to the limit; an empty message still reads as an error.
+  const std::string long_text(kMaxExpertErrorBytes + 10, 'x');
+  const auto [long_bytes, failed] = round_trip(
+      ExpertResponseFor(bytes, request, absl::InternalError(long_text), false, partial, error));
+  EXPECT_EQ(failed.error.size(), kMaxExpertErrorBytes);
+  EXPECT_TRUE(failed.partial.empty());
+  const auto [empty_bytes, unnamed] = round_trip(ExpertResponseFor(
+      bytes, request, absl::Status(absl::StatusCode::kUnavailable, ""), false, partial, error));
+  EXPECT_EQ(unnamed.error, "UNAVAILABLE");
+
+  // An undecodable request: the answer still names the step it carried.
+  std::vector<uint8_t> torn(bytes.begin(), bytes.begin() + bytes.size() - 1);
+  const absl::StatusOr<ExpertRequestView> bad = DecodeExpertRequest(torn);
+  ASSERT_FALSE(bad.ok());
+  const auto [torn_bytes, answer] =
+      round_trip(ExpertResponseFor(torn, bad, bad.status(), false, partial, error));
+  EXPECT_EQ(answer.step, 41u);
+  EXPECT_FALSE(answer.error.empty());
 }
 
 }  // namespace
