@@ -19,10 +19,29 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
   return absl::OkStatus();
 }
 
-int32_t Sampler::Sample(const float* logits, int64_t vocab) {
-  if (params_.temperature == 0.0f) {
-    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+int64_t ArgMax(const float* values, int64_t n) {
+  if (n <= 0) return 0;
+  // The largest value over independent lanes (the compiler keeps them in vector registers),
+  // then the first index that holds it. std::max keeps the earlier operand on ties and on a
+  // NaN candidate, as max_element does.
+  constexpr int kLanes = 16;
+  float lane_max[kLanes];
+  for (float& m : lane_max) m = values[0];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lane_max[j] = std::max(lane_max[j], values[i + j]);
   }
+  float best = values[0];
+  for (float m : lane_max) best = std::max(best, m);
+  for (; i < n; ++i) best = std::max(best, values[i]);
+  for (int64_t k = 0; k < n; ++k) {
+    if (values[k] == best) return k;
+  }
+  return 0;  // values[0] is NaN: max_element's answer too
+}
+
+int32_t Sampler::Sample(const float* logits, int64_t vocab) {
+  if (params_.temperature == 0.0f) return static_cast<int32_t>(ArgMax(logits, vocab));
   candidates_.resize(vocab);
   for (int64_t i = 0; i < vocab; ++i) {
     candidates_[i] = {logits[i] / params_.temperature, static_cast<int32_t>(i)};

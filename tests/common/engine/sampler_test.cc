@@ -1,5 +1,6 @@
 #include "common/engine/sampler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <set>
@@ -14,6 +15,24 @@ TEST(SamplerTest, GreedyTakesFirstMaximum) {
   Sampler sampler(SamplingParams{});
   const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 2.0f};
   EXPECT_EQ(sampler.Sample(logits.data(), 4), 1);
+}
+
+// The vectorized argmax gives max_element's index: first of equal maxima, any length, and
+// whatever a NaN does to max_element.
+TEST(SamplerTest, ArgMaxIsMaxElement) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> small(-3, 3);  // many ties
+  for (const int64_t n : {1, 2, 15, 16, 17, 31, 33, 1000, 151936}) {
+    for (int round = 0; round < 4; ++round) {
+      std::vector<float> v(n);
+      for (float& x : v) x = static_cast<float>(small(rng));
+      if (round == 1) v.assign(n, -2.0f);  // all equal
+      if (round == 2 && n > 3) v[n / 2] = std::nanf("");
+      if (round == 3) v[0] = std::nanf("");
+      EXPECT_EQ(ArgMax(v.data(), n), std::max_element(v.begin(), v.end()) - v.begin())
+          << "n=" << n << " round " << round;
+    }
+  }
 }
 
 TEST(SamplerTest, SameSeedSameTokens) {
