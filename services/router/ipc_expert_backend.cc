@@ -279,10 +279,13 @@ absl::Status IpcExpertBackend::CollectAnswers(std::vector<int>& failed) {
       static_cast<CudaIpcConnection*>(graph_connections_[w].get())->graph_awaited_.store(true);
     } else {
       // A worker that answered with an error started nothing. One whose answer never came may
-      // have: it is left to the liveness checks (a known gap: it would stay blocked).
+      // have, and its graph would wait for flags that are cleared once this step is over, with
+      // every later request queued behind it: its channel is closed, so that it registers
+      // again, or restarts when its stream stays stuck.
       if (transport_failed) {
         Log(LogLevel::kError, absl::StrCat("expert worker ", w,
                                            " did not answer a graph step: ", received.message()));
+        static_cast<CudaIpcConnection*>(graph_connections_[w].get())->channel_->Close();
       }
       failed.push_back(w);
       if (status.ok()) status = absl::UnavailableError(received.message());

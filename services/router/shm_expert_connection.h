@@ -29,6 +29,8 @@ class ShmExpertConnection : public ExpertConnection {
   absl::Status Receive(absl::FunctionRef<void(const ExpertResponseView&)> consume,
                        absl::Duration timeout) override;
   bool Alive() const override;
+  // Ends the channel: the worker's serving loop sees it closed and registers again.
+  void Close() { channel_.Close(); }
 
  private:
   explicit ShmExpertConnection(ShmChannel channel) : channel_(std::move(channel)) {}
