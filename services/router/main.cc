@@ -9,7 +9,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/engine/decode_graphs.h"
 #include "common/util/process.h"

@@ -17,7 +17,10 @@ absl::StatusOr<std::unique_ptr<ShmExpertConnection>> ShmExpertConnection::Create
   return std::unique_ptr<ShmExpertConnection>(new ShmExpertConnection(*std::move(channel)));
 }
 
-bool ShmExpertConnection::Alive() const { return channel_.PeerAlive(); }
+bool ShmExpertConnection::Alive() const {
+  // A channel this side closed is gone at once, whatever the worker is still doing.
+  return !channel_.outbound().closed() && channel_.PeerAlive();
+}
 
 absl::Status ShmExpertConnection::Send(const ExpertRequestView& request) {
   if (!unlinked_ && channel_.PeerStatus().ok()) {

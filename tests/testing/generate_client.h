@@ -86,7 +86,10 @@ class FirstTokens {
       if (!fired_.exchange(true)) arrived_.set_value();
     };
   }
-  void Wait() { arrived_future_.wait(); }
+  // False when no first token came in `timeout` (the request failed before one).
+  bool Wait(std::chrono::seconds timeout = std::chrono::seconds(120)) {
+    return arrived_future_.wait_for(timeout) == std::future_status::ready;
+  }
 
  private:
   std::atomic<bool> fired_{false};

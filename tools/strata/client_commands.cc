@@ -4,7 +4,6 @@
 
 #include <optional>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/placement/hot_ratio.h"
 #include "google/protobuf/util/json_util.h"

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/engine/decode_graphs.h"
+#include "common/placement/hot_ratio.h"
 #include "common/util/process.h"
 #include "tools/strata/bench_command.h"
 #include "tools/strata/client_commands.h"
@@ -227,6 +228,9 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
     c.gpu_memory_budget = absl::GetFlag(FLAGS_gpu_memory_budget);
   }
   if (flags.Specified("hot_ratio")) c.hot_ratio = absl::GetFlag(FLAGS_hot_ratio);
+  if (absl::Status s = strata::ParseHotRatio(c.hot_ratio).status(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--hot-ratio: ", s.message()));
+  }
   if (flags.Specified("cache_policy")) c.cache_policy = absl::GetFlag(FLAGS_cache_policy);
   if (flags.Specified("cold_experts")) c.cold_experts = absl::GetFlag(FLAGS_cold_experts);
   if (flags.Specified("prefetch")) c.prefetch = absl::GetFlag(FLAGS_prefetch);

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -282,8 +283,9 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
     if (::poll(fds, 3, 1000) < 0 && errno != EINTR) {
       return fail(absl::Seconds(1), absl::InternalError("poll failed"));
     }
-    if (!ready && (fds[1].revents & (POLLIN | POLLHUP))) {
-      ReadStdout(router);
+    if (!ready) {
+      // Also what an earlier read left unscanned (LISTENING's read may have brought READY).
+      if (fds[1].revents & (POLLIN | POLLHUP)) ReadStdout(router);
       if (std::optional<std::string> address = TakeLineWithPrefix(router.unread, "READY ")) {
         if (!announced) {
           out << "READY " << *address << std::endl;

@@ -223,7 +223,7 @@ TEST(CudaClusterTest, KilledWorkerGivesUnavailableOrReroutes) {
   const int kNewTokens = 400;
   FirstTokens first;
   auto running = GenerateGreedyAsync(cluster.address(), prompt, kNewTokens, first.Callback());
-  first.Wait();
+  ASSERT_TRUE(first.Wait()) << "no first token";
   const std::string index = "--index=" + std::to_string(Workers() - 1);
   pid_t worker = -1;
   ASSERT_NO_FATAL_FAILURE(KillChild(cluster.pid(), "strata-worker", index, &worker));
@@ -249,7 +249,7 @@ TEST(CudaClusterTest, KilledWorkerGivesUnavailableOrReroutes) {
         const pid_t replacement = ChildWithArgs(cluster.pid(), "strata-worker", index);
         return replacement > 0 && replacement != worker && Serving(cluster.address());
       },
-      std::chrono::seconds(60), std::chrono::milliseconds(100));
+      std::chrono::seconds(90), std::chrono::milliseconds(100));
   ASSERT_TRUE(back) << "the restarted worker did not register";
   const Generated after = GenerateGreedy(cluster.address(), prompt, 16);
   ASSERT_TRUE(after.status.ok()) << after.status.error_message();

@@ -80,7 +80,7 @@ TEST(LifecycleTest, SigtermDrainsRequestsInFlight) {
   FirstTokens first;
   auto running =
       GenerateGreedyAsync(cluster.address(), std::vector<uint32_t>(20, 5), 400, first.Callback());
-  first.Wait();
+  ASSERT_TRUE(first.Wait()) << "no first token";
   ::kill(cluster.pid(), SIGTERM);
   const Generated g = running.get();
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
@@ -145,7 +145,7 @@ TEST(LifecycleTest, KilledWorkerLosesNoRequest) {
   for (const auto& p : prompts) {
     running.push_back(GenerateGreedyAsync(cluster.address(), p, kNewTokens, first.Callback()));
   }
-  first.Wait();
+  ASSERT_TRUE(first.Wait()) << "no first token";
   pid_t worker = -1;
   ASSERT_NO_FATAL_FAILURE(KillChild(cluster.pid(), "strata-worker", "--index=1", &worker));
   for (size_t i = 0; i < running.size(); ++i) {
@@ -213,7 +213,7 @@ TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
 
   FirstTokens first;
   auto running = GenerateGreedyAsync(cluster.address(), prompt, kNewTokens, first.Callback());
-  first.Wait();
+  ASSERT_TRUE(first.Wait()) << "no first token";
   pid_t cache = -1;
   ASSERT_NO_FATAL_FAILURE(KillChild(cluster.pid(), "strata-cache", "--segment-prefix=", &cache));
   const Generated g = running.get();
@@ -263,7 +263,7 @@ TEST(LifecycleTest, KilledRouterLosesOnlyItsInFlightRequests) {
 
   FirstTokens first;
   auto running = GenerateGreedyAsync(cluster.address(), prompt, 2000, first.Callback());
-  first.Wait();
+  ASSERT_TRUE(first.Wait()) << "no first token";
   pid_t router = -1;
   ASSERT_NO_FATAL_FAILURE(KillChild(cluster.pid(), "strata-router", "--channel-prefix=", &router));
   const Generated lost = running.get();
