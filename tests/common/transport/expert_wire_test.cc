@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testing/expert_messages.h"
 
 namespace strata {
 namespace {
@@ -16,15 +17,7 @@ TEST(ExpertWireTest, HostRunRoundTrip) {
   const std::vector<float> hidden = {1, 2, 3, 4, 5, 6};
   const std::vector<int32_t> experts = {3, -1, 0, 7};
   const std::vector<float> weights = {0.5f, 0, 0.25f, 0.75f};
-  ExpertRequestView r;
-  r.step = 9;
-  r.layer = 2;
-  r.num_tokens = 2;
-  r.top_k = 2;
-  r.hidden_size = 3;
-  r.hidden = hidden;
-  r.experts = experts;
-  r.weights = weights;
+  const ExpertRequestView r = testing::HostRunRequest(9, 2, 3, hidden, experts, weights);
   std::vector<uint8_t> bytes(ExpertRequestBytes(2, 2, 3));
   EncodeExpertRequest(r, absl::MakeSpan(bytes));
   auto decoded = DecodeExpertRequest(bytes);
@@ -155,18 +148,10 @@ TEST(ExpertWireTest, HostResponseIsNotOnDevice) {
 
 // What a worker or the CPU tier answers: fields, partial or error, round-tripped.
 TEST(ExpertWireTest, ResponseForARequest) {
-  ExpertRequestView r;
-  r.step = 41;
-  r.layer = 3;
-  r.num_tokens = 1;
-  r.top_k = 1;
-  r.hidden_size = 2;
   const std::vector<float> hidden = {1, 2};
   const std::vector<int32_t> experts = {0};
   const std::vector<float> weights = {1};
-  r.hidden = hidden;
-  r.experts = experts;
-  r.weights = weights;
+  const ExpertRequestView r = testing::HostRunRequest(41, 3, 2, hidden, experts, weights);
   std::vector<uint8_t> bytes(EncodedSize(r));
   EncodeExpertRequest(r, absl::MakeSpan(bytes));
   const absl::StatusOr<ExpertRequestView> request = DecodeExpertRequest(bytes);

@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/common/shm/shm_test_util.h"
+#include "tests/testing/expert_messages.h"
 
 namespace strata {
 namespace {
@@ -24,15 +25,7 @@ TEST(ShmExpertConnectionTest, RoundTripThenClose) {
   const std::vector<float> hidden(8, 1.0f);
   const std::vector<int32_t> experts = {0, -1};
   const std::vector<float> weights = {1.0f, 0.0f};
-  ExpertRequestView request;
-  request.step = 7;
-  request.layer = 1;
-  request.num_tokens = 1;
-  request.top_k = 2;
-  request.hidden_size = 8;
-  request.hidden = hidden;
-  request.experts = experts;
-  request.weights = weights;
+  const ExpertRequestView request = testing::HostRunRequest(7, 1, 8, hidden, experts, weights);
   ASSERT_TRUE((*router)->Send(request).ok());
 
   // The worker's side: read it, answer with a partial.
