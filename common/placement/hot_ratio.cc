@@ -23,7 +23,7 @@ float HotRatioPolicy::For(int64_t context_tokens) const {
   for (const Step& step : steps) {
     if (step.below == 0 || context_tokens < step.below) return step.ratio;
   }
-  return steps.empty() ? 0.2f : steps.back().ratio;
+  return steps.empty() ? HotRatioPolicy().steps.back().ratio : steps.back().ratio;
 }
 
 absl::StatusOr<HotRatioPolicy> HotRatioPolicy::Parse(const std::string& text) {

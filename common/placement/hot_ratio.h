@@ -4,7 +4,6 @@
 #define STRATA_COMMON_PLACEMENT_HOT_RATIO_H_
 
 #include <atomic>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,7 +34,8 @@ struct HotRatioPolicy {
 // Thread-safe: the admin service sets it, the engine thread reads it every step.
 class HotRatioControl {
  public:
-  explicit HotRatioControl(HotRatioPolicy policy) : policy_(std::move(policy)) {}
+  explicit HotRatioControl(HotRatioPolicy policy)
+      : policy_(std::move(policy)), current_(policy_.For(0)) {}
 
   // Fixes the ratio (InvalidArgument outside [0, 1]) until SetAutomatic.
   absl::Status SetFixed(float ratio);
@@ -51,7 +51,7 @@ class HotRatioControl {
   HotRatioPolicy policy_;
   std::atomic<bool> automatic_{true};
   std::atomic<float> fixed_{0.2f};
-  std::atomic<float> current_{0.35f};
+  std::atomic<float> current_;  // the policy's ratio for the shortest contexts until a step
 };
 
 }  // namespace strata

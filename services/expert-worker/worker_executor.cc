@@ -60,8 +60,7 @@ absl::Status WorkerExecutor::Run(const ExpertRequestView& request) {
     return absl::OkStatus();
   }
   if (request.hot_ratio >= 0.0f) RETURN_IF_ERROR(tiers_->SetHotRatio(request.hot_ratio));
-  // choose_cpu_ is empty without a CPU tier (SetCpuTier).
-  cpu_.clear();
+  // choose_cpu_ is empty without a CPU tier (SetCpuTier); Acquire clears cpu_ first.
   RETURN_IF_ERROR(
       tiers_->Acquire(static_cast<int>(request.layer), experts_, tokens_, choose_cpu_, &cpu_));
   if (cpu_.empty()) {

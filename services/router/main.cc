@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/engine/decode_graphs.h"
+#include "common/placement/hot_ratio.h"
 #include "common/util/process.h"
 #include "services/router/router_server.h"
 
@@ -34,7 +35,7 @@ ABSL_FLAG(double, drain_timeout_s, 30, "On SIGTERM, how long in-flight requests 
 ABSL_FLAG(std::string, hot_ratio, "auto",
           "Share of each worker's experts kept resident: a number in [0, 1], or auto to follow "
           "--hot-ratio-policy by context length");
-ABSL_FLAG(std::string, hot_ratio_policy, "512:0.35,2048:0.28,0.20",
+ABSL_FLAG(std::string, hot_ratio_policy, strata::HotRatioPolicy().ToString(),
           "Hot ratio by longest context in the batch: LIMIT:RATIO,... then the ratio beyond");
 ABSL_FLAG(bool, prefetch, true, "Predict the next layer's experts and tell the workers");
 ABSL_FLAG(int, cuda_graph_max_batch, 32,

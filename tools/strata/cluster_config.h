@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/placement/hot_ratio.h"
 
 namespace strata {
 
@@ -33,7 +34,7 @@ struct ClusterConfig {
   // Expert tiers (see docs/tiers.md).
   std::string gpu_memory_budget;   // per worker, e.g. 24GiB; empty: every expert resident
   std::string hot_ratio = "auto";  // a number in [0, 1], or auto (hot_ratio_policy)
-  std::string hot_ratio_policy = "512:0.35,2048:0.28,0.20";
+  std::string hot_ratio_policy = HotRatioPolicy().ToString();
   std::string cache_policy = "lfu";   // warm slots: lru or lfu
   std::string cold_experts = "auto";  // copy, cpu (strata-cache computes them) or auto
   bool prefetch = true;

@@ -275,7 +275,7 @@ absl::Status CudaRouterBackend::UploadBatch(const BatchLayout& batch, PagedKvCac
   }
   if (graph_mode_) {
     // The captured layout: one token per sequence, sequence i at row i.
-    if (n != graph_sequences_ || static_cast<int64_t>(seqs.size()) != n ||
+    if (n != graph_sequences_ || !one_token_per_sequence_ ||
         max_blocks_per_seq_ > graph_max_blocks_ || max_context_ > graph_max_context_) {
       return absl::FailedPreconditionError("cuda backend: step does not fit the decode graph");
     }

@@ -11,7 +11,6 @@ namespace {
 // binary from starting on a machine without the NVIDIA driver (CPU-only hosts run them too).
 struct DriverApi {
   CUresult (*wait_value32)(CUstream, CUdeviceptr, cuuint32_t, unsigned int) = nullptr;
-  CUresult (*write_value32)(CUstream, CUdeviceptr, cuuint32_t, unsigned int) = nullptr;
   CUresult (*memset_d32_async)(CUdeviceptr, unsigned int, size_t, CUstream) = nullptr;
   bool ok = false;
 };
@@ -34,7 +33,6 @@ const DriverApi& Driver() {
   static const DriverApi api = [] {
     DriverApi a;
     a.ok = Find("cuStreamWaitValue32", &a.wait_value32) &&
-           Find("cuStreamWriteValue32", &a.write_value32) &&
            Find("cuMemsetD32Async", &a.memset_d32_async);
     return a;
   }();
@@ -61,14 +59,6 @@ absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value)
   return DriverStatus(
       d.wait_value32(Stream(stream), Address(flag), value, CU_STREAM_WAIT_VALUE_GEQ),
       "cuStreamWaitValue32");
-}
-
-absl::Status WriteFlag(cudaStream_t stream, uint32_t* flag, uint32_t value) {
-  const DriverApi& d = Driver();
-  if (!d.ok) return Unavailable();
-  return DriverStatus(
-      d.write_value32(Stream(stream), Address(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT),
-      "cuStreamWriteValue32");
 }
 
 absl::Status FillFlags(cudaStream_t stream, uint32_t* flags, uint32_t value, size_t count) {

@@ -1,7 +1,8 @@
-// Stream-ordered waits on and writes of 32-bit flags in device memory (the driver's stream
+// Stream-ordered waits on 32-bit flags in device memory, and fills of them (the driver's stream
 // memory operations). Two processes that share a flag word by CUDA IPC order their streams
-// through it without a host round trip, and both operations can be captured in a CUDA graph
-// (an interprocess event cannot: a captured wait would see the record of the capture's time).
+// through it without a host round trip, and a wait can be captured in a CUDA graph (an
+// interprocess event cannot: a captured wait would see the record of the capture's time). The
+// flags are raised by kernels (grid_signal.h).
 #ifndef STRATA_COMMON_BACKEND_CUDA_STREAM_FLAGS_H_
 #define STRATA_COMMON_BACKEND_CUDA_STREAM_FLAGS_H_
 
@@ -16,10 +17,6 @@ namespace strata::gpu {
 // Work queued on `stream` after this waits until *flag >= value (a flag released for good, see
 // kFlagReleased, passes every wait).
 absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value);
-
-// Sets *flag = value once the work queued before it on `stream` is done and its writes are
-// visible (a memory fence precedes the write).
-absl::Status WriteFlag(cudaStream_t stream, uint32_t* flag, uint32_t value);
 
 // Sets count flags to `value` on `stream` (no fence; for releasing a stuck waiter).
 absl::Status FillFlags(cudaStream_t stream, uint32_t* flags, uint32_t value, size_t count);

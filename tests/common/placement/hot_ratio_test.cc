@@ -52,6 +52,16 @@ TEST(HotRatioPolicyTest, ParsesAndRejects) {
   }
 }
 
+// Before any step the ratio is the policy's own for short contexts, not the default table's.
+TEST(HotRatioControlTest, StartsAtThePolicysFirstRatio) {
+  auto policy = HotRatioPolicy::Parse("1024:0.5,0.3");
+  ASSERT_TRUE(policy.ok());
+  HotRatioControl control{*policy};
+  EXPECT_FLOAT_EQ(control.current(), 0.5f);
+  EXPECT_FLOAT_EQ(control.Update(1000), 0.5f);
+  EXPECT_FLOAT_EQ(HotRatioControl{HotRatioPolicy()}.current(), 0.35f);
+}
+
 TEST(HotRatioControlTest, FixedOverridesThePolicyUntilAutomatic) {
   HotRatioControl control{HotRatioPolicy()};
   EXPECT_TRUE(control.automatic());
