@@ -19,10 +19,7 @@ DecodeGraphs::DecodeGraphs(ForwardPass& forward, gpu::CudaRouterBackend& router,
 bool DecodeGraphs::Fits(const BatchLayout& batch, absl::Span<const int64_t> logit_rows) const {
 #if STRATA_HAVE_CUDA
   const int64_t n = batch.num_tokens();
-  const uint64_t version = experts_.graph_version();
-  if (n < 1 || n > options_.max_sequences || version == 0 ||
-      static_cast<int64_t>(logit_rows.size()) != n ||
-      (failures_ >= kMaxFailures && version == failed_version_)) {
+  if (n < 1 || n > options_.max_sequences || static_cast<int64_t>(logit_rows.size()) != n) {
     return false;
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -31,7 +28,9 @@ bool DecodeGraphs::Fits(const BatchLayout& batch, absl::Span<const int64_t> logi
       if (batch.sequence[i] == batch.sequence[j]) return false;
     }
   }
-  return true;
+  // Last: the expert backend's version is the costliest check (prefill steps never get here).
+  const uint64_t version = experts_.graph_version();
+  return version != 0 && !(failures_ >= kMaxFailures && version == failed_version_);
 #else
   return false;
 #endif
@@ -125,19 +124,21 @@ absl::StatusOr<const float*> DecodeGraphs::Replay(absl::Span<const int32_t> ids,
   } else {
     ASSIGN_OR_RETURN(graph, Capture(ids, batch));
   }
+  // The host code of the pass does not run in a replay; noted before the workers are told,
+  // so that their messages carry this step's hot ratio.
+  forward_.NoteBatch(batch);
   // The workers are told first: their wake-up and launches overlap the router's own.
   RETURN_IF_ERROR(experts_.BeginGraphStep(n));
-  std::vector<int32_t> positions(n);
-  std::vector<const std::vector<int>*> tables(n);
+  positions_.resize(n);
+  tables_.resize(n);
   for (int i = 0; i < n; ++i) {
-    positions[i] = static_cast<int32_t>(batch.position[i]);
-    tables[i] = &kv_.block_table(batch.sequence[i]);
+    positions_[i] = static_cast<int32_t>(batch.position[i]);
+    tables_[i] = &kv_.block_table(batch.sequence[i]);
   }
-  if (absl::Status written = router_.WriteDecodeInputs(ids, positions, tables); !written.ok()) {
+  if (absl::Status written = router_.WriteDecodeInputs(ids, positions_, tables_); !written.ok()) {
     experts_.AbortGraphStep();
     return written;
   }
-  forward_.NoteBatch(batch);  // the host code of the pass does not run in a replay
   cudaStream_t stream = router_.context()->stream();
   const cudaError_t launched = cudaGraphLaunch(graph->exec, stream);
   if (launched != cudaSuccess) {

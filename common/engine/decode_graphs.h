@@ -9,6 +9,7 @@
 
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
@@ -70,6 +71,9 @@ class DecodeGraphs {
   int failures_ = 0;       // failed steps in a row, at failed_version_
   uint64_t failed_version_ = 0;
   std::map<int, std::unique_ptr<Graph>> graphs_;  // by batch size
+  // A replay's positions and block tables, kept to spare two allocations a step.
+  std::vector<int32_t> positions_;
+  std::vector<const std::vector<int>*> tables_;
 };
 
 }  // namespace strata

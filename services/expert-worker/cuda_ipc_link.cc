@@ -1,9 +1,11 @@
 #include "services/expert-worker/cuda_ipc_link.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #if STRATA_HAVE_CUDA
@@ -68,32 +70,20 @@ class CudaIpcLinkImpl : public CudaIpcLink {
     if (flags_ == nullptr) {
       return absl::FailedPreconditionError("the router shared no flags for graph steps");
     }
-    if (r.num_tokens == 0 || r.num_tokens > max_tokens_ || r.top_k == 0 || r.top_k > top_k_ ||
-        r.hidden_size != static_cast<uint32_t>(config_.hidden_size) || r.layers.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("device step of ", r.num_tokens, " tokens x ",
-                                                     r.top_k, " does not fit the buffers"));
-    }
-    for (int32_t layer : r.layers) {
-      if (layer < 0 || layer >= config_.num_layers || !config_.layer_is_moe[layer]) {
-        return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " has no experts"));
-      }
-    }
-    std::string key = absl::StrCat(r.num_tokens, ":", r.top_k, ":");
-    key.append(reinterpret_cast<const char*>(r.layers.data()), r.layers.size() * sizeof(int32_t));
     cudaStream_t stream = experts_.context()->stream();
     // The router waited for the last step's output flags: that step is done, and the
     // synchronizing flush waits for nothing more.
     if (stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Flush(stream));
-    auto it = graphs_.find(key);
-    if (it == graphs_.end()) {
-      if (graphs_.size() >= kMaxGraphs) {
-        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // none of them still running
-        graphs_.clear();
-      }
-      ASSIGN_OR_RETURN(cudaGraphExec_t exec, Capture(r, stream));
-      it = graphs_.emplace(std::move(key), GraphExec(exec)).first;
+    // Decoding repeats one step shape: the last graph is checked against it without a key.
+    if (last_graph_ == nullptr || r.num_tokens != last_tokens_ || r.top_k != last_top_k_ ||
+        !std::equal(r.layers.begin(), r.layers.end(), last_layers_.begin(), last_layers_.end())) {
+      last_graph_ = nullptr;  // FindOrCapture may drop every graph
+      ASSIGN_OR_RETURN(last_graph_, FindOrCapture(r, stream));
+      last_tokens_ = r.num_tokens;
+      last_top_k_ = r.top_k;
+      last_layers_.assign(r.layers.begin(), r.layers.end());
     }
-    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.get(), stream));
+    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(last_graph_, stream));
     return absl::OkStatus();
   }
 
@@ -133,6 +123,7 @@ class CudaIpcLinkImpl : public CudaIpcLink {
           "recorded); this worker must restart");
     }
     graphs_.clear();
+    last_graph_ = nullptr;
     for (void** ptr : {&input_, &ids_, &weights_, &output_, &flags_}) {
       if (*ptr != nullptr) cudaIpcCloseMemHandle(*ptr);
       *ptr = nullptr;
@@ -155,6 +146,32 @@ class CudaIpcLinkImpl : public CudaIpcLink {
         static_cast<int>(r.top_k), static_cast<gpu::bf16*>(output_)));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(output_ready_, stream));
     return absl::OkStatus();
+  }
+
+  // The graph for r's token count, top_k and layers: checked and captured the first time.
+  absl::StatusOr<cudaGraphExec_t> FindOrCapture(const ExpertRequestView& r, cudaStream_t stream) {
+    if (r.num_tokens == 0 || r.num_tokens > max_tokens_ || r.top_k == 0 || r.top_k > top_k_ ||
+        r.hidden_size != static_cast<uint32_t>(config_.hidden_size) || r.layers.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("device step of ", r.num_tokens, " tokens x ",
+                                                     r.top_k, " does not fit the buffers"));
+    }
+    for (int32_t layer : r.layers) {
+      if (layer < 0 || layer >= config_.num_layers || !config_.layer_is_moe[layer]) {
+        return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " has no experts"));
+      }
+    }
+    std::string key = absl::StrCat(r.num_tokens, ":", r.top_k, ":");
+    key.append(reinterpret_cast<const char*>(r.layers.data()), r.layers.size() * sizeof(int32_t));
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      if (graphs_.size() >= kMaxGraphs) {
+        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // none of them still running
+        graphs_.clear();
+      }
+      ASSIGN_OR_RETURN(cudaGraphExec_t exec, Capture(r, stream));
+      it = graphs_.emplace(std::move(key), GraphExec(exec)).first;
+    }
+    return it->second.get();
   }
 
   struct DestroyExec {
@@ -236,6 +253,11 @@ class CudaIpcLinkImpl : public CudaIpcLink {
   gpu::DeviceBuffer<uint32_t> blocks_done_;             // the experts' GridSignal counter
   std::unique_ptr<gpu::ClockStamps> stamps_;            // profiling; null unless asked for
   absl::flat_hash_map<std::string, GraphExec> graphs_;  // by token count, top_k and layers
+  // The last step's shape and graph (one of graphs_), reused while steps repeat it.
+  cudaGraphExec_t last_graph_ = nullptr;
+  uint32_t last_tokens_ = 0;
+  uint32_t last_top_k_ = 0;
+  std::vector<int32_t> last_layers_;
   cudaEvent_t input_ready_ = nullptr;
   cudaEvent_t output_ready_ = nullptr;
 };

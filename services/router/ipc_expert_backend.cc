@@ -133,11 +133,17 @@ absl::Status IpcExpertBackend::StampClocks(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status IpcExpertBackend::FinishStep() {
-  for (const std::shared_ptr<ExpertConnection>& connection : Connections()) {
-    auto* link = dynamic_cast<CudaIpcConnection*>(connection.get());
-    if (link != nullptr) link->graph_awaited_.store(false);
+void IpcExpertBackend::ClearStarted() {
+  for (int w : started_) {
+    if (auto* link = static_cast<CudaIpcConnection*>(graph_connections_[w].get())) {
+      link->graph_awaited_.store(false);
+    }
   }
+  started_.clear();
+}
+
+absl::Status IpcExpertBackend::FinishStep() {
+  ClearStarted();  // only the workers a replay started wait on it (none in an eager step)
   absl::Status status;
   if (!reset_flags_.empty()) {
     // Workers that failed to start a replayed step, now over: none of their flags may stay up
@@ -226,10 +232,10 @@ uint64_t IpcExpertBackend::graph_version() const {
 absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
   const ModelConfig& c = config();
   const std::vector<std::shared_ptr<ExpertConnection>> connections = Connections();
-  step_ = NextStep();
+  graph_step_ = NextStep();
   step_tokens_ = tokens;
   sent_.clear();
-  started_.clear();
+  ClearStarted();  // empty unless a step ended on a path that did not finish it
   absl::Status status;
   for (int w = 0; w < static_cast<int>(graph_layers_.size()) && status.ok(); ++w) {
     if (graph_layers_[w].empty()) continue;
@@ -243,7 +249,7 @@ absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
     }
     ExpertRequestView request;
     request.kind = ExpertMessageKind::kDeviceStep;
-    request.step = step_;
+    request.step = graph_step_;
     request.num_tokens = static_cast<uint32_t>(tokens);
     request.top_k = static_cast<uint32_t>(std::max(c.top_k, 1));
     request.hidden_size = static_cast<uint32_t>(c.hidden_size);
@@ -253,10 +259,7 @@ absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
     if (status.ok()) sent_.push_back(w);
   }
   if (status.ok()) return status;
-  std::vector<int> failed;
-  CollectAnswers(failed).IgnoreError();
-  RunOut(started_).IgnoreError();
-  started_.clear();
+  AbortGraphStep();
   return status;
 }
 
@@ -265,7 +268,7 @@ absl::Status IpcExpertBackend::CollectAnswers(std::vector<int>& failed) {
   for (int w : sent_) {
     bool transport_failed = false;
     const absl::Status received = ReceiveResponse(
-        w, *graph_connections_[w], step_,
+        w, *graph_connections_[w], graph_step_,
         [&](const ExpertResponseView& response) {
           if (!response.on_device || response.num_tokens != step_tokens_) {
             return absl::DataLossError(
@@ -316,17 +319,16 @@ absl::Status IpcExpertBackend::AwaitGraphStep() {
 void IpcExpertBackend::AbortGraphStep() {
   std::vector<int> failed;
   CollectAnswers(failed).IgnoreError();
-  if (absl::Status s = RunOut(started_); !s.ok()) {
+  if (absl::Status s = RunOut(); !s.ok()) {
     Log(LogLevel::kError, absl::StrCat("running out the workers' graph step: ", s.message()));
   }
-  started_.clear();
 }
 
-absl::Status IpcExpertBackend::RunOut(const std::vector<int>& started) {
+absl::Status IpcExpertBackend::RunOut() {
   const size_t layers = static_cast<size_t>(config().num_layers);
   cudaStream_t stream = context_->stream();
   absl::Status status;
-  for (int w : started) {
+  for (int w : started_) {
     auto* link = static_cast<CudaIpcConnection*>(graph_connections_[w].get());
     uint32_t* in = link->flags_.data();
     for (int32_t layer : graph_layers_[w]) {
@@ -349,9 +351,7 @@ absl::Status IpcExpertBackend::RunOut(const std::vector<int>& started) {
     status = gpu::CudaStatus(synced, "cudaStreamSynchronize", __FILE__, __LINE__);
   }
   // Run out: a worker that exits now costs no step.
-  for (int w : started) {
-    static_cast<CudaIpcConnection*>(graph_connections_[w].get())->graph_awaited_.store(false);
-  }
+  ClearStarted();
   return status;
 }
 

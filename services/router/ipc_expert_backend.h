@@ -143,7 +143,9 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // layer on the router's stream, signals as a replay's split kernel does and waits for the
   // output flag (a worker that dies meanwhile is released by the watchdog). Best effort over
   // all of them.
-  absl::Status RunOut(const std::vector<int>& started);
+  absl::Status RunOut();
+  // The replay's workers are no longer awaited: clears their graph_awaited_ and started_.
+  void ClearStarted();
   // The watchdog thread's loop.
   void Watch();
   // When `link`'s worker is gone and the router's stream waits for an output event it will
@@ -167,7 +169,7 @@ class IpcExpertBackend : public RemoteExpertBackend {
   std::vector<std::shared_ptr<ExpertConnection>> graph_connections_;
   int last_captured_layer_ = -1;
   // The replay BeginGraphStep announced: its step, tokens, the workers told and those started.
-  uint64_t step_ = 0;
+  uint64_t graph_step_ = 0;
   int64_t step_tokens_ = 0;
   std::vector<int> sent_;
   std::vector<int> started_;
