@@ -13,7 +13,8 @@
 //           split, raise, wait, clear, combine; worker: wait, clear, work (gate/up), down, raise
 //   folded  the signalling folded into kernels: router: work, a split kernel that copies the
 //           input and raises the flag, a combine kernel that waits and clears; worker: a kernel
-//           that waits and clears, work, a down kernel that raises the output flag
+//           that waits and clears, work, a down kernel that raises the output flag. Its waits
+//           are polling kernels whatever --mode says (Strata kept front-end waits instead).
 // Run it with and without the MPS daemon to compare. Build: bench/gpu/build_flag_pingpong.sh.
 //   flag_pingpong [--layers 48] [--reps 100] [--work-us 0] [--mode memop|kernel|local]
 //                 [--chain bare|strata|folded]

@@ -72,6 +72,8 @@ def main():
             if gap < 20000:  # consecutive steps of one request, not the pause between requests
                 gaps.append(gap)
                 step_us.append((full[i + 1][3 * layers[0]] - r[3 * layers[0]]) / 1e3)
+    if not first_to_w:
+        sys.exit('no router step paired with a worker step (worker-0.txt empty or out of range)')
     med = {p: statistics.median(v) for p, v in phases.items() if v}
     med['first layer to-w'] = statistics.median(first_to_w)
     med['step gap'] = statistics.median(gaps) if gaps else float('nan')

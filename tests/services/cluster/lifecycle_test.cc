@@ -222,8 +222,8 @@ TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
 
   // Back on the same address with the same store.
   uint64_t restarted = 0;
-  PollUntil([&] { return (restarted = StoreGeneration(cache_address)) != 0; },
-            std::chrono::seconds(30));
+  EXPECT_TRUE(PollUntil([&] { return (restarted = StoreGeneration(cache_address)) != 0; },
+                        std::chrono::seconds(30)));
   EXPECT_EQ(restarted, generation);
   const pid_t replacement = ChildWithArgs(cluster.pid(), "strata-cache", "--segment-prefix=");
   EXPECT_GT(replacement, 0);
@@ -231,8 +231,8 @@ TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
   EXPECT_EQ(FlagOf(replacement, "--listen="), cache_address);
   std::string logged;
   const std::string back = "strata-cache is back at " + cache_address;
-  PollUntil([&] { return (logged = ReadFile(log)).find(back) != std::string::npos; },
-            std::chrono::seconds(5));
+  EXPECT_TRUE(PollUntil([&] { return (logged = ReadFile(log)).find(back) != std::string::npos; },
+                        std::chrono::seconds(5)));
   EXPECT_NE(logged.find(absl::StrFormat(
                 "strata-cache: re-attached to 1 segment(s), generation %016x", generation)),
             std::string::npos)
