@@ -3,6 +3,7 @@
 #include "common/backend/cuda/device_utils.cuh"
 #include "common/backend/cuda/expert_split_kernels.h"
 #include "common/backend/cuda/grid_signal.cuh"
+#include "common/backend/cuda/pdl.cuh"
 
 namespace strata::gpu {
 namespace {
@@ -19,6 +20,8 @@ __global__ void __launch_bounds__(kThreads)
                        const int32_t* __restrict__ expert_ids, const float* __restrict__ weights,
                        int64_t slots, const int32_t* __restrict__ owner, int num_experts,
                        RoutingSplit split, GridSignal signal) {
+  PdlLaunchDependents();
+  PdlWait();
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < vectors;
        i += int64_t{gridDim.x} * kThreads) {
     input[i] = x[i];
@@ -65,10 +68,9 @@ cudaError_t LaunchSplitRouting(const SplitInput& in, const int32_t* expert_ids,
   const int64_t slots = n * top_k;
   const int64_t vectors = n * in.hidden / 8;
   if (slots == 0 && signal.count == 0) return cudaSuccess;
-  SplitRoutingKernel<<<GridFor(std::max(slots, vectors)), kThreads, 0, stream>>>(
-      reinterpret_cast<const uint4*>(in.x), reinterpret_cast<uint4*>(in.input), vectors, expert_ids,
-      weights, slots, owner, num_experts, split, signal);
-  return cudaGetLastError();
+  return LaunchPdl(SplitRoutingKernel, dim3(GridFor(std::max(slots, vectors))), dim3(kThreads), 0,
+                   stream, reinterpret_cast<const uint4*>(in.x), reinterpret_cast<uint4*>(in.input),
+                   vectors, expert_ids, weights, slots, owner, num_experts, split, signal);
 }
 
 cudaError_t LaunchSignal(const GridSignal& signal, cudaStream_t stream) {

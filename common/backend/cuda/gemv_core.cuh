@@ -9,6 +9,7 @@
 #define STRATA_COMMON_BACKEND_CUDA_GEMV_CORE_CUH_
 
 #include "common/backend/cuda/device_utils.cuh"
+#include "common/backend/cuda/pdl.cuh"
 
 namespace strata::gpu {
 
@@ -100,11 +101,15 @@ __device__ __forceinline__ void DotChunk(const RawChunk<WT, kE>& raw,
 // (indices past the end are clamped for the load and skipped for the math, so the loads issue
 // unconditionally), and x is read once per chunk for all rows. Several tokens: the plain loop,
 // whose arithmetic per load already hides the latency.
-template <typename WT, int kE, int kRows, int kNT, int kU = kGemvUnroll>
+// kPdl: the kernel was launched by LaunchPdl and x is the previous kernel's output: the first
+// weight loads are issued before PdlWait(), so they overlap that kernel's tail. The caller
+// still calls PdlWait() after (a thread with no chunks never got here).
+template <typename WT, int kE, int kRows, int kNT, int kU = kGemvUnroll, bool kPdl = false>
 __device__ __forceinline__ void AccumulateDots(const WT* const (&w)[kRows],
                                                const __nv_bfloat16* const (&x)[kNT], int nt,
                                                int64_t in_dim, int part, int num_parts,
                                                float (&acc)[kRows][kNT]) {
+  if constexpr (kPdl && kNT > 1) PdlWait();
   if constexpr (kNT > 1) {
 #pragma unroll 2
     for (int64_t c = int64_t{part} * kE; c < in_dim; c += int64_t{num_parts} * kE) {
@@ -133,6 +138,9 @@ __device__ __forceinline__ void AccumulateDots(const WT* const (&w)[kRows],
         const int64_t c = min(c0 + int64_t{u} * num_parts, chunks - 1);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) raw[u][r] = LoadChunk<WT, kE>(w[r] + c * kE);
+      }
+      if constexpr (kPdl) {
+        if (c0 == part) PdlWait();  // the first weights are on their way; x is needed now
       }
 #pragma unroll
       for (int u = 0; u < kU; ++u) {

@@ -54,7 +54,10 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<kNT, WT>)
 #pragma unroll
     for (int t = 0; t < kNT; ++t) acc[r][t] = 0.0f;
   }
-  AccumulateDots<WT, kE, kRows, kNT>(wr, xr, n, in_dim, threadIdx.x % num_parts, num_parts, acc);
+  PdlLaunchDependents();
+  AccumulateDots<WT, kE, kRows, kNT, kGemvUnroll, /*kPdl=*/true>(
+      wr, xr, n, in_dim, threadIdx.x % num_parts, num_parts, acc);
+  PdlWait();
   const float* scale = seg.scale;
   const bf16* bias = seg.bias;
   OutT* y = static_cast<OutT*>(seg.y);
@@ -83,9 +86,8 @@ cudaError_t LaunchTyped(GemvSegments segs, int64_t in_dim, const bf16* x, int64_
     blocks += ((segs.seg[i].out + kRows - 1) / kRows + groups - 1) / groups;
   }
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  GemvKernel<WT, kE, kNT, OutT><<<static_cast<unsigned>(blocks), kGemvThreads, 0, stream>>>(
-      segs, in_dim, x, x_stride, n, parts);
-  return cudaGetLastError();
+  return LaunchPdl(GemvKernel<WT, kE, kNT, OutT>, dim3(static_cast<unsigned>(blocks)),
+                   dim3(kGemvThreads), 0, stream, segs, in_dim, x, x_stride, n, parts);
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

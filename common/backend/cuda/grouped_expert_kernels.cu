@@ -146,6 +146,8 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<kNT, WT>)
   constexpr int kRows = 2 * kP;
   __shared__ float red[kGemvThreads / kWarpSize * kRows * kNT];
   __shared__ float totals[kGemvThreads / kWarpSize][kRows * kNT];
+  PdlLaunchDependents();
+  PdlWait();  // the routing and x come from the kernels before
   int e, first, count;
   if constexpr (kDirect) {
     e = expert_ids[blockIdx.y];
@@ -266,6 +268,8 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<1, WT>)
   __shared__ int slot_of[kMaxDirectSlots];
   __shared__ float coef[kMaxDirectSlots][kMaxBlockRows];
   __shared__ int num_valid;
+  PdlLaunchDependents();
+  PdlWait();  // h and the routing come from the kernels before
   const int groups = kGemvThreads / num_parts;
   const int64_t block_row0 = int64_t{blockIdx.x} * groups * kDownRows;
   const int block_rows = groups * kDownRows;
@@ -413,9 +417,8 @@ cudaError_t GateUpDirect(const bf16* x, const int32_t* expert_ids, int top_k,
   const int64_t tiles = (row_groups + kGemvThreads / parts - 1) / (kGemvThreads / parts);
   if (tiles > 0x7fffffff) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(top_k));
-  ExpertGateUpKernel<WT, kE, 1, true>
-      <<<grid, kGemvThreads, 0, stream>>>(x, top_k, w, act, ws, parts, expert_ids);
-  return cudaGetLastError();
+  return LaunchPdl(ExpertGateUpKernel<WT, kE, 1, true>, grid, dim3(kGemvThreads), 0, stream, x,
+                   top_k, w, act, ws, parts, expert_ids);
 }
 
 template <typename WT, int kE>
@@ -429,9 +432,9 @@ cudaError_t DownCombineDirect(const int32_t* expert_ids, const float* weights, i
   const int64_t rows_per_block = kGemvThreads / parts * kDownRows;
   const int64_t blocks = (w.hidden + rows_per_block - 1) / rows_per_block;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  ExpertDownCombineKernel<WT, kE><<<static_cast<unsigned>(blocks), kGemvThreads, 0, stream>>>(
-      expert_ids, weights, top_k, w, ws.h, out, parts, signal);
-  return cudaGetLastError();
+  return LaunchPdl(ExpertDownCombineKernel<WT, kE>, dim3(static_cast<unsigned>(blocks)),
+                   dim3(kGemvThreads), 0, stream, expert_ids, weights, top_k, w, ws.h, out, parts,
+                   signal);
 }
 
 // Picks the instantiation: weight type, vector width (16-byte when both dims allow), and the

@@ -1,5 +1,6 @@
 #include "common/backend/cuda/device_utils.cuh"
 #include "common/backend/cuda/moe_gate_kernels.h"
+#include "common/backend/cuda/pdl.cuh"
 
 namespace strata::gpu {
 namespace {
@@ -16,6 +17,8 @@ __device__ __forceinline__ bool Before(float va, int ia, float vb, int ib) {
 __global__ void __launch_bounds__(kThreads)
     MoeGateKernel(const float* __restrict__ logits, int64_t n, MoeGateParams p,
                   int32_t* __restrict__ expert_ids, float* __restrict__ weights) {
+  PdlLaunchDependents();
+  PdlWait();
   const int lane = threadIdx.x % kWarpSize;
   const int64_t t = int64_t{blockIdx.x} * (kThreads / kWarpSize) + threadIdx.x / kWarpSize;
   if (t >= n) return;
@@ -113,9 +116,8 @@ cudaError_t LaunchMoeGate(const float* logits, int64_t n, const MoeGateParams& p
   }
   if (n == 0) return cudaSuccess;
   const int64_t blocks = (n + kThreads / kWarpSize - 1) / (kThreads / kWarpSize);
-  MoeGateKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, n, params,
-                                                                        expert_ids, weights);
-  return cudaGetLastError();
+  return LaunchPdl(MoeGateKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
+                   logits, n, params, expert_ids, weights);
 }
 
 }  // namespace strata::gpu

@@ -1,5 +1,6 @@
 #include "common/backend/cuda/device_utils.cuh"
 #include "common/backend/cuda/norm_kernels.h"
+#include "common/backend/cuda/pdl.cuh"
 
 namespace strata::gpu {
 namespace {
@@ -39,6 +40,8 @@ __global__ void __launch_bounds__(kThreads)
     RmsNormKernel(bf16* residual, const bf16* x, const bf16* __restrict__ weight, int64_t dim,
                   float eps, bf16* out) {
   __shared__ float scratch[kThreads / kWarpSize];
+  PdlLaunchDependents();
+  PdlWait();
   const int64_t row = blockIdx.x;
   const bf16* src = x + row * dim;
   bf16* res = kAddResidual ? residual + row * dim : nullptr;
@@ -79,12 +82,9 @@ cudaError_t Launch(bf16* residual, const bf16* x, const bf16* weight, int64_t n,
   if (n == 0) return cudaSuccess;
   const bool vec = dim % 8 == 0 && Aligned(x) && Aligned(weight) && Aligned(out) &&
                    (!kAddResidual || Aligned(residual));
-  if (vec) {
-    RmsNormKernel<8, kAddResidual><<<n, kThreads, 0, stream>>>(residual, x, weight, dim, eps, out);
-  } else {
-    RmsNormKernel<1, kAddResidual><<<n, kThreads, 0, stream>>>(residual, x, weight, dim, eps, out);
-  }
-  return cudaGetLastError();
+  return LaunchPdl(vec ? RmsNormKernel<8, kAddResidual> : RmsNormKernel<1, kAddResidual>,
+                   dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, residual, x, weight,
+                   dim, eps, out);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "common/backend/cuda/device_utils.cuh"
 #include "common/backend/cuda/paged_attention_kernels.h"
+#include "common/backend/cuda/pdl.cuh"
 
 namespace strata::gpu {
 namespace {
@@ -339,6 +340,8 @@ __global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeT
     PagedDecodeKernel(const bf16* __restrict__ q, TokenBatch tokens, PagedKvLayer kv,
                       PagedAttentionParams p, Shape shape, DecodeRope fuse,
                       bf16* __restrict__ out) {
+  PdlLaunchDependents();
+  PdlWait();
   constexpr int kDL = kD / kWarpSize;  // output dims per lane
   constexpr int kKPad = 4;             // floats: row starts 16 bytes apart mod 128 bytes
   constexpr int kChunks = kD / 8;      // 16-byte chunks per key row
@@ -558,9 +561,8 @@ cudaError_t LaunchDecodeForDim(const bf16* q, const TokenBatch& tokens, const Pa
   const Shape shape = MakeShape(p);
   const dim3 grid(static_cast<unsigned>(tokens.n * kDecodeBlocks),
                   static_cast<unsigned>(p.num_kv_heads * shape.head_chunks));
-  PagedDecodeKernel<kD, kFused>
-      <<<grid, kDecodeThreads, 0, stream>>>(q, tokens, kv, p, shape, fuse, out);
-  return cudaGetLastError();
+  return LaunchPdl(PagedDecodeKernel<kD, kFused>, grid, dim3(kDecodeThreads), 0, stream, q, tokens,
+                   kv, p, shape, fuse, out);
 }
 
 template <int kD>
