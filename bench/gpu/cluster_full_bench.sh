@@ -15,6 +15,7 @@
 #   bash bench/gpu/cluster_full_bench.sh OUT_DIR STAGES [RUNS]
 set -uo pipefail
 final=$1 stages=$2 runs=${3:-3}
+mkdir -p "$final"
 out=/tmp/full-work
 mkdir -p $out
 root=$PWD

@@ -8,7 +8,7 @@ namespace strata::gpu {
 bool ProgrammaticLaunch() {
   static const bool on = [] {
     const char* value = std::getenv("STRATA_PDL");
-    return value != nullptr && std::strcmp(value, "1") == 0;
+    return value == nullptr || std::strcmp(value, "0") != 0;
   }();
   return on;
 }

@@ -4,7 +4,8 @@
 
 namespace strata::gpu {
 
-// On when the environment has STRATA_PDL=1 (read once): an experiment until it is measured.
+// On unless the environment has STRATA_PDL=0 (read once): the off switch is for comparing and for
+// ruling it out when a kernel misbehaves.
 bool ProgrammaticLaunch();
 
 }  // namespace strata::gpu

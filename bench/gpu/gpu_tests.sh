@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On the GPU machine: the CUDA test binaries (ops against the CPU backend, engine, demo model,
+# cluster on one and, where there are two, two GPUs) from .device-ipc/bin, once per environment
+# given (e.g. "STRATA_PDL=0" "STRATA_PDL=1"). Logs go to OUT_DIR; a summary is printed last.
+#   bash bench/gpu/gpu_tests.sh OUT_DIR [ENV_ASSIGNMENT...]
+set -uo pipefail
+out=$1; shift
+envs=("$@"); [ ${#envs[@]} -eq 0 ] && envs=("STRATA_PDL=1")
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$PWD/.device-ipc/lib:/usr/local/cuda/lib64 NCCL_NVLS_ENABLE=0
+# The cluster test starts the built binaries by their path in the source tree.
+[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+mkdir -p build/bin && cp -f .device-ipc/bin/* build/bin/
+start=$SECONDS
+for assignment in "${envs[@]}"; do
+  tag=${assignment//[^A-Za-z0-9]/_}
+  for t in cuda_ops_test cuda_engine_test cuda_demo_model_test cuda_cluster_test; do
+    log=$out/$t-$tag.log
+    env "$assignment" timeout 400 build/bin/$t >"$log" 2>&1
+    echo "$assignment $t exit $? ($(grep -E '^\[  (PASSED|FAILED)' "$log" | tr '\n' ' ')) \
+after $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+    grep -E "^\[  FAILED|Failure" "$log" | head -10 | tee -a "$out/summary.txt"
+  done
+done
