@@ -91,12 +91,14 @@ absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int3
   return raw;
 }
 
-absl::StatusOr<const float*> DecodeGraphs::Run(absl::Span<const int32_t> ids,
-                                               const BatchLayout& batch) {
-  absl::StatusOr<const float*> logits = Replay(ids, batch);
-  if (logits.ok()) {
+absl::StatusOr<const int32_t*> DecodeGraphs::Run(absl::Span<const int32_t> ids,
+                                                 const BatchLayout& batch) {
+  last_rows_ = 0;
+  absl::StatusOr<const int32_t*> greedy = Replay(ids, batch);
+  if (greedy.ok()) {
     failures_ = 0;
-    return logits;
+    last_rows_ = static_cast<int>(ids.size());
+    return greedy;
   }
   // A graph (and the expert backend's record of it) may be half made or stale: start over.
   graphs_.clear();
@@ -104,11 +106,16 @@ absl::StatusOr<const float*> DecodeGraphs::Run(absl::Span<const int32_t> ids,
   if (version != failed_version_) failures_ = 0;
   failed_version_ = version;
   ++failures_;
-  return logits.status();
+  return greedy.status();
 }
 
-absl::StatusOr<const float*> DecodeGraphs::Replay(absl::Span<const int32_t> ids,
-                                                  const BatchLayout& batch) {
+absl::StatusOr<const float*> DecodeGraphs::Logits() {
+  if (last_rows_ == 0) return absl::FailedPreconditionError("decode graph: no step to read");
+  return router_.CopyDecodeLogits(last_rows_);
+}
+
+absl::StatusOr<const int32_t*> DecodeGraphs::Replay(absl::Span<const int32_t> ids,
+                                                    const BatchLayout& batch) {
   const int n = static_cast<int>(batch.num_tokens());
   if (static_cast<int>(ids.size()) != n) {
     return absl::InvalidArgumentError("decode graph: ids do not match the batch");
@@ -154,7 +161,7 @@ absl::StatusOr<const float*> DecodeGraphs::Replay(absl::Span<const int32_t> ids,
   }
   if (!started.ok()) return started;
   RETURN_IF_ERROR(finished);
-  return router_.decode_logits();
+  return router_.decode_greedy();
 }
 
 #else
@@ -165,10 +172,13 @@ absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int3
                                                            const BatchLayout&) {
   return absl::UnimplementedError("no CUDA in this build");
 }
-absl::StatusOr<const float*> DecodeGraphs::Run(absl::Span<const int32_t>, const BatchLayout&) {
+absl::StatusOr<const int32_t*> DecodeGraphs::Run(absl::Span<const int32_t>, const BatchLayout&) {
   return absl::UnimplementedError("no CUDA in this build");
 }
-absl::StatusOr<const float*> DecodeGraphs::Replay(absl::Span<const int32_t>, const BatchLayout&) {
+absl::StatusOr<const float*> DecodeGraphs::Logits() {
+  return absl::UnimplementedError("no CUDA in this build");
+}
+absl::StatusOr<const int32_t*> DecodeGraphs::Replay(absl::Span<const int32_t>, const BatchLayout&) {
   return absl::UnimplementedError("no CUDA in this build");
 }
 

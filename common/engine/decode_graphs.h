@@ -46,10 +46,15 @@ class DecodeGraphs {
   // backend last changed (graph_version).
   bool Fits(const BatchLayout& batch, absl::Span<const int64_t> logit_rows) const;
 
-  // Runs the step (its KV positions reserved); returns its logits, [n, vocab] in pinned memory,
-  // valid until the next step. On an error every graph is dropped and the step should run
-  // again without one (its keys and values are rewritten then); e.g. a worker died.
-  absl::StatusOr<const float*> Run(absl::Span<const int32_t> ids, const BatchLayout& batch);
+  // Runs the step (its KV positions reserved); returns each row's greedy token (the argmax of
+  // its logits, first on ties), [n] in pinned memory, valid until the next step. On an error
+  // every graph is dropped and the step should run again without one (its keys and values are
+  // rewritten then); e.g. a worker died.
+  absl::StatusOr<const int32_t*> Run(absl::Span<const int32_t> ids, const BatchLayout& batch);
+
+  // The last step's logits, [n, vocab] in pinned memory, valid until the next step; copied to
+  // the host only when asked (sampling, scores), since greedy steps need only Run's tokens.
+  absl::StatusOr<const float*> Logits();
 
   static constexpr int kMaxFailures = 3;
 
@@ -59,7 +64,7 @@ class DecodeGraphs {
  private:
   struct Graph;
   absl::StatusOr<Graph*> Capture(absl::Span<const int32_t> ids, const BatchLayout& batch);
-  absl::StatusOr<const float*> Replay(absl::Span<const int32_t> ids, const BatchLayout& batch);
+  absl::StatusOr<const int32_t*> Replay(absl::Span<const int32_t> ids, const BatchLayout& batch);
 
   ForwardPass& forward_;
   gpu::CudaRouterBackend& router_;
@@ -69,6 +74,7 @@ class DecodeGraphs {
   uint64_t version_ = 0;   // experts_.graph_version() the graphs were captured at
   bool prepared_ = false;  // the router backend's graph buffers exist
   int failures_ = 0;       // failed steps in a row, at failed_version_
+  int last_rows_ = 0;      // rows of the last replay that succeeded (0: none since a failure)
   uint64_t failed_version_ = 0;
   std::map<int, std::unique_ptr<Graph>> graphs_;  // by batch size
   // A replay's positions and block tables, kept to spare two allocations a step.

@@ -125,11 +125,10 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
   }
   std::vector<int32_t> out;
   const std::vector<int>& eos = config().eos_token_ids;
-  const float* row_logits = logits.row(0);
   // Decode steps replay one CUDA graph when the whole sequence fits the graph's context.
   const bool graphs = UseDecodeGraph(n + options.max_new_tokens);
+  int32_t next = sampler.Sample(logits.row(0), vocab);
   while (true) {
-    const int32_t next = sampler.Sample(row_logits, vocab);
     out.push_back(next);
     if (options.on_token) options.on_token(next);
     const bool is_eos = std::find(eos.begin(), eos.end(), next) != eos.end();
@@ -138,12 +137,12 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
     }
     const int64_t position = n + static_cast<int64_t>(out.size()) - 1;
     if (graphs) {
-      ASSIGN_OR_RETURN(row_logits, DecodeWithGraph(seq, next, position));
+      ASSIGN_OR_RETURN(next, DecodeWithGraph(seq, next, position, sampler));
       continue;
     }
     const int64_t row = 0;
     RETURN_IF_ERROR(Step(seq, {&next, 1}, position, {&row, 1}, logits));
-    row_logits = logits.row(0);
+    next = sampler.Sample(logits.row(0), vocab);
   }
   return out;
 }
@@ -152,13 +151,16 @@ bool LocalEngine::UseDecodeGraph(int64_t total_tokens) {
   return decode_graphs_ != nullptr && total_tokens <= decode_graph_context_;
 }
 
-absl::StatusOr<const float*> LocalEngine::DecodeWithGraph(PagedKvCache::SequenceId seq,
-                                                          int32_t token, int64_t position) {
+absl::StatusOr<int32_t> LocalEngine::DecodeWithGraph(PagedKvCache::SequenceId seq, int32_t token,
+                                                     int64_t position, Sampler& sampler) {
   RETURN_IF_ERROR(kv_->Reserve(seq, position + 1));
   BatchLayout batch;
   batch.sequence = {seq};
   batch.position = {position};
-  return decode_graphs_->Run({&token, 1}, batch);
+  ASSIGN_OR_RETURN(const int32_t* greedy, decode_graphs_->Run({&token, 1}, batch));
+  if (sampler.greedy()) return greedy[0];
+  ASSIGN_OR_RETURN(const float* logits, decode_graphs_->Logits());
+  return sampler.Sample(logits, config().vocab_size);
 }
 
 LocalEngine::~LocalEngine() = default;

@@ -62,10 +62,10 @@ class LocalEngine {
  private:
   LocalEngine() = default;
   // CUDA decode graphs: whether this generation can replay them (false without CUDA), and one
-  // decode step by replay; the logits row stays valid until the next step.
+  // decode step by replay, returning the token `sampler` picks (greedy: the device's argmax).
   bool UseDecodeGraph(int64_t total_tokens);
-  absl::StatusOr<const float*> DecodeWithGraph(PagedKvCache::SequenceId seq, int32_t token,
-                                               int64_t position);
+  absl::StatusOr<int32_t> DecodeWithGraph(PagedKvCache::SequenceId seq, int32_t token,
+                                          int64_t position, Sampler& sampler);
   absl::Status ValidatePrompt(absl::Span<const int32_t> ids, int64_t extra_tokens) const;
   // Runs `ids` at positions [start, start + ids.size()) of `seq`; logits for the rows asked.
   absl::Status Step(PagedKvCache::SequenceId seq, absl::Span<const int32_t> ids, int64_t start,

@@ -41,7 +41,7 @@ int64_t ArgMax(const float* values, int64_t n) {
 }
 
 int32_t Sampler::Sample(const float* logits, int64_t vocab) {
-  if (params_.temperature == 0.0f) return static_cast<int32_t>(ArgMax(logits, vocab));
+  if (greedy()) return static_cast<int32_t>(ArgMax(logits, vocab));
   candidates_.resize(vocab);
   for (int64_t i = 0; i < vocab; ++i) {
     candidates_[i] = {logits[i] / params_.temperature, static_cast<int32_t>(i)};

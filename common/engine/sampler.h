@@ -29,6 +29,9 @@ class Sampler {
 
   int32_t Sample(const float* logits, int64_t vocab);
 
+  // Greedy: Sample is the argmax of the logits, which a device may compute instead.
+  bool greedy() const { return params_.temperature == 0.0f; }
+
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;

@@ -312,14 +312,24 @@ bool Scheduler::Step() {
     }
   }
   logit_rows.insert(logit_rows.end(), score_rows.begin(), score_rows.end());
-  const float* graph_logits = TryGraphStep(ids, batch, logit_rows);
-  const absl::Status status = graph_logits != nullptr
-                                  ? absl::OkStatus()
-                                  : forward_.Run(ids, batch, kv_, logit_rows, logits_);
+  // A replayed step brings its greedy tokens; its logits cross to the host only when a row is
+  // sampled or scored.
+  const int32_t* greedy = TryGraphStep(ids, batch, logit_rows);
+  const float* graph_logits = nullptr;
+  absl::Status status;
+  if (greedy == nullptr) {
+    status = forward_.Run(ids, batch, kv_, logit_rows, logits_);
+  } else if (!scored.empty() ||
+             std::any_of(sampled.begin(), sampled.end(),
+                         [](const Sequence* seq) { return !seq->sampler->greedy(); })) {
+    absl::StatusOr<const float*> logits = options_.decode_graphs->Logits();
+    if (logits.ok()) graph_logits = *logits;
+    status = logits.status();
+  }
   steps_.fetch_add(1);
   const int64_t vocab = config_.vocab_size;
   auto logits_row = [&](int64_t r) {
-    return graph_logits != nullptr ? graph_logits + r * vocab : logits_.row(r);
+    return greedy != nullptr ? graph_logits + r * vocab : logits_.row(r);
   };
   if (!status.ok()) {
     for (const Planned& p : plan) Finish(p.seq, FinishReason::kError, status);
@@ -337,26 +347,28 @@ bool Scheduler::Step() {
     }
   }
   for (size_t r = 0; r < sampled.size(); ++r) {
-    const int32_t token =
-        sampled[r]->sampler->Sample(logits_row(static_cast<int64_t>(r)), config_.vocab_size);
+    Sampler& sampler = *sampled[r]->sampler;
+    const int32_t token = greedy != nullptr && sampler.greedy()
+                              ? greedy[r]
+                              : sampler.Sample(logits_row(static_cast<int64_t>(r)), vocab);
     HandleToken(sampled[r], token);
   }
   return true;
 }
 
-const float* Scheduler::TryGraphStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
-                                     absl::Span<const int64_t> logit_rows) {
+const int32_t* Scheduler::TryGraphStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                                       absl::Span<const int64_t> logit_rows) {
   DecodeGraphs* graphs = options_.decode_graphs;
   if (graphs == nullptr || !graphs->Fits(batch, logit_rows)) return nullptr;
-  absl::StatusOr<const float*> logits = graphs->Run(ids, batch);
-  if (logits.ok()) {
+  absl::StatusOr<const int32_t*> greedy = graphs->Run(ids, batch);
+  if (greedy.ok()) {
     graph_steps_.fetch_add(1);
-    return *logits;
+    return *greedy;
   }
   // The step runs eagerly instead (rewriting whatever keys and values the replay wrote); a
   // worker that died is rerouted there.
   const bool off = graphs->failures() >= DecodeGraphs::kMaxFailures;
-  Log(LogLevel::kWarning, absl::StrCat("decode graph step failed (", logits.status().message(),
+  Log(LogLevel::kWarning, absl::StrCat("decode graph step failed (", greedy.status().message(),
                                        off ? "); CUDA graphs off until the workers change"
                                            : "); running it without the graph"));
   return nullptr;

@@ -76,10 +76,10 @@ class Scheduler {
   void Loop();
   // One forward step over the running batch; false when there was nothing to run.
   bool Step();
-  // Runs the step by graph replay when one fits; null when it did not run (then the caller
-  // runs it eagerly).
-  const float* TryGraphStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
-                            absl::Span<const int64_t> logit_rows);
+  // Runs the step by graph replay when one fits and returns its rows' greedy tokens; null when
+  // it did not run (then the caller runs it eagerly).
+  const int32_t* TryGraphStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                              absl::Span<const int64_t> logit_rows);
   void Admit();
   // Frees a running sequence's blocks and puts it back at the head of the queue.
   void Preempt(Sequence* seq);

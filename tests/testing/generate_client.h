@@ -67,14 +67,20 @@ inline Generated GenerateGreedy(const std::string& address, const std::vector<ui
   return Generate(*GenerationStub(address), GreedyRequest(prompt, max_new), on_first, deadline);
 }
 
+// Generate on a channel and a thread of its own.
+inline std::future<Generated> GenerateAsync(std::string address, v1::GenerateRequest request,
+                                            std::function<void()> on_first = nullptr) {
+  return std::async(std::launch::async, [address = std::move(address), request = std::move(request),
+                                         on_first = std::move(on_first)] {
+    return Generate(*GenerationStub(address), request, on_first);
+  });
+}
+
 // GenerateGreedy on a thread of its own.
 inline std::future<Generated> GenerateGreedyAsync(std::string address, std::vector<uint32_t> prompt,
                                                   int max_new,
                                                   std::function<void()> on_first = nullptr) {
-  return std::async(std::launch::async, [address = std::move(address), prompt = std::move(prompt),
-                                         max_new, on_first = std::move(on_first)] {
-    return GenerateGreedy(address, prompt, max_new, on_first);
-  });
+  return GenerateAsync(std::move(address), GreedyRequest(prompt, max_new), std::move(on_first));
 }
 
 // The moment the first tokens of any of several requests arrive: pass Callback() as their

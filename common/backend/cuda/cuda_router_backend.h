@@ -46,9 +46,10 @@ class CudaRouterBackend : public RouterBackend {
   // Decode-step graphs. In graph mode a step has fixed shapes, so one CUDA graph captured from
   // ForwardPass::Run replays every decode step of `sequences` sequences, one token each,
   // sequence i at row i: block tables are padded to cover `max_context` tokens, attention is
-  // planned for `max_context` keys, and Logits leaves its rows in pinned memory
-  // (decode_logits(), [sequences, vocab], valid after the stream is synchronized) instead of a
-  // host tensor. PrepareGraphs allocates what graphs of up to `max_sequences` sequences keep
+  // planned for `max_context` keys, and Logits leaves each row's greedy token in pinned memory
+  // (decode_greedy(), [sequences], valid after the stream is synchronized) instead of copying
+  // the rows to a host tensor; CopyDecodeLogits brings the rows themselves when a step needs
+  // them. PrepareGraphs allocates what graphs of up to `max_sequences` sequences keep
   // (again only when no graph is kept: it frees the old buffers); then capture in graph mode
   // and leave it; before each replay, WriteDecodeInputs sets the step's inputs in the pinned
   // buffers the graph's copies read.
@@ -58,7 +59,10 @@ class CudaRouterBackend : public RouterBackend {
   absl::Status WriteDecodeInputs(absl::Span<const int32_t> tokens,
                                  absl::Span<const int32_t> positions,
                                  absl::Span<const std::vector<int>* const> tables);
-  const float* decode_logits() const { return pinned_logits_.data(); }
+  const int32_t* decode_greedy() const { return pinned_greedy_.data(); }
+  // The last replayed step's logits, [sequences, vocab] in pinned memory: copied and
+  // synchronized now, before anything else runs on the stream.
+  absl::StatusOr<const float*> CopyDecodeLogits(int sequences);
   CudaContext* context() const { return context_; }
 
  private:
@@ -121,7 +125,11 @@ class CudaRouterBackend : public RouterBackend {
   DeviceBuffer<uint8_t> ffn_workspace_, attention_workspace_;
   PinnedBuffer<int32_t> pinned_ids_, pinned_positions_, pinned_token_seq_, pinned_tables_,
       pinned_rows_;
-  PinnedBuffer<float> pinned_logits_;  // graph mode: the decode step's logits rows
+  // Graph mode: the decode step's greedy tokens (argmax on the device) and, on demand, its rows.
+  DeviceBuffer<int32_t> greedy_;
+  DeviceBuffer<uint8_t> argmax_scratch_;
+  PinnedBuffer<int32_t> pinned_greedy_;
+  PinnedBuffer<float> pinned_logits_;
   bool graph_mode_ = false;
   int graph_max_blocks_ = 0;
   int graph_max_context_ = 0;

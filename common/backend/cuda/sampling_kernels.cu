@@ -1,8 +1,10 @@
 #include <curand_kernel.h>
 
+#include <algorithm>
 #include <climits>
 
 #include "common/backend/cuda/device_utils.cuh"
+#include "common/backend/cuda/pdl.cuh"
 #include "common/backend/cuda/sampling_kernels.h"
 
 namespace strata::gpu {
@@ -15,6 +17,18 @@ static_assert(kMaxSampleTopK == kThreads, "one candidate per thread");
 // (value, index) ranks before another: larger value, ties to the lower index. NaN never does.
 __device__ __forceinline__ bool Better(float va, int ia, float vb, int ib) {
   return va > vb || (va == vb && ia < ib);
+}
+
+// Leaves every lane of the warp with the best (value, index) of the warp's.
+__device__ __forceinline__ void WarpArgmax(float& best, int& idx) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float ov = __shfl_xor_sync(kFullMask, best, offset);
+    const int oi = __shfl_xor_sync(kFullMask, idx, offset);
+    if (Better(ov, oi, best, idx)) {
+      best = ov;
+      idx = oi;
+    }
+  }
 }
 
 // Monotone map of floats to unsigned keys (larger float, larger key); NaN sorts lowest.
@@ -49,14 +63,7 @@ __device__ int BlockArgmax(int vocab, Shared& s, ValueFn&& value) {
       idx = i;
     }
   }
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float ov = __shfl_xor_sync(kFullMask, best, offset);
-    const int oi = __shfl_xor_sync(kFullMask, idx, offset);
-    if (Better(ov, oi, best, idx)) {
-      best = ov;
-      idx = oi;
-    }
-  }
+  WarpArgmax(best, idx);
   __syncthreads();
   if (lane == 0) {
     s.best_v[warp] = best;
@@ -65,14 +72,7 @@ __device__ int BlockArgmax(int vocab, Shared& s, ValueFn&& value) {
   __syncthreads();
   best = s.best_v[lane];
   idx = s.best_i[lane];
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float ov = __shfl_xor_sync(kFullMask, best, offset);
-    const int oi = __shfl_xor_sync(kFullMask, idx, offset);
-    if (Better(ov, oi, best, idx)) {
-      best = ov;
-      idx = oi;
-    }
-  }
+  WarpArgmax(best, idx);
   return idx == INT_MAX ? 0 : idx;  // all NaN: token 0
 }
 
@@ -240,12 +240,70 @@ __device__ int SampleFromCandidates(const float* row, int vocab, const SamplePar
   return s.best_i[0];
 }
 
-__global__ void __launch_bounds__(kThreads)
-    ArgmaxKernel(const float* __restrict__ logits, int vocab, int32_t* __restrict__ out) {
-  __shared__ Shared s;
-  const float* row = logits + int64_t{blockIdx.x} * vocab;
-  const int idx = BlockArgmax(vocab, s, [&](int i) { return row[i]; });
-  if (threadIdx.x == 0) out[blockIdx.x] = idx;
+// Greedy tokens of a large vocabulary in two launches: each of `parts` blocks a row scans one
+// slice (one block a row would scan 150k logits from a single SM), then a warp a row picks
+// among the slices' winners.
+constexpr int kArgmaxThreads = 256;
+constexpr int kArgmaxSlice = 4096;  // logits a block scans, about
+constexpr int kMaxArgmaxParts = 64;
+
+struct ArgmaxPartial {
+  float value;
+  int index;  // INT_MAX: nothing in the slice ranks (all NaN)
+};
+
+__global__ void __launch_bounds__(kArgmaxThreads)
+    ArgmaxSliceKernel(const float* __restrict__ logits, int vocab, int parts,
+                      ArgmaxPartial* __restrict__ partial) {
+  __shared__ ArgmaxPartial warps[kArgmaxThreads / kWarpSize];
+  PdlLaunchDependents();
+  PdlWait();
+  const float* row = logits + int64_t{blockIdx.y} * vocab;
+  const int per = (vocab + parts - 1) / parts;
+  const int begin = static_cast<int>(blockIdx.x) * per;
+  const int end = min(vocab, begin + per);
+  float best = -INFINITY;
+  int idx = INT_MAX;
+#pragma unroll 4
+  for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kArgmaxThreads) {
+    const float v = row[i];
+    if (Better(v, i, best, idx)) {
+      best = v;
+      idx = i;
+    }
+  }
+  WarpArgmax(best, idx);
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  if (lane == 0) warps[warp] = {best, idx};
+  __syncthreads();
+  if (warp != 0) return;
+  best = lane < kArgmaxThreads / kWarpSize ? warps[lane].value : -INFINITY;
+  idx = lane < kArgmaxThreads / kWarpSize ? warps[lane].index : INT_MAX;
+  WarpArgmax(best, idx);
+  if (lane == 0) partial[int64_t{blockIdx.y} * parts + blockIdx.x] = {best, idx};
+}
+
+__global__ void __launch_bounds__(kWarpSize)
+    ArgmaxFinishKernel(const ArgmaxPartial* __restrict__ partial, int parts,
+                       int32_t* __restrict__ out) {
+  PdlLaunchDependents();
+  PdlWait();
+  const ArgmaxPartial* row = partial + int64_t{blockIdx.x} * parts;
+  float best = -INFINITY;
+  int idx = INT_MAX;
+  for (int p = threadIdx.x; p < parts; p += kWarpSize) {
+    if (Better(row[p].value, row[p].index, best, idx)) {
+      best = row[p].value;
+      idx = row[p].index;
+    }
+  }
+  WarpArgmax(best, idx);
+  if (threadIdx.x == 0) out[blockIdx.x] = idx == INT_MAX ? 0 : idx;  // all NaN: token 0
+}
+
+int ArgmaxParts(int64_t vocab) {
+  return static_cast<int>(
+      std::clamp<int64_t>((vocab + kArgmaxSlice - 1) / kArgmaxSlice, 1, kMaxArgmaxParts));
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -274,13 +332,22 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-cudaError_t LaunchArgmax(const float* logits, int64_t n, int64_t vocab, int32_t* out,
+int64_t ArgmaxScratchBytes(int64_t n, int64_t vocab) {
+  return n * ArgmaxParts(vocab) * static_cast<int64_t>(sizeof(ArgmaxPartial));
+}
+
+cudaError_t LaunchArgmax(const float* logits, int64_t n, int64_t vocab, void* scratch, int32_t* out,
                          cudaStream_t stream) {
-  if (n < 0 || n > 0x7fffffff || vocab <= 0 || vocab > 0x7fffffff) return cudaErrorInvalidValue;
+  if (n < 0 || n > 0xffff || vocab <= 0 || vocab > 0x7fffffff) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  ArgmaxKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, static_cast<int>(vocab),
-                                                                  out);
-  return cudaGetLastError();
+  const int parts = ArgmaxParts(vocab);
+  auto* partial = static_cast<ArgmaxPartial*>(scratch);
+  const cudaError_t sliced =
+      LaunchPdl(ArgmaxSliceKernel, dim3(parts, static_cast<unsigned>(n)), dim3(kArgmaxThreads), 0,
+                stream, logits, static_cast<int>(vocab), parts, partial);
+  if (sliced != cudaSuccess) return sliced;
+  return LaunchPdl(ArgmaxFinishKernel, dim3(static_cast<unsigned>(n)), dim3(kWarpSize), 0, stream,
+                   static_cast<const ArgmaxPartial*>(partial), parts, out);
 }
 
 cudaError_t LaunchSample(const float* logits, int64_t n, int64_t vocab, const SampleParams* params,

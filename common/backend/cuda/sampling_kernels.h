@@ -20,8 +20,10 @@ struct SampleParams {
   uint64_t step = 0;  // per generated token: the Philox subsequence
 };
 
-// out[r] = the index of the largest logits[r][i], the first on ties, for r < n.
-cudaError_t LaunchArgmax(const float* logits, int64_t n, int64_t vocab, int32_t* out,
+// out[r] = the index of the largest logits[r][i], the first on ties (0 when all are NaN), for
+// r < n <= 65535. scratch: device memory of ArgmaxScratchBytes(n, vocab).
+int64_t ArgmaxScratchBytes(int64_t n, int64_t vocab);
+cudaError_t LaunchArgmax(const float* logits, int64_t n, int64_t vocab, void* scratch, int32_t* out,
                          cudaStream_t stream);
 
 // out[r] = a token drawn from softmax(logits[r] / temperature) restricted to the top_k most

@@ -65,13 +65,13 @@ INSTANTIATE_TEST_SUITE_P(Weights, CudaDemoModelTest, ::testing::Values("bf16", "
 namespace strata {
 namespace {
 
-// Decode steps replayed from one CUDA graph give exactly the tokens of eager launches, and
-// follow transformers' greedy continuations.
+// Decode steps replayed from one CUDA graph give exactly the tokens of eager launches, greedy
+// and sampled, and follow transformers' greedy continuations.
 TEST(CudaDemoModelTest, GraphDecodeMatchesEagerDecode) {
   if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::ifstream in(kModel + "/reference.json");
   const auto prompts = nlohmann::json::parse(in)["generation"]["prompts"];
-  std::vector<std::vector<int32_t>> by_mode[2];
+  std::vector<std::vector<int32_t>> by_mode[2], sampled_by_mode[2];
   for (int graphs = 0; graphs < 2; ++graphs) {
     LocalEngineOptions options;
     options.model_dir = kModel;
@@ -86,9 +86,19 @@ TEST(CudaDemoModelTest, GraphDecodeMatchesEagerDecode) {
       auto tokens = (*engine)->Generate(p["input_ids"].get<std::vector<int32_t>>(), g);
       ASSERT_TRUE(tokens.ok()) << tokens.status();
       by_mode[graphs].push_back(*tokens);
+      // Sampled: a replay's tokens are the device's argmax, its logits reach the sampler only
+      // when asked; the same seed must draw the same continuation either way.
+      g.sampling.temperature = 0.8f;
+      g.sampling.top_p = 0.9f;
+      g.sampling.seed = 7;
+      auto sampled = (*engine)->Generate(p["input_ids"].get<std::vector<int32_t>>(), g);
+      ASSERT_TRUE(sampled.ok()) << sampled.status();
+      sampled_by_mode[graphs].push_back(*sampled);
     }
   }
   EXPECT_EQ(by_mode[0], by_mode[1]);
+  EXPECT_EQ(sampled_by_mode[0], sampled_by_mode[1]);
+  EXPECT_NE(sampled_by_mode[1], by_mode[1]);  // the sampled runs did sample
   for (size_t i = 0; i < prompts.size(); ++i) {
     const auto expected = prompts[i]["greedy_ids"].get<std::vector<int32_t>>();
     size_t same = 0;

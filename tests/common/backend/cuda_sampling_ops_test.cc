@@ -78,7 +78,7 @@ class SamplingTest : public CudaOpsTest {
 };
 
 TEST_F(CudaOpsTest, ArgmaxFirstOnTies) {
-  for (int64_t vocab : {33, 1000, 151936}) {
+  for (int64_t vocab : {33, 1000, 151936, 300001}) {
     for (int64_t n : {1, 3, 17}) {
       std::vector<float> logits = RandomFloats(n * vocab, 5.0f);
       std::vector<int32_t> want(n);
@@ -95,8 +95,9 @@ TEST_F(CudaOpsTest, ArgmaxFirstOnTies) {
       }
       const float* d_logits = Put(logits);
       int32_t* d_out = Poisoned<int32_t>(n);
+      uint8_t* d_scratch = Poisoned<uint8_t>(gpu::ArgmaxScratchBytes(n, vocab));
       ASSERT_FALSE(HasFailure());
-      LAUNCH_OK(gpu::LaunchArgmax(d_logits, n, vocab, d_out, stream()));
+      LAUNCH_OK(gpu::LaunchArgmax(d_logits, n, vocab, d_scratch, d_out, stream()));
       const std::vector<int32_t> got = Get(d_out, n);
       int64_t mismatches = 0;
       for (int64_t t = 0; t < n; ++t) mismatches += got[t] != want[t];

@@ -30,9 +30,11 @@ namespace fs = std::filesystem;
 using ::strata::testing::ChildWithArgs;
 using ::strata::testing::ClusterProcess;
 using ::strata::testing::FirstTokens;
+using ::strata::testing::GenerateAsync;
 using ::strata::testing::Generated;
 using ::strata::testing::GenerateGreedy;
 using ::strata::testing::GenerateGreedyAsync;
+using ::strata::testing::GreedyRequest;
 using ::strata::testing::KillChild;
 using ::strata::testing::LoadOracle;
 using ::strata::testing::OracleDir;
@@ -166,9 +168,10 @@ TEST(CudaClusterTest, DemoPerplexityMatchesInProcess) {
   EXPECT_NEAR(remote.perplexity, local.perplexity, 1e-3 * local.perplexity);
 }
 
-// Eight sequences decoding together (batches of one to eight as they start and finish) by CUDA
-// graph replay on both sides of the process split, against the same cluster with graphs off:
-// the same greedy tokens on the demo model, and the graph cluster ran most steps by replay.
+// Eight sequences, half of them sampled, decoding together (batches of one to eight as they
+// start and finish) by CUDA graph replay on both sides of the process split, against the same
+// cluster with graphs off: the same tokens on the demo model, and the graph cluster ran most
+// steps by replay.
 TEST(CudaClusterTest, GraphStepsGiveTheEagerTokens) {
   if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   const std::string model = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
@@ -183,7 +186,14 @@ TEST(CudaClusterTest, GraphStepsGiveTheEagerTokens) {
     for (int i = 0; i < kSequences; ++i) {
       std::vector<uint32_t> prompt;
       for (int j = 0; j < 12 + i; ++j) prompt.push_back(static_cast<uint32_t>(100 + 37 * i + j));
-      running.push_back(GenerateGreedyAsync(cluster.address(), prompt, kNewTokens - 2 * i));
+      // Odd sequences sample (seeded): their rows' logits come to the host, the greedy rows
+      // of the same replays take the device's argmax.
+      v1::GenerateRequest request = GreedyRequest(prompt, kNewTokens - 2 * i);
+      if (i % 2 == 1) {
+        request.mutable_sampling()->set_temperature(0.8f);
+        request.mutable_sampling()->set_seed(static_cast<uint64_t>(i));
+      }
+      running.push_back(GenerateAsync(cluster.address(), std::move(request)));
     }
     std::vector<std::vector<uint32_t>> tokens;
     for (auto& r : running) {
