@@ -241,15 +241,15 @@ void GemvChecksAndTimes(cudaStream_t s) {
       kHeads * kHeadDim * kHidden * 1.0);
 }
 
-void ExpertChecksAndTimes(cudaStream_t s, bool fp8) {
-  const size_t mat = kHidden * kInter;
-  const size_t elem = fp8 ? 1 : 2;
-  std::vector<const void*> gate(kExperts), up(kExperts), down(kExperts);
-  std::vector<const float*> gs(kExperts), us(kExperts), ds(kExperts);
-  for (int e = 0; e < kExperts; ++e) {
+// Random experts of one shape (bf16, or FP8 with per-row scales), each in its own buffers.
+ExpertWeightTable MakeExperts(int num_experts, int64_t hidden, int64_t inter, bool fp8) {
+  const size_t mat = hidden * inter;
+  std::vector<const void*> gate(num_experts), up(num_experts), down(num_experts);
+  std::vector<const float*> gs(num_experts), us(num_experts), ds(num_experts);
+  for (int e = 0; e < num_experts; ++e) {
     const void** ptrs[3] = {&gate[e], &up[e], &down[e]};
     const float** sptrs[3] = {&gs[e], &us[e], &ds[e]};
-    const int64_t outs[3] = {kInter, kInter, kHidden};
+    const int64_t outs[3] = {inter, inter, hidden};
     for (int j = 0; j < 3; ++j) {
       if (fp8) {
         uint8_t* d = Alloc<uint8_t>(mat);
@@ -265,9 +265,9 @@ void ExpertChecksAndTimes(cudaStream_t s, bool fp8) {
   }
   ExpertWeightTable t;
   t.format = fp8 ? WeightFormat::kFp8E4M3 : WeightFormat::kBf16;
-  t.num_experts = kExperts;
-  t.hidden = kHidden;
-  t.intermediate = kInter;
+  t.num_experts = num_experts;
+  t.hidden = hidden;
+  t.intermediate = inter;
   t.gate = Put(gate);
   t.up = Put(up);
   t.down = Put(down);
@@ -276,6 +276,13 @@ void ExpertChecksAndTimes(cudaStream_t s, bool fp8) {
     t.up_scale = Put(us);
     t.down_scale = Put(ds);
   }
+  return t;
+}
+
+void ExpertChecksAndTimes(cudaStream_t s, bool fp8) {
+  const size_t mat = kHidden * kInter;
+  const size_t elem = fp8 ? 1 : 2;
+  const ExpertWeightTable t = MakeExperts(kExperts, kHidden, kInter, fp8);
   // Routing sets: 16 different draws of 8 distinct experts (one slot skipped in set 0).
   constexpr int kSets = 16;
   std::vector<int32_t> ids(kSets * kTopK);
@@ -327,6 +334,50 @@ void ExpertChecksAndTimes(cudaStream_t s, bool fp8) {
   Row(fp8 ? "experts n=1 fp8: direct gate-up, down+combine"
           : "experts n=1 bf16: direct gate-up, down+combine",
       TimeUs(s, 32, [&](int i) { grouped(i, out2); }), bytes);
+}
+
+// Several tokens' experts in one grouped launch (the decode step of a batch), uniform routing
+// of `top_k` distinct experts a token; bytes: the distinct experts' weights, read once each.
+void MultiTokenExpertTimes(cudaStream_t s, const char* shape, int num_experts, int top_k,
+                           int64_t hidden, int64_t inter, bool fp8) {
+  const ExpertWeightTable t = MakeExperts(num_experts, hidden, inter, fp8);
+  const GluParams act;
+  for (int n : {2, 8, 32}) {
+    constexpr int kSets = 4;
+    std::vector<int32_t> ids(kSets * n * top_k);
+    std::vector<float> wts(ids.size(), 0.125f);
+    srand(11);
+    double distinct = 0;
+    for (int r = 0; r < kSets; ++r) {
+      std::vector<bool> used(num_experts, false);
+      for (int i = 0; i < n; ++i) {
+        std::vector<int32_t> pool(num_experts);
+        for (int e = 0; e < num_experts; ++e) pool[e] = e;
+        for (int j = 0; j < top_k; ++j) {
+          std::swap(pool[j], pool[j + rand() % (num_experts - j)]);
+          ids[(r * n + i) * top_k + j] = pool[j];
+          used[pool[j]] = true;
+        }
+      }
+      distinct += std::count(used.begin(), used.end(), true);
+    }
+    distinct /= kSets;
+    const int32_t* d_ids = Put(ids);
+    const float* d_wts = Put(wts);
+    const bf16* x = RandBf16(n * hidden, 1.0f);
+    uint8_t* wsb = Alloc<uint8_t>(ExpertWorkspaceBytes(n, top_k, hidden, inter));
+    const ExpertWorkspace ws = CarveExpertWorkspace(wsb, n, top_k, hidden, inter);
+    bf16* out = Alloc<bf16>(n * hidden);
+    char what[96];
+    std::snprintf(what, sizeof(what), "experts %s n=%d %s (%.0f experts)", shape, n,
+                  fp8 ? "fp8" : "bf16", distinct);
+    const double us = TimeUs(s, 8, [&](int i) {
+      const int r = i % kSets;
+      CK(LaunchGroupedExperts(x, d_ids + r * n * top_k, d_wts + r * n * top_k, n, top_k, t, act,
+                              ws, out, s));
+    });
+    Row(what, us, distinct * 3.0 * hidden * inter * (fp8 ? 1 : 2));
+  }
 }
 
 // A block table of `blocks` scattered blocks.
@@ -489,6 +540,9 @@ int main() {
   GemvChecksAndTimes(s);
   ExpertChecksAndTimes(s, false);
   ExpertChecksAndTimes(s, true);
+  MultiTokenExpertTimes(s, "qwen3", kExperts, kTopK, kHidden, kInter, false);
+  MultiTokenExpertTimes(s, "qwen3", kExperts, kTopK, kHidden, kInter, true);
+  MultiTokenExpertTimes(s, "mixtral", 8, 2, 4096, 14336, false);
   AttentionChecksAndTimes(s, prop.multiProcessorCount);
   FusedDecodeChecksAndTimes(s, prop.multiProcessorCount);
   std::printf("%s: %d check(s) failed\n", failures ? "FAILED" : "PASSED", failures);
