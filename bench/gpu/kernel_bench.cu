@@ -373,8 +373,8 @@ void MultiTokenExpertTimes(cudaStream_t s, const char* shape, int num_experts, i
                   fp8 ? "fp8" : "bf16", distinct);
     const double us = TimeUs(s, 8, [&](int i) {
       const int r = i % kSets;
-      CK(LaunchGroupedExperts(x, d_ids + r * n * top_k, d_wts + r * n * top_k, n, top_k, t, act,
-                              ws, out, s));
+      CK(LaunchGroupedExperts(x, d_ids + r * n * top_k, d_wts + r * n * top_k, n, top_k, t, act, ws,
+                              out, s));
     });
     Row(what, us, distinct * 3.0 * hidden * inter * (fp8 ? 1 : 2));
   }
