@@ -1,10 +1,10 @@
 // The routed experts of one MoE layer for a batch of tokens, in one launch per stage however
 // many experts are selected:
-//   plan:     group the (token, slot) pairs by expert into work items of <= 16 slots
+//   plan:     group the (token, slot) pairs by expert into work items of <= 8 slots
 //   gate_up:  h[slot] = act(gate_e x + bg, up_e x + bu)         (bf16 [n * k, inter])
 //   down:     y[slot] = down_e h[slot] + bd                       (float [n * k, hidden])
 //   combine:  out[t] = sum over slots s in order of weight * y   (bf16 [n, hidden])
-// Each expert's weights are read once per work item, i.e. once per up to 16 of its tokens.
+// Each expert's weights are read once per work item, i.e. once per up to 8 of its tokens.
 #ifndef STRATA_COMMON_BACKEND_CUDA_GROUPED_EXPERT_KERNELS_H_
 #define STRATA_COMMON_BACKEND_CUDA_GROUPED_EXPERT_KERNELS_H_
 
