@@ -1,6 +1,8 @@
 #include "tools/strata/cluster_config.h"
 
 #include <fstream>
+#include <functional>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -106,6 +108,35 @@ TEST(ClusterConfigTest, Errors) {
 
 // The router goes on GPU 0 for GPU workers that can share its buffers (CUDA IPC), stays on
 // the CPU otherwise, and router_device overrides that only where it can work.
+// The merged config (file, then flags) is checked by the same rules the file's keys are read
+// with; the error names the key and the flag that sets it.
+TEST(ClusterConfigTest, CheckNamesTheKeyAndItsFlag) {
+  EXPECT_TRUE(CheckClusterConfig(ClusterConfig()).ok());
+  auto message = [](const std::function<void(ClusterConfig&)>& change) {
+    ClusterConfig c;
+    change(c);
+    return std::string(CheckClusterConfig(c).message());
+  };
+  EXPECT_THAT(message([](ClusterConfig& c) { c.hot_ratio = "1.5"; }),
+              HasSubstr("bad value for \"hot_ratio\" (--hot-ratio)"));
+  EXPECT_THAT(message([](ClusterConfig& c) { c.cache_policy = "mru"; }),
+              HasSubstr("(--cache-policy): must be one of lru, lfu"));
+  EXPECT_THAT(message([](ClusterConfig& c) { c.transport = "pigeon"; }),
+              HasSubstr("(--transport)"));
+  EXPECT_THAT(message([](ClusterConfig& c) { c.weights = "int4"; }), HasSubstr("(--weights)"));
+  EXPECT_THAT(message([](ClusterConfig& c) { c.device = "tpu"; }), HasSubstr("(--device)"));
+  EXPECT_THAT(message([](ClusterConfig& c) { c.kv_block_size = 0; }),
+              HasSubstr("\"kv_cache.block_size\" (--kv-block-size)"));
+  EXPECT_THAT(message([](ClusterConfig& c) { c.cuda_graph_max_batch = 65; }),
+              HasSubstr("must be in [0, 64]"));
+  EXPECT_THAT(message([](ClusterConfig& c) { c.hot_ratio_policy = "x"; }),
+              HasSubstr("bad value for \"hot_ratio_policy\": "));
+  EXPECT_THAT(message([](ClusterConfig& c) { c.log_level = "loud"; }), HasSubstr("(--log-level)"));
+  // A GPU router needs workers that share its buffers.
+  EXPECT_THAT(message([](ClusterConfig& c) { c.router_device = "cuda:0"; }),
+              HasSubstr("router_device cuda:0 needs workers"));
+}
+
 TEST(ClusterConfigTest, RouterDevice) {
   ClusterConfig c;
   EXPECT_EQ(*RouterDevice(c), "cpu");

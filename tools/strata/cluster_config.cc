@@ -3,7 +3,10 @@
 #include <yaml-cpp/yaml.h>
 
 #include <functional>
+#include <initializer_list>
 #include <map>
+#include <type_traits>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -15,92 +18,144 @@
 namespace strata {
 namespace {
 
-bool ValidDevice(const std::string& v) { return ParseDevice(v).ok(); }
+absl::Status Must(bool ok, const char* rule) {
+  return ok ? absl::OkStatus() : absl::InvalidArgumentError(rule);
+}
 
-bool ValidHotRatio(const std::string& v) { return ParseHotRatio(v).ok(); }
-bool ValidHotRatioPolicy(const std::string& v) { return HotRatioPolicy::Parse(v).ok(); }
+absl::Status OneOf(const std::string& v, std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed) {
+    if (v == a) return absl::OkStatus();
+  }
+  std::string list;
+  for (const char* a : allowed) absl::StrAppend(&list, list.empty() ? "" : ", ", a);
+  return absl::InvalidArgumentError(absl::StrCat("must be one of ", list));
+}
 
-// Each known key (dotted for nested maps) and how to store its value.
-using Setter = std::function<bool(const YAML::Node&, ClusterConfig&)>;
+// Each known key (dotted for nested maps): its `strata up` flag (empty: file only), how a
+// file's value is stored, and the rule every value must keep, whether from the file or a flag.
+struct Key {
+  std::string flag;
+  std::function<bool(const YAML::Node&, ClusterConfig&)> set;  // false: not of the field's type
+  std::function<absl::Status(const ClusterConfig&)> check;     // null: any value
+};
 
+// A key of field type Field, read from YAML as T.
 template <typename T, typename Field>
-Setter Set(Field ClusterConfig::*field, std::function<bool(const T&)> valid = nullptr) {
-  return [field, valid](const YAML::Node& node, ClusterConfig& c) {
+Key KeyOf(std::string flag, Field ClusterConfig::*field,
+          std::type_identity_t<std::function<absl::Status(const Field&)>> check = nullptr) {
+  Key key;
+  key.flag = std::move(flag);
+  key.set = [field](const YAML::Node& node, ClusterConfig& c) {
     T value;
     if (!YAML::convert<T>::decode(node, value)) return false;
-    if (valid && !valid(value)) return false;
     c.*field = static_cast<Field>(value);
     return true;
   };
+  if (check) key.check = [field, check](const ClusterConfig& c) { return check(c.*field); };
+  return key;
 }
 
-const std::map<std::string, Setter>& Setters() {
-  static const auto* setters = new std::map<std::string, Setter>{
-      {"model", Set<std::string>(&ClusterConfig::model)},
-      {"workers", Set<int>(&ClusterConfig::workers, [](const int& v) { return v >= 0; })},
-      {"device", Set<std::string>(&ClusterConfig::device)},
-      {"router_device", Set<std::string>(&ClusterConfig::router_device, ValidDevice)},
-      {"plan", Set<std::string>(&ClusterConfig::plan)},
-      {"weights", Set<std::string>(&ClusterConfig::weights,
-                                   [](const std::string& v) { return v == "bf16" || v == "fp8"; })},
-      {"host", Set<std::string>(&ClusterConfig::host)},
-      {"port", Set<int>(&ClusterConfig::port, [](const int& v) { return v >= 0 && v < 65536; })},
-      {"transport",
-       Set<std::string>(&ClusterConfig::transport,
-                        [](const std::string& v) { return v == "shm" || v == "grpc"; })},
-      {"log_level", Set<std::string>(&ClusterConfig::log_level)},
-      {"threads",
-       Set<int>(&ClusterConfig::threads_per_process, [](const int& v) { return v >= 0; })},
+absl::Status NotNegative(const int& v) { return Must(v >= 0, "must be >= 0"); }
+absl::Status Positive(const int& v) { return Must(v > 0, "must be > 0"); }
+
+const std::map<std::string, Key>& Keys() {
+  using S = std::string;
+  static const auto* keys = new std::map<std::string, Key>{
+      {"model", KeyOf<S>("model", &ClusterConfig::model)},
+      {"workers", KeyOf<int>("workers", &ClusterConfig::workers, NotNegative)},
+      {"device", KeyOf<S>("device", &ClusterConfig::device,
+                          [](const S& v) {
+                            return OneOf(v, {"cpu", "cuda"});
+                          })},
+      {"router_device",
+       KeyOf<S>("router-device", &ClusterConfig::router_device,
+                [](const S& v) { return v.empty() ? absl::OkStatus() : ParseDevice(v).status(); })},
+      {"plan", KeyOf<S>("plan", &ClusterConfig::plan)},
+      {"weights", KeyOf<S>("weights", &ClusterConfig::weights,
+                           [](const S& v) {
+                             return OneOf(v, {"bf16", "fp8"});
+                           })},
+      {"host", KeyOf<S>("host", &ClusterConfig::host)},
+      {"port", KeyOf<int>("port", &ClusterConfig::port,
+                          [](const int& v) { return Must(v >= 0 && v < 65536, "not a port"); })},
+      {"transport", KeyOf<S>("transport", &ClusterConfig::transport,
+                             [](const S& v) {
+                               return OneOf(v, {"shm", "grpc"});
+                             })},
+      {"log_level", KeyOf<S>("log-level", &ClusterConfig::log_level,
+                             [](const S& v) {
+                               return OneOf(v, {"debug", "info", "warning", "error"});
+                             })},
+      {"threads", KeyOf<int>("threads", &ClusterConfig::threads_per_process, NotNegative)},
       {"router_temperature",
-       Set<double>(&ClusterConfig::router_temperature, [](const double& v) { return v > 0; })},
-      {"kv_cache.block_size",
-       Set<int>(&ClusterConfig::kv_block_size, [](const int& v) { return v > 0; })},
+       KeyOf<double>("router-temperature", &ClusterConfig::router_temperature,
+                     [](const float& v) { return Must(v > 0, "must be > 0"); })},
+      {"kv_cache.block_size", KeyOf<int>("kv-block-size", &ClusterConfig::kv_block_size, Positive)},
       {"kv_cache.memory_mb",
-       Set<int64_t>(&ClusterConfig::kv_memory_mb, [](const int64_t& v) { return v > 0; })},
+       KeyOf<int64_t>("kv-cache-mb", &ClusterConfig::kv_memory_mb,
+                      [](const int64_t& v) { return Must(v > 0, "must be > 0"); })},
       {"max_batch_tokens",
-       Set<int>(&ClusterConfig::max_batch_tokens, [](const int& v) { return v > 0; })},
-      {"max_running", Set<int>(&ClusterConfig::max_running, [](const int& v) { return v > 0; })},
+       KeyOf<int>("max-batch-tokens", &ClusterConfig::max_batch_tokens, Positive)},
+      {"max_running", KeyOf<int>("max-running", &ClusterConfig::max_running, Positive)},
       {"max_queued_requests",
-       Set<int>(&ClusterConfig::max_queued_requests, [](const int& v) { return v >= 0; })},
+       KeyOf<int>("max-queued-requests", &ClusterConfig::max_queued_requests, NotNegative)},
       {"drain_timeout_s",
-       Set<double>(&ClusterConfig::drain_timeout_s, [](const double& v) { return v >= 0; })},
-      {"gpu_memory_budget",
-       Set<std::string>(&ClusterConfig::gpu_memory_budget,
-                        [](const std::string& v) { return ParseByteSize(v).ok(); })},
-      {"hot_ratio", Set<std::string>(&ClusterConfig::hot_ratio, ValidHotRatio)},
-      {"hot_ratio_policy", Set<std::string>(&ClusterConfig::hot_ratio_policy, ValidHotRatioPolicy)},
-      {"cache_policy",
-       Set<std::string>(&ClusterConfig::cache_policy,
-                        [](const std::string& v) { return v == "lru" || v == "lfu"; })},
-      {"cold_experts", Set<std::string>(&ClusterConfig::cold_experts,
-                                        [](const std::string& v) {
-                                          return v == "auto" || v == "copy" || v == "cpu";
-                                        })},
-      {"prefetch", Set<bool>(&ClusterConfig::prefetch)},
+       KeyOf<double>("drain-timeout-s", &ClusterConfig::drain_timeout_s,
+                     [](const double& v) { return Must(v >= 0, "must be >= 0"); })},
+      {"gpu_memory_budget", KeyOf<S>("gpu-memory-budget", &ClusterConfig::gpu_memory_budget,
+                                     [](const S& v) {
+                                       return v.empty() ? absl::OkStatus()
+                                                        : ParseByteSize(v).status();
+                                     })},
+      {"hot_ratio", KeyOf<S>("hot-ratio", &ClusterConfig::hot_ratio,
+                             [](const S& v) { return ParseHotRatio(v).status(); })},
+      {"hot_ratio_policy", KeyOf<S>("", &ClusterConfig::hot_ratio_policy,
+                                    [](const S& v) { return HotRatioPolicy::Parse(v).status(); })},
+      {"cache_policy", KeyOf<S>("cache-policy", &ClusterConfig::cache_policy,
+                                [](const S& v) {
+                                  return OneOf(v, {"lru", "lfu"});
+                                })},
+      {"cold_experts", KeyOf<S>("cold-experts", &ClusterConfig::cold_experts,
+                                [](const S& v) {
+                                  return OneOf(v, {"auto", "copy", "cpu"});
+                                })},
+      {"prefetch", KeyOf<bool>("prefetch", &ClusterConfig::prefetch)},
       {"cuda_graph_max_batch",
-       Set<int>(&ClusterConfig::cuda_graph_max_batch,
-                [](const int& v) { return v >= 0 && v <= kMaxDecodeGraphBatch; })},
-      {"mps", Set<std::string>(
-                  &ClusterConfig::mps,
-                  [](const std::string& v) { return v == "auto" || v == "on" || v == "off"; })},
+       KeyOf<int>("cuda-graph-max-batch", &ClusterConfig::cuda_graph_max_batch,
+                  [](const int& v) {
+                    return v >= 0 && v <= kMaxDecodeGraphBatch
+                               ? absl::OkStatus()
+                               : absl::InvalidArgumentError(
+                                     absl::StrCat("must be in [0, ", kMaxDecodeGraphBatch, "]"));
+                  })},
+      {"mps", KeyOf<S>("mps", &ClusterConfig::mps,
+                       [](const S& v) {
+                         return OneOf(v, {"auto", "on", "off"});
+                       })},
   };
-  return *setters;
+  return *keys;
 }
 
 absl::Status Apply(const YAML::Node& map, const std::string& prefix, const std::string& path,
                    ClusterConfig& config) {
   for (const auto& item : map) {
-    const std::string key = prefix + item.first.as<std::string>();
+    const std::string name = prefix + item.first.as<std::string>();
     if (item.second.IsMap()) {
-      if (absl::Status s = Apply(item.second, key + ".", path, config); !s.ok()) return s;
+      if (absl::Status s = Apply(item.second, name + ".", path, config); !s.ok()) return s;
       continue;
     }
-    auto it = Setters().find(key);
-    if (it == Setters().end()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": unknown key \"", key, "\""));
+    auto it = Keys().find(name);
+    if (it == Keys().end()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": unknown key \"", name, "\""));
     }
-    if (!it->second(item.second, config)) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": bad value for \"", key, "\""));
+    const Key& key = it->second;
+    absl::Status valid = key.set(item.second, config)
+                             ? absl::OkStatus()
+                             : absl::InvalidArgumentError("not of the key's type");
+    if (valid.ok() && key.check) valid = key.check(config);
+    if (!valid.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": bad value for \"", name, "\": ", valid.message()));
     }
   }
   return absl::OkStatus();
@@ -123,6 +178,18 @@ absl::StatusOr<std::string> RouterDevice(const ClusterConfig& c) {
         "shm, no gpu_memory_budget): activations move between them by CUDA IPC"));
   }
   return absl::StrCat("cuda:", *index);
+}
+
+absl::Status CheckClusterConfig(const ClusterConfig& config) {
+  for (const auto& [name, key] : Keys()) {
+    if (!key.check) continue;
+    if (absl::Status valid = key.check(config); !valid.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad value for \"", name, "\"",
+          key.flag.empty() ? "" : absl::StrCat(" (--", key.flag, ")"), ": ", valid.message()));
+    }
+  }
+  return RouterDevice(config).status();
 }
 
 absl::Status LoadClusterConfig(const std::string& path, ClusterConfig& config) {

@@ -49,6 +49,11 @@ struct ClusterConfig {
 // keys and bad values are errors naming the file and the key.
 absl::Status LoadClusterConfig(const std::string& path, ClusterConfig& config);
 
+// Every value of `config` kept to the rules the file's keys are read with, and a router device
+// its workers can serve (RouterDevice): for a config merged from a file and flags.
+// INVALID_ARGUMENT naming the first bad key and its flag.
+absl::Status CheckClusterConfig(const ClusterConfig& config);
+
 // Where the router runs: router_device when set; otherwise cuda:0 for GPU workers that hold
 // every expert and talk shared memory (activations then stay on the GPUs, by CUDA IPC), and
 // cpu for everything else. INVALID_ARGUMENT when a GPU router is asked for with workers that

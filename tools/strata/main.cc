@@ -16,8 +16,6 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/engine/decode_graphs.h"
-#include "common/placement/hot_ratio.h"
 #include "common/util/process.h"
 #include "tools/strata/bench_command.h"
 #include "tools/strata/client_commands.h"
@@ -228,9 +226,6 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
     c.gpu_memory_budget = absl::GetFlag(FLAGS_gpu_memory_budget);
   }
   if (flags.Specified("hot_ratio")) c.hot_ratio = absl::GetFlag(FLAGS_hot_ratio);
-  if (absl::Status s = strata::ParseHotRatio(c.hot_ratio).status(); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--hot-ratio: ", s.message()));
-  }
   if (flags.Specified("cache_policy")) c.cache_policy = absl::GetFlag(FLAGS_cache_policy);
   if (flags.Specified("cold_experts")) c.cold_experts = absl::GetFlag(FLAGS_cold_experts);
   if (flags.Specified("prefetch")) c.prefetch = absl::GetFlag(FLAGS_prefetch);
@@ -238,19 +233,9 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
     c.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
   }
   if (flags.Specified("mps")) c.mps = absl::GetFlag(FLAGS_mps);
-  if (c.cuda_graph_max_batch < 0 || c.cuda_graph_max_batch > strata::kMaxDecodeGraphBatch) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--cuda-graph-max-batch must be in [0, ", strata::kMaxDecodeGraphBatch, "]"));
-  }
-  if (c.mps != "auto" && c.mps != "on" && c.mps != "off") {
-    return absl::InvalidArgumentError("--mps must be auto, on or off");
-  }
-  if (c.device != "cpu" && c.device != "cuda") {
-    return absl::InvalidArgumentError("--device must be cpu or cuda");
-  }
-  if (absl::StatusOr<std::string> router = strata::RouterDevice(c); !router.ok()) {
-    return router.status();
-  }
+  // One set of rules for the file's values and the flags' (a bad value stops here, not in a
+  // child process).
+  if (absl::Status s = strata::CheckClusterConfig(c); !s.ok()) return s;
   options.bin_dir = self.substr(0, self.rfind('/'));
   return strata::RunCluster(options, std::cout);
 }
