@@ -90,18 +90,6 @@ for stage in ${stages//,/ }; do
   fi
 done
 tar czf "$final/logs.tgz" -C "$out" . 2>/dev/null
-python3 - "$final" <<'PY'
-import glob, json, os, sys
-print('file | conc | decode tok/s mean | P5 | P95 | TTFT ms | throughput tok/s')
-for f in sorted(glob.glob(os.path.join(sys.argv[1], '*.json'))):
-    try:
-        r = json.load(open(f))
-    except Exception:
-        continue
-    if 'decode_tok_s_mean' in r:
-        print(f"{os.path.basename(f)} | {r.get('concurrency')} | {r['decode_tok_s_mean']:.1f} | "
-              f"{r['decode_tok_s_p5']:.1f} | {r['decode_tok_s_p95']:.1f} | {r['ttft_ms']:.1f} | "
-              f"{r.get('throughput_tok_s', float('nan'))}")
-PY
+results_table "$final"
 cat "$sum"
 echo "total $((SECONDS - start)) s"

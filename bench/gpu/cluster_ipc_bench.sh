@@ -148,20 +148,6 @@ fi
 cp "$out"/strata-*.json "$out"/inprocess-*.json "$out"/eval-*.json "$final"/ 2>/dev/null
 tar czf "$final/logs.tgz" -C "$out" . 2>/dev/null
 
-python3 - "$final" <<'PY'
-import glob, json, os, sys
-out = sys.argv[1]
-print('run | conc | decode tok/s mean | P5 | P95 | TTFT ms P50 | throughput tok/s')
-for f in sorted(glob.glob(os.path.join(out, '*.json'))):
-    try:
-        r = json.load(open(f))
-    except Exception:
-        continue
-    if 'decode_tok_s_mean' not in r:
-        continue
-    print(f"{os.path.basename(f)} | {r.get('concurrency')} | {r['decode_tok_s_mean']:.1f} | "
-          f"{r['decode_tok_s_p5']:.1f} | {r['decode_tok_s_p95']:.1f} | {r['ttft_ms']:.1f} | "
-          f"{r.get('throughput_tok_s', float('nan')):.1f}")
-PY
+results_table "$final"
 cat "$sum"
 echo "total $((SECONDS - start)) s"
