@@ -309,7 +309,7 @@ void ExpertChecksAndTimes(cudaStream_t s, bool fp8) {
   auto staged = [&](int i, bf16* y) {
     const int r = i % kSets;
     const bf16* xr = x + r * kHidden;
-    CK(LaunchExpertPlan(d_ids + r * kTopK, 1, kTopK, kExperts, ws, s));
+    CK(LaunchExpertPlan(d_ids + r * kTopK, 1, kTopK, t, ws, s));
     CK(LaunchExpertGateUp(xr, 1, kTopK, t, act, ws, s));
     CK(LaunchExpertDown(1, kTopK, t, ws, s));
     CK(LaunchExpertCombine(d_ids + r * kTopK, d_wts + r * kTopK, 1, kTopK, kExperts, kHidden, ws, y,

@@ -109,9 +109,12 @@ absl::StatusOr<const int32_t*> DecodeGraphs::Run(absl::Span<const int32_t> ids,
   return greedy.status();
 }
 
-absl::StatusOr<const float*> DecodeGraphs::Logits() {
+absl::StatusOr<const float*> DecodeGraphs::Logits(absl::Span<const int64_t> rows) {
   if (last_rows_ == 0) return absl::FailedPreconditionError("decode graph: no step to read");
-  return router_.CopyDecodeLogits(last_rows_);
+  for (int64_t r : rows) {
+    if (r < 0 || r >= last_rows_) return absl::OutOfRangeError("decode graph: no such row");
+  }
+  return router_.CopyDecodeLogits(rows);
 }
 
 absl::StatusOr<const int32_t*> DecodeGraphs::Replay(absl::Span<const int32_t> ids,
@@ -175,7 +178,7 @@ absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int3
 absl::StatusOr<const int32_t*> DecodeGraphs::Run(absl::Span<const int32_t>, const BatchLayout&) {
   return absl::UnimplementedError("no CUDA in this build");
 }
-absl::StatusOr<const float*> DecodeGraphs::Logits() {
+absl::StatusOr<const float*> DecodeGraphs::Logits(absl::Span<const int64_t>) {
   return absl::UnimplementedError("no CUDA in this build");
 }
 absl::StatusOr<const int32_t*> DecodeGraphs::Replay(absl::Span<const int32_t>, const BatchLayout&) {

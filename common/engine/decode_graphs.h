@@ -52,9 +52,9 @@ class DecodeGraphs {
   // rewritten then); e.g. a worker died.
   absl::StatusOr<const int32_t*> Run(absl::Span<const int32_t> ids, const BatchLayout& batch);
 
-  // The last step's logits, [n, vocab] in pinned memory, valid until the next step; copied to
-  // the host only when asked (sampling, scores), since greedy steps need only Run's tokens.
-  absl::StatusOr<const float*> Logits();
+  // Right after a successful Run: its logits as [n, vocab] in pinned memory, valid until the
+  // next step, with only `rows` copied from the device (greedy rows need only Run's tokens).
+  absl::StatusOr<const float*> Logits(absl::Span<const int64_t> rows);
 
   static constexpr int kMaxFailures = 3;
 

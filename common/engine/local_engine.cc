@@ -159,7 +159,8 @@ absl::StatusOr<int32_t> LocalEngine::DecodeWithGraph(PagedKvCache::SequenceId se
   batch.position = {position};
   ASSIGN_OR_RETURN(const int32_t* greedy, decode_graphs_->Run({&token, 1}, batch));
   if (sampler.greedy()) return greedy[0];
-  ASSIGN_OR_RETURN(const float* logits, decode_graphs_->Logits());
+  const int64_t row = 0;
+  ASSIGN_OR_RETURN(const float* logits, decode_graphs_->Logits({&row, 1}));
   return sampler.Sample(logits, config().vocab_size);
 }
 

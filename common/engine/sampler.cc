@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -22,22 +23,23 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
 int64_t ArgMax(const float* values, int64_t n) {
   if (n <= 0) return 0;
   // The largest value over independent lanes (the compiler keeps them in vector registers),
-  // then the first index that holds it. std::max keeps the earlier operand on ties and on a
-  // NaN candidate, as max_element does.
+  // then the first index that holds it. std::max(m, v) keeps m when v is NaN, so a NaN never
+  // wins, as on the GPU (LaunchArgmax): the same token whichever computed it.
   constexpr int kLanes = 16;
+  constexpr float kLowest = -std::numeric_limits<float>::infinity();
   float lane_max[kLanes];
-  for (float& m : lane_max) m = values[0];
+  for (float& m : lane_max) m = kLowest;
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int j = 0; j < kLanes; ++j) lane_max[j] = std::max(lane_max[j], values[i + j]);
   }
-  float best = values[0];
+  float best = kLowest;
   for (float m : lane_max) best = std::max(best, m);
   for (; i < n; ++i) best = std::max(best, values[i]);
   for (int64_t k = 0; k < n; ++k) {
     if (values[k] == best) return k;
   }
-  return 0;  // values[0] is NaN: max_element's answer too
+  return 0;  // every value is NaN
 }
 
 int32_t Sampler::Sample(const float* logits, int64_t vocab) {

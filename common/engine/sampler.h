@@ -19,8 +19,8 @@ struct SamplingParams {
 
 absl::Status ValidateSamplingParams(const SamplingParams& params);
 
-// The index of the largest of values[0, n), the first on ties (std::max_element's answer), in
-// two vectorizable passes: a greedy token of a 150k vocabulary is on every decode step's path.
+// The index of the largest of values[0, n), the first on ties, NaN never (0 when all are NaN),
+// in two vectorizable passes: a greedy token of a 150k vocabulary is on every decode step's path.
 int64_t ArgMax(const float* values, int64_t n);
 
 class Sampler {

@@ -312,20 +312,33 @@ bool Scheduler::Step() {
     }
   }
   logit_rows.insert(logit_rows.end(), score_rows.begin(), score_rows.end());
-  // A replayed step brings its greedy tokens; its logits cross to the host only when a row is
-  // sampled or scored.
+  // A replayed step brings its greedy tokens; the logits rows cross to the host only for the
+  // rows that sample or score.
   const int32_t* greedy = TryGraphStep(ids, batch, logit_rows);
   const float* graph_logits = nullptr;
-  absl::Status status;
-  if (greedy == nullptr) {
-    status = forward_.Run(ids, batch, kv_, logit_rows, logits_);
-  } else if (!scored.empty() ||
-             std::any_of(sampled.begin(), sampled.end(),
-                         [](const Sequence* seq) { return !seq->sampler->greedy(); })) {
-    absl::StatusOr<const float*> logits = options_.decode_graphs->Logits();
-    if (logits.ok()) graph_logits = *logits;
-    status = logits.status();
+  if (greedy != nullptr) {
+    std::vector<int64_t> rows;
+    for (size_t r = 0; r < sampled.size(); ++r) {
+      if (!sampled[r]->sampler->greedy()) rows.push_back(static_cast<int64_t>(r));
+    }
+    for (size_t r = 0; r < scored.size(); ++r) {
+      rows.push_back(static_cast<int64_t>(sampled.size() + r));
+    }
+    if (!rows.empty()) {
+      absl::StatusOr<const float*> logits = options_.decode_graphs->Logits(rows);
+      if (logits.ok()) {
+        graph_logits = *logits;
+      } else {
+        // The step runs again eagerly (rewriting the keys and values the replay wrote).
+        Log(LogLevel::kWarning,
+            absl::StrCat("decode graph logits lost (", logits.status().message(),
+                         "); running the step again"));
+        greedy = nullptr;
+      }
+    }
   }
+  const absl::Status status =
+      greedy != nullptr ? absl::OkStatus() : forward_.Run(ids, batch, kv_, logit_rows, logits_);
   steps_.fetch_add(1);
   const int64_t vocab = config_.vocab_size;
   auto logits_row = [&](int64_t r) {

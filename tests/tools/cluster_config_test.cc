@@ -115,7 +115,7 @@ TEST(ClusterConfigTest, CheckNamesTheKeyAndItsFlag) {
   auto message = [](const std::function<void(ClusterConfig&)>& change) {
     ClusterConfig c;
     change(c);
-    return std::string(CheckClusterConfig(c).message());
+    return CheckClusterConfig(c).ToString();
   };
   EXPECT_THAT(message([](ClusterConfig& c) { c.hot_ratio = "1.5"; }),
               HasSubstr("bad value for \"hot_ratio\" (--hot-ratio)"));

@@ -135,7 +135,6 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
   ASSIGN_OR_RETURN(
       pinned_tables_,
       PinnedBuffer<int32_t>::Allocate(static_cast<size_t>(options_.max_sequences) * kv.num_blocks));
-  ASSIGN_OR_RETURN(pinned_logits_, PinnedBuffer<float>::Allocate(c.vocab_size));
   RETURN_IF_ERROR(
       Allocate(ffn_workspace_, ExpertWorkspaceBytes(options_.max_tokens, 1, h, ffn_intermediate)));
   ASSIGN_OR_RETURN(single_ids_, DeviceBuffer<int32_t>::FromHost(std::vector<int32_t>(t, 0).data(),
@@ -481,15 +480,17 @@ absl::Status CudaRouterBackend::Logits(const Tensor& hidden, absl::Span<const in
   return absl::OkStatus();
 }
 
-absl::StatusOr<const float*> CudaRouterBackend::CopyDecodeLogits(int sequences) {
-  if (sequences <= 0 || sequences > graph_prepared_sequences_) {
-    return absl::FailedPreconditionError("cuda backend: no decode logits of that many rows");
-  }
+absl::StatusOr<const float*> CudaRouterBackend::CopyDecodeLogits(absl::Span<const int64_t> rows) {
   cudaStream_t stream = context_->stream();
-  CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(pinned_logits_.data(), logits_.data(),
-                      static_cast<size_t>(sequences) * config_.vocab_size * sizeof(float),
-                      cudaMemcpyDeviceToHost, stream));
+  const int64_t vocab = config_.vocab_size;
+  for (int64_t r : rows) {
+    if (r < 0 || r >= graph_prepared_sequences_) {
+      return absl::OutOfRangeError("cuda backend: no such decode logits row");
+    }
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned_logits_.data() + r * vocab,
+                                         logits_.data() + r * vocab, vocab * sizeof(float),
+                                         cudaMemcpyDeviceToHost, stream));
+  }
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return pinned_logits_.data();
 }

@@ -60,9 +60,9 @@ class CudaRouterBackend : public RouterBackend {
                                  absl::Span<const int32_t> positions,
                                  absl::Span<const std::vector<int>* const> tables);
   const int32_t* decode_greedy() const { return pinned_greedy_.data(); }
-  // The last replayed step's logits, [sequences, vocab] in pinned memory: copied and
-  // synchronized now, before anything else runs on the stream.
-  absl::StatusOr<const float*> CopyDecodeLogits(int sequences);
+  // The last replayed step's logits, [sequences, vocab] in pinned memory with only `rows`
+  // copied: copied and synchronized now, before anything else runs on the stream.
+  absl::StatusOr<const float*> CopyDecodeLogits(absl::Span<const int64_t> rows);
   CudaContext* context() const { return context_; }
 
  private:

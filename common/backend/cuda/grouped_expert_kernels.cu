@@ -11,20 +11,22 @@ constexpr int kPlanThreads = 256;
 constexpr int kPlanPerThread = kMaxGroupedExperts / kPlanThreads;
 
 // Slots per work item, a token-count bucket the kernels are compiled for: twice the slots an
-// active expert gets on average (n x top_k over the experts), at most 8. An expert's weights
-// are then read about once for its tokens, and no item carries accumulators for tokens that
-// never come: on the H200, 32 tokens of Qwen3's 128 experts (about 2 each) took 921 us in
-// items of 16 against 453 in items of 4, and 32 tokens of Mixtral's 8 experts 3.5 ms in items
-// of 16 against 2.6 ms in items of 8 (bench/profiles/grouped-experts-chunk-h200.txt). An
-// expert is selected at most once per token, so it never has more than n slots.
+// active expert gets on average (n x top_k over the experts), at most 8 unless the average
+// alone fills 16 (prefill). An expert's weights are then read about once for its tokens, and
+// no item carries accumulators for tokens that never come: on the H200, 32 tokens of Qwen3's
+// 128 experts (about 2 each) took 921 us in items of 16 against 453 in items of 4, and 32
+// tokens of Mixtral's 8 experts (about 8 each) 3.5 ms in items of 16 against 2.6 ms in items
+// of 8 (bench/profiles/grouped-experts-chunk-h200.txt). An expert is selected at most once per
+// token, so it never has more than n slots.
 int ChunkTokens(int64_t n, int top_k, int num_experts) {
   const int64_t slots = n * top_k;
   const int64_t active = std::max<int64_t>(1, std::min<int64_t>(slots, num_experts));
-  const int64_t want = std::min<int64_t>(n, 2 * ((slots + active - 1) / active));
+  const int64_t average = (slots + active - 1) / active;
+  const int64_t want = std::min<int64_t>(n, 2 * average);
   if (want <= 1) return 1;
   if (want == 2) return 2;
   if (want <= 4) return 4;
-  return 8;
+  return average >= 16 ? 16 : 8;
 }
 
 // Upper bound on work items: sum over experts of ceil(count / chunk).
@@ -460,8 +462,10 @@ cudaError_t Dispatch(int64_t n, int top_k, const ExpertWeightTable& w, bool x_al
         return fn.template operator()<WT, kE, 2>();
       case 4:
         return fn.template operator()<WT, kE, 4>();
-      default:
+      case 8:
         return fn.template operator()<WT, kE, 8>();
+      default:
+        return fn.template operator()<WT, kE, 16>();
     }
   };
   if (w.format == WeightFormat::kBf16) {
@@ -504,8 +508,10 @@ ExpertWorkspace CarveExpertWorkspace(void* base, int64_t n, int top_k, int64_t h
   return ws;
 }
 
-cudaError_t LaunchExpertPlan(const int32_t* expert_ids, int64_t n, int top_k, int num_experts,
-                             const ExpertWorkspace& ws, cudaStream_t stream) {
+cudaError_t LaunchExpertPlan(const int32_t* expert_ids, int64_t n, int top_k,
+                             const ExpertWeightTable& experts, const ExpertWorkspace& ws,
+                             cudaStream_t stream) {
+  const int num_experts = experts.num_experts;
   if (n < 0 || top_k <= 0 || num_experts <= 0 || num_experts > kMaxGroupedExperts ||
       n * top_k > 0x7fffffff) {
     return cudaErrorInvalidValue;
@@ -567,7 +573,7 @@ cudaError_t LaunchGroupedExperts(const bf16* x, const int32_t* expert_ids, const
       return err;
     });
   }
-  cudaError_t err = LaunchExpertPlan(expert_ids, n, top_k, experts.num_experts, ws, stream);
+  cudaError_t err = LaunchExpertPlan(expert_ids, n, top_k, experts, ws, stream);
   if (err == cudaSuccess) err = LaunchExpertGateUp(x, n, top_k, experts, act, ws, stream);
   if (err == cudaSuccess) err = LaunchExpertDown(n, top_k, experts, ws, stream);
   if (err == cudaSuccess) {

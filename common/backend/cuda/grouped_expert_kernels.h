@@ -1,10 +1,11 @@
 // The routed experts of one MoE layer for a batch of tokens, in one launch per stage however
 // many experts are selected:
-//   plan:     group the (token, slot) pairs by expert into work items of <= 8 slots
+//   plan:     group the (token, slot) pairs by expert into work items of <= 16 slots
 //   gate_up:  h[slot] = act(gate_e x + bg, up_e x + bu)         (bf16 [n * k, inter])
 //   down:     y[slot] = down_e h[slot] + bd                       (float [n * k, hidden])
 //   combine:  out[t] = sum over slots s in order of weight * y   (bf16 [n, hidden])
-// Each expert's weights are read once per work item, i.e. once per up to 8 of its tokens.
+// Each expert's weights are read once per work item, i.e. once per up to 16 of its tokens (see
+// ChunkTokens).
 #ifndef STRATA_COMMON_BACKEND_CUDA_GROUPED_EXPERT_KERNELS_H_
 #define STRATA_COMMON_BACKEND_CUDA_GROUPED_EXPERT_KERNELS_H_
 
@@ -62,9 +63,12 @@ size_t ExpertWorkspaceBytes(int64_t n, int top_k, int64_t hidden, int64_t interm
 ExpertWorkspace CarveExpertWorkspace(void* base, int64_t n, int top_k, int64_t hidden,
                                      int64_t intermediate);
 
-// expert_ids, weights: [n, top_k] routing (an id outside [0, num_experts) skips the slot).
-cudaError_t LaunchExpertPlan(const int32_t* expert_ids, int64_t n, int top_k, int num_experts,
-                             const ExpertWorkspace& ws, cudaStream_t stream);
+// expert_ids, weights: [n, top_k] routing (an id outside [0, experts.num_experts) skips the
+// slot). The plan's work items are sized for the table's shape, so the gate-up and down
+// stages that follow must be given the same table.
+cudaError_t LaunchExpertPlan(const int32_t* expert_ids, int64_t n, int top_k,
+                             const ExpertWeightTable& experts, const ExpertWorkspace& ws,
+                             cudaStream_t stream);
 // x: [n, hidden] bf16, packed.
 cudaError_t LaunchExpertGateUp(const bf16* x, int64_t n, int top_k,
                                const ExpertWeightTable& experts, const GluParams& act,

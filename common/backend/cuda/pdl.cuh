@@ -2,8 +2,12 @@
 // the kernel before it on the stream is still running, so its launch and its first loads of
 // data that kernel does not write (weights) overlap that kernel's tail. Such a kernel calls
 // PdlWait() before it reads or writes anything the kernels before it touch, and
-// PdlLaunchDependents() as soon as the next kernel may be scheduled. Both are no-ops when the
-// kernel was launched normally, and before sm_90. Included only by nvcc-compiled sources.
+// PdlLaunchDependents() as soon as the next kernel may be scheduled. PdlWait is a no-op when
+// the kernel was launched normally; PdlLaunchDependents is not (a following LaunchPdl kernel
+// may then start early), which is safe because every LaunchPdl kernel waits before it touches
+// what earlier kernels write or read. Below sm_90 both compile to nothing: device code must be
+// built for sm_90 (a PTX-only older target JIT-compiled on Hopper would not wait). Included
+// only by nvcc-compiled sources.
 #ifndef STRATA_COMMON_BACKEND_CUDA_PDL_CUH_
 #define STRATA_COMMON_BACKEND_CUDA_PDL_CUH_
 
@@ -45,7 +49,9 @@ cudaError_t LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
   attribute[0].val.programmaticStreamSerializationAllowed = ProgrammaticLaunch() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (launched != cudaSuccess) cudaGetLastError();  // reported here, not by a later launch
+  return launched;
 }
 
 }  // namespace strata::gpu

@@ -91,7 +91,15 @@ TEST_F(CudaOpsTest, ArgmaxFirstOnTies) {
         } else if (t % 3 == 2 && n > 3) {
           std::fill(row, row + vocab, -1.0f);  // all equal: token 0
         }
-        want[t] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+        if (t == 4) row[0] = row[vocab / 2] = std::nanf("");      // NaN never wins (as on the host)
+        if (t == 7) std::fill(row, row + vocab, -INFINITY);       // all -inf: token 0
+        if (t == 10) std::fill(row, row + vocab, std::nanf(""));  // all NaN: token 0
+        // The first largest non-NaN value (strata::ArgMax's definition).
+        int64_t best = -1;
+        for (int64_t i = 0; i < vocab; ++i) {
+          if (!std::isnan(row[i]) && (best < 0 || row[i] > row[best])) best = i;
+        }
+        want[t] = static_cast<int32_t>(best < 0 ? 0 : best);
       }
       const float* d_logits = Put(logits);
       int32_t* d_out = Poisoned<int32_t>(n);

@@ -168,7 +168,7 @@ TEST(CudaClusterTest, DemoPerplexityMatchesInProcess) {
   EXPECT_NEAR(remote.perplexity, local.perplexity, 1e-3 * local.perplexity);
 }
 
-// Eight sequences, half of them sampled, decoding together (batches of one to eight as they
+// Eight sequences, half of them sampled (top 1), decoding together (batches of one to eight as they
 // start and finish) by CUDA graph replay on both sides of the process split, against the same
 // cluster with graphs off: the same tokens on the demo model, and the graph cluster ran most
 // steps by replay.
@@ -186,11 +186,12 @@ TEST(CudaClusterTest, GraphStepsGiveTheEagerTokens) {
     for (int i = 0; i < kSequences; ++i) {
       std::vector<uint32_t> prompt;
       for (int j = 0; j < 12 + i; ++j) prompt.push_back(static_cast<uint32_t>(100 + 37 * i + j));
-      // Odd sequences sample (seeded): their rows' logits come to the host, the greedy rows
-      // of the same replays take the device's argmax.
+      // Odd sequences sample from their top 1 (as robust to rounding as greedy): their rows'
+      // logits come to the host, the greedy rows of the same replays take the device's argmax.
       v1::GenerateRequest request = GreedyRequest(prompt, kNewTokens - 2 * i);
       if (i % 2 == 1) {
         request.mutable_sampling()->set_temperature(0.8f);
+        request.mutable_sampling()->set_top_k(1);
         request.mutable_sampling()->set_seed(static_cast<uint64_t>(i));
       }
       running.push_back(GenerateAsync(cluster.address(), std::move(request)));
