@@ -116,6 +116,10 @@ class ExpertBackend {
   // Called instead of a replay that could not be launched after BeginGraphStep succeeded:
   // whatever BeginGraphStep started must not wait for it.
   virtual void AbortGraphStep() {}
+  // The caller brackets the capture of a decode step with true and false: a backend whose
+  // captured exchanges differ from eager ones (flags on the device instead of messages)
+  // records the step being captured then.
+  virtual void SetGraphCapture(bool capturing) {}
 };
 
 }  // namespace strata

@@ -59,6 +59,8 @@ absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int3
   std::vector<int64_t> rows(n);
   for (int i = 0; i < n; ++i) rows[i] = i;
   cudaStream_t stream = router_.context()->stream();
+  experts_.SetGraphCapture(true);
+  absl::Cleanup captured_experts = [&] { experts_.SetGraphCapture(false); };
   // The host code runs once and the device work is recorded; the replay that follows is the
   // step itself.
   if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {

@@ -60,6 +60,8 @@ class DecodeGraphs {
 
   // Failed steps in a row (graphs stay off at kMaxFailures until the expert backend changes).
   int failures() const { return failures_; }
+  // The longest sequence (prompt and generated tokens) a graph's attention is planned for.
+  int max_context() const { return options_.max_context; }
 
  private:
   struct Graph;

@@ -42,7 +42,6 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
     graphs.max_context =
         static_cast<int>(std::min<int64_t>(engine->max_sequence_tokens(), kDecodeGraphContext));
     graphs.max_sequences = 1;
-    engine->decode_graph_context_ = graphs.max_context;
     engine->decode_graphs_ = std::make_unique<DecodeGraphs>(
         *engine->forward_, *engine->cuda_router_, *engine->stack_->experts(), *engine->kv_, graphs);
   }
@@ -148,7 +147,7 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
 }
 
 bool LocalEngine::UseDecodeGraph(int64_t total_tokens) {
-  return decode_graphs_ != nullptr && total_tokens <= decode_graph_context_;
+  return decode_graphs_ != nullptr && total_tokens <= decode_graphs_->max_context();
 }
 
 absl::StatusOr<int32_t> LocalEngine::DecodeWithGraph(PagedKvCache::SequenceId seq, int32_t token,

@@ -77,7 +77,6 @@ class LocalEngine {
   PagedKvCache* kv_ = nullptr;                     // the stack's
   std::unique_ptr<ForwardPass> forward_;
   std::unique_ptr<DecodeGraphs> decode_graphs_;  // after forward_: the graphs use it
-  int64_t decode_graph_context_ = 0;             // the longest sequence the graphs take
 };
 
 }  // namespace strata

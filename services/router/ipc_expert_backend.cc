@@ -135,9 +135,7 @@ absl::Status IpcExpertBackend::StampClocks(const std::string& path) {
 
 void IpcExpertBackend::ClearStarted() {
   for (int w : started_) {
-    if (auto* link = static_cast<CudaIpcConnection*>(graph_connections_[w].get())) {
-      link->graph_awaited_.store(false);
-    }
+    if (CudaIpcConnection* link = graph_connections_[w].get()) link->graph_awaited_.store(false);
   }
   started_.clear();
 }
@@ -149,8 +147,7 @@ absl::Status IpcExpertBackend::FinishStep() {
     // Workers that failed to start a replayed step, now over: none of their flags may stay up
     // (a released output flag would let the next replay pass its wait at once).
     const size_t bytes = 2 * static_cast<size_t>(config().num_layers) * sizeof(uint32_t);
-    for (const std::shared_ptr<ExpertConnection>& connection : reset_flags_) {
-      auto* link = static_cast<CudaIpcConnection*>(connection.get());
+    for (const std::shared_ptr<CudaIpcConnection>& link : reset_flags_) {
       const cudaError_t reset = cudaMemsetAsync(link->flags_.data(), 0, bytes, release_stream_);
       if (reset != cudaSuccess && status.ok()) {
         status = gpu::CudaStatus(reset, "cudaMemsetAsync", __FILE__, __LINE__);
@@ -279,7 +276,7 @@ absl::Status IpcExpertBackend::CollectAnswers(std::vector<int>& failed) {
         &transport_failed);
     if (received.ok()) {
       started_.push_back(w);
-      static_cast<CudaIpcConnection*>(graph_connections_[w].get())->graph_awaited_.store(true);
+      graph_connections_[w]->graph_awaited_.store(true);
     } else {
       // A worker that answered with an error started nothing. One whose answer never came may
       // have, and its graph would wait for flags that are cleared once this step is over, with
@@ -288,7 +285,7 @@ absl::Status IpcExpertBackend::CollectAnswers(std::vector<int>& failed) {
       if (transport_failed) {
         Log(LogLevel::kError, absl::StrCat("expert worker ", w,
                                            " did not answer a graph step: ", received.message()));
-        static_cast<CudaIpcConnection*>(graph_connections_[w].get())->channel_->Close();
+        graph_connections_[w]->channel_->Close();
       }
       failed.push_back(w);
       if (status.ok()) status = absl::UnavailableError(received.message());
@@ -305,7 +302,7 @@ absl::Status IpcExpertBackend::AwaitGraphStep() {
   for (int w : failed) {
     // The replay waits for output flags this worker will not raise: release them for good
     // here, and clear every flag of its once the step is over (FinishStep).
-    auto* link = static_cast<CudaIpcConnection*>(graph_connections_[w].get());
+    CudaIpcConnection* link = graph_connections_[w].get();
     if (absl::Status s = gpu::FillFlags(release_stream_, link->flags_.data() + layers,
                                         gpu::kFlagReleased, layers);
         !s.ok()) {
@@ -314,6 +311,14 @@ absl::Status IpcExpertBackend::AwaitGraphStep() {
     reset_flags_.push_back(graph_connections_[w]);
   }
   return status;
+}
+
+void IpcExpertBackend::SetGraphCapture(bool capturing) {
+  capturing_ = capturing;
+  if (!capturing) return;
+  // A new capture: the step's layers and connections are recorded as it goes.
+  for (std::vector<int32_t>& list : graph_layers_) list.clear();
+  for (std::shared_ptr<CudaIpcConnection>& link : graph_connections_) link.reset();
 }
 
 void IpcExpertBackend::AbortGraphStep() {
@@ -329,8 +334,7 @@ absl::Status IpcExpertBackend::RunOut() {
   cudaStream_t stream = context_->stream();
   absl::Status status;
   for (int w : started_) {
-    auto* link = static_cast<CudaIpcConnection*>(graph_connections_[w].get());
-    uint32_t* in = link->flags_.data();
+    uint32_t* in = graph_connections_[w]->flags_.data();
     for (int32_t layer : graph_layers_[w]) {
       // As a replay's split kernel does: lower the output flag the last replay left up (but
       // not a released one) and raise the input flag; then wait for the worker.
@@ -359,11 +363,6 @@ absl::Status IpcExpertBackend::CaptureExchange(
     int layer, const std::vector<int>& workers, const std::vector<CudaIpcConnection*>& links,
     const std::vector<std::shared_ptr<ExpertConnection>>& connections, gpu::PartialSet& partials) {
   const size_t layers = static_cast<size_t>(config().num_layers);
-  if (layer <= last_captured_layer_) {  // a new capture
-    for (std::vector<int32_t>& list : graph_layers_) list.clear();
-    for (std::shared_ptr<ExpertConnection>& connection : graph_connections_) connection.reset();
-  }
-  last_captured_layer_ = layer;
   graph_layers_.resize(num_workers());
   graph_connections_.resize(num_workers());
   cudaStream_t stream = context_->stream();
@@ -373,7 +372,8 @@ absl::Status IpcExpertBackend::CaptureExchange(
     RETURN_IF_ERROR(gpu::WaitFlag(stream, links[w]->flags_.data() + layers + layer, 1));
     partials.parts[partials.count++] = links[w]->output_.data();
     graph_layers_[w].push_back(layer);
-    graph_connections_[w] = connections[w];
+    // links[w] is this connection, checked to be over CUDA IPC.
+    graph_connections_[w] = std::static_pointer_cast<CudaIpcConnection>(connections[w]);
   }
   if (stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Mark(stream, 3 * layer + 2));
   return absl::OkStatus();
@@ -429,9 +429,7 @@ absl::Status IpcExpertBackend::Exchange(
     }
   }
   cudaStream_t stream = context_->stream();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
-  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  const bool capturing = capturing_;
   if (capturing && uploaded_owners_[layer] != owner) {
     // The upload waits for its copy, which a capture cannot; the eager step that follows a
     // failed capture uploads it.

@@ -101,6 +101,7 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // not start: its output flags are raised from a side stream so that the replay finishes.
   absl::Status AwaitGraphStep() override;
   void AbortGraphStep() override;
+  void SetGraphCapture(bool capturing) override;
 
   // Profiling: replayed steps stamp the GPU clock per MoE layer (slot 3 * layer + 0 before the
   // input copy, + 1 once the input flags are raised, + 2 once the output flags were seen) and
@@ -166,15 +167,15 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // Per worker, the MoE layers of the last captured step and the connection whose buffers
   // and flags it uses (held: the graphs point into them). Engine thread.
   std::vector<std::vector<int32_t>> graph_layers_;
-  std::vector<std::shared_ptr<ExpertConnection>> graph_connections_;
-  int last_captured_layer_ = -1;
+  std::vector<std::shared_ptr<CudaIpcConnection>> graph_connections_;
+  bool capturing_ = false;  // between SetGraphCapture(true) and (false)
   // The replay BeginGraphStep announced: its step, tokens, the workers told and those started.
   uint64_t graph_step_ = 0;
   int64_t step_tokens_ = 0;
   std::vector<int> sent_;
   std::vector<int> started_;
   // Workers that did not start a launched replay: their flags are cleared once it is over.
-  std::vector<std::shared_ptr<ExpertConnection>> reset_flags_;
+  std::vector<std::shared_ptr<CudaIpcConnection>> reset_flags_;
   std::unique_ptr<gpu::ClockStamps> stamps_;  // profiling; null unless StampClocks
   cudaStream_t release_stream_ = nullptr;     // ReleaseIfLost's records
   std::mutex release_mu_;                     // ReleaseIfLost: the watchdog and registrations
