@@ -102,13 +102,20 @@ absl::StatusOr<const int32_t*> DecodeGraphs::Run(absl::Span<const int32_t> ids,
     last_rows_ = static_cast<int>(ids.size());
     return greedy;
   }
+  NoteFailure();
+  return greedy.status();
+}
+
+void DecodeGraphs::NoteFailure() {
+  // The eager step that follows must not see this failure's runtime error as its own.
+  cudaGetLastError();
+  last_rows_ = 0;
   // A graph (and the expert backend's record of it) may be half made or stale: start over.
   graphs_.clear();
   const uint64_t version = experts_.graph_version();
   if (version != failed_version_) failures_ = 0;
   failed_version_ = version;
   ++failures_;
-  return greedy.status();
 }
 
 absl::StatusOr<const float*> DecodeGraphs::Logits(absl::Span<const int64_t> rows) {
@@ -116,7 +123,9 @@ absl::StatusOr<const float*> DecodeGraphs::Logits(absl::Span<const int64_t> rows
   for (int64_t r : rows) {
     if (r < 0 || r >= last_rows_) return absl::OutOfRangeError("decode graph: no such row");
   }
-  return router_.CopyDecodeLogits(rows);
+  absl::StatusOr<const float*> logits = router_.CopyDecodeLogits(rows);
+  if (!logits.ok()) NoteFailure();  // the step runs again eagerly, as after a failed replay
+  return logits;
 }
 
 absl::StatusOr<const int32_t*> DecodeGraphs::Replay(absl::Span<const int32_t> ids,
@@ -183,6 +192,7 @@ absl::StatusOr<const int32_t*> DecodeGraphs::Run(absl::Span<const int32_t>, cons
 absl::StatusOr<const float*> DecodeGraphs::Logits(absl::Span<const int64_t>) {
   return absl::UnimplementedError("no CUDA in this build");
 }
+void DecodeGraphs::NoteFailure() {}
 absl::StatusOr<const int32_t*> DecodeGraphs::Replay(absl::Span<const int32_t>, const BatchLayout&) {
   return absl::UnimplementedError("no CUDA in this build");
 }

@@ -54,6 +54,7 @@ class DecodeGraphs {
 
   // Right after a successful Run: its logits as [n, vocab] in pinned memory, valid until the
   // next step, with only `rows` copied from the device (greedy rows need only Run's tokens).
+  // A failure counts as a failed step: run the step again without the graph.
   absl::StatusOr<const float*> Logits(absl::Span<const int64_t> rows);
 
   static constexpr int kMaxFailures = 3;
@@ -67,6 +68,8 @@ class DecodeGraphs {
   struct Graph;
   absl::StatusOr<Graph*> Capture(absl::Span<const int32_t> ids, const BatchLayout& batch);
   absl::StatusOr<const int32_t*> Replay(absl::Span<const int32_t> ids, const BatchLayout& batch);
+  // After a failed replay or logits copy: the graphs are dropped and the failure counted.
+  void NoteFailure();
 
   ForwardPass& forward_;
   gpu::CudaRouterBackend& router_;

@@ -125,7 +125,7 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
   std::vector<int32_t> out;
   const std::vector<int>& eos = config().eos_token_ids;
   // Decode steps replay one CUDA graph when the whole sequence fits the graph's context.
-  const bool graphs = UseDecodeGraph(n + options.max_new_tokens);
+  bool graphs = UseDecodeGraph(n + options.max_new_tokens);
   int32_t next = sampler.Sample(logits.row(0), vocab);
   while (true) {
     out.push_back(next);
@@ -136,8 +136,14 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
     }
     const int64_t position = n + static_cast<int64_t>(out.size()) - 1;
     if (graphs) {
-      ASSIGN_OR_RETURN(next, DecodeWithGraph(seq, next, position, sampler));
-      continue;
+      absl::StatusOr<int32_t> replayed = DecodeWithGraph(seq, next, position, sampler);
+      if (replayed.ok()) {
+        next = *replayed;
+        continue;
+      }
+      // The step runs eagerly (rewriting what the replay wrote); after repeated failures the
+      // rest of the generation does too.
+      graphs = decode_graphs_->failures() < DecodeGraphs::kMaxFailures;
     }
     const int64_t row = 0;
     RETURN_IF_ERROR(Step(seq, {&next, 1}, position, {&row, 1}, logits));

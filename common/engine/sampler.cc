@@ -46,7 +46,9 @@ int32_t Sampler::Sample(const float* logits, int64_t vocab) {
   if (greedy()) return static_cast<int32_t>(ArgMax(logits, vocab));
   candidates_.resize(vocab);
   for (int64_t i = 0; i < vocab; ++i) {
-    candidates_[i] = {logits[i] / params_.temperature, static_cast<int32_t>(i)};
+    // A NaN logit is never drawn (and would break the ordering below).
+    const float logit = std::isnan(logits[i]) ? -std::numeric_limits<float>::infinity() : logits[i];
+    candidates_[i] = {logit / params_.temperature, static_cast<int32_t>(i)};
   }
   auto by_logit = [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
@@ -61,6 +63,7 @@ int32_t Sampler::Sample(const float* logits, int64_t vocab) {
   // Softmax over the kept candidates (exp is monotonic: the order by logit holds).
   float max_logit = candidates_[0].first;
   for (int64_t i = 1; i < keep; ++i) max_logit = std::max(max_logit, candidates_[i].first);
+  if (max_logit == -std::numeric_limits<float>::infinity()) return 0;  // nothing drawable
   double total = 0.0;
   for (int64_t i = 0; i < keep; ++i) {
     candidates_[i].first = std::exp(candidates_[i].first - max_logit);

@@ -369,6 +369,12 @@ absl::Status IpcExpertBackend::CaptureExchange(
   // The split kernel raised the input flags; the output flags stay up until the next replay's.
   if (stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Mark(stream, 3 * layer + 1));
   for (int w : workers) {
+    // A worker that registered again during the capture: its earlier layers used the old
+    // link's flags and buffers.
+    if (graph_connections_[w] != nullptr && graph_connections_[w] != connections[w]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expert worker ", w, " changed while a decode step was captured"));
+    }
     RETURN_IF_ERROR(gpu::WaitFlag(stream, links[w]->flags_.data() + layers + layer, 1));
     partials.parts[partials.count++] = links[w]->output_.data();
     graph_layers_[w].push_back(layer);

@@ -340,6 +340,7 @@ bool Scheduler::Step() {
   const absl::Status status =
       greedy != nullptr ? absl::OkStatus() : forward_.Run(ids, batch, kv_, logit_rows, logits_);
   steps_.fetch_add(1);
+  if (greedy != nullptr) graph_steps_.fetch_add(1);
   const int64_t vocab = config_.vocab_size;
   auto logits_row = [&](int64_t r) {
     return greedy != nullptr ? graph_logits + r * vocab : logits_.row(r);
@@ -374,10 +375,7 @@ const int32_t* Scheduler::TryGraphStep(absl::Span<const int32_t> ids, const Batc
   DecodeGraphs* graphs = options_.decode_graphs;
   if (graphs == nullptr || !graphs->Fits(batch, logit_rows)) return nullptr;
   absl::StatusOr<const int32_t*> greedy = graphs->Run(ids, batch);
-  if (greedy.ok()) {
-    graph_steps_.fetch_add(1);
-    return *greedy;
-  }
+  if (greedy.ok()) return *greedy;
   // The step runs eagerly instead (rewriting whatever keys and values the replay wrote); a
   // worker that died is rerouted there.
   const bool off = graphs->failures() >= DecodeGraphs::kMaxFailures;

@@ -18,8 +18,6 @@ TEST(SamplerTest, GreedyTakesFirstMaximum) {
   EXPECT_EQ(sampler.Sample(logits.data(), 4), 1);
 }
 
-// The vectorized argmax gives max_element's index: first of equal maxima, any length, and
-// whatever a NaN does to max_element.
 // The first index of the largest value, NaN never winning (max_element over the non-NaN values).
 int64_t ReferenceArgMax(const std::vector<float>& v) {
   int64_t best = -1;
