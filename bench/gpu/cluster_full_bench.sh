@@ -26,6 +26,8 @@ gpus=$(nvidia-smi -L | wc -l)
 sum=$final/summary.txt
 start=$SECONDS
 machine="NVIDIA H200 ($gpus GPU)"
+# The switches an A/B run sets in the environment, recorded with each figure.
+env_note=$(env | grep -E '^STRATA_(PDL|FLAG_WAIT)=' | sort | tr '\n' ' ' | sed 's/ $//')
 
 model_dir() {  # shape[@layers] -> directory with the weights (made once per machine)
   local shape=$1 dir layers=()
@@ -75,7 +77,7 @@ for stage in ${stages//,/ }; do
     suffix=""; [ "$workers" -gt 1 ] && suffix="-${workers}gpu"
     timeout 400 "$B/strata" bench --server "$addr" --model $dir --model-name $tag \
       --input-len 128 --output-len 512 --runs $runs --concurrency $conc --weights $weights \
-      --mode cluster --gpus $workers --machine "$machine" \
+      --mode cluster --gpus $workers --machine "$machine" --note "$env_note" \
       --out "$final/${stamps:+stamps-}strata-$tag-$weights-cluster$suffix.json" \
       >"$out/bench-$name.txt" 2>&1
     note "$name bench: exit $? after $((SECONDS - t0)) s"

@@ -102,6 +102,9 @@ TEST(BenchCommandTest, ErrorsExitNonZeroWithAMessage) {
       {"bench --server 127.0.0.1:1 --concurrency 1,x", "\"x\" is not a positive integer"},
       {"bench --server 127.0.0.1:1 --weights fp16", "--weights must be bf16 or fp8"},
       {"bench --server 127.0.0.1:1 --output-len 1", "--output-len must be at least 2"},
+      // Checked before any round runs (no server is reached first).
+      {"bench --server 127.0.0.1:1 --out /nonexistent-dir/r.json",
+       "/nonexistent-dir is not a writable directory"},
   };
   for (const Case& c : cases) {
     const Result r = RunStrata(c.args);
@@ -160,10 +163,10 @@ TEST_F(BenchClusterTest, WritesOneResultFilePerConcurrency) {
   ASSERT_FALSE(cluster_->address().empty()) << "the cluster did not become ready";
   TempDir dir;
   const std::string out = dir.File("tiny-bf16-cluster.json");
-  const Result r =
-      RunStrata(absl::StrCat("bench --server ", cluster_->address(),
-                             " --input-len 16 --output-len 8 --runs 2 --concurrency 1,4 --out ",
-                             out, " --model-name tiny-qwen3 --machine 'test VM'"));
+  const Result r = RunStrata(
+      absl::StrCat("bench --server ", cluster_->address(),
+                   " --input-len 16 --output-len 8 --runs 2 --concurrency 1,4 --out ", out,
+                   " --model-name tiny-qwen3 --machine 'test VM' --note STRATA_PDL=0"));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("| concurrency | TTFT ms mean |"));
   EXPECT_FALSE(std::filesystem::exists(out));
@@ -183,6 +186,7 @@ TEST_F(BenchClusterTest, WritesOneResultFilePerConcurrency) {
     EXPECT_EQ(j["warmup"], 1);
     EXPECT_EQ(j["requests"], 2 * c);
     EXPECT_EQ(j["machine"], "test VM");
+    EXPECT_EQ(j["note"], "STRATA_PDL=0");
     EXPECT_THAT(j["date"].get<std::string>(), MatchesRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}"));
     EXPECT_THAT(j["command"].get<std::string>(), HasSubstr("strata bench --server"));
     EXPECT_THAT(j["command"].get<std::string>(), HasSubstr("'test VM'"));

@@ -1,6 +1,7 @@
 #include "tools/strata/bench_command.h"
 
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -296,6 +297,7 @@ std::string BenchResultJson(const BenchOptions& o, const std::string& model, con
   row["machine"] = o.machine.empty() ? "unspecified" : o.machine;
   row["date"] = absl::FormatTime("%Y-%m-%d", now, absl::LocalTimeZone());
   row["command"] = o.command;
+  if (!o.note.empty()) row["note"] = o.note;
   row["decode_tok_s_p50"] = s.decode_tok_s_p50;
   row["ttft_ms_mean"] = s.ttft_ms_mean;
   row["ttft_ms_p95"] = s.ttft_ms_p95;
@@ -368,6 +370,15 @@ absl::StatusOr<BenchReport> RunBench(
 absl::Status RunBenchCommand(const BenchOptions& o, std::ostream& out, std::ostream& progress) {
   const absl::Time now = absl::Now();
   const bool several = o.concurrency.size() > 1;
+  // Where the files go is checked before the rounds run, not after minutes of them.
+  if (!o.out.empty()) {
+    const std::filesystem::path dir =
+        std::filesystem::absolute(std::filesystem::path(o.out)).parent_path();
+    if (!std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--out ", o.out, ": ", dir.string(), " is not a writable directory"));
+    }
+  }
   std::vector<BenchSummary> summaries;
   std::vector<std::string> rows;  // each concurrency's JSON object
   auto record = [&](const std::string& model, const ConcurrencyRun& run) -> absl::Status {

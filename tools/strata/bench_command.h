@@ -35,6 +35,7 @@ struct BenchOptions {
   int gpus = 0;                  // 0 for a CPU cluster
   std::string machine;           // e.g. "NVIDIA H200"; empty records "unspecified"
   std::string command;           // the command line, recorded as is
+  std::string note;              // free text recorded as "note" when set (e.g. the server's env)
   absl::Duration request_timeout = absl::Minutes(30);
   absl::Duration connect_timeout = absl::Seconds(10);
 };

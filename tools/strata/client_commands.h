@@ -25,8 +25,7 @@ absl::Status RunRemoteGenerate(const RemoteGenerateOptions& options, std::ostrea
 // `strata stats --server HOST:PORT`: the router's counters (strata.v1.Admin.Stats) as JSON.
 absl::Status RunStats(const std::string& server, std::ostream& out);
 // Admin.SetHotRatio: `value` is a number in [0, 1] or "auto"; prints what is in effect.
-absl::Status RunSetHotRatio(const std::string& server, const std::string& value,
-                            std::ostream& out);
+absl::Status RunSetHotRatio(const std::string& server, const std::string& value, std::ostream& out);
 
 }  // namespace strata
 

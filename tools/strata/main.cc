@@ -96,6 +96,8 @@ ABSL_FLAG(std::string, weights, "bf16",
 ABSL_FLAG(std::string, mode, "cluster", "bench: mode recorded: cluster|in-process|transformers");
 ABSL_FLAG(int, gpus, 0, "bench: GPUs recorded (0 for a CPU cluster)");
 ABSL_FLAG(std::string, machine, "", "bench: machine recorded, e.g. \"NVIDIA H200\"");
+ABSL_FLAG(std::string, note, "",
+          "bench: free text recorded as \"note\", e.g. the server's settings");
 
 namespace {
 
@@ -186,6 +188,7 @@ absl::Status Bench() {
   o.mode = absl::GetFlag(FLAGS_mode);
   o.gpus = absl::GetFlag(FLAGS_gpus);
   o.machine = absl::GetFlag(FLAGS_machine);
+  o.note = absl::GetFlag(FLAGS_note);
   o.command = strata::CurrentCommandLine();
   return strata::RunBenchCommand(o, std::cout, std::cerr);
 }
