@@ -79,6 +79,13 @@ TEST(StrataCliTest, Errors) {
       {"generate --model " + kModel + " --ids 1 --temperature -1", "temperature must be >= 0"},
       {"generate --model " + kModel + " --ids 1 --router-temperature 0", "router_temperature"},
       {"frobnicate --model " + kModel, "unknown command"},
+      // strata up checks its flags (and cluster.yaml) before starting any process.
+      {"up --model " + kModel + " --cache-policy mru",
+       "bad value for \"cache_policy\" (--cache-policy): must be one of lru, lfu"},
+      {"up --model " + kModel + " --transport carrier-pigeon", "(--transport)"},
+      {"up --model " + kModel + " --hot-ratio 2", "(--hot-ratio)"},
+      {"up --model " + kModel + " --device tpu", "(--device)"},
+      {"up --model " + kModel + " --router-device cuda:0", "needs workers on GPUs"},
   };
   for (const Case& c : cases) {
     const Result r = RunStrata(c.args);
