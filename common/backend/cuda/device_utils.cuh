@@ -29,6 +29,24 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
+// (value, index) ranks before another: larger value, ties to the lower index. NaN never does.
+__device__ __forceinline__ bool RanksBefore(float va, int ia, float vb, int ib) {
+  return va > vb || (va == vb && ia < ib);
+}
+
+// Leaves every lane of the warp with the (value, index) that ranks first among the lanes'.
+__device__ __forceinline__ void WarpArgmax(float& best, int& idx) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float ov = __shfl_xor_sync(kFullMask, best, offset);
+    const int oi = __shfl_xor_sync(kFullMask, idx, offset);
+    if (RanksBefore(ov, oi, best, idx)) {
+      best = ov;
+      idx = oi;
+    }
+  }
+}
+
 // Sum over the block, returned to every thread. `scratch` holds one float per warp; the block
 // size is a multiple of 32. Contains __syncthreads: call from all threads.
 __device__ __forceinline__ float BlockSum(float v, float* scratch) {

@@ -8,11 +8,6 @@ namespace {
 constexpr int kThreads = 128;  // one warp per token
 constexpr int kPerLane = kMaxGateExperts / kWarpSize;
 
-// True when (va, ia) ranks before (vb, ib): larger value, ties to the lower id.
-__device__ __forceinline__ bool Before(float va, int ia, float vb, int ib) {
-  return va > vb || (va == vb && ia < ib);
-}
-
 // Lane l holds experts l, l + 32, ...; top k by k rounds of a warp-wide arg-max.
 __global__ void __launch_bounds__(kThreads)
     MoeGateKernel(const float* __restrict__ logits, int64_t n, MoeGateParams p,
@@ -57,20 +52,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane + i * kWarpSize;
-      if (e < p.num_experts && !(taken >> i & 1u) && Before(v[i], e, best, best_id)) {
+      if (e < p.num_experts && !(taken >> i & 1u) && RanksBefore(v[i], e, best, best_id)) {
         best = v[i];
         best_id = e;
       }
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float ov = __shfl_xor_sync(kFullMask, best, offset);
-      const int oi = __shfl_xor_sync(kFullMask, best_id, offset);
-      if (Before(ov, oi, best, best_id)) {
-        best = ov;
-        best_id = oi;
-      }
-    }
+    WarpArgmax(best, best_id);
     if (best_id % kWarpSize == lane) taken |= 1u << (best_id / kWarpSize);
     kept[round] = best;
     kept_id[round] = best_id;

@@ -14,23 +14,6 @@ constexpr int kThreads = 1024;  // one block per row
 constexpr int kWarps = kThreads / kWarpSize;
 static_assert(kMaxSampleTopK == kThreads, "one candidate per thread");
 
-// (value, index) ranks before another: larger value, ties to the lower index. NaN never does.
-__device__ __forceinline__ bool Better(float va, int ia, float vb, int ib) {
-  return va > vb || (va == vb && ia < ib);
-}
-
-// Leaves every lane of the warp with the best (value, index) of the warp's.
-__device__ __forceinline__ void WarpArgmax(float& best, int& idx) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float ov = __shfl_xor_sync(kFullMask, best, offset);
-    const int oi = __shfl_xor_sync(kFullMask, idx, offset);
-    if (Better(ov, oi, best, idx)) {
-      best = ov;
-      idx = oi;
-    }
-  }
-}
-
 // Monotone map of floats to unsigned keys (larger float, larger key); NaN sorts lowest.
 __device__ __forceinline__ uint32_t OrderedKey(float f) {
   if (isnan(f)) return 0;
@@ -58,7 +41,7 @@ __device__ int BlockArgmax(int vocab, Shared& s, ValueFn&& value) {
   int idx = INT_MAX;
   for (int i = threadIdx.x; i < vocab; i += kThreads) {
     const float v = value(i);
-    if (Better(v, i, best, idx)) {
+    if (RanksBefore(v, i, best, idx)) {
       best = v;
       idx = i;
     }
@@ -267,7 +250,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 #pragma unroll 4
   for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kArgmaxThreads) {
     const float v = row[i];
-    if (Better(v, i, best, idx)) {
+    if (RanksBefore(v, i, best, idx)) {
       best = v;
       idx = i;
     }
@@ -292,7 +275,7 @@ __global__ void __launch_bounds__(kWarpSize)
   float best = -INFINITY;
   int idx = INT_MAX;
   for (int p = threadIdx.x; p < parts; p += kWarpSize) {
-    if (Better(row[p].value, row[p].index, best, idx)) {
+    if (RanksBefore(row[p].value, row[p].index, best, idx)) {
       best = row[p].value;
       idx = row[p].index;
     }
