@@ -1,18 +1,21 @@
 #include "common/placement/hot_ratio.h"
 
-#include <cstdlib>
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace strata {
+namespace {
+
+bool InUnitRange(float ratio) { return ratio >= 0.0f && ratio <= 1.0f; }  // NaN is not
+
+}  // namespace
 
 absl::StatusOr<std::optional<float>> ParseHotRatio(const std::string& text) {
   if (text == "auto") return std::nullopt;
   float ratio = 0;
-  if (!absl::SimpleAtof(text, &ratio) || !(ratio >= 0.0f && ratio <= 1.0f)) {
+  if (!absl::SimpleAtof(text, &ratio) || !InUnitRange(ratio)) {
     return absl::InvalidArgumentError(
         absl::StrCat("hot ratio \"", text, "\": auto or a number in [0, 1]"));
   }
@@ -23,7 +26,7 @@ float HotRatioPolicy::For(int64_t context_tokens) const {
   for (const Step& step : steps) {
     if (step.below == 0 || context_tokens < step.below) return step.ratio;
   }
-  return steps.empty() ? HotRatioPolicy().steps.back().ratio : steps.back().ratio;
+  return steps.empty() ? kLongContextHotRatio : steps.back().ratio;
 }
 
 absl::StatusOr<HotRatioPolicy> HotRatioPolicy::Parse(const std::string& text) {
@@ -45,8 +48,7 @@ absl::StatusOr<HotRatioPolicy> HotRatioPolicy::Parse(const std::string& text) {
                   (!policy.steps.empty() && step.below <= policy.steps.back().below))) {
       return bad(absl::StrCat("context limit \"", fields[0], "\""));
     }
-    if (!absl::SimpleAtof(fields.back(), &step.ratio) || !(step.ratio >= 0.0f) ||
-        step.ratio > 1.0f) {
+    if (!absl::SimpleAtof(fields.back(), &step.ratio) || !InUnitRange(step.ratio)) {
       return bad(absl::StrCat("ratio \"", fields.back(), "\""));
     }
     policy.steps.push_back(step);
@@ -64,7 +66,7 @@ std::string HotRatioPolicy::ToString() const {
 }
 
 absl::Status HotRatioControl::SetFixed(float ratio) {
-  if (!(ratio >= 0.0f && ratio <= 1.0f)) {
+  if (!InUnitRange(ratio)) {
     return absl::InvalidArgumentError(absl::StrCat("hot ratio ", ratio, " is outside [0, 1]"));
   }
   fixed_.store(ratio);

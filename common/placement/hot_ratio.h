@@ -16,14 +16,17 @@ namespace strata {
 // the policy decides) or a number in [0, 1]; anything else is InvalidArgument.
 absl::StatusOr<std::optional<float>> ParseHotRatio(const std::string& text);
 
+// The ratio for long contexts when nothing else is said.
+inline constexpr float kLongContextHotRatio = 0.2f;
+
 // Steps by context length: the first whose `below` exceeds the context gives the ratio; the
 // last has below == 0 and applies to every longer context.
 struct HotRatioPolicy {
   struct Step {
     int64_t below = 0;
-    float ratio = 0.2f;
+    float ratio = kLongContextHotRatio;
   };
-  std::vector<Step> steps = {{512, 0.35f}, {2048, 0.28f}, {0, 0.20f}};
+  std::vector<Step> steps = {{512, 0.35f}, {2048, 0.28f}, {0, kLongContextHotRatio}};
 
   float For(int64_t context_tokens) const;
   // "512:0.35,2048:0.28,0.20": ascending limits, ratios in [0, 1], a last plain ratio.
@@ -50,7 +53,7 @@ class HotRatioControl {
  private:
   HotRatioPolicy policy_;
   std::atomic<bool> automatic_{true};
-  std::atomic<float> fixed_{0.2f};
+  std::atomic<float> fixed_{kLongContextHotRatio};
   std::atomic<float> current_;  // the policy's ratio for the shortest contexts until a step
 };
 

@@ -106,8 +106,6 @@ TEST(ClusterConfigTest, Errors) {
   EXPECT_EQ(LoadClusterConfig("/nonexistent.yaml", c).code(), absl::StatusCode::kNotFound);
 }
 
-// The router goes on GPU 0 for GPU workers that can share its buffers (CUDA IPC), stays on
-// the CPU otherwise, and router_device overrides that only where it can work.
 // The merged config (file, then flags) is checked by the same rules the file's keys are read
 // with; the error names the key and the flag that sets it.
 TEST(ClusterConfigTest, CheckNamesTheKeyAndItsFlag) {
@@ -137,6 +135,8 @@ TEST(ClusterConfigTest, CheckNamesTheKeyAndItsFlag) {
               HasSubstr("router_device cuda:0 needs workers"));
 }
 
+// The router goes on GPU 0 for GPU workers that can share its buffers (CUDA IPC), stays on
+// the CPU otherwise, and router_device overrides that only where it can work.
 TEST(ClusterConfigTest, RouterDevice) {
   ClusterConfig c;
   EXPECT_EQ(*RouterDevice(c), "cpu");

@@ -3,13 +3,13 @@
 
 #include <array>
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/oracles.h"
 #include "tests/testing/run_strata.h"
 
 namespace strata {
@@ -20,12 +20,9 @@ using ::testing::HasSubstr;
 using ::strata::testing::RunStrata;
 using Result = ::strata::testing::CommandResult;
 
-const std::string kModel = std::string(STRATA_TEST_DATA_DIR) + "/oracles/qwen3_moe";
+const std::string kModel = ::strata::testing::OracleDir("qwen3_moe");
 
-nlohmann::json Oracle() {
-  std::ifstream in(kModel + "/oracle.json");
-  return nlohmann::json::parse(in);
-}
+nlohmann::json Oracle() { return ::strata::testing::LoadOracle("qwen3_moe"); }
 
 std::string Join(const std::vector<int>& ids) {
   std::string s;

@@ -8,8 +8,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/engine/decode_graphs.h"
 #include "common/engine/model_stack.h"
 #include "common/placement/hot_ratio.h"
@@ -26,9 +26,7 @@ absl::Status OneOf(const std::string& v, std::initializer_list<const char*> allo
   for (const char* a : allowed) {
     if (v == a) return absl::OkStatus();
   }
-  std::string list;
-  for (const char* a : allowed) absl::StrAppend(&list, list.empty() ? "" : ", ", a);
-  return absl::InvalidArgumentError(absl::StrCat("must be one of ", list));
+  return absl::InvalidArgumentError(absl::StrCat("must be one of ", absl::StrJoin(allowed, ", ")));
 }
 
 // Each known key (dotted for nested maps): its `strata up` flag (empty: file only), how a
@@ -55,14 +53,20 @@ Key KeyOf(std::string flag, Field ClusterConfig::*field,
   return key;
 }
 
-absl::Status NotNegative(const int& v) { return Must(v >= 0, "must be >= 0"); }
-absl::Status Positive(const int& v) { return Must(v > 0, "must be > 0"); }
+template <typename T>
+absl::Status NotNegative(const T& v) {
+  return Must(v >= 0, "must be >= 0");
+}
+template <typename T>
+absl::Status Positive(const T& v) {
+  return Must(v > 0, "must be > 0");
+}
 
 const std::map<std::string, Key>& Keys() {
   using S = std::string;
   static const auto* keys = new std::map<std::string, Key>{
       {"model", KeyOf<S>("model", &ClusterConfig::model)},
-      {"workers", KeyOf<int>("workers", &ClusterConfig::workers, NotNegative)},
+      {"workers", KeyOf<int>("workers", &ClusterConfig::workers, NotNegative<int>)},
       {"device", KeyOf<S>("device", &ClusterConfig::device,
                           [](const S& v) {
                             return OneOf(v, {"cpu", "cuda"});
@@ -86,22 +90,20 @@ const std::map<std::string, Key>& Keys() {
                              [](const S& v) {
                                return OneOf(v, {"debug", "info", "warning", "error"});
                              })},
-      {"threads", KeyOf<int>("threads", &ClusterConfig::threads_per_process, NotNegative)},
+      {"threads", KeyOf<int>("threads", &ClusterConfig::threads_per_process, NotNegative<int>)},
       {"router_temperature",
-       KeyOf<double>("router-temperature", &ClusterConfig::router_temperature,
-                     [](const float& v) { return Must(v > 0, "must be > 0"); })},
-      {"kv_cache.block_size", KeyOf<int>("kv-block-size", &ClusterConfig::kv_block_size, Positive)},
+       KeyOf<double>("router-temperature", &ClusterConfig::router_temperature, Positive<float>)},
+      {"kv_cache.block_size",
+       KeyOf<int>("kv-block-size", &ClusterConfig::kv_block_size, Positive<int>)},
       {"kv_cache.memory_mb",
-       KeyOf<int64_t>("kv-cache-mb", &ClusterConfig::kv_memory_mb,
-                      [](const int64_t& v) { return Must(v > 0, "must be > 0"); })},
+       KeyOf<int64_t>("kv-cache-mb", &ClusterConfig::kv_memory_mb, Positive<int64_t>)},
       {"max_batch_tokens",
-       KeyOf<int>("max-batch-tokens", &ClusterConfig::max_batch_tokens, Positive)},
-      {"max_running", KeyOf<int>("max-running", &ClusterConfig::max_running, Positive)},
+       KeyOf<int>("max-batch-tokens", &ClusterConfig::max_batch_tokens, Positive<int>)},
+      {"max_running", KeyOf<int>("max-running", &ClusterConfig::max_running, Positive<int>)},
       {"max_queued_requests",
-       KeyOf<int>("max-queued-requests", &ClusterConfig::max_queued_requests, NotNegative)},
+       KeyOf<int>("max-queued-requests", &ClusterConfig::max_queued_requests, NotNegative<int>)},
       {"drain_timeout_s",
-       KeyOf<double>("drain-timeout-s", &ClusterConfig::drain_timeout_s,
-                     [](const double& v) { return Must(v >= 0, "must be >= 0"); })},
+       KeyOf<double>("drain-timeout-s", &ClusterConfig::drain_timeout_s, NotNegative<double>)},
       {"gpu_memory_budget", KeyOf<S>("gpu-memory-budget", &ClusterConfig::gpu_memory_budget,
                                      [](const S& v) {
                                        return v.empty() ? absl::OkStatus()
