@@ -1,6 +1,5 @@
 #include "services/kvcache/cpu_tier_service.h"
 
-#include <algorithm>
 #include <thread>
 #include <utility>
 

@@ -236,10 +236,9 @@ absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
   absl::Status status;
   for (int w = 0; w < static_cast<int>(graph_layers_.size()) && status.ok(); ++w) {
     if (graph_layers_[w].empty()) continue;
-    auto* link = w < static_cast<int>(connections.size())
-                     ? dynamic_cast<CudaIpcConnection*>(connections[w].get())
-                     : nullptr;
-    if (link == nullptr || !link->Alive() || connections[w] != graph_connections_[w]) {
+    CudaIpcConnection* link = graph_connections_[w].get();
+    if (link == nullptr || w >= static_cast<int>(connections.size()) ||
+        connections[w] != graph_connections_[w] || !link->Alive()) {
       status = absl::UnavailableError(
           absl::StrCat("expert worker ", w, " is not the one the decode graphs were made with"));
       break;
@@ -435,14 +434,13 @@ absl::Status IpcExpertBackend::Exchange(
     }
   }
   cudaStream_t stream = context_->stream();
-  const bool capturing = capturing_;
-  if (capturing && uploaded_owners_[layer] != owner) {
+  if (capturing_ && uploaded_owners_[layer] != owner) {
     // The upload waits for its copy, which a capture cannot; the eager step that follows a
     // failed capture uploads it.
     return absl::FailedPreconditionError("expert owners changed since the last eager step");
   }
-  if (!capturing) RETURN_IF_ERROR(UploadOwners(layer, owner));
-  if (capturing && stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Mark(stream, 3 * layer));
+  if (!capturing_) RETURN_IF_ERROR(UploadOwners(layer, owner));
+  if (capturing_ && stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Mark(stream, 3 * layer));
   const size_t layers = static_cast<size_t>(c.num_layers);
   gpu::RoutingSplit split;
   static_assert(gpu::kMaxSplitTargets <= gpu::kMaxSignalFlags, "a flag pair per split target");
@@ -452,7 +450,7 @@ absl::Status IpcExpertBackend::Exchange(
     split.ids[split.count] = links[w]->ids_.data();
     split.weights[split.count] = links[w]->weights_.data();
     ++split.count;
-    if (capturing) {
+    if (capturing_) {
       // The output flag the last replay left up goes down before the worker can raise it again.
       signal.clear[signal.count] = links[w]->flags_.data() + layers + layer;
       signal.raise[signal.count] = links[w]->flags_.data() + layer;
@@ -467,7 +465,7 @@ absl::Status IpcExpertBackend::Exchange(
                               c.num_experts, split, signal, stream));
   gpu::PartialSet partials;
   std::shared_ptr<void> holder;  // keeps a single partial's buffer alive with the view
-  if (capturing) {
+  if (capturing_) {
     RETURN_IF_ERROR(CaptureExchange(layer, workers, links, connections, partials));
     if (partials.count == 1) holder = connections[workers[0]];
     return SumPartials(partials, n, std::move(holder), out);

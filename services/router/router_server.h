@@ -14,11 +14,11 @@
 #include "absl/time/time.h"
 #include "common/engine/forward_pass.h"
 #include "common/engine/model_stack.h"
+#include "common/placement/hot_ratio.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/admin_service.h"
 #include "services/router/coordinator_service.h"
 #include "services/router/generation_service.h"
-#include "common/placement/hot_ratio.h"
 #include "services/router/remote_expert_backend.h"
 #include "services/router/scheduler.h"
 
