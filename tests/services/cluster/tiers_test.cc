@@ -20,6 +20,7 @@ namespace strata {
 namespace {
 
 using ::strata::testing::ClusterProcess;
+using ::strata::testing::FirstTokens;
 using ::strata::testing::Generated;
 using ::strata::testing::GenerateGreedyAsync;
 using ::strata::testing::RouterStats;
@@ -125,7 +126,11 @@ TEST(TiersTest, HotRatioChangesWhileRequestsRun) {
   ASSERT_FALSE(cluster.address().empty());
   const auto prompts = Prompts();
   std::vector<std::future<Generated>> running;
-  for (const auto& p : prompts) running.push_back(GenerateGreedyAsync(cluster.address(), p, 48));
+  FirstTokens first;
+  for (const auto& p : prompts) {
+    running.push_back(GenerateGreedyAsync(cluster.address(), p, 48, first.Callback()));
+  }
+  ASSERT_TRUE(first.Wait()) << "no request produced a token";  // generation is under way
   auto admin = v1::Admin::NewStub(
       grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
   for (float ratio : {1.0f, 0.1f, -1.0f}) {
