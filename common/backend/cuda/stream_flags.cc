@@ -1,8 +1,13 @@
 #include "common/backend/cuda/stream_flags.h"
 
 #include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "common/backend/cuda/flag_poll_kernels.h"
 
 namespace strata::gpu {
 namespace {
@@ -53,7 +58,21 @@ CUstream Stream(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
 
 }  // namespace
 
+bool FlagWaitsPoll() {
+  static const bool poll = [] {
+    const char* value = std::getenv("STRATA_FLAG_WAIT");
+    return value != nullptr && std::string_view(value) == "poll";
+  }();
+  return poll;
+}
+
 absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value) {
+  if (FlagWaitsPoll()) {
+    const cudaError_t launched = LaunchFlagPoll(flag, value, stream);
+    if (launched == cudaSuccess) return absl::OkStatus();
+    return absl::InternalError(
+        absl::StrCat("flag poll kernel launch: ", cudaGetErrorString(launched)));
+  }
   const DriverApi& d = Driver();
   if (!d.ok) return Unavailable();
   return DriverStatus(

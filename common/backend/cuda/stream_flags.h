@@ -15,8 +15,12 @@
 namespace strata::gpu {
 
 // Work queued on `stream` after this waits until *flag >= value (a flag released for good, see
-// kFlagReleased, passes every wait).
+// kFlagReleased, passes every wait): by the driver's wait operation, or with
+// STRATA_FLAG_WAIT=poll in the environment by a polling kernel (flag_poll_kernels.h; for MPS).
 absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value);
+
+// Whether WaitFlag polls with a kernel (STRATA_FLAG_WAIT=poll, read once).
+bool FlagWaitsPoll();
 
 // Sets count flags to `value` on `stream` (no fence; for releasing a stuck waiter).
 absl::Status FillFlags(cudaStream_t stream, uint32_t* flags, uint32_t value, size_t count);

@@ -5,15 +5,18 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_kernels.h"
 #include "common/backend/cuda/expert_repack.h"
 #include "common/backend/cuda/expert_split_kernels.h"
+#include "common/backend/cuda/flag_poll_kernels.h"
 #include "common/backend/cuda/fp8_quant.h"
 #include "common/backend/cuda/grouped_expert_kernels.h"
 #include "common/backend/cuda/moe_gate_kernels.h"
@@ -396,6 +399,48 @@ TEST_F(CudaOpsTest, SplitRoutingCopiesInputAndSignals) {
   alone.done = d_flags + 4;
   LAUNCH_OK(gpu::LaunchSignal(alone, stream()));
   EXPECT_EQ(Get(d_flags, 5), (std::vector<uint32_t>{1, 0, gpu::kFlagReleased, 1, 0}));
+}
+
+// The polling wait (STRATA_FLAG_WAIT=poll): what follows it on the stream waits until another
+// stream raises the flag; a flag the kernel before lowered is not taken for raised; a released
+// flag passes.
+TEST_F(CudaOpsTest, FlagPollWaitsForTheFlag) {
+  cudaStream_t side = nullptr;
+  CUDA_ASSERT_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  // [out flag (left up by a last step), marker, in flag, blocks done]
+  uint32_t* d_flags = Put(std::vector<uint32_t>{1, 0, 0, 0});
+  auto read = [&] {
+    std::vector<uint32_t> host(4);
+    EXPECT_EQ(
+        cudaMemcpyAsync(host.data(), d_flags, 4 * sizeof(uint32_t), cudaMemcpyDeviceToHost, side),
+        cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(side), cudaSuccess);
+    return host;
+  };
+  auto raise = [&](uint32_t* flag, uint32_t value) {
+    EXPECT_EQ(cudaMemcpyAsync(flag, &value, sizeof(value), cudaMemcpyHostToDevice, side),
+              cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(side), cudaSuccess);
+  };
+  // As a step's split kernel: lower the out flag, raise the in flag; then wait on the out flag.
+  gpu::GridSignal signal;
+  signal.count = 1;
+  signal.clear[0] = d_flags;
+  signal.raise[0] = d_flags + 2;
+  signal.done = d_flags + 3;
+  CUDA_ASSERT_OK(gpu::LaunchSignal(signal, stream()));
+  CUDA_ASSERT_OK(gpu::LaunchFlagPoll(d_flags, 1, stream()));
+  CUDA_ASSERT_OK(cudaMemsetAsync(d_flags + 1, 0x01, 1, stream()));  // the marker: 1
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(cudaStreamQuery(stream()), cudaErrorNotReady);
+  EXPECT_EQ(read(), (std::vector<uint32_t>{0, 0, 1, 0}));
+  raise(d_flags, 1);  // the worker's answer
+  CUDA_ASSERT_OK(cudaStreamSynchronize(stream()));
+  EXPECT_EQ(read(), (std::vector<uint32_t>{1, 1, 1, 0}));
+  // Released for good: every later wait passes.
+  raise(d_flags, gpu::kFlagReleased);
+  LAUNCH_OK(gpu::LaunchFlagPoll(d_flags, 1, stream()));
+  CUDA_ASSERT_OK(cudaStreamDestroy(side));
 }
 
 }  // namespace

@@ -1,0 +1,30 @@
+#include "common/backend/cuda/flag_poll_kernels.h"
+#include "common/backend/cuda/pdl.cuh"
+
+namespace strata::gpu {
+namespace {
+
+__device__ __forceinline__ uint32_t LoadAcquire(const uint32_t* flag) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+  return v;
+}
+
+__global__ void __launch_bounds__(32) FlagPollKernel(const uint32_t* flag, uint32_t value) {
+  PdlWait();  // the kernels before may lower the flag
+  if (threadIdx.x == 0) {
+    while (LoadAcquire(flag) < value) {
+    }
+  }
+  __syncwarp();
+  PdlLaunchDependents();
+}
+
+}  // namespace
+
+cudaError_t LaunchFlagPoll(const uint32_t* flag, uint32_t value, cudaStream_t stream) {
+  if (flag == nullptr) return cudaErrorInvalidValue;
+  return LaunchPdl(FlagPollKernel, dim3(1), dim3(32), 0, stream, flag, value);
+}
+
+}  // namespace strata::gpu
