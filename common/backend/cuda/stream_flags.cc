@@ -59,9 +59,12 @@ CUstream Stream(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
 }  // namespace
 
 bool FlagWaitsPoll() {
+  // Under MPS only: `strata up` runs its GPU processes under a private MPS daemon named by
+  // CUDA_MPS_PIPE_DIRECTORY; without one a polling kernel would hold its time slice.
   static const bool poll = [] {
     const char* value = std::getenv("STRATA_FLAG_WAIT");
-    return value != nullptr && std::string_view(value) == "poll";
+    return value != nullptr && std::string_view(value) == "poll" &&
+           std::getenv("CUDA_MPS_PIPE_DIRECTORY") != nullptr;
   }();
   return poll;
 }
