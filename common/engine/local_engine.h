@@ -24,7 +24,8 @@ struct LocalEngineOptions {
   float router_temperature = 1.0f;
   // "cpu" (the float32 reference) or "cuda" / "cuda:N" (bf16 on a GPU, when built with CUDA).
   std::string device = "cpu";
-  // Expert weights on a GPU: "bf16" or "fp8" (E4M3, per-output-channel scales, at load).
+  // Weights on a GPU: "bf16" or "fp8" (E4M3 experts and attention projections, per-output-channel
+  // scales, at load).
   std::string expert_weights = "bf16";
   // On a GPU, replay one CUDA graph per decode step (no per-kernel launch cost).
   bool cuda_graphs = true;

@@ -99,7 +99,10 @@ absl::Status ModelStack::CreateCudaBackends() {
       std::unique_ptr<gpu::CudaRouterBackend> cuda_router,
       gpu::CudaRouterBackend::Create(
           *model_, kv_->options(), raw,
-          {.max_tokens = max_tokens, .max_sequences = std::max(options_.max_sequences, 1)}));
+          {.max_tokens = max_tokens,
+           .max_sequences = std::max(options_.max_sequences, 1),
+           .attention_format = options_.expert_weights == "fp8" ? gpu::WeightFormat::kFp8E4M3
+                                                                : gpu::WeightFormat::kBf16}));
   cuda_router_ = cuda_router.get();
   router_ = std::move(cuda_router);
   if (!options_.local_experts) return absl::OkStatus();

@@ -35,7 +35,9 @@ struct ModelStackOptions {
   int max_sequences = 1;      // GPU: sequences in one step
   // Build an expert backend here; off when the experts run in worker processes.
   bool local_experts = true;
-  std::string expert_weights = "bf16";  // GPU experts: bf16 or fp8
+  // On a GPU: bf16, or fp8 (FP8 E4M3 experts and attention projections, quantized at load;
+  // gate, embedding and lm_head stay bf16).
+  std::string expert_weights = "bf16";
   // Progress lines while a large model goes to the GPU.
   std::function<void(const std::string&)> on_progress;
 };

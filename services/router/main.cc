@@ -23,7 +23,8 @@ ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
 ABSL_FLAG(std::string, router_device, "cpu",
           "Where attention and the KV cache run: cpu, or cuda / cuda:N (then the workers must "
           "run on GPUs of this host; activations stay on the GPUs, shared by CUDA IPC)");
-ABSL_FLAG(std::string, weights, "bf16", "Expert weights with --workers 0 on a GPU: bf16 or fp8");
+ABSL_FLAG(std::string, weights, "bf16",
+          "On a GPU: bf16, or fp8 (the attention projections, and the experts with --workers 0)");
 ABSL_FLAG(int, kv_block_size, 32, "Token slots per KV-cache block");
 ABSL_FLAG(int64_t, kv_cache_mb, 1024, "KV-cache memory, MiB");
 ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");

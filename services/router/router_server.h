@@ -33,7 +33,9 @@ struct RouterOptions {
   // Where attention, the gate and the KV cache run: cpu, or cuda / cuda:N (then its workers
   // must be on GPUs of this host: activations move by CUDA IPC).
   std::string device = "cpu";
-  std::string expert_weights = "bf16";  // experts in this process on a GPU (num_workers 0)
+  // On a GPU: bf16, or fp8 (the attention projections, and the experts in this process with
+  // num_workers 0).
+  std::string expert_weights = "bf16";
   int kv_block_size = 32;
   int64_t kv_cache_bytes = int64_t{1} << 30;
   float router_temperature = 1.0f;

@@ -211,6 +211,7 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
                 absl::StrCat("--workers=", c.workers),
                 threads,
                 "--router-device=" + *router_device,
+                "--weights=" + c.weights,
                 absl::StrCat("--kv-block-size=", c.kv_block_size),
                 absl::StrCat("--kv-cache-mb=", c.kv_memory_mb),
                 absl::StrCat("--router-temperature=", c.router_temperature),

@@ -72,10 +72,18 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
     const strata::LayerWeights& src = w.layers[l];
     LayerWeights& dst = layers_[l];
     const AttentionWeights& a = src.attention;
-    ASSIGN_OR_RETURN(dst.q, store_.Matrix(a.q, a.q_bias));
-    ASSIGN_OR_RETURN(dst.k, store_.Matrix(a.k, a.k_bias));
-    ASSIGN_OR_RETURN(dst.v, store_.Matrix(a.v, a.v_bias));
-    ASSIGN_OR_RETURN(dst.o, store_.Matrix(a.o, a.o_bias));
+    const WeightFormat format = options_.attention_format;
+    ASSIGN_OR_RETURN(dst.q, store_.Matrix(a.q, a.q_bias, format));
+    ASSIGN_OR_RETURN(dst.k, store_.Matrix(a.k, a.k_bias, format));
+    ASSIGN_OR_RETURN(dst.v, store_.Matrix(a.v, a.v_bias, format));
+    ASSIGN_OR_RETURN(dst.o, store_.Matrix(a.o, a.o_bias, format));
+    if (format == WeightFormat::kFp8E4M3) {
+      // Steps past the GEMV's token count dequantize into scratch: sized now, before a graph
+      // captures such a step.
+      for (const DeviceWeight* m : {&dst.q, &dst.k, &dst.v, &dst.o}) {
+        RETURN_IF_ERROR(linear_.ReserveFp8Scratch(m->out * m->in));
+      }
+    }
     ASSIGN_OR_RETURN(dst.input_norm, store_.Vector(src.input_norm));
     ASSIGN_OR_RETURN(dst.post_norm, store_.Vector(src.post_attention_norm));
     ASSIGN_OR_RETURN(dst.q_norm, store_.Vector(a.q_norm));

@@ -22,6 +22,9 @@ namespace strata::gpu {
 struct CudaBackendOptions {
   int max_tokens = 512;     // the largest step, in tokens
   int max_sequences = 256;  // sequences in one step
+  // The attention projections (q, k, v, o): bf16, or FP8 E4M3 quantized at load; the gate,
+  // embedding and lm_head stay bf16.
+  WeightFormat attention_format = WeightFormat::kBf16;
 };
 
 class CudaRouterBackend : public RouterBackend {

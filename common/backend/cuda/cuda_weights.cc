@@ -16,18 +16,31 @@ size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
 absl::StatusOr<DeviceWeight> DeviceWeightStore::Matrix(const WeightMatrix& w,
-                                                       const WeightVector& bias) {
+                                                       const WeightVector& bias,
+                                                       WeightFormat format) {
   DeviceWeight d;
   d.format = WeightFormat::kBf16;
   d.out = w.out;
   d.in = w.in;
   const size_t count = static_cast<size_t>(w.out * w.in);
-  if (IsRowMajorBf16(w)) {
-    ASSIGN_OR_RETURN(bf16 * ptr, Upload(static_cast<const bf16*>(w.data), count));
-    d.data = ptr;
+  std::vector<uint16_t> packed;
+  if (!IsRowMajorBf16(w)) packed = RepackToRowMajorBf16(w);
+  const void* host = packed.empty() ? w.data : packed.data();
+  if (format == WeightFormat::kFp8E4M3) {
+    // The bf16 copy only lives until it is quantized.
+    ASSIGN_OR_RETURN(DeviceBuffer<bf16> staging, DeviceBuffer<bf16>::Allocate(count));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging.data(), host, count * sizeof(bf16),
+                                         cudaMemcpyHostToDevice, stream_));
+    ASSIGN_OR_RETURN(uint8_t * q, Allocate<uint8_t>(count));
+    ASSIGN_OR_RETURN(float* scales, Allocate<float>(static_cast<size_t>(w.out)));
+    CUDA_RETURN_IF_ERROR(
+        LaunchQuantizeFp8PerChannel(staging.data(), w.out, w.in, q, scales, stream_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    d.format = WeightFormat::kFp8E4M3;
+    d.data = q;
+    d.scale = scales;
   } else {
-    const std::vector<uint16_t> packed = RepackToRowMajorBf16(w);
-    ASSIGN_OR_RETURN(uint16_t * ptr, Upload(packed.data(), packed.size()));
+    ASSIGN_OR_RETURN(uint16_t * ptr, Upload(static_cast<const uint16_t*>(host), count));
     d.data = ptr;
   }
   if (bias.present()) {

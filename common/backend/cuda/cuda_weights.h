@@ -21,8 +21,10 @@ class DeviceWeightStore {
  public:
   explicit DeviceWeightStore(cudaStream_t stream) : stream_(stream) {}
 
-  // A bf16 row-major copy of `w` (with `bias` if present).
-  absl::StatusOr<DeviceWeight> Matrix(const WeightMatrix& w, const WeightVector& bias = {});
+  // A row-major copy of `w` (with `bias` if present): bf16, or FP8 E4M3 with per-row scales
+  // (quantized on the device from the bf16 values, round to nearest).
+  absl::StatusOr<DeviceWeight> Matrix(const WeightMatrix& w, const WeightVector& bias = {},
+                                      WeightFormat format = WeightFormat::kBf16);
   // A bf16 copy of `v`; null when absent.
   absl::StatusOr<const bf16*> Vector(const WeightVector& v);
   // A float32 copy of `v`; null when absent.
