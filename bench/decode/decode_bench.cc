@@ -21,7 +21,10 @@
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(std::string, model_name, "", "Shape name for the record (default: the directory name)");
 ABSL_FLAG(std::string, device, "cuda", "cpu, cuda or cuda:N");
-ABSL_FLAG(std::string, weights, "bf16", "Expert weights on the GPU: bf16 or fp8");
+ABSL_FLAG(std::string, weights, "bf16",
+          "Weights on the GPU: bf16 or fp8 (experts and attention projections)");
+ABSL_FLAG(std::string, attention_weights, "",
+          "The attention projections' weights when they differ from --weights: bf16 or fp8");
 ABSL_FLAG(int, input_len, 128, "Prompt tokens");
 ABSL_FLAG(int, output_len, 512, "Generated tokens per run");
 ABSL_FLAG(int, runs, 10, "Measured runs");
@@ -57,6 +60,7 @@ int main(int argc, char** argv) {
   options.model_dir = absl::GetFlag(FLAGS_model);
   options.device = absl::GetFlag(FLAGS_device);
   options.expert_weights = absl::GetFlag(FLAGS_weights);
+  options.attention_weights = absl::GetFlag(FLAGS_attention_weights);
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.prefill_chunk_tokens = std::max(absl::GetFlag(FLAGS_input_len), 1);
   options.kv_cache_bytes = int64_t{8} << 30;
@@ -109,6 +113,8 @@ int main(int argc, char** argv) {
   nlohmann::json record = {
       {"model", name},
       {"weights", options.expert_weights},
+      {"attention_weights",
+       options.attention_weights.empty() ? options.expert_weights : options.attention_weights},
       {"mode", "in-process"},
       {"device", options.device},
       {"gpus", options.device == "cpu" ? 0 : 1},

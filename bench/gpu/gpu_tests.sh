@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: the CUDA test binaries (ops against the CPU backend, engine, demo model,
 # cluster with a worker per GPU present) from .device-ipc/bin, once per environment
-# given (e.g. "STRATA_PDL=0" "STRATA_PDL=1", or "STRATA_FLAG_WAIT=memop" "STRATA_FLAG_WAIT=poll").
+# given (e.g. "STRATA_PDL=0" "STRATA_PDL=1", or "STRATA_FLAG_WAIT=memop" "STRATA_FLAG_WAIT=poll";
+# the cluster test runs under MPS, where flag waits poll unless STRATA_FLAG_WAIT=memop).
 # Logs go to OUT_DIR; a summary is printed last.
 #   bash bench/gpu/gpu_tests.sh OUT_DIR [ENV_ASSIGNMENT...]
 set -uo pipefail

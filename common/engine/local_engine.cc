@@ -27,6 +27,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
   stack.max_step_tokens = options.prefill_chunk_tokens;
   stack.max_sequences = 1;
   stack.expert_weights = options.expert_weights;
+  stack.attention_weights = options.attention_weights;
   stack.on_progress = options.on_progress;
   ASSIGN_OR_RETURN(engine->stack_, ModelStack::Create(options.model_dir, stack));
   engine->cuda_router_ = engine->stack_->cuda_router();

@@ -27,6 +27,8 @@ struct LocalEngineOptions {
   // Weights on a GPU: "bf16" or "fp8" (E4M3 experts and attention projections, per-output-channel
   // scales, at load).
   std::string expert_weights = "bf16";
+  // The attention projections' format when it differs from expert_weights (comparisons).
+  std::string attention_weights;
   // On a GPU, replay one CUDA graph per decode step (no per-kernel launch cost).
   bool cuda_graphs = true;
   // Progress lines while a large model goes to the GPU.

@@ -35,6 +35,10 @@ absl::StatusOr<std::unique_ptr<ModelStack>> ModelStack::Create(const std::string
       options.expert_weights != "fp8") {
     return absl::InvalidArgumentError("expert weights must be bf16 or fp8");
   }
+  if (!options.attention_weights.empty() && options.attention_weights != "bf16" &&
+      options.attention_weights != "fp8") {
+    return absl::InvalidArgumentError("attention weights must be bf16 or fp8");
+  }
   ASSIGN_OR_RETURN(s->model_, LoadModel(model_dir));
   RETURN_IF_ERROR(s->CreateKv());
   if (options.local_experts) {
@@ -95,14 +99,16 @@ absl::Status ModelStack::CreateCudaBackends() {
   gpu::CudaContext* raw = context.get();
   device_context_ = std::shared_ptr<gpu::CudaContext>(std::move(context));
   const int max_tokens = std::max(options_.max_step_tokens, 1);
+  const std::string& attention_weights =
+      options_.attention_weights.empty() ? options_.expert_weights : options_.attention_weights;
   ASSIGN_OR_RETURN(
       std::unique_ptr<gpu::CudaRouterBackend> cuda_router,
       gpu::CudaRouterBackend::Create(
           *model_, kv_->options(), raw,
           {.max_tokens = max_tokens,
            .max_sequences = std::max(options_.max_sequences, 1),
-           .attention_format = options_.expert_weights == "fp8" ? gpu::WeightFormat::kFp8E4M3
-                                                                : gpu::WeightFormat::kBf16}));
+           .attention_format = attention_weights == "fp8" ? gpu::WeightFormat::kFp8E4M3
+                                                          : gpu::WeightFormat::kBf16}));
   cuda_router_ = cuda_router.get();
   router_ = std::move(cuda_router);
   if (!options_.local_experts) return absl::OkStatus();

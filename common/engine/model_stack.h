@@ -38,6 +38,9 @@ struct ModelStackOptions {
   // On a GPU: bf16, or fp8 (FP8 E4M3 experts and attention projections, quantized at load;
   // gate, embedding and lm_head stay bf16).
   std::string expert_weights = "bf16";
+  // The attention projections' format when it differs ("bf16" or "fp8"); empty follows
+  // expert_weights.
+  std::string attention_weights;
   // Progress lines while a large model goes to the GPU.
   std::function<void(const std::string&)> on_progress;
 };

@@ -63,8 +63,8 @@ bool FlagWaitsPoll() {
   // CUDA_MPS_PIPE_DIRECTORY; without one a polling kernel would hold its time slice.
   static const bool poll = [] {
     const char* value = std::getenv("STRATA_FLAG_WAIT");
-    return value != nullptr && std::string_view(value) == "poll" &&
-           std::getenv("CUDA_MPS_PIPE_DIRECTORY") != nullptr;
+    return std::getenv("CUDA_MPS_PIPE_DIRECTORY") != nullptr &&
+           (value == nullptr || std::string_view(value) != "memop");
   }();
   return poll;
 }

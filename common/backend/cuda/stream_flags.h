@@ -15,13 +15,13 @@
 namespace strata::gpu {
 
 // Work queued on `stream` after this waits until *flag >= value (a flag released for good, see
-// kFlagReleased, passes every wait): by the driver's wait operation, or with
-// STRATA_FLAG_WAIT=poll in the environment of a process under MPS by a polling kernel
-// (flag_poll_kernels.h).
+// kFlagReleased, passes every wait): in a process under MPS by a polling kernel
+// (flag_poll_kernels.h), which keeps the chain of programmatic dependent launches going;
+// otherwise, or with STRATA_FLAG_WAIT=memop, by the driver's wait operation.
 absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value);
 
-// Whether WaitFlag polls with a kernel (STRATA_FLAG_WAIT=poll and CUDA_MPS_PIPE_DIRECTORY set;
-// read once).
+// Whether WaitFlag polls with a kernel (CUDA_MPS_PIPE_DIRECTORY set and STRATA_FLAG_WAIT not
+// "memop"; read once).
 bool FlagWaitsPoll();
 
 // Sets count flags to `value` on `stream` (no fence; for releasing a stuck waiter).

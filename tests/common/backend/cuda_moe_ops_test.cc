@@ -401,7 +401,7 @@ TEST_F(CudaOpsTest, SplitRoutingCopiesInputAndSignals) {
   EXPECT_EQ(Get(d_flags, 5), (std::vector<uint32_t>{1, 0, gpu::kFlagReleased, 1, 0}));
 }
 
-// The polling wait (STRATA_FLAG_WAIT=poll): what follows it on the stream waits until another
+// The polling wait (the default under MPS): what follows it on the stream waits until another
 // stream raises the flag; a flag the kernel before lowered is not taken for raised; a released
 // flag passes.
 TEST_F(CudaOpsTest, FlagPollWaitsForTheFlag) {
