@@ -123,6 +123,8 @@ TEST(ClusterConfigTest, CheckNamesTheKeyAndItsFlag) {
               HasSubstr("(--transport)"));
   EXPECT_THAT(message([](ClusterConfig& c) { c.weights = "int4"; }), HasSubstr("(--weights)"));
   EXPECT_THAT(message([](ClusterConfig& c) { c.device = "tpu"; }), HasSubstr("(--device)"));
+  EXPECT_THAT(message([](ClusterConfig& c) { c.workers = 0; }),
+              HasSubstr("bad value for \"workers\" (--workers)"));
   EXPECT_THAT(message([](ClusterConfig& c) { c.kv_block_size = 0; }),
               HasSubstr("\"kv_cache.block_size\" (--kv-block-size)"));
   EXPECT_THAT(message([](ClusterConfig& c) { c.cuda_graph_max_batch = 65; }),

@@ -66,7 +66,7 @@ const std::map<std::string, Key>& Keys() {
   using S = std::string;
   static const auto* keys = new std::map<std::string, Key>{
       {"model", KeyOf<S>("model", &ClusterConfig::model)},
-      {"workers", KeyOf<int>("workers", &ClusterConfig::workers, NotNegative<int>)},
+      {"workers", KeyOf<int>("workers", &ClusterConfig::workers, Positive<int>)},
       {"device", KeyOf<S>("device", &ClusterConfig::device,
                           [](const S& v) {
                             return OneOf(v, {"cpu", "cuda"});

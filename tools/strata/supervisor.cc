@@ -12,6 +12,7 @@
 #include <cstring>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -122,12 +123,17 @@ void SetListenAddress(Child& child, const std::string& address) {
   }
 }
 
-// Keeps reading a child's stdout so it never blocks on a full pipe.
-void DrainInBackground(int fd) {
+// Keeps reading a child's stdout so it never blocks on a full pipe. The reading thread owns the
+// descriptor from here and closes it at end of file: a restart's Spawn must not close it under
+// the thread (its number could then be reused by another pipe or socket the thread would read).
+void DrainInBackground(Child& child) {
+  const int fd = std::exchange(child.stdout_fd, -1);
+  if (fd < 0) return;
   std::thread([fd] {
     char chunk[4096];
     while (::read(fd, chunk, sizeof(chunk)) > 0) {
     }
+    ::close(fd);
   }).detach();
 }
 
@@ -199,7 +205,7 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
     Stop(cache, absl::Seconds(2));
     return cache_address.status();
   }
-  DrainInBackground(cache.stdout_fd);
+  DrainInBackground(cache);
   // A restarted cache listens where the workers look for it and, with the same segment prefix,
   // re-attaches to the store the dead one left.
   SetListenAddress(cache, *cache_address);
@@ -260,7 +266,7 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
          "--gpu-memory-budget=" + c.gpu_memory_budget, "--cache-policy=" + c.cache_policy,
          "--cold-experts=" + c.cold_experts, log_level}};
     if (absl::Status s = Spawn(workers[i]); !s.ok()) return fail(absl::Seconds(1), s);
-    DrainInBackground(workers[i].stdout_fd);
+    DrainInBackground(workers[i]);
   }
 
   // One poll loop: the router's stdout until it prints READY, and the signals (SIGCHLD too)
@@ -297,7 +303,7 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
                                   " ms after it stopped"));
         }
         ready = true;
-        DrainInBackground(router.stdout_fd);
+        DrainInBackground(router);
       }
     }
     if (cache_starting && (fds[2].revents & (POLLIN | POLLHUP))) {
@@ -307,7 +313,7 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
                                 absl::ToInt64Milliseconds(absl::Now() - cache_stopped),
                                 " ms after it stopped"));
         cache_back = true;
-        DrainInBackground(cache.stdout_fd);
+        DrainInBackground(cache);
         cache_starting = false;
       } else if (!open) {
         cache_starting = false;  // it exited: SIGCHLD says how
@@ -369,7 +375,7 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
                                             w.name, " failed to start (", Describe(status), ")")));
         }
         if (absl::Status s = restart(w, status); !s.ok()) return fail(absl::Seconds(2), s);
-        DrainInBackground(w.stdout_fd);
+        DrainInBackground(w);
       }
     }
   }
