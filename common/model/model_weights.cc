@@ -11,23 +11,52 @@ class Binder {
  public:
   explicit Binder(const Checkpoint& checkpoint) : checkpoint_(checkpoint) {}
 
-  // A row-major [out, in] matrix, as nn.Linear stores it.
+  // A row-major [out, in] matrix, as nn.Linear stores it. FP8 E4M3 weights need their
+  // per-row float32 scales next to them, as `<name>_scale` of shape [out, 1] or [out] (the
+  // per-channel layout of compressed-tensors checkpoints).
   absl::StatusOr<WeightMatrix> Linear(const std::string& name, int64_t out, int64_t in) const {
     ASSIGN_OR_RETURN(TensorRef t, checkpoint_.Get(name, {out, in}));
-    return WeightMatrix{t.data, t.dtype, out, in, /*out_stride=*/in, /*in_stride=*/1};
+    WeightMatrix m{t.data, t.dtype, out, in, /*out_stride=*/in, /*in_stride=*/1};
+    if (t.dtype == DType::kF8E4M3) {
+      ASSIGN_OR_RETURN(m.scale, RowScales(name, out));
+    }
+    return m;
   }
 
   absl::StatusOr<WeightVector> Vector(const std::string& name, int64_t size) const {
     ASSIGN_OR_RETURN(TensorRef t, checkpoint_.Get(name, {size}));
+    if (t.dtype == DType::kF8E4M3) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": FP8 vectors are not supported"));
+    }
     return WeightVector{t.data, t.dtype, size, 1};
   }
 
   absl::StatusOr<TensorRef> Tensor(const std::string& name,
                                    std::initializer_list<int64_t> shape) const {
-    return checkpoint_.Get(name, shape);
+    ASSIGN_OR_RETURN(TensorRef t, checkpoint_.Get(name, shape));
+    if (t.dtype == DType::kF8E4M3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": FP8 is supported for per-matrix [out, in] weights only"));
+    }
+    return t;
   }
 
  private:
+  absl::StatusOr<const float*> RowScales(const std::string& name, int64_t out) const {
+    const std::string scale_name = name + "_scale";
+    absl::StatusOr<TensorRef> s = checkpoint_.Get(scale_name, {out, 1});
+    if (absl::IsInvalidArgument(s.status())) s = checkpoint_.Get(scale_name, {out});
+    if (!s.ok()) {
+      return absl::Status(
+          s.status().code(),
+          absl::StrCat(name, " is FP8 E4M3 and needs per-row scales: ", s.status().message()));
+    }
+    if (s->dtype != DType::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat(scale_name, ": FP8 scales must be F32"));
+    }
+    return static_cast<const float*>(s->data);
+  }
+
   const Checkpoint& checkpoint_;
 };
 

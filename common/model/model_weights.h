@@ -17,7 +17,8 @@ namespace strata {
 
 // A linear map y = W x with W of shape [out, in], in any stored layout: element (o, i) sits at
 // data[o * out_stride + i * in_stride]. Checkpoints that store W transposed or with gate and
-// up interleaved (gpt-oss) are described by their strides instead of being repacked.
+// up interleaved (gpt-oss) are described by their strides instead of being repacked. FP8
+// weights carry one float32 scale per output row: W[o, i] = scale[o] * stored (o, i).
 struct WeightMatrix {
   const void* data = nullptr;
   DType dtype = DType::kBF16;
@@ -25,10 +26,12 @@ struct WeightMatrix {
   int64_t in = 0;
   int64_t out_stride = 0;
   int64_t in_stride = 1;
+  const float* scale = nullptr;  // [out], FP8 only
 
   bool present() const { return data != nullptr; }
   float At(int64_t o, int64_t i) const {
-    return LoadAsFloat(data, dtype, o * out_stride + i * in_stride);
+    const float v = LoadAsFloat(data, dtype, o * out_stride + i * in_stride);
+    return scale != nullptr ? v * scale[o] : v;
   }
 };
 

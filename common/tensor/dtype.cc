@@ -14,6 +14,8 @@ size_t DTypeSize(DType dtype) {
     case DType::kBF16:
     case DType::kF16:
       return 2;
+    case DType::kF8E4M3:
+      return 1;
   }
   return 0;
 }
@@ -26,6 +28,8 @@ absl::string_view DTypeName(DType dtype) {
       return "BF16";
     case DType::kF16:
       return "F16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }
@@ -34,8 +38,9 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
   if (name == "F32") return DType::kF32;
   if (name == "BF16") return DType::kBF16;
   if (name == "F16") return DType::kF16;
+  if (name == "F8_E4M3") return DType::kF8E4M3;
   return absl::InvalidArgumentError(
-      absl::StrCat("unsupported dtype \"", name, "\" (supported: F32, BF16, F16)"));
+      absl::StrCat("unsupported dtype \"", name, "\" (supported: F32, BF16, F16, F8_E4M3)"));
 }
 
 float F16ToFloat(uint16_t v) {
@@ -71,6 +76,27 @@ uint16_t FloatToF16(float f) {
     ++exponent;
   }
   return sign | static_cast<uint16_t>(((exponent + 14) << 10) | (mantissa & 0x3ffu));
+}
+
+uint8_t FloatToFp8E4M3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80u : 0u;
+  if (std::isnan(f)) return sign | 0x7fu;
+  const float a = std::fabs(f);
+  if (a >= kFp8E4M3MaxValue) return sign | 0x7eu;  // 448; the next step (480) is out of range
+  if (a < std::ldexp(1.0f, -6)) {
+    // Subnormals step by 2^-9; 8 steps round up into the smallest normal, whose code is 8.
+    return sign | static_cast<uint8_t>(std::nearbyint(std::ldexp(a, 9)));
+  }
+  int exponent;
+  std::frexp(a, &exponent);  // a = m * 2^exponent, m in [0.5, 1)
+  --exponent;                // a = 1.xxx * 2^exponent, exponent in [-6, 8]
+  int q = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - exponent)));  // in [8, 16]
+  if (q == 16) {
+    q = 8;
+    ++exponent;
+  }
+  const int code = ((exponent + 7) << 3) | (q - 8);
+  return sign | static_cast<uint8_t>(code > 0x7e ? 0x7e : code);
 }
 
 }  // namespace strata

@@ -62,7 +62,16 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
       if (t.shape_size() != 2 || t.shape(0) != out || t.shape(1) != in) {
         return absl::FailedPreconditionError(where + "shape does not match the model");
       }
+      const float* scale = m.scale;  // a scale may come first
       m = WeightMatrix{data, *dtype, out, in, in, 1};
+      m.scale = scale;
+      return absl::OkStatus();
+    };
+    auto row_scale = [&](WeightMatrix& m, int64_t out) -> absl::Status {
+      if (t.shape_size() != 1 || t.shape(0) != out || *dtype != DType::kF32) {
+        return absl::FailedPreconditionError(where + "row scales must be F32 [out]");
+      }
+      m.scale = static_cast<const float*>(data);
       return absl::OkStatus();
     };
     auto vector = [&](WeightVector& v, int64_t size) -> absl::Status {
@@ -85,6 +94,12 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
       status = vector(f.up_bias, inter);
     else if (t.tensor() == "down_bias")
       status = vector(f.down_bias, h);
+    else if (t.tensor() == "gate_scale")
+      status = row_scale(f.gate, inter);
+    else if (t.tensor() == "up_scale")
+      status = row_scale(f.up, inter);
+    else if (t.tensor() == "down_scale")
+      status = row_scale(f.down, h);
     else
       status = absl::FailedPreconditionError(where + "unknown tensor name");
     if (!status.ok()) return status;
@@ -95,6 +110,12 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
       if (!f.gate.present() || !f.up.present() || !f.down.present()) {
         return absl::FailedPreconditionError(
             absl::StrCat("expert store: layer ", layer, " expert ", e, " is incomplete"));
+      }
+      for (const WeightMatrix* m : {&f.gate, &f.up, &f.down}) {
+        if ((m->dtype == DType::kF8E4M3) != (m->scale != nullptr)) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "expert store: layer ", layer, " expert ", e, ": FP8 weights without row scales"));
+        }
       }
     }
   }

@@ -43,12 +43,19 @@ std::vector<TensorSource> ExpertTensors(const FfnWeights& f) {
   auto vector = [&](const char* name, const WeightVector& v) {
     if (v.present()) t.push_back({name, v.data, v.dtype, v.size, 0, v.stride, 0});
   };
+  // FP8 matrices' per-row float32 scales travel as vectors.
+  auto scale = [&](const char* name, const WeightMatrix& m) {
+    if (m.scale != nullptr) t.push_back({name, m.scale, DType::kF32, m.out, 0, 1, 0});
+  };
   matrix("gate", f.gate);
   matrix("up", f.up);
   matrix("down", f.down);
   vector("gate_bias", f.gate_bias);
   vector("up_bias", f.up_bias);
   vector("down_bias", f.down_bias);
+  scale("gate_scale", f.gate);
+  scale("up_scale", f.up);
+  scale("down_scale", f.down);
   return t;
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <random>
 #include <set>
@@ -377,6 +378,68 @@ TEST(MakeModelTest, FullShapesHaveTheBriefsParameterCounts) {
   }
 }
 
+// --dtype fp8: the expert matrices are FP8 E4M3 with F32 row scales next to them, the rest
+// bf16; each weight is the bf16 model's within E4M3 rounding, and the model runs.
+TEST(MakeModelTest, Fp8ExpertsWithRowScales) {
+  TempDir tmp;
+  MakeModelOptions bf16 = Tiny(tmp.File("b"), 3);
+  MakeModelOptions fp8 = Tiny(tmp.File("f"), 3);
+  fp8.dtype = "fp8";
+  auto made_bf16 = MakeModel(bf16);
+  ASSERT_TRUE(made_bf16.ok()) << made_bf16.status();
+  auto made = MakeModel(fp8);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_LT(made->bytes, made_bf16->bytes);
+  EXPECT_EQ(made->params, made_bf16->params);
+  auto a = LoadModel(tmp.File("b"));
+  auto b = LoadModel(tmp.File("f"));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  const ModelWeights& wa = (*a)->weights;
+  const ModelWeights& wb = (*b)->weights;
+  EXPECT_EQ(wb.layers[0].attention.q.dtype, DType::kBF16);
+  EXPECT_EQ(wb.layers[0].router.dtype, DType::kBF16);
+  for (const FfnWeights* e : {&wb.layers[0].experts[0], &wb.layers[1].experts[5]}) {
+    for (const WeightMatrix* m : {&e->gate, &e->up, &e->down}) {
+      EXPECT_EQ(m->dtype, DType::kF8E4M3);
+      ASSERT_NE(m->scale, nullptr);
+    }
+  }
+  const WeightMatrix& qa = wa.layers[1].experts[5].down;
+  const WeightMatrix& qb = wb.layers[1].experts[5].down;
+  for (int64_t o = 0; o < qa.out; ++o) {
+    for (int64_t i = 0; i < qa.in; ++i) {
+      // E4M3 keeps 3 mantissa bits (half a step: 1/16 relative), the bf16 reference 8; below
+      // the normal range the step is scale * 2^-9.
+      const float want = qa.At(o, i), got = qb.At(o, i);
+      ASSERT_NEAR(got, want, std::fabs(want) * (1.0f / 16 + 1.0f / 256) + qb.scale[o] / 1024)
+          << o << ", " << i;
+    }
+  }
+  ExpectStd(qb, 0.02, "fp8 down_proj");
+
+  // Logits of the two models through the CPU engine: close, and the same greedy tokens.
+  auto logits_of = [](const std::string& dir) {
+    LocalEngineOptions options;
+    options.model_dir = dir;
+    options.num_threads = 2;
+    auto engine = LocalEngine::Create(options);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    auto logits = (*engine)->Logits(std::vector<int32_t>{5, 17, 3, 99, 42, 7});
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    return std::vector<float>(logits->data(), logits->data() + logits->size());
+  };
+  const std::vector<float> la = logits_of(tmp.File("b")), lb = logits_of(tmp.File("f"));
+  ASSERT_EQ(la.size(), lb.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < la.size(); ++i) {
+    diff += (la[i] - lb[i]) * (la[i] - lb[i]);
+    norm += la[i] * la[i];
+  }
+  std::cout << "fp8 experts: logits relative error " << std::sqrt(diff / norm) << "\n";
+  EXPECT_LT(std::sqrt(diff / norm), 0.05);
+}
+
 TEST(MakeModelTest, BadArgumentsGetClearErrors) {
   TempDir tmp;
   auto error = [&](MakeModelOptions options) {
@@ -393,8 +456,8 @@ TEST(MakeModelTest, BadArgumentsGetClearErrors) {
     EXPECT_THAT(error(o), HasSubstr("--skew must be zipf:S")) << bad;
   }
   o = Tiny(tmp.File("x"));
-  o.dtype = "fp8";
-  EXPECT_THAT(error(o), HasSubstr("--dtype must be bf16, f16 or f32"));
+  o.dtype = "int4";
+  EXPECT_THAT(error(o), HasSubstr("--dtype must be bf16, f16, f32 or fp8, not \"int4\""));
   o = Tiny(tmp.File("x"));
   o.layers = -1;
   EXPECT_THAT(error(o), HasSubstr("--layers"));

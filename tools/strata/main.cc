@@ -62,7 +62,9 @@ ABSL_FLAG(std::string, text, "", "eval: the text file to score");
 ABSL_FLAG(int, window, 256, "eval: tokens per scored window");
 ABSL_FLAG(bool, expert_stats, false, "eval: per-layer expert activation counts and Gini");
 ABSL_FLAG(std::string, shape, "", "make-model: qwen3-30b-a3b, mixtral-8x7b, seed-125b, tiny-qwen3");
-ABSL_FLAG(std::string, dtype, "bf16", "make-model: bf16, f16 or f32");
+ABSL_FLAG(
+    std::string, dtype, "bf16",
+    "make-model: bf16, f16, f32, or fp8 (FP8 E4M3 experts with per-row F32 scales, the rest bf16)");
 ABSL_FLAG(std::string, skew, "none", "make-model: zipf:S, expert popularity ~ 1/rank^S");
 ABSL_FLAG(int, layers, 0, "make-model: layers instead of the shape's own (0 keeps them)");
 ABSL_FLAG(bool, force, false, "make-model: write into a non-empty directory");
@@ -116,7 +118,8 @@ constexpr char kUsage[] =
     "            [--concurrency 1,8,32] [--warmup 1] [--out FILE.json] [--model-name M]\n"
     "            [--weights bf16|fp8] [--mode cluster] [--gpus N] [--machine NAME]\n"
     "            serving benchmark of a cluster: a table, and bench/results JSON\n"
-    "  make-model --shape NAME --out DIR [--dtype bf16] [--skew zipf:S] [--seed N] [--layers L]\n"
+    "  make-model --shape NAME --out DIR [--dtype bf16|fp8] [--skew zipf:S] [--seed N] [--layers "
+    "L]\n"
     "            [--force]   a random-weight model in the Hugging Face format\n"
     "  stats     --server HOST:PORT   the router's counters, its workers and their tiers, as JSON\n"
     "  hot-ratio --server HOST:PORT --hot-ratio (R | auto)   set the workers' hot ratio now\n"

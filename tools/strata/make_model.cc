@@ -105,6 +105,10 @@ inline void ForEachUniform(uint64_t key, int64_t begin, int64_t end, Put put) {
 struct NormalTables {
   std::vector<float> z;
   std::vector<uint16_t> init_bf16, init_f16;
+  // FP8 E4M3 codes of z * 448 / max|z|: a row of std * z is these codes times the row scale
+  // std * max|z| / 448, whatever the std (every row's absmax is at most the table's).
+  std::vector<uint8_t> fp8;
+  float z_max = 0.0f;
 };
 
 const NormalTables& Tables() {
@@ -121,10 +125,12 @@ const NormalTables& Tables() {
       t->z[u] = static_cast<float>(x);
       t->z[65535 - u] = -t->z[u];
     }
+    t->z_max = -t->z[0];
     for (float z : t->z) {
       const float v = static_cast<float>(kInitStd) * z;
       t->init_bf16.push_back(FloatToBf16(v));
       t->init_f16.push_back(FloatToF16(v));
+      t->fp8.push_back(FloatToFp8E4M3(z * kFp8E4M3MaxValue / t->z_max));
     }
     return t;
   }();
@@ -138,17 +144,30 @@ struct TensorSpec {
   float std = 0.0f;
   std::vector<float> row_scale;  // per row of a 2-D tensor (a skewed gate); empty: none
   uint64_t key = 0;
+  DType dtype = DType::kBF16;
+  // F32 [rows]: the FP8 row scales of the matrix whose std this is (std * max|z| / 448).
+  bool fp8_scales = false;
   int64_t numel() const {
     return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
   }
 };
 
-// Writes elements [begin, begin + n) of `t` into `out` as `dtype`.
-void Fill(const TensorSpec& t, DType dtype, int64_t begin, int64_t n, uint8_t* out) {
+// Writes elements [begin, begin + n) of `t` into `out` as t.dtype.
+void Fill(const TensorSpec& t, int64_t begin, int64_t n, uint8_t* out) {
   const NormalTables& tables = Tables();
+  const DType dtype = t.dtype;
   uint16_t* out16 = reinterpret_cast<uint16_t*>(out);
   float* out32 = reinterpret_cast<float*>(out);
   const int64_t end = begin + n;
+  if (t.fp8_scales) {
+    std::fill(out32, out32 + n, t.std * tables.z_max / kFp8E4M3MaxValue);
+    return;
+  }
+  if (dtype == DType::kF8E4M3) {  // rows of std * z: the codes alone (see NormalTables::fp8)
+    ForEachUniform(t.key, begin, end,
+                   [&](int64_t k, uint32_t u) { out[k - begin] = tables.fp8[u]; });
+    return;
+  }
   if (t.ones) {
     for (int64_t i = begin; i < end; ++i) {
       if (dtype == DType::kF32) {
@@ -249,6 +268,26 @@ std::vector<TensorSpec> PlanTensors(const ModelShape& s, int layers, uint64_t se
   return plan;
 }
 
+// The expert matrices as FP8 E4M3, each followed by its F32 row scales (`<name>_scale`).
+std::vector<TensorSpec> WithFp8Experts(std::vector<TensorSpec> plan) {
+  std::vector<TensorSpec> out;
+  out.reserve(plan.size() * 2);
+  for (TensorSpec& t : plan) {
+    const bool expert = t.name.find(".experts.") != std::string::npos && t.shape.size() == 2;
+    if (!expert) {
+      out.push_back(std::move(t));
+      continue;
+    }
+    t.dtype = DType::kF8E4M3;
+    TensorSpec scales{t.name + "_scale", {t.shape[0]}, false, t.std, {}, t.key};
+    scales.dtype = DType::kF32;
+    scales.fp8_scales = true;
+    out.push_back(std::move(t));
+    out.push_back(std::move(scales));
+  }
+  return out;
+}
+
 // config.json as transformers writes it (keys sorted).
 nlohmann::json ConfigJson(const ModelShape& s, int layers, absl::string_view torch_dtype) {
   const bool qwen = s.model_type == "qwen3_moe";
@@ -342,12 +381,12 @@ struct AlignedBuffer {
 // and this thread alone writes them (concurrent writers of one file would take turns on its
 // inode lock), with O_DIRECT where the file system allows it: no copy into the page cache, and
 // no cache filled with a model that may be larger than memory.
-absl::Status WriteShard(const Shard& shard, const fs::path& path, DType dtype, int threads) {
+absl::Status WriteShard(const Shard& shard, const fs::path& path, int threads) {
   constexpr uint64_t kPage = AlignedBuffer::kPage;
   OrderedJson header;
   header["__metadata__"] = {{"format", "pt"}};
   for (size_t i = 0; i < shard.tensors.size(); ++i) {
-    header[shard.tensors[i]->name] = {{"dtype", std::string(DTypeName(dtype))},
+    header[shard.tensors[i]->name] = {{"dtype", std::string(DTypeName(shard.tensors[i]->dtype))},
                                       {"shape", shard.tensors[i]->shape},
                                       {"data_offsets", {shard.offsets[i], shard.offsets[i + 1]}}};
   }
@@ -389,7 +428,6 @@ absl::Status WriteShard(const Shard& shard, const fs::path& path, DType dtype, i
   // kernel copies it.
   const uint64_t chunk_size = direct ? 4ull << 20 : 512ull << 10;
   const uint64_t chunks = (data_size + chunk_size - 1) / chunk_size;
-  const size_t elem = DTypeSize(dtype);
   const int generators =
       static_cast<int>(std::min<uint64_t>(std::max(threads, 1), std::max<uint64_t>(chunks, 1)));
   std::vector<AlignedBuffer> buffers;
@@ -420,7 +458,8 @@ absl::Status WriteShard(const Shard& shard, const fs::path& path, DType dtype, i
                  shard.offsets.begin() - 1;
       for (uint64_t at = begin; at < end; ++t) {
         const uint64_t stop = std::min(end, shard.offsets[t + 1]);
-        Fill(*shard.tensors[t], dtype, static_cast<int64_t>((at - shard.offsets[t]) / elem),
+        const size_t elem = DTypeSize(shard.tensors[t]->dtype);
+        Fill(*shard.tensors[t], static_cast<int64_t>((at - shard.offsets[t]) / elem),
              static_cast<int64_t>((stop - at) / elem), buffers[b].data + (at - begin));
         at = stop;
       }
@@ -674,9 +713,12 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
     dtype = DType::kF16, torch_dtype = "float16";
   } else if (options.dtype == "f32") {
     dtype = DType::kF32, torch_dtype = "float32";
+  } else if (options.dtype == "fp8") {
+    // FP8 E4M3 experts with per-row F32 scales (`<name>_scale`); everything else bf16.
+    dtype = DType::kBF16, torch_dtype = "bfloat16";
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("--dtype must be bf16, f16 or f32, not \"", options.dtype, "\""));
+        absl::StrCat("--dtype must be bf16, f16, f32 or fp8, not \"", options.dtype, "\""));
   }
   if (options.layers < 0 || options.layers > 1000) {
     return absl::InvalidArgumentError("--layers must be between 1 and 1000 (0: the shape's own)");
@@ -689,14 +731,16 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
     ASSIGN_OR_RETURN(skew, SolveZipfGateSkew(shape.experts, shape.top_k, exponent));
   }
   std::vector<std::vector<int>> orders;
-  const std::vector<TensorSpec> plan =
+  std::vector<TensorSpec> plan =
       PlanTensors(shape, layers, options.seed, skew ? &*skew : nullptr, &orders);
+  for (TensorSpec& t : plan) t.dtype = dtype;
+  if (options.dtype == "fp8") plan = WithFp8Experts(std::move(plan));
 
   // Shards of at most max_shard_bytes of tensor data, in order, as transformers cuts them.
   MakeModelResult result;
   std::vector<Shard> shards;
   for (const TensorSpec& t : plan) {
-    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * DTypeSize(dtype);
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * DTypeSize(t.dtype);
     if (shards.empty() || (shards.back().offsets.back() + bytes > options.max_shard_bytes &&
                            !shards.back().tensors.empty())) {
       shards.emplace_back();
@@ -704,7 +748,7 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
     }
     shards.back().tensors.push_back(&t);
     shards.back().offsets.push_back(shards.back().offsets.back() + bytes);
-    result.params += t.numel();
+    if (!t.fp8_scales) result.params += t.numel();
     result.bytes += bytes;
   }
   result.shards = static_cast<int>(shards.size());
@@ -752,7 +796,7 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
     for (const TensorSpec* t : shards[i].tensors) weight_map[t->name] = name;
     if (!options.write_tensors) continue;
     const auto shard_start = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(WriteShard(shards[i], dir / name, dtype, threads));
+    RETURN_IF_ERROR(WriteShard(shards[i], dir / name, threads));
     const double sec =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - shard_start).count();
     written += shards[i].offsets.back();

@@ -1,5 +1,6 @@
 #include "common/backend/cpu/cpu_expert_slots.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -14,18 +15,21 @@ struct SlotLayout {
   uint64_t matrix, gate_bias, down_bias, total;
 };
 
+// A matrix's bytes, then (FP8) its row scales.
 SlotLayout LayoutOf(const ModelConfig& config, DType dtype, bool biased) {
   const uint64_t h = config.hidden_size, inter = config.moe_intermediate_size;
   const uint64_t size = DTypeSize(dtype);
   SlotLayout l;
-  l.matrix = AlignUp(h * inter * size);
+  l.matrix = AlignUp(h * inter * size) +
+             (dtype == DType::kF8E4M3 ? AlignUp(std::max(h, inter) * sizeof(float)) : 0);
   l.gate_bias = biased ? AlignUp(inter * size) : 0;
   l.down_bias = biased ? AlignUp(h * size) : 0;
   l.total = 3 * l.matrix + 2 * l.gate_bias + l.down_bias;
   return l;
 }
 
-// Copies `src` into `dst` as a packed row-major matrix of the same dtype.
+// Copies `src` into `dst` as a packed row-major matrix of the same dtype, its row scales (FP8)
+// after it.
 WeightMatrix CopyMatrix(const WeightMatrix& src, uint8_t* dst) {
   const size_t size = DTypeSize(src.dtype);
   if (src.in_stride == 1 && src.out_stride == src.in) {
@@ -39,7 +43,13 @@ WeightMatrix CopyMatrix(const WeightMatrix& src, uint8_t* dst) {
       }
     }
   }
-  return WeightMatrix{dst, src.dtype, src.out, src.in, src.in, 1};
+  WeightMatrix m{dst, src.dtype, src.out, src.in, src.in, 1};
+  if (src.scale != nullptr) {
+    float* scale = reinterpret_cast<float*>(dst + AlignUp(src.out * src.in * size));
+    std::memcpy(scale, src.scale, static_cast<size_t>(src.out) * sizeof(float));
+    m.scale = scale;
+  }
+  return m;
 }
 
 WeightVector CopyVector(const WeightVector& src, uint8_t* dst) {
@@ -92,6 +102,9 @@ absl::Status CpuExpertSlots::Load(int slot, int layer, int expert, const FfnWeig
   for (const auto& [m, shape] : shapes) {
     if (m->dtype != dtype_) {
       return absl::InvalidArgumentError("expert weights are not in the slots' dtype");
+    }
+    if ((m->dtype == DType::kF8E4M3) != (m->scale != nullptr)) {
+      return absl::InvalidArgumentError("FP8 expert weights need row scales (and only they)");
     }
     if (m->out != shape.first || m->in != shape.second) {
       return absl::InvalidArgumentError(absl::StrCat("expert weights of shape [", m->out, ", ",

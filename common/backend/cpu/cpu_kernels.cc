@@ -10,6 +10,12 @@ namespace {
 // Row o of W as float32.
 void LoadRow(const WeightMatrix& w, int64_t o, float* row) {
   const int64_t base = o * w.out_stride;
+  if (w.dtype == DType::kF8E4M3) {
+    const uint8_t* src = static_cast<const uint8_t*>(w.data) + base;
+    const float scale = w.scale != nullptr ? w.scale[o] : 1.0f;
+    for (int64_t i = 0; i < w.in; ++i) row[i] = scale * Fp8E4M3ToFloat(src[i * w.in_stride]);
+    return;
+  }
   if (w.in_stride == 1) {
     switch (w.dtype) {
       case DType::kF32: {
@@ -23,6 +29,7 @@ void LoadRow(const WeightMatrix& w, int64_t o, float* row) {
         return;
       }
       case DType::kF16:
+      case DType::kF8E4M3:
         break;
     }
   }

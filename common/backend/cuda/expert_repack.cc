@@ -26,7 +26,7 @@ void RepackToRowMajorBf16(const WeightMatrix& w, uint16_t* dst) {
       for (int64_t o = o0; o < o1; ++o) {
         for (int64_t i = i0; i < i1; ++i) {
           const int64_t src = o * w.out_stride + i * w.in_stride;
-          dst[o * w.in + i] = bf16 ? raw[src] : FloatToBf16(LoadAsFloat(w.data, w.dtype, src));
+          dst[o * w.in + i] = bf16 ? raw[src] : FloatToBf16(w.At(o, i));
         }
       }
     }

@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "common/engine/local_engine.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "strata/v1/generation.grpc.pb.h"
@@ -15,7 +16,9 @@
 #include "tests/testing/generate_client.h"
 #include "tests/testing/oracles.h"
 #include "tests/testing/run_strata.h"
+#include "tests/testing/temp_dir.h"
 #include "tools/strata/eval_command.h"
+#include "tools/strata/make_model.h"
 
 namespace strata {
 namespace {
@@ -55,6 +58,45 @@ TEST_P(OracleClusterTest, TwoWorkersMatchTheOracle) {
 INSTANTIATE_TEST_SUITE_P(AllOracles, OracleClusterTest,
                          ::testing::ValuesIn(::strata::testing::OracleNames()),
                          [](const auto& info) { return info.param; });
+
+// A checkpoint with FP8 E4M3 experts (`strata make-model --dtype fp8`): the store carries
+// their row scales to the workers, and the cluster gives the in-process engine's greedy tokens.
+TEST(ClusterTest, Fp8CheckpointMatchesInProcess) {
+  testing::TempDir tmp;
+  MakeModelOptions make;
+  make.shape = "tiny-qwen3";
+  make.out_dir = tmp.File("fp8");
+  make.dtype = "fp8";
+  make.num_threads = 2;
+  auto made = MakeModel(make);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const std::vector<int32_t> prompt = {5, 17, 3, 99, 42};
+  LocalEngineOptions options;
+  options.model_dir = make.out_dir;
+  options.num_threads = 1;
+  auto engine = LocalEngine::Create(options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  GenerateOptions greedy;
+  greedy.max_new_tokens = 8;
+  greedy.ignore_eos = true;
+  auto want = (*engine)->Generate(prompt, greedy);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  // Workers that hold every expert, and workers whose memory budget holds only some of them
+  // (copied into slots as needed, scales with them).
+  for (const std::string budget : {"", "--gpu-memory-budget=1MiB"}) {
+    std::vector<std::string> args = {"--model=" + make.out_dir, "--workers=2", "--threads=1"};
+    if (!budget.empty()) args.push_back(budget);
+    ClusterProcess cluster(args);
+    ASSERT_FALSE(cluster.address().empty()) << "the cluster did not become ready " << budget;
+    auto stub = GenerationStub(cluster.address());
+    const Generated g =
+        Generate(*stub, GreedyRequest(std::vector<uint32_t>(prompt.begin(), prompt.end()), 8));
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.tokens, std::vector<uint32_t>(want->begin(), want->end())) << budget;
+    EXPECT_EQ(cluster.Stop(), 0);
+  }
+}
 
 TEST(ClusterTest, GrpcTransportMatchesTheOracle) {
   ClusterProcess cluster(
