@@ -12,9 +12,13 @@
 # checkpoint), else to /tmp. Binaries in .device-ipc/bin, libraries in .device-ipc/lib,
 # hf-peer-bench.py in .device-ipc/. OUT_DIR gets the bench JSON files (as soon as each is
 # written), logs.tgz and a summary; a table is printed last.
+# CHECKPOINT_DTYPE=fp8 in the environment makes the checkpoints with FP8 experts (make-model
+# --dtype fp8, half the bytes) and EXPERT_STORE=in-place has strata-cache map them where they
+# are: the whole seed-125b on the two-GPU machine needs both.
 #   bash bench/gpu/cluster_full_bench.sh OUT_DIR STAGES [RUNS]
 set -uo pipefail
 final=$1 stages=$2 runs=${3:-3}
+checkpoint_dtype=${CHECKPOINT_DTYPE:-bf16} expert_store=${EXPERT_STORE:-copy}
 mkdir -p "$final"
 out=/tmp/full-work
 mkdir -p $out
@@ -27,17 +31,19 @@ sum=$final/summary.txt
 start=$SECONDS
 machine="NVIDIA H200 ($gpus GPU)"
 # The switches an A/B run sets in the environment, recorded with each figure.
-env_note=$(env | grep -E '^STRATA_(PDL|FLAG_WAIT)=' | sort | tr '\n' ' ' | sed 's/ $//')
+env_note=$(env | grep -E '^(STRATA_(PDL|FLAG_WAIT)|CHECKPOINT_DTYPE|EXPERT_STORE)=' | sort | tr '\n' ' ' | sed 's/ $//')
 
 model_dir() {  # shape[@layers] -> directory with the weights (made once per machine)
   local shape=$1 dir layers=()
+  [ "$checkpoint_dtype" = bf16 ] || shape=$shape-$checkpoint_dtype
   for dir in /dev/shm/$shape /tmp/$shape; do
     [ -f $dir/config.json ] && { echo $dir; return; }
   done
   dir=/tmp/$shape
   [ "$(df --output=avail -B1G /dev/shm | tail -1)" -ge 140 ] && dir=/dev/shm/$shape
-  [[ $shape == *@* ]] && layers=(--layers "${shape#*@}")
-  "$B/strata" make-model --shape "${shape%@*}" "${layers[@]}" --out $dir --threads 16 \
+  local base=${shape%-$checkpoint_dtype}
+  [[ $base == *@* ]] && layers=(--layers "${base#*@}")
+  "$B/strata" make-model --shape "${base%@*}" "${layers[@]}" --dtype "$checkpoint_dtype" --out $dir --threads 16 \
     >>"$out/make-$shape.log" 2>&1
   echo $dir
 }
@@ -71,7 +77,7 @@ for stage in ${stages//,/ }; do
     stamps=$out/stamps-$tag && name=$name-stamps && rm -rf $stamps && mkdir -p $stamps
   fi
   STRATA_GPU_CLOCK_STAMPS=$stamps up $name --model $dir --workers $workers --device cuda --weights $weights --threads 8 \
-    --max-batch-tokens 512
+    --max-batch-tokens 512 --expert-store "$expert_store"
   if [ -n "$addr" ]; then
     note "$name: READY in $((SECONDS - t0)) s"
     suffix=""; [ "$workers" -gt 1 ] && suffix="-${workers}gpu"

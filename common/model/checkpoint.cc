@@ -107,6 +107,21 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   return checkpoint;
 }
 
+absl::StatusOr<std::pair<std::string, uint64_t>> Checkpoint::Locate(const void* data,
+                                                                    uint64_t bytes) const {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (const auto& file : files_) {
+    const absl::Span<const uint8_t> all = file->bytes();
+    // Compared as addresses: the span is one mapping.
+    const auto begin = reinterpret_cast<uintptr_t>(all.data());
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    if (at >= begin && at - begin <= all.size() && bytes <= all.size() - (at - begin)) {
+      return std::make_pair(file->path(), static_cast<uint64_t>(at - begin));
+    }
+  }
+  return absl::NotFoundError(absl::StrCat(dir_, ": memory not in any checkpoint file"));
+}
+
 absl::StatusOr<TensorRef> Checkpoint::Get(absl::string_view name,
                                           absl::Span<const int64_t> shape) const {
   auto it = tensors_.find(name);

@@ -38,6 +38,9 @@ class Checkpoint {
   absl::StatusOr<TensorRef> Get(absl::string_view name, absl::Span<const int64_t> shape) const;
   // Total bytes of all tensors.
   uint64_t total_bytes() const;
+  // The path of the file that holds [data, data + bytes) (memory of a tensor of this
+  // checkpoint) and the offset of `data` in it; NotFound when no file holds it whole.
+  absl::StatusOr<std::pair<std::string, uint64_t>> Locate(const void* data, uint64_t bytes) const;
   size_t num_tensors() const { return tensors_.size(); }
 
  private:

@@ -1,6 +1,7 @@
 #include "common/transport/mapped_experts.h"
 
 #include "absl/strings/str_cat.h"
+#include "boost/interprocess/file_mapping.hpp"
 #include "boost/interprocess/mapped_region.hpp"
 #include "boost/interprocess/shared_memory_object.hpp"
 
@@ -8,7 +9,8 @@ namespace strata {
 namespace bip = boost::interprocess;
 
 struct MappedExperts::Mapping {
-  bip::shared_memory_object object;
+  bip::shared_memory_object object;  // a store's shared memory
+  bip::file_mapping file;            // or a checkpoint file mapped in place
   bip::mapped_region region;
 };
 
@@ -21,8 +23,14 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
   try {
     for (const auto& segment : layout.segments()) {
       auto m = std::make_unique<Mapping>();
-      m->object = bip::shared_memory_object(bip::open_only, segment.name().c_str(), bip::read_only);
-      m->region = bip::mapped_region(m->object, bip::read_only);
+      if (segment.file_path().empty()) {
+        m->object =
+            bip::shared_memory_object(bip::open_only, segment.name().c_str(), bip::read_only);
+        m->region = bip::mapped_region(m->object, bip::read_only);
+      } else {
+        m->file = bip::file_mapping(segment.file_path().c_str(), bip::read_only);
+        m->region = bip::mapped_region(m->file, bip::read_only);
+      }
       if (m->region.get_size() < segment.bytes()) {
         return absl::FailedPreconditionError(
             absl::StrCat("expert segment ", segment.name(), " is smaller than its layout says"));

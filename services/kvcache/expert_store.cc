@@ -5,9 +5,11 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "boost/interprocess/mapped_region.hpp"
@@ -154,6 +156,23 @@ absl::Status CheckOwnerGone(const StoreMeta& meta, const std::string& prefix) {
   return absl::OkStatus();
 }
 
+// Removes the store a gone strata-cache left under `prefix` (its segments, then its meta);
+// FailedPrecondition when its owner still runs.
+absl::Status RemoveGoneStore(const std::string& prefix) {
+  const std::string meta_name = MetaName(prefix);
+  if (absl::StatusOr<StoreMeta> old = ReadMeta(meta_name); old.ok()) {
+    RETURN_IF_ERROR(CheckOwnerGone(*old, prefix));
+    for (const auto& s : old->layout.segments())
+      bip::shared_memory_object::remove(s.name().c_str());
+  }
+  bip::shared_memory_object::remove(meta_name.c_str());
+  return absl::OkStatus();
+}
+
+bool Contiguous(const TensorSource& t) {
+  return t.in == 0 ? t.out_stride == 1 : t.in_stride == 1 && t.out_stride == t.in;
+}
+
 // Why a store built for `have` cannot serve `want`; empty when it can.
 std::string ModelMismatch(const ModelIdentity& have, const ModelIdentity& want) {
   if (have.dir != want.dir) return absl::StrCat("it holds the model in ", have.dir);
@@ -204,15 +223,11 @@ ExpertStore::~ExpertStore() { meta_.reset(); }
 
 absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Build(const Model& model,
                                                                 const ExpertStoreOptions& options) {
+  if (options.in_place) return MapInPlace(model, options);
   const auto start = std::chrono::steady_clock::now();
   const std::string meta_name = MetaName(options.segment_prefix);
-  // Replace what a gone strata-cache left under this prefix: its segments, then the meta.
-  if (absl::StatusOr<StoreMeta> old = ReadMeta(meta_name); old.ok()) {
-    RETURN_IF_ERROR(CheckOwnerGone(*old, options.segment_prefix));
-    for (const auto& s : old->layout.segments())
-      bip::shared_memory_object::remove(s.name().c_str());
-  }
-  bip::shared_memory_object::remove(meta_name.c_str());
+  // Replace what a gone strata-cache left under this prefix.
+  RETURN_IF_ERROR(RemoveGoneStore(options.segment_prefix));
   ASSIGN_OR_RETURN(const ModelIdentity identity, IdentifyModel(model.dir));
 
   std::unique_ptr<ExpertStore> store(new ExpertStore());
@@ -293,6 +308,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Build(const Model& mod
 
 absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Attach(
     const Model& model, const ExpertStoreOptions& options) {
+  if (options.in_place) return MapInPlace(model, options);
   const auto start = std::chrono::steady_clock::now();
   const std::string meta_name = MetaName(options.segment_prefix);
   absl::StatusOr<StoreMeta> meta = ReadMeta(meta_name);
@@ -352,6 +368,63 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Attach(
                                "in %.0f ms)",
                                store->layout_.segments_size(), store->layout_.generation(),
                                checked / 1048576.0, MillisecondsSince(start)));
+  return store;
+}
+
+absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::MapInPlace(
+    const Model& model, const ExpertStoreOptions& options) {
+  RETURN_IF_ERROR(RemoveGoneStore(options.segment_prefix));
+  ASSIGN_OR_RETURN(const ModelIdentity identity, IdentifyModel(model.dir));
+  std::unique_ptr<ExpertStore> store(new ExpertStore());
+  v1::ExpertLayout& layout = store->layout_;
+  absl::flat_hash_map<std::string, int> segment_of;  // file path -> segment index
+  uint64_t mapped = 0;
+  for (int layer = 0; layer < model.config.num_layers; ++layer) {
+    const auto& experts = model.weights.layers[layer].experts;
+    for (int e = 0; e < static_cast<int>(experts.size()); ++e) {
+      for (const TensorSource& t : ExpertTensors(experts[e])) {
+        if (!Contiguous(t)) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "the in-place expert store needs contiguous expert tensors; layer ", layer,
+              " expert ", e, " tensor ", t.name,
+              " is strided in the checkpoint (gpt-oss interleaves gate and up): copy it"));
+        }
+        const uint64_t bytes = TensorBytes(t);
+        ASSIGN_OR_RETURN(const auto located, model.checkpoint->Locate(t.data, bytes));
+        const auto [it, added] = segment_of.emplace(located.first, layout.segments_size());
+        if (added) {
+          std::error_code ec;
+          const uint64_t size = std::filesystem::file_size(located.first, ec);
+          if (ec) return absl::NotFoundError(absl::StrCat(located.first, ": ", ec.message()));
+          v1::SharedSegmentInfo* info = layout.add_segments();
+          info->set_name(located.first);
+          info->set_file_path(located.first);
+          info->set_bytes(size);
+          info->set_numa_node(-1);
+        }
+        v1::ExpertTensorInfo* info = layout.add_tensors();
+        info->set_layer(layer);
+        info->set_expert(e);
+        info->set_tensor(t.name);
+        info->set_segment(it->second);
+        info->set_offset(located.second);
+        info->set_dtype(std::string(DTypeName(t.dtype)));
+        info->add_shape(t.out);
+        if (t.in > 0) info->add_shape(t.in);
+        mapped += bytes;
+      }
+    }
+  }
+  // The same checkpoint, the same generation: workers keep their mappings across a restart.
+  uint64_t generation =
+      identity.checkpoint_fingerprint ^ (identity.config_checksum * 0x9e3779b97f4a7c15ull);
+  if (generation == 0) generation = 1;
+  layout.set_generation(generation);
+  layout.set_model_dir(model.dir);
+  Say(options, absl::StrFormat("mapping %d expert tensors (%.1f MiB) in place in %d checkpoint "
+                               "file(s), generation %016x: nothing copied",
+                               layout.tensors_size(), mapped / 1048576.0, layout.segments_size(),
+                               generation));
   return store;
 }
 

@@ -22,6 +22,10 @@ struct ExpertStoreOptions {
   // Segments are named <prefix>-experts-<node>, the meta <prefix>-experts-meta.
   std::string segment_prefix = "strata";
   bool bind_numa = true;  // bind each segment's pages to its node
+  // Map the checkpoint's expert tensors where they are (the workers map its files read-only)
+  // instead of copying them into shared memory: no second copy of the experts in memory, no
+  // NUMA placement. Needs contiguous expert tensors (not gpt-oss's interleaved ones).
+  bool in_place = false;
   // Called after each layer is copied, for progress output on large models.
   std::function<void(int layer, int num_layers, uint64_t bytes_so_far)> on_progress;
   // Status lines: a store built or re-attached to, and why one found was not adopted.
@@ -40,6 +44,10 @@ class ExpertStore {
   // otherwise says why through options.log and Builds.
   static absl::StatusOr<std::unique_ptr<ExpertStore>> Attach(const Model& model,
                                                              const ExpertStoreOptions& options);
+  // options.in_place: the layout of the checkpoint's own files; its generation follows the
+  // checkpoint, so a restarted strata-cache hands the workers the same one.
+  static absl::StatusOr<std::unique_ptr<ExpertStore>> MapInPlace(const Model& model,
+                                                                 const ExpertStoreOptions& options);
   // Removes the segments: an ordered stop. After a SIGKILL they stay, for Attach.
   ~ExpertStore();
 

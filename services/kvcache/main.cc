@@ -1,4 +1,5 @@
 // strata-cache --model DIR [--listen HOST:PORT] [--segment-prefix P] [--reattach=false]
+//              [--expert-store copy|in-place]
 // Loads every expert into NUMA-local shared memory (or re-attaches to the store a killed
 // strata-cache left) and serves the layout to the workers.
 // Prints "READY <host>:<port>" on stdout once serving.
@@ -15,6 +16,9 @@ ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address to serve ExpertStore on; port 0 picks one");
 ABSL_FLAG(std::string, segment_prefix, "strata", "Shared-memory segment name prefix");
 ABSL_FLAG(bool, numa, true, "Bind each segment's pages to its NUMA node");
+ABSL_FLAG(std::string, expert_store, "copy",
+          "copy: the experts into NUMA-local shared memory; in-place: the workers map the "
+          "checkpoint's files (no second copy in memory; needs contiguous expert tensors)");
 ABSL_FLAG(bool, reattach, true,
           "Re-attach to the segments a killed strata-cache left under --segment-prefix when their "
           "model, layout and checksums match, instead of copying the model again");
@@ -36,6 +40,12 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.store.segment_prefix = absl::GetFlag(FLAGS_segment_prefix);
   options.store.bind_numa = absl::GetFlag(FLAGS_numa);
+  const std::string expert_store = absl::GetFlag(FLAGS_expert_store);
+  if (expert_store != "copy" && expert_store != "in-place") {
+    std::cerr << "strata-cache: --expert-store must be copy or in-place\n";
+    return 2;
+  }
+  options.store.in_place = expert_store == "in-place";
   options.reattach = absl::GetFlag(FLAGS_reattach);
   options.store.log = [](const std::string& message) { strata::StatusLine(message); };
   options.cpu_tier.num_threads = absl::GetFlag(FLAGS_cpu_tier_threads);

@@ -123,6 +123,8 @@ TEST(ClusterConfigTest, CheckNamesTheKeyAndItsFlag) {
               HasSubstr("(--transport)"));
   EXPECT_THAT(message([](ClusterConfig& c) { c.weights = "int4"; }), HasSubstr("(--weights)"));
   EXPECT_THAT(message([](ClusterConfig& c) { c.device = "tpu"; }), HasSubstr("(--device)"));
+  EXPECT_THAT(message([](ClusterConfig& c) { c.expert_store = "mmap"; }),
+              HasSubstr("(--expert-store): must be one of copy, in-place"));
   EXPECT_THAT(message([](ClusterConfig& c) { c.workers = 0; }),
               HasSubstr("bad value for \"workers\" (--workers)"));
   EXPECT_THAT(message([](ClusterConfig& c) { c.kv_block_size = 0; }),

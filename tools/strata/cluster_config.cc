@@ -121,6 +121,10 @@ const std::map<std::string, Key>& Keys() {
                                 [](const S& v) {
                                   return OneOf(v, {"auto", "copy", "cpu"});
                                 })},
+      {"expert_store", KeyOf<S>("expert-store", &ClusterConfig::expert_store,
+                                [](const S& v) {
+                                  return OneOf(v, {"copy", "in-place"});
+                                })},
       {"prefetch", KeyOf<bool>("prefetch", &ClusterConfig::prefetch)},
       {"cuda_graph_max_batch",
        KeyOf<int>("cuda-graph-max-batch", &ClusterConfig::cuda_graph_max_batch,

@@ -37,6 +37,9 @@ struct ClusterConfig {
   std::string hot_ratio_policy = HotRatioPolicy().ToString();
   std::string cache_policy = "lfu";   // warm slots: lru or lfu
   std::string cold_experts = "auto";  // copy, cpu (strata-cache computes them) or auto
+  // strata-cache: copy the experts into NUMA-local shared memory, or map the checkpoint's
+  // files in place (in-place: no second copy in memory).
+  std::string expert_store = "copy";
   bool prefetch = true;
   // GPU router: decode steps of up to this many sequences replay CUDA graphs (0: off).
   int cuda_graph_max_batch = 32;

@@ -84,6 +84,9 @@ ABSL_FLAG(std::string, hot_ratio, "auto",
           "hot-ratio: the value to set");
 ABSL_FLAG(std::string, cache_policy, "lfu", "up: warm-slot replacement, lru or lfu");
 ABSL_FLAG(std::string, cold_experts, "auto", "up: experts in no slot: copy, cpu or auto");
+ABSL_FLAG(std::string, expert_store, "copy",
+          "up: strata-cache copies the experts into NUMA-local shared memory (copy) or maps the "
+          "checkpoint's files in place (in-place: no second copy; contiguous expert tensors)");
 ABSL_FLAG(std::string, mps, "auto",
           "up: CUDA MPS daemon for the GPU processes: auto (when installed), on or off");
 ABSL_FLAG(bool, prefetch, true, "up: predict the next layer's experts and prefetch them");
@@ -234,6 +237,7 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
   if (flags.Specified("hot_ratio")) c.hot_ratio = absl::GetFlag(FLAGS_hot_ratio);
   if (flags.Specified("cache_policy")) c.cache_policy = absl::GetFlag(FLAGS_cache_policy);
   if (flags.Specified("cold_experts")) c.cold_experts = absl::GetFlag(FLAGS_cold_experts);
+  if (flags.Specified("expert_store")) c.expert_store = absl::GetFlag(FLAGS_expert_store);
   if (flags.Specified("prefetch")) c.prefetch = absl::GetFlag(FLAGS_prefetch);
   if (flags.Specified("cuda_graph_max_batch")) {
     c.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);

@@ -198,7 +198,8 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
   const std::string log_level = absl::StrCat("--log-level=", c.log_level);
   Child cache{"strata-cache",
               {options.bin_dir + "/strata-cache", "--model=" + c.model,
-               absl::StrCat("--listen=", c.host, ":0"), "--segment-prefix=" + prefix, log_level}};
+               absl::StrCat("--listen=", c.host, ":0"), "--segment-prefix=" + prefix,
+               "--expert-store=" + c.expert_store, log_level}};
   if (absl::Status s = Spawn(cache); !s.ok()) return s;
   auto cache_address = AwaitLine(cache, "READY ", absl::Minutes(30));
   if (!cache_address.ok()) {

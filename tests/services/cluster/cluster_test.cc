@@ -84,16 +84,17 @@ TEST(ClusterTest, Fp8CheckpointMatchesInProcess) {
 
   // Workers that hold every expert, and workers whose memory budget holds only some of them
   // (copied into slots as needed, scales with them).
-  for (const std::string budget : {"", "--gpu-memory-budget=1MiB"}) {
+  // And strata-cache mapping the checkpoint in place.
+  for (const std::string extra : {"", "--gpu-memory-budget=1MiB", "--expert-store=in-place"}) {
     std::vector<std::string> args = {"--model=" + make.out_dir, "--workers=2", "--threads=1"};
-    if (!budget.empty()) args.push_back(budget);
+    if (!extra.empty()) args.push_back(extra);
     ClusterProcess cluster(args);
-    ASSERT_FALSE(cluster.address().empty()) << "the cluster did not become ready " << budget;
+    ASSERT_FALSE(cluster.address().empty()) << "the cluster did not become ready " << extra;
     auto stub = GenerationStub(cluster.address());
     const Generated g =
         Generate(*stub, GreedyRequest(std::vector<uint32_t>(prompt.begin(), prompt.end()), 8));
     ASSERT_TRUE(g.status.ok()) << g.status.error_message();
-    EXPECT_EQ(g.tokens, std::vector<uint32_t>(want->begin(), want->end())) << budget;
+    EXPECT_EQ(g.tokens, std::vector<uint32_t>(want->begin(), want->end())) << extra;
     EXPECT_EQ(cluster.Stop(), 0);
   }
 }

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -12,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "boost/interprocess/mapped_region.hpp"
 #include "boost/interprocess/shared_memory_object.hpp"
+#include "common/transport/mapped_experts.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/temp_dir.h"
@@ -223,6 +225,56 @@ TEST_F(ExpertStoreTest, NothingToReattachBuildsQuietly) {
   EXPECT_GT((*store)->bytes_copied(), 0u);
   EXPECT_THAT(Log(), Not(HasSubstr("not re-attaching")));
   EXPECT_THAT(Log(), HasSubstr("built 1 segment(s)"));
+}
+
+// --expert-store in-place: the layout points into the checkpoint's own file, nothing is copied
+// and no shared memory is made; the workers' mapping reads the model's very bytes; the same
+// checkpoint keeps its generation across a restart.
+TEST_F(ExpertStoreTest, InPlaceMapsTheCheckpointFile) {
+  const std::string dir = CopyOracle("qwen3_moe", temp_.path());
+  auto model = LoadModel(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ExpertStoreOptions options = Options();
+  options.in_place = true;
+  auto store = ExpertStore::Attach(**model, options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const v1::ExpertLayout& layout = (*store)->layout();
+  ASSERT_EQ(layout.segments_size(), 1);
+  EXPECT_EQ(layout.segments(0).file_path(), (fs::path(dir) / "model.safetensors").string());
+  EXPECT_EQ(layout.segments(0).bytes(), fs::file_size(fs::path(dir) / "model.safetensors"));
+  EXPECT_EQ((*store)->bytes_copied(), 0u);
+  EXPECT_THAT(Log(), HasSubstr("in place"));
+  EXPECT_THROW(
+      bip::shared_memory_object(bip::open_only, (prefix_ + "-experts-0").c_str(), bip::read_only),
+      bip::interprocess_exception);
+
+  auto mapped = MappedExperts::Map(layout, (*model)->config);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  const ModelConfig& c = (*model)->config;
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    for (int e = 0; e < c.num_experts; ++e) {
+      const FfnWeights& want = (*model)->weights.layers[layer].experts[e];
+      const FfnWeights* got = (*mapped)->Find(layer, e);
+      ASSERT_NE(got, nullptr);
+      for (const auto& [a, b] :
+           {std::pair{&want.gate, &got->gate}, {&want.up, &got->up}, {&want.down, &got->down}}) {
+        ASSERT_EQ(std::memcmp(a->data, b->data, a->out * a->in * DTypeSize(a->dtype)), 0)
+            << layer << " " << e;
+      }
+    }
+  }
+  const uint64_t generation = layout.generation();
+  store->reset();
+  auto again = ExpertStore::Attach(**model, options);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->layout().generation(), generation);
+
+  // gpt-oss interleaves gate and up in one tensor: nothing contiguous to map.
+  auto gpt_oss = LoadModel(CopyOracle("gpt_oss", temp_.path()));
+  ASSERT_TRUE(gpt_oss.ok()) << gpt_oss.status();
+  auto refused = ExpertStore::Build(**gpt_oss, options);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("contiguous"));
 }
 
 }  // namespace
