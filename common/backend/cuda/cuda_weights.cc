@@ -170,6 +170,16 @@ absl::Status EnqueueExpertUpload(const FfnWeights& weights, const ExpertDeviceLa
   bool staged = false;
   for (int m = 0; m < 3; ++m) {
     const WeightMatrix& w = *mats[m];
+    void* out = const_cast<void*>(dst[m]);
+    if (fp8 && w.dtype == DType::kF8E4M3 && w.scale != nullptr && w.in_stride == 1 &&
+        w.out_stride == w.in) {
+      // An FP8 checkpoint's codes and row scales go up as they are: exact, and no staging.
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, w.data, count, cudaMemcpyHostToDevice, stream));
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(const_cast<void*>(dst[3 + m]), w.scale,
+                                           static_cast<size_t>(w.out) * sizeof(float),
+                                           cudaMemcpyHostToDevice, stream));
+      continue;
+    }
     const void* src = w.data;
     if (!IsRowMajorBf16(w)) {
       if (host_staging == nullptr) return absl::InternalError("expert upload: no host staging");
@@ -178,7 +188,6 @@ absl::Status EnqueueExpertUpload(const FfnWeights& weights, const ExpertDeviceLa
       src = packed;
       staged = true;
     }
-    void* out = const_cast<void*>(dst[m]);
     if (!fp8) {
       CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, src, count * 2, cudaMemcpyHostToDevice, stream));
       continue;

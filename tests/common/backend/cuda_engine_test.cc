@@ -88,7 +88,8 @@ TEST_P(CudaEngineTest, MatchesTransformers) {
 }
 
 // A checkpoint with FP8 E4M3 experts and row scales (`strata make-model --dtype fp8`) on the
-// GPU, with bf16 and with FP8 weights at load, against the CPU backend on the same checkpoint.
+// GPU, dequantized to bf16 or uploaded as FP8 as it is, against the CPU backend on the same
+// checkpoint.
 TEST(CudaEngineFp8CheckpointTest, MatchesTheCpuBackend) {
   if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   testing::TempDir tmp;
@@ -123,8 +124,9 @@ TEST(CudaEngineFp8CheckpointTest, MatchesTheCpuBackend) {
     }
     std::cout << "fp8 checkpoint on the GPU, " << weights << " at load: logits relative error "
               << std::sqrt(diff / norm) << "\n";
-    // bf16 activations (METHOD.md's 1e-2), FP8 weights requantized at load a little more.
-    EXPECT_LT(std::sqrt(diff / norm), std::string(weights) == "fp8" ? 4e-2 : 2e-2) << weights;
+    // The same weights on both sides (FP8 experts go up as they are, or dequantized to bf16
+    // with at most 2^-9 relative error): what is left is bf16 activations (METHOD.md, 1e-2).
+    EXPECT_LT(std::sqrt(diff / norm), 3e-2) << weights;
   }
 }
 
