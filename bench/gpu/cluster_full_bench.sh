@@ -57,6 +57,7 @@ for stage in ${stages//,/ }; do
   dir=$(model_dir $shape)
   note "$shape in $dir ($(du -sh $dir | cut -f1)) after $((SECONDS - start)) s"
   tag=$shape; [[ $shape == *@* ]] && tag="${shape%@*}-${shape#*@}L"
+  [ "$checkpoint_dtype" = bf16 ] || tag=$tag-$checkpoint_dtype-checkpoint
   if [ "$what" = inprocess ]; then
     timeout 300 "$B/decode_bench" --model $dir --model-name $tag --weights $weights --runs $runs \
       --machine "$machine" --out "$final/inprocess-$tag-$weights.json" >"$out/inprocess-$tag.txt" 2>&1
@@ -65,6 +66,8 @@ for stage in ${stages//,/ }; do
     continue
   fi
   if [ "$what" = peer ]; then
+    # transformers reads bf16 checkpoints: the peer always gets one.
+    dir=$(checkpoint_dtype=bf16 model_dir $shape)
     timeout 420 python3 "$root/.device-ipc/hf-peer-bench.py" --model $dir --shape $shape \
       --runs $runs --out "$final/transformers-$shape-bf16.json" >"$out/peer-$shape.log" 2>&1
     note "peer $shape: exit $? in $((SECONDS - t0)) s"

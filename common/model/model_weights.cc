@@ -44,8 +44,13 @@ class Binder {
  private:
   absl::StatusOr<const float*> RowScales(const std::string& name, int64_t out) const {
     const std::string scale_name = name + "_scale";
+    if (!checkpoint_.Has(scale_name) && checkpoint_.Has(name + "_scale_inv")) {
+      return absl::UnimplementedError(absl::StrCat(name, " has block-wise FP8 scales (", name,
+                                                   "_scale_inv); only per-row scales (", scale_name,
+                                                   ", [out] or [out, 1]) are supported"));
+    }
     absl::StatusOr<TensorRef> s = checkpoint_.Get(scale_name, {out, 1});
-    if (absl::IsInvalidArgument(s.status())) s = checkpoint_.Get(scale_name, {out});
+    if (!s.ok() && checkpoint_.Has(scale_name)) s = checkpoint_.Get(scale_name, {out});
     if (!s.ok()) {
       return absl::Status(
           s.status().code(),

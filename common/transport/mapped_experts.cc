@@ -1,9 +1,16 @@
 #include "common/transport/mapped_experts.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "boost/interprocess/file_mapping.hpp"
 #include "boost/interprocess/mapped_region.hpp"
 #include "boost/interprocess/shared_memory_object.hpp"
+#include "common/util/status_macros.h"
 
 namespace strata {
 namespace bip = boost::interprocess;
@@ -12,7 +19,28 @@ struct MappedExperts::Mapping {
   bip::shared_memory_object object;  // a store's shared memory
   bip::file_mapping file;            // or a checkpoint file mapped in place
   bip::mapped_region region;
+  bool in_place = false;
 };
+
+absl::StatusOr<int64_t> MappedExperts::FileMtimeNs(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat(path, ": ", std::strerror(errno)));
+  }
+  return int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+absl::Status MappedExperts::CheckFileUnchanged(const v1::SharedSegmentInfo& segment) {
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(segment.file_path(), ec);
+  absl::StatusOr<int64_t> mtime = FileMtimeNs(segment.file_path());
+  if (ec || !mtime.ok() || size != segment.bytes() || *mtime != segment.file_mtime_ns()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint file ", segment.file_path(),
+                     " changed (or went) since strata-cache mapped it; restart strata-cache"));
+  }
+  return absl::OkStatus();
+}
 
 MappedExperts::~MappedExperts() = default;
 
@@ -28,8 +56,10 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
             bip::shared_memory_object(bip::open_only, segment.name().c_str(), bip::read_only);
         m->region = bip::mapped_region(m->object, bip::read_only);
       } else {
+        RETURN_IF_ERROR(CheckFileUnchanged(segment));
         m->file = bip::file_mapping(segment.file_path().c_str(), bip::read_only);
         m->region = bip::mapped_region(m->file, bip::read_only);
+        m->in_place = true;
       }
       if (m->region.get_size() < segment.bytes()) {
         return absl::FailedPreconditionError(
@@ -122,7 +152,9 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
       for (const WeightMatrix* m : {&f.gate, &f.up, &f.down}) {
         if ((m->dtype == DType::kF8E4M3) != (m->scale != nullptr)) {
           return absl::FailedPreconditionError(absl::StrCat(
-              "expert store: layer ", layer, " expert ", e, ": FP8 weights without row scales"));
+              "expert store: layer ", layer, " expert ", e, ": a ", DTypeName(m->dtype), " matrix ",
+              m->scale != nullptr ? "with" : "without",
+              " row scales (FP8 E4M3 matrices, and only they, have them)"));
         }
       }
     }
@@ -133,6 +165,7 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
 std::vector<absl::Span<const uint8_t>> MappedExperts::segments() const {
   std::vector<absl::Span<const uint8_t>> out;
   for (const auto& m : mappings_) {
+    if (m->in_place) continue;
     out.emplace_back(static_cast<const uint8_t*>(m->region.get_address()), m->region.get_size());
   }
   return out;

@@ -79,8 +79,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
       RetryUntil(fetch, w->stopping_, absl::StrCat("strata-cache at ", options.cache_address),
                  options.log));
   ASSIGN_OR_RETURN(w->experts_, MappedExperts::Map(layout, w->config_));
-  options.log(absl::StrCat("mapped ", layout.tensors_size(), " expert tensors in ",
-                           layout.segments_size(), " shared-memory segment(s)"));
+  const bool in_place = layout.segments_size() > 0 && !layout.segments(0).file_path().empty();
+  options.log(
+      absl::StrCat("mapped ", layout.tensors_size(), " expert tensors in ", layout.segments_size(),
+                   in_place ? " checkpoint file(s), in place" : " shared-memory segment(s)"));
 
   if (options.device != "cpu" && options.device.rfind("cuda:", 0) != 0) {
     return absl::InvalidArgumentError(

@@ -15,6 +15,7 @@
 #include "boost/interprocess/mapped_region.hpp"
 #include "boost/interprocess/shared_memory_object.hpp"
 #include "common/shm/process_liveness.h"
+#include "common/transport/mapped_experts.h"
 #include "common/util/status_macros.h"
 #include "services/kvcache/fast_hash.h"
 #include "services/kvcache/store_meta.h"
@@ -391,15 +392,19 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::MapInPlace(
         }
         const uint64_t bytes = TensorBytes(t);
         ASSIGN_OR_RETURN(const auto located, model.checkpoint->Locate(t.data, bytes));
-        const auto [it, added] = segment_of.emplace(located.first, layout.segments_size());
+        // Absolute: a worker started elsewhere resolves it the same way.
+        const std::string path = std::filesystem::absolute(located.first).string();
+        const auto [it, added] = segment_of.emplace(path, layout.segments_size());
         if (added) {
           std::error_code ec;
-          const uint64_t size = std::filesystem::file_size(located.first, ec);
-          if (ec) return absl::NotFoundError(absl::StrCat(located.first, ": ", ec.message()));
+          const uint64_t size = std::filesystem::file_size(path, ec);
+          if (ec) return absl::NotFoundError(absl::StrCat(path, ": ", ec.message()));
+          ASSIGN_OR_RETURN(const int64_t mtime, MappedExperts::FileMtimeNs(path));
           v1::SharedSegmentInfo* info = layout.add_segments();
-          info->set_name(located.first);
-          info->set_file_path(located.first);
+          info->set_name(path);
+          info->set_file_path(path);
           info->set_bytes(size);
+          info->set_file_mtime_ns(mtime);
           info->set_numa_node(-1);
         }
         v1::ExpertTensorInfo* info = layout.add_tensors();

@@ -67,8 +67,9 @@ class ExpertStore {
 };
 
 // Tensor names used in the layout, in the order each expert's tensors are laid out.
-inline constexpr const char* kExpertTensorNames[] = {"gate",      "up",      "down",
-                                                     "gate_bias", "up_bias", "down_bias"};
+inline constexpr const char* kExpertTensorNames[] = {"gate",       "up",       "down",
+                                                     "gate_bias",  "up_bias",  "down_bias",
+                                                     "gate_scale", "up_scale", "down_scale"};
 
 }  // namespace strata
 

@@ -417,6 +417,13 @@ TEST(MakeModelTest, Fp8ExpertsWithRowScales) {
     }
   }
   ExpectStd(qb, 0.02, "fp8 down_proj");
+  // Row scales differ from row to row (a factor of 2), as a checkpoint's do, so that a scale
+  // applied to the wrong row or matrix shows.
+  EXPECT_EQ(std::set<float>(qb.scale, qb.scale + qb.out).size(), 2u);
+  const WeightMatrix& up = wb.layers[1].experts[5].up;
+  int same = 0;
+  for (int64_t o = 0; o < std::min(up.out, qb.out); ++o) same += up.scale[o] == qb.scale[o];
+  EXPECT_LT(same, std::min(up.out, qb.out));
 
   // Logits of the two models through the CPU engine: close, and the same greedy tokens.
   auto logits_of = [](const std::string& dir) {

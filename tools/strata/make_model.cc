@@ -105,9 +105,11 @@ inline void ForEachUniform(uint64_t key, int64_t begin, int64_t end, Put put) {
 struct NormalTables {
   std::vector<float> z;
   std::vector<uint16_t> init_bf16, init_f16;
-  // FP8 E4M3 codes of z * 448 / max|z|: a row of std * z is these codes times the row scale
-  // std * max|z| / 448, whatever the std (every row's absmax is at most the table's).
-  std::vector<uint8_t> fp8;
+  // FP8 E4M3 codes of z * 448 / max|z| / f for the row factors f = 1 and 2: a row of std * z is
+  // these codes times the row scale f * std * max|z| / 448 (every row's absmax is at most the
+  // table's). The factor, picked per row from the tensor's key, makes the scales differ from
+  // row to row and matrix to matrix, as a checkpoint's do.
+  std::vector<uint8_t> fp8[2];
   float z_max = 0.0f;
 };
 
@@ -130,7 +132,8 @@ const NormalTables& Tables() {
       const float v = static_cast<float>(kInitStd) * z;
       t->init_bf16.push_back(FloatToBf16(v));
       t->init_f16.push_back(FloatToF16(v));
-      t->fp8.push_back(FloatToFp8E4M3(z * kFp8E4M3MaxValue / t->z_max));
+      t->fp8[0].push_back(FloatToFp8E4M3(z * kFp8E4M3MaxValue / t->z_max));
+      t->fp8[1].push_back(FloatToFp8E4M3(z * kFp8E4M3MaxValue / t->z_max / 2));
     }
     return t;
   }();
@@ -152,6 +155,11 @@ struct TensorSpec {
   }
 };
 
+// 0 or 1: row `row` of an FP8 matrix with key `key` has the row factor 1 or 2 (NormalTables).
+int Fp8RowFactor(uint64_t key, int64_t row) {
+  return static_cast<int>(Mix(key ^ (static_cast<uint64_t>(row) * kGolden)) & 1);
+}
+
 // Writes elements [begin, begin + n) of `t` into `out` as t.dtype.
 void Fill(const TensorSpec& t, int64_t begin, int64_t n, uint8_t* out) {
   const NormalTables& tables = Tables();
@@ -159,13 +167,21 @@ void Fill(const TensorSpec& t, int64_t begin, int64_t n, uint8_t* out) {
   uint16_t* out16 = reinterpret_cast<uint16_t*>(out);
   float* out32 = reinterpret_cast<float*>(out);
   const int64_t end = begin + n;
-  if (t.fp8_scales) {
-    std::fill(out32, out32 + n, t.std * tables.z_max / kFp8E4M3MaxValue);
+  if (t.fp8_scales) {  // element o: row o's scale
+    for (int64_t o = begin; o < end; ++o) {
+      out32[o - begin] = (1 + Fp8RowFactor(t.key, o)) * t.std * tables.z_max / kFp8E4M3MaxValue;
+    }
     return;
   }
   if (dtype == DType::kF8E4M3) {  // rows of std * z: the codes alone (see NormalTables::fp8)
-    ForEachUniform(t.key, begin, end,
-                   [&](int64_t k, uint32_t u) { out[k - begin] = tables.fp8[u]; });
+    const int64_t row_len = t.shape[1];
+    for (int64_t i = begin; i < end;) {
+      const int64_t row = i / row_len;
+      const int64_t seg_end = std::min(end, (row + 1) * row_len);
+      const uint8_t* codes = tables.fp8[Fp8RowFactor(t.key, row)].data();
+      ForEachUniform(t.key, i, seg_end, [&](int64_t k, uint32_t u) { out[k - begin] = codes[u]; });
+      i = seg_end;
+    }
     return;
   }
   if (t.ones) {

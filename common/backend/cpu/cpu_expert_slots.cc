@@ -15,6 +15,11 @@ struct SlotLayout {
   uint64_t matrix, gate_bias, down_bias, total;
 };
 
+// Biases are never FP8: up to float32 room for FP8 weights' biases.
+uint64_t BiasElementBytes(DType weights) {
+  return weights == DType::kF8E4M3 ? sizeof(float) : DTypeSize(weights);
+}
+
 // A matrix's bytes, then (FP8) its row scales.
 SlotLayout LayoutOf(const ModelConfig& config, DType dtype, bool biased) {
   const uint64_t h = config.hidden_size, inter = config.moe_intermediate_size;
@@ -22,8 +27,8 @@ SlotLayout LayoutOf(const ModelConfig& config, DType dtype, bool biased) {
   SlotLayout l;
   l.matrix = AlignUp(h * inter * size) +
              (dtype == DType::kF8E4M3 ? AlignUp(std::max(h, inter) * sizeof(float)) : 0);
-  l.gate_bias = biased ? AlignUp(inter * size) : 0;
-  l.down_bias = biased ? AlignUp(h * size) : 0;
+  l.gate_bias = biased ? AlignUp(inter * BiasElementBytes(dtype)) : 0;
+  l.down_bias = biased ? AlignUp(h * BiasElementBytes(dtype)) : 0;
   l.total = 3 * l.matrix + 2 * l.gate_bias + l.down_bias;
   return l;
 }
@@ -110,6 +115,11 @@ absl::Status CpuExpertSlots::Load(int slot, int layer, int expert, const FfnWeig
       return absl::InvalidArgumentError(absl::StrCat("expert weights of shape [", m->out, ", ",
                                                      m->in, "], not the model's [", shape.first,
                                                      ", ", shape.second, "]"));
+    }
+  }
+  for (const WeightVector* b : {&weights.gate_bias, &weights.up_bias, &weights.down_bias}) {
+    if (b->present() && DTypeSize(b->dtype) > BiasElementBytes(dtype_)) {
+      return absl::InvalidArgumentError("expert biases wider than the slots' layout");
     }
   }
   if (weights.gate_bias.present() != biased_ ||

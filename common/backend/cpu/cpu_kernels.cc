@@ -16,6 +16,10 @@ void LoadRow(const WeightMatrix& w, int64_t o, float* row) {
     for (int64_t i = 0; i < w.in; ++i) row[i] = scale * Fp8E4M3ToFloat(src[i * w.in_stride]);
     return;
   }
+  if (w.scale != nullptr) {  // as At: a row scale applies whatever the dtype
+    for (int64_t i = 0; i < w.in; ++i) row[i] = w.At(o, i);
+    return;
+  }
   if (w.in_stride == 1) {
     switch (w.dtype) {
       case DType::kF32: {

@@ -101,9 +101,12 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
       ffn_intermediate = std::max(ffn_intermediate, ffn->gate.out);
     }
     if (src.shared_expert_gate.present()) {
+      // Its one row as float32 (At applies an FP8 checkpoint's row scale).
       const WeightMatrix& g = src.shared_expert_gate;
+      std::vector<float> row(static_cast<size_t>(g.in));
+      for (int64_t i = 0; i < g.in; ++i) row[i] = g.At(0, i);
       ASSIGN_OR_RETURN(dst.shared_gate,
-                       store_.Vector(WeightVector{g.data, g.dtype, g.in, g.in_stride}));
+                       store_.Vector(WeightVector{row.data(), DType::kF32, g.in, 1}));
     }
   }
   const RopeTable rope = BuildRopeTable(c.rope, c.head_dim);

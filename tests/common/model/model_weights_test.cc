@@ -1,6 +1,8 @@
 // Binding a checkpoint to an architecture: a missing or misshapen tensor is reported by name.
 #include "common/model/model_weights.h"
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -25,10 +27,10 @@ std::string ReadAll(const std::string& path) {
   return s.str();
 }
 
-// Copies an oracle model into `dir`, rewriting its checkpoint through `edit`, which may drop
-// or reshape tensors.
-template <typename Edit>
-void CopyModel(const std::string& oracle, const TempDir& dir, Edit edit) {
+// Copies an oracle model into `dir`, its checkpoint rewritten tensor by tensor:
+// rewrite(entry, bytes, builder) adds what stands for the tensor (itself, changed, or nothing).
+template <typename Rewrite>
+void RewriteModel(const std::string& oracle, const TempDir& dir, Rewrite rewrite) {
   const fs::path src = fs::path(STRATA_TEST_DATA_DIR) / "oracles" / oracle;
   fs::copy_file(src / "config.json", dir.File("config.json"));
   const std::string file = ReadAll((src / "model.safetensors").string());
@@ -37,12 +39,22 @@ void CopyModel(const std::string& oracle, const TempDir& dir, Edit edit) {
   ASSERT_TRUE(entries.ok());
   SafetensorsBuilder builder;
   for (const auto& e : *entries) {
-    std::vector<int64_t> shape = e.shape;
     std::vector<uint8_t> bytes(file.begin() + e.begin, file.begin() + e.end);
-    if (!edit(e.name, shape, bytes)) continue;
-    builder.Add(e.name, e.dtype, shape, bytes);
+    rewrite(e, bytes, builder);
   }
   SafetensorsBuilder::WriteFile(dir.File("model.safetensors"), builder.Build());
+}
+
+// Copies an oracle model into `dir`, rewriting its checkpoint through `edit`, which may drop
+// or reshape tensors.
+template <typename Edit>
+void CopyModel(const std::string& oracle, const TempDir& dir, Edit edit) {
+  RewriteModel(
+      oracle, dir,
+      [&](const SafetensorsEntry& e, std::vector<uint8_t>& bytes, SafetensorsBuilder& builder) {
+        std::vector<int64_t> shape = e.shape;
+        if (edit(e.name, shape, bytes)) builder.Add(e.name, e.dtype, shape, bytes);
+      });
 }
 
 TEST(ModelWeightsTest, LoadsEveryOracle) {
@@ -125,6 +137,92 @@ TEST(ModelWeightsTest, WrongDtypeIsNamed) {
   EXPECT_THAT(
       std::string(model.status().message()),
       HasSubstr("tensor 'model.layers.0.mlp.shared_expert_gate.weight': unsupported dtype"));
+}
+
+// One expert matrix of an oracle stored as FP8 E4M3 with per-row scales beside it, as
+// `scale_dtype` of `scale_shape` under `scale_name` (empty: none).
+void CopyWithFp8Expert(const TempDir& dir, const std::string& scale_name,
+                       const std::string& scale_dtype, std::vector<int64_t> scale_shape) {
+  const std::string target = "model.layers.0.mlp.experts.1.down_proj.weight";
+  RewriteModel(
+      "qwen3_moe", dir,
+      [&](const SafetensorsEntry& e, std::vector<uint8_t>& bytes, SafetensorsBuilder& builder) {
+        if (e.name != target) {
+          builder.Add(e.name, e.dtype, e.shape, bytes);
+          return;
+        }
+        ASSERT_EQ(e.dtype, "BF16");
+        const int64_t out = e.shape[0], in = e.shape[1];
+        std::vector<uint8_t> codes(out * in);
+        std::vector<float> scales(out);
+        for (int64_t o = 0; o < out; ++o) {
+          float absmax = 0;
+          for (int64_t i = 0; i < in; ++i) {
+            uint16_t v;
+            std::memcpy(&v, &bytes[2 * (o * in + i)], 2);
+            absmax = std::max(absmax, std::fabs(Bf16ToFloat(v)));
+          }
+          scales[o] = absmax > 0 ? absmax / kFp8E4M3MaxValue : 1.0f;
+          for (int64_t i = 0; i < in; ++i) {
+            uint16_t v;
+            std::memcpy(&v, &bytes[2 * (o * in + i)], 2);
+            codes[o * in + i] = FloatToFp8E4M3(Bf16ToFloat(v) / scales[o]);
+          }
+        }
+        builder.Add(e.name, "F8_E4M3", e.shape, codes);
+        if (scale_name.empty()) return;
+        std::vector<uint8_t> scale_bytes;
+        for (float f : scales) {
+          if (scale_dtype == "F32") {
+            const auto* p = reinterpret_cast<const uint8_t*>(&f);
+            scale_bytes.insert(scale_bytes.end(), p, p + 4);
+          } else {
+            const uint16_t b = FloatToBf16(f);
+            const auto* p = reinterpret_cast<const uint8_t*>(&b);
+            scale_bytes.insert(scale_bytes.end(), p, p + 2);
+          }
+        }
+        builder.Add(target + scale_name, scale_dtype, scale_shape, scale_bytes);
+      });
+}
+
+// FP8 matrices bind with their row scales ([out] or [out, 1], F32) and read as the bf16 values
+// within E4M3 rounding; a missing, 16-bit or block-wise scale is an error that says so.
+TEST(ModelWeightsTest, Fp8MatricesNeedPerRowF32Scales) {
+  auto reference = LoadModel(std::string(STRATA_TEST_DATA_DIR) + "/oracles/qwen3_moe");
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  const WeightMatrix& want = reference.value()->weights.layers[0].experts[1].down;
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{want.out, 1}, std::vector<int64_t>{want.out}}) {
+    TempDir dir;
+    ASSERT_NO_FATAL_FAILURE(CopyWithFp8Expert(dir, "_scale", "F32", shape));
+    auto model = LoadModel(dir.path());
+    ASSERT_TRUE(model.ok()) << model.status();
+    const WeightMatrix& got = (*model)->weights.layers[0].experts[1].down;
+    EXPECT_EQ(got.dtype, DType::kF8E4M3);
+    ASSERT_NE(got.scale, nullptr);
+    for (int64_t o = 0; o < want.out; ++o) {
+      for (int64_t i = 0; i < want.in; ++i) {
+        ASSERT_NEAR(got.At(o, i), want.At(o, i),
+                    std::fabs(want.At(o, i)) / 16 + got.scale[o] / 1024);
+      }
+    }
+  }
+  auto error = [](const std::string& scale_name, const std::string& dtype,
+                  std::vector<int64_t> shape) {
+    TempDir dir;
+    CopyWithFp8Expert(dir, scale_name, dtype, shape);
+    auto model = LoadModel(dir.path());
+    return model.ok() ? std::string("ok") : model.status().ToString();
+  };
+  const int64_t out = want.out;
+  EXPECT_THAT(error("", "F32", {out}),
+              HasSubstr("down_proj.weight is FP8 E4M3 and needs per-row scales: "));
+  EXPECT_THAT(error("_scale", "BF16", {out}), HasSubstr("FP8 scales must be F32"));
+  EXPECT_THAT(error("_scale", "F32", {out / 2, 2}), HasSubstr("expected shape"));
+  EXPECT_THAT(error("_scale_inv", "F32", {out}),
+              HasSubstr("UNIMPLEMENTED: model.layers.0.mlp.experts.1.down_proj.weight has "
+                        "block-wise FP8 scales"));
 }
 
 }  // namespace
