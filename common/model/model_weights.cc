@@ -9,7 +9,9 @@ namespace {
 // Binds tensors from one checkpoint; each helper checks the exact shape it expects.
 class Binder {
  public:
-  explicit Binder(const Checkpoint& checkpoint) : checkpoint_(checkpoint) {}
+  // 16-bit row scales are converted into `converted` (a ModelWeights' storage).
+  Binder(const Checkpoint& checkpoint, std::vector<std::unique_ptr<float[]>>* converted)
+      : checkpoint_(checkpoint), converted_(converted) {}
 
   // A row-major [out, in] matrix, as nn.Linear stores it. FP8 E4M3 weights need their
   // per-row float32 scales next to them, as `<name>_scale` of shape [out, 1] or [out] (the
@@ -56,13 +58,20 @@ class Binder {
           s.status().code(),
           absl::StrCat(name, " is FP8 E4M3 and needs per-row scales: ", s.status().message()));
     }
-    if (s->dtype != DType::kF32) {
-      return absl::InvalidArgumentError(absl::StrCat(scale_name, ": FP8 scales must be F32"));
+    if (s->dtype == DType::kF32) return static_cast<const float*>(s->data);
+    if (s->dtype != DType::kBF16 && s->dtype != DType::kF16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(scale_name, ": FP8 scales must be F32, BF16 or F16"));
     }
-    return static_cast<const float*>(s->data);
+    // 16-bit scales (as some quantizers save them) as float32, owned by the weights.
+    auto scales = std::make_unique<float[]>(static_cast<size_t>(out));
+    for (int64_t o = 0; o < out; ++o) scales[o] = LoadAsFloat(s->data, s->dtype, o);
+    converted_->push_back(std::move(scales));
+    return converted_->back().get();
   }
 
   const Checkpoint& checkpoint_;
+  std::vector<std::unique_ptr<float[]>>* converted_;
 };
 
 absl::StatusOr<FfnWeights> BindSwiGlu(const Binder& b, const std::string& prefix,
@@ -181,9 +190,9 @@ absl::Status BindMoe(const Binder& b, const std::string& layer_prefix, const Mod
 }  // namespace
 
 absl::StatusOr<ModelWeights> BindModelWeights(const ModelConfig& c, const Checkpoint& checkpoint) {
-  const Binder b(checkpoint);
-  const int64_t h = c.hidden_size;
   ModelWeights w;
+  const Binder b(checkpoint, &w.converted_scales);
+  const int64_t h = c.hidden_size;
   ASSIGN_OR_RETURN(w.embedding, b.Linear("model.embed_tokens.weight", c.vocab_size, h));
   if (c.tie_word_embeddings) {
     w.lm_head = w.embedding;

@@ -78,6 +78,8 @@ struct ModelWeights {
   WeightMatrix lm_head;    // [vocab, hidden]; the embedding when tied
   WeightVector final_norm;
   std::vector<LayerWeights> layers;
+  // FP8 row scales a checkpoint stores in 16 bits, as float32 (the matrices point here).
+  std::vector<std::unique_ptr<float[]>> converted_scales;
 };
 
 // Binds every tensor the architecture needs, checking names, shapes and dtypes.

@@ -391,7 +391,15 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::MapInPlace(
               " is strided in the checkpoint (gpt-oss interleaves gate and up): copy it"));
         }
         const uint64_t bytes = TensorBytes(t);
-        ASSIGN_OR_RETURN(const auto located, model.checkpoint->Locate(t.data, bytes));
+        absl::StatusOr<std::pair<std::string, uint64_t>> found =
+            model.checkpoint->Locate(t.data, bytes);
+        if (!found.ok()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "the in-place expert store maps tensors as the checkpoint stores them; layer ", layer,
+              " expert ", e, " tensor ", t.name,
+              " is not (16-bit row scales are converted to float32): copy it"));
+        }
+        const auto& located = *found;
         // Absolute: a worker started elsewhere resolves it the same way.
         const std::string path = std::filesystem::absolute(located.first).string();
         const auto [it, added] = segment_of.emplace(path, layout.segments_size());
