@@ -434,10 +434,12 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::MapInPlace(
   if (generation == 0) generation = 1;
   layout.set_generation(generation);
   layout.set_model_dir(model.dir);
+  // The page cache places a file's pages: --numa has nothing to bind here.
+  const bool numa_unused = options.bind_numa && numa_available() >= 0;
   Say(options, absl::StrFormat("mapping %d expert tensors (%.1f MiB) in place in %d checkpoint "
-                               "file(s), generation %016x: nothing copied",
+                               "file(s), generation %016x: nothing copied%s",
                                layout.tensors_size(), mapped / 1048576.0, layout.segments_size(),
-                               generation));
+                               generation, numa_unused ? "; no NUMA placement in place" : ""));
   return store;
 }
 
