@@ -1,9 +1,11 @@
 // The `strata` command as a user runs it: JSON on stdout, errors on stderr with a non-zero exit.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -11,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/oracles.h"
 #include "tests/testing/run_strata.h"
+#include "tools/strata/cluster_config.h"
 
 namespace strata {
 namespace {
@@ -28,6 +31,18 @@ std::string Join(const std::vector<int>& ids) {
   std::string s;
   for (size_t i = 0; i < ids.size(); ++i) absl::StrAppend(&s, i ? "," : "", ids[i]);
   return s;
+}
+
+// Every config-file key with a flag names one `strata up` defines (the table and main's flags
+// are written apart).
+TEST(StrataCliTest, EveryConfigKeysFlagExists) {
+  const Result r = RunStrata("--helpfull");
+  const std::vector<std::string> flags = ClusterConfigFlags();
+  EXPECT_GE(flags.size(), 20u);
+  for (std::string flag : flags) {
+    std::replace(flag.begin(), flag.end(), '-', '_');
+    EXPECT_THAT(r.out, HasSubstr("--" + flag + " (")) << flag;
+  }
 }
 
 TEST(StrataCliTest, LogitsPrintsOneRowPerPosition) {

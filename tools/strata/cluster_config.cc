@@ -186,6 +186,14 @@ absl::StatusOr<std::string> RouterDevice(const ClusterConfig& c) {
   return absl::StrCat("cuda:", *index);
 }
 
+std::vector<std::string> ClusterConfigFlags() {
+  std::vector<std::string> flags;
+  for (const auto& [name, key] : Keys()) {
+    if (!key.flag.empty()) flags.push_back(key.flag);
+  }
+  return flags;
+}
+
 absl::Status CheckClusterConfig(const ClusterConfig& config) {
   for (const auto& [name, key] : Keys()) {
     if (!key.check) continue;

@@ -5,6 +5,7 @@
 #define STRATA_TOOLS_STRATA_CLUSTER_CONFIG_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/placement/hot_ratio.h"
@@ -56,6 +57,9 @@ absl::Status LoadClusterConfig(const std::string& path, ClusterConfig& config);
 // its workers can serve (RouterDevice): for a config merged from a file and flags.
 // INVALID_ARGUMENT naming the first bad key and its flag.
 absl::Status CheckClusterConfig(const ClusterConfig& config);
+
+// The `strata up` flag of every config key that has one, dashed (e.g. "cache-policy").
+std::vector<std::string> ClusterConfigFlags();
 
 // Where the router runs: router_device when set; otherwise cuda:0 for GPU workers that hold
 // every expert and talk shared memory (activations then stay on the GPUs, by CUDA IPC), and
