@@ -31,12 +31,11 @@ absl::StatusOr<std::unique_ptr<ModelStack>> ModelStack::Create(const std::string
   std::unique_ptr<ModelStack> s(new ModelStack());
   s->options_ = options;
   ASSIGN_OR_RETURN(s->device_index_, ParseDevice(options.device));
-  if (s->device_index_ >= 0 && options.expert_weights != "bf16" &&
-      options.expert_weights != "fp8") {
+  auto format_ok = [](const std::string& f) { return f == "bf16" || f == "fp8"; };
+  if (s->device_index_ >= 0 && !format_ok(options.expert_weights)) {
     return absl::InvalidArgumentError("expert weights must be bf16 or fp8");
   }
-  if (!options.attention_weights.empty() && options.attention_weights != "bf16" &&
-      options.attention_weights != "fp8") {
+  if (!options.attention_weights.empty() && !format_ok(options.attention_weights)) {
     return absl::InvalidArgumentError("attention weights must be bf16 or fp8");
   }
   ASSIGN_OR_RETURN(s->model_, LoadModel(model_dir));

@@ -76,6 +76,26 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
     if (config.layer_is_moe[layer]) mapped->experts_[layer].resize(config.num_experts);
   }
   const int64_t h = config.hidden_size, inter = config.moe_intermediate_size;
+  // What each layout tensor name binds: a matrix, a vector, or a matrix's row scales.
+  enum Kind { kMatrix, kVector, kRowScales };
+  struct Binding {
+    const char* name;
+    Kind kind;
+    WeightMatrix FfnWeights::*matrix;
+    WeightVector FfnWeights::*vector;
+    int64_t rows, cols;
+  };
+  const Binding bindings[] = {
+      {"gate", kMatrix, &FfnWeights::gate, nullptr, inter, h},
+      {"up", kMatrix, &FfnWeights::up, nullptr, inter, h},
+      {"down", kMatrix, &FfnWeights::down, nullptr, h, inter},
+      {"gate_bias", kVector, nullptr, &FfnWeights::gate_bias, inter, 0},
+      {"up_bias", kVector, nullptr, &FfnWeights::up_bias, inter, 0},
+      {"down_bias", kVector, nullptr, &FfnWeights::down_bias, h, 0},
+      {"gate_scale", kRowScales, &FfnWeights::gate, nullptr, inter, 0},
+      {"up_scale", kRowScales, &FfnWeights::up, nullptr, inter, 0},
+      {"down_scale", kRowScales, &FfnWeights::down, nullptr, h, 0},
+  };
   for (const auto& t : layout.tensors()) {
     const std::string where = absl::StrCat("expert store: layer ", t.layer(), " expert ",
                                            t.expert(), " tensor ", t.tensor(), ": ");
@@ -119,27 +139,22 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
       v = WeightVector{data, *dtype, size, 1};
       return absl::OkStatus();
     };
-    absl::Status status;
-    if (t.tensor() == "gate")
-      status = matrix(f.gate, inter, h);
-    else if (t.tensor() == "up")
-      status = matrix(f.up, inter, h);
-    else if (t.tensor() == "down")
-      status = matrix(f.down, h, inter);
-    else if (t.tensor() == "gate_bias")
-      status = vector(f.gate_bias, inter);
-    else if (t.tensor() == "up_bias")
-      status = vector(f.up_bias, inter);
-    else if (t.tensor() == "down_bias")
-      status = vector(f.down_bias, h);
-    else if (t.tensor() == "gate_scale")
-      status = row_scale(f.gate, inter);
-    else if (t.tensor() == "up_scale")
-      status = row_scale(f.up, inter);
-    else if (t.tensor() == "down_scale")
-      status = row_scale(f.down, h);
-    else
-      status = absl::FailedPreconditionError(where + "unknown tensor name");
+    absl::Status status = absl::FailedPreconditionError(where + "unknown tensor name");
+    for (const Binding& b : bindings) {
+      if (t.tensor() != b.name) continue;
+      switch (b.kind) {
+        case kMatrix:
+          status = matrix(f.*b.matrix, b.rows, b.cols);
+          break;
+        case kVector:
+          status = vector(f.*b.vector, b.rows);
+          break;
+        case kRowScales:
+          status = row_scale(f.*b.matrix, b.rows);
+          break;
+      }
+      break;
+    }
     if (!status.ok()) return status;
   }
   for (int layer = 0; layer < config.num_layers; ++layer) {

@@ -100,6 +100,20 @@ void Say(const ExpertStoreOptions& options, const std::string& message) {
   if (options.log) options.log(message);
 }
 
+// Layer `layer` expert `e`'s tensor `t` in the layout, at `offset` of segment `segment`.
+void AddTensorInfo(int layer, int e, const TensorSource& t, int segment, uint64_t offset,
+                   v1::ExpertLayout& layout) {
+  v1::ExpertTensorInfo* info = layout.add_tensors();
+  info->set_layer(layer);
+  info->set_expert(e);
+  info->set_tensor(t.name);
+  info->set_segment(segment);
+  info->set_offset(offset);
+  info->set_dtype(std::string(DTypeName(t.dtype)));
+  info->add_shape(t.out);
+  if (t.in > 0) info->add_shape(t.in);
+}
+
 // Where every expert tensor of `model` goes: expert e of every layer on node e % num_nodes.
 // Everything of the layout but the generation and the model directory.
 v1::ExpertLayout PlanLayout(const Model& model, const ExpertStoreOptions& options) {
@@ -112,15 +126,7 @@ v1::ExpertLayout PlanLayout(const Model& model, const ExpertStoreOptions& option
     for (int e = 0; e < static_cast<int>(experts.size()); ++e) {
       const int node = e % num_nodes;
       for (const TensorSource& t : ExpertTensors(experts[e])) {
-        v1::ExpertTensorInfo* info = layout.add_tensors();
-        info->set_layer(layer);
-        info->set_expert(e);
-        info->set_tensor(t.name);
-        info->set_segment(node);
-        info->set_offset(segment_bytes[node]);
-        info->set_dtype(std::string(DTypeName(t.dtype)));
-        info->add_shape(t.out);
-        if (t.in > 0) info->add_shape(t.in);
+        AddTensorInfo(layer, e, t, node, segment_bytes[node], layout);
         segment_bytes[node] = AlignUp(segment_bytes[node] + TensorBytes(t), kTensorAlignment);
       }
     }
@@ -172,6 +178,24 @@ absl::Status RemoveGoneStore(const std::string& prefix) {
 
 bool Contiguous(const TensorSource& t) {
   return t.in == 0 ? t.out_stride == 1 : t.in_stride == 1 && t.out_stride == t.in;
+}
+
+// The layout's segment for checkpoint file `path` (absolute), added with the file's size and
+// modification time the first time it is asked for.
+absl::StatusOr<int> FileSegment(const std::string& path, v1::ExpertLayout& layout,
+                                absl::flat_hash_map<std::string, int>& segment_of) {
+  if (const auto it = segment_of.find(path); it != segment_of.end()) return it->second;
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat(path, ": ", ec.message()));
+  ASSIGN_OR_RETURN(const int64_t mtime, MappedExperts::FileMtimeNs(path));
+  v1::SharedSegmentInfo* info = layout.add_segments();
+  info->set_name(path);
+  info->set_file_path(path);
+  info->set_bytes(size);
+  info->set_file_mtime_ns(mtime);
+  info->set_numa_node(-1);
+  return segment_of[path] = layout.segments_size() - 1;
 }
 
 // Why a store built for `have` cannot serve `want`; empty when it can.
@@ -399,31 +423,11 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::MapInPlace(
               " expert ", e, " tensor ", t.name,
               " is not (16-bit row scales are converted to float32): copy it"));
         }
-        const auto& located = *found;
         // Absolute: a worker started elsewhere resolves it the same way.
-        const std::string path = std::filesystem::absolute(located.first).string();
-        const auto [it, added] = segment_of.emplace(path, layout.segments_size());
-        if (added) {
-          std::error_code ec;
-          const uint64_t size = std::filesystem::file_size(path, ec);
-          if (ec) return absl::NotFoundError(absl::StrCat(path, ": ", ec.message()));
-          ASSIGN_OR_RETURN(const int64_t mtime, MappedExperts::FileMtimeNs(path));
-          v1::SharedSegmentInfo* info = layout.add_segments();
-          info->set_name(path);
-          info->set_file_path(path);
-          info->set_bytes(size);
-          info->set_file_mtime_ns(mtime);
-          info->set_numa_node(-1);
-        }
-        v1::ExpertTensorInfo* info = layout.add_tensors();
-        info->set_layer(layer);
-        info->set_expert(e);
-        info->set_tensor(t.name);
-        info->set_segment(it->second);
-        info->set_offset(located.second);
-        info->set_dtype(std::string(DTypeName(t.dtype)));
-        info->add_shape(t.out);
-        if (t.in > 0) info->add_shape(t.in);
+        ASSIGN_OR_RETURN(
+            const int segment,
+            FileSegment(std::filesystem::absolute(found->first).string(), layout, segment_of));
+        AddTensorInfo(layer, e, t, segment, found->second, layout);
         mapped += bytes;
       }
     }
