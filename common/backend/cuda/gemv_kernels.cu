@@ -55,19 +55,21 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<kNT, WT>)
     for (int t = 0; t < kNT; ++t) acc[r][t] = 0.0f;
   }
   PdlLaunchDependents();
-  AccumulateDots<WT, kE, kRows, kNT, kGemvUnroll, /*kPdl=*/true>(
-      wr, xr, n, in_dim, threadIdx.x % num_parts, num_parts, acc);
+  // GroupReduce has part i emit (row i / kNT, token i % kNT): that thread's row scale and bias
+  // are loaded now, with the weights, rather than as a DRAM round trip after the reduction.
+  const int part = threadIdx.x % num_parts;
+  const int64_t my_row = min(row0 + part / kNT, out_dim - 1);
+  const float my_scale = seg.scale != nullptr ? seg.scale[my_row] : 1.0f;
+  const float my_bias = seg.bias != nullptr ? __bfloat162float(seg.bias[my_row]) : 0.0f;
+  AccumulateDots<WT, kE, kRows, kNT, kGemvUnroll, /*kPdl=*/true>(wr, xr, n, in_dim, part, num_parts,
+                                                                 acc);
   PdlWait();
-  const float* scale = seg.scale;
-  const bf16* bias = seg.bias;
   OutT* y = static_cast<OutT*>(seg.y);
   const int64_t y_stride = seg.y_stride;
   GroupReduce<kRows, kNT>(acc, num_parts, red, [&](int r, int t, float v) {
     const int64_t row = row0 + r;
     if (row >= out_dim || t >= n) return;
-    if (scale != nullptr) v *= scale[row];
-    if (bias != nullptr) v += __bfloat162float(bias[row]);
-    StoreOut(y + t * y_stride + row, v);
+    StoreOut(y + t * y_stride + row, v * my_scale + my_bias);
   });
 }
 

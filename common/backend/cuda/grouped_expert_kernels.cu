@@ -196,25 +196,32 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<kNT, WT>)
 #pragma unroll
     for (int t = 0; t < kNT; ++t) acc[r][t] = 0.0f;
   }
+  // Part idx < kP * kNT applies the activation to (row i0 + idx / kNT, token idx % kNT)
+  // below: its scales and biases are loaded now, with the weights, rather than as a DRAM
+  // round trip after the reduction.
+  static_assert(kP * kNT <= kWarpSize, "one pass of the activation loop");
+  const int64_t my_i = min(i0 + part / kNT, inter - 1);
+  const bool fp8 = w.format == WeightFormat::kFp8E4M3;
+  const float g_scale = fp8 ? w.gate_scale[e][my_i] : 1.0f;
+  const float u_scale = fp8 ? w.up_scale[e][my_i] : 1.0f;
+  const float g_bias = w.gate_bias != nullptr && w.gate_bias[e] != nullptr
+                           ? __bfloat162float(w.gate_bias[e][my_i])
+                           : 0.0f;
+  const float u_bias =
+      w.up_bias != nullptr && w.up_bias[e] != nullptr ? __bfloat162float(w.up_bias[e][my_i]) : 0.0f;
   AccumulateDots<WT, kE, kRows, kNT>(wr, xr, count, w.hidden, part, num_parts, acc);
   GroupReduce<kRows, kNT>(acc, num_parts, red,
                           [&](int r, int t, float v) { totals[group][r * kNT + t] = v; });
   __syncthreads();
-  for (int idx = part; idx < kP * kNT; idx += num_parts) {
-    const int p = idx / kNT;
-    const int t = idx % kNT;
+  if (part < kP * kNT) {
+    const int p = part / kNT;
+    const int t = part % kNT;
     const int64_t i = i0 + p;
-    if (i >= inter || t >= count) continue;
-    float g = totals[group][p * kNT + t];
-    float u = totals[group][(kP + p) * kNT + t];
-    if (w.format == WeightFormat::kFp8E4M3) {
-      g *= w.gate_scale[e][i];
-      u *= w.up_scale[e][i];
+    if (i < inter && t < count) {
+      const float g = totals[group][p * kNT + t] * g_scale + g_bias;
+      const float u = totals[group][(kP + p) * kNT + t] * u_scale + u_bias;
+      ws.h[int64_t{slot_at(t)} * inter + i] = __float2bfloat16(Activate(g, u, act));
     }
-    if (w.gate_bias != nullptr && w.gate_bias[e] != nullptr)
-      g += __bfloat162float(w.gate_bias[e][i]);
-    if (w.up_bias != nullptr && w.up_bias[e] != nullptr) u += __bfloat162float(w.up_bias[e][i]);
-    ws.h[int64_t{slot_at(t)} * inter + i] = __float2bfloat16(Activate(g, u, act));
   }
 }
 

@@ -280,12 +280,27 @@ struct DecodeRope {
   QkRopeParams rope;
 };
 
+// Lane l's rotation of the pairs (j, j + kD / 2) for j = l + 32 i at position `pos`, scaled
+// as QkNormRopeKernel scales it.
+template <int kD>
+__device__ __forceinline__ void RopeAngles(const QkRopeParams& r, float pos, float (&cs)[kD / 64],
+                                           float (&sn)[kD / 64]) {
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int i = 0; i < kD / 64; ++i) {
+    sincosf(pos * r.inv_freq[lane + i * kWarpSize], &sn[i], &cs[i]);
+    cs[i] *= r.attention_scaling;
+    sn[i] *= r.attention_scaling;
+  }
+}
+
 // One warp normalizes (when `norm` is given) and rotates the head vector x[kD] exactly as
 // QkNormRopeKernel does, rounding to bf16 as its stores do: lane l gets the pairs
-// (x[j], x[j + kD / 2]) for j = l + 32 i.
+// (x[j], x[j + kD / 2]) for j = l + 32 i, rotated by RopeAngles' cs and sn.
 template <int kD>
 __device__ __forceinline__ void NormRopeHead(const bf16* x, const bf16* norm, const QkRopeParams& r,
-                                             float pos, float (&a)[kD / 64], float (&b)[kD / 64]) {
+                                             const float (&cs)[kD / 64], const float (&sn)[kD / 64],
+                                             float (&a)[kD / 64], float (&b)[kD / 64]) {
   constexpr int kPairs = kD / 64;
   constexpr int kHalf = kD / 2;
   const int lane = threadIdx.x % kWarpSize;
@@ -309,13 +324,8 @@ __device__ __forceinline__ void NormRopeHead(const bf16* x, const bf16* norm, co
   }
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
-    const int j = lane + i * kWarpSize;
-    float sn, cs;
-    sincosf(pos * r.inv_freq[j], &sn, &cs);
-    cs *= r.attention_scaling;
-    sn *= r.attention_scaling;
-    const float ra = a[i] * cs - b[i] * sn;
-    const float rb = b[i] * cs + a[i] * sn;
+    const float ra = a[i] * cs[i] - b[i] * sn[i];
+    const float rb = b[i] * cs[i] + a[i] * sn[i];
     a[i] = __bfloat162float(__float2bfloat16(ra));
     b[i] = __bfloat162float(__float2bfloat16(rb));
   }
@@ -341,7 +351,6 @@ __global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeT
                       PagedAttentionParams p, Shape shape, DecodeRope fuse,
                       bf16* __restrict__ out) {
   PdlLaunchDependents();
-  PdlWait();
   constexpr int kDL = kD / kWarpSize;  // output dims per lane
   constexpr int kKPad = 4;             // floats: row starts 16 bytes apart mod 128 bytes
   constexpr int kChunks = kD / 8;      // 16-byte chunks per key row
@@ -365,6 +374,8 @@ __global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeT
   const int num_g = min(shape.chunk_heads, shape.group - chunk * shape.chunk_heads);
   const bool active = g < num_g;
 
+  // The step's positions and block tables were copied in before its first kernel, and the
+  // cache's older keys written by earlier steps: all of it can be read before PdlWait.
   const int pos = tokens.pos[t];
   const int32_t* table = kv.block_tables + int64_t{tokens.seq[t]} * kv.max_blocks_per_seq;
   const int64_t kv_dim = int64_t{kv.num_kv_heads} * kD;
@@ -373,56 +384,6 @@ __global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeT
   const int begin = first + rank * share;
   const int end = min(pos + 1, begin + share);
 
-  const float q_scale = p.scale * kLog2e;
-  __shared__ __align__(16) float knew_s[kFused ? kD : 1];
-  __shared__ __align__(16) float vnew_s[kFused ? kD : 1];
-  if constexpr (kFused) {
-    constexpr int kPairs = kD / 64;
-    const float fpos = static_cast<float>(pos);
-    if (active) {
-      float a[kPairs], b[kPairs];
-      NormRopeHead<kD>(q + t * p.q_stride + int64_t{head0 + g} * kD, fuse.rope.q_norm, fuse.rope,
-                       fpos, a, b);
-#pragma unroll
-      for (int i = 0; i < kPairs; ++i) {
-        q_s[g][lane + i * kWarpSize] = a[i] * q_scale;
-        q_s[g][lane + i * kWarpSize + kD / 2] = b[i] * q_scale;
-      }
-    }
-    if (g == 0 && share > 0 && rank == (pos - first) / share) {
-      // This block's share ends with the token's own key.
-      const int64_t row = t * fuse.kv_stride + int64_t{kv_head} * kD;
-      float a[kPairs], b[kPairs];
-      NormRopeHead<kD>(fuse.k + row, fuse.rope.k_norm, fuse.rope, fpos, a, b);
-      const int64_t slot =
-          PagedKvOffset(table[pos / kv.block_size], 0, pos % kv.block_size, kv.block_size, kv_dim) +
-          int64_t{kv_head} * kD;
-      bf16* k_dst = kv.data + slot;
-      bf16* v_dst = k_dst + int64_t{kv.block_size} * kv_dim;
-#pragma unroll
-      for (int i = 0; i < kPairs; ++i) {
-        const int j = lane + i * kWarpSize;
-        knew_s[j] = a[i];
-        knew_s[j + kD / 2] = b[i];
-        k_dst[j] = __float2bfloat16(a[i]);
-        k_dst[j + kD / 2] = __float2bfloat16(b[i]);
-      }
-      for (int d = lane; d < kD; d += kWarpSize) {
-        const bf16 vv = fuse.v[row + d];
-        vnew_s[d] = __bfloat162float(vv);
-        v_dst[d] = vv;
-      }
-    }
-  } else {
-    for (int i = tid; i < kMaxGroup * kD; i += kDecodeThreads) {
-      const int qg = i / kD;
-      const int d = i % kD;
-      q_s[qg][d] =
-          qg < num_g ? __bfloat162float(q[t * p.q_stride + int64_t{head0 + qg} * kD + d]) * q_scale
-                     : 0.0f;
-    }
-  }
-
   // The block table entries of this block's keys, read once (a share of up to kMaxTable
   // cache blocks; longer shares read the table per key).
   constexpr int kMaxTable = 64;
@@ -430,10 +391,11 @@ __global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeT
   const int blk0 = begin / kv.block_size;
   const int nblk = end > begin ? (end - 1) / kv.block_size - blk0 + 1 : 0;
   const bool table_in_smem = nblk <= kMaxTable;
-  if (table_in_smem) {
-    for (int i = tid; i < nblk; i += kDecodeThreads) table_s[i] = table[blk0 + i];
-  }
-  __syncthreads();  // q_s, table_s (and knew_s, vnew_s) written
+  auto load_table = [&] {
+    if (table_in_smem) {
+      for (int i = tid; i < nblk; i += kDecodeThreads) table_s[i] = table[blk0 + i];
+    }
+  };
 
   // Tile loads go to registers one tile ahead, so a tile's DRAM latency overlaps the math of
   // the previous one.
@@ -458,7 +420,70 @@ __global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeT
       }
     }
   };
-  if (begin < end) issue(begin);
+
+  const float q_scale = p.scale * kLog2e;
+  __shared__ __align__(16) float knew_s[kFused ? kD : 1];
+  __shared__ __align__(16) float vnew_s[kFused ? kD : 1];
+  if constexpr (kFused) {
+    // Fused: the step's own key is not read from the cache (it is computed below), so the
+    // first tile's loads and the rotation's angles go ahead of the wait for q, k and v.
+    load_table();
+    __syncthreads();
+    if (begin < end) issue(begin);
+    constexpr int kPairs = kD / 64;
+    const float fpos = static_cast<float>(pos);
+    float cs[kPairs], sn[kPairs];
+    RopeAngles<kD>(fuse.rope, fpos, cs, sn);
+    PdlWait();
+    if (active) {
+      float a[kPairs], b[kPairs];
+      NormRopeHead<kD>(q + t * p.q_stride + int64_t{head0 + g} * kD, fuse.rope.q_norm, fuse.rope,
+                       cs, sn, a, b);
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) {
+        q_s[g][lane + i * kWarpSize] = a[i] * q_scale;
+        q_s[g][lane + i * kWarpSize + kD / 2] = b[i] * q_scale;
+      }
+    }
+    if (g == 0 && share > 0 && rank == (pos - first) / share) {
+      // This block's share ends with the token's own key.
+      const int64_t row = t * fuse.kv_stride + int64_t{kv_head} * kD;
+      float a[kPairs], b[kPairs];
+      NormRopeHead<kD>(fuse.k + row, fuse.rope.k_norm, fuse.rope, cs, sn, a, b);
+      const int64_t slot =
+          PagedKvOffset(table[pos / kv.block_size], 0, pos % kv.block_size, kv.block_size, kv_dim) +
+          int64_t{kv_head} * kD;
+      bf16* k_dst = kv.data + slot;
+      bf16* v_dst = k_dst + int64_t{kv.block_size} * kv_dim;
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) {
+        const int j = lane + i * kWarpSize;
+        knew_s[j] = a[i];
+        knew_s[j + kD / 2] = b[i];
+        k_dst[j] = __float2bfloat16(a[i]);
+        k_dst[j + kD / 2] = __float2bfloat16(b[i]);
+      }
+      for (int d = lane; d < kD; d += kWarpSize) {
+        const bf16 vv = fuse.v[row + d];
+        vnew_s[d] = __bfloat162float(vv);
+        v_dst[d] = vv;
+      }
+    }
+    __syncthreads();  // q_s (and knew_s, vnew_s) written
+  } else {
+    // The keys the step appended are in the cache once the kernels before are done.
+    PdlWait();
+    for (int i = tid; i < kMaxGroup * kD; i += kDecodeThreads) {
+      const int qg = i / kD;
+      const int d = i % kD;
+      q_s[qg][d] =
+          qg < num_g ? __bfloat162float(q[t * p.q_stride + int64_t{head0 + qg} * kD + d]) * q_scale
+                     : 0.0f;
+    }
+    load_table();
+    __syncthreads();  // q_s, table_s written
+    if (begin < end) issue(begin);
+  }
 
   float m = -INFINITY, l = 0.0f;
   float acc[kDL] = {};

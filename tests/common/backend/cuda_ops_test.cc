@@ -223,6 +223,22 @@ struct TestCache {
 
 class PagedCacheTest : public CudaOpsTest {
  protected:
+  // Attention over q and output rows of heads x head_dim, the default score scale.
+  static gpu::PagedAttentionParams AttentionParams(int heads, int kv_heads, int head_dim,
+                                                   int window, const float* sinks,
+                                                   int max_context) {
+    const int64_t q_dim = int64_t{heads} * head_dim;
+    return gpu::PagedAttentionParams{.num_heads = heads,
+                                     .num_kv_heads = kv_heads,
+                                     .head_dim = head_dim,
+                                     .q_stride = q_dim,
+                                     .out_stride = q_dim,
+                                     .sliding_window = window,
+                                     .sinks = sinks,
+                                     .scale = 0.0f,
+                                     .max_context = max_context};
+  }
+
   // Blocks for each context, shuffled so sequences interleave in the pool; one spare block.
   TestCache MakeCache(int block_size, int kv_heads, int head_dim,
                       const std::vector<int64_t>& contexts) {
@@ -391,15 +407,9 @@ TEST_F(PagedCacheTest, PagedAttention) {
     const int32_t* d_pos = Put(pos);
     const float* d_sinks = Put(sinks);
     ASSERT_FALSE(HasFailure());
-    gpu::PagedAttentionParams params{.num_heads = c.heads,
-                                     .num_kv_heads = c.kv_heads,
-                                     .head_dim = c.head_dim,
-                                     .q_stride = q_dim,
-                                     .out_stride = q_dim,
-                                     .sliding_window = c.window,
-                                     .sinks = c.sinks ? d_sinks : nullptr,
-                                     .scale = 0.0f,
-                                     .max_context = *std::max_element(pos.begin(), pos.end()) + 1};
+    const gpu::PagedAttentionParams params =
+        AttentionParams(c.heads, c.kv_heads, c.head_dim, c.window, c.sinks ? d_sinks : nullptr,
+                        *std::max_element(pos.begin(), pos.end()) + 1);
     // The device's own plan (split-K when the batch is small) and a forced single split.
     const gpu::PagedAttentionPlan plans[] = {
         gpu::PlanPagedAttention(n, params, context().num_sms()),
@@ -419,6 +429,84 @@ TEST_F(PagedCacheTest, PagedAttention) {
                                c.sinks ? " sink" : "", " splits=", plan.num_splits),
                   GetBf16(AsBf16(d_out), n * q_dim), ref, 1e-2);
     }
+  }
+}
+
+// The decode step's fused kernel (q/k norm + rope, the key and value appended, attention in
+// clusters) against the three launches it replaces, on copies of one cache: the same output
+// and the same cache after. Several sequences of different lengths, so the blocks' shares,
+// the owner of each token's own key and the first tile it loads early all differ.
+TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
+  struct FusedCase {
+    int head_dim, block_size, heads, kv_heads, window;
+    bool sinks;
+  };
+  const FusedCase cases[] = {{128, 16, 32, 4, 0, false}, {64, 32, 64, 8, 128, true}};
+  const std::vector<int64_t> contexts = {1, 9, 200, 700};  // each sequence's new position + 1
+  for (const FusedCase& c : cases) {
+    TestCache a = MakeCache(c.block_size, c.kv_heads, c.head_dim, contexts);
+    const int64_t kv_dim = a.kv_dim(), d = c.head_dim, q_dim = int64_t{c.heads} * d;
+    const int64_t cache_elems = int64_t{a.num_blocks} * 2 * c.block_size * kv_dim;
+    // Older keys and values: random everywhere; the second cache starts as a copy.
+    const std::vector<uint16_t> old = RandomBf16(cache_elems);
+    CUDA_ASSERT_OK(cudaMemcpy(a.data, old.data(), old.size() * 2, cudaMemcpyHostToDevice));
+    TestCache b = a;
+    b.data = Put(old);
+    const int64_t n = static_cast<int64_t>(contexts.size());
+    std::vector<int32_t> seq(n), pos(n);
+    for (int64_t t = 0; t < n; ++t) {
+      seq[t] = static_cast<int32_t>(t);
+      pos[t] = static_cast<int32_t>(contexts[t] - 1);
+    }
+    RopeConfig rope_config;
+    rope_config.theta = 1000000.0;
+    const RopeTable table = BuildRopeTable(rope_config, c.head_dim);
+    const std::vector<uint16_t> q = RandomBf16(n * q_dim, 2.0f), k = RandomBf16(n * kv_dim, 2.0f),
+                                v = RandomBf16(n * kv_dim);
+    std::vector<float> sinks(c.heads);
+    for (float& s : sinks) s = RandomFloats(1, 2.0f)[0] + 1.0f;
+    const uint16_t* d_q = Put(q);
+    const uint16_t* d_k = Put(k);
+    const uint16_t* d_v = Put(v);
+    uint16_t* d_q_rot = Put(q);
+    uint16_t* d_k_rot = Put(k);
+    const int32_t* d_seq = Put(seq);
+    const int32_t* d_pos = Put(pos);
+    const float* d_sinks = Put(sinks);
+    const gpu::QkRopeParams rope{.num_heads = c.heads,
+                                 .num_kv_heads = c.kv_heads,
+                                 .head_dim = c.head_dim,
+                                 .q_stride = q_dim,
+                                 .k_stride = kv_dim,
+                                 .inv_freq = Put(table.inv_freq),
+                                 .attention_scaling = table.attention_scaling,
+                                 .q_norm = AsBf16(Put(RandomBf16(d, 1.5f))),
+                                 .k_norm = AsBf16(Put(RandomBf16(d, 1.5f))),
+                                 .eps = 1e-6f};
+    // Planned for a graph's context, not the step's.
+    const gpu::PagedAttentionParams params = AttentionParams(
+        c.heads, c.kv_heads, c.head_dim, c.window, c.sinks ? d_sinks : nullptr, 1024);
+    const gpu::PagedAttentionPlan plan = gpu::PlanPagedAttention(n, params, context().num_sms());
+    ASSERT_TRUE(plan.cluster);
+    uint16_t* d_out_a = Poisoned<uint16_t>(n * q_dim);
+    uint16_t* d_out_b = Poisoned<uint16_t>(n * q_dim);
+    ASSERT_FALSE(HasFailure());
+    const gpu::TokenBatch tokens{.seq = d_seq, .pos = d_pos, .n = n};
+    LAUNCH_OK(gpu::LaunchQkNormRope(AsBf16(d_q_rot), AsBf16(d_k_rot), n, d_pos, rope, stream()));
+    LAUNCH_OK(gpu::LaunchPagedKvAppend(AsBf16(d_k_rot), kv_dim, AsBf16(d_v), kv_dim, tokens,
+                                       a.Layer(), stream()));
+    LAUNCH_OK(gpu::LaunchPagedAttention(AsBf16(d_q_rot), tokens, a.Layer(), params, plan, nullptr,
+                                        AsBf16(d_out_a), stream()));
+    LAUNCH_OK(gpu::LaunchPagedDecodeWithRope(AsBf16(d_q), AsBf16(d_k), AsBf16(d_v), kv_dim, tokens,
+                                             b.Layer(), params, rope, plan, AsBf16(d_out_b),
+                                             stream()));
+    const std::string shape = absl::StrCat("d=", d, " h=", c.heads, "/", c.kv_heads,
+                                           c.window ? " win" : "", c.sinks ? " sink" : "");
+    // Two kernels may contract the rotation into FMAs differently: bf16 rounding flips only.
+    ExpectClose("fused decode vs rope+append+attention", shape, GetBf16(AsBf16(d_out_b), n * q_dim),
+                GetBf16(AsBf16(d_out_a), n * q_dim), 1e-3);
+    ExpectClose("fused decode: the cache after", shape, ToFloat(Get(b.data, cache_elems)),
+                ToFloat(Get(a.data, cache_elems)), 1e-3);
   }
 }
 
