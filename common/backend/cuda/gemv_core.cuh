@@ -163,8 +163,9 @@ __device__ __forceinline__ void AccumulateDots(const WT* const (&w)[kRows],
 // Sums acc over each group of num_parts consecutive threads (num_parts a multiple of 32
 // dividing kGemvThreads) and calls emit(r, t, total) once per (row, token) from one thread of
 // the group: the one whose part (threadIdx.x % num_parts) is r * kNT + t, so callers can load
-// that row's scale or bias ahead (kRows * kNT <= 32). `red` is shared memory of kGemvThreads / 32 * kRows * kNT floats. All threads of
-// the block must call it; with one warp per group it needs no shared memory or barrier.
+// that row's scale or bias ahead (kRows * kNT <= 32). `red` is shared memory of kGemvThreads / 32 *
+// kRows * kNT floats. All threads of the block must call it; with one warp per group it needs no
+// shared memory or barrier.
 template <int kRows, int kNT, typename Emit>
 __device__ __forceinline__ void GroupReduce(float (&acc)[kRows][kNT], int num_parts, float* red,
                                             Emit&& emit) {
