@@ -25,13 +25,13 @@ mkdir -p $out
 root=$PWD
 export LD_LIBRARY_PATH=$root/.device-ipc/lib:/usr/local/cuda/lib64
 export NCCL_NVLS_ENABLE=0
-B=$root/.device-ipc/bin
+B=${BIN_DIR:-$root/.device-ipc/bin}  # BIN_DIR: another build's binaries (an A/B)
 gpus=$(nvidia-smi -L | wc -l)
 sum=$final/summary.txt
 start=$SECONDS
 machine="NVIDIA H200 ($gpus GPU)"
 # The switches an A/B run sets in the environment, recorded with each figure.
-env_note=$(env | grep -E '^(STRATA_(PDL|FLAG_WAIT)|CHECKPOINT_DTYPE|EXPERT_STORE)=' | sort | tr '\n' ' ' | sed 's/ $//')
+env_note=$(env | grep -E '^(STRATA_[A-Z0-9_]+|CHECKPOINT_DTYPE|EXPERT_STORE)=' | sort | tr '\n' ' ' | sed 's/ $//')
 
 model_dir() {  # shape[@layers] -> directory with the weights (made once per machine)
   local shape=$1 dir layers=()
