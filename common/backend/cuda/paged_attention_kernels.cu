@@ -374,8 +374,9 @@ __global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeT
   const int num_g = min(shape.chunk_heads, shape.group - chunk * shape.chunk_heads);
   const bool active = g < num_g;
 
-  // The step's positions and block tables were copied in before its first kernel, and the
-  // cache's older keys written by earlier steps: all of it can be read before PdlWait.
+  // Positions and block tables are never written by a kernel (TokenBatch), and the cache's
+  // older keys were written by earlier steps, each ended by a host sync: all of it can be read
+  // before PdlWait.
   const int pos = tokens.pos[t];
   const int32_t* table = kv.block_tables + int64_t{tokens.seq[t]} * kv.max_blocks_per_seq;
   const int64_t kv_dim = int64_t{kv.num_kv_heads} * kD;

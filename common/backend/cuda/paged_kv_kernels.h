@@ -18,7 +18,9 @@ struct PagedKvLayer {
 };
 
 // The tokens of a step: token t belongs to row seq[t] of the block tables and sits at
-// position pos[t] of its sequence (device arrays of n entries).
+// position pos[t] of its sequence (device arrays of n entries). seq, pos and the block tables
+// must not be written by a kernel of the step (copies from the host only): the decode
+// attention reads them before it waits for the kernel before it.
 struct TokenBatch {
   const int32_t* seq = nullptr;
   const int32_t* pos = nullptr;
