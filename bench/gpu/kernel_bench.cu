@@ -233,12 +233,30 @@ void GemvChecksAndTimes(cudaStream_t s) {
              }),
       kVocab * kHidden * 2.0);
   Weights q8 = MakeWeights(kHeads * kHeadDim, kHidden, true);
+  Weights k8 = MakeWeights(kKvHeads * kHeadDim, kHidden, true);
+  Weights v8 = MakeWeights(kKvHeads * kHeadDim, kHidden, true);
+  Weights o8 = MakeWeights(kHidden, kHeads * kHeadDim, true);
   Row("gemv q 4096x2048 fp8",
       TimeUs(s, 64,
              [&](int i) {
                CK(LaunchGemv(q8.at(i), x, kHidden, 1, yq, OutType::kBf16, q8.at(i).out, s));
              }),
       kHeads * kHeadDim * kHidden * 1.0);
+  // The FP8 attention projections at the shapes the router runs them (--weights fp8).
+  Row("gemv q, k, v: one launch fp8",
+      TimeUs(s, 64,
+             [&](int i) {
+               const DeviceWeight* w[] = {&q8.at(i), &k8.at(i), &v8.at(i)};
+               void* y[] = {yq2, yk2, yv2};
+               CK(LaunchGemvMulti(w, y, 3, x, 1, OutType::kBf16, s));
+             }),
+      qkv_bytes / 2);
+  Row("gemv o 2048x4096 fp8",
+      TimeUs(s, 64,
+             [&](int i) {
+               CK(LaunchGemv(o8.at(i), xo, kHeads * kHeadDim, 1, yo, OutType::kBf16, kHidden, s));
+             }),
+      kHidden * kHeads * kHeadDim * 1.0);
 }
 
 // Random experts of one shape (bf16, or FP8 with per-row scales), each in its own buffers.
