@@ -54,6 +54,15 @@ for stage in ${stages//,/ }; do
   IFS=: read -r what shape weights workers conc <<<"$stage"
   conc=${conc//\//,}
   t0=$SECONDS
+  if [ "$what" = peer ]; then
+    # transformers reads bf16 checkpoints: the peer always gets one (and only that one).
+    dir=$(checkpoint_dtype=bf16 model_dir $shape)
+    timeout 420 python3 "$root/.device-ipc/hf-peer-bench.py" --model $dir --shape $shape \
+      --runs $runs --out "$final/transformers-$shape-bf16.json" >"$out/peer-$shape.log" 2>&1
+    note "peer $shape: exit $? in $((SECONDS - t0)) s"
+    tail -2 "$out/peer-$shape.log" | tee -a "$sum"
+    continue
+  fi
   dir=$(model_dir $shape)
   note "$shape in $dir ($(du -sh $dir | cut -f1)) after $((SECONDS - start)) s"
   tag=$shape; [[ $shape == *@* ]] && tag="${shape%@*}-${shape#*@}L"
@@ -63,15 +72,6 @@ for stage in ${stages//,/ }; do
       --machine "$machine" --out "$final/inprocess-$tag-$weights.json" >"$out/inprocess-$tag.txt" 2>&1
     note "in process $tag $weights: exit $? in $((SECONDS - t0)) s"
     tail -1 "$out/inprocess-$tag.txt" | tee -a "$sum"
-    continue
-  fi
-  if [ "$what" = peer ]; then
-    # transformers reads bf16 checkpoints: the peer always gets one.
-    dir=$(checkpoint_dtype=bf16 model_dir $shape)
-    timeout 420 python3 "$root/.device-ipc/hf-peer-bench.py" --model $dir --shape $shape \
-      --runs $runs --out "$final/transformers-$shape-bf16.json" >"$out/peer-$shape.log" 2>&1
-    note "peer $shape: exit $? in $((SECONDS - t0)) s"
-    tail -2 "$out/peer-$shape.log" | tee -a "$sum"
     continue
   fi
   name=$tag-$weights-${workers}w
