@@ -58,9 +58,10 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<kNT, WT>)
   // GroupReduce has part i emit (row i / kNT, token i % kNT): that thread's row scale and bias
   // are loaded now, with the weights, rather than as a DRAM round trip after the reduction.
   const int part = threadIdx.x % num_parts;
+  const bool emits = part < kRows * kNT;
   const int64_t my_row = min(row0 + part / kNT, out_dim - 1);
-  const float my_scale = seg.scale != nullptr ? seg.scale[my_row] : 1.0f;
-  const float my_bias = seg.bias != nullptr ? __bfloat162float(seg.bias[my_row]) : 0.0f;
+  const float my_scale = emits && seg.scale != nullptr ? seg.scale[my_row] : 1.0f;
+  const float my_bias = emits && seg.bias != nullptr ? __bfloat162float(seg.bias[my_row]) : 0.0f;
   AccumulateDots<WT, kE, kRows, kNT, kGemvUnroll, /*kPdl=*/true>(wr, xr, n, in_dim, part, num_parts,
                                                                  acc);
   PdlWait();

@@ -200,20 +200,20 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<kNT, WT>)
   // below: its scales and biases are loaded now, with the weights, rather than as a DRAM
   // round trip after the reduction.
   static_assert(kP * kNT <= kWarpSize, "one pass of the activation loop");
+  const bool emits = part < kP * kNT;
   const int64_t my_i = min(i0 + part / kNT, inter - 1);
-  const bool fp8 = w.format == WeightFormat::kFp8E4M3;
+  const bool fp8 = emits && w.format == WeightFormat::kFp8E4M3;
   const float g_scale = fp8 ? w.gate_scale[e][my_i] : 1.0f;
   const float u_scale = fp8 ? w.up_scale[e][my_i] : 1.0f;
-  const float g_bias = w.gate_bias != nullptr && w.gate_bias[e] != nullptr
-                           ? __bfloat162float(w.gate_bias[e][my_i])
-                           : 0.0f;
-  const float u_bias =
-      w.up_bias != nullptr && w.up_bias[e] != nullptr ? __bfloat162float(w.up_bias[e][my_i]) : 0.0f;
+  const bool g_biased = emits && w.gate_bias != nullptr && w.gate_bias[e] != nullptr;
+  const bool u_biased = emits && w.up_bias != nullptr && w.up_bias[e] != nullptr;
+  const float g_bias = g_biased ? __bfloat162float(w.gate_bias[e][my_i]) : 0.0f;
+  const float u_bias = u_biased ? __bfloat162float(w.up_bias[e][my_i]) : 0.0f;
   AccumulateDots<WT, kE, kRows, kNT>(wr, xr, count, w.hidden, part, num_parts, acc);
   GroupReduce<kRows, kNT>(acc, num_parts, red,
                           [&](int r, int t, float v) { totals[group][r * kNT + t] = v; });
   __syncthreads();
-  if (part < kP * kNT) {
+  if (emits) {
     const int p = part / kNT;
     const int t = part % kNT;
     const int64_t i = i0 + p;

@@ -386,17 +386,16 @@ __global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeT
   const int end = min(pos + 1, begin + share);
 
   // The block table entries of this block's keys, read once (a share of up to kMaxTable
-  // cache blocks; longer shares read the table per key).
+  // cache blocks; longer shares read the table per key). Read before the wait in both paths;
+  // the barrier that follows each path's own setup makes them visible.
   constexpr int kMaxTable = 64;
   __shared__ int32_t table_s[kMaxTable];
   const int blk0 = begin / kv.block_size;
   const int nblk = end > begin ? (end - 1) / kv.block_size - blk0 + 1 : 0;
   const bool table_in_smem = nblk <= kMaxTable;
-  auto load_table = [&] {
-    if (table_in_smem) {
-      for (int i = tid; i < nblk; i += kDecodeThreads) table_s[i] = table[blk0 + i];
-    }
-  };
+  if (table_in_smem) {
+    for (int i = tid; i < nblk; i += kDecodeThreads) table_s[i] = table[blk0 + i];
+  }
 
   // Tile loads go to registers one tile ahead, so a tile's DRAM latency overlaps the math of
   // the previous one.
@@ -428,8 +427,7 @@ __global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeT
   if constexpr (kFused) {
     // Fused: the step's own key is not read from the cache (it is computed below), so the
     // first tile's loads and the rotation's angles go ahead of the wait for q, k and v.
-    load_table();
-    __syncthreads();
+    __syncthreads();  // table_s written
     if (begin < end) issue(begin);
     constexpr int kPairs = kD / 64;
     const float fpos = static_cast<float>(pos);
@@ -481,7 +479,6 @@ __global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeT
           qg < num_g ? __bfloat162float(q[t * p.q_stride + int64_t{head0 + qg} * kD + d]) * q_scale
                      : 0.0f;
     }
-    load_table();
     __syncthreads();  // q_s, table_s written
     if (begin < end) issue(begin);
   }
