@@ -111,12 +111,19 @@ TEST(CudaEngineFp8CheckpointTest, MatchesTheCpuBackend) {
     // oracle test above bounds, rather than the FP8 experts going up as they are.
     options.attention_weights = "bf16";
     auto engine = LocalEngine::Create(options);
-    EXPECT_TRUE(engine.ok()) << engine.status();
+    if (!engine.ok()) {
+      ADD_FAILURE() << device << " " << weights << ": " << engine.status();
+      return std::vector<float>();
+    }
     auto logits = (*engine)->Logits(ids);
-    EXPECT_TRUE(logits.ok()) << logits.status();
+    if (!logits.ok()) {
+      ADD_FAILURE() << device << " " << weights << ": " << logits.status();
+      return std::vector<float>();
+    }
     return std::vector<float>(logits->data(), logits->data() + logits->size());
   };
   const std::vector<float> cpu = logits_on("cpu", "bf16");
+  ASSERT_FALSE(cpu.empty());
   for (const char* weights : {"bf16", "fp8"}) {
     const std::vector<float> gpu = logits_on("cuda", weights);
     ASSERT_EQ(gpu.size(), cpu.size());
@@ -128,7 +135,7 @@ TEST(CudaEngineFp8CheckpointTest, MatchesTheCpuBackend) {
     std::cout << "fp8 checkpoint on the GPU, " << weights << " at load: logits relative error "
               << std::sqrt(diff / norm) << "\n";
     // The same weights on both sides (FP8 experts go up as they are, or dequantized to bf16
-    // with at most 2^-9 relative error): what is left is bf16 activations (METHOD.md, 1e-2).
+    // with at most 2^-8 relative error): what is left is bf16 activations (METHOD.md, 1e-2).
     EXPECT_LT(std::sqrt(diff / norm), 3e-2) << weights;
   }
 }

@@ -442,7 +442,9 @@ TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
     bool sinks;
   };
   const FusedCase cases[] = {{128, 16, 32, 4, 0, false}, {64, 32, 64, 8, 128, true}};
-  const std::vector<int64_t> contexts = {1, 9, 200, 700};  // each sequence's new position + 1
+  // Each sequence's new position + 1; 9000 keys give a block a share of over 64 cache blocks,
+  // whose table it reads per key instead of from shared memory.
+  const std::vector<int64_t> contexts = {1, 9, 200, 700, 9000};
   for (const FusedCase& c : cases) {
     TestCache a = MakeCache(c.block_size, c.kv_heads, c.head_dim, contexts);
     const int64_t kv_dim = a.kv_dim(), d = c.head_dim, q_dim = int64_t{c.heads} * d;
@@ -485,7 +487,7 @@ TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
                                  .eps = 1e-6f};
     // Planned for a graph's context, not the step's.
     const gpu::PagedAttentionParams params = AttentionParams(
-        c.heads, c.kv_heads, c.head_dim, c.window, c.sinks ? d_sinks : nullptr, 1024);
+        c.heads, c.kv_heads, c.head_dim, c.window, c.sinks ? d_sinks : nullptr, 16384);
     const gpu::PagedAttentionPlan plan = gpu::PlanPagedAttention(n, params, context().num_sms());
     ASSERT_TRUE(plan.cluster);
     uint16_t* d_out_a = Poisoned<uint16_t>(n * q_dim);
@@ -505,8 +507,21 @@ TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
     // Two kernels may contract the rotation into FMAs differently: bf16 rounding flips only.
     ExpectClose("fused decode vs rope+append+attention", shape, GetBf16(AsBf16(d_out_b), n * q_dim),
                 GetBf16(AsBf16(d_out_a), n * q_dim), 1e-3);
-    ExpectClose("fused decode: the cache after", shape, ToFloat(Get(b.data, cache_elems)),
-                ToFloat(Get(a.data, cache_elems)), 1e-3);
+    // The appended rows (rotation rounding as above), then every other element untouched.
+    std::vector<uint16_t> got = Get(b.data, cache_elems), want = Get(a.data, cache_elems);
+    std::vector<float> got_rows, want_rows;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int kv = 0; kv < 2; ++kv) {
+        const int64_t off = a.Offset(seq[t], pos[t], kv);
+        for (int64_t i = 0; i < kv_dim; ++i) {
+          got_rows.push_back(F(got[off + i]));
+          want_rows.push_back(F(want[off + i]));
+          got[off + i] = want[off + i] = 0;
+        }
+      }
+    }
+    ExpectClose("fused decode: appended key and value", shape, got_rows, want_rows, 1e-3);
+    EXPECT_EQ(got, want) << "fused decode wrote outside the appended rows, " << shape;
   }
 }
 
