@@ -197,11 +197,13 @@ void GemvChecksAndTimes(cudaStream_t s) {
     CK(LaunchGemv(k.at(i), x, kHidden, 1, b, OutType::kBf16, k.at(i).out, s));
     CK(LaunchGemv(v.at(i), x, kHidden, 1, c, OutType::kBf16, v.at(i).out, s));
   };
-  auto fused = [&](int i) {
-    const DeviceWeight* w[] = {&q.at(i), &k.at(i), &v.at(i)};
+  // q, k and v of copy i in one launch, bf16 or FP8 weights.
+  auto qkv = [&](Weights& wq, Weights& wk, Weights& wv, int i) {
+    const DeviceWeight* w[] = {&wq.at(i), &wk.at(i), &wv.at(i)};
     void* y[] = {yq2, yk2, yv2};
     CK(LaunchGemvMulti(w, y, 3, x, 1, OutType::kBf16, s));
   };
+  auto fused = [&](int i) { qkv(q, k, v, i); };
   separate(0, yq, yk, yv);
   fused(0);
   CK(cudaStreamSynchronize(s));
@@ -243,13 +245,7 @@ void GemvChecksAndTimes(cudaStream_t s) {
              }),
       kHeads * kHeadDim * kHidden * 1.0);
   // The FP8 attention projections at the shapes the router runs them (--weights fp8).
-  Row("gemv q, k, v: one launch fp8",
-      TimeUs(s, 64,
-             [&](int i) {
-               const DeviceWeight* w[] = {&q8.at(i), &k8.at(i), &v8.at(i)};
-               void* y[] = {yq2, yk2, yv2};
-               CK(LaunchGemvMulti(w, y, 3, x, 1, OutType::kBf16, s));
-             }),
+  Row("gemv q, k, v: one launch fp8", TimeUs(s, 64, [&](int i) { qkv(q8, k8, v8, i); }),
       qkv_bytes / 2);
   Row("gemv o 2048x4096 fp8",
       TimeUs(s, 64,
