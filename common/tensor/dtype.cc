@@ -1,5 +1,6 @@
 #include "common/tensor/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -97,6 +98,19 @@ uint8_t FloatToFp8E4M3(float f) {
   }
   const int code = ((exponent + 7) << 3) | (q - 8);
   return sign | static_cast<uint8_t>(code > 0x7e ? 0x7e : code);
+}
+
+void QuantizeBf16RowsToFp8E4M3(const uint16_t* w, int64_t out, int64_t in, uint8_t* codes,
+                               float* scales) {
+  for (int64_t o = 0; o < out; ++o) {
+    const uint16_t* row = w + o * in;
+    float absmax = 0.0f;
+    for (int64_t i = 0; i < in; ++i) absmax = std::max(absmax, std::fabs(Bf16ToFloat(row[i])));
+    const float scale = absmax > 0.0f ? absmax / kFp8E4M3MaxValue : 1.0f;
+    scales[o] = scale;
+    for (int64_t i = 0; i < in; ++i)
+      codes[o * in + i] = FloatToFp8E4M3(Bf16ToFloat(row[i]) / scale);
+  }
 }
 
 }  // namespace strata

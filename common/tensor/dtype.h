@@ -70,8 +70,15 @@ inline constexpr std::array<float, 256> kFp8E4M3Values = MakeFp8E4M3Table();
 }  // namespace dtype_internal
 
 inline float Fp8E4M3ToFloat(uint8_t v) { return dtype_internal::kFp8E4M3Values[v]; }
-// Round to nearest even, saturating to +-448 (as CUDA's __NV_SATFINITE conversion).
+// Round to nearest even, saturating to +-448: CUDA's __nv_cvt_float_to_fp8(f, __NV_SATFINITE,
+// __NV_E4M3) for every float but NaN (all 2^32 inputs compared on the host).
 uint8_t FloatToFp8E4M3(float f);
+
+// FP8 E4M3 with one scale per row of a [out, in] row-major bf16 matrix (raw bits): scales[o] =
+// max |row o| / 448 (1 for an all-zero row), codes = FloatToFp8E4M3(w / scale). The CUDA
+// backend's device quantizer (LaunchQuantizeFp8PerChannel) gives the same bytes.
+void QuantizeBf16RowsToFp8E4M3(const uint16_t* w, int64_t out, int64_t in, uint8_t* codes,
+                               float* scales);
 
 // Reads element `i` of a buffer of `dtype` as float32.
 inline float LoadAsFloat(const void* data, DType dtype, int64_t i) {

@@ -43,7 +43,7 @@ TEST_F(CudaOpsTest, QuantizeFp8HostAndDeviceAgree) {
     w[4 * in + 7] = Bf16(1e-8f);  // then row 4 gets a tiny absmax
     std::vector<uint8_t> q_host(out * in);
     std::vector<float> s_host(out);
-    gpu::QuantizeFp8PerChannel(w.data(), out, in, q_host.data(), s_host.data());
+    QuantizeBf16RowsToFp8E4M3(w.data(), out, in, q_host.data(), s_host.data());
     const uint16_t* d_w = Put(w);
     uint8_t* d_q = Poisoned<uint8_t>(out * in);
     float* d_s = Poisoned<float>(out);
@@ -88,7 +88,7 @@ TEST_F(CudaOpsTest, Linear) {
     const std::vector<uint16_t> bias = RandomBf16(c.out, 0.5f);
     std::vector<uint8_t> q(c.out * c.in);
     std::vector<float> scales(c.out);
-    gpu::QuantizeFp8PerChannel(w.data(), c.out, c.in, q.data(), scales.data());
+    QuantizeBf16RowsToFp8E4M3(w.data(), c.out, c.in, q.data(), scales.data());
     const std::vector<float> w_deq = DequantizeHost(q, scales, c.out, c.in);
 
     const std::vector<float> xf = ToFloat(x);

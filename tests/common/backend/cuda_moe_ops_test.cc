@@ -203,7 +203,7 @@ class GroupedExpertTest : public CudaOpsTest {
         }
         std::vector<uint8_t> q(std_layout.size());
         std::vector<float> scale(mats[j]->out);
-        gpu::QuantizeFp8PerChannel(std_layout.data(), mats[j]->out, mats[j]->in, q.data(),
+        QuantizeBf16RowsToFp8E4M3(std_layout.data(), mats[j]->out, mats[j]->in, q.data(),
                                    scale.data());
         ptrs[j]->push_back(Put(q));
         sptrs[j]->push_back(Put(scale));

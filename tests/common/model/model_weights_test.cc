@@ -153,22 +153,11 @@ void CopyWithFp8Expert(const TempDir& dir, const std::string& scale_name,
         }
         ASSERT_EQ(e.dtype, "BF16");
         const int64_t out = e.shape[0], in = e.shape[1];
+        std::vector<uint16_t> bf16(out * in);
+        std::memcpy(bf16.data(), bytes.data(), bf16.size() * 2);
         std::vector<uint8_t> codes(out * in);
         std::vector<float> scales(out);
-        for (int64_t o = 0; o < out; ++o) {
-          float absmax = 0;
-          for (int64_t i = 0; i < in; ++i) {
-            uint16_t v;
-            std::memcpy(&v, &bytes[2 * (o * in + i)], 2);
-            absmax = std::max(absmax, std::fabs(Bf16ToFloat(v)));
-          }
-          scales[o] = absmax > 0 ? absmax / kFp8E4M3MaxValue : 1.0f;
-          for (int64_t i = 0; i < in; ++i) {
-            uint16_t v;
-            std::memcpy(&v, &bytes[2 * (o * in + i)], 2);
-            codes[o * in + i] = FloatToFp8E4M3(Bf16ToFloat(v) / scales[o]);
-          }
-        }
+        QuantizeBf16RowsToFp8E4M3(bf16.data(), out, in, codes.data(), scales.data());
         builder.Add(e.name, "F8_E4M3", e.shape, codes);
         if (scale_name.empty()) return;
         std::vector<uint8_t> scale_bytes;

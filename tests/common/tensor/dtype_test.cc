@@ -88,5 +88,28 @@ TEST(DTypeTest, Fp8E4M3RoundsToNearestEvenAndSaturates) {
   }
 }
 
+// Per-row quantization: each row's largest magnitude lands on 448 exactly, an all-zero row
+// gets scale 1, and every element comes back within half an E4M3 step.
+TEST(DTypeTest, Bf16RowsQuantizeToFp8WithRowScales) {
+  const std::vector<float> rows = {0.5f,  -2.0f, 1.0f,   0.25f,   // absmax 2
+                                   0.0f,  0.0f,  0.0f,   0.0f,    // all zero
+                                   3e-3f, 1e-3f, -7e-3f, 2e-3f};  // absmax 7e-3
+  std::vector<uint16_t> bf16;
+  for (float f : rows) bf16.push_back(FloatToBf16(f));
+  std::vector<uint8_t> codes(rows.size());
+  std::vector<float> scales(3);
+  QuantizeBf16RowsToFp8E4M3(bf16.data(), 3, 4, codes.data(), scales.data());
+  EXPECT_FLOAT_EQ(scales[0], 2.0f / 448);
+  EXPECT_EQ(scales[1], 1.0f);
+  EXPECT_FLOAT_EQ(scales[2], Bf16ToFloat(FloatToBf16(7e-3f)) / 448);
+  EXPECT_EQ(codes[1], 0xfe);  // -448
+  EXPECT_EQ(codes[10], 0xfe);
+  for (int i = 4; i < 8; ++i) EXPECT_EQ(codes[i], 0x00);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const float w = Bf16ToFloat(bf16[i]), back = Fp8E4M3ToFloat(codes[i]) * scales[i / 4];
+    EXPECT_NEAR(back, w, std::fabs(w) / 16 + scales[i / 4] / 1024) << i;
+  }
+}
+
 }  // namespace
 }  // namespace strata
