@@ -10,6 +10,7 @@
 #include "common/backend/cuda/cuda_expert_backend.h"
 #include "common/backend/cuda/cuda_router_backend.h"
 #include "common/backend/cuda/cuda_status.h"
+#include "common/backend/cuda/cuda_weights.h"
 #endif
 #include "common/util/status_macros.h"
 
@@ -100,20 +101,17 @@ absl::Status ModelStack::CreateCudaBackends() {
   const int max_tokens = std::max(options_.max_step_tokens, 1);
   const std::string& attention_weights =
       options_.attention_weights.empty() ? options_.expert_weights : options_.attention_weights;
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<gpu::CudaRouterBackend> cuda_router,
-      gpu::CudaRouterBackend::Create(
-          *model_, kv_->options(), raw,
-          {.max_tokens = max_tokens,
-           .max_sequences = std::max(options_.max_sequences, 1),
-           .attention_format = attention_weights == "fp8" ? gpu::WeightFormat::kFp8E4M3
-                                                          : gpu::WeightFormat::kBf16}));
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu::CudaRouterBackend> cuda_router,
+                   gpu::CudaRouterBackend::Create(
+                       *model_, kv_->options(), raw,
+                       {.max_tokens = max_tokens,
+                        .max_sequences = std::max(options_.max_sequences, 1),
+                        .attention_format = gpu::WeightFormatNamed(attention_weights)}));
   cuda_router_ = cuda_router.get();
   router_ = std::move(cuda_router);
   if (!options_.local_experts) return absl::OkStatus();
   gpu::CudaExpertOptions expert_options;
-  expert_options.format =
-      options_.expert_weights == "fp8" ? gpu::WeightFormat::kFp8E4M3 : gpu::WeightFormat::kBf16;
+  expert_options.format = gpu::WeightFormatNamed(options_.expert_weights);
   expert_options.max_tokens = max_tokens;
   if (options_.on_progress) {
     expert_options.on_layer = [progress = options_.on_progress](int layer, int layers,

@@ -29,6 +29,10 @@ struct WeightMatrix {
   const float* scale = nullptr;  // [out], FP8 only
 
   bool present() const { return data != nullptr; }
+  // Rows stored one after another, each packed: the layout a copy can take whole.
+  bool row_major() const { return in_stride == 1 && out_stride == in; }
+  // FP8 E4M3 matrices carry row scales, and only they.
+  bool scales_match_dtype() const { return (dtype == DType::kF8E4M3) == (scale != nullptr); }
   float At(int64_t o, int64_t i) const {
     const float v = LoadAsFloat(data, dtype, o * out_stride + i * in_stride);
     return scale != nullptr ? v * scale[o] : v;

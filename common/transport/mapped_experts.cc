@@ -165,7 +165,7 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
             absl::StrCat("expert store: layer ", layer, " expert ", e, " is incomplete"));
       }
       for (const WeightMatrix* m : {&f.gate, &f.up, &f.down}) {
-        if ((m->dtype == DType::kF8E4M3) != (m->scale != nullptr)) {
+        if (!m->scales_match_dtype()) {
           return absl::FailedPreconditionError(absl::StrCat(
               "expert store: layer ", layer, " expert ", e, ": a ", DTypeName(m->dtype), " matrix ",
               m->scale != nullptr ? "with" : "without",

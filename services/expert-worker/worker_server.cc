@@ -11,6 +11,7 @@
 #include "common/shm/channel.h"
 #if STRATA_HAVE_CUDA
 #include "common/backend/cuda/cuda_expert_slots.h"
+#include "common/backend/cuda/cuda_weights.h"
 #include "common/backend/cuda/staged_expert_backend.h"
 #endif
 #include "common/util/process.h"
@@ -43,12 +44,6 @@ absl::StatusOr<T> RetryUntil(const std::function<absl::StatusOr<T>()>& attempt,
     absl::SleepFor(absl::Milliseconds(100));
   }
 }
-
-#if STRATA_HAVE_CUDA
-gpu::WeightFormat ExpertFormat(const std::string& weights) {
-  return weights == "fp8" ? gpu::WeightFormat::kFp8E4M3 : gpu::WeightFormat::kBf16;
-}
-#endif
 
 }  // namespace
 
@@ -96,7 +91,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   } else {
 #if STRATA_HAVE_CUDA
     gpu::CudaExpertOptions cuda;
-    cuda.format = ExpertFormat(options.expert_weights);
+    cuda.format = gpu::WeightFormatNamed(options.expert_weights);
     cuda.max_tokens = options.max_tokens_per_step;
     cuda.on_layer = [&options](int layer, int layers, uint64_t bytes) {
       options.log(absl::StrCat("experts of layer ", layer + 1, "/", layers, " on ", options.device,
@@ -157,7 +152,7 @@ absl::Status WorkerServer::CreateTiers() {
     slot_bytes = CpuExpertSlotBytes(config_, sample->gate.dtype, sample->gate_bias.present());
   } else {
 #if STRATA_HAVE_CUDA
-    slot_bytes = gpu::CudaExpertSlotBytes(config_, ExpertFormat(options_.expert_weights));
+    slot_bytes = gpu::CudaExpertSlotBytes(config_, gpu::WeightFormatNamed(options_.expert_weights));
 #else
     return absl::InvalidArgumentError("this build has no CUDA backend (nvcc was not found)");
 #endif
@@ -180,7 +175,7 @@ absl::Status WorkerServer::CreateTiers() {
   } else {
 #if STRATA_HAVE_CUDA
     gpu::CudaExpertSlotOptions cuda;
-    cuda.format = ExpertFormat(options_.expert_weights);
+    cuda.format = gpu::WeightFormatNamed(options_.expert_weights);
     cuda.max_tokens = options_.max_tokens_per_step;
     cuda.num_slots = num_slots;
     ASSIGN_OR_RETURN(

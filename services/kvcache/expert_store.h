@@ -66,11 +66,6 @@ class ExpertStore {
   uint64_t bytes_copied_ = 0;
 };
 
-// Tensor names used in the layout, in the order each expert's tensors are laid out.
-inline constexpr const char* kExpertTensorNames[] = {"gate",       "up",       "down",
-                                                     "gate_bias",  "up_bias",  "down_bias",
-                                                     "gate_scale", "up_scale", "down_scale"};
-
 }  // namespace strata
 
 #endif  // STRATA_SERVICES_KVCACHE_EXPERT_STORE_H_

@@ -37,7 +37,7 @@ SlotLayout LayoutOf(const ModelConfig& config, DType dtype, bool biased) {
 // after it.
 WeightMatrix CopyMatrix(const WeightMatrix& src, uint8_t* dst) {
   const size_t size = DTypeSize(src.dtype);
-  if (src.in_stride == 1 && src.out_stride == src.in) {
+  if (src.row_major()) {
     std::memcpy(dst, src.data, static_cast<size_t>(src.out * src.in) * size);
   } else {  // strided views (interleaved gate/up) are packed row by row, element by element
     const uint8_t* base = static_cast<const uint8_t*>(src.data);
@@ -108,7 +108,7 @@ absl::Status CpuExpertSlots::Load(int slot, int layer, int expert, const FfnWeig
     if (m->dtype != dtype_) {
       return absl::InvalidArgumentError("expert weights are not in the slots' dtype");
     }
-    if ((m->dtype == DType::kF8E4M3) != (m->scale != nullptr)) {
+    if (!m->scales_match_dtype()) {
       return absl::InvalidArgumentError("FP8 expert weights need row scales (and only they)");
     }
     if (m->out != shape.first || m->in != shape.second) {

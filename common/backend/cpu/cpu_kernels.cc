@@ -7,37 +7,25 @@
 namespace strata::cpu {
 namespace {
 
-// Row o of W as float32.
+// Row o of W as float32, times its row scale when it has one (as WeightMatrix::At).
 void LoadRow(const WeightMatrix& w, int64_t o, float* row) {
   const int64_t base = o * w.out_stride;
-  if (w.dtype == DType::kF8E4M3) {
+  if (w.in_stride == 1 && w.dtype == DType::kF32) {
+    const float* src = static_cast<const float*>(w.data) + base;
+    std::copy(src, src + w.in, row);
+  } else if (w.in_stride == 1 && w.dtype == DType::kBF16) {
+    const uint16_t* src = static_cast<const uint16_t*>(w.data) + base;
+    for (int64_t i = 0; i < w.in; ++i) row[i] = Bf16ToFloat(src[i]);
+  } else if (w.dtype == DType::kF8E4M3) {
     const uint8_t* src = static_cast<const uint8_t*>(w.data) + base;
-    const float scale = w.scale != nullptr ? w.scale[o] : 1.0f;
-    for (int64_t i = 0; i < w.in; ++i) row[i] = scale * Fp8E4M3ToFloat(src[i * w.in_stride]);
-    return;
+    for (int64_t i = 0; i < w.in; ++i) row[i] = Fp8E4M3ToFloat(src[i * w.in_stride]);
+  } else {
+    for (int64_t i = 0; i < w.in; ++i)
+      row[i] = LoadAsFloat(w.data, w.dtype, base + i * w.in_stride);
   }
-  if (w.scale != nullptr) {  // as At: a row scale applies whatever the dtype
-    for (int64_t i = 0; i < w.in; ++i) row[i] = w.At(o, i);
-    return;
+  if (w.scale != nullptr) {
+    for (int64_t i = 0; i < w.in; ++i) row[i] *= w.scale[o];
   }
-  if (w.in_stride == 1) {
-    switch (w.dtype) {
-      case DType::kF32: {
-        const float* src = static_cast<const float*>(w.data) + base;
-        std::copy(src, src + w.in, row);
-        return;
-      }
-      case DType::kBF16: {
-        const uint16_t* src = static_cast<const uint16_t*>(w.data) + base;
-        for (int64_t i = 0; i < w.in; ++i) row[i] = Bf16ToFloat(src[i]);
-        return;
-      }
-      case DType::kF16:
-      case DType::kF8E4M3:
-        break;
-    }
-  }
-  for (int64_t i = 0; i < w.in; ++i) row[i] = LoadAsFloat(w.data, w.dtype, base + i * w.in_stride);
 }
 
 }  // namespace

@@ -171,8 +171,7 @@ absl::Status EnqueueExpertUpload(const FfnWeights& weights, const ExpertDeviceLa
   for (int m = 0; m < 3; ++m) {
     const WeightMatrix& w = *mats[m];
     void* out = const_cast<void*>(dst[m]);
-    if (fp8 && w.dtype == DType::kF8E4M3 && w.scale != nullptr && w.in_stride == 1 &&
-        w.out_stride == w.in) {
+    if (fp8 && w.dtype == DType::kF8E4M3 && w.scale != nullptr && w.row_major()) {
       // An FP8 checkpoint's codes and row scales go up as they are: exact, and no staging.
       CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, w.data, count, cudaMemcpyHostToDevice, stream));
       CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(const_cast<void*>(dst[3 + m]), w.scale,

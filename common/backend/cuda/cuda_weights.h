@@ -6,6 +6,7 @@
 
 #include <array>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -58,9 +59,15 @@ class DeviceWeightStore {
   std::vector<DeviceBuffer<uint8_t>> buffers_;
 };
 
+// The format a --weights value names: "fp8" is FP8 E4M3, anything else (callers have checked
+// for "bf16") bf16.
+inline WeightFormat WeightFormatNamed(std::string_view weights) {
+  return weights == "fp8" ? WeightFormat::kFp8E4M3 : WeightFormat::kBf16;
+}
+
 // Whether a matrix is already row-major bf16 [out, in], so its bytes can be copied as they are.
 inline bool IsRowMajorBf16(const WeightMatrix& w) {
-  return w.dtype == DType::kBF16 && w.in_stride == 1 && w.out_stride == w.in;
+  return w.dtype == DType::kBF16 && w.row_major();
 }
 
 // Where one routed expert's weights sit in a block of device memory: gate, up and down, then

@@ -12,7 +12,7 @@ constexpr int64_t kTile = 64;
 }  // namespace
 
 void RepackToRowMajorBf16(const WeightMatrix& w, uint16_t* dst) {
-  if (w.dtype == DType::kBF16 && w.in_stride == 1 && w.out_stride == w.in) {
+  if (w.dtype == DType::kBF16 && w.row_major()) {
     const uint16_t* src = static_cast<const uint16_t*>(w.data);
     std::copy(src, src + w.out * w.in, dst);
     return;
