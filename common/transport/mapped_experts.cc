@@ -1,15 +1,12 @@
 #include "common/transport/mapped_experts.h"
 
-#include <sys/stat.h>
-
-#include <cerrno>
 #include <cstring>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "boost/interprocess/file_mapping.hpp"
 #include "boost/interprocess/mapped_region.hpp"
 #include "boost/interprocess/shared_memory_object.hpp"
+#include "common/util/file_stamp.h"
 #include "common/util/status_macros.h"
 
 namespace strata {
@@ -22,19 +19,9 @@ struct MappedExperts::Mapping {
   bool in_place = false;
 };
 
-absl::StatusOr<int64_t> MappedExperts::FileMtimeNs(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat(path, ": ", std::strerror(errno)));
-  }
-  return int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
-}
-
 absl::Status MappedExperts::CheckFileUnchanged(const v1::SharedSegmentInfo& segment) {
-  std::error_code ec;
-  const uint64_t size = std::filesystem::file_size(segment.file_path(), ec);
-  absl::StatusOr<int64_t> mtime = FileMtimeNs(segment.file_path());
-  if (ec || !mtime.ok() || size != segment.bytes() || *mtime != segment.file_mtime_ns()) {
+  const absl::StatusOr<FileStamp> now = StampFile(segment.file_path());
+  if (!now.ok() || *now != FileStamp{segment.bytes(), segment.file_mtime_ns()}) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint file ", segment.file_path(),
                      " changed (or went) since strata-cache mapped it; restart strata-cache"));

@@ -26,8 +26,6 @@ class MappedExperts : public ExpertWeightSource {
   // The mapped shared-memory segments (for registering them with a GPU driver as pinned host
   // memory). Checkpoint files mapped in place are left out: they hold more than the experts.
   std::vector<absl::Span<const uint8_t>> segments() const;
-  // The file's modification time in nanoseconds, for SharedSegmentInfo.file_mtime_ns.
-  static absl::StatusOr<int64_t> FileMtimeNs(const std::string& path);
 
  private:
   struct Mapping;

@@ -16,6 +16,7 @@
 #include "boost/interprocess/shared_memory_object.hpp"
 #include "common/shm/process_liveness.h"
 #include "common/transport/mapped_experts.h"
+#include "common/util/file_stamp.h"
 #include "common/util/status_macros.h"
 #include "services/kvcache/fast_hash.h"
 #include "services/kvcache/store_meta.h"
@@ -185,15 +186,12 @@ bool Contiguous(const TensorSource& t) {
 absl::StatusOr<int> FileSegment(const std::string& path, v1::ExpertLayout& layout,
                                 absl::flat_hash_map<std::string, int>& segment_of) {
   if (const auto it = segment_of.find(path); it != segment_of.end()) return it->second;
-  std::error_code ec;
-  const uint64_t size = std::filesystem::file_size(path, ec);
-  if (ec) return absl::NotFoundError(absl::StrCat(path, ": ", ec.message()));
-  ASSIGN_OR_RETURN(const int64_t mtime, MappedExperts::FileMtimeNs(path));
+  ASSIGN_OR_RETURN(const FileStamp stamp, StampFile(path));
   v1::SharedSegmentInfo* info = layout.add_segments();
   info->set_name(path);
   info->set_file_path(path);
-  info->set_bytes(size);
-  info->set_file_mtime_ns(mtime);
+  info->set_bytes(stamp.bytes);
+  info->set_file_mtime_ns(stamp.mtime_ns);
   info->set_numa_node(-1);
   return segment_of[path] = layout.segments_size() - 1;
 }

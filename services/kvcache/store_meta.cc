@@ -1,7 +1,5 @@
 #include "services/kvcache/store_meta.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -13,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/util/file_stamp.h"
 #include "services/kvcache/fast_hash.h"
 
 namespace strata {
@@ -69,10 +68,10 @@ absl::StatusOr<ModelIdentity> IdentifyModel(const std::string& dir) {
   std::sort(files.begin(), files.end());
   std::string fingerprint;
   for (const std::string& name : files) {
-    struct stat st;
-    if (::stat((fs::path(dir) / name).c_str(), &st) != 0) continue;
-    absl::StrAppend(&fingerprint, name, " ", st.st_size, " ", st.st_mtim.tv_sec, ".",
-                    st.st_mtim.tv_nsec, "\n");
+    const absl::StatusOr<FileStamp> stamp = StampFile((fs::path(dir) / name).string());
+    if (!stamp.ok()) continue;
+    absl::StrAppend(&fingerprint, name, " ", stamp->bytes, " ", stamp->mtime_ns / 1000000000, ".",
+                    stamp->mtime_ns % 1000000000, "\n");
   }
   id.checkpoint_fingerprint = FastHash64(fingerprint.data(), fingerprint.size());
   return id;

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -268,6 +269,13 @@ TEST_F(ExpertStoreTest, InPlaceMapsTheCheckpointFile) {
   auto again = ExpertStore::Attach(**model, options);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ((*again)->layout().generation(), generation);
+
+  // A checkpoint file touched after the layout was made is refused, not mapped stale.
+  const fs::path file = fs::path(dir) / "model.safetensors";
+  fs::last_write_time(file, fs::last_write_time(file) + std::chrono::seconds(1));
+  auto stale = MappedExperts::Map(layout, (*model)->config);
+  EXPECT_TRUE(absl::IsFailedPrecondition(stale.status())) << stale.status();
+  EXPECT_THAT(stale.status().message(), HasSubstr("changed"));
 
   // gpt-oss interleaves gate and up in one tensor: nothing contiguous to map.
   auto gpt_oss = LoadModel(CopyOracle("gpt_oss", temp_.path()));
