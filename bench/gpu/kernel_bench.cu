@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "common/backend/cuda/gemv_kernels.h"
@@ -449,29 +450,41 @@ void AttentionChecksAndTimes(cudaStream_t s, int sm_count) {
   uint8_t* ws = Alloc<uint8_t>(split.workspace_bytes);
   auto layer = [&](int l) { return KvLayer(caches[l % kLayers], d_table, blocks, kBlock); };
   const TokenBatch tokens{d_seq, d_pos, 1};
-  std::printf("plan: cluster %d, splits %d\n", plan.cluster, plan.num_splits);
+  std::printf("plan: cluster %d, blocks %d, heads a block %d (largest cluster here %d)\n",
+              plan.cluster, plan.num_splits, plan.heads_per_block, MaxDecodeClusterBlocks());
+  // The decode kernel's cluster shapes (blocks a cluster x query heads a block; 8x8 is the
+  // shape before the planner chose among them).
+  const std::pair<int, int> shapes[] = {{8, 8}, {16, 8}, {8, 4}, {16, 4}, {16, 2}};
   for (int context : {1, 128, 640, 4096}) {
     const int32_t pos = context - 1;
     CK(cudaMemcpy(d_pos, &pos, sizeof(pos), cudaMemcpyHostToDevice));
     CK(LaunchPagedAttention(q, tokens, layer(0), p, split, ws, out, s));
-    CK(LaunchPagedAttention(q, tokens, layer(0), p, plan, nullptr, out2, s));
     CK(cudaStreamSynchronize(s));
-    char name[96];
-    std::snprintf(name, sizeof(name), "attention ctx %d: cluster vs split kernel", context);
-    Check(name, RelErr(Get(out2, kHeads * kHeadDim), Get(out, kHeads * kHeadDim)), 1e-2);
+    const std::vector<bf16> want = Get(out, kHeads * kHeadDim);
     const double bytes = 2.0 * context * kv_dim * 2;
+    char name[96];
     std::snprintf(name, sizeof(name), "attention ctx %d: 32 splits + merge", context);
     Row(name,
         TimeUs(s, 64,
                [&](int i) { CK(LaunchPagedAttention(q, tokens, layer(i), p, split, ws, out, s)); }),
         bytes);
-    std::snprintf(name, sizeof(name), "attention ctx %d: cluster kernel", context);
-    Row(name,
-        TimeUs(s, 64,
-               [&](int i) {
-                 CK(LaunchPagedAttention(q, tokens, layer(i), p, plan, nullptr, out2, s));
-               }),
-        bytes);
+    for (const auto& [blocks, heads] : shapes) {
+      const PagedAttentionPlan shaped = ClusterDecodePlan(p, blocks, heads);
+      CK(LaunchPagedAttention(q, tokens, layer(0), p, shaped, nullptr, out2, s));
+      CK(cudaStreamSynchronize(s));
+      std::snprintf(name, sizeof(name), "attention ctx %d: cluster %dx%d vs split kernel", context,
+                    blocks, heads);
+      Check(name, RelErr(Get(out2, kHeads * kHeadDim), want), 1e-2);
+      std::snprintf(name, sizeof(name), "attention ctx %d: cluster kernel %dx%d%s", context, blocks,
+                    heads,
+                    blocks == plan.num_splits && heads == plan.heads_per_block ? " (planned)" : "");
+      Row(name,
+          TimeUs(s, 64,
+                 [&](int i) {
+                   CK(LaunchPagedAttention(q, tokens, layer(i), p, shaped, nullptr, out2, s));
+                 }),
+          bytes);
+    }
   }
 }
 
@@ -540,7 +553,15 @@ void FusedDecodeChecksAndTimes(cudaStream_t s, int sm_count) {
   Check("fused decode: appended key and value", RelErr(rows_b, rows_a), 1e-2);
   Check("fused decode: the rest of the cache", RelErr(cb, ca), 1e-4);
   Row("decode ctx 640: rope, append, attention", TimeUs(s, 64, unfused), 4.0 * kContext * kv_dim);
-  Row("decode ctx 640: fused kernel", TimeUs(s, 64, fused), 4.0 * kContext * kv_dim);
+  Row("decode ctx 640: fused kernel, planned", TimeUs(s, 64, fused), 4.0 * kContext * kv_dim);
+  const PagedAttentionPlan before = ClusterDecodePlan(p, 8, 8);
+  Row("decode ctx 640: fused kernel, 8x8",
+      TimeUs(s, 64,
+             [&](int) {
+               CK(LaunchPagedDecodeWithRope(q, k, v, kv_dim, tokens, layer(cache_b), p, rope,
+                                            before, out_b, s));
+             }),
+      4.0 * kContext * kv_dim);
 }
 
 }  // namespace

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
 
 #include "common/backend/cuda/device_utils.cuh"
 #include "common/backend/cuda/paged_attention_kernels.h"
@@ -32,10 +35,12 @@ struct Shape {
   int chunk_heads;  // query heads per chunk (the last may have fewer)
 };
 
-Shape MakeShape(const PagedAttentionParams& p) {
+// heads_per_block: at most this many query heads a block (0: kMaxGroup).
+Shape MakeShape(const PagedAttentionParams& p, int heads_per_block = 0) {
+  const int heads = heads_per_block > 0 ? std::min(heads_per_block, kMaxGroup) : kMaxGroup;
   Shape s;
   s.group = p.num_heads / p.num_kv_heads;
-  s.head_chunks = (s.group + kMaxGroup - 1) / kMaxGroup;
+  s.head_chunks = (s.group + heads - 1) / heads;
   s.chunk_heads = (s.group + s.head_chunks - 1) / s.head_chunks;
   return s;
 }
@@ -261,16 +266,19 @@ __global__ void __launch_bounds__(kD)
   out[t * out_stride + int64_t{head} * kD + threadIdx.x] = __float2bfloat16(value / denom);
 }
 
-// Decode (few queries): one cluster of kDecodeBlocks blocks per (token, kv head chunk), each
-// block taking an equal share of that token's keys, found from its position at run time (so a
-// graph captured for a long context still spreads a short one over all blocks). One warp per
-// query head: lane j scores key j of a 32-key tile, the softmax stays in the warp, and lane l
-// accumulates P V for dims [l * kD / 32, (l + 1) * kD / 32). The blocks merge their partial
-// softmax sums through distributed shared memory: no workspace and no second launch.
-constexpr int kDecodeBlocks = 8;  // the portable cluster size; also the merge's heads per chunk
+// Decode (few queries): one cluster of kBlocks blocks (8, the portable size, or 16) per
+// (token, kv head chunk), each block taking an equal share of that token's keys, found from its
+// position at run time (so a graph captured for a long context still spreads a short one over
+// all blocks). One warp per query head: lane j scores key j of a 32-key tile, the softmax stays
+// in the warp, and lane l accumulates P V for dims [l * kD / 32, (l + 1) * kD / 32). The blocks
+// merge their partial softmax sums through distributed shared memory: no workspace and no
+// second launch. A tile's work is a chain of dependent steps in each warp, so at one token the
+// time goes with the tiles a block walks: more blocks per cluster and fewer heads per block
+// (more clusters) shorten it while SMs are idle.
 constexpr int kDecodeThreads = kMaxGroup * kWarpSize;
 constexpr int kDecodeTile = kWarpSize;
-static_assert(kMaxGroup <= kDecodeBlocks, "block r of a cluster merges head r of its chunk");
+constexpr int kMaxDecodeBlocks = 16;  // the largest cluster Hopper allows (non-portable)
+static_assert(kMaxGroup <= 8, "block r of a cluster merges head r of its chunk");
 
 // The step's raw k and v rows and the q/k norm and rotary embedding, for the fused decode.
 struct DecodeRope {
@@ -345,8 +353,8 @@ __device__ __forceinline__ void Bf16x8ToFloat(const uint4& raw, float (&f)[8]) {
   }
 }
 
-template <int kD, bool kFused>
-__global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeThreads)
+template <int kD, bool kFused, int kBlocks>
+__global__ void __launch_bounds__(kDecodeThreads)
     PagedDecodeKernel(const bf16* __restrict__ q, TokenBatch tokens, PagedKvLayer kv,
                       PagedAttentionParams p, Shape shape, DecodeRope fuse,
                       bf16* __restrict__ out) {
@@ -367,7 +375,7 @@ __global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeT
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
   const int g = tid / kWarpSize;  // this warp's query head within the chunk
-  const int64_t t = blockIdx.x / kDecodeBlocks;
+  const int64_t t = blockIdx.x / kBlocks;
   const int kv_head = blockIdx.y / shape.head_chunks;
   const int chunk = blockIdx.y % shape.head_chunks;
   const int head0 = kv_head * shape.group + chunk * shape.chunk_heads;
@@ -381,7 +389,7 @@ __global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeT
   const int32_t* table = kv.block_tables + int64_t{tokens.seq[t]} * kv.max_blocks_per_seq;
   const int64_t kv_dim = int64_t{kv.num_kv_heads} * kD;
   const int first = p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
-  const int share = (pos + 1 - first + kDecodeBlocks - 1) / kDecodeBlocks;
+  const int share = (pos + 1 - first + kBlocks - 1) / kBlocks;
   const int begin = first + rank * share;
   const int end = min(pos + 1, begin + share);
 
@@ -556,17 +564,17 @@ __global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeT
   // Block r merges head r of the chunk over the cluster's blocks, the sink included.
   if (rank < num_g && tid < kD) {
     const int head = head0 + rank;
-    float2 ml[kDecodeBlocks];
+    float2 ml[kBlocks];
     float mx = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
 #pragma unroll
-    for (int b = 0; b < kDecodeBlocks; ++b) {
+    for (int b = 0; b < kBlocks; ++b) {
       ml[b] = *cluster.map_shared_rank(&ml_s[rank], b);
       mx = fmaxf(mx, ml[b].x);
     }
     float denom = p.sinks != nullptr ? exp2f(p.sinks[head] * kLog2e - mx) : 0.0f;
     float value = 0.0f;
 #pragma unroll
-    for (int b = 0; b < kDecodeBlocks; ++b) {
+    for (int b = 0; b < kBlocks; ++b) {
       if (ml[b].x == -INFINITY) continue;  // a block with no keys
       const float w = exp2f(ml[b].x - mx);
       denom += ml[b].y * w;
@@ -577,15 +585,39 @@ __global__ void __cluster_dims__(kDecodeBlocks, 1, 1) __launch_bounds__(kDecodeT
   cluster.sync();  // the other blocks' shared memory was read: now they may exit
 }
 
+// The largest cluster is non-portable: each 16-block kernel asks for it once.
+template <int kD, bool kFused>
+cudaError_t AllowLargeClusters() {
+  static const cudaError_t allowed =
+      cudaFuncSetAttribute(PagedDecodeKernel<kD, kFused, kMaxDecodeBlocks>,
+                           cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  return allowed;
+}
+
+template <int kD, bool kFused, int kBlocks>
+cudaError_t LaunchDecodeClusters(const bf16* q, const TokenBatch& tokens, const PagedKvLayer& kv,
+                                 const PagedAttentionParams& p, const Shape& shape,
+                                 const DecodeRope& fuse, bf16* out, cudaStream_t stream) {
+  constexpr auto kernel = PagedDecodeKernel<kD, kFused, kBlocks>;
+  if constexpr (kBlocks == kMaxDecodeBlocks) {
+    const cudaError_t allowed = AllowLargeClusters<kD, kFused>();
+    if (allowed != cudaSuccess) return allowed;
+  }
+  const dim3 grid(static_cast<unsigned>(tokens.n * kBlocks),
+                  static_cast<unsigned>(p.num_kv_heads * shape.head_chunks));
+  return LaunchPdlInClusters(kernel, grid, dim3(kDecodeThreads), kBlocks, 0, stream, q, tokens, kv,
+                             p, shape, fuse, out);
+}
+
 template <int kD, bool kFused>
 cudaError_t LaunchDecodeForDim(const bf16* q, const TokenBatch& tokens, const PagedKvLayer& kv,
-                               const PagedAttentionParams& p, const DecodeRope& fuse, bf16* out,
-                               cudaStream_t stream) {
-  const Shape shape = MakeShape(p);
-  const dim3 grid(static_cast<unsigned>(tokens.n * kDecodeBlocks),
-                  static_cast<unsigned>(p.num_kv_heads * shape.head_chunks));
-  return LaunchPdl(PagedDecodeKernel<kD, kFused>, grid, dim3(kDecodeThreads), 0, stream, q, tokens,
-                   kv, p, shape, fuse, out);
+                               const PagedAttentionParams& p, const PagedAttentionPlan& plan,
+                               const DecodeRope& fuse, bf16* out, cudaStream_t stream) {
+  const Shape shape = MakeShape(p, plan.heads_per_block);
+  if (plan.num_splits == 16) {
+    return LaunchDecodeClusters<kD, kFused, 16>(q, tokens, kv, p, shape, fuse, out, stream);
+  }
+  return LaunchDecodeClusters<kD, kFused, 8>(q, tokens, kv, p, shape, fuse, out, stream);
 }
 
 template <int kD>
@@ -615,10 +647,77 @@ cudaError_t LaunchForDim(const bf16* q, const TokenBatch& tokens, const PagedKvL
   return cudaGetLastError();
 }
 
+bool ValidClusterPlan(const PagedAttentionPlan& plan) {
+  return (plan.num_splits == 8 || plan.num_splits == 16) && plan.heads_per_block >= 0 &&
+         plan.heads_per_block <= kMaxGroup;
+}
+
 bool ValidParams(const PagedAttentionParams& p) {
   return (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) && p.num_kv_heads > 0 &&
          p.num_heads > 0 && p.num_heads % p.num_kv_heads == 0 && p.max_context > 0 &&
          p.sliding_window >= 0;
+}
+
+}  // namespace
+
+int MaxDecodeClusterBlocks() {
+  static const int blocks = [] {
+    // Every 16-block kernel is allowed here, ahead of any capture of a graph that launches it.
+    constexpr auto kernel = PagedDecodeKernel<128, true, kMaxDecodeBlocks>;
+    if (AllowLargeClusters<64, false>() != cudaSuccess ||
+        AllowLargeClusters<64, true>() != cudaSuccess ||
+        AllowLargeClusters<128, false>() != cudaSuccess ||
+        AllowLargeClusters<128, true>() != cudaSuccess) {
+      cudaGetLastError();
+      return 8;
+    }
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(kMaxDecodeBlocks);
+    config.blockDim = dim3(kDecodeThreads);
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = kMaxDecodeBlocks;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+      cudaGetLastError();
+      return 8;
+    }
+    return clusters > 0 ? kMaxDecodeBlocks : 8;
+  }();
+  return blocks;
+}
+
+PagedAttentionPlan ClusterDecodePlan(const PagedAttentionParams& params, int blocks,
+                                     int heads_per_block) {
+  PagedAttentionPlan plan;
+  if (!ValidParams(params) || params.head_dim > 128 || (blocks != 8 && blocks != 16) ||
+      heads_per_block < 1 || heads_per_block > kMaxGroup) {
+    return plan;  // the one-split plan: no cluster
+  }
+  plan.cluster = true;
+  plan.num_splits = blocks;
+  plan.split_len = static_cast<int>((params.max_context + blocks - 1) / blocks);
+  plan.heads_per_block = heads_per_block;
+  return plan;
+}
+
+namespace {
+
+// STRATA_DECODE_CLUSTER=BxH (read once): every cluster plan takes B blocks a cluster and at most
+// H query heads a block, for comparing against the chosen shapes. {0, 0} when unset.
+std::pair<int, int> DecodeClusterOverride() {
+  static const std::pair<int, int> forced = [] {
+    const char* value = std::getenv("STRATA_DECODE_CLUSTER");
+    int blocks = 0, heads = 0;
+    if (value == nullptr || std::sscanf(value, "%dx%d", &blocks, &heads) != 2)
+      return std::pair{0, 0};
+    return std::pair{blocks, heads};
+  }();
+  return forced;
 }
 
 }  // namespace
@@ -630,13 +729,22 @@ PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& par
   const int64_t tiles = (params.max_context + tile - 1) / tile;
   const int64_t items = n * params.num_kv_heads * MakeShape(params).head_chunks;
   const int64_t target_blocks = 2 * int64_t{std::max(num_sms, 1)};
-  if (items < target_blocks && params.head_dim <= 128 && n * kDecodeBlocks <= 0x7fffffff) {
+  if (items < target_blocks && params.head_dim <= 128 && n * kMaxDecodeBlocks <= 0x7fffffff) {
     // Too few (token, head) items to fill the GPU: the decode kernel's clusters split each
-    // token's keys over kDecodeBlocks blocks by its own position.
-    plan.cluster = true;
-    plan.num_splits = kDecodeBlocks;
-    plan.split_len = static_cast<int>((params.max_context + kDecodeBlocks - 1) / kDecodeBlocks);
-    return plan;
+    // token's keys by its own position. While the clusters fit the SMs once over, 16 blocks a
+    // cluster, then fewer heads a block (more clusters), each halve the tiles a warp walks.
+    const auto [forced_blocks, forced_heads] = DecodeClusterOverride();
+    if (forced_blocks > 0) return ClusterDecodePlan(params, forced_blocks, forced_heads);
+    const int64_t sms = std::max(num_sms, 1);
+    const int group = params.num_heads / params.num_kv_heads;
+    int blocks = 8, heads = std::min(group, kMaxGroup);
+    if (items * 16 <= sms && MaxDecodeClusterBlocks() >= 16) blocks = 16;
+    while (heads > 1) {
+      const int64_t chunks = (group + heads / 2 - 1) / (heads / 2);
+      if (n * params.num_kv_heads * chunks * blocks > sms) break;
+      heads /= 2;
+    }
+    return ClusterDecodePlan(params, blocks, heads);
   }
   int64_t splits = 1;
   if (items < target_blocks) {
@@ -668,15 +776,18 @@ cudaError_t LaunchPagedAttention(const bf16* q, const TokenBatch& tokens, const 
       reinterpret_cast<uintptr_t>(kv.data) % 16 != 0 ||  // 16-byte key/value loads
       reinterpret_cast<uintptr_t>(out) % 4 != 0 || p.out_stride % 2 != 0 ||  // bf16 pairs
       reinterpret_cast<uintptr_t>(workspace) % 16 != 0 ||
-      int64_t{p.num_kv_heads} * MakeShape(p).head_chunks > 65535) {
+      (plan.cluster && !ValidClusterPlan(plan)) ||
+      int64_t{p.num_kv_heads} * MakeShape(p, plan.cluster ? plan.heads_per_block : 0).head_chunks >
+          65535) {
     return cudaErrorInvalidValue;
   }
   if (tokens.n == 0) return cudaSuccess;
   if (p.scale == 0.0f) p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   if (plan.cluster) {
-    if (p.head_dim == 64) return LaunchDecodeForDim<64, false>(q, tokens, kv, p, {}, out, stream);
+    if (p.head_dim == 64)
+      return LaunchDecodeForDim<64, false>(q, tokens, kv, p, plan, {}, out, stream);
     if (p.head_dim == 128) {
-      return LaunchDecodeForDim<128, false>(q, tokens, kv, p, {}, out, stream);
+      return LaunchDecodeForDim<128, false>(q, tokens, kv, p, plan, {}, out, stream);
     }
     return cudaErrorInvalidValue;
   }
@@ -697,12 +808,12 @@ cudaError_t LaunchPagedDecodeWithRope(const bf16* q, const bf16* k, const bf16* 
                                       bf16* out, cudaStream_t stream) {
   PagedAttentionParams p = params;
   if (!plan.cluster || !ValidParams(p) || kv.num_kv_heads != p.num_kv_heads ||
-      kv.head_dim != p.head_dim || kv.block_size <= 0 || tokens.n < 0 ||
-      tokens.n * kDecodeBlocks > 0x7fffffff || rope.head_dim != p.head_dim ||
+      kv.head_dim != p.head_dim || kv.block_size <= 0 || tokens.n < 0 || !ValidClusterPlan(plan) ||
+      tokens.n * plan.num_splits > 0x7fffffff || rope.head_dim != p.head_dim ||
       rope.num_heads != p.num_heads || rope.num_kv_heads != p.num_kv_heads ||
       rope.inv_freq == nullptr || k == nullptr || v == nullptr ||
       reinterpret_cast<uintptr_t>(kv.data) % 16 != 0 ||
-      int64_t{p.num_kv_heads} * MakeShape(p).head_chunks > 65535) {
+      int64_t{p.num_kv_heads} * MakeShape(p, plan.heads_per_block).head_chunks > 65535) {
     return cudaErrorInvalidValue;
   }
   if (tokens.n == 0) return cudaSuccess;
@@ -712,8 +823,12 @@ cudaError_t LaunchPagedDecodeWithRope(const bf16* q, const bf16* k, const bf16* 
   fuse.v = v;
   fuse.kv_stride = kv_stride;
   fuse.rope = rope;
-  if (p.head_dim == 64) return LaunchDecodeForDim<64, true>(q, tokens, kv, p, fuse, out, stream);
-  if (p.head_dim == 128) return LaunchDecodeForDim<128, true>(q, tokens, kv, p, fuse, out, stream);
+  if (p.head_dim == 64) {
+    return LaunchDecodeForDim<64, true>(q, tokens, kv, p, plan, fuse, out, stream);
+  }
+  if (p.head_dim == 128) {
+    return LaunchDecodeForDim<128, true>(q, tokens, kv, p, plan, fuse, out, stream);
+  }
   return cudaErrorInvalidValue;
 }
 

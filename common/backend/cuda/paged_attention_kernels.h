@@ -30,14 +30,26 @@ struct PagedAttentionPlan {
   int num_splits = 1;          // key-range splits per (token, head)
   int split_len = 0;           // keys per split (at most; clusters size theirs at run time)
   size_t workspace_bytes = 0;  // device scratch the launch needs (0 when num_splits == 1)
-  // Decode kernel: a cluster of num_splits blocks per (token, kv head) shares each token's
-  // keys evenly by its position and merges in shared memory (no workspace). head_dim <= 128.
+  // Decode kernel: a cluster of num_splits blocks (8 or 16) per (token, kv head chunk) shares
+  // each token's keys evenly by its position and merges in shared memory (no workspace).
+  // head_dim <= 128.
   bool cluster = false;
+  int heads_per_block = 0;  // cluster plans: query heads a chunk takes, at most 8 (0: 8)
 };
 
 // Splits the key range only when n * kv heads leaves SMs idle (for head_dim <= 128 through
-// the decode kernel's clusters). `num_sms` from the device.
+// the decode kernel's clusters). `num_sms` from the device. STRATA_DECODE_CLUSTER=BxH in the
+// environment forces every cluster plan's shape (for comparisons).
 PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& params, int num_sms);
+
+// A cluster plan of `blocks` blocks a cluster (8 or 16) and at most `heads_per_block` query
+// heads a block (1 to 8), for tests and benchmarks; the one-split plan when the shape does not
+// allow it.
+PagedAttentionPlan ClusterDecodePlan(const PagedAttentionParams& params, int blocks,
+                                     int heads_per_block);
+
+// 16 where this device runs the decode kernel in clusters of 16 blocks, else 8 (asked once).
+int MaxDecodeClusterBlocks();
 
 // out[t][h] = softmax over keys j of (q[t][h] . k[j][h / group]) * scale, times v, for each
 // token t of `tokens` (its keys and value already appended to `kv`) and head h. `workspace`

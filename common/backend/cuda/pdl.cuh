@@ -35,23 +35,40 @@ __device__ __forceinline__ void PdlLaunchDependents() {
 }
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), allowed to start early when
-// ProgrammaticLaunch() is on. The kernel must follow the rules above.
+// ProgrammaticLaunch() is on, in clusters of `cluster_blocks` blocks along x when that is over 1
+// (the kernel must not fix its own with __cluster_dims__). The kernel must follow the rules
+// above.
 template <typename... Params, typename... Args>
-cudaError_t LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-                      cudaStream_t stream, Args&&... args) {
+cudaError_t LaunchPdlInClusters(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                unsigned cluster_blocks, size_t shared_bytes, cudaStream_t stream,
+                                Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
+  cudaLaunchAttribute attribute[2];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = ProgrammaticLaunch() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 1;
+  if (cluster_blocks > 1) {
+    attribute[1].id = cudaLaunchAttributeClusterDimension;
+    attribute[1].val.clusterDim.x = cluster_blocks;
+    attribute[1].val.clusterDim.y = 1;
+    attribute[1].val.clusterDim.z = 1;
+    config.numAttrs = 2;
+  }
   const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   if (launched != cudaSuccess) cudaGetLastError();  // reported here, not by a later launch
   return launched;
+}
+
+template <typename... Params, typename... Args>
+cudaError_t LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                      cudaStream_t stream, Args&&... args) {
+  return LaunchPdlInClusters(kernel, grid, block, 1, shared_bytes, stream,
+                             std::forward<Args>(args)...);
 }
 
 }  // namespace strata::gpu

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -410,10 +411,18 @@ TEST_F(PagedCacheTest, PagedAttention) {
     const gpu::PagedAttentionParams params =
         AttentionParams(c.heads, c.kv_heads, c.head_dim, c.window, c.sinks ? d_sinks : nullptr,
                         *std::max_element(pos.begin(), pos.end()) + 1);
-    // The device's own plan (split-K when the batch is small) and a forced single split.
-    const gpu::PagedAttentionPlan plans[] = {
+    // The device's own plan (split-K when the batch is small), a forced single split and, where
+    // the decode kernel takes the head size, its other cluster shapes.
+    std::vector<gpu::PagedAttentionPlan> plans = {
         gpu::PlanPagedAttention(n, params, context().num_sms()),
         gpu::PlanPagedAttention(n, params, 1)};
+    if (d <= 128) {
+      const std::pair<int, int> shapes[] = {{8, 8}, {16, 4}, {8, 2}, {16, 1}};
+      for (const auto& [blocks, heads] : shapes) {
+        plans.push_back(gpu::ClusterDecodePlan(params, blocks, heads));
+        ASSERT_TRUE(plans.back().cluster);
+      }
+    }
     for (const gpu::PagedAttentionPlan& plan : plans) {
       uint8_t* ws = Poisoned<uint8_t>(std::max<size_t>(plan.workspace_bytes, 1));
       uint16_t* d_out = Poisoned<uint16_t>(n * q_dim);
@@ -426,7 +435,8 @@ TEST_F(PagedCacheTest, PagedAttention) {
       ExpectClose("paged attention",
                   absl::StrCat("d=", d, " bs=", c.block_size, " h=", c.heads, "/", c.kv_heads,
                                " ctx=", contexts, " n=", n, c.window ? " win" : "",
-                               c.sinks ? " sink" : "", " splits=", plan.num_splits),
+                               c.sinks ? " sink" : "", " splits=", plan.num_splits,
+                               plan.cluster ? " cluster, heads " : "", plan.heads_per_block),
                   GetBf16(AsBf16(d_out), n * q_dim), ref, 1e-2);
     }
   }
@@ -451,9 +461,6 @@ TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
     const int64_t cache_elems = int64_t{a.num_blocks} * 2 * c.block_size * kv_dim;
     // Older keys and values: random everywhere; the second cache starts as a copy.
     const std::vector<uint16_t> old = RandomBf16(cache_elems);
-    CUDA_ASSERT_OK(cudaMemcpy(a.data, old.data(), old.size() * 2, cudaMemcpyHostToDevice));
-    TestCache b = a;
-    b.data = Put(old);
     const int64_t n = static_cast<int64_t>(contexts.size());
     std::vector<int32_t> seq(n), pos(n);
     for (int64_t t = 0; t < n; ++t) {
@@ -488,40 +495,54 @@ TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
     // Planned for a graph's context, not the step's.
     const gpu::PagedAttentionParams params = AttentionParams(
         c.heads, c.kv_heads, c.head_dim, c.window, c.sinks ? d_sinks : nullptr, 16384);
-    const gpu::PagedAttentionPlan plan = gpu::PlanPagedAttention(n, params, context().num_sms());
-    ASSERT_TRUE(plan.cluster);
-    uint16_t* d_out_a = Poisoned<uint16_t>(n * q_dim);
-    uint16_t* d_out_b = Poisoned<uint16_t>(n * q_dim);
-    ASSERT_FALSE(HasFailure());
-    const gpu::TokenBatch tokens{.seq = d_seq, .pos = d_pos, .n = n};
-    LAUNCH_OK(gpu::LaunchQkNormRope(AsBf16(d_q_rot), AsBf16(d_k_rot), n, d_pos, rope, stream()));
-    LAUNCH_OK(gpu::LaunchPagedKvAppend(AsBf16(d_k_rot), kv_dim, AsBf16(d_v), kv_dim, tokens,
-                                       a.Layer(), stream()));
-    LAUNCH_OK(gpu::LaunchPagedAttention(AsBf16(d_q_rot), tokens, a.Layer(), params, plan, nullptr,
-                                        AsBf16(d_out_a), stream()));
-    LAUNCH_OK(gpu::LaunchPagedDecodeWithRope(AsBf16(d_q), AsBf16(d_k), AsBf16(d_v), kv_dim, tokens,
-                                             b.Layer(), params, rope, plan, AsBf16(d_out_b),
-                                             stream()));
-    const std::string shape = absl::StrCat("d=", d, " h=", c.heads, "/", c.kv_heads,
-                                           c.window ? " win" : "", c.sinks ? " sink" : "");
-    // Two kernels may contract the rotation into FMAs differently: bf16 rounding flips only.
-    ExpectClose("fused decode vs rope+append+attention", shape, GetBf16(AsBf16(d_out_b), n * q_dim),
-                GetBf16(AsBf16(d_out_a), n * q_dim), 1e-3);
-    // The appended rows (rotation rounding as above), then every other element untouched.
-    std::vector<uint16_t> got = Get(b.data, cache_elems), want = Get(a.data, cache_elems);
-    std::vector<float> got_rows, want_rows;
-    for (int64_t t = 0; t < n; ++t) {
-      for (int kv = 0; kv < 2; ++kv) {
-        const int64_t off = a.Offset(seq[t], pos[t], kv);
-        for (int64_t i = 0; i < kv_dim; ++i) {
-          got_rows.push_back(F(got[off + i]));
-          want_rows.push_back(F(want[off + i]));
-          got[off + i] = want[off + i] = 0;
+    const gpu::PagedAttentionPlan device_plan =
+        gpu::PlanPagedAttention(n, params, context().num_sms());
+    ASSERT_TRUE(device_plan.cluster);
+    // The device's cluster shape and others: which cluster owns a token's own key, and how many
+    // clusters write it, differ.
+    for (const gpu::PagedAttentionPlan& plan :
+         {device_plan, gpu::ClusterDecodePlan(params, 16, 2), gpu::ClusterDecodePlan(params, 16, 8),
+          gpu::ClusterDecodePlan(params, 8, 4)}) {
+      ASSERT_TRUE(plan.cluster);
+      TestCache b = a;
+      b.data = Put(old);
+      CUDA_ASSERT_OK(cudaMemcpy(a.data, old.data(), old.size() * 2, cudaMemcpyHostToDevice));
+      CUDA_ASSERT_OK(cudaMemcpy(d_q_rot, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+      CUDA_ASSERT_OK(cudaMemcpy(d_k_rot, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
+      uint16_t* d_out_a = Poisoned<uint16_t>(n * q_dim);
+      uint16_t* d_out_b = Poisoned<uint16_t>(n * q_dim);
+      ASSERT_FALSE(HasFailure());
+      const gpu::TokenBatch tokens{.seq = d_seq, .pos = d_pos, .n = n};
+      LAUNCH_OK(gpu::LaunchQkNormRope(AsBf16(d_q_rot), AsBf16(d_k_rot), n, d_pos, rope, stream()));
+      LAUNCH_OK(gpu::LaunchPagedKvAppend(AsBf16(d_k_rot), kv_dim, AsBf16(d_v), kv_dim, tokens,
+                                         a.Layer(), stream()));
+      LAUNCH_OK(gpu::LaunchPagedAttention(AsBf16(d_q_rot), tokens, a.Layer(), params, plan, nullptr,
+                                          AsBf16(d_out_a), stream()));
+      LAUNCH_OK(gpu::LaunchPagedDecodeWithRope(AsBf16(d_q), AsBf16(d_k), AsBf16(d_v), kv_dim,
+                                               tokens, b.Layer(), params, rope, plan,
+                                               AsBf16(d_out_b), stream()));
+      const std::string shape = absl::StrCat(
+          "d=", d, " h=", c.heads, "/", c.kv_heads, c.window ? " win" : "", c.sinks ? " sink" : "",
+          " blocks ", plan.num_splits, " heads ", plan.heads_per_block);
+      // Two kernels may contract the rotation into FMAs differently: bf16 rounding flips only.
+      ExpectClose("fused decode vs rope+append+attention", shape,
+                  GetBf16(AsBf16(d_out_b), n * q_dim), GetBf16(AsBf16(d_out_a), n * q_dim), 1e-3);
+      // The appended rows (rotation rounding as above), then every other element untouched.
+      std::vector<uint16_t> got = Get(b.data, cache_elems), want = Get(a.data, cache_elems);
+      std::vector<float> got_rows, want_rows;
+      for (int64_t t = 0; t < n; ++t) {
+        for (int kv = 0; kv < 2; ++kv) {
+          const int64_t off = a.Offset(seq[t], pos[t], kv);
+          for (int64_t i = 0; i < kv_dim; ++i) {
+            got_rows.push_back(F(got[off + i]));
+            want_rows.push_back(F(want[off + i]));
+            got[off + i] = want[off + i] = 0;
+          }
         }
       }
+      ExpectClose("fused decode: appended key and value", shape, got_rows, want_rows, 1e-3);
+      EXPECT_EQ(got, want) << "fused decode wrote outside the appended rows, " << shape;
     }
-    ExpectClose("fused decode: appended key and value", shape, got_rows, want_rows, 1e-3);
-    EXPECT_EQ(got, want) << "fused decode wrote outside the appended rows, " << shape;
   }
 }
 
