@@ -204,7 +204,7 @@ class GroupedExpertTest : public CudaOpsTest {
         std::vector<uint8_t> q(std_layout.size());
         std::vector<float> scale(mats[j]->out);
         QuantizeBf16RowsToFp8E4M3(std_layout.data(), mats[j]->out, mats[j]->in, q.data(),
-                                   scale.data());
+                                  scale.data());
         ptrs[j]->push_back(Put(q));
         sptrs[j]->push_back(Put(scale));
         std::vector<float>& deq = deq_store.emplace_back(q.size());
@@ -285,8 +285,11 @@ class GroupedExpertTest : public CudaOpsTest {
       std::vector<FfnWeights> bf16_ffn;
       for (const HostExpert& e : experts) bf16_ffn.push_back(e.ffn);
       // Three E4M3 matrices in series (about 2.6% rms each, gate and up multiplied): about
-      // 4.3% from the bf16 result for random weights, measured on the host.
-      ExpectClose("grouped experts fp8 vs bf16", shape, out, reference(bf16_ffn), 6e-2);
+      // 4.5% from the bf16 result for random weights, measured on the host. Over a few outputs
+      // that figure scatters: at one token of H=64, one draw in ten passed 6% and the largest
+      // of 4000 was 10.3%; at 3 x 2048 outputs all stayed under 4.7%.
+      const double tol = n * h >= 4096 ? 6e-2 : 1.5e-1;
+      ExpectClose("grouped experts fp8 vs bf16", shape, out, reference(bf16_ffn), tol);
     }
     // Deterministic: a second run gives the same bits, this time with a signal as a worker's
     // replayed step has: its last kernel lowers one flag and raises the other.
