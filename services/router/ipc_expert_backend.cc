@@ -374,7 +374,11 @@ absl::Status IpcExpertBackend::CaptureExchange(
       return absl::FailedPreconditionError(
           absl::StrCat("expert worker ", w, " changed while a decode step was captured"));
     }
-    RETURN_IF_ERROR(gpu::WaitFlag(stream, links[w]->flags_.data() + layers + layer, 1));
+    // One worker and no stamps: the combine's add + norm comes right after this wait.
+    const bool early = gpu::EarlyCombineLaunch() && workers.size() == 1 && stamps_ == nullptr &&
+                       gpu::FlagWaitsPoll();
+    RETURN_IF_ERROR(gpu::WaitFlag(stream, links[w]->flags_.data() + layers + layer, 1, early));
+    output_behind_early_wait_ = early;
     partials.parts[partials.count++] = links[w]->output_.data();
     graph_layers_[w].push_back(layer);
     // links[w] is this connection, checked to be over CUDA IPC.
@@ -405,6 +409,7 @@ absl::Status IpcExpertBackend::UploadOwners(int layer, const std::vector<int>& o
 absl::Status IpcExpertBackend::Exchange(
     int layer, const Tensor& x, const RoutingTable& routing, const std::vector<int>& owner,
     const std::vector<std::shared_ptr<ExpertConnection>>& connections, Tensor& out, int* failed) {
+  output_behind_early_wait_ = false;  // CaptureExchange sets it where it applies
   const ModelConfig& c = config();
   const int64_t n = x.rows();
   const int64_t h = c.hidden_size;

@@ -90,6 +90,10 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // ABORTED when the watchdog released a dead worker's output event during the step.
   absl::Status FinishStep() override;
 
+  // True after a captured layer whose one worker's output flag is waited for by a polling
+  // kernel that lets the combine launch at once (gpu::EarlyCombineLaunch).
+  bool output_behind_early_wait() const override { return output_behind_early_wait_; }
+
   // Changes whenever a worker registers again or comes or goes, or a layer's owners change;
   // 0 while none is connected over CUDA IPC.
   uint64_t graph_version() const override;
@@ -168,7 +172,8 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // and flags it uses (held: the graphs point into them). Engine thread.
   std::vector<std::vector<int32_t>> graph_layers_;
   std::vector<std::shared_ptr<CudaIpcConnection>> graph_connections_;
-  bool capturing_ = false;  // between SetGraphCapture(true) and (false)
+  bool capturing_ = false;                 // between SetGraphCapture(true) and (false)
+  bool output_behind_early_wait_ = false;  // the last Exchange's; engine thread
   // The replay BeginGraphStep announced: its step, tokens, the workers told and those started.
   uint64_t graph_step_ = 0;
   int64_t step_tokens_ = 0;

@@ -205,7 +205,8 @@ absl::Status CpuRouterBackend::DenseFfn(int layer, const Tensor& ffn_input, Tens
   return absl::OkStatus();
 }
 
-absl::Status CpuRouterBackend::Combine(const Tensor& partial, Tensor& hidden) {
+absl::Status CpuRouterBackend::Combine(const Tensor& partial, bool /*behind_early_wait*/,
+                                       Tensor& hidden) {
   if (partial.rows() != hidden.rows() || partial.cols() != hidden.cols()) {
     return absl::InvalidArgumentError("combine: partial result does not match the hidden state");
   }

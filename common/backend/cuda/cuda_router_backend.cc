@@ -229,10 +229,11 @@ const bf16* CudaRouterBackend::NextNorm(int layer) const {
   return layer + 1 < config_.num_layers ? layers_[layer + 1].input_norm : final_norm_;
 }
 
-absl::Status CudaRouterBackend::AddAndNormalize(const bf16* x, int layer, int64_t n) {
+absl::Status CudaRouterBackend::AddAndNormalize(const bf16* x, int layer, int64_t n,
+                                                bool late_trigger) {
   CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(hidden_.data(), x, NextNorm(layer), n, config_.hidden_size,
                                         static_cast<float>(config_.rms_norm_eps), normed_.data(),
-                                        context_->stream()));
+                                        context_->stream(), late_trigger));
   return absl::OkStatus();
 }
 
@@ -446,12 +447,13 @@ absl::Status CudaRouterBackend::DenseFfn(int layer, const Tensor& ffn_input, Ten
   return absl::OkStatus();
 }
 
-absl::Status CudaRouterBackend::Combine(const Tensor& partial, Tensor& hidden) {
+absl::Status CudaRouterBackend::Combine(const Tensor& partial, bool behind_early_wait,
+                                        Tensor& hidden) {
   if (partial.device() != Device::kCuda || partial.rows() != step_tokens_) {
     return absl::InvalidArgumentError("combine: the partial result is not this step's, on device");
   }
   return AddAndNormalize(static_cast<const bf16*>(partial.device_data()), current_layer_,
-                         step_tokens_);
+                         step_tokens_, behind_early_wait);
 }
 
 absl::Status CudaRouterBackend::Logits(const Tensor& hidden, absl::Span<const int64_t> rows,

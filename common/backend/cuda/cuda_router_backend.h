@@ -42,7 +42,7 @@ class CudaRouterBackend : public RouterBackend {
   absl::Status PrepareFfn(int layer, const Tensor& hidden, float temperature, Tensor& ffn_input,
                           RoutingTable& routing) override;
   absl::Status DenseFfn(int layer, const Tensor& ffn_input, Tensor& hidden) override;
-  absl::Status Combine(const Tensor& partial, Tensor& hidden) override;
+  absl::Status Combine(const Tensor& partial, bool behind_early_wait, Tensor& hidden) override;
   absl::Status Logits(const Tensor& hidden, absl::Span<const int64_t> rows,
                       Tensor& logits) override;
 
@@ -92,7 +92,7 @@ class CudaRouterBackend : public RouterBackend {
   // The norm weight applied after layer `layer`'s residual stream is complete.
   const bf16* NextNorm(int layer) const;
   // hidden += x, then normed_ = RmsNorm(hidden) with the weight of the next consumer.
-  absl::Status AddAndNormalize(const bf16* x, int layer, int64_t n);
+  absl::Status AddAndNormalize(const bf16* x, int layer, int64_t n, bool late_trigger = false);
   absl::Status UploadBatch(const BatchLayout& batch, PagedKvCache& kv);
   absl::Status RunSingleExpert(const ExpertWeightTable& table, const bf16* x, int64_t n, bf16* out);
 

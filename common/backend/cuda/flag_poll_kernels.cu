@@ -10,7 +10,9 @@ __device__ __forceinline__ uint32_t LoadAcquire(const uint32_t* flag) {
   return v;
 }
 
-__global__ void __launch_bounds__(32) FlagPollKernel(const uint32_t* flag, uint32_t value) {
+__global__ void __launch_bounds__(32)
+    FlagPollKernel(const uint32_t* flag, uint32_t value, bool trigger_early) {
+  if (trigger_early) PdlLaunchDependents();
   PdlWait();  // the kernels before may lower the flag
   if (threadIdx.x == 0) {
     while (LoadAcquire(flag) < value) {
@@ -22,9 +24,10 @@ __global__ void __launch_bounds__(32) FlagPollKernel(const uint32_t* flag, uint3
 
 }  // namespace
 
-cudaError_t LaunchFlagPoll(const uint32_t* flag, uint32_t value, cudaStream_t stream) {
+cudaError_t LaunchFlagPoll(const uint32_t* flag, uint32_t value, cudaStream_t stream,
+                           bool trigger_early) {
   if (flag == nullptr) return cudaErrorInvalidValue;
-  return LaunchPdl(FlagPollKernel, dim3(1), dim3(32), 0, stream, flag, value);
+  return LaunchPdl(FlagPollKernel, dim3(1), dim3(32), 0, stream, flag, value, trigger_early);
 }
 
 }  // namespace strata::gpu

@@ -38,10 +38,11 @@ __device__ __forceinline__ void Store(bf16* p, const float (&v)[kW]) {
 template <int kW, bool kAddResidual>
 __global__ void __launch_bounds__(kThreads)
     RmsNormKernel(bf16* residual, const bf16* x, const bf16* __restrict__ weight, int64_t dim,
-                  float eps, bf16* out) {
+                  float eps, bf16* out, bool late_trigger) {
   __shared__ float scratch[kThreads / kWarpSize];
-  PdlLaunchDependents();
+  if (!late_trigger) PdlLaunchDependents();
   PdlWait();
+  if (late_trigger) PdlLaunchDependents();
   const int64_t row = blockIdx.x;
   const bf16* src = x + row * dim;
   bf16* res = kAddResidual ? residual + row * dim : nullptr;
@@ -77,14 +78,14 @@ bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <bool kAddResidual>
 cudaError_t Launch(bf16* residual, const bf16* x, const bf16* weight, int64_t n, int64_t dim,
-                   float eps, bf16* out, cudaStream_t stream) {
+                   float eps, bf16* out, cudaStream_t stream, bool late_trigger = false) {
   if (n < 0 || dim <= 0 || n > 0x7fffffff) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const bool vec = dim % 8 == 0 && Aligned(x) && Aligned(weight) && Aligned(out) &&
                    (!kAddResidual || Aligned(residual));
   return LaunchPdl(vec ? RmsNormKernel<8, kAddResidual> : RmsNormKernel<1, kAddResidual>,
                    dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, residual, x, weight,
-                   dim, eps, out);
+                   dim, eps, out, late_trigger);
 }
 
 }  // namespace
@@ -95,9 +96,10 @@ cudaError_t LaunchRmsNorm(const bf16* x, const bf16* weight, int64_t n, int64_t 
 }
 
 cudaError_t LaunchAddRmsNorm(bf16* residual, const bf16* x, const bf16* weight, int64_t n,
-                             int64_t dim, float eps, bf16* out, cudaStream_t stream) {
+                             int64_t dim, float eps, bf16* out, cudaStream_t stream,
+                             bool late_trigger) {
   if (residual == out) return cudaErrorInvalidValue;
-  return Launch<true>(residual, x, weight, n, dim, eps, out, stream);
+  return Launch<true>(residual, x, weight, n, dim, eps, out, stream, late_trigger);
 }
 
 }  // namespace strata::gpu

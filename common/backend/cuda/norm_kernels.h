@@ -13,9 +13,11 @@ cudaError_t LaunchRmsNorm(const bf16* x, const bf16* weight, int64_t n, int64_t 
                           bf16* out, cudaStream_t stream);
 
 // residual[t] += x[t] (rounded to bf16), then out[t] = RmsNorm(residual[t]). out may alias x
-// but not residual.
+// but not residual. late_trigger: the next kernel is let in only once this one's wait is over
+// (for a launch that itself comes in early, ahead of a wait that may be long).
 cudaError_t LaunchAddRmsNorm(bf16* residual, const bf16* x, const bf16* weight, int64_t n,
-                             int64_t dim, float eps, bf16* out, cudaStream_t stream);
+                             int64_t dim, float eps, bf16* out, cudaStream_t stream,
+                             bool late_trigger = false);
 
 }  // namespace strata::gpu
 

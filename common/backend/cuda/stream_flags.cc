@@ -69,9 +69,18 @@ bool FlagWaitsPoll() {
   return poll;
 }
 
-absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value) {
+bool EarlyCombineLaunch() {
+  static const bool early = [] {
+    const char* value = std::getenv("STRATA_EARLY_COMBINE");
+    return value == nullptr || std::string_view(value) != "0";
+  }();
+  return early;
+}
+
+absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value,
+                      bool trigger_early) {
   if (FlagWaitsPoll()) {
-    const cudaError_t launched = LaunchFlagPoll(flag, value, stream);
+    const cudaError_t launched = LaunchFlagPoll(flag, value, stream, trigger_early);
     if (launched == cudaSuccess) return absl::OkStatus();
     return absl::InternalError(
         absl::StrCat("flag poll kernel launch: ", cudaGetErrorString(launched)));

@@ -20,6 +20,7 @@
 #include "common/backend/cuda/fp8_quant.h"
 #include "common/backend/cuda/grouped_expert_kernels.h"
 #include "common/backend/cuda/moe_gate_kernels.h"
+#include "common/backend/cuda/norm_kernels.h"
 #include "common/util/thread_pool.h"
 #include "tests/common/backend/cuda_test_util.h"
 
@@ -443,6 +444,42 @@ TEST_F(CudaOpsTest, FlagPollWaitsForTheFlag) {
   // Released for good: every later wait passes.
   raise(d_flags, gpu::kFlagReleased);
   LAUNCH_OK(gpu::LaunchFlagPoll(d_flags, 1, stream()));
+  CUDA_ASSERT_OK(cudaStreamDestroy(side));
+}
+
+// The early combine (STRATA_EARLY_COMBINE): the poll lets the add + norm in at once, and that
+// kernel still reads what was written before the flag went up.
+TEST_F(CudaOpsTest, AnEarlyCombineSeesWhatTheFlagGuards) {
+  const int64_t h = 2048;
+  const std::vector<uint16_t> residual = RandomBf16(h), weight = RandomBf16(h),
+                              fresh = RandomBf16(h);
+  uint16_t* d_residual = Put(residual);
+  uint16_t* d_x = Put(std::vector<uint16_t>(h, 0));  // stale until the "worker" writes it
+  const uint16_t* d_weight = Put(weight);
+  uint16_t* d_out = Poisoned<uint16_t>(h);
+  uint32_t* d_flag = Put(std::vector<uint32_t>{0});
+  cudaStream_t side = nullptr;
+  CUDA_ASSERT_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  ASSERT_FALSE(HasFailure());
+  CUDA_ASSERT_OK(gpu::LaunchFlagPoll(d_flag, 1, stream(), /*trigger_early=*/true));
+  CUDA_ASSERT_OK(gpu::LaunchAddRmsNorm(AsBf16(d_residual), AsBf16(d_x), AsBf16(d_weight), 1, h,
+                                       1e-6f, AsBf16(d_out), stream(), /*late_trigger=*/true));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(cudaStreamQuery(stream()), cudaErrorNotReady);
+  const uint32_t up = 1;
+  CUDA_ASSERT_OK(cudaMemcpyAsync(d_x, fresh.data(), h * 2, cudaMemcpyHostToDevice, side));
+  CUDA_ASSERT_OK(cudaMemcpyAsync(d_flag, &up, sizeof(up), cudaMemcpyHostToDevice, side));
+  CUDA_ASSERT_OK(cudaStreamSynchronize(side));
+  CUDA_ASSERT_OK(cudaStreamSynchronize(stream()));
+  // The same add + norm on the fresh data, by the plain launch.
+  uint16_t* d_residual2 = Put(residual);
+  const uint16_t* d_fresh = Put(fresh);
+  uint16_t* d_out2 = Poisoned<uint16_t>(h);
+  ASSERT_FALSE(HasFailure());
+  LAUNCH_OK(gpu::LaunchAddRmsNorm(AsBf16(d_residual2), AsBf16(d_fresh), AsBf16(d_weight), 1, h,
+                                  1e-6f, AsBf16(d_out2), stream()));
+  EXPECT_EQ(Get(d_out, h), Get(d_out2, h));
+  EXPECT_EQ(Get(d_residual, h), Get(d_residual2, h));
   CUDA_ASSERT_OK(cudaStreamDestroy(side));
 }
 
