@@ -90,8 +90,8 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // ABORTED when the watchdog released a dead worker's output event during the step.
   absl::Status FinishStep() override;
 
-  // True after a captured layer whose one worker's output flag is waited for by a polling
-  // kernel that lets the combine launch at once (gpu::EarlyCombineLaunch).
+  // True after a captured one-token layer whose one worker's output flag is waited for by a
+  // polling kernel that lets the combine launch at once (gpu::EarlyCombineLaunch).
   bool output_behind_early_wait() const override { return output_behind_early_wait_; }
 
   // Changes whenever a worker registers again or comes or goes, or a layer's owners change;
@@ -136,8 +136,9 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // keeping its buffer alive).
   absl::Status SumPartials(const gpu::PartialSet& partials, int64_t n, std::shared_ptr<void> holder,
                            Tensor& out);
-  // The captured part of Exchange: flags instead of messages and events.
-  absl::Status CaptureExchange(int layer, const std::vector<int>& workers,
+  // The captured part of Exchange, for a step of `tokens` tokens: flags instead of messages and
+  // events.
+  absl::Status CaptureExchange(int layer, int64_t tokens, const std::vector<int>& workers,
                                const std::vector<CudaIpcConnection*>& links,
                                const std::vector<std::shared_ptr<ExpertConnection>>& connections,
                                gpu::PartialSet& partials);

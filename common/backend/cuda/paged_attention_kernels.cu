@@ -31,7 +31,7 @@ int TileKeysFor(int head_dim) { return 8192 / head_dim; }
 
 struct Shape {
   int group;        // query heads per kv head
-  int head_chunks;  // blocks per kv head, each taking at most kMaxGroup query heads
+  int head_chunks;  // blocks per kv head, each taking at most heads_per_block query heads
   int chunk_heads;  // query heads per chunk (the last may have fewer)
 };
 
@@ -601,7 +601,10 @@ cudaError_t LaunchDecodeClusters(const bf16* q, const TokenBatch& tokens, const 
   constexpr auto kernel = PagedDecodeKernel<kD, kFused, kBlocks>;
   if constexpr (kBlocks == kMaxDecodeBlocks) {
     const cudaError_t allowed = AllowLargeClusters<kD, kFused>();
-    if (allowed != cudaSuccess) return allowed;
+    if (allowed != cudaSuccess) {
+      cudaGetLastError();  // reported here, not by a later launch
+      return allowed;
+    }
   }
   const dim3 grid(static_cast<unsigned>(tokens.n * kBlocks),
                   static_cast<unsigned>(p.num_kv_heads * shape.head_chunks));
@@ -660,6 +663,7 @@ bool ValidParams(const PagedAttentionParams& p) {
 
 }  // namespace
 
+// Asked once a process, for the device current then: the router runs attention on one device.
 int MaxDecodeClusterBlocks() {
   static const int blocks = [] {
     // Every 16-block kernel is allowed here, ahead of any capture of a graph that launches it.
@@ -708,7 +712,8 @@ PagedAttentionPlan ClusterDecodePlan(const PagedAttentionParams& params, int blo
 namespace {
 
 // STRATA_DECODE_CLUSTER=BxH (read once): every cluster plan takes B blocks a cluster and at most
-// H query heads a block, for comparing against the chosen shapes. {0, 0} when unset.
+// H query heads a block, for comparing against the chosen shapes; {0, 0} when unset. A shape
+// the device or the model cannot take is ignored.
 std::pair<int, int> DecodeClusterOverride() {
   static const std::pair<int, int> forced = [] {
     const char* value = std::getenv("STRATA_DECODE_CLUSTER");
@@ -732,9 +737,13 @@ PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& par
   if (items < target_blocks && params.head_dim <= 128 && n * kMaxDecodeBlocks <= 0x7fffffff) {
     // Too few (token, head) items to fill the GPU: the decode kernel's clusters split each
     // token's keys by its own position. While the clusters fit the SMs once over, 16 blocks a
-    // cluster, then fewer heads a block (more clusters), each halve the tiles a warp walks.
+    // cluster (half the tiles each block walks), then fewer heads a block (more clusters, fewer
+    // warps sharing each SM): the latter measured faster in place though not in isolation.
     const auto [forced_blocks, forced_heads] = DecodeClusterOverride();
-    if (forced_blocks > 0) return ClusterDecodePlan(params, forced_blocks, forced_heads);
+    if (forced_blocks == 8 || (forced_blocks == 16 && MaxDecodeClusterBlocks() >= 16)) {
+      const PagedAttentionPlan forced = ClusterDecodePlan(params, forced_blocks, forced_heads);
+      if (forced.cluster) return forced;
+    }
     const int64_t sms = std::max(num_sms, 1);
     const int group = params.num_heads / params.num_kv_heads;
     int blocks = 8, heads = std::min(group, kMaxGroup);
@@ -776,7 +785,7 @@ cudaError_t LaunchPagedAttention(const bf16* q, const TokenBatch& tokens, const 
       reinterpret_cast<uintptr_t>(kv.data) % 16 != 0 ||  // 16-byte key/value loads
       reinterpret_cast<uintptr_t>(out) % 4 != 0 || p.out_stride % 2 != 0 ||  // bf16 pairs
       reinterpret_cast<uintptr_t>(workspace) % 16 != 0 ||
-      (plan.cluster && !ValidClusterPlan(plan)) ||
+      (plan.cluster && (!ValidClusterPlan(plan) || tokens.n * plan.num_splits > 0x7fffffff)) ||
       int64_t{p.num_kv_heads} * MakeShape(p, plan.cluster ? plan.heads_per_block : 0).head_chunks >
           65535) {
     return cudaErrorInvalidValue;

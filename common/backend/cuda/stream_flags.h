@@ -22,10 +22,10 @@ namespace strata::gpu {
 absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value,
                       bool trigger_early = false);
 
-// On unless STRATA_EARLY_COMBINE=0 (read once): the router's wait for a layer's experts lets the
-// combine's add + norm launch at once, and that kernel lets the next one in only after its own
-// wait, so its launch overlaps the experts without the router's larger kernels taking SMs the
-// worker needs (measured: 324.7 against 319.7 tok/s through the cluster, FP8).
+// On unless STRATA_EARLY_COMBINE=0 (read once): at one token, the router's wait for a layer's
+// experts lets the combine's add + norm launch at once, and that kernel lets the next one in only
+// after its own wait, so its launch overlaps the experts without the router's larger kernels taking
+// SMs the worker needs (measured: 324.7 against 319.7 tok/s through the cluster, FP8).
 bool EarlyCombineLaunch();
 
 // Whether WaitFlag polls with a kernel (CUDA_MPS_PIPE_DIRECTORY set and STRATA_FLAG_WAIT not

@@ -21,6 +21,7 @@
 #include "common/backend/cuda/grouped_expert_kernels.h"
 #include "common/backend/cuda/moe_gate_kernels.h"
 #include "common/backend/cuda/norm_kernels.h"
+#include "common/backend/cuda/pdl.h"
 #include "common/util/thread_pool.h"
 #include "tests/common/backend/cuda_test_util.h"
 
@@ -450,6 +451,7 @@ TEST_F(CudaOpsTest, FlagPollWaitsForTheFlag) {
 // The early combine (STRATA_EARLY_COMBINE): the poll lets the add + norm in at once, and that
 // kernel still reads what was written before the flag went up.
 TEST_F(CudaOpsTest, AnEarlyCombineSeesWhatTheFlagGuards) {
+  if (!gpu::ProgrammaticLaunch()) GTEST_SKIP() << "STRATA_PDL=0: nothing launches early";
   const int64_t h = 2048;
   const std::vector<uint16_t> residual = RandomBf16(h), weight = RandomBf16(h),
                               fresh = RandomBf16(h);

@@ -325,9 +325,10 @@ TEST_F(PagedCacheTest, PagedAttention) {
       {128, 32, 32, 4, 0, false, {1, 33, 700}, 40},  // chunked prefill
       {64, 16, 64, 8, 128, true, {1, 33, 700}, 1},   // gpt-oss: window + sinks
       {64, 32, 64, 8, 128, true, {33, 700}, 40},
-      {64, 32, 16, 16, 0, true, {33, 700}, 1},  // no GQA
-      {128, 16, 32, 2, 0, false, {700}, 3},     // group 16: two head chunks
-      {256, 16, 8, 2, 0, false, {33}, 33},      // head_dim 256, full prefill
+      {64, 32, 16, 16, 0, true, {33, 700}, 1},   // no GQA
+      {128, 16, 32, 2, 0, false, {700}, 3},      // group 16: two head chunks
+      {256, 16, 8, 2, 0, false, {33}, 33},       // head_dim 256, full prefill
+      {128, 16, 24, 4, 0, false, {33, 700}, 1},  // group 6: uneven head chunks below 8 a block
   };
   for (const AttentionCase& c : cases) {
     TestCache cache = MakeCache(c.block_size, c.kv_heads, c.head_dim, c.contexts);
@@ -419,6 +420,7 @@ TEST_F(PagedCacheTest, PagedAttention) {
     if (d <= 128) {
       const std::pair<int, int> shapes[] = {{8, 8}, {16, 4}, {8, 2}, {16, 1}};
       for (const auto& [blocks, heads] : shapes) {
+        if (blocks > gpu::MaxDecodeClusterBlocks()) continue;
         plans.push_back(gpu::ClusterDecodePlan(params, blocks, heads));
         ASSERT_TRUE(plans.back().cluster);
       }
@@ -500,9 +502,10 @@ TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
     ASSERT_TRUE(device_plan.cluster);
     // The device's cluster shape and others: which cluster owns a token's own key, and how many
     // clusters write it, differ.
+    const int large = gpu::MaxDecodeClusterBlocks();
     for (const gpu::PagedAttentionPlan& plan :
-         {device_plan, gpu::ClusterDecodePlan(params, 16, 2), gpu::ClusterDecodePlan(params, 16, 8),
-          gpu::ClusterDecodePlan(params, 8, 4)}) {
+         {device_plan, gpu::ClusterDecodePlan(params, large, 2),
+          gpu::ClusterDecodePlan(params, large, 8), gpu::ClusterDecodePlan(params, 8, 4)}) {
       ASSERT_TRUE(plan.cluster);
       TestCache b = a;
       b.data = Put(old);
