@@ -562,6 +562,44 @@ void FusedDecodeChecksAndTimes(cudaStream_t s, int sm_count) {
                                             before, out_b, s));
              }),
       4.0 * kContext * kv_dim);
+
+  // In place the decode sits between the FP8 q/k/v GEMV it waits for and the o GEMV that waits
+  // for it, all launched early (PDL): what it adds to that chain can rank the shapes otherwise
+  // than its time alone. Each row: the chain with the decode, less the chain without it.
+  const bf16* x = RandBf16(kHidden, 1.0f);
+  Weights wq = MakeWeights(q_dim, kHidden, true), wk = MakeWeights(kv_dim, kHidden, true),
+          wv = MakeWeights(kv_dim, kHidden, true), wo = MakeWeights(kHidden, q_dim, true);
+  bf16* yq = Alloc<bf16>(q_dim);
+  bf16* yk = Alloc<bf16>(kv_dim);
+  bf16* yv = Alloc<bf16>(kv_dim);
+  bf16* yo = Alloc<bf16>(kHidden);
+  int32_t* d_chain_pos = Alloc<int32_t>(1);
+  const TokenBatch chain_tokens{d_seq, d_chain_pos, 1};
+  auto chain = [&](int i, const PagedAttentionPlan* shape) {
+    const DeviceWeight* w[] = {&wq.at(i), &wk.at(i), &wv.at(i)};
+    void* y[] = {yq, yk, yv};
+    CK(LaunchGemvMulti(w, y, 3, x, 1, OutType::kBf16, s));
+    if (shape != nullptr) {
+      CK(LaunchPagedDecodeWithRope(yq, yk, yv, kv_dim, chain_tokens, layer(cache_b), p, rope,
+                                   *shape, out_b, s));
+    }
+    CK(LaunchGemv(wo.at(i), out_b, q_dim, 1, yo, OutType::kBf16, kHidden, s));
+  };
+  const double without = TimeUs(s, 64, [&](int i) { chain(i, nullptr); });
+  Row("chain fp8 q/k/v GEMV + o GEMV, no attention", without, 0.0);
+  for (int context : {128, 640, 4096}) {
+    const int32_t chain_pos = context - 1;
+    CK(cudaMemcpy(d_chain_pos, &chain_pos, sizeof(chain_pos), cudaMemcpyHostToDevice));
+    for (const auto& [blocks, heads] :
+         {std::pair{8, 8}, std::pair{16, 8}, std::pair{16, 4}, std::pair{16, 2}}) {
+      const PagedAttentionPlan shape = ClusterDecodePlan(p, blocks, heads);
+      char name[96];
+      std::snprintf(name, sizeof(name), "chain ctx %d: fused decode %dx%d adds%s", context, blocks,
+                    heads,
+                    blocks == plan.num_splits && heads == plan.heads_per_block ? " (planned)" : "");
+      Row(name, TimeUs(s, 64, [&](int i) { chain(i, &shape); }) - without, 4.0 * context * kv_dim);
+    }
+  }
 }
 
 }  // namespace
