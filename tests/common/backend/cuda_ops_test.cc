@@ -10,9 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_kernels.h"
 #include "common/backend/cuda/embedding_kernels.h"
+#include "common/backend/cuda/gemv_kernels.h"
 #include "common/backend/cuda/norm_kernels.h"
 #include "common/backend/cuda/paged_attention_kernels.h"
 #include "common/backend/cuda/paged_kv_kernels.h"
+#include "common/backend/cuda/pdl.h"
 #include "common/backend/cuda/rope_kernels.h"
 #include "common/backend/rope.h"
 #include "tests/common/backend/cuda_test_util.h"
@@ -547,6 +549,104 @@ TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
       EXPECT_EQ(got, want) << "fused decode wrote outside the appended rows, " << shape;
     }
   }
+}
+
+// The fused decode reads q, k and v only after its PDL wait: here they come from a kernel
+// launched just before it (a GEMV that takes a few hundred microseconds: one-hot rows over a
+// 65536-wide input, so it copies the values exactly), whose output buffers start as NaN. A read
+// ahead of the wait would see NaN; the output and the cache must equal the decode's on the same
+// values from host copies.
+TEST_F(PagedCacheTest, FusedDecodeWaitsForTheKernelThatWritesQkv) {
+  if (!gpu::ProgrammaticLaunch()) GTEST_SKIP() << "STRATA_PDL=0: nothing launches early";
+  const int head_dim = 128, block_size = 16, heads = 32, kv_heads = 4;
+  const std::vector<int64_t> contexts = {700, 33};
+  TestCache a = MakeCache(block_size, kv_heads, head_dim, contexts);
+  const int64_t kv_dim = a.kv_dim(), q_dim = int64_t{heads} * head_dim;
+  const int64_t cache_elems = int64_t{a.num_blocks} * 2 * block_size * kv_dim;
+  const std::vector<uint16_t> old = RandomBf16(cache_elems);
+  CUDA_ASSERT_OK(cudaMemcpy(a.data, old.data(), old.size() * 2, cudaMemcpyHostToDevice));
+  TestCache b = a;
+  b.data = Put(old);
+  const int64_t n = static_cast<int64_t>(contexts.size());
+  std::vector<int32_t> seq(n), pos(n);
+  for (int64_t t = 0; t < n; ++t) {
+    seq[t] = static_cast<int32_t>(t);
+    pos[t] = static_cast<int32_t>(contexts[t] - 1);
+  }
+  const std::vector<uint16_t> q = RandomBf16(n * q_dim, 2.0f), k = RandomBf16(n * kv_dim, 2.0f),
+                              v = RandomBf16(n * kv_dim);
+  RopeConfig rope_config;
+  rope_config.theta = 1000000.0;
+  const RopeTable table = BuildRopeTable(rope_config, head_dim);
+  const gpu::QkRopeParams rope{.num_heads = heads,
+                               .num_kv_heads = kv_heads,
+                               .head_dim = head_dim,
+                               .q_stride = q_dim,
+                               .k_stride = kv_dim,
+                               .inv_freq = Put(table.inv_freq),
+                               .attention_scaling = table.attention_scaling,
+                               .q_norm = AsBf16(Put(RandomBf16(head_dim, 1.5f))),
+                               .k_norm = AsBf16(Put(RandomBf16(head_dim, 1.5f))),
+                               .eps = 1e-6f};
+  const gpu::PagedAttentionParams params =
+      AttentionParams(heads, kv_heads, head_dim, 0, nullptr, 4096);
+  const gpu::PagedAttentionPlan plan = gpu::PlanPagedAttention(n, params, context().num_sms());
+  ASSERT_TRUE(plan.cluster);
+  const int32_t* d_seq = Put(seq);
+  const int32_t* d_pos = Put(pos);
+  const gpu::TokenBatch tokens{.seq = d_seq, .pos = d_pos, .n = n};
+
+  // The producer: x[t] = (q[t], k[t], v[t], zeros); each output row r of q, k, v picks one
+  // element of x with a weight of 1.
+  constexpr int64_t in = int64_t{1} << 16;
+  std::vector<uint16_t> x(n * in, 0);
+  for (int64_t t = 0; t < n; ++t) {
+    std::copy_n(q.begin() + t * q_dim, q_dim, x.begin() + t * in);
+    std::copy_n(k.begin() + t * kv_dim, kv_dim, x.begin() + t * in + q_dim);
+    std::copy_n(v.begin() + t * kv_dim, kv_dim, x.begin() + t * in + q_dim + kv_dim);
+  }
+  const uint16_t* d_x = Put(x);
+  auto one_hot = [&](int64_t out, int64_t first_column) {
+    uint16_t* w = Poisoned<uint16_t>(out * in);
+    if (w == nullptr) return w;
+    EXPECT_EQ(cudaMemset(w, 0, out * in * 2), cudaSuccess);
+    const std::vector<uint16_t> ones(out, Bf16(1.0f));
+    // Row r's element first_column + r: one element every in + 1.
+    EXPECT_EQ(cudaMemcpy2D(w + first_column, (in + 1) * 2, ones.data(), 2, 2, out,
+                           cudaMemcpyHostToDevice),
+              cudaSuccess);
+    return w;
+  };
+  const uint16_t* wq = one_hot(q_dim, 0);
+  const uint16_t* wk = one_hot(kv_dim, q_dim);
+  const uint16_t* wv = one_hot(kv_dim, q_dim + kv_dim);
+  uint16_t* yq = Poisoned<uint16_t>(n * q_dim);
+  uint16_t* yk = Poisoned<uint16_t>(n * kv_dim);
+  uint16_t* yv = Poisoned<uint16_t>(n * kv_dim);
+  uint16_t* d_out_a = Poisoned<uint16_t>(n * q_dim);
+  uint16_t* d_out_b = Poisoned<uint16_t>(n * q_dim);
+  ASSERT_FALSE(HasFailure());
+  auto weight = [&](const uint16_t* w, int64_t out) {
+    return gpu::DeviceWeight{.data = w, .format = gpu::WeightFormat::kBf16, .out = out, .in = in};
+  };
+  const gpu::DeviceWeight w_q = weight(wq, q_dim), w_k = weight(wk, kv_dim),
+                          w_v = weight(wv, kv_dim);
+
+  // The reference: the same decode on host copies of q, k and v.
+  LAUNCH_OK(gpu::LaunchPagedDecodeWithRope(AsBf16(Put(q)), AsBf16(Put(k)), AsBf16(Put(v)), kv_dim,
+                                           tokens, a.Layer(), params, rope, plan, AsBf16(d_out_a),
+                                           stream()));
+  // The producer and the decode back to back, the decode free to launch early.
+  const gpu::DeviceWeight* w[] = {&w_q, &w_k, &w_v};
+  void* y[] = {yq, yk, yv};
+  CUDA_ASSERT_OK(gpu::LaunchGemvMulti(w, y, 3, AsBf16(d_x), n, gpu::OutType::kBf16, stream()));
+  LAUNCH_OK(gpu::LaunchPagedDecodeWithRope(AsBf16(yq), AsBf16(yk), AsBf16(yv), kv_dim, tokens,
+                                           b.Layer(), params, rope, plan, AsBf16(d_out_b),
+                                           stream()));
+  EXPECT_EQ(Get(yq, n * q_dim), q) << "the producer copies q exactly";
+  EXPECT_EQ(Get(yv, n * kv_dim), v) << "the producer copies v exactly";
+  EXPECT_EQ(Get(d_out_b, n * q_dim), Get(d_out_a, n * q_dim));
+  EXPECT_EQ(Get(b.data, cache_elems), Get(a.data, cache_elems));
 }
 
 }  // namespace
