@@ -330,7 +330,7 @@ TEST_F(PagedCacheTest, PagedAttention) {
       {64, 32, 16, 16, 0, true, {33, 700}, 1},   // no GQA
       {128, 16, 32, 2, 0, false, {700}, 3},      // group 16: two head chunks
       {256, 16, 8, 2, 0, false, {33}, 33},       // head_dim 256, full prefill
-      {128, 16, 24, 4, 0, false, {33, 700}, 1},  // group 6: uneven head chunks below 8 a block
+      {128, 16, 28, 4, 0, false, {33, 700}, 1},  // group 7: uneven head chunks (4 + 3, ...)
   };
   for (const AttentionCase& c : cases) {
     TestCache cache = MakeCache(c.block_size, c.kv_heads, c.head_dim, c.contexts);
@@ -514,6 +514,7 @@ TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
       CUDA_ASSERT_OK(cudaMemcpy(a.data, old.data(), old.size() * 2, cudaMemcpyHostToDevice));
       CUDA_ASSERT_OK(cudaMemcpy(d_q_rot, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
       CUDA_ASSERT_OK(cudaMemcpy(d_k_rot, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
+      CUDA_ASSERT_OK(cudaDeviceSynchronize());  // plain copies: the legacy stream
       uint16_t* d_out_a = Poisoned<uint16_t>(n * q_dim);
       uint16_t* d_out_b = Poisoned<uint16_t>(n * q_dim);
       ASSERT_FALSE(HasFailure());
@@ -625,6 +626,8 @@ TEST_F(PagedCacheTest, FusedDecodeWaitsForTheKernelThatWritesQkv) {
   uint16_t* yv = Poisoned<uint16_t>(n * kv_dim);
   uint16_t* d_out_a = Poisoned<uint16_t>(n * q_dim);
   uint16_t* d_out_b = Poisoned<uint16_t>(n * q_dim);
+  // The plain copies above run on the legacy stream: all of them land before the launches.
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
   ASSERT_FALSE(HasFailure());
   auto weight = [&](const uint16_t* w, int64_t out) {
     return gpu::DeviceWeight{.data = w, .format = gpu::WeightFormat::kBf16, .out = out, .in = in};
@@ -644,6 +647,7 @@ TEST_F(PagedCacheTest, FusedDecodeWaitsForTheKernelThatWritesQkv) {
                                            b.Layer(), params, rope, plan, AsBf16(d_out_b),
                                            stream()));
   EXPECT_EQ(Get(yq, n * q_dim), q) << "the producer copies q exactly";
+  EXPECT_EQ(Get(yk, n * kv_dim), k) << "the producer copies k exactly";
   EXPECT_EQ(Get(yv, n * kv_dim), v) << "the producer copies v exactly";
   EXPECT_EQ(Get(d_out_b, n * q_dim), Get(d_out_a, n * q_dim));
   EXPECT_EQ(Get(b.data, cache_elems), Get(a.data, cache_elems));
