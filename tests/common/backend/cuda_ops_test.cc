@@ -242,6 +242,35 @@ class PagedCacheTest : public CudaOpsTest {
                                      .max_context = max_context};
   }
 
+  // A decode step's q/k norm and rotary parameters (theta 1e6, random norm weights) on the
+  // device, for q and k rows of all heads.
+  gpu::QkRopeParams DecodeRope(int heads, int kv_heads, int head_dim) {
+    RopeConfig rope_config;
+    rope_config.theta = 1000000.0;
+    const RopeTable table = BuildRopeTable(rope_config, head_dim);
+    return gpu::QkRopeParams{.num_heads = heads,
+                             .num_kv_heads = kv_heads,
+                             .head_dim = head_dim,
+                             .q_stride = int64_t{heads} * head_dim,
+                             .k_stride = int64_t{kv_heads} * head_dim,
+                             .inv_freq = Put(table.inv_freq),
+                             .attention_scaling = table.attention_scaling,
+                             .q_norm = AsBf16(Put(RandomBf16(head_dim, 1.5f))),
+                             .k_norm = AsBf16(Put(RandomBf16(head_dim, 1.5f))),
+                             .eps = 1e-6f};
+  }
+
+  // A decode step of one token a sequence: sequence t at position contexts[t] - 1.
+  static void DecodeTokens(const std::vector<int64_t>& contexts, std::vector<int32_t>& seq,
+                           std::vector<int32_t>& pos) {
+    seq.resize(contexts.size());
+    pos.resize(contexts.size());
+    for (size_t t = 0; t < contexts.size(); ++t) {
+      seq[t] = static_cast<int32_t>(t);
+      pos[t] = static_cast<int32_t>(contexts[t] - 1);
+    }
+  }
+
   // Blocks for each context, shuffled so sequences interleave in the pool; one spare block.
   TestCache MakeCache(int block_size, int kv_heads, int head_dim,
                       const std::vector<int64_t>& contexts) {
@@ -466,14 +495,8 @@ TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
     // Older keys and values: random everywhere; the second cache starts as a copy.
     const std::vector<uint16_t> old = RandomBf16(cache_elems);
     const int64_t n = static_cast<int64_t>(contexts.size());
-    std::vector<int32_t> seq(n), pos(n);
-    for (int64_t t = 0; t < n; ++t) {
-      seq[t] = static_cast<int32_t>(t);
-      pos[t] = static_cast<int32_t>(contexts[t] - 1);
-    }
-    RopeConfig rope_config;
-    rope_config.theta = 1000000.0;
-    const RopeTable table = BuildRopeTable(rope_config, c.head_dim);
+    std::vector<int32_t> seq, pos;
+    DecodeTokens(contexts, seq, pos);
     const std::vector<uint16_t> q = RandomBf16(n * q_dim, 2.0f), k = RandomBf16(n * kv_dim, 2.0f),
                                 v = RandomBf16(n * kv_dim);
     std::vector<float> sinks(c.heads);
@@ -486,16 +509,7 @@ TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
     const int32_t* d_seq = Put(seq);
     const int32_t* d_pos = Put(pos);
     const float* d_sinks = Put(sinks);
-    const gpu::QkRopeParams rope{.num_heads = c.heads,
-                                 .num_kv_heads = c.kv_heads,
-                                 .head_dim = c.head_dim,
-                                 .q_stride = q_dim,
-                                 .k_stride = kv_dim,
-                                 .inv_freq = Put(table.inv_freq),
-                                 .attention_scaling = table.attention_scaling,
-                                 .q_norm = AsBf16(Put(RandomBf16(d, 1.5f))),
-                                 .k_norm = AsBf16(Put(RandomBf16(d, 1.5f))),
-                                 .eps = 1e-6f};
+    const gpu::QkRopeParams rope = DecodeRope(c.heads, c.kv_heads, c.head_dim);
     // Planned for a graph's context, not the step's.
     const gpu::PagedAttentionParams params = AttentionParams(
         c.heads, c.kv_heads, c.head_dim, c.window, c.sinks ? d_sinks : nullptr, 16384);
@@ -569,26 +583,11 @@ TEST_F(PagedCacheTest, FusedDecodeWaitsForTheKernelThatWritesQkv) {
   TestCache b = a;
   b.data = Put(old);
   const int64_t n = static_cast<int64_t>(contexts.size());
-  std::vector<int32_t> seq(n), pos(n);
-  for (int64_t t = 0; t < n; ++t) {
-    seq[t] = static_cast<int32_t>(t);
-    pos[t] = static_cast<int32_t>(contexts[t] - 1);
-  }
+  std::vector<int32_t> seq, pos;
+  DecodeTokens(contexts, seq, pos);
   const std::vector<uint16_t> q = RandomBf16(n * q_dim, 2.0f), k = RandomBf16(n * kv_dim, 2.0f),
                               v = RandomBf16(n * kv_dim);
-  RopeConfig rope_config;
-  rope_config.theta = 1000000.0;
-  const RopeTable table = BuildRopeTable(rope_config, head_dim);
-  const gpu::QkRopeParams rope{.num_heads = heads,
-                               .num_kv_heads = kv_heads,
-                               .head_dim = head_dim,
-                               .q_stride = q_dim,
-                               .k_stride = kv_dim,
-                               .inv_freq = Put(table.inv_freq),
-                               .attention_scaling = table.attention_scaling,
-                               .q_norm = AsBf16(Put(RandomBf16(head_dim, 1.5f))),
-                               .k_norm = AsBf16(Put(RandomBf16(head_dim, 1.5f))),
-                               .eps = 1e-6f};
+  const gpu::QkRopeParams rope = DecodeRope(heads, kv_heads, head_dim);
   const gpu::PagedAttentionParams params =
       AttentionParams(heads, kv_heads, head_dim, 0, nullptr, 4096);
   const gpu::PagedAttentionPlan plan = gpu::PlanPagedAttention(n, params, context().num_sms());
