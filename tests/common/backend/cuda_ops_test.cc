@@ -222,6 +222,22 @@ struct TestCache {
     return gpu::PagedKvOffset(tables[seq * max_blocks + pos / block_size], kv, pos % block_size,
                               block_size, kv_dim());
   }
+  // The key and value rows of each (seq[t], pos[t]) in a host copy of the cache, as float, t by
+  // t; the copy's rows are zeroed, so what remains can be compared whole.
+  std::vector<float> TakeRows(std::vector<uint16_t>& host, const std::vector<int32_t>& seq,
+                              const std::vector<int32_t>& pos) const {
+    std::vector<float> rows;
+    for (size_t t = 0; t < seq.size(); ++t) {
+      for (int kv = 0; kv < 2; ++kv) {
+        const int64_t off = Offset(seq[t], pos[t], kv);
+        for (int64_t i = 0; i < kv_dim(); ++i) {
+          rows.push_back(F(host[off + i]));
+          host[off + i] = 0;
+        }
+      }
+    }
+    return rows;
+  }
 };
 
 class PagedCacheTest : public CudaOpsTest {
@@ -324,17 +340,12 @@ TEST_F(PagedCacheTest, KvAppend) {
       const gpu::TokenBatch tokens{.seq = d_seq, .pos = d_pos, .n = n};
       LAUNCH_OK(gpu::LaunchPagedKvAppend(AsBf16(d_rows), stride, AsBf16(d_rows + kv_dim), stride,
                                          tokens, cache.Layer(), stream()));
-      const std::vector<uint16_t> got =
+      std::vector<uint16_t> got =
           Get(cache.data, int64_t{cache.num_blocks} * 2 * block_size * kv_dim);
-      std::vector<float> out, ref;
+      const std::vector<float> out = cache.TakeRows(got, seq, pos);
+      std::vector<float> ref;
       for (int64_t t = 0; t < n; ++t) {
-        for (int kv = 0; kv < 2; ++kv) {
-          const int64_t off = cache.Offset(seq[t], pos[t], kv);
-          for (int64_t i = 0; i < kv_dim; ++i) {
-            out.push_back(F(got[off + i]));
-            ref.push_back(F(rows[t * stride + kv * kv_dim + i]));
-          }
-        }
+        for (int64_t i = 0; i < 2 * kv_dim; ++i) ref.push_back(F(rows[t * stride + i]));
       }
       ExpectClose("paged kv append",
                   absl::StrCat("n=17 bs=", block_size, " kv=", kv_heads, "x", head_dim), out, ref,
@@ -549,17 +560,8 @@ TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
                   GetBf16(AsBf16(d_out_b), n * q_dim), GetBf16(AsBf16(d_out_a), n * q_dim), 1e-3);
       // The appended rows (rotation rounding as above), then every other element untouched.
       std::vector<uint16_t> got = Get(b.data, cache_elems), want = Get(a.data, cache_elems);
-      std::vector<float> got_rows, want_rows;
-      for (int64_t t = 0; t < n; ++t) {
-        for (int kv = 0; kv < 2; ++kv) {
-          const int64_t off = a.Offset(seq[t], pos[t], kv);
-          for (int64_t i = 0; i < kv_dim; ++i) {
-            got_rows.push_back(F(got[off + i]));
-            want_rows.push_back(F(want[off + i]));
-            got[off + i] = want[off + i] = 0;
-          }
-        }
-      }
+      const std::vector<float> got_rows = a.TakeRows(got, seq, pos);
+      const std::vector<float> want_rows = a.TakeRows(want, seq, pos);
       ExpectClose("fused decode: appended key and value", shape, got_rows, want_rows, 1e-3);
       EXPECT_EQ(got, want) << "fused decode wrote outside the appended rows, " << shape;
     }
