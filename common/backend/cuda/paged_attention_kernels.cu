@@ -37,7 +37,7 @@ struct Shape {
 
 // heads_per_block: at most this many query heads a block (0: kMaxGroup).
 Shape MakeShape(const PagedAttentionParams& p, int heads_per_block = 0) {
-  const int heads = heads_per_block > 0 ? std::min(heads_per_block, kMaxGroup) : kMaxGroup;
+  const int heads = heads_per_block > 0 ? heads_per_block : kMaxGroup;
   Shape s;
   s.group = p.num_heads / p.num_kv_heads;
   s.head_chunks = (s.group + heads - 1) / heads;
@@ -278,7 +278,6 @@ __global__ void __launch_bounds__(kD)
 constexpr int kDecodeThreads = kMaxGroup * kWarpSize;
 constexpr int kDecodeTile = kWarpSize;
 constexpr int kMaxDecodeBlocks = 16;  // the largest cluster Hopper allows (non-portable)
-static_assert(kMaxGroup <= 8, "block r of a cluster merges head r of its chunk");
 
 // The step's raw k and v rows and the q/k norm and rotary embedding, for the fused decode.
 struct DecodeRope {
@@ -359,6 +358,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
                       PagedAttentionParams p, Shape shape, DecodeRope fuse,
                       bf16* __restrict__ out) {
   PdlLaunchDependents();
+  static_assert(kMaxGroup <= kBlocks, "block r of a cluster merges head r of its chunk");
   constexpr int kDL = kD / kWarpSize;  // output dims per lane
   constexpr int kKPad = 4;             // floats: row starts 16 bytes apart mod 128 bytes
   constexpr int kChunks = kD / 8;      // 16-byte chunks per key row
@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   // The block table entries of this block's keys, read once (a share of up to kMaxTable
   // cache blocks; longer shares read the table per key). Read before the wait in both paths;
-  // the barrier that follows each path's own setup makes them visible.
+  // a barrier before the first tile's addresses are computed makes them visible.
   constexpr int kMaxTable = 64;
   __shared__ int32_t table_s[kMaxTable];
   const int blk0 = begin / kv.block_size;
@@ -585,27 +585,21 @@ __global__ void __launch_bounds__(kDecodeThreads)
   cluster.sync();  // the other blocks' shared memory was read: now they may exit
 }
 
-// The largest cluster is non-portable: each 16-block kernel asks for it once.
+// The largest cluster is non-portable: a 16-block kernel must ask for it (MaxDecodeClusterBlocks
+// does, once a process).
 template <int kD, bool kFused>
 cudaError_t AllowLargeClusters() {
-  static const cudaError_t allowed =
-      cudaFuncSetAttribute(PagedDecodeKernel<kD, kFused, kMaxDecodeBlocks>,
-                           cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  return allowed;
+  return cudaFuncSetAttribute(PagedDecodeKernel<kD, kFused, kMaxDecodeBlocks>,
+                              cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
 }
 
 template <int kD, bool kFused, int kBlocks>
 cudaError_t LaunchDecodeClusters(const bf16* q, const TokenBatch& tokens, const PagedKvLayer& kv,
                                  const PagedAttentionParams& p, const Shape& shape,
                                  const DecodeRope& fuse, bf16* out, cudaStream_t stream) {
+  // 16-block kernels were allowed their size by MaxDecodeClusterBlocks, which every such plan
+  // passed (ClusterDecodePlan).
   constexpr auto kernel = PagedDecodeKernel<kD, kFused, kBlocks>;
-  if constexpr (kBlocks == kMaxDecodeBlocks) {
-    const cudaError_t allowed = AllowLargeClusters<kD, kFused>();
-    if (allowed != cudaSuccess) {
-      cudaGetLastError();  // reported here, not by a later launch
-      return allowed;
-    }
-  }
   const dim3 grid(static_cast<unsigned>(tokens.n * kBlocks),
                   static_cast<unsigned>(p.num_kv_heads * shape.head_chunks));
   return LaunchPdlInClusters(kernel, grid, dim3(kDecodeThreads), kBlocks, 0, stream, q, tokens, kv,
@@ -698,14 +692,14 @@ int MaxDecodeClusterBlocks() {
 PagedAttentionPlan ClusterDecodePlan(const PagedAttentionParams& params, int blocks,
                                      int heads_per_block) {
   PagedAttentionPlan plan;
-  if (!ValidParams(params) || params.head_dim > 128 || (blocks != 8 && blocks != 16) ||
-      heads_per_block < 1 || heads_per_block > kMaxGroup) {
-    return plan;  // the one-split plan: no cluster
-  }
   plan.cluster = true;
   plan.num_splits = blocks;
-  plan.split_len = static_cast<int>((params.max_context + blocks - 1) / blocks);
   plan.heads_per_block = heads_per_block;
+  if (!ValidParams(params) || params.head_dim > 128 || heads_per_block < 1 ||
+      !ValidClusterPlan(plan) || blocks > MaxDecodeClusterBlocks()) {
+    return PagedAttentionPlan();  // the one-split plan: no cluster
+  }
+  plan.split_len = static_cast<int>((params.max_context + blocks - 1) / blocks);
   return plan;
 }
 
@@ -734,23 +728,20 @@ PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& par
   const int64_t tiles = (params.max_context + tile - 1) / tile;
   const int64_t items = n * params.num_kv_heads * MakeShape(params).head_chunks;
   const int64_t target_blocks = 2 * int64_t{std::max(num_sms, 1)};
-  if (items < target_blocks && params.head_dim <= 128 && n * kMaxDecodeBlocks <= 0x7fffffff) {
+  if (items < target_blocks && params.head_dim <= 128) {
     // Too few (token, head) items to fill the GPU: the decode kernel's clusters split each
     // token's keys by its own position. While the clusters fit the SMs once over, 16 blocks a
     // cluster (half the tiles each block walks), then fewer heads a block (more clusters, fewer
     // warps sharing each SM): the latter measured faster in place though not in isolation.
     const auto [forced_blocks, forced_heads] = DecodeClusterOverride();
-    if (forced_blocks == 8 || (forced_blocks == 16 && MaxDecodeClusterBlocks() >= 16)) {
-      const PagedAttentionPlan forced = ClusterDecodePlan(params, forced_blocks, forced_heads);
-      if (forced.cluster) return forced;
-    }
-    const int64_t sms = std::max(num_sms, 1);
+    const PagedAttentionPlan forced = ClusterDecodePlan(params, forced_blocks, forced_heads);
+    if (forced.cluster) return forced;
+    const int64_t sms = target_blocks / 2;
     const int group = params.num_heads / params.num_kv_heads;
     int blocks = 8, heads = std::min(group, kMaxGroup);
-    if (items * 16 <= sms && MaxDecodeClusterBlocks() >= 16) blocks = 16;
-    while (heads > 1) {
-      const int64_t chunks = (group + heads / 2 - 1) / (heads / 2);
-      if (n * params.num_kv_heads * chunks * blocks > sms) break;
+    if (items * kMaxDecodeBlocks <= sms) blocks = MaxDecodeClusterBlocks();
+    while (heads > 1 &&
+           n * params.num_kv_heads * MakeShape(params, heads / 2).head_chunks * blocks <= sms) {
       heads /= 2;
     }
     return ClusterDecodePlan(params, blocks, heads);

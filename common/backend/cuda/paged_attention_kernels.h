@@ -43,8 +43,8 @@ struct PagedAttentionPlan {
 PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& params, int num_sms);
 
 // A cluster plan of `blocks` blocks a cluster (8 or 16) and at most `heads_per_block` query
-// heads a block (1 to 8), for tests and benchmarks; the one-split plan when the shape does not
-// allow it.
+// heads a block (1 to 8), for tests and benchmarks; the one-split plan when the model's shape
+// or the device (MaxDecodeClusterBlocks) does not allow it.
 PagedAttentionPlan ClusterDecodePlan(const PagedAttentionParams& params, int blocks,
                                      int heads_per_block);
 
