@@ -359,8 +359,7 @@ absl::Status IpcExpertBackend::RunOut() {
 }
 
 absl::Status IpcExpertBackend::CaptureExchange(
-    int layer, int64_t tokens, const std::vector<int>& workers,
-    const std::vector<CudaIpcConnection*>& links,
+    int layer, const std::vector<int>& workers, const std::vector<CudaIpcConnection*>& links,
     const std::vector<std::shared_ptr<ExpertConnection>>& connections, gpu::PartialSet& partials) {
   const size_t layers = static_cast<size_t>(config().num_layers);
   graph_layers_.resize(num_workers());
@@ -375,13 +374,8 @@ absl::Status IpcExpertBackend::CaptureExchange(
       return absl::FailedPreconditionError(
           absl::StrCat("expert worker ", w, " changed while a decode step was captured"));
     }
-    // One worker and no stamps: the combine's add + norm comes right after this wait. Only at
-    // one token, where it was measured: its blocks wait on SMs the worker's experts use, one a
-    // token.
-    const bool early = gpu::EarlyCombineLaunch() && tokens == 1 && workers.size() == 1 &&
-                       stamps_ == nullptr && gpu::FlagWaitsPoll();
-    RETURN_IF_ERROR(gpu::WaitFlag(stream, links[w]->flags_.data() + layers + layer, 1, early));
-    output_behind_early_wait_ = early;
+    RETURN_IF_ERROR(gpu::WaitFlag(stream, links[w]->flags_.data() + layers + layer, 1,
+                                  output_behind_early_wait_));
     partials.parts[partials.count++] = links[w]->output_.data();
     graph_layers_[w].push_back(layer);
     // links[w] is this connection, checked to be over CUDA IPC.
@@ -412,7 +406,7 @@ absl::Status IpcExpertBackend::UploadOwners(int layer, const std::vector<int>& o
 absl::Status IpcExpertBackend::Exchange(
     int layer, const Tensor& x, const RoutingTable& routing, const std::vector<int>& owner,
     const std::vector<std::shared_ptr<ExpertConnection>>& connections, Tensor& out, int* failed) {
-  output_behind_early_wait_ = false;  // CaptureExchange sets it where it applies
+  output_behind_early_wait_ = false;  // set below where it applies
   const ModelConfig& c = config();
   const int64_t n = x.rows();
   const int64_t h = c.hidden_size;
@@ -474,7 +468,12 @@ absl::Status IpcExpertBackend::Exchange(
   gpu::PartialSet partials;
   std::shared_ptr<void> holder;  // keeps a single partial's buffer alive with the view
   if (capturing_) {
-    RETURN_IF_ERROR(CaptureExchange(layer, n, workers, links, connections, partials));
+    // One worker and no stamps: the combine's add + norm comes right after the wait for its
+    // output. Only at one token, where it was measured: the early add + norm's blocks wait on
+    // SMs the worker's experts use, one a token.
+    output_behind_early_wait_ = gpu::EarlyCombineLaunch() && n == 1 && workers.size() == 1 &&
+                                stamps_ == nullptr && gpu::FlagWaitsPoll();
+    RETURN_IF_ERROR(CaptureExchange(layer, workers, links, connections, partials));
     if (partials.count == 1) holder = connections[workers[0]];
     return SumPartials(partials, n, std::move(holder), out);
   }

@@ -136,9 +136,9 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // keeping its buffer alive).
   absl::Status SumPartials(const gpu::PartialSet& partials, int64_t n, std::shared_ptr<void> holder,
                            Tensor& out);
-  // The captured part of Exchange, for a step of `tokens` tokens: flags instead of messages and
-  // events.
-  absl::Status CaptureExchange(int layer, int64_t tokens, const std::vector<int>& workers,
+  // The captured part of Exchange: flags instead of messages and events; the wait for the
+  // output lets the combine in early when output_behind_early_wait_ says so.
+  absl::Status CaptureExchange(int layer, const std::vector<int>& workers,
                                const std::vector<CudaIpcConnection*>& links,
                                const std::vector<std::shared_ptr<ExpertConnection>>& connections,
                                gpu::PartialSet& partials);
