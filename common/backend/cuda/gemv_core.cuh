@@ -178,7 +178,7 @@ __device__ __forceinline__ void GroupReduce(float (&acc)[kRows][kNT], int num_pa
 #pragma unroll
       for (int t = 0; t < kNT; ++t) {
         const float v = WarpSum(acc[r][t]);
-        if (lane == (r * kNT + t) % kWarpSize) emit(r, t, v);
+        if (lane == r * kNT + t) emit(r, t, v);
       }
     }
     return;
@@ -195,12 +195,12 @@ __device__ __forceinline__ void GroupReduce(float (&acc)[kRows][kNT], int num_pa
   const int warps_per_group = num_parts / kWarpSize;
   const int group = threadIdx.x / num_parts;
   const int part = threadIdx.x % num_parts;
-  for (int i = part; i < kRows * kNT; i += num_parts) {
+  if (part < kRows * kNT) {  // num_parts >= 32 >= kRows * kNT: one (row, token) a thread
     float total = 0.0f;
     for (int w = 0; w < warps_per_group; ++w) {
-      total += red[(group * warps_per_group + w) * kRows * kNT + i];
+      total += red[(group * warps_per_group + w) * kRows * kNT + part];
     }
-    emit(i / kNT, i % kNT, total);
+    emit(part / kNT, part % kNT, total);
   }
 }
 
