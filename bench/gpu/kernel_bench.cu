@@ -402,6 +402,15 @@ std::vector<int32_t> ScatteredTable(int blocks) {
   return table;
 }
 
+// The decode kernel's cluster shapes (blocks a cluster x query heads a block; 8x8 is the shape
+// before the planner chose among them).
+constexpr std::pair<int, int> kClusterShapes[] = {{8, 8}, {16, 8}, {8, 4}, {16, 4}, {16, 2}};
+
+// " (planned)" when the shape is the plan's.
+const char* PlannedMark(const PagedAttentionPlan& plan, int cluster_blocks, int heads) {
+  return cluster_blocks == plan.num_splits && heads == plan.heads_per_block ? " (planned)" : "";
+}
+
 // Decode attention over the benchmark's heads, planned for `max_context` keys.
 PagedAttentionParams DecodeParams(int max_context) {
   PagedAttentionParams p;
@@ -452,9 +461,6 @@ void AttentionChecksAndTimes(cudaStream_t s, int sm_count) {
   const TokenBatch tokens{d_seq, d_pos, 1};
   std::printf("plan: cluster %d, blocks %d, heads a block %d (largest cluster here %d)\n",
               plan.cluster, plan.num_splits, plan.heads_per_block, MaxDecodeClusterBlocks());
-  // The decode kernel's cluster shapes (blocks a cluster x query heads a block; 8x8 is the
-  // shape before the planner chose among them).
-  const std::pair<int, int> shapes[] = {{8, 8}, {16, 8}, {8, 4}, {16, 4}, {16, 2}};
   for (int context : {1, 128, 640, 4096}) {
     const int32_t pos = context - 1;
     CK(cudaMemcpy(d_pos, &pos, sizeof(pos), cudaMemcpyHostToDevice));
@@ -468,16 +474,15 @@ void AttentionChecksAndTimes(cudaStream_t s, int sm_count) {
         TimeUs(s, 64,
                [&](int i) { CK(LaunchPagedAttention(q, tokens, layer(i), p, split, ws, out, s)); }),
         bytes);
-    for (const auto& [blocks, heads] : shapes) {
-      const PagedAttentionPlan shaped = ClusterDecodePlan(p, blocks, heads);
+    for (const auto& [cluster_blocks, heads] : kClusterShapes) {
+      const PagedAttentionPlan shaped = ClusterDecodePlan(p, cluster_blocks, heads);
       CK(LaunchPagedAttention(q, tokens, layer(0), p, shaped, nullptr, out2, s));
       CK(cudaStreamSynchronize(s));
       std::snprintf(name, sizeof(name), "attention ctx %d: cluster %dx%d vs split kernel", context,
-                    blocks, heads);
+                    cluster_blocks, heads);
       Check(name, RelErr(Get(out2, kHeads * kHeadDim), want), 1e-2);
-      std::snprintf(name, sizeof(name), "attention ctx %d: cluster kernel %dx%d%s", context, blocks,
-                    heads,
-                    blocks == plan.num_splits && heads == plan.heads_per_block ? " (planned)" : "");
+      std::snprintf(name, sizeof(name), "attention ctx %d: cluster kernel %dx%d%s", context,
+                    cluster_blocks, heads, PlannedMark(plan, cluster_blocks, heads));
       Row(name,
           TimeUs(s, 64,
                  [&](int i) {
@@ -597,13 +602,11 @@ void FusedDecodeChecksAndTimes(cudaStream_t s, int sm_count) {
     char base[96];
     std::snprintf(base, sizeof(base), "chain ctx %d: q/k/v GEMV + o GEMV, no decode", context);
     Row(base, without, 0.0);
-    for (const auto& [blocks, heads] :
-         {std::pair{8, 8}, std::pair{16, 8}, std::pair{16, 4}, std::pair{16, 2}}) {
-      const PagedAttentionPlan shape = ClusterDecodePlan(p, blocks, heads);
+    for (const auto& [cluster_blocks, heads] : kClusterShapes) {
+      const PagedAttentionPlan shape = ClusterDecodePlan(p, cluster_blocks, heads);
       char name[96];
-      std::snprintf(name, sizeof(name), "chain ctx %d: fused decode %dx%d adds%s", context, blocks,
-                    heads,
-                    blocks == plan.num_splits && heads == plan.heads_per_block ? " (planned)" : "");
+      std::snprintf(name, sizeof(name), "chain ctx %d: fused decode %dx%d adds%s", context,
+                    cluster_blocks, heads, PlannedMark(plan, cluster_blocks, heads));
       Row(name, TimeUs(s, 64, [&](int i) { chain(i, &shape); }) - without, 0.0);  // a difference
     }
   }
