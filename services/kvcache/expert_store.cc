@@ -15,7 +15,6 @@
 #include "boost/interprocess/mapped_region.hpp"
 #include "boost/interprocess/shared_memory_object.hpp"
 #include "common/shm/process_liveness.h"
-#include "common/transport/mapped_experts.h"
 #include "common/util/file_stamp.h"
 #include "common/util/status_macros.h"
 #include "services/kvcache/fast_hash.h"

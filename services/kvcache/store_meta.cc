@@ -70,6 +70,8 @@ absl::StatusOr<ModelIdentity> IdentifyModel(const std::string& dir) {
   for (const std::string& name : files) {
     const absl::StatusOr<FileStamp> stamp = StampFile((fs::path(dir) / name).string());
     if (!stamp.ok()) continue;
+    // Seconds "." nanoseconds, as the text was before FileStamp: existing stores keep their
+    // fingerprints.
     absl::StrAppend(&fingerprint, name, " ", stamp->bytes, " ", stamp->mtime_ns / 1000000000, ".",
                     stamp->mtime_ns % 1000000000, "\n");
   }
