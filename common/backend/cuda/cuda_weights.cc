@@ -19,29 +19,36 @@ absl::StatusOr<DeviceWeight> DeviceWeightStore::Matrix(const WeightMatrix& w,
                                                        const WeightVector& bias,
                                                        WeightFormat format) {
   DeviceWeight d;
-  d.format = WeightFormat::kBf16;
+  d.format = format;
   d.out = w.out;
   d.in = w.in;
   const size_t count = static_cast<size_t>(w.out * w.in);
-  std::vector<uint16_t> packed;
-  if (!IsRowMajorBf16(w)) packed = RepackToRowMajorBf16(w);
-  const void* host = packed.empty() ? w.data : packed.data();
-  if (format == WeightFormat::kFp8E4M3) {
-    // The bf16 copy only lives until it is quantized.
-    ASSIGN_OR_RETURN(DeviceBuffer<bf16> staging, DeviceBuffer<bf16>::Allocate(count));
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging.data(), host, count * sizeof(bf16),
-                                         cudaMemcpyHostToDevice, stream_));
-    ASSIGN_OR_RETURN(uint8_t * q, Allocate<uint8_t>(count));
-    ASSIGN_OR_RETURN(float* scales, Allocate<float>(static_cast<size_t>(w.out)));
-    CUDA_RETURN_IF_ERROR(
-        LaunchQuantizeFp8PerChannel(staging.data(), w.out, w.in, q, scales, stream_));
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    d.format = WeightFormat::kFp8E4M3;
+  if (format == WeightFormat::kFp8E4M3 && w.dtype == DType::kF8E4M3 && w.scale != nullptr &&
+      w.row_major()) {
+    // An FP8 checkpoint's codes and row scales go up as they are: exact, and nothing staged.
+    ASSIGN_OR_RETURN(uint8_t * q, Upload(static_cast<const uint8_t*>(w.data), count));
+    ASSIGN_OR_RETURN(d.scale, Upload(w.scale, static_cast<size_t>(w.out)));
     d.data = q;
-    d.scale = scales;
   } else {
-    ASSIGN_OR_RETURN(uint16_t * ptr, Upload(static_cast<const uint16_t*>(host), count));
-    d.data = ptr;
+    std::vector<uint16_t> packed;
+    if (!IsRowMajorBf16(w)) packed = RepackToRowMajorBf16(w);
+    const void* host = packed.empty() ? w.data : packed.data();
+    if (format == WeightFormat::kFp8E4M3) {
+      // The bf16 copy only lives until it is quantized.
+      ASSIGN_OR_RETURN(DeviceBuffer<bf16> staging, DeviceBuffer<bf16>::Allocate(count));
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging.data(), host, count * sizeof(bf16),
+                                           cudaMemcpyHostToDevice, stream_));
+      ASSIGN_OR_RETURN(uint8_t * q, Allocate<uint8_t>(count));
+      ASSIGN_OR_RETURN(float* scales, Allocate<float>(static_cast<size_t>(w.out)));
+      CUDA_RETURN_IF_ERROR(
+          LaunchQuantizeFp8PerChannel(staging.data(), w.out, w.in, q, scales, stream_));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      d.data = q;
+      d.scale = scales;
+    } else {
+      ASSIGN_OR_RETURN(uint16_t * ptr, Upload(static_cast<const uint16_t*>(host), count));
+      d.data = ptr;
+    }
   }
   if (bias.present()) {
     ASSIGN_OR_RETURN(d.bias, Vector(bias));

@@ -23,7 +23,8 @@ class DeviceWeightStore {
   explicit DeviceWeightStore(cudaStream_t stream) : stream_(stream) {}
 
   // A row-major copy of `w` (with `bias` if present): bf16, or FP8 E4M3 with per-row scales
-  // (quantized on the device from the bf16 values, round to nearest).
+  // (a row-major FP8 matrix's own codes and scales; any other quantized on the device from its
+  // bf16 values, round to nearest).
   absl::StatusOr<DeviceWeight> Matrix(const WeightMatrix& w, const WeightVector& bias = {},
                                       WeightFormat format = WeightFormat::kBf16);
   // A bf16 copy of `v`; null when absent.

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_kernels.h"
+#include "common/backend/cuda/cuda_weights.h"
 #include "common/backend/cuda/elementwise_kernels.h"
 #include "common/backend/cuda/fp8_quant.h"
 #include "common/backend/cuda/gemv_kernels.h"
@@ -62,6 +63,54 @@ TEST_F(CudaOpsTest, QuantizeFp8HostAndDeviceAgree) {
     ExpectClose("fp8 quantize round trip", absl::StrCat("out=", out, " in=", in), back, ToFloat(w),
                 4e-2);
   }
+}
+
+// An FP8 checkpoint's attention matrices: row-major codes and row scales go to the device as
+// they are; any other layout is quantized again from its values. The codes here stay at or
+// under 240 in magnitude, so quantizing again (to a row maximum of 448) would change every row.
+TEST_F(CudaOpsTest, WeightStoreTakesFp8CheckpointMatricesAsTheyAre) {
+  const int64_t out = 48, in = 160;
+  std::vector<uint8_t> codes(out * in);
+  std::vector<float> scales(out);
+  for (int64_t o = 0; o < out; ++o) {
+    scales[o] = 0.01f * static_cast<float>(o + 1);
+    for (int64_t i = 0; i < in; ++i) {
+      const float v = RandomFloats(1, 240.0f)[0];
+      codes[o * in + i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+    }
+  }
+  const WeightMatrix row_major{.data = codes.data(),
+                               .dtype = DType::kF8E4M3,
+                               .out = out,
+                               .in = in,
+                               .out_stride = in,
+                               .in_stride = 1,
+                               .scale = scales.data()};
+  gpu::DeviceWeightStore store(stream());
+  const absl::StatusOr<gpu::DeviceWeight> as_is =
+      store.Matrix(row_major, {}, gpu::WeightFormat::kFp8E4M3);
+  STATUS_ASSERT_OK(as_is.status());
+  EXPECT_EQ(as_is->format, gpu::WeightFormat::kFp8E4M3);
+  EXPECT_EQ(Get(static_cast<const uint8_t*>(as_is->data), out * in), codes);
+  EXPECT_EQ(Get(as_is->scale, out), scales);
+
+  // The same values seen column by column: repacked and quantized again, within E4M3 rounding.
+  std::vector<uint8_t> transposed(out * in);
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t i = 0; i < in; ++i) transposed[i * out + o] = codes[o * in + i];
+  }
+  WeightMatrix strided = row_major;
+  strided.data = transposed.data();
+  strided.out_stride = 1;
+  strided.in_stride = out;
+  const absl::StatusOr<gpu::DeviceWeight> again =
+      store.Matrix(strided, {}, gpu::WeightFormat::kFp8E4M3);
+  STATUS_ASSERT_OK(again.status());
+  const std::vector<float> want = DequantizeHost(codes, scales, out, in);
+  const std::vector<float> got = DequantizeHost(
+      Get(static_cast<const uint8_t*>(again->data), out * in), Get(again->scale, out), out, in);
+  ExpectClose("fp8 matrix quantized again", absl::StrCat("out=", out, " in=", in), got, want, 4e-2);
+  EXPECT_NE(Get(static_cast<const uint8_t*>(again->data), out * in), codes);
 }
 
 struct LinearCase {
