@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -614,12 +615,18 @@ void FusedDecodeChecksAndTimes(cudaStream_t s, int sm_count) {
 
 }  // namespace
 
-int main() {
+// `kernel_bench experts`: the one-token expert rows only.
+int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs\n", prop.name, prop.multiProcessorCount);
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
+  if (argc > 1 && std::string_view(argv[1]) == "experts") {
+    ExpertChecksAndTimes(s, false);
+    ExpertChecksAndTimes(s, true);
+    return failures ? 1 : 0;
+  }
   GemvChecksAndTimes(s);
   ExpertChecksAndTimes(s, false);
   ExpertChecksAndTimes(s, true);

@@ -18,6 +18,7 @@
 #include "common/backend/cuda/expert_split_kernels.h"
 #include "common/backend/cuda/flag_poll_kernels.h"
 #include "common/backend/cuda/fp8_quant.h"
+#include "common/backend/cuda/gemv_kernels.h"
 #include "common/backend/cuda/grouped_expert_kernels.h"
 #include "common/backend/cuda/moe_gate_kernels.h"
 #include "common/backend/cuda/norm_kernels.h"
@@ -332,6 +333,94 @@ TEST_F(GroupedExpertTest, GptOssClampedSwiGluWithBiases) {
   for (const ExpertCase& c : cases) {
     RunCase(c, /*fp8=*/false);
     RunCase(c, /*fp8=*/true);
+  }
+}
+
+// At one token the experts' down kernel reads the routing before its PDL wait: the gate/up
+// kernel lets it in only after its own wait, so the gate that wrote the routing has finished.
+// Here the gate reads logits from a GEMV of a few hundred microseconds (one-hot rows over a
+// 65536-wide input: it copies them exactly), and the routing starts as another valid routing
+// with NaN weights. The output must equal, bit for bit, the experts' on the same routing
+// computed ahead. Before the change that moved gate/up's trigger after its wait, a down kernel
+// reading early would have taken experts 0-3.
+TEST_F(CudaOpsTest, OneTokenExpertsWaitForTheGateThatWritesTheRouting) {
+  if (!gpu::ProgrammaticLaunch()) GTEST_SKIP() << "STRATA_PDL=0: nothing launches early";
+  constexpr int kExperts = 16, kTopK = 4;
+  constexpr int64_t h = 512, m = 256, in = int64_t{1} << 16, producer_rows = 4096;
+  // Logits as bf16 values (so the producer copies them exactly), experts 8-11 on top.
+  std::vector<uint16_t> logits = RandomBf16(kExperts);
+  for (int e = 8; e < 12; ++e) logits[e] = Bf16(4.0f + e);
+  std::vector<uint16_t> x_wide(in, 0);
+  std::copy(logits.begin(), logits.end(), x_wide.begin());
+  uint16_t* one_hot = Poisoned<uint16_t>(producer_rows * in);
+  ASSERT_NE(one_hot, nullptr);
+  CUDA_ASSERT_OK(cudaMemset(one_hot, 0, producer_rows * in * 2));
+  const std::vector<uint16_t> ones(kExperts, Bf16(1.0f));
+  // Row e's element e: one element every in + 1.
+  CUDA_ASSERT_OK(
+      cudaMemcpy2D(one_hot, (in + 1) * 2, ones.data(), 2, 2, kExperts, cudaMemcpyHostToDevice));
+  const gpu::DeviceWeight producer{.data = one_hot, .out = producer_rows, .in = in};
+  const uint16_t* d_x_wide = Put(x_wide);
+  const gpu::MoeGateParams gate{.num_experts = kExperts, .top_k = kTopK};
+  const uint16_t* d_x = Put(RandomBf16(h));
+  for (const bool fp8 : {false, true}) {
+    std::vector<const void*> mats[3];  // gate, up, down
+    std::vector<const float*> scales[3];
+    for (int e = 0; e < kExperts; ++e) {
+      for (int j = 0; j < 3; ++j) {
+        const int64_t out = j == 2 ? h : m, width = j == 2 ? m : h;
+        const std::vector<uint16_t> w = RandomBf16(out * width, 0.1f);
+        if (!fp8) {
+          mats[j].push_back(Put(w));
+          continue;
+        }
+        std::vector<uint8_t> q(w.size());
+        std::vector<float> scale(out);
+        QuantizeBf16RowsToFp8E4M3(w.data(), out, width, q.data(), scale.data());
+        mats[j].push_back(Put(q));
+        scales[j].push_back(Put(scale));
+      }
+    }
+    gpu::ExpertWeightTable table{
+        .format = fp8 ? gpu::WeightFormat::kFp8E4M3 : gpu::WeightFormat::kBf16,
+        .num_experts = kExperts,
+        .hidden = h,
+        .intermediate = m,
+        .gate = Put(mats[0]),
+        .up = Put(mats[1]),
+        .down = Put(mats[2])};
+    if (fp8) {
+      table.gate_scale = Put(scales[0]);
+      table.up_scale = Put(scales[1]);
+      table.down_scale = Put(scales[2]);
+    }
+    const gpu::GluParams act;
+    uint8_t* d_ws = Poisoned<uint8_t>(gpu::ExpertWorkspaceBytes(1, kTopK, h, m));
+    int32_t* want_ids = Poisoned<int32_t>(kTopK);
+    float* want_weights = Poisoned<float>(kTopK);
+    uint16_t* want = Poisoned<uint16_t>(h);
+    int32_t* ids = Put(std::vector<int32_t>{0, 1, 2, 3});
+    float* weights = Poisoned<float>(kTopK);
+    float* produced = Poisoned<float>(producer_rows);
+    uint16_t* got = Poisoned<uint16_t>(h);
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());  // the plain copies above: the legacy stream
+    ASSERT_FALSE(HasFailure());
+    const gpu::ExpertWorkspace ws = gpu::CarveExpertWorkspace(d_ws, 1, kTopK, h, m);
+    const std::string what = fp8 ? "fp8" : "bf16";
+
+    // The reference: gate and experts on logits copied in ahead.
+    LAUNCH_OK(gpu::LaunchMoeGate(Put(ToFloat(logits)), 1, gate, want_ids, want_weights, stream()));
+    LAUNCH_OK(gpu::LaunchGroupedExperts(AsBf16(d_x), want_ids, want_weights, 1, kTopK, table, act,
+                                        ws, AsBf16(want), stream()));
+    // The producer, the gate and the experts back to back, each free to launch early.
+    CUDA_ASSERT_OK(gpu::LaunchGemv(producer, AsBf16(d_x_wide), in, 1, produced, gpu::OutType::kF32,
+                                   producer_rows, stream()));
+    CUDA_ASSERT_OK(gpu::LaunchMoeGate(produced, 1, gate, ids, weights, stream()));
+    LAUNCH_OK(gpu::LaunchGroupedExperts(AsBf16(d_x), ids, weights, 1, kTopK, table, act, ws,
+                                        AsBf16(got), stream()));
+    EXPECT_EQ(Get(ids, kTopK), (std::vector<int32_t>{11, 10, 9, 8})) << what;
+    EXPECT_EQ(Get(ids, kTopK), Get(want_ids, kTopK)) << what;
+    EXPECT_EQ(Get(got, h), Get(want, h)) << what << ": the experts read the routing early";
   }
 }
 
