@@ -428,22 +428,44 @@ cudaError_t DownTyped(int64_t n, int top_k, const ExpertWeightTable& w, const Ex
   return cudaGetLastError();
 }
 
+// Blocks of a one-token FP8 expert kernel resident at once on the current device (3 an SM,
+// their launch bounds). Asked once per process: the experts of a process run on one device.
+int64_t Fp8OneWaveBlocks() {
+  static const int64_t blocks = [] {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      return int64_t{0};  // no halving below
+    }
+    return int64_t{sms} * kGemvMinBlocks<1, uint8_t>;
+  }();
+  return blocks;
+}
+
 // n == 1: gate/up with one work item per slot (no plan), then down and combine fused.
 // parts == 0 picks the threads per row group.
+//
+// FP8 grids that fit in one wave with half the thread groups (each thread then takes twice the
+// chunks of a row) take them: Qwen3's gate/up 768 -> 384 blocks and down 512 -> 256 on the
+// H200's 132 SMs, 324.3 -> 349.8 tok/s through the cluster (kernel_bench: 21.7 -> 17.5 us a
+// layer). Mixtral's grids stay several waves either way, and there the halving cost 6.7%
+// (197.2 against 211.4 tok/s in process); bf16 was fastest as it is.
 template <typename WT, int kE>
 cudaError_t GateUpDirect(const bf16* x, const int32_t* expert_ids, int top_k,
                          const ExpertWeightTable& w, const GluParams& act,
                          const ExpertWorkspace& ws, cudaStream_t stream, int parts = 0) {
   constexpr int kP = kPairRowsFor<1>;
   const int64_t row_groups = (w.intermediate + kP - 1) / kP;
+  auto tiles_for = [&](int p) { return (row_groups + kGemvThreads / p - 1) / (kGemvThreads / p); };
   if (parts == 0) {
-    // FP8: half the thread groups, each thread 4 chunks of a row: Qwen3's 8 x 1536 rows then
-    // take 384 blocks, one wave at 3 an SM, against two (kernel_bench: with the down kernel
-    // below, 17.4 us against 19.4; bf16 is fastest as it is).
     parts = GemvPartsFor(w.hidden / kE, row_groups * top_k, 1);
-    if (sizeof(WT) == 1) parts = std::max(kWarpSize, parts / 2);
+    if (sizeof(WT) == 1 && parts > kWarpSize &&
+        tiles_for(parts / 2) * top_k <= Fp8OneWaveBlocks()) {
+      parts /= 2;
+    }
   }
-  const int64_t tiles = (row_groups + kGemvThreads / parts - 1) / (kGemvThreads / parts);
+  const int64_t tiles = tiles_for(parts);
   if (tiles > 0x7fffffff) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(top_k));
   return LaunchPdl(ExpertGateUpKernel<WT, kE, 1, true>, grid, dim3(kGemvThreads), 0, stream, x,
@@ -454,12 +476,18 @@ template <typename WT, int kE>
 cudaError_t DownCombineDirect(const int32_t* expert_ids, const float* weights, int top_k,
                               const ExpertWeightTable& w, const ExpertWorkspace& ws, bf16* out,
                               const GridSignal& signal, cudaStream_t stream, int parts = 0) {
-  // bf16: 128 threads per pair of rows: 4 rows a block, 512 blocks for hidden 2048 (4 an SM,
-  // all resident at once); each thread streams top_k * inter / kE / 128 chunks of both rows
-  // (6 for Qwen3's 8 x 768). FP8 fits 3 blocks an SM: 64 threads a pair, 256 blocks.
-  if (parts == 0) parts = sizeof(WT) == 1 ? 64 : 128;
-  const int64_t rows_per_block = kGemvThreads / parts * kDownRows;
-  const int64_t blocks = (w.hidden + rows_per_block - 1) / rows_per_block;
+  // 128 threads per pair of rows: 4 rows a block, 512 blocks for hidden 2048 (in bf16 4 an
+  // SM, all resident at once); each thread streams top_k * inter / kE / 128 chunks of both
+  // rows (6 for Qwen3's 8 x 768 in bf16). FP8 (3 blocks an SM) halves them as gate/up does.
+  auto blocks_for = [&](int p) {
+    const int64_t rows_per_block = kGemvThreads / p * kDownRows;
+    return (w.hidden + rows_per_block - 1) / rows_per_block;
+  };
+  if (parts == 0) {
+    parts = 128;
+    if (sizeof(WT) == 1 && blocks_for(parts / 2) <= Fp8OneWaveBlocks()) parts /= 2;
+  }
+  const int64_t blocks = blocks_for(parts);
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   return LaunchPdl(ExpertDownCombineKernel<WT, kE>, dim3(static_cast<unsigned>(blocks)),
                    dim3(kGemvThreads), 0, stream, expert_ids, weights, top_k, w, ws.h, out, parts,
