@@ -186,8 +186,11 @@ void Run(const char* name, const std::vector<uint4*>& w, const __nv_bfloat16* x,
   for (int i = 0; i < kIters; ++i) launch(i);
   CHECK(cudaEventRecord(stop));
   CHECK(cudaEventSynchronize(stop));
+  CHECK(cudaGetLastError());
   float ms = 0;
   CHECK(cudaEventElapsedTime(&ms, start, stop));
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
   const double us = ms * 1000.0 / kIters;
   std::printf("%-8s %5d x %d  %8.2f us  %6.0f GB/s  max err %.2e of the largest output\n", name,
               rows, cols, us, double(rows) * cols / us / 1e3, err / top);

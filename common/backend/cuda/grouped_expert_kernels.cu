@@ -287,16 +287,17 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<1, WT>)
   __shared__ int slot_of[kMaxDirectSlots];
   __shared__ float coef[kMaxDirectSlots][kMaxBlockRows];
   __shared__ int num_valid;
-  // The routing was written before the gate/up kernel passed its wait, which it did before
+  // The routing was final before the gate/up kernel passed its wait, which it did before
   // letting this kernel in: the slot list, the coefficients and the first weight loads go
-  // ahead of the wait for h, over the gate/up kernel's tail.
+  // ahead of the wait for h, over the gate/up kernel's tail. The routing is read through L2
+  // (__ldcg): an earlier layer's routing at the same address may sit in this SM's L1.
   PdlLaunchDependents();
   const int groups = kGemvThreads / num_parts;
   const int64_t block_row0 = int64_t{blockIdx.x} * groups * kDownRows;
   const int block_rows = groups * kDownRows;
   if (threadIdx.x < kWarpSize) {
     const int lane = threadIdx.x;
-    const int32_t e = lane < top_k ? expert_ids[lane] : -1;
+    const int32_t e = lane < top_k ? __ldcg(expert_ids + lane) : -1;
     const bool valid = ValidExpert(e, w.num_experts);
     const unsigned mask = __ballot_sync(kFullMask, valid);
     const int v = __popc(mask & ((1u << lane) - 1u));
@@ -312,7 +313,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<1, WT>)
   for (int i = threadIdx.x; i < nv * block_rows; i += kGemvThreads) {
     const int v = i / block_rows;
     const int64_t o = min(block_row0 + i % block_rows, w.hidden - 1);
-    float c = weights[slot_of[v]];
+    float c = __ldcg(weights + slot_of[v]);
     if (w.format == WeightFormat::kFp8E4M3) c *= w.down_scale[expert_of[v]][o];
     coef[v][i % block_rows] = c;
   }
@@ -429,7 +430,9 @@ cudaError_t DownTyped(int64_t n, int top_k, const ExpertWeightTable& w, const Ex
 }
 
 // Blocks of a one-token FP8 expert kernel resident at once on the current device (3 an SM,
-// their launch bounds). Asked once per process: the experts of a process run on one device.
+// their launch bounds). Asked once per process: the experts of a process run on one device. It
+// counts the whole device, as if the kernel had it alone (an MPS limit on a client's SMs, or the
+// router's kernels running beside a worker's, leave fewer; the widths below were measured so).
 int64_t Fp8OneWaveBlocks() {
   static const int64_t blocks = [] {
     int device = 0, sms = 0;

@@ -2,14 +2,19 @@
 // the kernel before it on the stream is still running, so its launch and its first loads of
 // data that kernel does not write (weights) overlap that kernel's tail. Such a kernel calls
 // PdlWait() before it reads or writes anything the kernels before it touch, and
-// PdlLaunchDependents() as soon as the next kernel may be scheduled (one exception: what the
-// kernel two back wrote may be read before the wait when the kernel between lets the next in
-// only after its own wait, as the one-token experts' down kernel reads the routing). PdlWait is a
-// no-op when the kernel was launched normally; PdlLaunchDependents is not (a following LaunchPdl
-// kernel may then start early), which is safe because every LaunchPdl kernel waits before it
-// touches what earlier kernels write or read. Below sm_90 both compile to nothing: device code must
-// be built for sm_90 (a PTX-only older target JIT-compiled on Hopper would not wait). Included only
-// by nvcc-compiled sources.
+// PdlLaunchDependents() as soon as the next kernel may be scheduled. PdlWait is a no-op when the
+// kernel was launched normally; PdlLaunchDependents is not (a following LaunchPdl kernel may
+// then start early), which is safe because every LaunchPdl kernel waits before it touches what
+// earlier kernels write or read.
+//
+// One exception: data that was final before the previous kernel's wait returned may be read
+// before the wait, when every block of that kernel lets the next in only after its own wait.
+// The one-token experts' down kernel reads the routing so, behind the gate/up kernel; moving
+// gate/up's PdlLaunchDependents ahead of its wait, or a kernel between the two, would make that
+// a race (cuda_ops_test's OneTokenExpertsReadTheRoutingOnlyOnceItIsFinal fails then).
+//
+// Below sm_90 both compile to nothing: device code must be built for sm_90 (a PTX-only older
+// target JIT-compiled on Hopper would not wait). Included only by nvcc-compiled sources.
 #ifndef STRATA_COMMON_BACKEND_CUDA_PDL_CUH_
 #define STRATA_COMMON_BACKEND_CUDA_PDL_CUH_
 

@@ -18,7 +18,6 @@
 #include "common/backend/cuda/expert_split_kernels.h"
 #include "common/backend/cuda/flag_poll_kernels.h"
 #include "common/backend/cuda/fp8_quant.h"
-#include "common/backend/cuda/gemv_kernels.h"
 #include "common/backend/cuda/grouped_expert_kernels.h"
 #include "common/backend/cuda/moe_gate_kernels.h"
 #include "common/backend/cuda/norm_kernels.h"
@@ -337,32 +336,24 @@ TEST_F(GroupedExpertTest, GptOssClampedSwiGluWithBiases) {
 }
 
 // At one token the experts' down kernel reads the routing before its PDL wait: the gate/up
-// kernel lets it in only after its own wait, so the gate that wrote the routing has finished.
-// Here the gate reads logits from a GEMV of a few hundred microseconds (one-hot rows over a
-// 65536-wide input: it copies them exactly), and the routing starts as another valid routing
-// with NaN weights. The output must equal, bit for bit, the experts' on the same routing
-// computed ahead. Before the change that moved gate/up's trigger after its wait, a down kernel
-// reading early would have taken experts 0-3.
-TEST_F(CudaOpsTest, OneTokenExpertsWaitForTheGateThatWritesTheRouting) {
+// kernel lets it in only after its own wait, by which time the routing is final. Two chains hold
+// the routing back behind a polling kernel that lets everything after it launch at once: a
+// worker's (poll -> experts; the host copies the routing in, then raises the flag) and the
+// router's in process (poll -> gate -> experts; the host copies the logits in). The routing
+// starts as another valid one with NaN weights, the workspace as NaN; the output must equal, bit
+// for bit, the experts' on the final routing launched plainly. A down kernel let in early reads
+// experts 0-3 and NaN weights.
+TEST_F(CudaOpsTest, OneTokenExpertsReadTheRoutingOnlyOnceItIsFinal) {
   if (!gpu::ProgrammaticLaunch()) GTEST_SKIP() << "STRATA_PDL=0: nothing launches early";
   constexpr int kExperts = 16, kTopK = 4;
-  constexpr int64_t h = 512, m = 256, in = int64_t{1} << 16, producer_rows = 4096;
-  // Logits as bf16 values (so the producer copies them exactly), experts 8-11 on top.
-  std::vector<uint16_t> logits = RandomBf16(kExperts);
-  for (int e = 8; e < 12; ++e) logits[e] = Bf16(4.0f + e);
-  std::vector<uint16_t> x_wide(in, 0);
-  std::copy(logits.begin(), logits.end(), x_wide.begin());
-  uint16_t* one_hot = Poisoned<uint16_t>(producer_rows * in);
-  ASSERT_NE(one_hot, nullptr);
-  CUDA_ASSERT_OK(cudaMemset(one_hot, 0, producer_rows * in * 2));
-  const std::vector<uint16_t> ones(kExperts, Bf16(1.0f));
-  // Row e's element e: one element every in + 1.
-  CUDA_ASSERT_OK(
-      cudaMemcpy2D(one_hot, (in + 1) * 2, ones.data(), 2, 2, kExperts, cudaMemcpyHostToDevice));
-  const gpu::DeviceWeight producer{.data = one_hot, .out = producer_rows, .in = in};
-  const uint16_t* d_x_wide = Put(x_wide);
+  constexpr int64_t h = 512, m = 256;
+  std::vector<float> logits = RandomFloats(kExperts);
+  for (int e = 8; e < 12; ++e) logits[e] = 4.0f + e;  // experts 11, 10, 9, 8 on top
   const gpu::MoeGateParams gate{.num_experts = kExperts, .top_k = kTopK};
   const uint16_t* d_x = Put(RandomBf16(h));
+  const uint32_t up = 1;
+  cudaStream_t side = nullptr;
+  CUDA_ASSERT_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   for (const bool fp8 : {false, true}) {
     std::vector<const void*> mats[3];  // gate, up, down
     std::vector<const float*> scales[3];
@@ -395,33 +386,57 @@ TEST_F(CudaOpsTest, OneTokenExpertsWaitForTheGateThatWritesTheRouting) {
       table.down_scale = Put(scales[2]);
     }
     const gpu::GluParams act;
-    uint8_t* d_ws = Poisoned<uint8_t>(gpu::ExpertWorkspaceBytes(1, kTopK, h, m));
+    const size_t ws_bytes = gpu::ExpertWorkspaceBytes(1, kTopK, h, m);
     int32_t* want_ids = Poisoned<int32_t>(kTopK);
     float* want_weights = Poisoned<float>(kTopK);
     uint16_t* want = Poisoned<uint16_t>(h);
-    int32_t* ids = Put(std::vector<int32_t>{0, 1, 2, 3});
-    float* weights = Poisoned<float>(kTopK);
-    float* produced = Poisoned<float>(producer_rows);
-    uint16_t* got = Poisoned<uint16_t>(h);
+    uint8_t* want_ws = Poisoned<uint8_t>(ws_bytes);
     CUDA_ASSERT_OK(cudaDeviceSynchronize());  // the plain copies above: the legacy stream
     ASSERT_FALSE(HasFailure());
-    const gpu::ExpertWorkspace ws = gpu::CarveExpertWorkspace(d_ws, 1, kTopK, h, m);
-    const std::string what = fp8 ? "fp8" : "bf16";
-
-    // The reference: gate and experts on logits copied in ahead.
-    LAUNCH_OK(gpu::LaunchMoeGate(Put(ToFloat(logits)), 1, gate, want_ids, want_weights, stream()));
+    LAUNCH_OK(gpu::LaunchMoeGate(Put(logits), 1, gate, want_ids, want_weights, stream()));
     LAUNCH_OK(gpu::LaunchGroupedExperts(AsBf16(d_x), want_ids, want_weights, 1, kTopK, table, act,
-                                        ws, AsBf16(want), stream()));
-    // The producer, the gate and the experts back to back, each free to launch early.
-    CUDA_ASSERT_OK(gpu::LaunchGemv(producer, AsBf16(d_x_wide), in, 1, produced, gpu::OutType::kF32,
-                                   producer_rows, stream()));
-    CUDA_ASSERT_OK(gpu::LaunchMoeGate(produced, 1, gate, ids, weights, stream()));
-    LAUNCH_OK(gpu::LaunchGroupedExperts(AsBf16(d_x), ids, weights, 1, kTopK, table, act, ws,
-                                        AsBf16(got), stream()));
-    EXPECT_EQ(Get(ids, kTopK), (std::vector<int32_t>{11, 10, 9, 8})) << what;
-    EXPECT_EQ(Get(ids, kTopK), Get(want_ids, kTopK)) << what;
-    EXPECT_EQ(Get(got, h), Get(want, h)) << what << ": the experts read the routing early";
+                                        gpu::CarveExpertWorkspace(want_ws, 1, kTopK, h, m),
+                                        AsBf16(want), stream()));
+    const std::vector<int32_t> final_ids = Get(want_ids, kTopK);
+    const std::vector<float> final_weights = Get(want_weights, kTopK);
+    ASSERT_EQ(final_ids, (std::vector<int32_t>{11, 10, 9, 8}));
+
+    for (const bool in_process : {false, true}) {
+      const std::string what = absl::StrCat(fp8 ? "fp8" : "bf16", in_process ? ", gate" : "");
+      int32_t* ids = Put(std::vector<int32_t>{0, 1, 2, 3});
+      float* weights = Poisoned<float>(kTopK);
+      float* d_logits = Put(std::vector<float>(kExperts, 0.0f));
+      uint32_t* d_flag = Put(std::vector<uint32_t>{0});
+      uint8_t* d_ws = Poisoned<uint8_t>(ws_bytes);
+      uint16_t* got = Poisoned<uint16_t>(h);
+      CUDA_ASSERT_OK(cudaDeviceSynchronize());
+      ASSERT_FALSE(HasFailure());
+      CUDA_ASSERT_OK(gpu::LaunchFlagPoll(d_flag, 1, stream(), /*trigger_early=*/true));
+      if (in_process) {
+        CUDA_ASSERT_OK(gpu::LaunchMoeGate(d_logits, 1, gate, ids, weights, stream()));
+      }
+      CUDA_ASSERT_OK(gpu::LaunchGroupedExperts(AsBf16(d_x), ids, weights, 1, kTopK, table, act,
+                                               gpu::CarveExpertWorkspace(d_ws, 1, kTopK, h, m),
+                                               AsBf16(got), stream()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      EXPECT_EQ(cudaStreamQuery(stream()), cudaErrorNotReady) << what;
+      if (in_process) {
+        CUDA_ASSERT_OK(cudaMemcpyAsync(d_logits, logits.data(), kExperts * sizeof(float),
+                                       cudaMemcpyHostToDevice, side));
+      } else {
+        CUDA_ASSERT_OK(cudaMemcpyAsync(ids, final_ids.data(), kTopK * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, side));
+        CUDA_ASSERT_OK(cudaMemcpyAsync(weights, final_weights.data(), kTopK * sizeof(float),
+                                       cudaMemcpyHostToDevice, side));
+      }
+      CUDA_ASSERT_OK(cudaMemcpyAsync(d_flag, &up, sizeof(up), cudaMemcpyHostToDevice, side));
+      CUDA_ASSERT_OK(cudaStreamSynchronize(side));
+      CUDA_ASSERT_OK(cudaStreamSynchronize(stream()));
+      EXPECT_EQ(Get(ids, kTopK), final_ids) << what;
+      EXPECT_EQ(Get(got, h), Get(want, h)) << what << ": the experts read the routing early";
+    }
   }
+  CUDA_ASSERT_OK(cudaStreamDestroy(side));
 }
 
 TEST_F(CudaOpsTest, RepackGptOssLayout) {
