@@ -10,6 +10,7 @@
 #include "common/backend/cpu/cpu_expert_slots.h"
 #include "common/shm/channel.h"
 #if STRATA_HAVE_CUDA
+#include "common/backend/cuda/cuda_context.h"
 #include "common/backend/cuda/cuda_expert_slots.h"
 #include "common/backend/cuda/cuda_weights.h"
 #include "common/backend/cuda/staged_expert_backend.h"
@@ -229,6 +230,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
     const bool ipc =
         device_experts_ != nullptr && options_.transport == v1::TRANSPORT_SHARED_MEMORY;
     request.set_transport(ipc ? v1::TRANSPORT_CUDA_IPC : options_.transport);
+#if STRATA_HAVE_CUDA
+    if (ipc) {
+      ASSIGN_OR_RETURN(const std::string uuid, gpu::GpuUuid(device_experts_->context()->device()));
+      request.set_gpu_uuid(uuid);
+    }
+#endif
     request.set_address(service_address_);
     request.set_tiered(tiers_ != nullptr);
     // A fresh channel per attempt: a restarted router is answered as soon as it listens,

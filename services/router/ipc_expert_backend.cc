@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/backend/cuda/cuda_context.h"
 #include "common/backend/cuda/cuda_status.h"
 #include "common/backend/cuda/stream_flags.h"
 #include "common/util/process.h"
@@ -169,7 +170,8 @@ absl::Status IpcExpertBackend::FinishStep() {
 }
 
 absl::StatusOr<std::shared_ptr<ExpertConnection>> IpcExpertBackend::Attach(
-    int index, std::unique_ptr<ShmExpertConnection> channel, v1::CudaIpcBuffers& buffers) {
+    int index, std::unique_ptr<ShmExpertConnection> channel, v1::CudaIpcBuffers& buffers,
+    const std::string& worker_gpu_uuid) {
   const ModelConfig& c = config();
   // Registration runs on a gRPC thread: make the router's device current there.
   CUDA_RETURN_IF_ERROR(cudaSetDevice(context_->device()));
@@ -180,6 +182,8 @@ absl::StatusOr<std::shared_ptr<ExpertConnection>> IpcExpertBackend::Attach(
   }
   std::shared_ptr<CudaIpcConnection> link(new CudaIpcConnection());
   link->device_ = context_->device();
+  ASSIGN_OR_RETURN(const std::string router_gpu, gpu::GpuUuid(context_->device()));
+  link->same_gpu_ = !worker_gpu_uuid.empty() && worker_gpu_uuid == router_gpu;
   const int top_k = std::max(c.top_k, 1);
   const size_t slots = static_cast<size_t>(max_tokens_) * top_k;
   ASSIGN_OR_RETURN(link->ids_, AllocateShared<int32_t>(slots));
@@ -447,7 +451,9 @@ absl::Status IpcExpertBackend::Exchange(
   gpu::RoutingSplit split;
   static_assert(gpu::kMaxSplitTargets <= gpu::kMaxSignalFlags, "a flag pair per split target");
   gpu::GridSignal signal;  // a captured step: the kernel raises the workers' input flags
+  signal.system = gpu::SystemScopeSignalsForced();
   for (int w : workers) {
+    signal.system |= !links[w]->same_gpu_;
     split.worker[split.count] = w;
     split.ids[split.count] = links[w]->ids_.data();
     split.weights[split.count] = links[w]->weights_.data();

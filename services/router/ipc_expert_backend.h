@@ -64,7 +64,8 @@ class CudaIpcConnection : public ExpertConnection {
   CudaIpcConnection() = default;
 
   std::unique_ptr<ShmExpertConnection> channel_;
-  int device_ = 0;  // the router's, where the buffers and events are
+  int device_ = 0;         // the router's, where the buffers and events are
+  bool same_gpu_ = false;  // the worker runs on the router's GPU: its flags at device scope
   gpu::DeviceBuffer<int32_t> ids_;
   gpu::DeviceBuffer<float> weights_;
   gpu::DeviceBuffer<gpu::bf16> output_;
@@ -113,9 +114,11 @@ class IpcExpertBackend : public RemoteExpertBackend {
   absl::Status StampClocks(const std::string& path);
 
   // Allocates worker `index`'s buffers and events, writes their handles into `buffers` and
-  // wraps `channel`; install the result with SetConnection. Any thread.
+  // wraps `channel`; install the result with SetConnection. worker_gpu_uuid: the worker's GPU
+  // (gpu::GpuUuid; empty when unknown). Any thread.
   absl::StatusOr<std::shared_ptr<ExpertConnection>> Attach(
-      int index, std::unique_ptr<ShmExpertConnection> channel, v1::CudaIpcBuffers& buffers);
+      int index, std::unique_ptr<ShmExpertConnection> channel, v1::CudaIpcBuffers& buffers,
+      const std::string& worker_gpu_uuid);
 
  protected:
   // `x` and `routing` on the router's device; `out` becomes a device view [n, hidden] bf16.

@@ -144,7 +144,8 @@ absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
   coordinator.cuda_ipc = [ipc = ipc.get()](const v1::RegisterWorkerRequest& request,
                                            std::unique_ptr<ShmExpertConnection> channel,
                                            v1::CudaIpcBuffers& buffers) {
-    return ipc->Attach(static_cast<int>(request.worker_index()), std::move(channel), buffers);
+    return ipc->Attach(static_cast<int>(request.worker_index()), std::move(channel), buffers,
+                       request.gpu_uuid());
   };
   remote_ = std::move(ipc);
   return absl::OkStatus();

@@ -14,6 +14,12 @@ int CudaDeviceCount() {
   return count;
 }
 
+absl::StatusOr<std::string> GpuUuid(int device) {
+  cudaDeviceProp prop;
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+  return std::string(prop.uuid.bytes, sizeof(prop.uuid.bytes));
+}
+
 absl::StatusOr<std::unique_ptr<CudaContext>> CudaContext::Create(const Options& options) {
   const int count = CudaDeviceCount();
   if (options.device < 0 || options.device >= count) {

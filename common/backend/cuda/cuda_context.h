@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -17,6 +18,10 @@ namespace strata::gpu {
 
 // CUDA devices usable by this process; 0 (not an error) when there is no driver or device.
 int CudaDeviceCount();
+
+// The 16 bytes that name device's GPU (cudaDeviceProp::uuid): the same in every process,
+// whatever CUDA_VISIBLE_DEVICES numbers it.
+absl::StatusOr<std::string> GpuUuid(int device);
 
 class CudaContext {
  public:

@@ -6,23 +6,43 @@
 
 namespace strata::gpu {
 
+__device__ __forceinline__ void SignalFence(bool system) {
+  if (system) {
+    __threadfence_system();
+  } else {
+    __threadfence();
+  }
+}
+
 // Called by every thread of every block at the very end of a kernel (no early returns before
 // it). The last block to arrive clears and raises the flags.
 __device__ __forceinline__ void SignalGridDone(const GridSignal& s) {
   if (s.count == 0) return;
-  // The block's writes, ordered before thread 0's by the barrier, reach the system before the
-  // block counts itself done (cumulative fence; a worker on another GPU writes the router's
-  // buffers through peer access).
+  // The block's writes, ordered before thread 0's by the barrier, reach the flags' readers
+  // before the block counts itself done (cumulative fence; a worker on another GPU writes the
+  // router's buffers through peer access, which needs system scope).
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
-    __threadfence_system();
+    SignalFence(s.system);
     const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
     if (atomicAdd(s.done, 1u) == blocks - 1) {
       *s.done = 0;
-      __threadfence_system();
-      for (int i = 0; i < s.count; ++i) atomicCAS_system(s.clear[i], 1u, 0u);
-      __threadfence_system();
-      for (int i = 0; i < s.count; ++i) atomicExch_system(s.raise[i], 1u);
+      SignalFence(s.system);
+      for (int i = 0; i < s.count; ++i) {
+        if (s.system) {
+          atomicCAS_system(s.clear[i], 1u, 0u);
+        } else {
+          atomicCAS(s.clear[i], 1u, 0u);
+        }
+      }
+      SignalFence(s.system);
+      for (int i = 0; i < s.count; ++i) {
+        if (s.system) {
+          atomicExch_system(s.raise[i], 1u);
+        } else {
+          atomicExch(s.raise[i], 1u);
+        }
+      }
     }
   }
 }

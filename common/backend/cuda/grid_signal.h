@@ -15,15 +15,17 @@ inline constexpr int kMaxSignalFlags = 16;
 // however often the flag is lowered and waited on again.
 inline constexpr uint32_t kFlagReleased = 2;
 
-// When the kernel's last block finishes, after every block's writes are visible to other
-// processes and GPUs: each clear[i] that is 1 is set to 0, then each raise[i] to 1. `done`
-// counts the finished blocks; it must be 0 before the launch and is 0 again after it. count 0:
-// no signal.
+// When the kernel's last block finishes, after every block's writes are visible to the flags'
+// readers: each clear[i] that is 1 is set to 0, then each raise[i] to 1. `done` counts the
+// finished blocks; it must be 0 before the launch and is 0 again after it. count 0: no signal.
+// system: the readers may be on another GPU (peer access) or the host; false when every reader
+// runs on this kernel's GPU, in any process: fences and atomics then take device scope.
 struct GridSignal {
   int count = 0;
   uint32_t* clear[kMaxSignalFlags] = {};
   uint32_t* raise[kMaxSignalFlags] = {};
   uint32_t* done = nullptr;
+  bool system = true;
 };
 
 // What a launch taking a signal checks first: the count in range and every pointer it uses set.

@@ -69,6 +69,14 @@ bool FlagWaitsPoll() {
   return poll;
 }
 
+bool SystemScopeSignalsForced() {
+  static const bool forced = [] {
+    const char* value = std::getenv("STRATA_SIGNAL_SCOPE");
+    return value != nullptr && std::string_view(value) == "system";
+  }();
+  return forced;
+}
+
 bool EarlyCombineLaunch() {
   static const bool early = [] {
     const char* value = std::getenv("STRATA_EARLY_COMBINE");

@@ -32,6 +32,10 @@ bool EarlyCombineLaunch();
 // "memop"; read once).
 bool FlagWaitsPoll();
 
+// Whether STRATA_SIGNAL_SCOPE=system (read once) asks for system-scope flag signals even between
+// processes on one GPU (GridSignal::system), for comparisons and as a fallback.
+bool SystemScopeSignalsForced();
+
 // Sets count flags to `value` on `stream` (no fence; for releasing a stuck waiter).
 absl::Status FillFlags(cudaStream_t stream, uint32_t* flags, uint32_t value, size_t count);
 

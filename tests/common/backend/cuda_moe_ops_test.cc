@@ -471,43 +471,49 @@ TEST_F(CudaOpsTest, SplitRoutingCopiesInputAndSignals) {
   const int32_t* d_ids = Put(ids);
   const float* d_weights = Put(weights);
   const int32_t* d_owner = Put(owner);
-  gpu::RoutingSplit split;
-  gpu::GridSignal signal;
-  // Per target: [clear, raise]; then the blocks-done counter. The second target's flag was
-  // released for good (its worker is gone): lowering leaves it up.
-  uint32_t* d_flags = Put(std::vector<uint32_t>{1, 0, gpu::kFlagReleased, 0, 0});
-  for (int w = 0; w < 2; ++w) {
-    split.worker[w] = w;
-    split.ids[w] = Poisoned<int32_t>(n * k);
-    split.weights[w] = Poisoned<float>(n * k);
-    signal.clear[w] = d_flags + 2 * w;
-    signal.raise[w] = d_flags + 2 * w + 1;
-  }
-  split.count = signal.count = 2;
-  signal.done = d_flags + 4;
-  ASSERT_FALSE(HasFailure());
-  LAUNCH_OK(gpu::LaunchSplitRouting({AsBf16(d_x), AsBf16(d_input), h}, d_ids, d_weights, n, k,
-                                    d_owner, experts, split, signal, stream()));
-  EXPECT_EQ(Get(d_input, n * h), x);
-  for (int w = 0; w < 2; ++w) {
-    const std::vector<int32_t> got_ids = Get(split.ids[w], n * k);
-    const std::vector<float> got_weights = Get(split.weights[w], n * k);
-    for (int64_t s = 0; s < n * k; ++s) {
-      const bool mine = ids[s] >= 0 && ids[s] < experts && owner[ids[s]] == w;
-      EXPECT_EQ(got_ids[s], mine ? ids[s] : -1) << "worker " << w << " slot " << s;
-      EXPECT_EQ(got_weights[s], mine ? weights[s] : 0.0f) << "worker " << w << " slot " << s;
+  // System scope (a worker on another GPU) and device scope (every reader on this GPU).
+  for (const bool system : {true, false}) {
+    SCOPED_TRACE(system ? "system scope" : "device scope");
+    gpu::RoutingSplit split;
+    gpu::GridSignal signal;
+    signal.system = system;
+    // Per target: [clear, raise]; then the blocks-done counter. The second target's flag was
+    // released for good (its worker is gone): lowering leaves it up.
+    uint32_t* d_flags = Put(std::vector<uint32_t>{1, 0, gpu::kFlagReleased, 0, 0});
+    for (int w = 0; w < 2; ++w) {
+      split.worker[w] = w;
+      split.ids[w] = Poisoned<int32_t>(n * k);
+      split.weights[w] = Poisoned<float>(n * k);
+      signal.clear[w] = d_flags + 2 * w;
+      signal.raise[w] = d_flags + 2 * w + 1;
     }
-  }
-  EXPECT_EQ(Get(d_flags, 5), (std::vector<uint32_t>{0, 1, gpu::kFlagReleased, 1, 0}));
+    split.count = signal.count = 2;
+    signal.done = d_flags + 4;
+    ASSERT_FALSE(HasFailure());
+    LAUNCH_OK(gpu::LaunchSplitRouting({AsBf16(d_x), AsBf16(d_input), h}, d_ids, d_weights, n, k,
+                                      d_owner, experts, split, signal, stream()));
+    EXPECT_EQ(Get(d_input, n * h), x);
+    for (int w = 0; w < 2; ++w) {
+      const std::vector<int32_t> got_ids = Get(split.ids[w], n * k);
+      const std::vector<float> got_weights = Get(split.weights[w], n * k);
+      for (int64_t s = 0; s < n * k; ++s) {
+        const bool mine = ids[s] >= 0 && ids[s] < experts && owner[ids[s]] == w;
+        EXPECT_EQ(got_ids[s], mine ? ids[s] : -1) << "worker " << w << " slot " << s;
+        EXPECT_EQ(got_weights[s], mine ? weights[s] : 0.0f) << "worker " << w << " slot " << s;
+      }
+    }
+    EXPECT_EQ(Get(d_flags, 5), (std::vector<uint32_t>{0, 1, gpu::kFlagReleased, 1, 0}));
 
-  // The signal alone (a run-out step): the raised flag goes down again, the other goes up.
-  gpu::GridSignal alone;
-  alone.count = 1;
-  alone.clear[0] = d_flags + 1;
-  alone.raise[0] = d_flags;
-  alone.done = d_flags + 4;
-  LAUNCH_OK(gpu::LaunchSignal(alone, stream()));
-  EXPECT_EQ(Get(d_flags, 5), (std::vector<uint32_t>{1, 0, gpu::kFlagReleased, 1, 0}));
+    // The signal alone (a run-out step): the raised flag goes down again, the other goes up.
+    gpu::GridSignal alone;
+    alone.system = system;
+    alone.count = 1;
+    alone.clear[0] = d_flags + 1;
+    alone.raise[0] = d_flags;
+    alone.done = d_flags + 4;
+    LAUNCH_OK(gpu::LaunchSignal(alone, stream()));
+    EXPECT_EQ(Get(d_flags, 5), (std::vector<uint32_t>{1, 0, gpu::kFlagReleased, 1, 0}));
+  }
 }
 
 // The polling wait (the default under MPS): what follows it on the stream waits until another
