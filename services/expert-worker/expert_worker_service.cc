@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "common/transport/tier_counters_proto.h"
 #include "absl/strings/str_cat.h"
+#include "common/transport/tier_counters_proto.h"
 
 namespace strata {
 namespace {

@@ -219,6 +219,20 @@ void WorkerServer::AttachCpuTier() {
 
 absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
   ++incarnation_;
+  // This GPU's UUID, by which the router tells whether it shares the GPU; empty (system-scope
+  // flags) when it cannot be read.
+  std::string gpu_uuid;
+#if STRATA_HAVE_CUDA
+  if (device_experts_ != nullptr) {
+    absl::StatusOr<std::string> uuid = gpu::GpuUuid(device_experts_->context()->device());
+    if (uuid.ok()) {
+      gpu_uuid = *std::move(uuid);
+    } else {
+      options_.log(absl::StrCat("GPU UUID unknown (", uuid.status().message(),
+                                "): the router will signal at system scope"));
+    }
+  }
+#endif
   std::function<absl::StatusOr<v1::RegisterWorkerResponse>()> attempt =
       [&]() -> absl::StatusOr<v1::RegisterWorkerResponse> {
     v1::RegisterWorkerRequest request;
@@ -230,12 +244,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
     const bool ipc =
         device_experts_ != nullptr && options_.transport == v1::TRANSPORT_SHARED_MEMORY;
     request.set_transport(ipc ? v1::TRANSPORT_CUDA_IPC : options_.transport);
-#if STRATA_HAVE_CUDA
-    if (ipc) {
-      ASSIGN_OR_RETURN(const std::string uuid, gpu::GpuUuid(device_experts_->context()->device()));
-      request.set_gpu_uuid(uuid);
-    }
-#endif
+    if (ipc) request.set_gpu_uuid(gpu_uuid);
     request.set_address(service_address_);
     request.set_tiered(tiers_ != nullptr);
     // A fresh channel per attempt: a restarted router is answered as soon as it listens,

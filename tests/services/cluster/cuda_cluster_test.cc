@@ -245,7 +245,10 @@ TEST(CudaClusterTest, GraphStepsGiveTheEagerTokens) {
     const auto [r, e] =
         std::mismatch(replayed[i].begin(), replayed[i].end(), eager[i].begin(), eager[i].end());
     if (r == replayed[i].end() && e == eager[i].end()) continue;
-    ASSERT_TRUE(r != replayed[i].end() && e != eager[i].end()) << "sequence " << i;
+    if (r == replayed[i].end() || e == eager[i].end()) {
+      ADD_FAILURE() << "sequence " << i << ": one run's tokens are a prefix of the other's";
+      continue;
+    }
     if (scorer == nullptr) scorer = std::make_unique<ClusterProcess>(GpuClusterArgs(model));
     std::vector<uint32_t> prefix = Prompt(i);
     prefix.insert(prefix.end(), replayed[i].begin(), r);
