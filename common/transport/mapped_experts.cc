@@ -1,6 +1,5 @@
 #include "common/transport/mapped_experts.h"
 
-
 #include "absl/strings/str_cat.h"
 #include "boost/interprocess/file_mapping.hpp"
 #include "boost/interprocess/mapped_region.hpp"

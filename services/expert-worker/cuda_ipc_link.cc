@@ -56,7 +56,7 @@ class CudaIpcLinkImpl : public CudaIpcLink {
         return absl::FailedPreconditionError("CUDA IPC flags for another model");
       }
       RETURN_IF_ERROR(OpenMemory(b.flags(), &flags_));
-      router_on_this_gpu_ = b.device_scope_flags();
+      device_scope_flags_ = b.device_scope_flags();
       ASSIGN_OR_RETURN(blocks_done_, gpu::DeviceBuffer<uint32_t>::Allocate(1));
       CUDA_RETURN_IF_ERROR(cudaMemset(blocks_done_.data(), 0, sizeof(uint32_t)));
     }
@@ -197,8 +197,7 @@ class CudaIpcLinkImpl : public CudaIpcLink {
       signal.clear[0] = in_flags + layer;
       signal.raise[0] = out_flags + layer;
       signal.done = blocks_done_.data();
-      signal.system =
-          gpu::SystemScopeSignalsForced() || !gpu::FlagWaitsPoll() || !router_on_this_gpu_;
+      signal.system = !device_scope_flags_;
       if (queued.ok()) {
         queued = experts_.RunExpertsInto(
             layer, static_cast<const gpu::bf16*>(input_), static_cast<const int32_t*>(ids_),
@@ -253,7 +252,7 @@ class CudaIpcLinkImpl : public CudaIpcLink {
   void* weights_ = nullptr;
   void* output_ = nullptr;
   void* flags_ = nullptr;            // uint32 [2][num_layers]: input flags, then output flags
-  bool router_on_this_gpu_ = false;  // the router says so (CudaIpcBuffers.device_scope_flags)
+  bool device_scope_flags_ = false;  // the router's decision (CudaIpcBuffers)
   gpu::DeviceBuffer<uint32_t> blocks_done_;             // the experts' GridSignal counter
   std::unique_ptr<gpu::ClockStamps> stamps_;            // profiling; null unless asked for
   absl::flat_hash_map<std::string, GraphExec> graphs_;  // by token count, top_k and layers

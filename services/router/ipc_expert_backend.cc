@@ -184,7 +184,8 @@ absl::StatusOr<std::shared_ptr<ExpertConnection>> IpcExpertBackend::Attach(
   link->device_ = context_->device();
   // Unknown GPUs (an older worker, a failed query) keep system scope.
   const absl::StatusOr<std::string> router_gpu = gpu::GpuUuid(context_->device());
-  link->same_gpu_ = router_gpu.ok() && !worker_gpu_uuid.empty() && worker_gpu_uuid == *router_gpu;
+  link->device_scope_flags_ = gpu::DeviceScopeSignalsAllowed() && router_gpu.ok() &&
+                              !worker_gpu_uuid.empty() && worker_gpu_uuid == *router_gpu;
   const int top_k = std::max(c.top_k, 1);
   const size_t slots = static_cast<size_t>(max_tokens_) * top_k;
   ASSIGN_OR_RETURN(link->ids_, AllocateShared<int32_t>(slots));
@@ -210,7 +211,7 @@ absl::StatusOr<std::shared_ptr<ExpertConnection>> IpcExpertBackend::Attach(
   RETURN_IF_ERROR(PutMemHandle(link->output_.data(), buffers.mutable_output()));
   RETURN_IF_ERROR(PutMemHandle(link->flags_.data(), buffers.mutable_flags()));
   buffers.set_num_layers(static_cast<uint32_t>(c.num_layers));
-  buffers.set_device_scope_flags(link->same_gpu_);
+  buffers.set_device_scope_flags(link->device_scope_flags_);
   RETURN_IF_ERROR(PutEventHandle(link->input_ready_, buffers.mutable_input_ready()));
   RETURN_IF_ERROR(PutEventHandle(link->output_ready_, buffers.mutable_output_ready()));
   link->channel_ = std::move(channel);
@@ -453,11 +454,9 @@ absl::Status IpcExpertBackend::Exchange(
   gpu::RoutingSplit split;
   static_assert(gpu::kMaxSplitTargets <= gpu::kMaxSignalFlags, "a flag pair per split target");
   gpu::GridSignal signal;  // a captured step: the kernel raises the workers' input flags
-  // Device scope only between polling kernels (MPS): the driver's wait operations that read the
-  // flags otherwise are no thread of a scope.
-  signal.system = gpu::SystemScopeSignalsForced() || !gpu::FlagWaitsPoll();
+  signal.system = false;   // unless a worker's link needs system scope
   for (int w : workers) {
-    signal.system |= !links[w]->same_gpu_;
+    signal.system |= !links[w]->device_scope_flags_;
     split.worker[split.count] = w;
     split.ids[split.count] = links[w]->ids_.data();
     split.weights[split.count] = links[w]->weights_.data();

@@ -64,8 +64,10 @@ class CudaIpcConnection : public ExpertConnection {
   CudaIpcConnection() = default;
 
   std::unique_ptr<ShmExpertConnection> channel_;
-  int device_ = 0;         // the router's, where the buffers and events are
-  bool same_gpu_ = false;  // the worker runs on the router's GPU: its flags at device scope
+  int device_ = 0;  // the router's, where the buffers and events are
+  // The worker runs on the router's GPU and DeviceScopeSignalsAllowed: both sides raise the
+  // link's flags at device scope.
+  bool device_scope_flags_ = false;
   gpu::DeviceBuffer<int32_t> ids_;
   gpu::DeviceBuffer<float> weights_;
   gpu::DeviceBuffer<gpu::bf16> output_;

@@ -6,11 +6,26 @@
 
 namespace strata::gpu {
 
+// GridSignal::system picks the scope of the signal's fences and flag atomics.
 __device__ __forceinline__ void SignalFence(bool system) {
   if (system) {
     __threadfence_system();
   } else {
     __threadfence();
+  }
+}
+__device__ __forceinline__ void SignalLower(bool system, uint32_t* flag) {
+  if (system) {
+    atomicCAS_system(flag, 1u, 0u);
+  } else {
+    atomicCAS(flag, 1u, 0u);
+  }
+}
+__device__ __forceinline__ void SignalRaise(bool system, uint32_t* flag) {
+  if (system) {
+    atomicExch_system(flag, 1u);
+  } else {
+    atomicExch(flag, 1u);
   }
 }
 
@@ -28,21 +43,9 @@ __device__ __forceinline__ void SignalGridDone(const GridSignal& s) {
     if (atomicAdd(s.done, 1u) == blocks - 1) {
       *s.done = 0;
       SignalFence(s.system);
-      for (int i = 0; i < s.count; ++i) {
-        if (s.system) {
-          atomicCAS_system(s.clear[i], 1u, 0u);
-        } else {
-          atomicCAS(s.clear[i], 1u, 0u);
-        }
-      }
+      for (int i = 0; i < s.count; ++i) SignalLower(s.system, s.clear[i]);
       SignalFence(s.system);
-      for (int i = 0; i < s.count; ++i) {
-        if (s.system) {
-          atomicExch_system(s.raise[i], 1u);
-        } else {
-          atomicExch(s.raise[i], 1u);
-        }
-      }
+      for (int i = 0; i < s.count; ++i) SignalRaise(s.system, s.raise[i]);
     }
   }
 }

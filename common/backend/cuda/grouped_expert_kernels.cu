@@ -447,7 +447,6 @@ int64_t Fp8OneWaveBlocks() {
 }
 
 // n == 1: gate/up with one work item per slot (no plan), then down and combine fused.
-// parts == 0 picks the threads per row group.
 //
 // FP8 grids that fit in one wave with half the thread groups (each thread then takes twice the
 // chunks of a row) take them: Qwen3's gate/up 768 -> 384 blocks and down 512 -> 256 on the
@@ -457,16 +456,13 @@ int64_t Fp8OneWaveBlocks() {
 template <typename WT, int kE>
 cudaError_t GateUpDirect(const bf16* x, const int32_t* expert_ids, int top_k,
                          const ExpertWeightTable& w, const GluParams& act,
-                         const ExpertWorkspace& ws, cudaStream_t stream, int parts = 0) {
+                         const ExpertWorkspace& ws, cudaStream_t stream) {
   constexpr int kP = kPairRowsFor<1>;
   const int64_t row_groups = (w.intermediate + kP - 1) / kP;
   auto tiles_for = [&](int p) { return (row_groups + kGemvThreads / p - 1) / (kGemvThreads / p); };
-  if (parts == 0) {
-    parts = GemvPartsFor(w.hidden / kE, row_groups * top_k, 1);
-    if (sizeof(WT) == 1 && parts > kWarpSize &&
-        tiles_for(parts / 2) * top_k <= Fp8OneWaveBlocks()) {
-      parts /= 2;
-    }
+  int parts = GemvPartsFor(w.hidden / kE, row_groups * top_k, 1);
+  if (sizeof(WT) == 1 && parts > kWarpSize && tiles_for(parts / 2) * top_k <= Fp8OneWaveBlocks()) {
+    parts /= 2;
   }
   const int64_t tiles = tiles_for(parts);
   if (tiles > 0x7fffffff) return cudaErrorInvalidValue;
@@ -478,7 +474,7 @@ cudaError_t GateUpDirect(const bf16* x, const int32_t* expert_ids, int top_k,
 template <typename WT, int kE>
 cudaError_t DownCombineDirect(const int32_t* expert_ids, const float* weights, int top_k,
                               const ExpertWeightTable& w, const ExpertWorkspace& ws, bf16* out,
-                              const GridSignal& signal, cudaStream_t stream, int parts = 0) {
+                              const GridSignal& signal, cudaStream_t stream) {
   // 128 threads per pair of rows: 4 rows a block, 512 blocks for hidden 2048 (in bf16 4 an
   // SM, all resident at once); each thread streams top_k * inter / kE / 128 chunks of both
   // rows (6 for Qwen3's 8 x 768 in bf16). FP8 (3 blocks an SM) halves them as gate/up does.
@@ -486,10 +482,8 @@ cudaError_t DownCombineDirect(const int32_t* expert_ids, const float* weights, i
     const int64_t rows_per_block = kGemvThreads / p * kDownRows;
     return (w.hidden + rows_per_block - 1) / rows_per_block;
   };
-  if (parts == 0) {
-    parts = 128;
-    if (sizeof(WT) == 1 && blocks_for(parts / 2) <= Fp8OneWaveBlocks()) parts /= 2;
-  }
+  int parts = 128;
+  if (sizeof(WT) == 1 && blocks_for(parts / 2) <= Fp8OneWaveBlocks()) parts /= 2;
   const int64_t blocks = blocks_for(parts);
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   return LaunchPdl(ExpertDownCombineKernel<WT, kE>, dim3(static_cast<unsigned>(blocks)),

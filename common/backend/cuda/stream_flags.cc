@@ -56,32 +56,29 @@ absl::Status Unavailable() {
 CUdeviceptr Address(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 CUstream Stream(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
 
+// Whether environment variable `name` is set to `value`.
+bool EnvIs(const char* name, std::string_view value) {
+  const char* set = std::getenv(name);
+  return set != nullptr && std::string_view(set) == value;
+}
+
 }  // namespace
 
 bool FlagWaitsPoll() {
   // Under MPS only: `strata up` runs its GPU processes under a private MPS daemon named by
   // CUDA_MPS_PIPE_DIRECTORY; without one a polling kernel would hold its time slice.
-  static const bool poll = [] {
-    const char* value = std::getenv("STRATA_FLAG_WAIT");
-    return std::getenv("CUDA_MPS_PIPE_DIRECTORY") != nullptr &&
-           (value == nullptr || std::string_view(value) != "memop");
-  }();
+  static const bool poll =
+      std::getenv("CUDA_MPS_PIPE_DIRECTORY") != nullptr && !EnvIs("STRATA_FLAG_WAIT", "memop");
   return poll;
 }
 
-bool SystemScopeSignalsForced() {
-  static const bool forced = [] {
-    const char* value = std::getenv("STRATA_SIGNAL_SCOPE");
-    return value != nullptr && std::string_view(value) == "system";
-  }();
-  return forced;
+bool DeviceScopeSignalsAllowed() {
+  static const bool allowed = FlagWaitsPoll() && !EnvIs("STRATA_SIGNAL_SCOPE", "system");
+  return allowed;
 }
 
 bool EarlyCombineLaunch() {
-  static const bool early = [] {
-    const char* value = std::getenv("STRATA_EARLY_COMBINE");
-    return value == nullptr || std::string_view(value) != "0";
-  }();
+  static const bool early = !EnvIs("STRATA_EARLY_COMBINE", "0");
   return early;
 }
 

@@ -32,9 +32,11 @@ bool EarlyCombineLaunch();
 // "memop"; read once).
 bool FlagWaitsPoll();
 
-// Whether STRATA_SIGNAL_SCOPE=system (read once) asks for system-scope flag signals even between
-// processes on one GPU (GridSignal::system), for comparisons and as a fallback.
-bool SystemScopeSignalsForced();
+// Whether flags between processes on one GPU may be raised at device scope (GridSignal::system
+// false): only when the waits are polling kernels (the driver's wait operations are no thread of
+// a scope), and not with STRATA_SIGNAL_SCOPE=system (for comparisons, and as a fallback). Read
+// once. The router decides for both sides of a link (CudaIpcBuffers.device_scope_flags).
+bool DeviceScopeSignalsAllowed();
 
 // Sets count flags to `value` on `stream` (no fence; for releasing a stuck waiter).
 absl::Status FillFlags(cudaStream_t stream, uint32_t* flags, uint32_t value, size_t count);
