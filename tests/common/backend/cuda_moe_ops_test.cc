@@ -33,6 +33,30 @@ ThreadPool& Pool() {
   return *pool;
 }
 
+// A host-to-device copy that a held stream's flag guards.
+struct GuardedCopy {
+  void* device;
+  const void* host;
+  size_t bytes;
+};
+
+// `stream` is held by a polling kernel on `flag`: after a while it must still be waiting. Then
+// the copies land from a side stream, the flag goes up behind them, and both streams finish.
+void ReleaseHeldStream(cudaStream_t stream, uint32_t* flag, std::vector<GuardedCopy> copies) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady) << "the stream did not wait for the flag";
+  cudaStream_t side = nullptr;
+  CUDA_ASSERT_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  static const uint32_t kUp = 1;
+  copies.push_back({flag, &kUp, sizeof(kUp)});
+  for (const GuardedCopy& c : copies) {
+    CUDA_ASSERT_OK(cudaMemcpyAsync(c.device, c.host, c.bytes, cudaMemcpyHostToDevice, side));
+  }
+  CUDA_ASSERT_OK(cudaStreamSynchronize(side));
+  CUDA_ASSERT_OK(cudaStreamSynchronize(stream));
+  CUDA_ASSERT_OK(cudaStreamDestroy(side));
+}
+
 // CpuRouterBackend::SelectExperts, on a copy of one token's logits.
 void SelectExpertsRef(std::vector<float> logits, int k, float temperature, gpu::GateScoring scoring,
                       bool renormalize, int32_t* experts, float* weights) {
@@ -351,9 +375,6 @@ TEST_F(CudaOpsTest, OneTokenExpertsReadTheRoutingOnlyOnceItIsFinal) {
   for (int e = 8; e < 12; ++e) logits[e] = 4.0f + e;  // experts 11, 10, 9, 8 on top
   const gpu::MoeGateParams gate{.num_experts = kExperts, .top_k = kTopK};
   const uint16_t* d_x = Put(RandomBf16(h));
-  const uint32_t up = 1;
-  cudaStream_t side = nullptr;
-  CUDA_ASSERT_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   for (const bool fp8 : {false, true}) {
     std::vector<const void*> mats[3];  // gate, up, down
     std::vector<const float*> scales[3];
@@ -418,25 +439,22 @@ TEST_F(CudaOpsTest, OneTokenExpertsReadTheRoutingOnlyOnceItIsFinal) {
       CUDA_ASSERT_OK(gpu::LaunchGroupedExperts(AsBf16(d_x), ids, weights, 1, kTopK, table, act,
                                                gpu::CarveExpertWorkspace(d_ws, 1, kTopK, h, m),
                                                AsBf16(got), stream()));
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      EXPECT_EQ(cudaStreamQuery(stream()), cudaErrorNotReady) << what;
-      if (in_process) {
-        CUDA_ASSERT_OK(cudaMemcpyAsync(d_logits, logits.data(), kExperts * sizeof(float),
-                                       cudaMemcpyHostToDevice, side));
-      } else {
-        CUDA_ASSERT_OK(cudaMemcpyAsync(ids, final_ids.data(), kTopK * sizeof(int32_t),
-                                       cudaMemcpyHostToDevice, side));
-        CUDA_ASSERT_OK(cudaMemcpyAsync(weights, final_weights.data(), kTopK * sizeof(float),
-                                       cudaMemcpyHostToDevice, side));
+      {
+        SCOPED_TRACE(what);
+        if (in_process) {
+          ReleaseHeldStream(stream(), d_flag,
+                            {{d_logits, logits.data(), kExperts * sizeof(float)}});
+        } else {
+          ReleaseHeldStream(stream(), d_flag,
+                            {{ids, final_ids.data(), kTopK * sizeof(int32_t)},
+                             {weights, final_weights.data(), kTopK * sizeof(float)}});
+        }
       }
-      CUDA_ASSERT_OK(cudaMemcpyAsync(d_flag, &up, sizeof(up), cudaMemcpyHostToDevice, side));
-      CUDA_ASSERT_OK(cudaStreamSynchronize(side));
-      CUDA_ASSERT_OK(cudaStreamSynchronize(stream()));
+      ASSERT_FALSE(HasFatalFailure());
       EXPECT_EQ(Get(ids, kTopK), final_ids) << what;
       EXPECT_EQ(Get(got, h), Get(want, h)) << what << ": the experts read the routing early";
     }
   }
-  CUDA_ASSERT_OK(cudaStreamDestroy(side));
 }
 
 TEST_F(CudaOpsTest, RepackGptOssLayout) {
@@ -570,19 +588,12 @@ TEST_F(CudaOpsTest, AnEarlyCombineSeesWhatTheFlagGuards) {
   const uint16_t* d_weight = Put(weight);
   uint16_t* d_out = Poisoned<uint16_t>(h);
   uint32_t* d_flag = Put(std::vector<uint32_t>{0});
-  cudaStream_t side = nullptr;
-  CUDA_ASSERT_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   ASSERT_FALSE(HasFailure());
   CUDA_ASSERT_OK(gpu::LaunchFlagPoll(d_flag, 1, stream(), /*trigger_early=*/true));
   CUDA_ASSERT_OK(gpu::LaunchAddRmsNorm(AsBf16(d_residual), AsBf16(d_x), AsBf16(d_weight), 1, h,
                                        1e-6f, AsBf16(d_out), stream(), /*late_trigger=*/true));
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(cudaStreamQuery(stream()), cudaErrorNotReady);
-  const uint32_t up = 1;
-  CUDA_ASSERT_OK(cudaMemcpyAsync(d_x, fresh.data(), h * 2, cudaMemcpyHostToDevice, side));
-  CUDA_ASSERT_OK(cudaMemcpyAsync(d_flag, &up, sizeof(up), cudaMemcpyHostToDevice, side));
-  CUDA_ASSERT_OK(cudaStreamSynchronize(side));
-  CUDA_ASSERT_OK(cudaStreamSynchronize(stream()));
+  ReleaseHeldStream(stream(), d_flag, {{d_x, fresh.data(), h * sizeof(uint16_t)}});
+  ASSERT_FALSE(HasFatalFailure());
   // The same add + norm on the fresh data, by the plain launch.
   uint16_t* d_residual2 = Put(residual);
   const uint16_t* d_fresh = Put(fresh);
@@ -592,7 +603,6 @@ TEST_F(CudaOpsTest, AnEarlyCombineSeesWhatTheFlagGuards) {
                                   1e-6f, AsBf16(d_out2), stream()));
   EXPECT_EQ(Get(d_out, h), Get(d_out2, h));
   EXPECT_EQ(Get(d_residual, h), Get(d_residual2, h));
-  CUDA_ASSERT_OK(cudaStreamDestroy(side));
 }
 
 }  // namespace
