@@ -108,6 +108,8 @@ int main(int argc, char** argv) {
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  // Host time of the replayed steps (see DecodeGraphs::Timing): the GPU idles `between`.
+  const strata::DecodeGraphs::Timing timing = (*engine)->decode_graph_timing();
   std::string name = absl::GetFlag(FLAGS_model_name);
   if (name.empty()) name = options.model_dir.substr(options.model_dir.find_last_of('/') + 1);
   nlohmann::json record = {
@@ -129,6 +131,8 @@ int main(int argc, char** argv) {
       {"prefill_tok_s", Mean(prefill_tps)},
       {"ttft_ms", Mean(ttft_ms)},
       {"load_s", load_s},
+      {"graph_replay_us", timing.replays > 0 ? timing.replay_us / timing.replays : 0.0},
+      {"graph_between_us", timing.pairs > 0 ? timing.between_us / timing.pairs : 0.0},
       {"machine", absl::GetFlag(FLAGS_machine)},
       {"date", date},
       {"command", command},
@@ -138,7 +142,9 @@ int main(int argc, char** argv) {
             << record["decode_tok_s_p5"].get<double>() << ", P95 "
             << record["decode_tok_s_p95"].get<double>() << ") | TTFT "
             << record["ttft_ms"].get<double>() << " ms | prefill "
-            << record["prefill_tok_s"].get<double>() << " tok/s\n";
+            << record["prefill_tok_s"].get<double>() << " tok/s | replay "
+            << record["graph_replay_us"].get<double>() << " us, between replays "
+            << record["graph_between_us"].get<double>() << " us\n";
   if (!absl::GetFlag(FLAGS_out).empty())
     std::ofstream(absl::GetFlag(FLAGS_out)) << record.dump(2) << "\n";
   return 0;

@@ -6,13 +6,17 @@
 # .device-ipc/bin), the assignments its environment (CHECKPOINT_DTYPE too). Libraries in
 # .device-ipc/lib. OUT_DIR gets results.tgz (every JSON and log, rewritten after each variant:
 # a call returns few files, and one cut short keeps what ran) and a table of decode tok/s,
-# printed last.
+# printed last. MODES=cluster (or inprocess) in the environment runs only that one.
 #   bash bench/gpu/ab_bench.sh OUT_DIR SHAPE WEIGHTS ROUNDS VARIANT...
 #   e.g. ... $OUT qwen3-30b-a3b fp8 2 base=.device-ipc/base new=.device-ipc/bin \
 #            new-off=.device-ipc/bin,STRATA_L2_PREFETCH=0
 set -uo pipefail
 final=$1 shape=$2 weights=$3 rounds=$4
 shift 4
+stages=()
+[[ ${MODES:-cluster,inprocess} == *cluster* ]] && stages+=("cluster:$shape:$weights:1:1")
+[[ ${MODES:-cluster,inprocess} == *inprocess* ]] && stages+=("inprocess:$shape:$weights")
+stages=$(IFS=,; echo "${stages[*]}")
 root=$PWD
 work=/tmp/ab-work
 rm -rf "$work" && mkdir -p "$work" "$final"
@@ -27,7 +31,7 @@ for round in $(seq 1 "$rounds"); do
     [[ $dir == /* ]] || dir=$root/$dir
     out=$work/$name-$round
     env "${assignments[@]}" BIN_DIR="$dir" bash "$root/bench/gpu/cluster_full_bench.sh" "$out" \
-      "cluster:$shape:$weights:1:1,inprocess:$shape:$weights" 3 >"$out.log" 2>&1
+      "$stages" 3 >"$out.log" 2>&1
     echo "$name | $round | $(mean "$out"/strata-*-cluster*.json) | $(mean "$out"/inprocess-*.json)" |
       tee -a "$table"
     tar czf "$final/results.tgz" -C "$work" .

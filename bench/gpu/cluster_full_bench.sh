@@ -92,7 +92,7 @@ for stage in ${stages//,/ }; do
     note "$name bench: exit $? after $((SECONDS - t0)) s"
     grep -E "^\| *[0-9]" "$out/bench-$name.txt" | tee -a "$sum"
     "$B/strata" stats --server "$addr" >"$out/stats-$name.json" 2>&1
-    grep -o '"steps":"[0-9]*"\|"graph_steps":"[0-9]*"' "$out/stats-$name.json" | tr '\n' ' ' | tee -a "$sum"; echo | tee -a "$sum"
+    grep -o '"steps":"[0-9]*"\|"graph_steps":"[0-9]*"\|"graph_[a-z]*_us":[0-9.]*' "$out/stats-$name.json" | tr '\n' ' ' | tee -a "$sum"; echo | tee -a "$sum"
   fi
   down $name
   if [ -n "$stamps" ]; then

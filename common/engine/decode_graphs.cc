@@ -16,6 +16,29 @@ DecodeGraphs::DecodeGraphs(ForwardPass& forward, gpu::CudaRouterBackend& router,
                            ExpertBackend& experts, PagedKvCache& kv, DecodeGraphOptions options)
     : forward_(forward), router_(router), experts_(experts), kv_(kv), options_(options) {}
 
+void DecodeGraphs::NoteTiming(Clock::time_point launch_returned, Clock::time_point synced) {
+  auto ns = [](Clock::duration d) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  };
+  replays_.fetch_add(1, std::memory_order_relaxed);
+  replay_ns_.fetch_add(ns(synced - launch_returned), std::memory_order_relaxed);
+  const Clock::duration between = launch_returned - last_synced_;
+  if (last_synced_ != Clock::time_point{} && between < std::chrono::milliseconds(20)) {
+    pairs_.fetch_add(1, std::memory_order_relaxed);
+    between_ns_.fetch_add(ns(between), std::memory_order_relaxed);
+  }
+  last_synced_ = synced;
+}
+
+DecodeGraphs::Timing DecodeGraphs::timing() const {
+  Timing t;
+  t.replays = replays_.load(std::memory_order_relaxed);
+  t.replay_us = replay_ns_.load(std::memory_order_relaxed) / 1e3;
+  t.pairs = pairs_.load(std::memory_order_relaxed);
+  t.between_us = between_ns_.load(std::memory_order_relaxed) / 1e3;
+  return t;
+}
+
 bool DecodeGraphs::Fits(const BatchLayout& batch, absl::Span<const int64_t> logit_rows) const {
 #if STRATA_HAVE_CUDA
   const int64_t n = batch.num_tokens();
@@ -94,9 +117,10 @@ absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int3
 }
 
 absl::StatusOr<const int32_t*> DecodeGraphs::Run(absl::Span<const int32_t> ids,
-                                                 const BatchLayout& batch) {
+                                                 const BatchLayout& batch,
+                                                 absl::FunctionRef<void()> while_running) {
   last_rows_ = 0;
-  absl::StatusOr<const int32_t*> greedy = Replay(ids, batch);
+  absl::StatusOr<const int32_t*> greedy = Replay(ids, batch, while_running);
   if (greedy.ok()) {
     failures_ = 0;
     last_rows_ = static_cast<int>(ids.size());
@@ -129,7 +153,8 @@ absl::StatusOr<const float*> DecodeGraphs::Logits(absl::Span<const int64_t> rows
 }
 
 absl::StatusOr<const int32_t*> DecodeGraphs::Replay(absl::Span<const int32_t> ids,
-                                                    const BatchLayout& batch) {
+                                                    const BatchLayout& batch,
+                                                    absl::FunctionRef<void()> while_running) {
   const int n = static_cast<int>(batch.num_tokens());
   if (static_cast<int>(ids.size()) != n) {
     return absl::InvalidArgumentError("decode graph: ids do not match the batch");
@@ -167,8 +192,11 @@ absl::StatusOr<const int32_t*> DecodeGraphs::Replay(absl::Span<const int32_t> id
     experts_.AbortGraphStep();
     return absl::InternalError(absl::StrCat("decode graph launch: ", cudaGetErrorString(launched)));
   }
+  const Clock::time_point launch_returned = Clock::now();
+  while_running();
   const absl::Status started = experts_.AwaitGraphStep();
   const cudaError_t synced = cudaStreamSynchronize(stream);
+  NoteTiming(launch_returned, Clock::now());
   const absl::Status finished = experts_.FinishStep();  // also when the replay failed
   if (synced != cudaSuccess) {
     return absl::InternalError(absl::StrCat("decode graph replay: ", cudaGetErrorString(synced)));
@@ -186,14 +214,16 @@ absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int3
                                                            const BatchLayout&) {
   return absl::UnimplementedError("no CUDA in this build");
 }
-absl::StatusOr<const int32_t*> DecodeGraphs::Run(absl::Span<const int32_t>, const BatchLayout&) {
+absl::StatusOr<const int32_t*> DecodeGraphs::Run(absl::Span<const int32_t>, const BatchLayout&,
+                                                 absl::FunctionRef<void()>) {
   return absl::UnimplementedError("no CUDA in this build");
 }
 absl::StatusOr<const float*> DecodeGraphs::Logits(absl::Span<const int64_t>) {
   return absl::UnimplementedError("no CUDA in this build");
 }
 void DecodeGraphs::NoteFailure() {}
-absl::StatusOr<const int32_t*> DecodeGraphs::Replay(absl::Span<const int32_t>, const BatchLayout&) {
+absl::StatusOr<const int32_t*> DecodeGraphs::Replay(absl::Span<const int32_t>, const BatchLayout&,
+                                                    absl::FunctionRef<void()>) {
   return absl::UnimplementedError("no CUDA in this build");
 }
 

@@ -7,10 +7,13 @@
 #ifndef STRATA_COMMON_ENGINE_DECODE_GRAPHS_H_
 #define STRATA_COMMON_ENGINE_DECODE_GRAPHS_H_
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
 #include "common/engine/forward_pass.h"
@@ -49,8 +52,13 @@ class DecodeGraphs {
   // Runs the step (its KV positions reserved); returns each row's greedy token (the argmax of
   // its logits, first on ties), [n] in pinned memory, valid until the next step. On an error
   // every graph is dropped and the step should run again without one (its keys and values are
-  // rewritten then); e.g. a worker died.
-  absl::StatusOr<const int32_t*> Run(absl::Span<const int32_t> ids, const BatchLayout& batch);
+  // rewritten then); e.g. a worker died. `while_running` runs once the step is launched,
+  // before it is waited for: host work that would otherwise leave the GPU idle.
+  absl::StatusOr<const int32_t*> Run(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                                     absl::FunctionRef<void()> while_running);
+  absl::StatusOr<const int32_t*> Run(absl::Span<const int32_t> ids, const BatchLayout& batch) {
+    return Run(ids, batch, [] {});
+  }
 
   // Right after a successful Run: its logits as [n, vocab] in pinned memory, valid until the
   // next step, with only `rows` copied from the device (greedy rows need only Run's tokens).
@@ -64,12 +72,28 @@ class DecodeGraphs {
   // The longest sequence (prompt and generated tokens) a graph's attention is planned for.
   int max_context() const { return options_.max_context; }
 
+  // Where a replayed step's time goes on the host, summed over replays (safe to read from any
+  // thread). `between` is the GPU's idle time between two replays in a row: from one replay's
+  // synchronize returning to the next one's launch returning (the caller's handling of the
+  // tokens, the next step's planning, the workers' messages, the inputs' copies). Pairs more
+  // than 20 ms apart (a pause between requests) are left out.
+  struct Timing {
+    int64_t replays = 0;
+    double replay_us = 0;  // launch returned -> synchronize returned
+    int64_t pairs = 0;
+    double between_us = 0;
+  };
+  Timing timing() const;
+
  private:
   struct Graph;
   absl::StatusOr<Graph*> Capture(absl::Span<const int32_t> ids, const BatchLayout& batch);
-  absl::StatusOr<const int32_t*> Replay(absl::Span<const int32_t> ids, const BatchLayout& batch);
+  absl::StatusOr<const int32_t*> Replay(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                                        absl::FunctionRef<void()> while_running);
   // After a failed replay or logits copy: the graphs are dropped and the failure counted.
   void NoteFailure();
+  void NoteTiming(std::chrono::steady_clock::time_point launch_returned,
+                  std::chrono::steady_clock::time_point synced);
 
   ForwardPass& forward_;
   gpu::CudaRouterBackend& router_;
@@ -85,6 +109,9 @@ class DecodeGraphs {
   // A replay's positions and block tables, kept to spare two allocations a step.
   std::vector<int32_t> positions_;
   std::vector<const std::vector<int>*> tables_;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point last_synced_{};  // when the last replay's synchronize returned
+  std::atomic<int64_t> replays_{0}, replay_ns_{0}, pairs_{0}, between_ns_{0};
 };
 
 }  // namespace strata

@@ -61,6 +61,10 @@ class LocalEngine {
   const ModelConfig& config() const { return stack_->config(); }
   // Longest sequence the KV pool and the model's context allow.
   int64_t max_sequence_tokens() const;
+  // Where the replayed decode steps' host time went (all zero without decode graphs).
+  DecodeGraphs::Timing decode_graph_timing() const {
+    return decode_graphs_ != nullptr ? decode_graphs_->timing() : DecodeGraphs::Timing{};
+  }
 
  private:
   LocalEngine() = default;

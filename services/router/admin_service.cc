@@ -16,6 +16,8 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
   response->set_steps(static_cast<uint64_t>(s.steps));
   response->set_preemptions(static_cast<uint64_t>(s.preemptions));
   response->set_graph_steps(static_cast<uint64_t>(s.graph_steps));
+  response->set_graph_replay_us(s.graph_replay_us);
+  response->set_graph_between_us(s.graph_between_us);
   if (experts_ != nullptr) {
     response->set_reroutes(static_cast<uint64_t>(experts_->reroutes()));
     for (int w = 0; w < experts_->num_workers(); ++w) {

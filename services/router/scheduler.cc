@@ -143,14 +143,15 @@ bool Scheduler::Drain(absl::Duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   draining_ = true;
   const bool done = idle_cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] {
-    return queued_.load() == 0 && running_count_.load() == 0;
+    return queued_.load() == 0 && running_count_.load() == 0 && unsent_.load() == 0;
   });
   if (done) return true;
   // Time is up: cancel whatever is left and wait for the engine to release it.
   for (Ticket t = 1; t < next_ticket_; ++t) cancelled_.insert(t);
   cv_.notify_all();
-  idle_cv_.wait_for(lock, std::chrono::seconds(10),
-                    [&] { return queued_.load() == 0 && running_count_.load() == 0; });
+  idle_cv_.wait_for(lock, std::chrono::seconds(10), [&] {
+    return queued_.load() == 0 && running_count_.load() == 0 && unsent_.load() == 0;
+  });
   return false;
 }
 
@@ -162,6 +163,11 @@ Scheduler::Stats Scheduler::stats() const {
   s.steps = steps_.load();
   s.preemptions = preemptions_.load();
   s.graph_steps = graph_steps_.load();
+  if (options_.decode_graphs != nullptr) {
+    const DecodeGraphs::Timing t = options_.decode_graphs->timing();
+    if (t.replays > 0) s.graph_replay_us = t.replay_us / static_cast<double>(t.replays);
+    if (t.pairs > 0) s.graph_between_us = t.between_us / static_cast<double>(t.pairs);
+  }
   return s;
 }
 
@@ -184,10 +190,25 @@ void Scheduler::Loop() {
     ApplyCancellations();
     if (stopping_ && running_.empty() && waiting_.empty()) break;
     Admit();
-    Step();
+    // A step that ran with sequences still running leaves its outbox to the next step.
+    if (!Step() || running_.empty()) FlushOutbox();
     if (running_.empty() && waiting_.empty()) idle_cv_.notify_all();
   }
+  FlushOutbox();
   idle_cv_.notify_all();
+}
+
+void Scheduler::Post(std::function<void()> send) {
+  outbox_.push_back(std::move(send));
+  unsent_.fetch_add(1);
+}
+
+void Scheduler::FlushOutbox() {
+  if (outbox_.empty()) return;
+  std::vector<std::function<void()>> sending;
+  sending.swap(outbox_);
+  for (std::function<void()>& send : sending) send();
+  unsent_.fetch_sub(static_cast<int>(sending.size()));
 }
 
 void Scheduler::ApplyCancellations() {
@@ -205,7 +226,9 @@ void Scheduler::ApplyCancellations() {
       RequestUsage usage;
       usage.prompt_tokens = static_cast<int>(seq->spec.prompt.size());
       usage.completion_tokens = seq->generated;
-      seq->sink->OnFinish(FinishReason::kCancelled, usage, absl::OkStatus());
+      Post([sink = seq->sink, usage] {
+        sink->OnFinish(FinishReason::kCancelled, usage, absl::OkStatus());
+      });
     } else {
       ++i;
     }
@@ -337,6 +360,7 @@ bool Scheduler::Step() {
       }
     }
   }
+  if (greedy == nullptr) FlushOutbox();  // before the eager step's host work
   const absl::Status status =
       greedy != nullptr ? absl::OkStatus() : forward_.Run(ids, batch, kv_, logit_rows, logits_);
   steps_.fetch_add(1);
@@ -356,7 +380,7 @@ bool Scheduler::Step() {
   }
   for (const Planned& p : plan) {
     if (p.seq->spec.score_only && p.seq->computed == static_cast<int64_t>(p.seq->tokens.size())) {
-      p.seq->sink->OnScores(p.seq->scores);
+      Post([sink = p.seq->sink, scores = std::move(p.seq->scores)] { sink->OnScores(scores); });
       Finish(p.seq, FinishReason::kLength);
     }
   }
@@ -374,7 +398,7 @@ const int32_t* Scheduler::TryGraphStep(absl::Span<const int32_t> ids, const Batc
                                        absl::Span<const int64_t> logit_rows) {
   DecodeGraphs* graphs = options_.decode_graphs;
   if (graphs == nullptr || !graphs->Fits(batch, logit_rows)) return nullptr;
-  absl::StatusOr<const int32_t*> greedy = graphs->Run(ids, batch);
+  absl::StatusOr<const int32_t*> greedy = graphs->Run(ids, batch, [this] { FlushOutbox(); });
   if (greedy.ok()) return *greedy;
   // The step runs eagerly instead (rewriting whatever keys and values the replay wrote); a
   // worker that died is rerouted there.
@@ -398,7 +422,7 @@ void Scheduler::HandleToken(Sequence* seq, int32_t token) {
   if (!is_eos) update = seq->text->Add(token);
   const bool at_length = seq->generated >= seq->spec.max_new_tokens;
   if (!update.stopped && !is_eos && at_length) update.text += seq->text->Flush();
-  seq->sink->OnTokens({token}, update.text);
+  Post([sink = seq->sink, token, text = std::move(update.text)] { sink->OnTokens({token}, text); });
   if (update.stopped) {
     Finish(seq, FinishReason::kStop);
   } else if (is_eos) {
@@ -421,7 +445,7 @@ void Scheduler::Finish(Sequence* seq, FinishReason reason, const absl::Status& s
       usage.decode_tokens_per_second = (seq->generated - 1) * 1000.0 / decode_ms;
     }
   }
-  seq->sink->OnFinish(reason, usage, status);
+  Post([sink = seq->sink, reason, usage, status] { sink->OnFinish(reason, usage, status); });
   auto it =
       std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == seq; });
   if (it != running_.end()) running_.erase(it);

@@ -66,7 +66,9 @@ class Scheduler {
     int free_kv_blocks = 0;
     int64_t steps = 0;
     int64_t preemptions = 0;
-    int64_t graph_steps = 0;  // steps run by CUDA graph replay
+    int64_t graph_steps = 0;      // steps run by CUDA graph replay
+    double graph_replay_us = 0;   // mean; DecodeGraphs::Timing
+    double graph_between_us = 0;  // mean
   };
   Stats stats() const;
 
@@ -86,6 +88,12 @@ class Scheduler {
   void Finish(Sequence* seq, FinishReason reason, const absl::Status& status = absl::OkStatus());
   void HandleToken(Sequence* seq, int32_t token);
   void ApplyCancellations();
+  // What goes to the clients (tokens, scores, finishes) waits in the outbox, in order, until
+  // the next step's GPU work is under way: a streamed write can cost the GPU more idle time
+  // than the step's own host work. Flushed during the next replay, before an eager step, and
+  // whenever no step follows at once.
+  void Post(std::function<void()> send);
+  void FlushOutbox();
 
   const ModelConfig& config_;
   ForwardPass& forward_;
@@ -107,11 +115,13 @@ class Scheduler {
   std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> preemptions_{0};
   std::atomic<int64_t> graph_steps_{0};
+  std::atomic<int> unsent_{0};  // outbox entries: idle only once they are out too
   std::condition_variable idle_cv_;
 
   // Owned by the engine thread.
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
+  std::vector<std::function<void()>> outbox_;
   Tensor logits_;
   std::thread thread_;
 };

@@ -18,6 +18,7 @@ class CollectingSink : public ResponseSink {
     tokens_.insert(tokens_.end(), ids.begin(), ids.end());
     text_ += text;
     ++messages_;
+    if (done_) ++late_messages_;
   }
   void OnFinish(FinishReason reason, const RequestUsage& usage,
                 const absl::Status& status) override {
@@ -53,6 +54,11 @@ class CollectingSink : public ResponseSink {
     std::lock_guard<std::mutex> lock(mu_);
     return usage_;
   }
+  // Token messages that came after the finish (there should be none).
+  int late_messages() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return late_messages_;
+  }
 
  private:
   std::mutex mu_;
@@ -60,6 +66,7 @@ class CollectingSink : public ResponseSink {
   std::vector<int32_t> tokens_;
   std::string text_;
   int messages_ = 0;
+  int late_messages_ = 0;
   bool done_ = false;
   FinishReason reason_ = FinishReason::kNone;
   RequestUsage usage_;

@@ -80,6 +80,7 @@ TEST(SchedulerTest, ConcurrentRequestsMatchOneAtATime) {
     EXPECT_EQ(sinks[i]->reason(), FinishReason::kLength);
     EXPECT_EQ(sinks[i]->tokens(), RunAlone(specs[i])) << "request " << i;
     EXPECT_EQ(sinks[i]->usage().completion_tokens, specs[i].max_new_tokens);
+    EXPECT_EQ(sinks[i]->late_messages(), 0) << "request " << i;
   }
   EXPECT_EQ(harness.kv().free_blocks(), 512);
 }
@@ -183,7 +184,9 @@ TEST(SchedulerTest, DrainFinishesInFlightRequests) {
   auto sink = std::make_shared<CollectingSink>();
   ASSERT_TRUE(harness.scheduler().Submit(spec, sink).ok());
   EXPECT_TRUE(harness.scheduler().Drain(absl::Seconds(60)));
+  // The last tokens and the finish go out (the outbox) before Drain says the server is idle.
   EXPECT_EQ(sink->reason(), FinishReason::kLength);
+  EXPECT_EQ(sink->tokens().size(), 10u);
   EXPECT_EQ(harness.scheduler().Submit(spec, sink).status().code(), absl::StatusCode::kUnavailable);
 }
 
