@@ -33,21 +33,23 @@ __device__ __forceinline__ void SignalRaise(bool system, uint32_t* flag) {
 // it). The last block to arrive clears and raises the flags.
 __device__ __forceinline__ void SignalGridDone(const GridSignal& s) {
   if (s.count == 0) return;
-  // The block's writes, ordered before thread 0's by the barrier, reach the flags' readers
-  // before the block counts itself done (cumulative fence; a worker on another GPU writes the
-  // router's buffers through peer access, which needs system scope).
+  // The block's writes are ordered before thread 0's by the barrier; thread 0's fence makes
+  // them reach the flags' readers (cumulative; a worker on another GPU writes the router's
+  // buffers through peer access, which needs system scope).
   __syncthreads();
-  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
-    SignalFence(s.system);
-    const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
-    if (atomicAdd(s.done, 1u) == blocks - 1) {
-      *s.done = 0;
-      SignalFence(s.system);
-      for (int i = 0; i < s.count; ++i) SignalLower(s.system, s.clear[i]);
-      SignalFence(s.system);
-      for (int i = 0; i < s.count; ++i) SignalRaise(s.system, s.raise[i]);
-    }
+  if (threadIdx.x != 0 || threadIdx.y != 0 || threadIdx.z != 0) return;
+  const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+  if (blocks > 1) {
+    SignalFence(s.system);  // this block's writes before its count
+    if (atomicAdd(s.done, 1u) != blocks - 1) return;
+    *s.done = 0;
   }
+  for (int i = 0; i < s.count; ++i) SignalLower(s.system, s.clear[i]);
+  // One fence before the raise: it orders the lowering (a reader must not see its flag go
+  // down after the other side raised it again), this block's writes and, through the count
+  // just read, every other block's.
+  SignalFence(s.system);
+  for (int i = 0; i < s.count; ++i) SignalRaise(s.system, s.raise[i]);
 }
 
 }  // namespace strata::gpu
