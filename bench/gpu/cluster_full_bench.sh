@@ -66,9 +66,10 @@ for stage in ${stages//,/ }; do
   dir=$(model_dir $shape)
   note "$shape in $dir ($(du -sh $dir | cut -f1)) after $((SECONDS - start)) s"
   tag=$shape; [[ $shape == *@* ]] && tag="${shape%@*}-${shape#*@}L"
+  model_name=$tag  # the shape name the JSON records; the file name also tells the checkpoint
   [ "$checkpoint_dtype" = bf16 ] || tag=$tag-$checkpoint_dtype-checkpoint
   if [ "$what" = inprocess ]; then
-    timeout 300 "$B/decode_bench" --model $dir --model-name $tag --weights $weights --runs $runs \
+    timeout 300 "$B/decode_bench" --model $dir --model-name $model_name --weights $weights --runs $runs \
       --machine "$machine" --out "$final/inprocess-$tag-$weights.json" >"$out/inprocess-$tag.txt" 2>&1
     note "in process $tag $weights: exit $? in $((SECONDS - t0)) s"
     tail -1 "$out/inprocess-$tag.txt" | tee -a "$sum"
@@ -84,7 +85,7 @@ for stage in ${stages//,/ }; do
   if [ -n "$addr" ]; then
     note "$name: READY in $((SECONDS - t0)) s"
     suffix=""; [ "$workers" -gt 1 ] && suffix="-${workers}gpu"
-    timeout 400 "$B/strata" bench --server "$addr" --model $dir --model-name $tag \
+    timeout 400 "$B/strata" bench --server "$addr" --model $dir --model-name $model_name \
       --input-len 128 --output-len 512 --runs $runs --concurrency $conc --weights $weights \
       --mode cluster --gpus $workers --machine "$machine" --note "$env_note" \
       --out "$final/${stamps:+stamps-}strata-$tag-$weights-cluster$suffix.json" \
