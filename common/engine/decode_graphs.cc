@@ -168,6 +168,7 @@ absl::StatusOr<const int32_t*> DecodeGraphs::Replay(absl::Span<const int32_t> id
   if (auto it = graphs_.find(n); it != graphs_.end()) {
     graph = it->second.get();
   } else {
+    while_running();  // a capture takes a while: what the caller has waiting goes first
     ASSIGN_OR_RETURN(graph, Capture(ids, batch));
   }
   // The host code of the pass does not run in a replay; noted before the workers are told,
@@ -196,7 +197,11 @@ absl::StatusOr<const int32_t*> DecodeGraphs::Replay(absl::Span<const int32_t> id
   while_running();
   const absl::Status started = experts_.AwaitGraphStep();
   const cudaError_t synced = cudaStreamSynchronize(stream);
-  NoteTiming(launch_returned, Clock::now());
+  if (synced == cudaSuccess) {
+    NoteTiming(launch_returned, Clock::now());
+  } else {
+    NoteEagerStep();  // the step runs again eagerly
+  }
   const absl::Status finished = experts_.FinishStep();  // also when the replay failed
   if (synced != cudaSuccess) {
     return absl::InternalError(absl::StrCat("decode graph replay: ", cudaGetErrorString(synced)));

@@ -53,7 +53,9 @@ class DecodeGraphs {
   // its logits, first on ties), [n] in pinned memory, valid until the next step. On an error
   // every graph is dropped and the step should run again without one (its keys and values are
   // rewritten then); e.g. a worker died. `while_running` runs once the step is launched,
-  // before it is waited for: host work that would otherwise leave the GPU idle.
+  // before it is waited for (host work that would otherwise leave the GPU idle), and also
+  // before a graph is captured; it must be safe to run twice. It does not run when the step
+  // fails before its launch: the caller does that work itself then.
   absl::StatusOr<const int32_t*> Run(absl::Span<const int32_t> ids, const BatchLayout& batch,
                                      absl::FunctionRef<void()> while_running);
   absl::StatusOr<const int32_t*> Run(absl::Span<const int32_t> ids, const BatchLayout& batch) {
@@ -82,8 +84,12 @@ class DecodeGraphs {
     double replay_us = 0;  // launch returned -> synchronize returned
     int64_t pairs = 0;
     double between_us = 0;
+    double mean_replay_us() const { return replays > 0 ? replay_us / replays : 0.0; }
+    double mean_between_us() const { return pairs > 0 ? between_us / pairs : 0.0; }
   };
   Timing timing() const;
+  // A step ran without a graph (eagerly): the next replay is not paired with the last one.
+  void NoteEagerStep() { last_synced_ = {}; }
 
  private:
   struct Graph;

@@ -82,6 +82,7 @@ absl::Status LocalEngine::Step(PagedKvCache::SequenceId seq, absl::Span<const in
   batch.sequence.assign(n, seq);
   batch.position.resize(n);
   for (int64_t i = 0; i < n; ++i) batch.position[i] = start + i;
+  if (decode_graphs_ != nullptr) decode_graphs_->NoteEagerStep();
   return forward_->Run(ids, batch, *kv_, logit_rows, logits);
 }
 

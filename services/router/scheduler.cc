@@ -165,8 +165,8 @@ Scheduler::Stats Scheduler::stats() const {
   s.graph_steps = graph_steps_.load();
   if (options_.decode_graphs != nullptr) {
     const DecodeGraphs::Timing t = options_.decode_graphs->timing();
-    if (t.replays > 0) s.graph_replay_us = t.replay_us / static_cast<double>(t.replays);
-    if (t.pairs > 0) s.graph_between_us = t.between_us / static_cast<double>(t.pairs);
+    s.graph_replay_us = t.mean_replay_us();
+    s.graph_between_us = t.mean_between_us();
   }
   return s;
 }
@@ -192,9 +192,15 @@ void Scheduler::Loop() {
     Admit();
     // A step that ran with sequences still running leaves its outbox to the next step.
     if (!Step() || running_.empty()) FlushOutbox();
-    if (running_.empty() && waiting_.empty()) idle_cv_.notify_all();
+    if (running_.empty() && waiting_.empty()) NotifyIdle();
   }
   FlushOutbox();
+  NotifyIdle();
+}
+
+void Scheduler::NotifyIdle() {
+  // Under the lock: a Drain that just found work left is waiting before this wakes it.
+  std::lock_guard<std::mutex> lock(mu_);
   idle_cv_.notify_all();
 }
 
@@ -222,13 +228,14 @@ void Scheduler::ApplyCancellations() {
     if (cancelled.contains(waiting_[i]->ticket)) {
       std::unique_ptr<Sequence> seq = std::move(waiting_[i]);
       waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
-      queued_.fetch_sub(1);
       RequestUsage usage;
       usage.prompt_tokens = static_cast<int>(seq->spec.prompt.size());
       usage.completion_tokens = seq->generated;
+      // Posted (unsent) before it stops counting as queued: Drain never sees neither.
       Post([sink = seq->sink, usage] {
         sink->OnFinish(FinishReason::kCancelled, usage, absl::OkStatus());
       });
+      queued_.fetch_sub(1);
     } else {
       ++i;
     }
@@ -245,9 +252,10 @@ void Scheduler::Admit() {
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
+    // Counted as running before it stops counting as queued: Drain never sees neither.
+    running_count_.store(static_cast<int>(running_.size()));
     queued_.fetch_sub(1);
   }
-  running_count_.store(static_cast<int>(running_.size()));
 }
 
 void Scheduler::Preempt(Sequence* seq) {
@@ -360,7 +368,10 @@ bool Scheduler::Step() {
       }
     }
   }
-  if (greedy == nullptr) FlushOutbox();  // before the eager step's host work
+  if (greedy == nullptr) {
+    FlushOutbox();  // before the eager step's host work
+    if (options_.decode_graphs != nullptr) options_.decode_graphs->NoteEagerStep();
+  }
   const absl::Status status =
       greedy != nullptr ? absl::OkStatus() : forward_.Run(ids, batch, kv_, logit_rows, logits_);
   steps_.fetch_add(1);

@@ -94,6 +94,7 @@ class Scheduler {
   // whenever no step follows at once.
   void Post(std::function<void()> send);
   void FlushOutbox();
+  void NotifyIdle();
 
   const ModelConfig& config_;
   ForwardPass& forward_;

@@ -18,7 +18,8 @@ inline constexpr uint32_t kFlagReleased = 2;
 // When the kernel's last block finishes, after every block's writes are visible to the flags'
 // readers: each clear[i] that is 1 is set to 0, then each raise[i] to 1. `done` counts the
 // finished blocks of a grid of more than one; it must be 0 before the launch and is 0 again
-// after it. count 0: no signal.
+// after it. count 0: no signal. Lowering a flag is not a release (in a grid of several blocks
+// it may pass other blocks' reads): nothing may wait for a flag to go down.
 // system: the readers may be on another GPU (peer access) or the host; false when every reader
 // runs on this kernel's GPU, in any process: fences and atomics then take device scope.
 struct GridSignal {
