@@ -384,15 +384,30 @@ void MultiTokenExpertTimes(cudaStream_t s, const char* shape, int num_experts, i
     uint8_t* wsb = Alloc<uint8_t>(ExpertWorkspaceBytes(n, top_k, hidden, inter));
     const ExpertWorkspace ws = CarveExpertWorkspace(wsb, n, top_k, hidden, inter);
     bf16* out = Alloc<bf16>(n * hidden);
-    char what[96];
-    std::snprintf(what, sizeof(what), "experts %s n=%d %s (%.0f experts)", shape, n,
-                  fp8 ? "fp8" : "bf16", distinct);
-    const double us = TimeUs(s, 8, [&](int i) {
-      const int r = i % kSets;
-      CK(LaunchGroupedExperts(x, d_ids + r * n * top_k, d_wts + r * n * top_k, n, top_k, t, act, ws,
-                              out, s));
-    });
-    Row(what, us, distinct * 3.0 * hidden * inter * (fp8 ? 1 : 2));
+    for (bool tensor_cores : {false, true}) {
+      SetTensorCoreExperts(tensor_cores);
+      char what[96];
+      std::snprintf(what, sizeof(what), "experts %s n=%d %s (%.0f experts)%s", shape, n,
+                    fp8 ? "fp8" : "bf16", distinct, tensor_cores ? " mma" : "");
+      const double us = TimeUs(s, 8, [&](int i) {
+        const int r = i % kSets;
+        CK(LaunchGroupedExperts(x, d_ids + r * n * top_k, d_wts + r * n * top_k, n, top_k, t, act,
+                                ws, out, s));
+      });
+      Row(what, us, distinct * 3.0 * hidden * inter * (fp8 ? 1 : 2));
+    }
+    // The two kernels on the same routing give the same sums but for rounding.
+    std::vector<std::vector<bf16>> outs;
+    for (bool tensor_cores : {false, true}) {
+      SetTensorCoreExperts(tensor_cores);
+      CK(LaunchGroupedExperts(x, d_ids, d_wts, n, top_k, t, act, ws, out, s));
+      CK(cudaStreamSynchronize(s));
+      outs.push_back(Get(out, n * hidden));
+    }
+    char check[96];
+    std::snprintf(check, sizeof(check), "experts %s n=%d %s: tensor cores against CUDA cores",
+                  shape, n, fp8 ? "fp8" : "bf16");
+    Check(check, RelErr(outs[1], outs[0]), 1e-2);
   }
 }
 

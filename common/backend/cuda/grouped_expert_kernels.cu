@@ -1,8 +1,13 @@
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 
+#include "common/backend/cuda/expert_activation.cuh"
 #include "common/backend/cuda/gemv_core.cuh"
 #include "common/backend/cuda/grid_signal.cuh"
 #include "common/backend/cuda/grouped_expert_kernels.h"
+#include "common/backend/cuda/grouped_expert_mma.h"
 
 namespace strata::gpu {
 namespace {
@@ -29,6 +34,34 @@ int ChunkTokens(int64_t n, int top_k, int num_experts) {
   return average >= 16 ? 16 : 8;
 }
 
+// The tensor-core kernels take a work item's tokens as the MMA's N, 8 a tile: items of up to 8
+// tokens, or 16 where an active expert averages more than 4 slots (fewer items, so fewer
+// experts' weights read twice).
+int MmaChunkTokens(int64_t n, int top_k, int num_experts) {
+  const int64_t slots = n * top_k;
+  const int64_t active = std::max<int64_t>(1, std::min<int64_t>(slots, num_experts));
+  return (slots + active - 1) / active > 4 ? 16 : 8;
+}
+
+std::atomic<int> tensor_core_experts{-1};  // -1: not yet read from the environment
+
+bool UseMma(int64_t n, const ExpertWeightTable& w) {
+  return n >= 2 && TensorCoreExperts() && MmaExpertShapesFit(w);
+}
+
+// Which kernels a step's stages run and the tokens a work item takes: the plan and both stages
+// must agree on it, so a step reads the switch once (LaunchGroupedExperts).
+struct ExpertKernels {
+  bool mma;
+  int chunk;
+};
+
+ExpertKernels ChooseKernels(int64_t n, int top_k, const ExpertWeightTable& w) {
+  const bool mma = UseMma(n, w);
+  return {mma,
+          mma ? MmaChunkTokens(n, top_k, w.num_experts) : ChunkTokens(n, top_k, w.num_experts)};
+}
+
 // Upper bound on work items: sum over experts of ceil(count / chunk).
 int64_t MaxWork(int64_t slots, int num_experts, int chunk) {
   const int64_t active = slots < num_experts ? slots : num_experts;
@@ -37,10 +70,6 @@ int64_t MaxWork(int64_t slots, int num_experts, int chunk) {
 }
 
 size_t RoundUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-__device__ __forceinline__ bool ValidExpert(int32_t e, int num_experts) {
-  return e >= 0 && e < num_experts;
-}
 
 // Exclusive prefix sum over the block of one int per thread; *total gets the block's sum.
 __device__ int BlockExclusiveScan(int v, int* warp_sums, int* total) {
@@ -135,15 +164,6 @@ __global__ void __launch_bounds__(kPlanThreads)
 
 template <int kNT>
 inline constexpr int kPairRowsFor = kNT <= 4 ? 2 : 1;  // gate (and up) rows per thread group
-
-__device__ __forceinline__ float Activate(float g, float u, const GluParams& act) {
-  if (act.activation == GluActivation::kClampedSwiGlu) {
-    g = fminf(g, act.limit);
-    u = fminf(fmaxf(u, -act.limit), act.limit);
-    return (u + 1.0f) * (g / (1.0f + expf(-act.alpha * g)));
-  }
-  return g / (1.0f + expf(-g)) * u;
-}
 
 // Grid: (row tiles of the intermediate dim, work items). Each thread group computes kP rows
 // of gate and the same kP rows of up for the item's slots, then applies the activation.
@@ -405,7 +425,7 @@ template <typename WT, int kE, int kNT>
 cudaError_t GateUpTyped(const bf16* x, int64_t n, int top_k, const ExpertWeightTable& w,
                         const GluParams& act, const ExpertWorkspace& ws, cudaStream_t stream) {
   constexpr int kP = kPairRowsFor<kNT>;
-  const int64_t max_work = MaxWork(n * top_k, w.num_experts, ChunkTokens(n, top_k, w.num_experts));
+  const int64_t max_work = MaxWork(n * top_k, w.num_experts, kNT);
   const int64_t row_groups = (w.intermediate + kP - 1) / kP;
   const int parts = GemvPartsFor(w.hidden / kE, row_groups * max_work, kNT);
   const int64_t tiles = (row_groups + kGemvThreads / parts - 1) / (kGemvThreads / parts);
@@ -419,7 +439,7 @@ template <typename WT, int kE, int kNT>
 cudaError_t DownTyped(int64_t n, int top_k, const ExpertWeightTable& w, const ExpertWorkspace& ws,
                       cudaStream_t stream) {
   constexpr int kRows = kNT <= 4 ? 4 : 2;
-  const int64_t max_work = MaxWork(n * top_k, w.num_experts, ChunkTokens(n, top_k, w.num_experts));
+  const int64_t max_work = MaxWork(n * top_k, w.num_experts, kNT);
   const int64_t row_groups = (w.hidden + kRows - 1) / kRows;
   const int parts = GemvPartsFor(w.intermediate / kE, row_groups * max_work, kNT);
   const int64_t tiles = (row_groups + kGemvThreads / parts - 1) / (kGemvThreads / parts);
@@ -492,13 +512,13 @@ cudaError_t DownCombineDirect(const int32_t* expert_ids, const float* weights, i
 }
 
 // Picks the instantiation: weight type, vector width (16-byte when both dims allow), and the
-// token bucket. `Fn` is GateUpTyped or DownTyped via a generic lambda.
+// token bucket (the plan's chunk). `Fn` is GateUpTyped or DownTyped via a generic lambda.
 template <typename Fn>
-cudaError_t Dispatch(int64_t n, int top_k, const ExpertWeightTable& w, bool x_aligned, Fn&& fn) {
+cudaError_t Dispatch(int chunk, const ExpertWeightTable& w, bool x_aligned, Fn&& fn) {
   auto by_tokens = [&](auto wt, auto ke) -> cudaError_t {
     using WT = decltype(wt);
     constexpr int kE = decltype(ke)::value;
-    switch (ChunkTokens(n, top_k, w.num_experts)) {
+    switch (chunk) {
       case 1:
         return fn.template operator()<WT, kE, 1>();
       case 2:
@@ -527,6 +547,18 @@ cudaError_t Dispatch(int64_t n, int top_k, const ExpertWeightTable& w, bool x_al
 
 }  // namespace
 
+void SetTensorCoreExperts(bool on) { tensor_core_experts.store(on ? 1 : 0); }
+
+bool TensorCoreExperts() {
+  int on = tensor_core_experts.load();
+  if (on < 0) {
+    const char* env = std::getenv("STRATA_MMA_EXPERTS");
+    on = env != nullptr && std::strcmp(env, "0") == 0 ? 0 : 1;
+    tensor_core_experts.store(on);
+  }
+  return on == 1;
+}
+
 size_t ExpertWorkspaceBytes(int64_t n, int top_k, int64_t hidden, int64_t intermediate) {
   const int64_t slots = n * top_k;
   return RoundUp(slots * sizeof(int32_t)) + RoundUp(slots * 4 * sizeof(int32_t)) +
@@ -551,37 +583,67 @@ ExpertWorkspace CarveExpertWorkspace(void* base, int64_t n, int top_k, int64_t h
   return ws;
 }
 
-cudaError_t LaunchExpertPlan(const int32_t* expert_ids, int64_t n, int top_k,
-                             const ExpertWeightTable& experts, const ExpertWorkspace& ws,
-                             cudaStream_t stream) {
+namespace {
+
+cudaError_t PlanStage(const int32_t* expert_ids, int64_t n, int top_k,
+                      const ExpertWeightTable& experts, const ExpertKernels& k,
+                      const ExpertWorkspace& ws, cudaStream_t stream) {
   const int num_experts = experts.num_experts;
   if (n < 0 || top_k <= 0 || num_experts <= 0 || num_experts > kMaxGroupedExperts ||
       n * top_k > 0x7fffffff) {
     return cudaErrorInvalidValue;
   }
-  ExpertPlanKernel<<<1, kPlanThreads, 0, stream>>>(
-      expert_ids, static_cast<int>(n * top_k), num_experts, ChunkTokens(n, top_k, num_experts), ws);
+  ExpertPlanKernel<<<1, kPlanThreads, 0, stream>>>(expert_ids, static_cast<int>(n * top_k),
+                                                   num_experts, k.chunk, ws);
   return cudaGetLastError();
+}
+
+cudaError_t GateUpStage(const bf16* x, int64_t n, int top_k, const ExpertWeightTable& experts,
+                        const ExpertKernels& k, const GluParams& act, const ExpertWorkspace& ws,
+                        cudaStream_t stream) {
+  if (!ValidTable(experts) || n < 0 || top_k <= 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  if (k.mma && aligned) {
+    return LaunchExpertGateUpMma(x, top_k, k.chunk,
+                                 MaxWork(n * top_k, experts.num_experts, k.chunk), experts, act, ws,
+                                 stream);
+  }
+  return Dispatch(k.chunk, experts, aligned, [&]<typename WT, int kE, int kNT>() {
+    return GateUpTyped<WT, kE, kNT>(x, n, top_k, experts, act, ws, stream);
+  });
+}
+
+cudaError_t DownStage(int64_t n, int top_k, const ExpertWeightTable& experts,
+                      const ExpertKernels& k, const ExpertWorkspace& ws, cudaStream_t stream) {
+  if (!ValidTable(experts) || n < 0 || top_k <= 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (k.mma) {
+    return LaunchExpertDownMma(k.chunk, MaxWork(n * top_k, experts.num_experts, k.chunk), experts,
+                               ws, stream);
+  }
+  return Dispatch(k.chunk, experts, true, [&]<typename WT, int kE, int kNT>() {
+    return DownTyped<WT, kE, kNT>(n, top_k, experts, ws, stream);
+  });
+}
+
+}  // namespace
+
+cudaError_t LaunchExpertPlan(const int32_t* expert_ids, int64_t n, int top_k,
+                             const ExpertWeightTable& experts, const ExpertWorkspace& ws,
+                             cudaStream_t stream) {
+  return PlanStage(expert_ids, n, top_k, experts, ChooseKernels(n, top_k, experts), ws, stream);
 }
 
 cudaError_t LaunchExpertGateUp(const bf16* x, int64_t n, int top_k,
                                const ExpertWeightTable& experts, const GluParams& act,
                                const ExpertWorkspace& ws, cudaStream_t stream) {
-  if (!ValidTable(experts) || n < 0 || top_k <= 0) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
-  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  return Dispatch(n, top_k, experts, aligned, [&]<typename WT, int kE, int kNT>() {
-    return GateUpTyped<WT, kE, kNT>(x, n, top_k, experts, act, ws, stream);
-  });
+  return GateUpStage(x, n, top_k, experts, ChooseKernels(n, top_k, experts), act, ws, stream);
 }
 
 cudaError_t LaunchExpertDown(int64_t n, int top_k, const ExpertWeightTable& experts,
                              const ExpertWorkspace& ws, cudaStream_t stream) {
-  if (!ValidTable(experts) || n < 0 || top_k <= 0) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
-  return Dispatch(n, top_k, experts, true, [&]<typename WT, int kE, int kNT>() {
-    return DownTyped<WT, kE, kNT>(n, top_k, experts, ws, stream);
-  });
+  return DownStage(n, top_k, experts, ChooseKernels(n, top_k, experts), ws, stream);
 }
 
 cudaError_t LaunchExpertCombine(const int32_t* expert_ids, const float* weights, int64_t n,
@@ -607,7 +669,7 @@ cudaError_t LaunchGroupedExperts(const bf16* x, const int32_t* expert_ids, const
   if (n == 1 && top_k > 0 && top_k <= kMaxDirectSlots && ValidTable(experts)) {
     // Decode: each selected expert is one work item, so no plan; no y, no combine launch.
     const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
-    return Dispatch(1, top_k, experts, aligned, [&]<typename WT, int kE, int>() {
+    return Dispatch(1, experts, aligned, [&]<typename WT, int kE, int>() {
       cudaError_t err = GateUpDirect<WT, kE>(x, expert_ids, top_k, experts, act, ws, stream);
       if (err == cudaSuccess) {
         err =
@@ -616,9 +678,10 @@ cudaError_t LaunchGroupedExperts(const bf16* x, const int32_t* expert_ids, const
       return err;
     });
   }
-  cudaError_t err = LaunchExpertPlan(expert_ids, n, top_k, experts, ws, stream);
-  if (err == cudaSuccess) err = LaunchExpertGateUp(x, n, top_k, experts, act, ws, stream);
-  if (err == cudaSuccess) err = LaunchExpertDown(n, top_k, experts, ws, stream);
+  const ExpertKernels kernels = ChooseKernels(n, top_k, experts);
+  cudaError_t err = PlanStage(expert_ids, n, top_k, experts, kernels, ws, stream);
+  if (err == cudaSuccess) err = GateUpStage(x, n, top_k, experts, kernels, act, ws, stream);
+  if (err == cudaSuccess) err = DownStage(n, top_k, experts, kernels, ws, stream);
   if (err == cudaSuccess) {
     err = LaunchExpertCombine(expert_ids, weights, n, top_k, experts.num_experts, experts.hidden,
                               ws, out, stream, signal);

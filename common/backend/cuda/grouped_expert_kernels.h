@@ -64,8 +64,9 @@ ExpertWorkspace CarveExpertWorkspace(void* base, int64_t n, int top_k, int64_t h
                                      int64_t intermediate);
 
 // expert_ids, weights: [n, top_k] routing (an id outside [0, experts.num_experts) skips the
-// slot). The plan's work items are sized for the table's shape, so the gate-up and down
-// stages that follow must be given the same table.
+// slot). The plan's work items are sized for the table's shape and the tensor-core switch
+// below, so the gate-up and down stages that follow must be given the same table, with the
+// switch unchanged (LaunchGroupedExperts reads it once for all of its stages).
 cudaError_t LaunchExpertPlan(const int32_t* expert_ids, int64_t n, int top_k,
                              const ExpertWeightTable& experts, const ExpertWorkspace& ws,
                              cudaStream_t stream);
@@ -80,6 +81,13 @@ cudaError_t LaunchExpertCombine(const int32_t* expert_ids, const float* weights,
                                 int top_k, int num_experts, int64_t hidden,
                                 const ExpertWorkspace& ws, bf16* out, cudaStream_t stream,
                                 const GridSignal& signal = {});
+
+// Steps of two tokens or more run gate/up and down on the tensor cores where the shapes allow
+// (grouped_expert_mma.h), unless STRATA_MMA_EXPERTS=0 is in the environment. Tests and
+// benchmarks switch between the two kernels; a captured graph keeps the kernels it was
+// captured with.
+void SetTensorCoreExperts(bool on);
+bool TensorCoreExperts();
 
 // The four stages in order (two for one token); the last raises `signal` once out is written.
 cudaError_t LaunchGroupedExperts(const bf16* x, const int32_t* expert_ids, const float* weights,

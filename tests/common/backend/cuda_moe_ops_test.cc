@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "common/backend/cpu/cpu_kernels.h"
 #include "common/backend/cuda/expert_repack.h"
 #include "common/backend/cuda/expert_split_kernels.h"
@@ -303,9 +304,10 @@ class GroupedExpertTest : public CudaOpsTest {
     LAUNCH_OK(gpu::LaunchGroupedExperts(AsBf16(d_x), d_ids, d_weights, n, c.top_k, table, act, ws,
                                         AsBf16(d_out), stream()));
     const std::vector<float> out = GetBf16(AsBf16(d_out), n * h);
-    const std::string shape = absl::StrCat(
-        "n=", n, " E=", c.experts, " k=", c.top_k, " H=", h, " I=", m, c.gpt_oss ? " gpt-oss" : "",
-        c.concentrated ? " concentrated" : "", c.skip_every ? " skips" : "");
+    const std::string shape =
+        absl::StrCat("n=", n, " E=", c.experts, " k=", c.top_k, " H=", h, " I=", m,
+                     c.gpt_oss ? " gpt-oss" : "", c.concentrated ? " concentrated" : "",
+                     c.skip_every ? " skips" : "", gpu::TensorCoreExperts() ? "" : " cuda-cores");
     ExpectClose(fp8 ? "grouped experts fp8" : "grouped experts bf16", shape, out, ref, 1e-2);
     if (fp8) {
       std::vector<FfnWeights> bf16_ffn;
@@ -331,20 +333,33 @@ class GroupedExpertTest : public CudaOpsTest {
     EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * sizeof(float)), 0) << shape;
     EXPECT_EQ(Get(d_flags, 3), (std::vector<uint32_t>{0, 1, 0})) << shape;
   }
+
+  // Each case in bf16 and FP8, on the tensor cores and on the CUDA cores.
+  void RunCasesOnBothKernels(absl::Span<const ExpertCase> cases) {
+    for (bool tensor_cores : {true, false}) {
+      gpu::SetTensorCoreExperts(tensor_cores);
+      for (const ExpertCase& c : cases) {
+        RunCase(c, /*fp8=*/false);
+        RunCase(c, /*fp8=*/true);
+      }
+    }
+    gpu::SetTensorCoreExperts(true);
+  }
 };
 
+// Steps of two tokens or more whose dims are multiples of 64 run on the tensor cores; each
+// case runs with them and with the CUDA-core kernels (the same plan, other chunk sizes).
 TEST_F(GroupedExpertTest, SwiGlu) {
   const ExpertCase cases[] = {
       {8, 2, 64, 32, 1, false, false, 0},
       {8, 2, 64, 32, 3, false, false, 0},
       {16, 8, 2048, 768, 3, false, false, 0},
-      {4, 2, 128, 64, 40, false, true, 5},  // > 16 tokens per expert, skipped slots
-      {5, 2, 100, 36, 3, false, false, 0},  // dims off the vector width: scalar path
+      {4, 2, 128, 64, 40, false, true, 5},      // > 16 tokens per expert, skipped slots
+      {5, 2, 100, 36, 3, false, false, 0},      // dims off the vector width: scalar path
+      {32, 4, 1024, 512, 32, false, false, 0},  // items of up to 8 tokens on the tensor cores
+      {8, 2, 256, 512, 32, false, false, 0},    // items of up to 16
   };
-  for (const ExpertCase& c : cases) {
-    RunCase(c, /*fp8=*/false);
-    RunCase(c, /*fp8=*/true);
-  }
+  RunCasesOnBothKernels(cases);
 }
 
 TEST_F(GroupedExpertTest, GptOssClampedSwiGluWithBiases) {
@@ -353,10 +368,7 @@ TEST_F(GroupedExpertTest, GptOssClampedSwiGluWithBiases) {
       {8, 4, 256, 128, 1, true, false, 0},
       {32, 4, 128, 64, 17, true, true, 3},
   };
-  for (const ExpertCase& c : cases) {
-    RunCase(c, /*fp8=*/false);
-    RunCase(c, /*fp8=*/true);
-  }
+  RunCasesOnBothKernels(cases);
 }
 
 // At one token the experts' down kernel reads the routing before its PDL wait: the gate/up
