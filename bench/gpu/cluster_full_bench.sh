@@ -14,7 +14,8 @@
 # written), logs.tgz and a summary; a table is printed last.
 # CHECKPOINT_DTYPE=fp8 in the environment makes the checkpoints with FP8 experts (make-model
 # --dtype fp8, half the bytes) and EXPERT_STORE=in-place has strata-cache map them where they
-# are: the whole seed-125b on the two-GPU machine needs both.
+# are: the whole seed-125b on the two-GPU machine needs both. KV_CACHE_MB sets the router's KV
+# pool (4096 MiB by default: 32 requests of 640 tokens need about 2 GiB for qwen3 in bf16).
 #   bash bench/gpu/cluster_full_bench.sh OUT_DIR STAGES [RUNS]
 set -uo pipefail
 final=$1 stages=$2 runs=${3:-3}
@@ -81,7 +82,7 @@ for stage in ${stages//,/ }; do
     stamps=$out/stamps-$tag && name=$name-stamps && rm -rf $stamps && mkdir -p $stamps
   fi
   STRATA_GPU_CLOCK_STAMPS=$stamps up $name --model $dir --workers $workers --device cuda --weights $weights --threads 8 \
-    --max-batch-tokens 512 --expert-store "$expert_store"
+    --max-batch-tokens 512 --kv-cache-mb "${KV_CACHE_MB:-4096}" --expert-store "$expert_store"
   if [ -n "$addr" ]; then
     note "$name: READY in $((SECONDS - t0)) s"
     suffix=""; [ "$workers" -gt 1 ] && suffix="-${workers}gpu"

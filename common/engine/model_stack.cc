@@ -1,6 +1,7 @@
 #include "common/engine/model_stack.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -60,6 +61,10 @@ absl::Status ModelStack::CreateKv() {
   kv.num_kv_heads = c.num_kv_heads;
   kv.head_dim = c.head_dim;
   if (kv.block_size <= 0) return absl::InvalidArgumentError("kv_cache.block_size must be positive");
+  // A GPU router keeps the keys and values on its device, in bf16; the host object keeps the
+  // tables. The budget counts the bytes where the blocks live.
+  kv.host_storage = device_index_ < 0;
+  kv.element_bytes = kv.host_storage ? sizeof(float) : sizeof(uint16_t);
   const int64_t block_bytes = KvBlockBytes(kv);
   int64_t blocks = options_.kv_cache_bytes / block_bytes;
   if (options_.kv_blocks > 0) {
@@ -73,8 +78,6 @@ absl::Status ModelStack::CreateKv() {
                      " bytes holds no block; one block needs ", block_bytes));
   }
   kv.num_blocks = static_cast<int>(std::min<int64_t>(blocks, int64_t{1} << 30));
-  // A GPU router keeps the keys and values on its device; the host object keeps the tables.
-  kv.host_storage = device_index_ < 0;
   ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(kv));
   kv_ = std::make_unique<PagedKvCache>(std::move(cache));
   return absl::OkStatus();

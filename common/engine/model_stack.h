@@ -26,7 +26,7 @@ struct ModelStackOptions {
   std::string device = "cpu";
   int num_threads = 0;  // CPU: 0 is one per hardware thread
   int kv_block_size = 32;
-  int64_t kv_cache_bytes = int64_t{1} << 30;  // upper bound on the KV pool (float32 sizing)
+  int64_t kv_cache_bytes = int64_t{1} << 30;  // upper bound on the KV pool's bytes
   // No more blocks than one sequence of the model's whole context needs (one sequence at a
   // time); a server shares the pool among sequences and leaves this off.
   bool kv_within_context = true;

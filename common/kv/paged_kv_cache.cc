@@ -5,8 +5,7 @@
 namespace strata {
 
 int64_t KvBlockBytes(const KvCacheOptions& o) {
-  return int64_t{o.num_layers} * 2 * o.block_size * o.num_kv_heads * o.head_dim *
-         static_cast<int64_t>(sizeof(float));
+  return int64_t{o.num_layers} * 2 * o.block_size * o.num_kv_heads * o.head_dim * o.element_bytes;
 }
 
 absl::StatusOr<PagedKvCache> PagedKvCache::Create(const KvCacheOptions& options) {

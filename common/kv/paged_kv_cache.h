@@ -20,9 +20,12 @@ struct KvCacheOptions {
   // Hold the keys and values in host memory. A device backend keeps its own storage and uses
   // this object only for block allocation and block tables.
   bool host_storage = true;
+  // Bytes a key or value element takes where the blocks live: float32 on the host, 2 for a
+  // device backend's bf16 storage. Sizes the pool from a byte budget (KvBlockBytes).
+  int element_bytes = 4;
 };
 
-// Bytes one block takes across all layers (keys and values, float32).
+// Bytes one block takes across all layers (keys and values, element_bytes each).
 int64_t KvBlockBytes(const KvCacheOptions& options);
 
 class PagedKvCache {

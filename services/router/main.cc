@@ -26,7 +26,8 @@ ABSL_FLAG(std::string, router_device, "cpu",
 ABSL_FLAG(std::string, weights, "bf16",
           "On a GPU: bf16, or fp8 (the attention projections, and the experts with --workers 0)");
 ABSL_FLAG(int, kv_block_size, 32, "Token slots per KV-cache block");
-ABSL_FLAG(int64_t, kv_cache_mb, 1024, "KV-cache memory, MiB");
+ABSL_FLAG(int64_t, kv_cache_mb, 1024,
+          "KV-cache memory, MiB (keys and values in bf16 on a GPU, float32 on the CPU)");
 ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");
 ABSL_FLAG(int, max_batch_tokens, 512, "Tokens per forward step (decodes + prefill chunks)");
 ABSL_FLAG(int, max_running, 64, "Sequences in the running batch");

@@ -41,7 +41,8 @@ ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the end-of-sequence tok
 ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");
 ABSL_FLAG(int, threads, 0, "CPU threads (per process with up); 0 uses every hardware thread");
 ABSL_FLAG(int, kv_block_size, 32, "Token slots per paged KV-cache block");
-ABSL_FLAG(int64_t, kv_cache_mb, 1024, "Upper bound on KV-cache memory, MiB");
+ABSL_FLAG(int64_t, kv_cache_mb, 1024,
+          "Upper bound on KV-cache memory, MiB (bf16 on a GPU, float32 on the CPU)");
 ABSL_FLAG(int, prefill_chunk, 512, "Prompt tokens per forward step");
 ABSL_FLAG(int, workers, 1, "up: expert worker processes; plan: workers to place experts on");
 ABSL_FLAG(std::string, device, "cpu",

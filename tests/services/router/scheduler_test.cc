@@ -26,8 +26,8 @@ class SchedulerHarness {
     stack.kv_block_size = 4;
     stack.kv_blocks = num_blocks;
     stack_ = *ModelStack::Create(kModelDir, stack);
-    forward_ = std::make_unique<ForwardPass>(stack_->config(), stack_->router(),
-                                             *stack_->experts(), ForwardOptions{});
+    forward_ = std::make_unique<ForwardPass>(stack_->config(), stack_->router(), *stack_->experts(),
+                                             ForwardOptions{});
     scheduler_ =
         std::make_unique<Scheduler>(stack_->config(), *forward_, stack_->kv(), nullptr, options);
     scheduler_->Start();
@@ -67,6 +67,19 @@ std::vector<int32_t> RunAlone(const RequestSpec& spec) {
   return *engine->Generate(spec.prompt, g);
 }
 
+// Submits every request at once, then checks each one's tokens against running it alone.
+void ExpectTokensOfOneAtATime(SchedulerHarness& harness, const std::vector<RequestSpec>& specs) {
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const RequestSpec& spec : specs) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(harness.scheduler().Submit(spec, sinks.back()).ok());
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->Wait());
+    EXPECT_EQ(sinks[i]->tokens(), RunAlone(specs[i])) << "request " << i;
+  }
+}
+
 TEST(SchedulerTest, ConcurrentRequestsMatchOneAtATime) {
   SchedulerHarness harness(/*num_blocks=*/512, {.max_batch_tokens = 40, .max_running = 16});
   const std::vector<RequestSpec> specs = MixedRequests(32, 7);
@@ -85,21 +98,41 @@ TEST(SchedulerTest, ConcurrentRequestsMatchOneAtATime) {
   EXPECT_EQ(harness.kv().free_blocks(), 512);
 }
 
-TEST(SchedulerTest, PreemptionRecomputesWithoutChangingTokens) {
-  // 40 blocks of 4 tokens cannot hold twelve requests of up to 70 tokens at once.
+TEST(SchedulerTest, SmallPoolKeepsTheTokens) {
+  // 40 blocks of 4 tokens cannot hold twelve requests of up to 70 tokens at once: some wait
+  // for blocks (or are preempted, as their decodes grow).
   SchedulerHarness harness(/*num_blocks=*/40, {.max_batch_tokens = 64, .max_running = 12});
   const std::vector<RequestSpec> specs = MixedRequests(12, 11);
-  std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (const RequestSpec& spec : specs) {
-    sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE(harness.scheduler().Submit(spec, sinks.back()).ok());
-  }
-  for (size_t i = 0; i < specs.size(); ++i) {
-    ASSERT_TRUE(sinks[i]->Wait());
-    EXPECT_EQ(sinks[i]->tokens(), RunAlone(specs[i])) << "request " << i;
-  }
-  EXPECT_GT(harness.scheduler().stats().preemptions, 0);
+  ExpectTokensOfOneAtATime(harness, specs);
   EXPECT_EQ(harness.kv().free_blocks(), 40);
+}
+
+// Six prompts of six blocks each against a pool of 20: three run at a time and the others wait
+// for their blocks instead of being admitted and preempted.
+TEST(SchedulerTest, AdmissionWaitsForBlocksInsteadOfPreempting) {
+  SchedulerHarness harness(/*num_blocks=*/20, {.max_batch_tokens = 64, .max_running = 12});
+  std::vector<RequestSpec> specs = MixedRequests(6, 13);
+  for (RequestSpec& spec : specs) {
+    spec.prompt.resize(24, 5);
+    spec.max_new_tokens = 1;
+  }
+  ExpectTokensOfOneAtATime(harness, specs);
+  EXPECT_EQ(harness.scheduler().stats().preemptions, 0);
+  EXPECT_EQ(harness.kv().free_blocks(), 20);
+}
+
+// Prompts of one block that grow to eleven blocks each outgrow a pool of 20 while decoding:
+// the latest arrivals are preempted and recomputed, with the same tokens.
+TEST(SchedulerTest, DecodesOutgrowingThePoolPreemptTheLatest) {
+  SchedulerHarness harness(/*num_blocks=*/20, {.max_batch_tokens = 64, .max_running = 12});
+  std::vector<RequestSpec> specs = MixedRequests(4, 17);
+  for (RequestSpec& spec : specs) {
+    spec.prompt.resize(4, 5);
+    spec.max_new_tokens = 40;
+  }
+  ExpectTokensOfOneAtATime(harness, specs);
+  EXPECT_GT(harness.scheduler().stats().preemptions, 0);
+  EXPECT_EQ(harness.kv().free_blocks(), 20);
 }
 
 TEST(SchedulerTest, CancelFreesBlocks) {
