@@ -109,7 +109,9 @@ int main(int argc, char** argv) {
   }
   strata::RouterServer& router = **server;
   std::cout << "LISTENING " << router.address() << std::endl;
-  strata::StatusLine(absl::StrCat("listening on ", router.address(), "; waiting for ",
+  strata::StatusLine(absl::StrCat("listening on ", router.address(), "; KV pool of ",
+                                  router.scheduler().kv_pool_blocks(), " blocks (",
+                                  router.scheduler().kv_pool_tokens(), " tokens); waiting for ",
                                   options.num_workers, " worker(s)"));
   std::thread announcer([&] {
     while (!router.WaitReady(absl::Seconds(10))) {

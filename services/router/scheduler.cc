@@ -318,10 +318,9 @@ bool Scheduler::Step() {
       continue;
     }
     // The victim may sit before or after `seq` in the plan; find `seq` again afterwards.
-    Sequence* victim =
-        std::max_element(running_.begin(), running_.end(), [](const auto& a, const auto& b) {
-          return a->ticket < b->ticket;
-        })->get();
+    // running_ stays in arrival order (admission takes the queue's head, a preempted sequence
+    // goes back to the head), so its back is the latest arrival.
+    Sequence* victim = running_.back().get();
     Preempt(victim);
     plan.erase(
         std::remove_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.seq == victim; }),

@@ -60,6 +60,11 @@ class Scheduler {
   bool Drain(absl::Duration timeout);
 
   int64_t max_context_tokens() const { return max_context_tokens_; }
+  // Token slots in the KV pool, and its blocks.
+  int64_t kv_pool_tokens() const {
+    return int64_t{kv_.options().num_blocks} * kv_.options().block_size;
+  }
+  int kv_pool_blocks() const { return kv_.options().num_blocks; }
   struct Stats {
     int waiting = 0;
     int running = 0;

@@ -110,7 +110,8 @@ TEST(SchedulerTest, SmallPoolKeepsTheTokens) {
 // Six prompts of six blocks each against a pool of 20: three run at a time and the others wait
 // for their blocks instead of being admitted and preempted.
 TEST(SchedulerTest, AdmissionWaitsForBlocksInsteadOfPreempting) {
-  SchedulerHarness harness(/*num_blocks=*/20, {.max_batch_tokens = 64, .max_running = 12});
+  // A step's budget takes every prompt at once: admitted together, they would not fit.
+  SchedulerHarness harness(/*num_blocks=*/20, {.max_batch_tokens = 256, .max_running = 12});
   std::vector<RequestSpec> specs = MixedRequests(6, 13);
   for (RequestSpec& spec : specs) {
     spec.prompt.resize(24, 5);
@@ -122,8 +123,8 @@ TEST(SchedulerTest, AdmissionWaitsForBlocksInsteadOfPreempting) {
 }
 
 // Prompts of one block that grow to eleven blocks each outgrow a pool of 20 while decoding:
-// the latest arrivals are preempted and recomputed, with the same tokens.
-TEST(SchedulerTest, DecodesOutgrowingThePoolPreemptTheLatest) {
+// some are preempted and recomputed, with the same tokens.
+TEST(SchedulerTest, DecodesOutgrowingThePoolPreemptAndKeepTheTokens) {
   SchedulerHarness harness(/*num_blocks=*/20, {.max_batch_tokens = 64, .max_running = 12});
   std::vector<RequestSpec> specs = MixedRequests(4, 17);
   for (RequestSpec& spec : specs) {
