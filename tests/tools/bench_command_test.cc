@@ -154,6 +154,7 @@ TEST_F(BenchClusterTest, CountsEveryRequestsTokens) {
       EXPECT_GT(t.decode_tok_s, 0);
       EXPECT_GT(t.server_ttft_ms, 0);
     }
+    EXPECT_EQ(run.server_preemptions, 0);
   }
   EXPECT_THAT(progress.str(), HasSubstr("concurrency 4, warmup round 1/1"));
 }
@@ -197,6 +198,7 @@ TEST_F(BenchClusterTest, WritesOneResultFilePerConcurrency) {
       ASSERT_TRUE(j[key].is_number()) << key;
       EXPECT_GT(j[key].get<double>(), 0) << key;
     }
+    EXPECT_EQ(j["server_preemptions"], 0);  // the pool holds every request
     EXPECT_LE(j["decode_tok_s_p5"].get<double>(), j["decode_tok_s_p95"].get<double>());
     EXPECT_NEAR(j["prefill_tok_s"].get<double>(), 16 / (j["ttft_ms"].get<double>() / 1e3), 1e-6);
     // A round of c requests of 8 tokens lasts at least as long as any request's 7 decode

@@ -19,6 +19,7 @@
 #include "absl/strings/str_replace.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "strata/v1/cluster.grpc.pb.h"
 #include "strata/v1/generation.grpc.pb.h"
 
 namespace strata {
@@ -60,6 +61,15 @@ absl::Status CheckOptions(const BenchOptions& o) {
   }
   if (o.gpus < 0) return absl::InvalidArgumentError("--gpus must be >= 0");
   return absl::OkStatus();
+}
+
+// The server's preemption count (Admin.Stats), or -1 when it does not answer.
+int64_t ServerPreemptions(v1::Admin::Stub& admin, absl::Duration timeout) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  v1::StatsResponse stats;
+  if (!admin.Stats(&context, v1::StatsRequest(), &stats).ok()) return -1;
+  return static_cast<int64_t>(stats.preemptions());
 }
 
 // Draws prompts of exactly `len` ids from [0, vocab) without the EOS ids, from one seeded
@@ -266,6 +276,7 @@ BenchSummary Summarize(const ConcurrencyRun& run, int input_len) {
   s.throughput_tok_s = Mean(run.round_throughput_tok_s);
   s.server_ttft_ms = Median(server_ttft);
   s.server_decode_tok_s_mean = Mean(server_decode);
+  s.server_preemptions = run.server_preemptions;
   return s;
 }
 
@@ -309,6 +320,7 @@ std::string BenchResultJson(const BenchOptions& o, const std::string& model, con
   row["seed"] = o.seed;
   row["server_ttft_ms"] = s.server_ttft_ms;
   row["server_decode_tok_s_mean"] = s.server_decode_tok_s_mean;
+  if (s.server_preemptions >= 0) row["server_preemptions"] = s.server_preemptions;
   return row.dump(1);
 }
 
@@ -316,8 +328,10 @@ absl::StatusOr<BenchReport> RunBench(
     const BenchOptions& o, std::ostream& progress,
     std::function<absl::Status(const std::string& model, const ConcurrencyRun& run)> on_run) {
   if (absl::Status s = CheckOptions(o); !s.ok()) return s;
-  auto stub =
-      v1::Generation::NewStub(grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials()));
+  const std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials());
+  auto stub = v1::Generation::NewStub(channel);
+  auto admin = v1::Admin::NewStub(channel);
   v1::ModelInfoResponse info;
   {
     grpc::ClientContext context;
@@ -344,8 +358,10 @@ absl::StatusOr<BenchReport> RunBench(
   for (int c : o.concurrency) {
     ConcurrencyRun run;
     run.concurrency = c;
+    int64_t preempted_before = -1;
     for (int round = 0; round < o.warmup + o.runs; ++round) {
       const bool warmup = round < o.warmup;
+      if (round == o.warmup) preempted_before = ServerPreemptions(*admin, o.connect_timeout);
       const std::string name =
           absl::StrCat("concurrency ", c, ", ", warmup ? "warmup " : "", "round ",
                        warmup ? round + 1 : round - o.warmup + 1, "/", warmup ? o.warmup : o.runs);
@@ -360,6 +376,17 @@ absl::StatusOr<BenchReport> RunBench(
       if (warmup) continue;
       run.requests.insert(run.requests.end(), timings.begin(), timings.end());
       run.round_throughput_tok_s.push_back(throughput);
+    }
+    const int64_t preempted_after = ServerPreemptions(*admin, o.connect_timeout);
+    if (preempted_before >= 0 && preempted_after >= preempted_before) {
+      run.server_preemptions = preempted_after - preempted_before;
+      if (run.server_preemptions > 0) {
+        progress << "strata bench: concurrency " << c << ": the server preempted "
+                 << run.server_preemptions
+                 << " sequences for KV blocks during the measured rounds, so these figures "
+                    "include recomputation (a larger --kv-cache-mb avoids it)"
+                 << std::endl;
+      }
     }
     if (on_run) RETURN_IF_ERROR(on_run(report.model, run));
     report.runs.push_back(std::move(run));

@@ -57,6 +57,9 @@ struct ConcurrencyRun {
   int concurrency = 1;
   std::vector<RequestTiming> requests;         // runs x concurrency
   std::vector<double> round_throughput_tok_s;  // generated tokens / round wall time, per round
+  // Sequences the server preempted for KV blocks during the measured rounds (its Admin.Stats
+  // before and after them); -1 when it did not say.
+  int64_t server_preemptions = -1;
 };
 
 // The figures reported for one concurrency. Statistics follow hf-peer-bench.py: the median is
@@ -77,6 +80,7 @@ struct BenchSummary {
   double throughput_tok_s = 0;  // mean over rounds of all generated tokens / round wall time
   double server_ttft_ms = 0;    // median of the server's Usage.time_to_first_token_ms
   double server_decode_tok_s_mean = 0;
+  int64_t server_preemptions = -1;  // ConcurrencyRun's
 };
 
 struct BenchReport {
