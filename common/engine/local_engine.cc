@@ -50,8 +50,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
 }
 
 int64_t LocalEngine::max_sequence_tokens() const {
-  const int64_t pool_tokens = int64_t{kv_->options().num_blocks} * kv_->options().block_size;
-  return std::min(pool_tokens, config().max_position_embeddings);
+  return std::min(kv_->pool_tokens(), config().max_position_embeddings);
 }
 
 absl::Status LocalEngine::ValidatePrompt(absl::Span<const int32_t> ids,

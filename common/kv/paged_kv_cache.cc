@@ -41,8 +41,7 @@ absl::Status PagedKvCache::Reserve(SequenceId seq, int64_t num_tokens) {
     return absl::NotFoundError(absl::StrCat("kv cache: unknown sequence ", seq));
   }
   std::vector<int>& table = it->second;
-  const int64_t blocks_needed = (num_tokens + options_.block_size - 1) / options_.block_size;
-  const int64_t missing = blocks_needed - static_cast<int64_t>(table.size());
+  const int64_t missing = BlocksFor(num_tokens) - static_cast<int64_t>(table.size());
   if (missing <= 0) return absl::OkStatus();
   if (missing > static_cast<int64_t>(free_.size())) {
     return absl::ResourceExhaustedError(

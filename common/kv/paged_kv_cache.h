@@ -44,6 +44,13 @@ class PagedKvCache {
   void Release(SequenceId seq);
 
   int64_t capacity(SequenceId seq) const;
+  // Blocks `seq` holds now, and blocks that `num_tokens` positions take.
+  int64_t blocks_held(SequenceId seq) const { return static_cast<int64_t>(tables_.at(seq).size()); }
+  int64_t BlocksFor(int64_t num_tokens) const {
+    return (num_tokens + options_.block_size - 1) / options_.block_size;
+  }
+  // Token slots in the whole pool.
+  int64_t pool_tokens() const { return int64_t{options_.num_blocks} * options_.block_size; }
   int free_blocks() const { return static_cast<int>(free_.size()); }
   int num_sequences() const { return static_cast<int>(tables_.size()); }
   const KvCacheOptions& options() const { return options_; }

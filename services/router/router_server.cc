@@ -79,9 +79,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
     graphs.max_sequences =
         std::min({options.cuda_graph_max_batch, stack.max_sequences, stack.max_step_tokens});
     graphs.max_context = static_cast<int>(std::min<int64_t>(
-        {int64_t{kDecodeGraphContext},
-         int64_t{s->stack_->kv().options().num_blocks} * s->stack_->kv().options().block_size,
-         c.max_position_embeddings}));
+        {int64_t{kDecodeGraphContext}, s->stack_->kv().pool_tokens(), c.max_position_embeddings}));
     s->decode_graphs_ = std::make_unique<DecodeGraphs>(*s->forward_, *s->stack_->cuda_router(),
                                                        experts, s->stack_->kv(), graphs);
     scheduler.decode_graphs = s->decode_graphs_.get();

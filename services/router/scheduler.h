@@ -61,9 +61,7 @@ class Scheduler {
 
   int64_t max_context_tokens() const { return max_context_tokens_; }
   // Token slots in the KV pool, and its blocks.
-  int64_t kv_pool_tokens() const {
-    return int64_t{kv_.options().num_blocks} * kv_.options().block_size;
-  }
+  int64_t kv_pool_tokens() const { return kv_.pool_tokens(); }
   int kv_pool_blocks() const { return kv_.options().num_blocks; }
   struct Stats {
     int waiting = 0;

@@ -36,6 +36,23 @@ TEST(PagedKvCacheTest, ReservesWholeBlocks) {
   EXPECT_EQ(kv->block_table(seq).size(), 3u);
 }
 
+TEST(PagedKvCacheTest, CountsBlocksAndBytes) {
+  auto kv = PagedKvCache::Create(SmallOptions());
+  ASSERT_TRUE(kv.ok());
+  EXPECT_EQ(kv->pool_tokens(), 20);
+  EXPECT_EQ(kv->BlocksFor(0), 0);
+  EXPECT_EQ(kv->BlocksFor(4), 1);
+  EXPECT_EQ(kv->BlocksFor(5), 2);
+  const auto seq = kv->AddSequence();
+  ASSERT_TRUE(kv->Reserve(seq, 5).ok());
+  EXPECT_EQ(kv->blocks_held(seq), 2);
+  // 2 layers x keys and values x 4 slots x 2 heads x 3 dims, at the element size.
+  KvCacheOptions bf16 = SmallOptions();
+  bf16.element_bytes = 2;
+  EXPECT_EQ(KvBlockBytes(SmallOptions()), 2 * 2 * 4 * 2 * 3 * 4);
+  EXPECT_EQ(KvBlockBytes(bf16), 2 * 2 * 4 * 2 * 3 * 2);
+}
+
 TEST(PagedKvCacheTest, ExhaustionAllocatesNothing) {
   auto kv = PagedKvCache::Create(SmallOptions());
   ASSERT_TRUE(kv.ok());

@@ -55,6 +55,18 @@ std::vector<RequestSpec> MixedRequests(int count, uint64_t seed) {
   return specs;
 }
 
+// `count` requests as MixedRequests makes them, with prompts of `prompt_len` tokens and
+// `max_new_tokens` each.
+std::vector<RequestSpec> SizedRequests(int count, uint64_t seed, int prompt_len,
+                                       int max_new_tokens) {
+  std::vector<RequestSpec> specs = MixedRequests(count, seed);
+  for (RequestSpec& spec : specs) {
+    spec.prompt.resize(prompt_len, 5);
+    spec.max_new_tokens = max_new_tokens;
+  }
+  return specs;
+}
+
 std::vector<int32_t> RunAlone(const RequestSpec& spec) {
   LocalEngineOptions options;
   options.model_dir = kModelDir;
@@ -112,12 +124,7 @@ TEST(SchedulerTest, SmallPoolKeepsTheTokens) {
 TEST(SchedulerTest, AdmissionWaitsForBlocksInsteadOfPreempting) {
   // A step's budget takes every prompt at once: admitted together, they would not fit.
   SchedulerHarness harness(/*num_blocks=*/20, {.max_batch_tokens = 256, .max_running = 12});
-  std::vector<RequestSpec> specs = MixedRequests(6, 13);
-  for (RequestSpec& spec : specs) {
-    spec.prompt.resize(24, 5);
-    spec.max_new_tokens = 1;
-  }
-  ExpectTokensOfOneAtATime(harness, specs);
+  ExpectTokensOfOneAtATime(harness, SizedRequests(6, 13, /*prompt_len=*/24, /*max_new_tokens=*/1));
   EXPECT_EQ(harness.scheduler().stats().preemptions, 0);
   EXPECT_EQ(harness.kv().free_blocks(), 20);
 }
@@ -126,12 +133,7 @@ TEST(SchedulerTest, AdmissionWaitsForBlocksInsteadOfPreempting) {
 // some are preempted and recomputed, with the same tokens.
 TEST(SchedulerTest, DecodesOutgrowingThePoolPreemptAndKeepTheTokens) {
   SchedulerHarness harness(/*num_blocks=*/20, {.max_batch_tokens = 64, .max_running = 12});
-  std::vector<RequestSpec> specs = MixedRequests(4, 17);
-  for (RequestSpec& spec : specs) {
-    spec.prompt.resize(4, 5);
-    spec.max_new_tokens = 40;
-  }
-  ExpectTokensOfOneAtATime(harness, specs);
+  ExpectTokensOfOneAtATime(harness, SizedRequests(4, 17, /*prompt_len=*/4, /*max_new_tokens=*/40));
   EXPECT_GT(harness.scheduler().stats().preemptions, 0);
   EXPECT_EQ(harness.kv().free_blocks(), 20);
 }
