@@ -73,10 +73,10 @@ class RouterBackend {
   virtual absl::Status DenseFfn(int layer, const Tensor& ffn_input, Tensor& hidden) = 0;
 
   // hidden += partial: the combine of the experts' weighted outputs into the residual stream.
-  // behind_early_wait: the partial comes behind a wait that let the next kernel launch at once
-  // (ExpertBackend::output_behind_early_wait), so the combine lets nothing after it in before
-  // its own wait is over.
-  virtual absl::Status Combine(const Tensor& partial, bool behind_early_wait, Tensor& hidden) = 0;
+  // ready_flag: the partial is behind this device flag (ExpertBackend::output_ready_flag),
+  // which the combine waits for itself; null when the partial is ready in stream order.
+  virtual absl::Status Combine(const Tensor& partial, const uint32_t* ready_flag,
+                               Tensor& hidden) = 0;
 
   // logits[r] = lm_head(final_norm(hidden[rows[r]])); `logits` is resized to
   // [rows.size(), vocab].
@@ -100,10 +100,10 @@ class ExpertBackend {
   // Whether Prefetch does anything: when not, the forward pass skips the prediction.
   virtual bool wants_prefetch() const { return false; }
 
-  // Whether the last RunExperts left its output behind a wait on the device that lets the
-  // next kernel on the stream launch at once (gpu::WaitFlag's trigger_early): the combine that
-  // follows must then hold its own dependents until its wait is over.
-  virtual bool output_behind_early_wait() const { return false; }
+  // A flag in device memory (a uint32 the other side sets to 1 or more) that the last
+  // RunExperts's device output is behind, left for the combine to wait on; null when the
+  // output is ready in stream order.
+  virtual const uint32_t* output_ready_flag() const { return nullptr; }
 
   // Called once a step's logits are on the host. ABORTED means the step's device work may be
   // wrong (e.g. a worker died after answering, its work still queued) and the step must run

@@ -57,7 +57,7 @@ absl::Status ForwardPass::RunOnce(absl::Span<const int32_t> ids, const BatchLayo
       if (predicted_layer_ == layer) ScorePrediction(routing_);
       if (options_.on_routing) options_.on_routing(layer, routing_);
       RETURN_IF_ERROR(experts_.RunExperts(layer, ffn_input_, routing_, expert_out_));
-      RETURN_IF_ERROR(router_.Combine(expert_out_, experts_.output_behind_early_wait(), hidden_));
+      RETURN_IF_ERROR(router_.Combine(expert_out_, experts_.output_ready_flag(), hidden_));
     }
     if (options_.predict_next_experts) RETURN_IF_ERROR(PredictNext(layer));
   }

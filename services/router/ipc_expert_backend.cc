@@ -321,6 +321,7 @@ absl::Status IpcExpertBackend::AwaitGraphStep() {
 
 void IpcExpertBackend::SetGraphCapture(bool capturing) {
   capturing_ = capturing;
+  handed_off_layer_ = -1;
   if (!capturing) return;
   // A new capture: the step's layers and connections are recorded as it goes.
   for (std::vector<int32_t>& list : graph_layers_) list.clear();
@@ -367,7 +368,8 @@ absl::Status IpcExpertBackend::RunOut() {
 
 absl::Status IpcExpertBackend::CaptureExchange(
     int layer, const std::vector<int>& workers, const std::vector<CudaIpcConnection*>& links,
-    const std::vector<std::shared_ptr<ExpertConnection>>& connections, gpu::PartialSet& partials) {
+    const std::vector<std::shared_ptr<ExpertConnection>>& connections, bool combine_waits,
+    gpu::PartialSet& partials) {
   const size_t layers = static_cast<size_t>(config().num_layers);
   graph_layers_.resize(num_workers());
   graph_connections_.resize(num_workers());
@@ -381,8 +383,12 @@ absl::Status IpcExpertBackend::CaptureExchange(
       return absl::FailedPreconditionError(
           absl::StrCat("expert worker ", w, " changed while a decode step was captured"));
     }
-    RETURN_IF_ERROR(gpu::WaitFlag(stream, links[w]->flags_.data() + layers + layer, 1,
-                                  output_behind_early_wait_));
+    const uint32_t* output_flag = links[w]->flags_.data() + layers + layer;
+    if (combine_waits) {
+      output_ready_flag_ = output_flag;
+    } else {
+      RETURN_IF_ERROR(gpu::WaitFlag(stream, output_flag, 1));
+    }
     partials.parts[partials.count++] = links[w]->output_.data();
     graph_layers_[w].push_back(layer);
     // links[w] is this connection, checked to be over CUDA IPC.
@@ -413,7 +419,7 @@ absl::Status IpcExpertBackend::UploadOwners(int layer, const std::vector<int>& o
 absl::Status IpcExpertBackend::Exchange(
     int layer, const Tensor& x, const RoutingTable& routing, const std::vector<int>& owner,
     const std::vector<std::shared_ptr<ExpertConnection>>& connections, Tensor& out, int* failed) {
-  output_behind_early_wait_ = false;  // set below where it applies
+  output_ready_flag_ = nullptr;  // set below where it applies
   const ModelConfig& c = config();
   const int64_t n = x.rows();
   const int64_t h = c.hidden_size;
@@ -430,18 +436,8 @@ absl::Status IpcExpertBackend::Exchange(
   // Every worker that runs an expert of this layer takes part: the routing stays on the
   // device, so which of them the tokens picked is not known here.
   std::vector<int> workers;
-  for (int w = 0; w < num_workers(); ++w) {
-    if (std::find(owner.begin(), owner.end(), w) != owner.end()) workers.push_back(w);
-  }
-  std::vector<CudaIpcConnection*> links(num_workers(), nullptr);
-  for (int w : workers) {
-    links[w] = dynamic_cast<CudaIpcConnection*>(connections[w].get());
-    if (links[w] == nullptr || !links[w]->Alive()) {
-      *failed = w;
-      return absl::UnavailableError(
-          absl::StrCat("expert worker ", w, " is not connected over CUDA IPC"));
-    }
-  }
+  std::vector<CudaIpcConnection*> links;
+  RETURN_IF_ERROR(LinksFor(owner, connections, workers, links, failed));
   cudaStream_t stream = context_->stream();
   if (capturing_ && uploaded_owners_[layer] != owner) {
     // The upload waits for its copy, which a capture cannot; the eager step that follows a
@@ -449,40 +445,32 @@ absl::Status IpcExpertBackend::Exchange(
     return absl::FailedPreconditionError("expert owners changed since the last eager step");
   }
   if (!capturing_) RETURN_IF_ERROR(UploadOwners(layer, owner));
-  if (capturing_ && stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Mark(stream, 3 * layer));
-  const size_t layers = static_cast<size_t>(c.num_layers);
-  gpu::RoutingSplit split;
-  static_assert(gpu::kMaxSplitTargets <= gpu::kMaxSignalFlags, "a flag pair per split target");
-  gpu::GridSignal signal;  // a captured step: the kernel raises the workers' input flags
-  signal.system = false;   // unless a worker's link needs system scope
-  for (int w : workers) {
-    signal.system |= !links[w]->device_scope_flags_;
-    split.worker[split.count] = w;
-    split.ids[split.count] = links[w]->ids_.data();
-    split.weights[split.count] = links[w]->weights_.data();
-    ++split.count;
-    if (capturing_) {
-      // The output flag the last replay left up goes down before the worker can raise it again.
-      signal.clear[signal.count] = links[w]->flags_.data() + layers + layer;
-      signal.raise[signal.count] = links[w]->flags_.data() + layer;
-      ++signal.count;
-    }
+  const bool handed_off = capturing_ && handed_off_layer_ == layer;
+  handed_off_layer_ = -1;
+  if (handed_off && handed_off_workers_ != workers) {
+    return absl::FailedPreconditionError(
+        "the workers of a layer changed between its gate and its exchange");
   }
-  signal.done = blocks_done_.data();
+  if (capturing_ && stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Mark(stream, 3 * layer));
+  gpu::RoutingSplit split;
+  gpu::GridSignal signal;
+  PlanSplit(layer, workers, links, split, signal);
   const gpu::SplitInput input{static_cast<const gpu::bf16*>(x.device_data()), input_.data(), h};
-  CUDA_RETURN_IF_ERROR(
-      gpu::LaunchSplitRouting(input, routing.device_expert, routing.device_weight, n, k,
-                              owners_.data() + static_cast<size_t>(layer) * c.num_experts,
-                              c.num_experts, split, signal, stream));
+  if (!handed_off) {  // else the gate kernel copied, split and signalled
+    CUDA_RETURN_IF_ERROR(
+        gpu::LaunchSplitRouting(input, routing.device_expert, routing.device_weight, n, k,
+                                owners_.data() + static_cast<size_t>(layer) * c.num_experts,
+                                c.num_experts, split, signal, stream));
+  }
   gpu::PartialSet partials;
   std::shared_ptr<void> holder;  // keeps a single partial's buffer alive with the view
   if (capturing_) {
-    // One worker and no stamps: the combine's add + norm comes right after the wait for its
-    // output. Only at one token, where it was measured: the early add + norm's blocks wait on
-    // SMs the worker's experts use, one a token.
-    output_behind_early_wait_ = gpu::EarlyCombineLaunch() && n == 1 && workers.size() == 1 &&
-                                stamps_ == nullptr && gpu::FlagWaitsPoll();
-    RETURN_IF_ERROR(CaptureExchange(layer, workers, links, connections, partials));
+    // One worker and no stamps: the combine's add + norm waits for its output flag itself.
+    // Only at one token, where it was measured: the combine's blocks wait on SMs the worker's
+    // experts use, one a token.
+    const bool combine_waits = gpu::EarlyCombineLaunch() && n == 1 && workers.size() == 1 &&
+                               stamps_ == nullptr && gpu::FlagWaitsPoll();
+    RETURN_IF_ERROR(CaptureExchange(layer, workers, links, connections, combine_waits, partials));
     if (partials.count == 1) holder = connections[workers[0]];
     return SumPartials(partials, n, std::move(holder), out);
   }
@@ -536,6 +524,73 @@ absl::Status IpcExpertBackend::Exchange(
   }
   if (!status.ok()) return status;
   return SumPartials(partials, n, std::move(holder), out);
+}
+
+absl::Status IpcExpertBackend::LinksFor(
+    const std::vector<int>& owner,
+    const std::vector<std::shared_ptr<ExpertConnection>>& connections, std::vector<int>& workers,
+    std::vector<CudaIpcConnection*>& links, int* failed) const {
+  workers.clear();
+  for (int w = 0; w < num_workers(); ++w) {
+    if (std::find(owner.begin(), owner.end(), w) != owner.end()) workers.push_back(w);
+  }
+  links.assign(num_workers(), nullptr);
+  for (int w : workers) {
+    links[w] = dynamic_cast<CudaIpcConnection*>(connections[w].get());
+    if (links[w] == nullptr || !links[w]->Alive()) {
+      *failed = w;
+      return absl::UnavailableError(
+          absl::StrCat("expert worker ", w, " is not connected over CUDA IPC"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void IpcExpertBackend::PlanSplit(int layer, const std::vector<int>& workers,
+                                 const std::vector<CudaIpcConnection*>& links,
+                                 gpu::RoutingSplit& split, gpu::GridSignal& signal) {
+  const size_t layers = static_cast<size_t>(config().num_layers);
+  static_assert(gpu::kMaxSplitTargets <= gpu::kMaxSignalFlags, "a flag pair per split target");
+  split = gpu::RoutingSplit();
+  signal = gpu::GridSignal();  // a captured step: the kernel raises the workers' input flags
+  signal.system = false;       // unless a worker's link needs system scope
+  for (int w : workers) {
+    signal.system |= !links[w]->device_scope_flags_;
+    split.worker[split.count] = w;
+    split.ids[split.count] = links[w]->ids_.data();
+    split.weights[split.count] = links[w]->weights_.data();
+    ++split.count;
+    if (capturing_) {
+      // The output flag the last replay left up goes down before the worker can raise it again.
+      signal.clear[signal.count] = links[w]->flags_.data() + layers + layer;
+      signal.raise[signal.count] = links[w]->flags_.data() + layer;
+      ++signal.count;
+    }
+  }
+  signal.done = blocks_done_.data();
+}
+
+bool IpcExpertBackend::TakeHandOff(int layer, int64_t n, gpu::GateHandOff& hand_off) {
+  handed_off_layer_ = -1;
+  if (!capturing_ || stamps_ != nullptr || n > max_tokens_ || layer < 0 ||
+      layer >= config().num_layers) {
+    return false;
+  }
+  const std::vector<std::shared_ptr<ExpertConnection>> connections = Connections();
+  const std::vector<int> owner = EffectiveOwners(layer, Usable(connections));
+  if (uploaded_owners_[layer] != owner) return false;  // Exchange refuses the capture
+  std::vector<int> workers;
+  std::vector<CudaIpcConnection*> links;
+  int failed = -1;
+  if (!LinksFor(owner, connections, workers, links, &failed).ok()) return false;
+  hand_off = gpu::GateHandOff();
+  hand_off.active = true;
+  hand_off.input = input_.data();
+  hand_off.owner = owners_.data() + static_cast<size_t>(layer) * config().num_experts;
+  PlanSplit(layer, workers, links, hand_off.split, hand_off.signal);
+  handed_off_layer_ = layer;
+  handed_off_workers_ = std::move(workers);
+  return true;
 }
 
 absl::Status IpcExpertBackend::SumPartials(const gpu::PartialSet& partials, int64_t n,

@@ -41,6 +41,7 @@
 #include "common/backend/cuda/cuda_types.h"
 #include "common/backend/cuda/device_buffer.h"
 #include "common/backend/cuda/expert_split_kernels.h"
+#include "common/backend/cuda/norm_gate_kernels.h"
 #include "services/router/remote_expert_backend.h"
 #include "services/router/shm_expert_connection.h"
 #include "strata/v1/cluster.pb.h"
@@ -79,7 +80,7 @@ class CudaIpcConnection : public ExpertConnection {
   std::atomic<bool> graph_awaited_{false};  // a replayed step waits on its output flags
 };
 
-class IpcExpertBackend : public RemoteExpertBackend {
+class IpcExpertBackend : public RemoteExpertBackend, public gpu::GateHandOffSource {
  public:
   // Buffers for steps of up to `max_tokens` tokens on `context`'s device, whose stream the
   // router backend uses; the context must outlive the backend.
@@ -93,9 +94,9 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // ABORTED when the watchdog released a dead worker's output event during the step.
   absl::Status FinishStep() override;
 
-  // True after a captured one-token layer whose one worker's output flag is waited for by a
-  // polling kernel that lets the combine launch at once (gpu::EarlyCombineLaunch).
-  bool output_behind_early_wait() const override { return output_behind_early_wait_; }
+  // After a captured one-token layer with one worker: its output flag, which the combine waits
+  // for itself (gpu::EarlyCombineLaunch); else null.
+  const uint32_t* output_ready_flag() const override { return output_ready_flag_; }
 
   // Changes whenever a worker registers again or comes or goes, or a layer's owners change;
   // 0 while none is connected over CUDA IPC.
@@ -109,6 +110,10 @@ class IpcExpertBackend : public RemoteExpertBackend {
   absl::Status AwaitGraphStep() override;
   void AbortGraphStep() override;
   void SetGraphCapture(bool capturing) override;
+
+  // In a capture without clock stamps: the layer's split and input flags, for the router's gate
+  // kernel to do (its Exchange then launches no split kernel). Engine thread.
+  bool TakeHandOff(int layer, int64_t n, gpu::GateHandOff& hand_off) override;
 
   // Profiling: replayed steps stamp the GPU clock per MoE layer (slot 3 * layer + 0 before the
   // input copy, + 1 once the input flags are raised, + 2 once the output flags were seen) and
@@ -135,18 +140,28 @@ class IpcExpertBackend : public RemoteExpertBackend {
       : RemoteExpertBackend(config, std::move(placement), options),
         context_(context),
         max_tokens_(max_tokens) {}
+  // The workers that run an expert of `owner` and their links, checked to be connected over
+  // CUDA IPC (else UNAVAILABLE, with `failed` set).
+  absl::Status LinksFor(const std::vector<int>& owner,
+                        const std::vector<std::shared_ptr<ExpertConnection>>& connections,
+                        std::vector<int>& workers, std::vector<CudaIpcConnection*>& links,
+                        int* failed) const;
+  // Each worker's routing buffers, and in a capture the flags that hand `layer` to them.
+  void PlanSplit(int layer, const std::vector<int>& workers,
+                 const std::vector<CudaIpcConnection*>& links, gpu::RoutingSplit& split,
+                 gpu::GridSignal& signal);
   // Puts `owner` (expert -> worker) for `layer` on the device when it changed.
   absl::Status UploadOwners(int layer, const std::vector<int>& owner);
   // out = the partials' sum ([n, hidden]; a single partial is viewed in place, `holder`
   // keeping its buffer alive).
   absl::Status SumPartials(const gpu::PartialSet& partials, int64_t n, std::shared_ptr<void> holder,
                            Tensor& out);
-  // The captured part of Exchange: flags instead of messages and events; the wait for the
-  // output lets the combine in early when output_behind_early_wait_ says so.
+  // The captured part of Exchange: flags instead of messages and events. combine_waits (one
+  // worker): the wait for its output flag is left to the combine (output_ready_flag_).
   absl::Status CaptureExchange(int layer, const std::vector<int>& workers,
                                const std::vector<CudaIpcConnection*>& links,
                                const std::vector<std::shared_ptr<ExpertConnection>>& connections,
-                               gpu::PartialSet& partials);
+                               bool combine_waits, gpu::PartialSet& partials);
   // Receives the answers to BeginGraphStep's messages: started_ gets the workers that started,
   // `failed` the others.
   absl::Status CollectAnswers(std::vector<int>& failed);
@@ -178,8 +193,12 @@ class IpcExpertBackend : public RemoteExpertBackend {
   // and flags it uses (held: the graphs point into them). Engine thread.
   std::vector<std::vector<int32_t>> graph_layers_;
   std::vector<std::shared_ptr<CudaIpcConnection>> graph_connections_;
-  bool capturing_ = false;                 // between SetGraphCapture(true) and (false)
-  bool output_behind_early_wait_ = false;  // the last Exchange's; engine thread
+  // The layer the router's gate kernel is handing off (TakeHandOff) and to which workers; its
+  // Exchange checks them and launches no split. -1: none. Engine thread.
+  int handed_off_layer_ = -1;
+  std::vector<int> handed_off_workers_;
+  bool capturing_ = false;                       // between SetGraphCapture(true) and (false)
+  const uint32_t* output_ready_flag_ = nullptr;  // the last Exchange's; engine thread
   // The replay BeginGraphStep announced: its step, tokens, the workers told and those started.
   uint64_t graph_step_ = 0;
   int64_t step_tokens_ = 0;

@@ -205,8 +205,11 @@ absl::Status CpuRouterBackend::DenseFfn(int layer, const Tensor& ffn_input, Tens
   return absl::OkStatus();
 }
 
-absl::Status CpuRouterBackend::Combine(const Tensor& partial, bool /*behind_early_wait*/,
+absl::Status CpuRouterBackend::Combine(const Tensor& partial, const uint32_t* ready_flag,
                                        Tensor& hidden) {
+  if (ready_flag != nullptr) {
+    return absl::InvalidArgumentError("combine: a host backend cannot wait on a device flag");
+  }
   if (partial.rows() != hidden.rows() || partial.cols() != hidden.cols()) {
     return absl::InvalidArgumentError("combine: partial result does not match the hidden state");
   }

@@ -20,7 +20,7 @@ class CpuRouterBackend : public RouterBackend {
   absl::Status PrepareFfn(int layer, const Tensor& hidden, float temperature, Tensor& ffn_input,
                           RoutingTable& routing) override;
   absl::Status DenseFfn(int layer, const Tensor& ffn_input, Tensor& hidden) override;
-  absl::Status Combine(const Tensor& partial, bool behind_early_wait, Tensor& hidden) override;
+  absl::Status Combine(const Tensor& partial, const uint32_t* ready_flag, Tensor& hidden) override;
   absl::Status Logits(const Tensor& hidden, absl::Span<const int64_t> rows,
                       Tensor& logits) override;
 

@@ -9,6 +9,7 @@
 #include "common/backend/cuda/gemv_kernels.h"
 #include "common/backend/cuda/grouped_expert_kernels.h"
 #include "common/backend/cuda/moe_gate_kernels.h"
+#include "common/backend/cuda/norm_gate_kernels.h"
 #include "common/backend/cuda/norm_kernels.h"
 #include "common/backend/cuda/paged_attention_kernels.h"
 #include "common/backend/cuda/paged_kv_kernels.h"
@@ -136,6 +137,9 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
   RETURN_IF_ERROR(Allocate(rows_, t));
   RETURN_IF_ERROR(Allocate(routing_ids_, t * std::max(c.top_k, 1)));
   RETURN_IF_ERROR(Allocate(routing_weights_, t * std::max(c.top_k, 1)));
+  RETURN_IF_ERROR(Allocate(gate_blocks_done_, 1));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(gate_blocks_done_.data(), 0, sizeof(uint32_t), context_->stream()));
   RETURN_IF_ERROR(
       Allocate(block_tables_, static_cast<size_t>(options_.max_sequences) * kv.num_blocks));
   num_blocks_ = kv.num_blocks;
@@ -230,10 +234,10 @@ const bf16* CudaRouterBackend::NextNorm(int layer) const {
 }
 
 absl::Status CudaRouterBackend::AddAndNormalize(const bf16* x, int layer, int64_t n,
-                                                bool late_trigger) {
+                                                const uint32_t* ready_flag) {
   CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(hidden_.data(), x, NextNorm(layer), n, config_.hidden_size,
                                         static_cast<float>(config_.rms_norm_eps), normed_.data(),
-                                        context_->stream(), late_trigger));
+                                        context_->stream(), ready_flag));
   return absl::OkStatus();
 }
 
@@ -258,6 +262,7 @@ absl::Status CudaRouterBackend::Embed(absl::Span<const int32_t> ids, Tensor& hid
                                      stream));
   step_tokens_ = n;
   current_layer_ = 0;
+  pending_post_norm_ = -1;
   hidden = Tensor::DeviceView(hidden_.data(), n, config_.hidden_size, keep_alive_);
   return absl::OkStatus();
 }
@@ -384,15 +389,47 @@ absl::Status CudaRouterBackend::Attention(int layer, const BatchLayout& batch, P
                                               workspace.data(), attn_.data(), stream));
   }
   RETURN_IF_ERROR(linear_.Run(lw.o, attn_.data(), n, proj_.data(), OutType::kBf16));
-  CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(hidden_.data(), proj_.data(), lw.post_norm, n,
-                                        c.hidden_size, static_cast<float>(c.rms_norm_eps),
-                                        normed_.data(), stream));
   current_layer_ = layer;
+  if (FusesNormAndGate(layer, n)) {
+    pending_post_norm_ = layer;  // PrepareFfn's kernel adds and normalizes
+    return absl::OkStatus();
+  }
+  return ApplyPostNorm(layer);
+}
+
+absl::Status CudaRouterBackend::ApplyPostNorm(int layer) {
+  CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(
+      hidden_.data(), proj_.data(), layers_[layer].post_norm, step_tokens_, config_.hidden_size,
+      static_cast<float>(config_.rms_norm_eps), normed_.data(), context_->stream()));
   return absl::OkStatus();
+}
+
+MoeGateParams CudaRouterBackend::GateParams(float temperature) const {
+  MoeGateParams gate;
+  gate.num_experts = config_.num_experts;
+  gate.top_k = config_.top_k;
+  gate.temperature = temperature;
+  gate.scoring = config_.router_scoring == RouterScoring::kTopKThenSoftmax
+                     ? GateScoring::kTopKThenSoftmax
+                     : GateScoring::kSoftmaxThenTopK;
+  gate.renormalize = config_.norm_topk_prob;
+  return gate;
+}
+
+bool CudaRouterBackend::FusesNormAndGate(int layer, int64_t n) const {
+  const DeviceWeight& router = layers_[layer].router;
+  return FusedNormGate() && config_.layer_is_moe[layer] && router.format == WeightFormat::kBf16 &&
+         router.in == config_.hidden_size && router.out == config_.num_experts &&
+         AddNormGateFits(n, config_.hidden_size, GateParams(1.0f));
 }
 
 absl::Status CudaRouterBackend::PrepareFfn(int layer, const Tensor& hidden, float temperature,
                                            Tensor& ffn_input, RoutingTable& routing) {
+  // The add + norm Attention left for this layer's fused gate, or for nobody (another layer
+  // asked, or the temperature is bad): then on its own, so the residual is whole either way.
+  const bool fused = pending_post_norm_ == layer && temperature > 0.0f;
+  if (pending_post_norm_ >= 0 && !fused) RETURN_IF_ERROR(ApplyPostNorm(pending_post_norm_));
+  pending_post_norm_ = -1;
   if (!(temperature > 0.0f))
     return absl::InvalidArgumentError("router temperature must be positive");
   const ModelConfig& c = config_;
@@ -407,18 +444,32 @@ absl::Status CudaRouterBackend::PrepareFfn(int layer, const Tensor& hidden, floa
     routing.device_weight = nullptr;
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(
-      linear_.Run(layers_[layer].router, normed_.data(), n, gate_logits_.data(), OutType::kF32));
-  MoeGateParams gate;
-  gate.num_experts = c.num_experts;
-  gate.top_k = c.top_k;
-  gate.temperature = temperature;
-  gate.scoring = c.router_scoring == RouterScoring::kTopKThenSoftmax
-                     ? GateScoring::kTopKThenSoftmax
-                     : GateScoring::kSoftmaxThenTopK;
-  gate.renormalize = c.norm_topk_prob;
-  CUDA_RETURN_IF_ERROR(LaunchMoeGate(gate_logits_.data(), n, gate, routing_ids_.data(),
-                                     routing_weights_.data(), context_->stream()));
+  const MoeGateParams gate = GateParams(temperature);
+  const DeviceWeight& router = layers_[layer].router;
+  if (fused) {
+    AddNormGateArgs args;
+    args.residual = hidden_.data();
+    args.x = proj_.data();
+    args.norm_weight = layers_[layer].post_norm;
+    args.eps = static_cast<float>(c.rms_norm_eps);
+    args.normed = normed_.data();
+    args.gate = static_cast<const bf16*>(router.data);
+    args.gate_bias = router.bias;
+    args.logits = gate_logits_.data();
+    args.expert_ids = routing_ids_.data();
+    args.weights = routing_weights_.data();
+    args.blocks_done = gate_blocks_done_.data();
+    args.n = n;
+    args.hidden = c.hidden_size;
+    if (hand_off_source_ != nullptr && GateHandOffEnabled()) {
+      hand_off_source_->TakeHandOff(layer, n, args.hand_off);
+    }
+    CUDA_RETURN_IF_ERROR(LaunchAddNormGate(args, gate, context_->stream()));
+  } else {
+    RETURN_IF_ERROR(linear_.Run(router, normed_.data(), n, gate_logits_.data(), OutType::kF32));
+    CUDA_RETURN_IF_ERROR(LaunchMoeGate(gate_logits_.data(), n, gate, routing_ids_.data(),
+                                       routing_weights_.data(), context_->stream()));
+  }
   routing.top_k = c.top_k;
   routing.device_expert = routing_ids_.data();
   routing.device_weight = routing_weights_.data();
@@ -447,13 +498,13 @@ absl::Status CudaRouterBackend::DenseFfn(int layer, const Tensor& ffn_input, Ten
   return absl::OkStatus();
 }
 
-absl::Status CudaRouterBackend::Combine(const Tensor& partial, bool behind_early_wait,
+absl::Status CudaRouterBackend::Combine(const Tensor& partial, const uint32_t* ready_flag,
                                         Tensor& hidden) {
   if (partial.device() != Device::kCuda || partial.rows() != step_tokens_) {
     return absl::InvalidArgumentError("combine: the partial result is not this step's, on device");
   }
   return AddAndNormalize(static_cast<const bf16*>(partial.device_data()), current_layer_,
-                         step_tokens_, behind_early_wait);
+                         step_tokens_, ready_flag);
 }
 
 absl::Status CudaRouterBackend::Logits(const Tensor& hidden, absl::Span<const int64_t> rows,

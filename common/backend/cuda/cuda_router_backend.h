@@ -2,7 +2,8 @@
 // the paged KV cache in device memory (block tables from the host PagedKvCache), the gate's
 // routing left on the device for a CudaExpertBackend to read. Every residual add is fused with
 // the RMSNorm that follows it (LaunchAddRmsNorm), so the normalized input of the next stage is
-// ready when it is called.
+// ready when it is called. For steps of a few tokens the add + norm after the attention of a
+// MoE layer is launched by PrepareFfn instead, in one kernel with the gate and its top-k.
 #ifndef STRATA_COMMON_BACKEND_CUDA_CUDA_ROUTER_BACKEND_H_
 #define STRATA_COMMON_BACKEND_CUDA_CUDA_ROUTER_BACKEND_H_
 
@@ -14,6 +15,8 @@
 #include "common/backend/cuda/cuda_context.h"
 #include "common/backend/cuda/cuda_weights.h"
 #include "common/backend/cuda/linear.h"
+#include "common/backend/cuda/moe_gate_kernels.h"
+#include "common/backend/cuda/norm_gate_kernels.h"
 #include "common/backend/rope.h"
 #include "common/model/model_weights.h"
 
@@ -42,7 +45,7 @@ class CudaRouterBackend : public RouterBackend {
   absl::Status PrepareFfn(int layer, const Tensor& hidden, float temperature, Tensor& ffn_input,
                           RoutingTable& routing) override;
   absl::Status DenseFfn(int layer, const Tensor& ffn_input, Tensor& hidden) override;
-  absl::Status Combine(const Tensor& partial, bool behind_early_wait, Tensor& hidden) override;
+  absl::Status Combine(const Tensor& partial, const uint32_t* ready_flag, Tensor& hidden) override;
   absl::Status Logits(const Tensor& hidden, absl::Span<const int64_t> rows,
                       Tensor& logits) override;
 
@@ -67,6 +70,9 @@ class CudaRouterBackend : public RouterBackend {
   // copied: copied and synchronized now, before anything else runs on the stream.
   absl::StatusOr<const float*> CopyDecodeLogits(absl::Span<const int64_t> rows);
   CudaContext* context() const { return context_; }
+  // An expert backend that takes layers from the fused gate kernel (GateHandOffSource); it
+  // must outlive the backend or be unset first. Null: none.
+  void SetGateHandOffSource(GateHandOffSource* source) { hand_off_source_ = source; }
 
  private:
   struct LayerWeights {
@@ -91,8 +97,17 @@ class CudaRouterBackend : public RouterBackend {
   absl::Status Load(const Model& model, const KvCacheOptions& kv);
   // The norm weight applied after layer `layer`'s residual stream is complete.
   const bf16* NextNorm(int layer) const;
+  // The gate's parameters for this model at `temperature`.
+  MoeGateParams GateParams(float temperature) const;
+  // Whether layer `layer`'s post-attention add + norm, gate and top-k run as one launch for a
+  // step of n tokens (LaunchAddNormGate): Attention then leaves the add + norm to PrepareFfn.
+  bool FusesNormAndGate(int layer, int64_t n) const;
+  // The post-attention add + norm Attention left to PrepareFfn, as its own launch.
+  absl::Status ApplyPostNorm(int layer);
   // hidden += x, then normed_ = RmsNorm(hidden) with the weight of the next consumer.
-  absl::Status AddAndNormalize(const bf16* x, int layer, int64_t n, bool late_trigger = false);
+  // ready_flag: x is behind it (LaunchAddRmsNorm).
+  absl::Status AddAndNormalize(const bf16* x, int layer, int64_t n,
+                               const uint32_t* ready_flag = nullptr);
   absl::Status UploadBatch(const BatchLayout& batch, PagedKvCache& kv);
   absl::Status RunSingleExpert(const ExpertWeightTable& table, const bf16* x, int64_t n, bf16* out);
 
@@ -123,8 +138,9 @@ class CudaRouterBackend : public RouterBackend {
   DeviceBuffer<float> gate_logits_, logits_;
   DeviceBuffer<int32_t> ids_, positions_, token_seq_, block_tables_, routing_ids_, rows_;
   DeviceBuffer<float> routing_weights_;
-  DeviceBuffer<int32_t> single_ids_;    // zeros: every token to expert 0
-  DeviceBuffer<float> single_weights_;  // ones
+  DeviceBuffer<uint32_t> gate_blocks_done_;  // LaunchAddNormGate's block counter
+  DeviceBuffer<int32_t> single_ids_;         // zeros: every token to expert 0
+  DeviceBuffer<float> single_weights_;       // ones
   DeviceBuffer<uint8_t> ffn_workspace_, attention_workspace_;
   PinnedBuffer<int32_t> pinned_ids_, pinned_positions_, pinned_token_seq_, pinned_tables_,
       pinned_rows_;
@@ -145,6 +161,9 @@ class CudaRouterBackend : public RouterBackend {
   int64_t step_tokens_ = 0;
   bool one_token_per_sequence_ = false;  // this step's, from UploadBatch
   int current_layer_ = 0;
+  int pending_post_norm_ = -1;
+  GateHandOffSource* hand_off_source_ =
+      nullptr;                        // the layer whose post-attention add + norm PrepareFfn owes
   std::shared_ptr<void> keep_alive_;  // device views share the backend's lifetime marker
   std::vector<int32_t> host_ints_;
 };

@@ -66,6 +66,17 @@ __device__ __forceinline__ bool IsAligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
+// The 8 bf16 of a 16-byte vector as float.
+__device__ __forceinline__ void UnpackBf16x8(const uint4& raw, float (&v)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(h[j]);
+    v[2 * j] = f.x;
+    v[2 * j + 1] = f.y;
+  }
+}
+
 // Loads kN consecutive elements starting at p as float. kN == 1 is a scalar load; otherwise
 // p is 16-byte aligned and kN * sizeof(T) is a multiple of 16.
 template <int kN>

@@ -1,21 +1,16 @@
 #include "common/backend/cuda/flag_poll_kernels.h"
+#include "common/backend/cuda/grid_signal.cuh"
 #include "common/backend/cuda/pdl.cuh"
 
 namespace strata::gpu {
 namespace {
-
-__device__ __forceinline__ uint32_t LoadAcquire(const uint32_t* flag) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
-  return v;
-}
 
 __global__ void __launch_bounds__(32)
     FlagPollKernel(const uint32_t* flag, uint32_t value, bool trigger_early) {
   if (trigger_early) PdlLaunchDependents();
   PdlWait();  // the kernels before may lower the flag
   if (threadIdx.x == 0) {
-    while (LoadAcquire(flag) < value) {
+    while (LoadFlagAcquire(flag) < value) {
     }
   }
   __syncwarp();

@@ -17,8 +17,7 @@ namespace strata::gpu {
 // stream finish first, so a flag they lower is read only after it is lowered. The next kernel
 // is let in only once the flag is up: launched early, its blocks would wait on the GPU's
 // resources while the flag's raiser may need them. trigger_early lets the next kernel in at
-// once: only for a small one that itself lets nothing in before its own wait is over
-// (LaunchAddRmsNorm's late_trigger), so that its launch overlaps the wait.
+// once (the tests hold chains of launches back with it).
 cudaError_t LaunchFlagPoll(const uint32_t* flag, uint32_t value, cudaStream_t stream,
                            bool trigger_early = false);
 

@@ -29,6 +29,35 @@ __device__ __forceinline__ void SignalRaise(bool system, uint32_t* flag) {
   }
 }
 
+// A flag's value, acquired at system scope (the raiser may be another process or GPU).
+__device__ __forceinline__ uint32_t LoadFlagAcquire(const uint32_t* flag) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+  return v;
+}
+
+// The whole block waits until *flag >= 1: thread 0 polls, the barrier carries its acquire to the
+// block's later loads. Call from every thread.
+__device__ __forceinline__ void BlockWaitForFlag(const uint32_t* flag) {
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    while (LoadFlagAcquire(flag) < 1u) {
+    }
+  }
+  __syncthreads();
+}
+
+// Thread 0 of the block that signals, once every write the readers need is ordered before
+// this thread's next fence (its own, its block's through a barrier, other blocks' through a
+// count it read): lowers, fences, raises.
+__device__ __forceinline__ void RaiseSignal(const GridSignal& s) {
+  for (int i = 0; i < s.count; ++i) SignalLower(s.system, s.clear[i]);
+  // One fence before the raise: it orders the lowering (a reader must not see its flag go
+  // down after the other side raised it again), this block's writes and, through the count
+  // just read, every other block's.
+  SignalFence(s.system);
+  for (int i = 0; i < s.count; ++i) SignalRaise(s.system, s.raise[i]);
+}
+
 // Called by every thread of every block at the very end of a kernel (no early returns before
 // it). The last block to arrive clears and raises the flags.
 __device__ __forceinline__ void SignalGridDone(const GridSignal& s) {
@@ -44,12 +73,7 @@ __device__ __forceinline__ void SignalGridDone(const GridSignal& s) {
     if (atomicAdd(s.done, 1u) != blocks - 1) return;
     *s.done = 0;
   }
-  for (int i = 0; i < s.count; ++i) SignalLower(s.system, s.clear[i]);
-  // One fence before the raise: it orders the lowering (a reader must not see its flag go
-  // down after the other side raised it again), this block's writes and, through the count
-  // just read, every other block's.
-  SignalFence(s.system);
-  for (int i = 0; i < s.count; ++i) SignalRaise(s.system, s.raise[i]);
+  RaiseSignal(s);
 }
 
 }  // namespace strata::gpu

@@ -1,5 +1,6 @@
 #include "common/backend/cuda/device_utils.cuh"
 #include "common/backend/cuda/moe_gate_kernels.h"
+#include "common/backend/cuda/moe_gate_select.cuh"
 #include "common/backend/cuda/pdl.cuh"
 
 namespace strata::gpu {
@@ -63,44 +64,21 @@ __global__ void __launch_bounds__(kThreads)
     kept_id[round] = best_id;
   }
 
-  if (lane != 0) return;
-  if (p.scoring == GateScoring::kTopKThenSoftmax) {
-    const float m = kept[0];
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kMaxGateTopK; ++i) {
-      if (i < p.top_k) {
-        kept[i] = expf(kept[i] - m);
-        sum += kept[i];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kMaxGateTopK; ++i) kept[i] /= sum;
-  } else if (p.renormalize) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kMaxGateTopK; ++i) sum += i < p.top_k ? kept[i] : 0.0f;
-#pragma unroll
-    for (int i = 0; i < kMaxGateTopK; ++i) kept[i] /= sum;
-  }
-#pragma unroll
-  for (int i = 0; i < kMaxGateTopK; ++i) {
-    if (i < p.top_k) {
-      expert_ids[t * p.top_k + i] = kept_id[i];
-      weights[t * p.top_k + i] = kept[i];
-    }
+  if (lane == 0) {
+    WriteGateSelection(kept, kept_id, p, expert_ids + t * p.top_k, weights + t * p.top_k);
   }
 }
 
 }  // namespace
 
+bool ValidMoeGateParams(const MoeGateParams& p) {
+  return p.num_experts > 0 && p.num_experts <= kMaxGateExperts && p.top_k > 0 &&
+         p.top_k <= kMaxGateTopK && p.top_k <= p.num_experts && p.temperature > 0.0f;
+}
+
 cudaError_t LaunchMoeGate(const float* logits, int64_t n, const MoeGateParams& params,
                           int32_t* expert_ids, float* weights, cudaStream_t stream) {
-  if (n < 0 || params.num_experts <= 0 || params.num_experts > kMaxGateExperts ||
-      params.top_k <= 0 || params.top_k > kMaxGateTopK || params.top_k > params.num_experts ||
-      !(params.temperature > 0.0f)) {
-    return cudaErrorInvalidValue;
-  }
+  if (n < 0 || !ValidMoeGateParams(params)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const int64_t blocks = (n + kThreads / kWarpSize - 1) / (kThreads / kWarpSize);
   return LaunchPdl(MoeGateKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,

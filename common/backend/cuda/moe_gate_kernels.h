@@ -23,6 +23,9 @@ struct MoeGateParams {
   bool renormalize = false;  // SoftmaxThenTopK only: kept weights sum to 1
 };
 
+// The limits above, and a positive temperature.
+bool ValidMoeGateParams(const MoeGateParams& params);
+
 // logits: [n, num_experts] float; expert_ids, weights: [n, top_k], in order of decreasing
 // score, ties to the lower expert id.
 cudaError_t LaunchMoeGate(const float* logits, int64_t n, const MoeGateParams& params,

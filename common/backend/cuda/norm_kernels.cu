@@ -1,4 +1,5 @@
 #include "common/backend/cuda/device_utils.cuh"
+#include "common/backend/cuda/grid_signal.cuh"
 #include "common/backend/cuda/norm_kernels.h"
 #include "common/backend/cuda/pdl.cuh"
 
@@ -11,16 +12,19 @@ constexpr int kThreads = 256;
 template <int kW>
 __device__ __forceinline__ void Load(const bf16* p, float (&v)[kW]) {
   if constexpr (kW == 8) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);  // coherent: may read our own store
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = __bfloat1622float2(h[j]);
-      v[2 * j] = f.x;
-      v[2 * j + 1] = f.y;
-    }
+    UnpackBf16x8(*reinterpret_cast<const uint4*>(p), v);  // coherent: may read our own store
   } else {
     v[0] = __bfloat162float(*p);
+  }
+}
+
+// x as the kernels before or another process wrote it: through L2, never a stale L1 line.
+template <int kW>
+__device__ __forceinline__ void LoadInput(const bf16* p, float (&v)[kW]) {
+  if constexpr (kW == 8) {
+    UnpackBf16x8(__ldcg(reinterpret_cast<const uint4*>(p)), v);
+  } else {
+    v[0] = __bfloat162float(__ldcg(p));
   }
 }
 
@@ -38,18 +42,21 @@ __device__ __forceinline__ void Store(bf16* p, const float (&v)[kW]) {
 template <int kW, bool kAddResidual>
 __global__ void __launch_bounds__(kThreads)
     RmsNormKernel(bf16* residual, const bf16* x, const bf16* __restrict__ weight, int64_t dim,
-                  float eps, bf16* out, bool late_trigger) {
+                  float eps, bf16* out, const uint32_t* ready_flag) {
   __shared__ float scratch[kThreads / kWarpSize];
-  if (!late_trigger) PdlLaunchDependents();
+  if (ready_flag == nullptr) PdlLaunchDependents();
   PdlWait();
-  if (late_trigger) PdlLaunchDependents();
+  if (ready_flag != nullptr) {
+    BlockWaitForFlag(ready_flag);
+    PdlLaunchDependents();
+  }
   const int64_t row = blockIdx.x;
   const bf16* src = x + row * dim;
   bf16* res = kAddResidual ? residual + row * dim : nullptr;
   float sum_sq = 0.0f;
   for (int64_t i = int64_t{threadIdx.x} * kW; i < dim; i += int64_t{kThreads} * kW) {
     float v[kW];
-    Load<kW>(src + i, v);
+    LoadInput<kW>(src + i, v);
     if constexpr (kAddResidual) {
       float r[kW];
       Load<kW>(res + i, r);
@@ -78,14 +85,15 @@ bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <bool kAddResidual>
 cudaError_t Launch(bf16* residual, const bf16* x, const bf16* weight, int64_t n, int64_t dim,
-                   float eps, bf16* out, cudaStream_t stream, bool late_trigger = false) {
+                   float eps, bf16* out, cudaStream_t stream,
+                   const uint32_t* ready_flag = nullptr) {
   if (n < 0 || dim <= 0 || n > 0x7fffffff) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const bool vec = dim % 8 == 0 && Aligned(x) && Aligned(weight) && Aligned(out) &&
                    (!kAddResidual || Aligned(residual));
   return LaunchPdl(vec ? RmsNormKernel<8, kAddResidual> : RmsNormKernel<1, kAddResidual>,
                    dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, residual, x, weight,
-                   dim, eps, out, late_trigger);
+                   dim, eps, out, ready_flag);
 }
 
 }  // namespace
@@ -97,9 +105,9 @@ cudaError_t LaunchRmsNorm(const bf16* x, const bf16* weight, int64_t n, int64_t 
 
 cudaError_t LaunchAddRmsNorm(bf16* residual, const bf16* x, const bf16* weight, int64_t n,
                              int64_t dim, float eps, bf16* out, cudaStream_t stream,
-                             bool late_trigger) {
+                             const uint32_t* ready_flag) {
   if (residual == out) return cudaErrorInvalidValue;
-  return Launch<true>(residual, x, weight, n, dim, eps, out, stream, late_trigger);
+  return Launch<true>(residual, x, weight, n, dim, eps, out, stream, ready_flag);
 }
 
 }  // namespace strata::gpu

@@ -13,11 +13,13 @@ cudaError_t LaunchRmsNorm(const bf16* x, const bf16* weight, int64_t n, int64_t 
                           bf16* out, cudaStream_t stream);
 
 // residual[t] += x[t] (rounded to bf16), then out[t] = RmsNorm(residual[t]). out may alias x
-// but not residual. late_trigger: the next kernel is let in only once this one's wait is over
-// (for a launch that itself comes in early, ahead of a wait that may be long).
+// but not residual. ready_flag: x is behind a device flag (another process's output, ready once
+// *ready_flag >= 1): each block waits for it itself, after the kernels before are done (they
+// may lower it), and lets the next kernel in only then, so the launch may come in early and
+// wait on the SMs with a block a row instead of a polling kernel and a launch after it.
 cudaError_t LaunchAddRmsNorm(bf16* residual, const bf16* x, const bf16* weight, int64_t n,
                              int64_t dim, float eps, bf16* out, cudaStream_t stream,
-                             bool late_trigger = false);
+                             const uint32_t* ready_flag = nullptr);
 
 }  // namespace strata::gpu
 

@@ -82,10 +82,9 @@ bool EarlyCombineLaunch() {
   return early;
 }
 
-absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value,
-                      bool trigger_early) {
+absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value) {
   if (FlagWaitsPoll()) {
-    const cudaError_t launched = LaunchFlagPoll(flag, value, stream, trigger_early);
+    const cudaError_t launched = LaunchFlagPoll(flag, value, stream);
     if (launched == cudaSuccess) return absl::OkStatus();
     return absl::InternalError(
         absl::StrCat("flag poll kernel launch: ", cudaGetErrorString(launched)));

@@ -18,14 +18,13 @@ namespace strata::gpu {
 // kFlagReleased, passes every wait): in a process under MPS by a polling kernel
 // (flag_poll_kernels.h), which keeps the chain of programmatic dependent launches going;
 // otherwise, or with STRATA_FLAG_WAIT=memop, by the driver's wait operation.
-// trigger_early: the polling kernel lets the next kernel in at once (LaunchFlagPoll).
-absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value,
-                      bool trigger_early = false);
+absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value);
 
-// On unless STRATA_EARLY_COMBINE=0 (read once): at one token, the router's wait for a layer's
-// experts lets the combine's add + norm launch at once, and that kernel lets the next one in only
-// after its own wait, so its launch overlaps the experts without the router's larger kernels taking
-// SMs the worker needs (measured: 324.7 against 319.7 tok/s through the cluster, FP8).
+// On unless STRATA_EARLY_COMBINE=0 (read once): at one token, the router's combine (add + norm)
+// after a layer's one worker waits for the worker's output flag itself, launched early behind
+// the gate kernel, instead of a polling kernel with the combine launched after it (first
+// measured as the polling kernel letting the combine in early: 324.7 against 319.7 tok/s
+// through the cluster, FP8).
 bool EarlyCombineLaunch();
 
 // Whether WaitFlag polls with a kernel (CUDA_MPS_PIPE_DIRECTORY set and STRATA_FLAG_WAIT not

@@ -588,10 +588,9 @@ TEST_F(CudaOpsTest, FlagPollWaitsForTheFlag) {
   CUDA_ASSERT_OK(cudaStreamDestroy(side));
 }
 
-// The early combine (STRATA_EARLY_COMBINE): the poll lets the add + norm in at once, and that
-// kernel still reads what was written before the flag went up.
-TEST_F(CudaOpsTest, AnEarlyCombineSeesWhatTheFlagGuards) {
-  if (!gpu::ProgrammaticLaunch()) GTEST_SKIP() << "STRATA_PDL=0: nothing launches early";
+// The combine that waits for the worker's flag itself (STRATA_EARLY_COMBINE): launched ahead of
+// the flag, it still reads what was written before the flag went up.
+TEST_F(CudaOpsTest, ACombineWaitingOnTheFlagSeesWhatItGuards) {
   const int64_t h = 2048;
   const std::vector<uint16_t> residual = RandomBf16(h), weight = RandomBf16(h),
                               fresh = RandomBf16(h);
@@ -601,9 +600,8 @@ TEST_F(CudaOpsTest, AnEarlyCombineSeesWhatTheFlagGuards) {
   uint16_t* d_out = Poisoned<uint16_t>(h);
   uint32_t* d_flag = Put(std::vector<uint32_t>{0});
   ASSERT_FALSE(HasFailure());
-  CUDA_ASSERT_OK(gpu::LaunchFlagPoll(d_flag, 1, stream(), /*trigger_early=*/true));
   CUDA_ASSERT_OK(gpu::LaunchAddRmsNorm(AsBf16(d_residual), AsBf16(d_x), AsBf16(d_weight), 1, h,
-                                       1e-6f, AsBf16(d_out), stream(), /*late_trigger=*/true));
+                                       1e-6f, AsBf16(d_out), stream(), /*ready_flag=*/d_flag));
   ReleaseHeldStream(stream(), d_flag, {{d_x, fresh.data(), h * sizeof(uint16_t)}});
   ASSERT_FALSE(HasFatalFailure());
   // The same add + norm on the fresh data, by the plain launch.
