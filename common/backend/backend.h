@@ -59,7 +59,9 @@ class RouterBackend {
   virtual absl::Status Embed(absl::Span<const int32_t> ids, Tensor& hidden) = 0;
 
   // hidden += o_proj(attention(input_norm(hidden))) for every token of `batch`, writing the
-  // tokens' keys and values into `kv` first (their positions must be reserved).
+  // tokens' keys and values into `kv` first (their positions must be reserved). A device
+  // backend may leave the residual add to the PrepareFfn call that follows (fused with its
+  // norm and gate): `hidden` is whole only after it.
   virtual absl::Status Attention(int layer, const BatchLayout& batch, PagedKvCache& kv,
                                  Tensor& hidden) = 0;
 

@@ -322,6 +322,7 @@ absl::Status IpcExpertBackend::AwaitGraphStep() {
 void IpcExpertBackend::SetGraphCapture(bool capturing) {
   capturing_ = capturing;
   handed_off_layer_ = -1;
+  handed_off_connections_.clear();
   if (!capturing) return;
   // A new capture: the step's layers and connections are recorded as it goes.
   for (std::vector<int32_t>& list : graph_layers_) list.clear();
@@ -447,16 +448,23 @@ absl::Status IpcExpertBackend::Exchange(
   if (!capturing_) RETURN_IF_ERROR(UploadOwners(layer, owner));
   const bool handed_off = capturing_ && handed_off_layer_ == layer;
   handed_off_layer_ = -1;
-  if (handed_off && handed_off_workers_ != workers) {
-    return absl::FailedPreconditionError(
-        "the workers of a layer changed between its gate and its exchange");
+  if (handed_off) {
+    // A worker that registered again in between: the gate kernel wrote to the old link.
+    bool same = handed_off_workers_ == workers;
+    for (size_t i = 0; same && i < workers.size(); ++i) {
+      same = handed_off_connections_[i] == connections[workers[i]];
+    }
+    if (!same) {
+      return absl::FailedPreconditionError(
+          "the workers of a layer changed between its gate and its exchange");
+    }
   }
   if (capturing_ && stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Mark(stream, 3 * layer));
-  gpu::RoutingSplit split;
-  gpu::GridSignal signal;
-  PlanSplit(layer, workers, links, split, signal);
-  const gpu::SplitInput input{static_cast<const gpu::bf16*>(x.device_data()), input_.data(), h};
   if (!handed_off) {  // else the gate kernel copied, split and signalled
+    gpu::RoutingSplit split;
+    gpu::GridSignal signal;
+    PlanSplit(layer, workers, links, split, signal);
+    const gpu::SplitInput input{static_cast<const gpu::bf16*>(x.device_data()), input_.data(), h};
     CUDA_RETURN_IF_ERROR(
         gpu::LaunchSplitRouting(input, routing.device_expert, routing.device_weight, n, k,
                                 owners_.data() + static_cast<size_t>(layer) * c.num_experts,
@@ -570,27 +578,28 @@ void IpcExpertBackend::PlanSplit(int layer, const std::vector<int>& workers,
   signal.done = blocks_done_.data();
 }
 
-bool IpcExpertBackend::TakeHandOff(int layer, int64_t n, gpu::GateHandOff& hand_off) {
+void IpcExpertBackend::TakeHandOff(int layer, int64_t n, gpu::GateHandOff& hand_off) {
+  hand_off = gpu::GateHandOff();
   handed_off_layer_ = -1;
+  handed_off_connections_.clear();
   if (!capturing_ || stamps_ != nullptr || n > max_tokens_ || layer < 0 ||
       layer >= config().num_layers) {
-    return false;
+    return;
   }
   const std::vector<std::shared_ptr<ExpertConnection>> connections = Connections();
   const std::vector<int> owner = EffectiveOwners(layer, Usable(connections));
-  if (uploaded_owners_[layer] != owner) return false;  // Exchange refuses the capture
+  if (uploaded_owners_[layer] != owner) return;  // Exchange refuses the capture
   std::vector<int> workers;
   std::vector<CudaIpcConnection*> links;
   int failed = -1;
-  if (!LinksFor(owner, connections, workers, links, &failed).ok()) return false;
-  hand_off = gpu::GateHandOff();
+  if (!LinksFor(owner, connections, workers, links, &failed).ok()) return;
   hand_off.active = true;
   hand_off.input = input_.data();
   hand_off.owner = owners_.data() + static_cast<size_t>(layer) * config().num_experts;
   PlanSplit(layer, workers, links, hand_off.split, hand_off.signal);
   handed_off_layer_ = layer;
+  for (int w : workers) handed_off_connections_.push_back(connections[w]);
   handed_off_workers_ = std::move(workers);
-  return true;
 }
 
 absl::Status IpcExpertBackend::SumPartials(const gpu::PartialSet& partials, int64_t n,

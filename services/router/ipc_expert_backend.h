@@ -113,7 +113,7 @@ class IpcExpertBackend : public RemoteExpertBackend, public gpu::GateHandOffSour
 
   // In a capture without clock stamps: the layer's split and input flags, for the router's gate
   // kernel to do (its Exchange then launches no split kernel). Engine thread.
-  bool TakeHandOff(int layer, int64_t n, gpu::GateHandOff& hand_off) override;
+  void TakeHandOff(int layer, int64_t n, gpu::GateHandOff& hand_off) override;
 
   // Profiling: replayed steps stamp the GPU clock per MoE layer (slot 3 * layer + 0 before the
   // input copy, + 1 once the input flags are raised, + 2 once the output flags were seen) and
@@ -193,10 +193,12 @@ class IpcExpertBackend : public RemoteExpertBackend, public gpu::GateHandOffSour
   // and flags it uses (held: the graphs point into them). Engine thread.
   std::vector<std::vector<int32_t>> graph_layers_;
   std::vector<std::shared_ptr<CudaIpcConnection>> graph_connections_;
-  // The layer the router's gate kernel is handing off (TakeHandOff) and to which workers; its
-  // Exchange checks them and launches no split. -1: none. Engine thread.
+  // The layer the router's gate kernel is handing off (TakeHandOff) and to which workers'
+  // connections (held: the gate kernel writes into their buffers); its Exchange checks them
+  // and launches no split. -1: none. Engine thread.
   int handed_off_layer_ = -1;
   std::vector<int> handed_off_workers_;
+  std::vector<std::shared_ptr<ExpertConnection>> handed_off_connections_;
   bool capturing_ = false;                       // between SetGraphCapture(true) and (false)
   const uint32_t* output_ready_flag_ = nullptr;  // the last Exchange's; engine thread
   // The replay BeginGraphStep announced: its step, tokens, the workers told and those started.

@@ -145,7 +145,7 @@ absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
     return ipc->Attach(static_cast<int>(request.worker_index()), std::move(channel), buffers,
                        request.gpu_uuid());
   };
-  // The router's gate kernel hands captured one-token layers to the workers itself.
+  // The router's gate kernel hands captured decode layers to the workers itself.
   stack_->cuda_router()->SetGateHandOffSource(ipc.get());
   remote_ = std::move(ipc);
   return absl::OkStatus();

@@ -417,9 +417,13 @@ MoeGateParams CudaRouterBackend::GateParams(float temperature) const {
 }
 
 bool CudaRouterBackend::FusesNormAndGate(int layer, int64_t n) const {
+  // Everything LaunchAddNormGate refuses is refused here: PrepareFfn has no way back once the
+  // add + norm is left to it (the activations are allocations, 256-byte aligned).
   const DeviceWeight& router = layers_[layer].router;
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return FusedNormGate() && config_.layer_is_moe[layer] && router.format == WeightFormat::kBf16 &&
          router.in == config_.hidden_size && router.out == config_.num_experts &&
+         aligned(router.data) && aligned(layers_[layer].post_norm) &&
          AddNormGateFits(n, config_.hidden_size, GateParams(1.0f));
 }
 
@@ -462,7 +466,7 @@ absl::Status CudaRouterBackend::PrepareFfn(int layer, const Tensor& hidden, floa
     args.n = n;
     args.hidden = c.hidden_size;
     if (hand_off_source_ != nullptr && GateHandOffEnabled()) {
-      hand_off_source_->TakeHandOff(layer, n, args.hand_off);
+      hand_off_source_->TakeHandOff(layer, n, args.hand_off);  // or leaves it inactive
     }
     CUDA_RETURN_IF_ERROR(LaunchAddNormGate(args, gate, context_->stream()));
   } else {

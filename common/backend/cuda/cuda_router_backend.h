@@ -161,9 +161,9 @@ class CudaRouterBackend : public RouterBackend {
   int64_t step_tokens_ = 0;
   bool one_token_per_sequence_ = false;  // this step's, from UploadBatch
   int current_layer_ = 0;
+  // The layer whose post-attention add + norm PrepareFfn owes (FusesNormAndGate); -1: none.
   int pending_post_norm_ = -1;
-  GateHandOffSource* hand_off_source_ =
-      nullptr;                        // the layer whose post-attention add + norm PrepareFfn owes
+  GateHandOffSource* hand_off_source_ = nullptr;  // SetGateHandOffSource's; may be null
   std::shared_ptr<void> keep_alive_;  // device views share the backend's lifetime marker
   std::vector<int32_t> host_ints_;
 };

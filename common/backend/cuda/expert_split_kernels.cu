@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "common/backend/cuda/device_utils.cuh"
+#include "common/backend/cuda/expert_split.cuh"
 #include "common/backend/cuda/expert_split_kernels.h"
 #include "common/backend/cuda/grid_signal.cuh"
 #include "common/backend/cuda/pdl.cuh"
@@ -29,13 +30,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t s = int64_t{blockIdx.x} * kThreads + threadIdx.x; s < slots;
        s += int64_t{gridDim.x} * kThreads) {
     const int32_t e = expert_ids[s];
-    const int32_t w = e >= 0 && e < num_experts ? owner[e] : -1;
-    const float weight = weights[s];
-    for (int i = 0; i < split.count; ++i) {
-      const bool mine = w == split.worker[i];
-      split.ids[i][s] = mine ? e : -1;
-      split.weights[i][s] = mine ? weight : 0.0f;
-    }
+    WriteSplitSlot(split, s, e, weights[s], e >= 0 && e < num_experts ? owner[e] : -1);
   }
   SignalGridDone(signal);
 }

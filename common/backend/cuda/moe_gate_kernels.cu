@@ -59,7 +59,10 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     WarpArgmax(best, best_id);
-    if (best_id % kWarpSize == lane) taken |= 1u << (best_id / kWarpSize);
+    // No valid expert left (NaN scores) leaves best_id past the end: nothing to mark.
+    if (best_id < p.num_experts && best_id % kWarpSize == lane) {
+      taken |= 1u << (best_id / kWarpSize);
+    }
     kept[round] = best;
     kept_id[round] = best_id;
   }

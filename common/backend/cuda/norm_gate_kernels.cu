@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "common/backend/cuda/device_utils.cuh"
+#include "common/backend/cuda/expert_split.cuh"
 #include "common/backend/cuda/grid_signal.cuh"
 #include "common/backend/cuda/moe_gate_select.cuh"
 #include "common/backend/cuda/norm_gate_kernels.h"
@@ -14,7 +15,24 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarpSize;  // one gate row (expert) a warp
 constexpr int64_t kMaxTokens = 4;
 constexpr int64_t kMaxHidden = 4096;
-constexpr int64_t kMaxSharedBytes = 48 * 1024;
+// A block's shared memory without opting in: 48 KB, the static arrays' share included.
+constexpr int64_t kStaticSharedBytes = 2048;  // checked against the arrays below
+constexpr int64_t kMaxDynamicSharedBytes = 48 * 1024 - kStaticSharedBytes;
+
+// The dynamic part: the step's new residual and normed rows, bf16.
+int64_t DynamicSharedBytes(int64_t n, int64_t hidden) { return 2 * n * hidden * 2; }
+
+// The fixed-size shared arrays of a block.
+struct GateShared {
+  float scratch[kWarps];
+  float score[kMaxGateExperts];
+  float kept[kMaxGateTopK];
+  int kept_id[kMaxGateTopK];
+  int32_t route_id[kMaxTokens * kMaxGateTopK];  // the selection, for the hand-off
+  float route_w[kMaxTokens * kMaxGateTopK];
+  bool last;
+};
+static_assert(sizeof(GateShared) <= kStaticSharedBytes, "the static shared budget is too small");
 
 // Activations the kernels before wrote: read through L2, never a stale line of this SM's L1.
 __device__ __forceinline__ void LoadActivation(const bf16* p, float (&v)[8]) {
@@ -41,13 +59,8 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ uint4 shared_vectors[];
   bf16* s_sum = reinterpret_cast<bf16*>(shared_vectors);  // [n][hidden]: the new residual
   bf16* s_normed = s_sum + a.n * a.hidden;                // [n][hidden]
-  __shared__ float scratch[kWarps];
-  __shared__ float s_score[kMaxGateExperts];
-  __shared__ float s_kept[kMaxGateTopK];
-  __shared__ int s_kept_id[kMaxGateTopK];
-  __shared__ int32_t s_route_id[kMaxTokens * kMaxGateTopK];  // the selection, for the hand-off
-  __shared__ float s_route_w[kMaxTokens * kMaxGateTopK];
-  __shared__ bool s_last;
+  __shared__ GateShared sh;
+  float* scratch = sh.scratch;
   PdlLaunchDependents();
   const int lane = threadIdx.x % kWarpSize;
   const int e = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x) / kWarpSize;
@@ -129,11 +142,11 @@ __global__ void __launch_bounds__(kThreads)
   // The last block to finish selects (the others' logits are visible through its count).
   if (gridDim.x > 1) {
     if (threadIdx.x == 0) {
-      s_last = atomicAdd(a.blocks_done, 1u) == gridDim.x - 1;
-      if (s_last) atomicExch(a.blocks_done, 0u);
+      sh.last = atomicAdd(a.blocks_done, 1u) == gridDim.x - 1;
+      if (sh.last) atomicExch(a.blocks_done, 0u);
     }
     __syncthreads();
-    if (!s_last) return;
+    if (!sh.last) return;
     __threadfence();
   }
   // Every other block has read the residual by now: the new one goes out.
@@ -170,15 +183,15 @@ __global__ void __launch_bounds__(kThreads)
       v = is_expert ? ev / sum : -INFINITY;
     }
     if (v != v) v = -INFINITY;
-    if (is_expert) s_score[x] = v;
+    if (is_expert) sh.score[x] = v;
     __syncthreads();
     if (is_expert) {
       int rank = 0;
 #pragma unroll 8
-      for (int j = 0; j < p.num_experts; ++j) rank += RanksBefore(s_score[j], j, v, x) ? 1 : 0;
+      for (int j = 0; j < p.num_experts; ++j) rank += RanksBefore(sh.score[j], j, v, x) ? 1 : 0;
       if (rank < p.top_k) {
-        s_kept[rank] = v;
-        s_kept_id[rank] = x;
+        sh.kept[rank] = v;
+        sh.kept_id[rank] = x;
       }
     }
     __syncthreads();
@@ -187,14 +200,14 @@ __global__ void __launch_bounds__(kThreads)
       int kept_id[kMaxGateTopK];
 #pragma unroll
       for (int i = 0; i < kMaxGateTopK; ++i) {
-        kept[i] = i < p.top_k ? s_kept[i] : 0.0f;
-        kept_id[i] = i < p.top_k ? s_kept_id[i] : -1;
+        kept[i] = i < p.top_k ? sh.kept[i] : 0.0f;
+        kept_id[i] = i < p.top_k ? sh.kept_id[i] : -1;
       }
       WriteGateSelection(kept, kept_id, select, a.expert_ids + t * p.top_k,
                          a.weights + t * p.top_k);
       for (int i = 0; i < p.top_k; ++i) {
-        s_route_id[t * p.top_k + i] = kept_id[i];
-        s_route_w[t * p.top_k + i] = kept[i];
+        sh.route_id[t * p.top_k + i] = kept_id[i];
+        sh.route_w[t * p.top_k + i] = kept[i];
       }
     }
   }
@@ -204,13 +217,9 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const GateHandOff& h = a.hand_off;
   for (int s = threadIdx.x; s < n * p.top_k; s += kThreads) {
-    const int32_t e = s_route_id[s];
-    const int32_t owner = e >= 0 && e < p.num_experts ? __ldcg(h.owner + e) : -1;
-    for (int i = 0; i < h.split.count; ++i) {
-      const bool mine = owner == h.split.worker[i];
-      h.split.ids[i][s] = mine ? e : -1;
-      h.split.weights[i][s] = mine ? s_route_w[s] : 0.0f;
-    }
+    const int32_t e = sh.route_id[s];
+    WriteSplitSlot(h.split, s, e, sh.route_w[s],
+                   e >= 0 && e < p.num_experts ? __ldcg(h.owner + e) : -1);
   }
   __syncthreads();
   if (threadIdx.x == 0) RaiseSignal(h.signal);
@@ -249,7 +258,7 @@ bool GateHandOffEnabled() {
 
 bool AddNormGateFits(int64_t n, int64_t hidden, const MoeGateParams& params) {
   return n >= 1 && n <= kMaxTokens && hidden > 0 && hidden % 8 == 0 && hidden <= kMaxHidden &&
-         4 * n * hidden <= kMaxSharedBytes && ValidMoeGateParams(params);
+         DynamicSharedBytes(n, hidden) <= kMaxDynamicSharedBytes && ValidMoeGateParams(params);
 }
 
 cudaError_t LaunchAddNormGate(const AddNormGateArgs& a, const MoeGateParams& p,
@@ -271,7 +280,7 @@ cudaError_t LaunchAddNormGate(const AddNormGateArgs& a, const MoeGateParams& p,
     if (h.split.ids[i] == nullptr || h.split.weights[i] == nullptr) return cudaErrorInvalidValue;
   }
   const unsigned blocks = static_cast<unsigned>((p.num_experts + kWarps - 1) / kWarps);
-  const size_t shared_bytes = static_cast<size_t>(4 * a.n * a.hidden);
+  const size_t shared_bytes = static_cast<size_t>(DynamicSharedBytes(a.n, a.hidden));
   if (a.n == 1) return LaunchForTokens<1>(a, p, blocks, shared_bytes, stream);
   if (a.n == 2) return LaunchForTokens<2>(a, p, blocks, shared_bytes, stream);
   return LaunchForTokens<4>(a, p, blocks, shared_bytes, stream);

@@ -48,9 +48,10 @@ struct AddNormGateArgs {
 class GateHandOffSource {
  public:
   virtual ~GateHandOffSource() = default;
-  // True when layer `layer`'s step of n tokens is to be handed off as `hand_off` (filled): the
+  // Fills `hand_off` (active) when layer `layer`'s step of n tokens is to be handed off: the
   // caller's gate kernel then does the split, and the source launches none for the layer.
-  virtual bool TakeHandOff(int layer, int64_t n, GateHandOff& hand_off) = 0;
+  // Leaves it inactive otherwise.
+  virtual void TakeHandOff(int layer, int64_t n, GateHandOff& hand_off) = 0;
 };
 
 // Whether the router backend asks for hand-offs: on unless STRATA_GATE_HAND_OFF=0 (read once).
@@ -61,7 +62,8 @@ bool GateHandOffEnabled();
 bool FusedNormGate();
 
 // Whether a step of n tokens of this shape fits the fused launch: n <= 4, hidden a multiple of
-// 8 and at most 4096, n x hidden x 4 bytes of shared memory at most 48 KB, valid gate params.
+// 8 and at most 4096, n x hidden x 4 bytes of shared memory at most 46 KB (with the kernel's
+// static arrays, a block's 48 KB), valid gate params.
 bool AddNormGateFits(int64_t n, int64_t hidden, const MoeGateParams& params);
 
 // The residual and normed outputs are those of LaunchAddRmsNorm bit for bit; logits and the

@@ -155,7 +155,7 @@ TEST_F(AddNormGateTest, MatchesTheThreeLaunches) {
       {1, 2048, 128, 8, GateScoring::kSoftmaxThenTopK, true, false, 1.0f},  // qwen3-30b-a3b
       {2, 4096, 8, 2, GateScoring::kSoftmaxThenTopK, false, false, 1.0f},   // mixtral, 1 block
       {3, 64, 60, 4, GateScoring::kSoftmaxThenTopK, true, false, 0.7f},     // 60 experts
-      {4, 2880, 32, 4, GateScoring::kTopKThenSoftmax, false, true, 1.0f},   // gpt-oss
+      {4, 2880, 32, 4, GateScoring::kTopKThenSoftmax, false, true, 1.0f},   // gpt-oss, 46 KB
       {1, 1024, 256, 8, GateScoring::kSoftmaxThenTopK, false, true, 1.3f},  // 256 experts
       {4, 2048, 128, 8, GateScoring::kSoftmaxThenTopK, true, false, 2.0f},
   };
@@ -236,6 +236,7 @@ TEST_F(AddNormGateTest, RefusesWhatDoesNotFit) {
   EXPECT_FALSE(gpu::AddNormGateFits(1, 2052, p));  // not a multiple of 8
   EXPECT_FALSE(gpu::AddNormGateFits(1, 8192, p));  // a gate row too long
   EXPECT_FALSE(gpu::AddNormGateFits(4, 4096, p));  // 64 KB of shared memory
+  EXPECT_FALSE(gpu::AddNormGateFits(3, 4096, p));  // 48 KB, with the static arrays past it
   gpu::MoeGateParams bad = p;
   bad.top_k = 9;
   EXPECT_FALSE(gpu::AddNormGateFits(1, 2048, bad));
