@@ -450,10 +450,9 @@ absl::Status IpcExpertBackend::Exchange(
   handed_off_layer_ = -1;
   if (handed_off) {
     // A worker that registered again in between: the gate kernel wrote to the old link.
-    bool same = handed_off_workers_ == workers;
-    for (size_t i = 0; same && i < workers.size(); ++i) {
-      same = handed_off_connections_[i] == connections[workers[i]];
-    }
+    std::vector<std::shared_ptr<ExpertConnection>> now(num_workers());
+    for (int w : workers) now[w] = connections[w];
+    const bool same = now == handed_off_connections_;
     if (!same) {
       return absl::FailedPreconditionError(
           "the workers of a layer changed between its gate and its exchange");
@@ -598,8 +597,8 @@ void IpcExpertBackend::TakeHandOff(int layer, int64_t n, gpu::GateHandOff& hand_
   hand_off.owner = owners_.data() + static_cast<size_t>(layer) * config().num_experts;
   PlanSplit(layer, workers, links, hand_off.split, hand_off.signal);
   handed_off_layer_ = layer;
-  for (int w : workers) handed_off_connections_.push_back(connections[w]);
-  handed_off_workers_ = std::move(workers);
+  handed_off_connections_.assign(num_workers(), nullptr);
+  for (int w : workers) handed_off_connections_[w] = connections[w];
 }
 
 absl::Status IpcExpertBackend::SumPartials(const gpu::PartialSet& partials, int64_t n,

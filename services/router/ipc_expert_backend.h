@@ -197,7 +197,7 @@ class IpcExpertBackend : public RemoteExpertBackend, public gpu::GateHandOffSour
   // connections (held: the gate kernel writes into their buffers); its Exchange checks them
   // and launches no split. -1: none. Engine thread.
   int handed_off_layer_ = -1;
-  std::vector<int> handed_off_workers_;
+  // By worker index; null where the worker has none of the layer's experts.
   std::vector<std::shared_ptr<ExpertConnection>> handed_off_connections_;
   bool capturing_ = false;                       // between SetGraphCapture(true) and (false)
   const uint32_t* output_ready_flag_ = nullptr;  // the last Exchange's; engine thread

@@ -416,15 +416,32 @@ MoeGateParams CudaRouterBackend::GateParams(float temperature) const {
   return gate;
 }
 
-bool CudaRouterBackend::FusesNormAndGate(int layer, int64_t n) const {
-  // Everything LaunchAddNormGate refuses is refused here: PrepareFfn has no way back once the
-  // add + norm is left to it (the activations are allocations, 256-byte aligned).
+AddNormGateArgs CudaRouterBackend::NormGateArgs(int layer, int64_t n) {
   const DeviceWeight& router = layers_[layer].router;
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  AddNormGateArgs args;
+  args.residual = hidden_.data();
+  args.x = proj_.data();
+  args.norm_weight = layers_[layer].post_norm;
+  args.eps = static_cast<float>(config_.rms_norm_eps);
+  args.normed = normed_.data();
+  args.gate = static_cast<const bf16*>(router.data);
+  args.gate_bias = router.bias;
+  args.logits = gate_logits_.data();
+  args.expert_ids = routing_ids_.data();
+  args.weights = routing_weights_.data();
+  args.blocks_done = gate_blocks_done_.data();
+  args.n = n;
+  args.hidden = config_.hidden_size;
+  return args;
+}
+
+bool CudaRouterBackend::FusesNormAndGate(int layer, int64_t n) {
+  // What the launch would refuse is refused here: PrepareFfn has no way back once the add +
+  // norm is left to it.
+  const DeviceWeight& router = layers_[layer].router;
   return FusedNormGate() && config_.layer_is_moe[layer] && router.format == WeightFormat::kBf16 &&
          router.in == config_.hidden_size && router.out == config_.num_experts &&
-         aligned(router.data) && aligned(layers_[layer].post_norm) &&
-         AddNormGateFits(n, config_.hidden_size, GateParams(1.0f));
+         AddNormGateAccepts(NormGateArgs(layer, n), GateParams(1.0f));
 }
 
 absl::Status CudaRouterBackend::PrepareFfn(int layer, const Tensor& hidden, float temperature,
@@ -449,28 +466,15 @@ absl::Status CudaRouterBackend::PrepareFfn(int layer, const Tensor& hidden, floa
     return absl::OkStatus();
   }
   const MoeGateParams gate = GateParams(temperature);
-  const DeviceWeight& router = layers_[layer].router;
   if (fused) {
-    AddNormGateArgs args;
-    args.residual = hidden_.data();
-    args.x = proj_.data();
-    args.norm_weight = layers_[layer].post_norm;
-    args.eps = static_cast<float>(c.rms_norm_eps);
-    args.normed = normed_.data();
-    args.gate = static_cast<const bf16*>(router.data);
-    args.gate_bias = router.bias;
-    args.logits = gate_logits_.data();
-    args.expert_ids = routing_ids_.data();
-    args.weights = routing_weights_.data();
-    args.blocks_done = gate_blocks_done_.data();
-    args.n = n;
-    args.hidden = c.hidden_size;
+    AddNormGateArgs args = NormGateArgs(layer, n);
     if (hand_off_source_ != nullptr && GateHandOffEnabled()) {
       hand_off_source_->TakeHandOff(layer, n, args.hand_off);  // or leaves it inactive
     }
     CUDA_RETURN_IF_ERROR(LaunchAddNormGate(args, gate, context_->stream()));
   } else {
-    RETURN_IF_ERROR(linear_.Run(router, normed_.data(), n, gate_logits_.data(), OutType::kF32));
+    RETURN_IF_ERROR(
+        linear_.Run(layers_[layer].router, normed_.data(), n, gate_logits_.data(), OutType::kF32));
     CUDA_RETURN_IF_ERROR(LaunchMoeGate(gate_logits_.data(), n, gate, routing_ids_.data(),
                                        routing_weights_.data(), context_->stream()));
   }

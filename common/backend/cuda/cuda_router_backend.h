@@ -99,9 +99,11 @@ class CudaRouterBackend : public RouterBackend {
   const bf16* NextNorm(int layer) const;
   // The gate's parameters for this model at `temperature`.
   MoeGateParams GateParams(float temperature) const;
-  // Whether layer `layer`'s post-attention add + norm, gate and top-k run as one launch for a
-  // step of n tokens (LaunchAddNormGate): Attention then leaves the add + norm to PrepareFfn.
-  bool FusesNormAndGate(int layer, int64_t n) const;
+  // Layer `layer`'s post-attention add + norm, gate and top-k for a step of n tokens as one
+  // launch's arguments (LaunchAddNormGate; no hand-off).
+  AddNormGateArgs NormGateArgs(int layer, int64_t n);
+  // Whether they run as that one launch: Attention then leaves the add + norm to PrepareFfn.
+  bool FusesNormAndGate(int layer, int64_t n);
   // The post-attention add + norm Attention left to PrepareFfn, as its own launch.
   absl::Status ApplyPostNorm(int layer);
   // hidden += x, then normed_ = RmsNorm(hidden) with the weight of the next consumer.

@@ -47,19 +47,30 @@ __device__ __forceinline__ void WarpArgmax(float& best, int& idx) {
   }
 }
 
-// Sum over the block, returned to every thread. `scratch` holds one float per warp; the block
-// size is a multiple of 32. Contains __syncthreads: call from all threads.
-__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+// `op` over the block, returned to every thread: warp_reduce within each warp, then `op` over
+// the warps' results in warp order. `scratch` holds one float per warp; the block size is a
+// multiple of 32. Contains __syncthreads: call from all threads.
+template <typename WarpReduce, typename Op>
+__device__ __forceinline__ float BlockReduce(float v, float* scratch, WarpReduce warp_reduce,
+                                             Op op) {
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
-  v = WarpSum(v);
+  v = warp_reduce(v);
   __syncthreads();  // scratch may still be read by a previous call
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < num_warps; ++w) total += scratch[w];
+  float total = scratch[0];
+  for (int w = 1; w < num_warps; ++w) total = op(total, scratch[w]);
   return total;
+}
+
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  return BlockReduce(v, scratch, WarpSum, [](float a, float b) { return a + b; });
+}
+
+__device__ __forceinline__ float BlockMax(float v, float* scratch) {
+  return BlockReduce(v, scratch, WarpMax, [](float a, float b) { return fmaxf(a, b); });
 }
 
 __device__ __forceinline__ bool IsAligned16(const void* p) {

@@ -39,18 +39,6 @@ __device__ __forceinline__ void LoadActivation(const bf16* p, float (&v)[8]) {
   UnpackBf16x8(__ldcg(reinterpret_cast<const uint4*>(p)), v);
 }
 
-__device__ __forceinline__ float BlockMax(float v, float* scratch) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  v = WarpMax(v);
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float m = scratch[0];
-  for (int w = 1; w < kWarps; ++w) m = fmaxf(m, scratch[w]);
-  return m;
-}
-
 // kNT: tokens the accumulators are compiled for (n <= kNT); kCL: 16-byte chunks of a gate row
 // per lane (hidden <= kCL * 32 * 8).
 template <int kNT, int kCL>
@@ -227,6 +215,12 @@ __global__ void __launch_bounds__(kThreads)
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// An environment switch that is on unless set to "0".
+bool SwitchOn(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
 template <int kNT>
 cudaError_t LaunchForTokens(const AddNormGateArgs& a, const MoeGateParams& p, unsigned blocks,
                             size_t shared_bytes, cudaStream_t stream) {
@@ -241,18 +235,12 @@ cudaError_t LaunchForTokens(const AddNormGateArgs& a, const MoeGateParams& p, un
 }  // namespace
 
 bool FusedNormGate() {
-  static const bool on = [] {
-    const char* value = std::getenv("STRATA_FUSED_GATE");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
+  static const bool on = SwitchOn("STRATA_FUSED_GATE");
   return on;
 }
 
 bool GateHandOffEnabled() {
-  static const bool on = [] {
-    const char* value = std::getenv("STRATA_GATE_HAND_OFF");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
+  static const bool on = SwitchOn("STRATA_GATE_HAND_OFF");
   return on;
 }
 
@@ -261,24 +249,29 @@ bool AddNormGateFits(int64_t n, int64_t hidden, const MoeGateParams& params) {
          DynamicSharedBytes(n, hidden) <= kMaxDynamicSharedBytes && ValidMoeGateParams(params);
 }
 
-cudaError_t LaunchAddNormGate(const AddNormGateArgs& a, const MoeGateParams& p,
-                              cudaStream_t stream) {
+bool AddNormGateAccepts(const AddNormGateArgs& a, const MoeGateParams& p) {
   if (!AddNormGateFits(a.n, a.hidden, p) || a.residual == nullptr || a.x == nullptr ||
       a.norm_weight == nullptr || a.normed == nullptr || a.gate == nullptr || a.logits == nullptr ||
       a.expert_ids == nullptr || a.weights == nullptr || a.blocks_done == nullptr ||
       a.normed == a.residual || !Aligned16(a.residual) || !Aligned16(a.x) ||
       !Aligned16(a.norm_weight) || !Aligned16(a.normed) || !Aligned16(a.gate)) {
-    return cudaErrorInvalidValue;
+    return false;
   }
   const GateHandOff& h = a.hand_off;
-  if (h.active &&
-      (h.input == nullptr || !Aligned16(h.input) || h.owner == nullptr || h.split.count < 0 ||
-       h.split.count > kMaxSplitTargets || !ValidSignal(h.signal))) {
-    return cudaErrorInvalidValue;
+  if (!h.active) return true;
+  if (h.input == nullptr || !Aligned16(h.input) || h.owner == nullptr || h.split.count < 0 ||
+      h.split.count > kMaxSplitTargets || !ValidSignal(h.signal)) {
+    return false;
   }
-  for (int i = 0; h.active && i < h.split.count; ++i) {
-    if (h.split.ids[i] == nullptr || h.split.weights[i] == nullptr) return cudaErrorInvalidValue;
+  for (int i = 0; i < h.split.count; ++i) {
+    if (h.split.ids[i] == nullptr || h.split.weights[i] == nullptr) return false;
   }
+  return true;
+}
+
+cudaError_t LaunchAddNormGate(const AddNormGateArgs& a, const MoeGateParams& p,
+                              cudaStream_t stream) {
+  if (!AddNormGateAccepts(a, p)) return cudaErrorInvalidValue;
   const unsigned blocks = static_cast<unsigned>((p.num_experts + kWarps - 1) / kWarps);
   const size_t shared_bytes = static_cast<size_t>(DynamicSharedBytes(a.n, a.hidden));
   if (a.n == 1) return LaunchForTokens<1>(a, p, blocks, shared_bytes, stream);

@@ -66,9 +66,14 @@ bool FusedNormGate();
 // static arrays, a block's 48 KB), valid gate params.
 bool AddNormGateFits(int64_t n, int64_t hidden, const MoeGateParams& params);
 
+// Whether LaunchAddNormGate takes these arguments: AddNormGateFits, every pointer it needs set
+// and 16-byte aligned, normed apart from residual, and a valid hand-off when active.
+bool AddNormGateAccepts(const AddNormGateArgs& args, const MoeGateParams& params);
+
 // The residual and normed outputs are those of LaunchAddRmsNorm bit for bit; logits and the
 // selection agree with a GEMV and LaunchMoeGate to float rounding (the dot products' order
-// differs). One block per 8 experts; the last block to finish selects. Needs AddNormGateFits.
+// differs). One block per 8 experts; the last block to finish selects. cudaErrorInvalidValue
+// unless AddNormGateAccepts.
 cudaError_t LaunchAddNormGate(const AddNormGateArgs& args, const MoeGateParams& params,
                               cudaStream_t stream);
 

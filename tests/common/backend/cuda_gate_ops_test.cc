@@ -229,9 +229,13 @@ TEST_F(AddNormGateTest, HandOffCopiesSplitsAndSignals) {
   }
 }
 
-TEST_F(AddNormGateTest, RefusesWhatDoesNotFit) {
-  SetUpCase({1, 2048, 128, 8, gpu::GateScoring::kSoftmaxThenTopK, true, false, 1.0f});
-  const gpu::MoeGateParams p = Params();
+// Host checks only: runs without a GPU too.
+TEST(AddNormGateLimitsTest, RefusesWhatDoesNotFit) {
+  const gpu::MoeGateParams p{.num_experts = 128, .top_k = 8, .renormalize = true};
+  EXPECT_TRUE(gpu::AddNormGateFits(4, 2048, p));
+  EXPECT_TRUE(gpu::AddNormGateFits(2, 4096, p));
+  EXPECT_TRUE(gpu::AddNormGateFits(4, 2944, p));   // 46 KB: the last that fits
+  EXPECT_FALSE(gpu::AddNormGateFits(4, 2952, p));  // 8 bytes a token more
   EXPECT_FALSE(gpu::AddNormGateFits(5, 2048, p));  // too many tokens
   EXPECT_FALSE(gpu::AddNormGateFits(1, 2052, p));  // not a multiple of 8
   EXPECT_FALSE(gpu::AddNormGateFits(1, 8192, p));  // a gate row too long
@@ -240,10 +244,11 @@ TEST_F(AddNormGateTest, RefusesWhatDoesNotFit) {
   gpu::MoeGateParams bad = p;
   bad.top_k = 9;
   EXPECT_FALSE(gpu::AddNormGateFits(1, 2048, bad));
-  gpu::AddNormGateArgs a;  // null pointers
+  gpu::AddNormGateArgs a;  // null pointers: refused before anything is launched
   a.n = 1;
   a.hidden = 2048;
-  EXPECT_EQ(gpu::LaunchAddNormGate(a, p, stream()), cudaErrorInvalidValue);
+  EXPECT_FALSE(gpu::AddNormGateAccepts(a, p));
+  EXPECT_EQ(gpu::LaunchAddNormGate(a, p, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace
