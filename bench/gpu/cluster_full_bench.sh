@@ -16,6 +16,8 @@
 # --dtype fp8, half the bytes) and EXPERT_STORE=in-place has strata-cache map them where they
 # are: the whole seed-125b on the two-GPU machine needs both. KV_CACHE_MB sets the router's KV
 # pool (4096 MiB by default: 32 requests of 640 tokens need about 2 GiB for qwen3 in bf16).
+# UP_ARGS adds flags to `strata up` (e.g. UP_ARGS=--overlap-steps=false), recorded with the
+# figures as the switches are.
 #   bash bench/gpu/cluster_full_bench.sh OUT_DIR STAGES [RUNS]
 set -uo pipefail
 final=$1 stages=$2 runs=${3:-3}
@@ -32,7 +34,8 @@ sum=$final/summary.txt
 start=$SECONDS
 machine="NVIDIA H200 ($gpus GPU)"
 # The switches an A/B run sets in the environment, recorded with each figure.
-env_note=$(env | grep -E '^(STRATA_[A-Z0-9_]+|CHECKPOINT_DTYPE|EXPERT_STORE)=' | sort | tr '\n' ' ' | sed 's/ $//')
+env_note=$(env | grep -E '^(STRATA_[A-Z0-9_]+|CHECKPOINT_DTYPE|EXPERT_STORE|UP_ARGS)=' | sort | tr '\n' ' ' | sed 's/ $//')
+read -r -a up_args <<<"${UP_ARGS:-}"
 
 model_dir() {  # shape[@layers] -> directory with the weights (made once per machine)
   local shape=$1 dir layers=()
@@ -82,7 +85,8 @@ for stage in ${stages//,/ }; do
     stamps=$out/stamps-$tag && name=$name-stamps && rm -rf $stamps && mkdir -p $stamps
   fi
   STRATA_GPU_CLOCK_STAMPS=$stamps up $name --model $dir --workers $workers --device cuda --weights $weights --threads 8 \
-    --max-batch-tokens 512 --kv-cache-mb "${KV_CACHE_MB:-4096}" --expert-store "$expert_store"
+    --max-batch-tokens 512 --kv-cache-mb "${KV_CACHE_MB:-4096}" --expert-store "$expert_store" \
+    "${up_args[@]}"
   if [ -n "$addr" ]; then
     note "$name: READY in $((SECONDS - t0)) s"
     suffix=""; [ "$workers" -gt 1 ] && suffix="-${workers}gpu"
@@ -94,7 +98,7 @@ for stage in ${stages//,/ }; do
     note "$name bench: exit $? after $((SECONDS - t0)) s"
     grep -E "^\| *[0-9]" "$out/bench-$name.txt" | tee -a "$sum"
     "$B/strata" stats --server "$addr" >"$out/stats-$name.json" 2>&1
-    grep -o '"steps":"[0-9]*"\|"graph_steps":"[0-9]*"\|"graph_[a-z]*_us":[0-9.]*' "$out/stats-$name.json" | tr '\n' ' ' | tee -a "$sum"; echo | tee -a "$sum"
+    grep -o '"steps":"[0-9]*"\|"graph_steps":"[0-9]*"\|"graph_overlapped_steps":"[0-9]*"\|"graph_[a-z]*_us":[0-9.]*' "$out/stats-$name.json" | tr '\n' ' ' | tee -a "$sum"; echo | tee -a "$sum"
   fi
   down $name
   if [ -n "$stamps" ]; then

@@ -117,7 +117,9 @@ class ExpertBackend {
   // worker came or went), so the caller captures again.
   virtual uint64_t graph_version() const { return 0; }
   // Called before each replay of a captured step of `tokens` tokens is launched (e.g. to start
-  // the workers' own graphs); an error means the step must run without the graph.
+  // the workers' own graphs); an error means the step must run without the graph. A replay
+  // may be begun and launched while the one before it is still in flight (after that one's
+  // AwaitGraphStep); FinishStep then closes them in the order they were launched.
   virtual absl::Status BeginGraphStep(int64_t tokens) { return absl::OkStatus(); }
   // Called once the replay is launched, to confirm what BeginGraphStep started. An error means
   // the replay computes garbage: the backend has released whatever the replay waits for, and

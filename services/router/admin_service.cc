@@ -18,6 +18,7 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
   response->set_graph_steps(static_cast<uint64_t>(s.graph_steps));
   response->set_graph_replay_us(s.graph_replay_us);
   response->set_graph_between_us(s.graph_between_us);
+  response->set_graph_overlapped_steps(static_cast<uint64_t>(s.overlapped_steps));
   if (experts_ != nullptr) {
     response->set_reroutes(static_cast<uint64_t>(experts_->reroutes()));
     for (int w = 0; w < experts_->num_workers(); ++w) {

@@ -97,7 +97,7 @@ void IpcExpertBackend::Watch() {
 
 void IpcExpertBackend::ReleaseIfLost(CudaIpcConnection& link) {
   std::lock_guard<std::mutex> lock(release_mu_);
-  if (link.graph_awaited_.load() && !link.Alive()) {
+  if (link.graph_awaited_.load() > 0 && !link.Alive()) {
     // A replayed step waits on output flags this worker will never raise: release them all
     // for good (the split kernel's lowering leaves kFlagReleased up) and run the step again.
     // The step is marked lost before its stream can go on: FinishStep must not see it done
@@ -106,7 +106,7 @@ void IpcExpertBackend::ReleaseIfLost(CudaIpcConnection& link) {
     const size_t layers = static_cast<size_t>(config().num_layers);
     if (gpu::FillFlags(release_stream_, link.flags_.data() + layers, gpu::kFlagReleased, layers)
             .ok()) {
-      link.graph_awaited_.store(false);
+      link.graph_awaited_.store(0);
       Log(LogLevel::kWarning,
           "an expert worker died during a replayed step; the step runs again without it");
     }
@@ -134,17 +134,38 @@ absl::Status IpcExpertBackend::StampClocks(const std::string& path) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// One replay fewer waits on the link (never below none: the watchdog may have let go of all).
+void DropAwaited(CudaIpcConnection& link, std::atomic<int>& awaited) {
+  int v = awaited.load();
+  while (v > 0 && !awaited.compare_exchange_weak(v, v - 1)) {
+  }
+}
+
+}  // namespace
+
 void IpcExpertBackend::ClearStarted() {
   for (int w : started_) {
-    if (CudaIpcConnection* link = graph_connections_[w].get()) link->graph_awaited_.store(false);
+    if (CudaIpcConnection* link = graph_connections_[w].get()) {
+      DropAwaited(*link, link->graph_awaited_);
+    }
   }
   started_.clear();
 }
 
 absl::Status IpcExpertBackend::FinishStep() {
-  ClearStarted();  // only the workers a replay started wait on it (none in an eager step)
+  // Only the workers a replay started wait on it (none in an eager step); replays finish in
+  // the order they were launched.
+  if (!awaited_steps_.empty()) {
+    for (const std::shared_ptr<CudaIpcConnection>& link : awaited_steps_.front()) {
+      DropAwaited(*link, link->graph_awaited_);
+    }
+    awaited_steps_.pop_front();
+  }
   absl::Status status;
-  if (!reset_flags_.empty()) {
+  // Flags are reset only once no replay is in flight: a later one may wait on them yet.
+  if (!reset_flags_.empty() && awaited_steps_.empty()) {
     // Workers that failed to start a replayed step, now over: none of their flags may stay up
     // (a released output flag would let the next replay pass its wait at once).
     const size_t bytes = 2 * static_cast<size_t>(config().num_layers) * sizeof(uint32_t);
@@ -282,7 +303,7 @@ absl::Status IpcExpertBackend::CollectAnswers(std::vector<int>& failed) {
         &transport_failed);
     if (received.ok()) {
       started_.push_back(w);
-      graph_connections_[w]->graph_awaited_.store(true);
+      graph_connections_[w]->graph_awaited_.fetch_add(1);
     } else {
       // A worker that answered with an error started nothing. One whose answer never came may
       // have, and its graph would wait for flags that are cleared once this step is over, with
@@ -316,6 +337,10 @@ absl::Status IpcExpertBackend::AwaitGraphStep() {
     }
     reset_flags_.push_back(graph_connections_[w]);
   }
+  // The replay is launched: the workers it started wait on it until FinishStep.
+  std::vector<std::shared_ptr<CudaIpcConnection>>& awaited = awaited_steps_.emplace_back();
+  for (int w : started_) awaited.push_back(graph_connections_[w]);
+  started_.clear();
   return status;
 }
 

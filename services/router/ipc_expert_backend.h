@@ -18,7 +18,9 @@
 // operation of its own to the GPU's path but the wait. BeginGraphStep sends each worker one
 // kDeviceStep message with its layers, which replays the worker's own graph of flag waits and
 // expert runs; the router launches its own replay before it collects the answers (AwaitGraphStep),
-// so that the workers' wake-up and launches overlap its own.
+// so that the workers' wake-up and launches overlap its own. The next step's replay may be
+// begun while this one runs: each side's stream queues it behind its own, and the flags are
+// never raised for the next step before this one lowered them.
 //
 // A worker that dies before answering costs its layer, which runs again on the others (as
 // RemoteExpertBackend does). One that dies after answering leaves the router's stream
@@ -30,6 +32,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -72,12 +75,12 @@ class CudaIpcConnection : public ExpertConnection {
   gpu::DeviceBuffer<int32_t> ids_;
   gpu::DeviceBuffer<float> weights_;
   gpu::DeviceBuffer<gpu::bf16> output_;
-  gpu::DeviceBuffer<uint32_t> flags_;       // [2][num_layers]: input flags, then output flags
-  uint64_t generation_ = 0;                 // distinguishes this registration from earlier ones
-  cudaEvent_t input_ready_ = nullptr;       // recorded by the router
-  cudaEvent_t output_ready_ = nullptr;      // recorded by the worker
-  std::atomic<bool> awaited_{false};        // the router's stream has waited on output_ready_
-  std::atomic<bool> graph_awaited_{false};  // a replayed step waits on its output flags
+  gpu::DeviceBuffer<uint32_t> flags_;   // [2][num_layers]: input flags, then output flags
+  uint64_t generation_ = 0;             // distinguishes this registration from earlier ones
+  cudaEvent_t input_ready_ = nullptr;   // recorded by the router
+  cudaEvent_t output_ready_ = nullptr;  // recorded by the worker
+  std::atomic<bool> awaited_{false};    // the router's stream has waited on output_ready_
+  std::atomic<int> graph_awaited_{0};   // replayed steps in flight that wait on its output flags
 };
 
 class IpcExpertBackend : public RemoteExpertBackend, public gpu::GateHandOffSource {
@@ -170,7 +173,8 @@ class IpcExpertBackend : public RemoteExpertBackend, public gpu::GateHandOffSour
   // output flag (a worker that dies meanwhile is released by the watchdog). Best effort over
   // all of them.
   absl::Status RunOut();
-  // The replay's workers are no longer awaited: clears their graph_awaited_ and started_.
+  // The workers of a replay that will not be launched are no longer awaited: drops their
+  // graph_awaited_ count and clears started_.
   void ClearStarted();
   // The watchdog thread's loop.
   void Watch();
@@ -201,11 +205,15 @@ class IpcExpertBackend : public RemoteExpertBackend, public gpu::GateHandOffSour
   std::vector<std::shared_ptr<ExpertConnection>> handed_off_connections_;
   bool capturing_ = false;                       // between SetGraphCapture(true) and (false)
   const uint32_t* output_ready_flag_ = nullptr;  // the last Exchange's; engine thread
-  // The replay BeginGraphStep announced: its step, tokens, the workers told and those started.
+  // The replay BeginGraphStep announced: its step, tokens, the workers told and those started
+  // (until AwaitGraphStep).
   uint64_t graph_step_ = 0;
   int64_t step_tokens_ = 0;
   std::vector<int> sent_;
   std::vector<int> started_;
+  // Launched replays not yet finished (at most two: one may be launched behind another), oldest
+  // first: the workers each one started.
+  std::deque<std::vector<std::shared_ptr<CudaIpcConnection>>> awaited_steps_;
   // Workers that did not start a launched replay: their flags are cleared once it is over.
   std::vector<std::shared_ptr<CudaIpcConnection>> reset_flags_;
   std::unique_ptr<gpu::ClockStamps> stamps_;  // profiling; null unless StampClocks

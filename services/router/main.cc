@@ -43,6 +43,8 @@ ABSL_FLAG(bool, prefetch, true, "Predict the next layer's experts and tell the w
 ABSL_FLAG(int, cuda_graph_max_batch, 32,
           "GPU router: decode steps of up to this many sequences replay a CUDA graph (0: off, "
           "at most 64)");
+ABSL_FLAG(bool, overlap_steps, true,
+          "GPU router: launch the next greedy decode step before the last one's tokens are read");
 ABSL_FLAG(std::string, channel_prefix, "strata", "Shared-memory channel name prefix");
 ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 
@@ -73,6 +75,7 @@ int main(int argc, char** argv) {
   options.channel_prefix = absl::GetFlag(FLAGS_channel_prefix);
   options.prefetch = absl::GetFlag(FLAGS_prefetch);
   options.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
+  options.scheduler.overlap_decode_steps = absl::GetFlag(FLAGS_overlap_steps);
   if (const char* dir = std::getenv("STRATA_GPU_CLOCK_STAMPS"); dir != nullptr && *dir != 0) {
     options.gpu_clock_stamps = std::string(dir) + "/router.txt";
   }

@@ -83,6 +83,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
     s->decode_graphs_ = std::make_unique<DecodeGraphs>(*s->forward_, *s->stack_->cuda_router(),
                                                        experts, s->stack_->kv(), graphs);
     scheduler.decode_graphs = s->decode_graphs_.get();
+    // Clock stamps are read per step, with nothing behind it on the stream.
+    if (!options.gpu_clock_stamps.empty()) scheduler.overlap_decode_steps = false;
   }
   scheduler.on_engine_thread = [stack = s->stack_.get()] {
     if (absl::Status bound = stack->BindThread(); !bound.ok()) {

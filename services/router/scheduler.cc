@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/util/process.h"
+#include "common/util/status_macros.h"
 #include "services/router/output_text.h"
 
 namespace strata {
@@ -162,6 +163,7 @@ Scheduler::Stats Scheduler::stats() const {
   s.steps = steps_.load();
   s.preemptions = preemptions_.load();
   s.graph_steps = graph_steps_.load();
+  s.overlapped_steps = overlapped_steps_.load();
   if (options_.decode_graphs != nullptr) {
     const DecodeGraphs::Timing t = options_.decode_graphs->timing();
     s.graph_replay_us = t.mean_replay_us();
@@ -176,7 +178,7 @@ void Scheduler::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] {
         return stopping_ || !incoming_.empty() || !cancelled_.empty() || !running_.empty() ||
-               !waiting_.empty();
+               !waiting_.empty() || ahead_.has_value();
       });
       while (!incoming_.empty()) {
         waiting_.push_back(std::move(incoming_.front()));
@@ -187,7 +189,7 @@ void Scheduler::Loop() {
       }
     }
     ApplyCancellations();
-    if (stopping_ && running_.empty() && waiting_.empty()) break;
+    if (stopping_ && running_.empty() && waiting_.empty() && !ahead_) break;
     Admit();
     // A step that ran with sequences still running leaves its outbox to the next step.
     if (!Step() || running_.empty()) FlushOutbox();
@@ -286,6 +288,7 @@ void Scheduler::Preempt(Sequence* seq) {
 }
 
 bool Scheduler::Step() {
+  if (ahead_) return StepAhead();
   if (running_.empty()) return false;
   struct Planned {
     Sequence* seq;
@@ -360,7 +363,7 @@ bool Scheduler::Step() {
   logit_rows.insert(logit_rows.end(), score_rows.begin(), score_rows.end());
   // A replayed step brings its greedy tokens; the logits rows cross to the host only for the
   // rows that sample or score.
-  const int32_t* greedy = TryGraphStep(ids, batch, logit_rows);
+  const int32_t* greedy = TryGraphStep(ids, batch, logit_rows, sampled, !scored.empty());
   const float* graph_logits = nullptr;
   if (greedy != nullptr) {
     std::vector<int64_t> rows;
@@ -421,18 +424,108 @@ bool Scheduler::Step() {
 }
 
 const int32_t* Scheduler::TryGraphStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
-                                       absl::Span<const int64_t> logit_rows) {
+                                       absl::Span<const int64_t> logit_rows,
+                                       const std::vector<Sequence*>& sampled, bool scoring) {
   DecodeGraphs* graphs = options_.decode_graphs;
   if (graphs == nullptr || !graphs->Fits(batch, logit_rows)) return nullptr;
-  absl::StatusOr<const int32_t*> greedy = graphs->Run(ids, batch, [this] { FlushOutbox(); });
+  auto failed = [&](const absl::Status& status) -> const int32_t* {
+    // The step runs eagerly instead (rewriting whatever keys and values the replay wrote); a
+    // worker that died is rerouted there.
+    const bool off = graphs->failures() >= DecodeGraphs::kMaxFailures;
+    Log(LogLevel::kWarning, absl::StrCat("decode graph step failed (", status.message(),
+                                         off ? "); CUDA graphs off until the workers change"
+                                             : "); running it without the graph"));
+    return nullptr;
+  };
+  // A capture takes a while: what the clients have waiting goes first.
+  if (graphs->NeedsCapture(batch.num_tokens())) FlushOutbox();
+  if (absl::Status launched = graphs->Launch(ids, batch); !launched.ok()) return failed(launched);
+  if (!scoring) {
+    LaunchedRows in_flight;
+    in_flight.rows = sampled;
+    for (Sequence* seq : sampled) in_flight.tickets.push_back(seq->ticket);
+    in_flight.positions.assign(batch.position.begin(), batch.position.end());
+    if (absl::StatusOr<bool> ahead = LaunchAhead(in_flight); !ahead.ok()) {
+      return failed(ahead.status());
+    }
+  }
+  FlushOutbox();  // host work that would otherwise leave the GPU idle
+  absl::StatusOr<const int32_t*> greedy = graphs->Wait();
   if (greedy.ok()) return *greedy;
-  // The step runs eagerly instead (rewriting whatever keys and values the replay wrote); a
-  // worker that died is rerouted there.
-  const bool off = graphs->failures() >= DecodeGraphs::kMaxFailures;
-  Log(LogLevel::kWarning, absl::StrCat("decode graph step failed (", greedy.status().message(),
-                                       off ? "); CUDA graphs off until the workers change"
-                                           : "); running it without the graph"));
-  return nullptr;
+  ahead_.reset();  // failed with it
+  return failed(greedy.status());
+}
+
+absl::StatusOr<bool> Scheduler::LaunchAhead(const LaunchedRows& in_flight) {
+  const size_t n = in_flight.rows.size();
+  if (!options_.overlap_decode_steps || !waiting_.empty() || n != running_.size()) return false;
+  BatchLayout batch;
+  for (size_t i = 0; i < n; ++i) {
+    Sequence* seq = running_[i].get();
+    // running_ as it was at the launch, every row in its place, the step in flight computing
+    // the position after the last one in the cache.
+    if (seq != in_flight.rows[i] || seq->ticket != in_flight.tickets[i] || !seq->has_kv ||
+        seq->computed != in_flight.positions[i] || !seq->sampler->greedy() ||
+        seq->spec.score_only || seq->generated + 1 >= seq->spec.max_new_tokens) {
+      return false;
+    }
+    batch.sequence.push_back(seq->kv_seq);
+    batch.position.push_back(in_flight.positions[i] + 1);
+  }
+  std::vector<int64_t> rows(n);
+  for (size_t i = 0; i < n; ++i) rows[i] = static_cast<int64_t>(i);
+  DecodeGraphs* graphs = options_.decode_graphs;
+  if (!graphs->Fits(batch, rows)) return false;
+  for (size_t i = 0; i < n; ++i) {
+    // Never a preemption for a step ahead: the step runs as usual once this one is read.
+    if (!kv_.Reserve(batch.sequence[i], batch.position[i] + 1).ok()) return false;
+  }
+  const std::vector<int32_t> ids(n, kTokenOfPreviousStep);
+  RETURN_IF_ERROR(graphs->Launch(ids, batch));
+  LaunchedRows& ahead = ahead_.emplace();
+  ahead.rows = in_flight.rows;
+  ahead.tickets = in_flight.tickets;
+  ahead.positions.assign(batch.position.begin(), batch.position.end());
+  return true;
+}
+
+bool Scheduler::StepAhead() {
+  const LaunchedRows current = std::move(*ahead_);
+  ahead_.reset();
+  DecodeGraphs* graphs = options_.decode_graphs;
+  auto failed = [&](const absl::Status& status) {
+    // Every step in flight failed: the sequences still running decode again from what the
+    // host has (their reserved positions are kept).
+    ahead_.reset();
+    Log(LogLevel::kWarning, absl::StrCat("decode step launched ahead failed (", status.message(),
+                                         "); running it again"));
+    return Step();
+  };
+  if (absl::StatusOr<bool> ahead = LaunchAhead(current); !ahead.ok()) {
+    return failed(ahead.status());
+  }
+  FlushOutbox();
+  absl::StatusOr<const int32_t*> greedy = graphs->Wait();
+  if (!greedy.ok()) return failed(greedy.status());
+  steps_.fetch_add(1);
+  graph_steps_.fetch_add(1);
+  overlapped_steps_.fetch_add(1);
+  for (size_t i = 0; i < current.rows.size(); ++i) {
+    // Rows whose sequence ended (or was preempted) meanwhile are dropped: compared by address
+    // with the running ones first, since an ended one's is gone.
+    Sequence* seq = nullptr;
+    for (const auto& running : running_) {
+      if (running.get() == current.rows[i]) seq = running.get();
+    }
+    if (seq == nullptr || seq->ticket != current.tickets[i] || !seq->has_kv ||
+        seq->computed != current.positions[i] ||
+        static_cast<int64_t>(seq->tokens.size()) != seq->computed + 1) {
+      continue;
+    }
+    seq->computed += 1;
+    HandleToken(seq, (*greedy)[i]);
+  }
+  return true;
 }
 
 void Scheduler::HandleToken(Sequence* seq, int32_t token) {

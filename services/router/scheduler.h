@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -36,6 +37,12 @@ struct SchedulerOptions {
   // When set (a GPU router), decode-only steps that fit replay a CUDA graph; must outlive the
   // scheduler.
   DecodeGraphs* decode_graphs = nullptr;
+  // With decode graphs: while a decode step runs, the next one of the same batch is launched
+  // behind it, its tokens the greedy ones the first leaves on the GPU, so that the GPU does
+  // not wait for the host between steps. Only when every row is greedy, none reaches its
+  // token limit at the first step and no request waits; a row that ends at the first step
+  // (end of sequence, a stop string, a cancel) costs its row of the second.
+  bool overlap_decode_steps = true;
 };
 
 class Scheduler {
@@ -69,9 +76,10 @@ class Scheduler {
     int free_kv_blocks = 0;
     int64_t steps = 0;
     int64_t preemptions = 0;
-    int64_t graph_steps = 0;      // steps run by CUDA graph replay
-    double graph_replay_us = 0;   // mean; DecodeGraphs::Timing
-    double graph_between_us = 0;  // mean
+    int64_t graph_steps = 0;       // steps run by CUDA graph replay
+    int64_t overlapped_steps = 0;  // of those, launched before the step before them was read
+    double graph_replay_us = 0;    // mean; DecodeGraphs::Timing
+    double graph_between_us = 0;   // mean
   };
   Stats stats() const;
 
@@ -81,10 +89,26 @@ class Scheduler {
   void Loop();
   // One forward step over the running batch; false when there was nothing to run.
   bool Step();
+  // A decode step in flight: its rows (running_ at launch) and the position each computes.
+  struct LaunchedRows {
+    std::vector<Sequence*> rows;
+    std::vector<Ticket> tickets;  // a row whose sequence ended is not the same ticket's
+    std::vector<int64_t> positions;
+  };
   // Runs the step by graph replay when one fits and returns its rows' greedy tokens; null when
-  // it did not run (then the caller runs it eagerly).
+  // it did not run (then the caller runs it eagerly). `sampled` are the sequences of the
+  // logit rows, `scoring` whether the step scores prompt tokens too; the next step may be
+  // launched behind it (LaunchAhead).
   const int32_t* TryGraphStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
-                              absl::Span<const int64_t> logit_rows);
+                              absl::Span<const int64_t> logit_rows,
+                              const std::vector<Sequence*>& sampled, bool scoring);
+  // Launches the decode step behind `in_flight` (the same rows one position on, their tokens
+  // on the GPU; SchedulerOptions::overlap_decode_steps) and sets ahead_. False when the batch
+  // does not qualify; an error when the launch failed, which failed the step in flight too.
+  absl::StatusOr<bool> LaunchAhead(const LaunchedRows& in_flight);
+  // The step after one whose tokens came from a launch ahead: reads it, launching the next
+  // one behind it first when it can.
+  bool StepAhead();
   void Admit();
   // Frees a running sequence's blocks and puts it back at the head of the queue.
   void Preempt(Sequence* seq);
@@ -119,6 +143,7 @@ class Scheduler {
   std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> preemptions_{0};
   std::atomic<int64_t> graph_steps_{0};
+  std::atomic<int64_t> overlapped_steps_{0};
   std::atomic<int> unsent_{0};  // outbox entries: idle only once they are out too
   std::condition_variable idle_cv_;
 
@@ -126,6 +151,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
   std::vector<std::function<void()>> outbox_;
+  std::optional<LaunchedRows> ahead_;  // a decode step launched ahead, not yet read
   Tensor logits_;
   std::thread thread_;
 };

@@ -49,10 +49,12 @@ TEST(ClusterConfigTest, TierKeys) {
   ClusterConfig c;
   EXPECT_EQ(c.hot_ratio, "auto");
   EXPECT_TRUE(c.prefetch);
+  EXPECT_TRUE(c.overlap_steps);
   ASSERT_TRUE(LoadClusterConfig(Write("tiers.yaml",
                                       "gpu_memory_budget: 24GiB\nhot_ratio: 0.3\n"
                                       "hot_ratio_policy: \"1024:0.5,0.25\"\n"
-                                      "cache_policy: lru\ncold_experts: cpu\nprefetch: false\n"),
+                                      "cache_policy: lru\ncold_experts: cpu\nprefetch: false\n"
+                                      "overlap_steps: false\n"),
                                 c)
                   .ok());
   EXPECT_EQ(c.gpu_memory_budget, "24GiB");
@@ -61,6 +63,7 @@ TEST(ClusterConfigTest, TierKeys) {
   EXPECT_EQ(c.cache_policy, "lru");
   EXPECT_EQ(c.cold_experts, "cpu");
   EXPECT_FALSE(c.prefetch);
+  EXPECT_FALSE(c.overlap_steps);
   ASSERT_TRUE(LoadClusterConfig(Write("auto.yaml", "hot_ratio: auto\n"), c).ok());
   EXPECT_EQ(c.hot_ratio, "auto");
   auto message = [&](const std::string& text) {

@@ -126,6 +126,7 @@ const std::map<std::string, Key>& Keys() {
                                   return OneOf(v, {"copy", "in-place"});
                                 })},
       {"prefetch", KeyOf<bool>("prefetch", &ClusterConfig::prefetch)},
+      {"overlap_steps", KeyOf<bool>("overlap-steps", &ClusterConfig::overlap_steps)},
       {"cuda_graph_max_batch",
        KeyOf<int>("cuda-graph-max-batch", &ClusterConfig::cuda_graph_max_batch,
                   [](const int& v) {

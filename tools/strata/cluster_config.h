@@ -44,6 +44,8 @@ struct ClusterConfig {
   bool prefetch = true;
   // GPU router: decode steps of up to this many sequences replay CUDA graphs (0: off).
   int cuda_graph_max_batch = 32;
+  // GPU router: greedy decode steps launched before the last one's tokens are read.
+  bool overlap_steps = true;
   // GPU clusters: a CUDA MPS daemon for the cluster's processes. auto: when the control
   // binary is there; on: required; off: never.
   std::string mps = "auto";

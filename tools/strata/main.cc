@@ -94,6 +94,9 @@ ABSL_FLAG(bool, prefetch, true, "up: predict the next layer's experts and prefet
 ABSL_FLAG(int, cuda_graph_max_batch, 32,
           "up: GPU router, decode steps of up to this many sequences replay CUDA graphs (0: off, "
           "at most 64)");
+ABSL_FLAG(bool, overlap_steps, true,
+          "up: GPU router, launch the next greedy decode step before the last one's tokens are "
+          "read");
 ABSL_FLAG(std::string, calibration, "",
           "plan: JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} a line");
 ABSL_FLAG(std::string, model_name, "", "bench: model recorded (default: --model's name)");
@@ -243,6 +246,7 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
   if (flags.Specified("cuda_graph_max_batch")) {
     c.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
   }
+  if (flags.Specified("overlap_steps")) c.overlap_steps = absl::GetFlag(FLAGS_overlap_steps);
   if (flags.Specified("mps")) c.mps = absl::GetFlag(FLAGS_mps);
   // One set of rules for the file's values and the flags' (a bad value stops here, not in a
   // child process).

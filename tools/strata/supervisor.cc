@@ -232,6 +232,7 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
                 "--hot-ratio-policy=" + c.hot_ratio_policy,
                 absl::StrCat("--prefetch=", c.prefetch ? "true" : "false"),
                 absl::StrCat("--cuda-graph-max-batch=", c.cuda_graph_max_batch),
+                absl::StrCat("--overlap-steps=", c.overlap_steps ? "true" : "false"),
                 log_level}};
   std::vector<Child> workers(c.workers);
   auto stop_all = [&](absl::Duration router_grace) {

@@ -143,13 +143,8 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
   RETURN_IF_ERROR(
       Allocate(block_tables_, static_cast<size_t>(options_.max_sequences) * kv.num_blocks));
   num_blocks_ = kv.num_blocks;
-  ASSIGN_OR_RETURN(pinned_ids_, PinnedBuffer<int32_t>::Allocate(t));
-  ASSIGN_OR_RETURN(pinned_positions_, PinnedBuffer<int32_t>::Allocate(t));
-  ASSIGN_OR_RETURN(pinned_token_seq_, PinnedBuffer<int32_t>::Allocate(t));
-  ASSIGN_OR_RETURN(pinned_rows_, PinnedBuffer<int32_t>::Allocate(t));
-  ASSIGN_OR_RETURN(
-      pinned_tables_,
-      PinnedBuffer<int32_t>::Allocate(static_cast<size_t>(options_.max_sequences) * kv.num_blocks));
+  RETURN_IF_ERROR(AllocateHostInputs(
+      host_[0], t, static_cast<size_t>(options_.max_sequences) * kv.num_blocks, 1));
   RETURN_IF_ERROR(
       Allocate(ffn_workspace_, ExpertWorkspaceBytes(options_.max_tokens, 1, h, ffn_intermediate)));
   ASSIGN_OR_RETURN(single_ids_, DeviceBuffer<int32_t>::FromHost(std::vector<int32_t>(t, 0).data(),
@@ -186,41 +181,66 @@ absl::Status CudaRouterBackend::PrepareGraphs(int max_context, int max_sequences
                                        static_cast<size_t>(max_sequences) * c.vocab_size));
   RETURN_IF_ERROR(Allocate(greedy_, max_sequences));
   RETURN_IF_ERROR(Allocate(argmax_scratch_, ArgmaxScratchBytes(max_sequences, c.vocab_size)));
-  ASSIGN_OR_RETURN(pinned_greedy_, PinnedBuffer<int32_t>::Allocate(max_sequences));
   graph_max_context_ = max_context;
   graph_max_blocks_ = std::min(num_blocks_, (max_context + block_size_ - 1) / block_size_);
+  // Slot 0 keeps the eager steps' larger inputs; the second slot is only ever a graph's.
+  const size_t sequences = static_cast<size_t>(max_sequences);
+  ASSIGN_OR_RETURN(host_[0].greedy, PinnedBuffer<int32_t>::Allocate(sequences));
+  RETURN_IF_ERROR(
+      AllocateHostInputs(host_[1], sequences, sequences * graph_max_blocks_, sequences));
   graph_prepared_sequences_ = max_sequences;
   return absl::OkStatus();
 }
 
-absl::Status CudaRouterBackend::EnterGraphMode(int sequences) {
+absl::Status CudaRouterBackend::AllocateHostInputs(HostInputs& inputs, size_t tokens,
+                                                   size_t table_entries, size_t greedy) {
+  ASSIGN_OR_RETURN(inputs.ids, PinnedBuffer<int32_t>::Allocate(tokens));
+  ASSIGN_OR_RETURN(inputs.positions, PinnedBuffer<int32_t>::Allocate(tokens));
+  ASSIGN_OR_RETURN(inputs.token_seq, PinnedBuffer<int32_t>::Allocate(tokens));
+  ASSIGN_OR_RETURN(inputs.rows, PinnedBuffer<int32_t>::Allocate(tokens));
+  ASSIGN_OR_RETURN(inputs.tables,
+                   PinnedBuffer<int32_t>::Allocate(std::max<size_t>(table_entries, 1)));
+  ASSIGN_OR_RETURN(inputs.greedy, PinnedBuffer<int32_t>::Allocate(greedy));
+  return absl::OkStatus();
+}
+
+absl::Status CudaRouterBackend::EnterGraphMode(int sequences, int slot) {
   if (sequences <= 0 || sequences > graph_prepared_sequences_) {
     return absl::FailedPreconditionError(absl::StrCat("cuda backend: a decode graph of ", sequences,
                                                       " sequences; prepared for ",
                                                       graph_prepared_sequences_));
   }
+  if (slot < 0 || slot >= kInputSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda backend: no input slot ", slot));
+  }
   graph_sequences_ = sequences;
+  graph_slot_ = slot;
   graph_mode_ = true;
   return absl::OkStatus();
 }
 
 absl::Status CudaRouterBackend::WriteDecodeInputs(
-    absl::Span<const int32_t> tokens, absl::Span<const int32_t> positions,
+    int slot, absl::Span<const int32_t> tokens, absl::Span<const int32_t> positions,
     absl::Span<const std::vector<int>* const> tables) {
   const size_t n = tokens.size();
-  if (positions.size() != n || tables.size() != n || static_cast<int>(n) > options_.max_tokens ||
-      static_cast<int>(n) > options_.max_sequences) {
+  if (slot < 0 || slot >= kInputSlots || positions.size() != n || tables.size() != n ||
+      static_cast<int>(n) > graph_prepared_sequences_) {
     return absl::InvalidArgumentError("cuda backend: decode inputs do not match");
   }
+  HostInputs& host = host_[slot];
   for (size_t i = 0; i < n; ++i) {
     if (static_cast<int>(tables[i]->size()) > graph_max_blocks_) {
       return absl::FailedPreconditionError("cuda backend: a sequence outgrew the decode graph");
     }
-    pinned_ids_.data()[i] = tokens[i];
-    pinned_positions_.data()[i] = positions[i];
-    pinned_token_seq_.data()[i] = static_cast<int32_t>(i);
-    pinned_rows_.data()[i] = static_cast<int32_t>(i);
-    int32_t* table = pinned_tables_.data() + i * graph_max_blocks_;
+    if (tokens[i] < kPreviousGreedyToken || tokens[i] >= config_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token id ", tokens[i], " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+    }
+    host.ids.data()[i] = tokens[i];
+    host.positions.data()[i] = positions[i];
+    host.token_seq.data()[i] = static_cast<int32_t>(i);
+    host.rows.data()[i] = static_cast<int32_t>(i);
+    int32_t* table = host.tables.data() + i * graph_max_blocks_;
     const std::vector<int>& blocks = *tables[i];
     for (int b = 0; b < graph_max_blocks_; ++b) {
       table[b] = b < static_cast<int>(blocks.size()) ? blocks[b] : 0;
@@ -254,9 +274,11 @@ absl::Status CudaRouterBackend::Embed(absl::Span<const int32_t> ids, Tensor& hid
     }
   }
   cudaStream_t stream = context_->stream();
-  RETURN_IF_ERROR(Stage(ids.data(), ids.size(), pinned_ids_, ids_));
+  RETURN_IF_ERROR(Stage(ids.data(), ids.size(), host_inputs().ids, ids_));
+  // A replay's token may be the previous replay's greedy one, left in greedy_ on the device.
   CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(embedding_, config_.vocab_size, config_.hidden_size,
-                                             ids_.data(), n, hidden_.data(), stream));
+                                             ids_.data(), n, hidden_.data(), stream,
+                                             graph_mode_ ? greedy_.data() : nullptr));
   CUDA_RETURN_IF_ERROR(LaunchRmsNorm(hidden_.data(), layers_[0].input_norm, n, config_.hidden_size,
                                      static_cast<float>(config_.rms_norm_eps), normed_.data(),
                                      stream));
@@ -307,9 +329,10 @@ absl::Status CudaRouterBackend::UploadBatch(const BatchLayout& batch, PagedKvCac
     const std::vector<int>& table = kv.block_table(seqs[r]);
     std::copy(table.begin(), table.end(), tables.begin() + r * max_blocks_per_seq_);
   }
-  RETURN_IF_ERROR(Stage(token_seq.data(), token_seq.size(), pinned_token_seq_, token_seq_));
-  RETURN_IF_ERROR(Stage(positions.data(), positions.size(), pinned_positions_, positions_));
-  RETURN_IF_ERROR(Stage(tables.data(), tables.size(), pinned_tables_, block_tables_));
+  HostInputs& host = host_inputs();
+  RETURN_IF_ERROR(Stage(token_seq.data(), token_seq.size(), host.token_seq, token_seq_));
+  RETURN_IF_ERROR(Stage(positions.data(), positions.size(), host.positions, positions_));
+  RETURN_IF_ERROR(Stage(tables.data(), tables.size(), host.tables, block_tables_));
   return absl::OkStatus();
 }
 
@@ -526,7 +549,7 @@ absl::Status CudaRouterBackend::Logits(const Tensor& hidden, absl::Span<const in
     host_ints_[i] = static_cast<int32_t>(rows[i]);
   }
   cudaStream_t stream = context_->stream();
-  RETURN_IF_ERROR(Stage(host_ints_.data(), host_ints_.size(), pinned_rows_, rows_));
+  RETURN_IF_ERROR(Stage(host_ints_.data(), host_ints_.size(), host_inputs().rows, rows_));
   // The final norm is already applied: normed_ holds it after the last layer.
   CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(normed_.data(), step_tokens_, config_.hidden_size,
                                              rows_.data(), r, gathered_.data(), stream));
@@ -539,7 +562,7 @@ absl::Status CudaRouterBackend::Logits(const Tensor& hidden, absl::Span<const in
     }
     CUDA_RETURN_IF_ERROR(LaunchArgmax(logits_.data(), r, config_.vocab_size, argmax_scratch_.data(),
                                       greedy_.data(), stream));
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned_greedy_.data(), greedy_.data(),
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_inputs().greedy.data(), greedy_.data(),
                                          static_cast<size_t>(r) * sizeof(int32_t),
                                          cudaMemcpyDeviceToHost, stream));
     return absl::OkStatus();

@@ -59,13 +59,21 @@ class CudaRouterBackend : public RouterBackend {
   // (again only when no graph is kept: it frees the old buffers); then capture in graph mode
   // and leave it; before each replay, WriteDecodeInputs sets the step's inputs in the pinned
   // buffers the graph's copies read.
+  //
+  // Graphs read their inputs from one of two slots of pinned buffers and leave their greedy
+  // tokens in that slot's: a graph captured for one slot can be launched while the other
+  // slot's is still running, its inputs written meanwhile. A token of kPreviousGreedyToken
+  // takes the greedy token the step before left on the device at that row (the step before
+  // must have been a replay of the same rows).
+  static constexpr int kInputSlots = 2;
+  static constexpr int32_t kPreviousGreedyToken = -1;
   absl::Status PrepareGraphs(int max_context, int max_sequences);
-  absl::Status EnterGraphMode(int sequences);
+  absl::Status EnterGraphMode(int sequences, int slot);
   void LeaveGraphMode() { graph_mode_ = false; }
-  absl::Status WriteDecodeInputs(absl::Span<const int32_t> tokens,
+  absl::Status WriteDecodeInputs(int slot, absl::Span<const int32_t> tokens,
                                  absl::Span<const int32_t> positions,
                                  absl::Span<const std::vector<int>* const> tables);
-  const int32_t* decode_greedy() const { return pinned_greedy_.data(); }
+  const int32_t* decode_greedy(int slot) const { return host_[slot].greedy.data(); }
   // The last replayed step's logits, [sequences, vocab] in pinned memory with only `rows`
   // copied: copied and synchronized now, before anything else runs on the stream.
   absl::StatusOr<const float*> CopyDecodeLogits(absl::Span<const int64_t> rows);
@@ -111,6 +119,16 @@ class CudaRouterBackend : public RouterBackend {
   absl::Status AddAndNormalize(const bf16* x, int layer, int64_t n,
                                const uint32_t* ready_flag = nullptr);
   absl::Status UploadBatch(const BatchLayout& batch, PagedKvCache& kv);
+
+  // What the host writes for a step, pinned, which the step's copies read (Stage); and, for
+  // a replay, where its greedy tokens land.
+  struct HostInputs {
+    PinnedBuffer<int32_t> ids, positions, token_seq, tables, rows, greedy;
+  };
+  static absl::Status AllocateHostInputs(HostInputs& inputs, size_t tokens, size_t table_entries,
+                                         size_t greedy);
+  // Eager steps use slot 0; a graph the slot it is captured for.
+  HostInputs& host_inputs() { return host_[graph_mode_ ? graph_slot_ : 0]; }
   absl::Status RunSingleExpert(const ExpertWeightTable& table, const bf16* x, int64_t n, bf16* out);
 
   // Copies host[0, count) to `device` through its pinned mirror (capturable).
@@ -144,14 +162,13 @@ class CudaRouterBackend : public RouterBackend {
   DeviceBuffer<int32_t> single_ids_;         // zeros: every token to expert 0
   DeviceBuffer<float> single_weights_;       // ones
   DeviceBuffer<uint8_t> ffn_workspace_, attention_workspace_;
-  PinnedBuffer<int32_t> pinned_ids_, pinned_positions_, pinned_token_seq_, pinned_tables_,
-      pinned_rows_;
+  HostInputs host_[kInputSlots];
   // Graph mode: the decode step's greedy tokens (argmax on the device) and, on demand, its rows.
   DeviceBuffer<int32_t> greedy_;
   DeviceBuffer<uint8_t> argmax_scratch_;
-  PinnedBuffer<int32_t> pinned_greedy_;
   PinnedBuffer<float> pinned_logits_;
   bool graph_mode_ = false;
+  int graph_slot_ = 0;
   int graph_max_blocks_ = 0;
   int graph_max_context_ = 0;
   int graph_sequences_ = 1;

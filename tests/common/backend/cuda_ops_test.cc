@@ -53,6 +53,27 @@ TEST_F(CudaOpsTest, EmbeddingGather) {
   }
 }
 
+// A decode step whose tokens are still on the device: negative ids take the fallback's.
+TEST_F(CudaOpsTest, EmbeddingGatherFallsBackForNegativeIds) {
+  const int64_t vocab = 1000, hidden = 2048, n = 5;
+  const std::vector<uint16_t> table = RandomBf16(vocab * hidden);
+  const std::vector<int32_t> ids = {7, -1, 3, -1, -1};
+  const std::vector<int32_t> fallback = {900, 11, 500, 999, 0};
+  const uint16_t* d_table = Put(table);
+  const int32_t* d_ids = Put(ids);
+  const int32_t* d_fallback = Put(fallback);
+  uint16_t* d_out = Poisoned<uint16_t>(n * hidden);
+  ASSERT_FALSE(HasFailure());
+  LAUNCH_OK(gpu::LaunchEmbeddingGather(AsBf16(d_table), vocab, hidden, d_ids, n, AsBf16(d_out),
+                                       stream(), d_fallback));
+  std::vector<float> ref(n * hidden);
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t id = ids[t] >= 0 ? ids[t] : fallback[t];
+    for (int64_t i = 0; i < hidden; ++i) ref[t * hidden + i] = F(table[id * hidden + i]);
+  }
+  ExpectClose("embedding with fallback", "n=5", GetBf16(AsBf16(d_out), n * hidden), ref, 0.0);
+}
+
 TEST_F(CudaOpsTest, RmsNorm) {
   const float eps = 1e-6f;
   for (int64_t dim : {64, 2048, 100}) {

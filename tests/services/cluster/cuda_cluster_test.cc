@@ -184,25 +184,54 @@ float LastTokenLogprob(const std::string& address, std::vector<uint32_t> prefix,
   return response.logprobs(response.logprobs_size() - 1);
 }
 
+// Expects each sequence of `got` to equal `want`'s, or to part ways only where two tokens all
+// but tie: a cluster on `model` scores both after the common prefix (the prompt, then the
+// tokens the two share) within `tie_nats` of each other (a wrong step picks a token far from
+// the top).
+void ExpectSameOrTied(const std::string& model, const std::vector<std::vector<uint32_t>>& prompts,
+                      const std::vector<std::vector<uint32_t>>& got,
+                      const std::vector<std::vector<uint32_t>>& want, float tie_nats) {
+  ASSERT_EQ(got.size(), prompts.size());
+  ASSERT_EQ(want.size(), prompts.size());
+  std::unique_ptr<ClusterProcess> scorer;  // started only for a divergence
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto [g, w] = std::mismatch(got[i].begin(), got[i].end(), want[i].begin(), want[i].end());
+    if (g == got[i].end() && w == want[i].end()) continue;
+    if (g == got[i].end() || w == want[i].end()) {
+      ADD_FAILURE() << "sequence " << i << ": one run's tokens are a prefix of the other's";
+      continue;
+    }
+    if (scorer == nullptr) scorer = std::make_unique<ClusterProcess>(GpuClusterArgs(model));
+    std::vector<uint32_t> prefix = prompts[i];
+    prefix.insert(prefix.end(), got[i].begin(), g);
+    const float lp_got = LastTokenLogprob(scorer->address(), prefix, *g);
+    const float lp_want = LastTokenLogprob(scorer->address(), prefix, *w);
+    EXPECT_LE(std::fabs(lp_got - lp_want), tie_nats)
+        << "sequence " << i << " parts ways at token " << (g - got[i].begin()) << ": " << *g
+        << " (logprob " << lp_got << ") against " << *w << " (logprob " << lp_want << ")";
+  }
+}
+
+// The demo model's prompts of these tests: sequence i has 12 + i tokens.
+std::vector<uint32_t> DemoPrompt(int i) {
+  std::vector<uint32_t> prompt;
+  for (int j = 0; j < 12 + i; ++j) prompt.push_back(static_cast<uint32_t>(100 + 37 * i + j));
+  return prompt;
+}
+
 // Eight sequences, half of them sampled (top 1), decoding together (batches of one to eight as they
 // start and finish) by CUDA graph replay on both sides of the process split, against the same
 // cluster with graphs off: the same tokens on the demo model, and the graph cluster ran most
 // steps by replay. How the prompts are batched depends on when they arrive (runs take 40 or 41
 // steps), and a token's logits depend on its batch in the last bits, so a sequence may part ways
-// where two tokens all but tie: that is accepted, after the divergence, only if a third cluster
-// scores the two tokens within kTieNats of each other (a wrong replay picks a token far from the
-// top).
+// where two tokens all but tie (ExpectSameOrTied).
 TEST(CudaClusterTest, GraphStepsGiveTheEagerTokens) {
   if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   const std::string model = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
   constexpr int kSequences = 8;
   constexpr int kNewTokens = 40;
-  constexpr float kTieNats = 0.1f;
-  auto Prompt = [](int i) {
-    std::vector<uint32_t> prompt;
-    for (int j = 0; j < 12 + i; ++j) prompt.push_back(static_cast<uint32_t>(100 + 37 * i + j));
-    return prompt;
-  };
+  std::vector<std::vector<uint32_t>> prompts;
+  for (int i = 0; i < kSequences; ++i) prompts.push_back(DemoPrompt(i));
   auto run = [&](int max_graph_batch, int64_t* graph_steps, int64_t* steps) {
     std::vector<std::string> args = GpuClusterArgs(model);
     args.push_back("--cuda-graph-max-batch=" + std::to_string(max_graph_batch));
@@ -210,10 +239,9 @@ TEST(CudaClusterTest, GraphStepsGiveTheEagerTokens) {
     EXPECT_FALSE(cluster.address().empty());
     std::vector<std::future<Generated>> running;
     for (int i = 0; i < kSequences; ++i) {
-      const std::vector<uint32_t> prompt = Prompt(i);
       // Odd sequences sample from their top 1 (as robust to rounding as greedy): their rows'
       // logits come to the host, the greedy rows of the same replays take the device's argmax.
-      v1::GenerateRequest request = GreedyRequest(prompt, kNewTokens - 2 * i);
+      v1::GenerateRequest request = GreedyRequest(prompts[i], kNewTokens - 2 * i);
       if (i % 2 == 1) {
         request.mutable_sampling()->set_temperature(0.8f);
         request.mutable_sampling()->set_top_k(1);
@@ -238,29 +266,78 @@ TEST(CudaClusterTest, GraphStepsGiveTheEagerTokens) {
   const auto eager = run(0, &eager_graph_steps, &eager_steps);
   std::cout << "graph cluster: " << graph_steps << " of " << steps
             << " steps by replay; eager cluster: " << eager_steps << " steps\n";
-  ASSERT_EQ(replayed.size(), eager.size());
-  std::unique_ptr<ClusterProcess> scorer;  // started only for a divergence
   for (int i = 0; i < kSequences; ++i) {
     EXPECT_EQ(replayed[i].size(), static_cast<size_t>(kNewTokens - 2 * i));
-    const auto [r, e] =
-        std::mismatch(replayed[i].begin(), replayed[i].end(), eager[i].begin(), eager[i].end());
-    if (r == replayed[i].end() && e == eager[i].end()) continue;
-    if (r == replayed[i].end() || e == eager[i].end()) {
-      ADD_FAILURE() << "sequence " << i << ": one run's tokens are a prefix of the other's";
-      continue;
-    }
-    if (scorer == nullptr) scorer = std::make_unique<ClusterProcess>(GpuClusterArgs(model));
-    std::vector<uint32_t> prefix = Prompt(i);
-    prefix.insert(prefix.end(), replayed[i].begin(), r);
-    const float lp_replayed = LastTokenLogprob(scorer->address(), prefix, *r);
-    const float lp_eager = LastTokenLogprob(scorer->address(), prefix, *e);
-    EXPECT_LE(std::fabs(lp_replayed - lp_eager), kTieNats)
-        << "sequence " << i << " parts ways at token " << (r - replayed[i].begin())
-        << ": replay chose " << *r << " (logprob " << lp_replayed << "), eager " << *e
-        << " (logprob " << lp_eager << ")";
   }
+  ExpectSameOrTied(model, prompts, replayed, eager, 0.1f);
   EXPECT_EQ(eager_graph_steps, 0);
   EXPECT_GT(graph_steps, steps / 2);
+}
+
+// Greedy decode steps launched before the step before them is read (their tokens still on the
+// GPU), against the same cluster launching each step after reading the last: one sequence alone
+// gives the same tokens bit for bit (the same graphs run the same steps); then seven together,
+// of different lengths, and an eighth that its client cancels, so that rows end while a step
+// runs behind them: the same tokens, tied where batching differs (ExpectSameOrTied), none of
+// them longer or shorter than the other run's.
+TEST(CudaClusterTest, OverlappedStepsGiveTheTokensOfStepsOneByOne) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::string model = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
+  constexpr int kSequences = 7;
+  constexpr int kNewTokens = 48;
+  std::vector<std::vector<uint32_t>> prompts;
+  for (int i = 0; i < kSequences; ++i) prompts.push_back(DemoPrompt(i));
+  auto run = [&](bool overlap, int64_t* overlapped_steps) {
+    std::vector<std::string> args = GpuClusterArgs(model);
+    args.push_back(std::string("--overlap-steps=") + (overlap ? "true" : "false"));
+    ClusterProcess cluster(args);
+    EXPECT_FALSE(cluster.address().empty());
+    std::vector<std::vector<uint32_t>> tokens;
+    const Generated alone = GenerateGreedy(cluster.address(), prompts[0], kNewTokens);
+    EXPECT_TRUE(alone.status.ok()) << alone.status.error_message();
+    tokens.push_back(alone.tokens);
+    std::vector<std::future<Generated>> running;
+    for (int i = 0; i < kSequences; ++i) {
+      running.push_back(GenerateGreedyAsync(cluster.address(), prompts[i], kNewTokens - 5 * i));
+    }
+    // One more, cancelled by its client after ten tokens: it ends while steps run behind it.
+    std::future<grpc::Status> cancelled = std::async(std::launch::async, [&] {
+      grpc::ClientContext context;
+      auto stub = strata::testing::GenerationStub(cluster.address());
+      auto reader = stub->Generate(&context, GreedyRequest(DemoPrompt(kSequences), 4 * kNewTokens));
+      v1::GenerateResponse response;
+      int received = 0;
+      while (reader->Read(&response)) {
+        received += response.token_ids_size();
+        if (received >= 10) context.TryCancel();
+      }
+      return reader->Finish();
+    });
+    for (auto& r : running) {
+      const Generated g = r.get();
+      EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+      tokens.push_back(g.tokens);
+    }
+    EXPECT_EQ(cancelled.get().error_code(), grpc::StatusCode::CANCELLED);
+    *overlapped_steps =
+        static_cast<int64_t>(RouterStats(cluster.address()).graph_overlapped_steps());
+    EXPECT_EQ(cluster.Stop(), 0);
+    return tokens;
+  };
+  int64_t overlapped = 0, one_by_one_overlapped = 0;
+  const auto ahead = run(true, &overlapped);
+  const auto one_by_one = run(false, &one_by_one_overlapped);
+  std::cout << "overlapped cluster: " << overlapped << " steps launched ahead\n";
+  EXPECT_GT(overlapped, kNewTokens / 2);
+  EXPECT_EQ(one_by_one_overlapped, 0);
+  ASSERT_EQ(ahead.size(), one_by_one.size());
+  EXPECT_EQ(ahead[0], one_by_one[0]) << "one sequence alone";
+  for (int i = 0; i < kSequences; ++i) {
+    EXPECT_EQ(ahead[i + 1].size(), one_by_one[i + 1].size()) << "sequence " << i;
+  }
+  ExpectSameOrTied(
+      model, prompts, std::vector<std::vector<uint32_t>>(ahead.begin() + 1, ahead.end()),
+      std::vector<std::vector<uint32_t>>(one_by_one.begin() + 1, one_by_one.end()), 0.1f);
 }
 
 // A worker killed in the middle of generation: with a second worker the request completes
