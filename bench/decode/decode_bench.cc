@@ -30,6 +30,8 @@ ABSL_FLAG(int, output_len, 512, "Generated tokens per run");
 ABSL_FLAG(int, runs, 10, "Measured runs");
 ABSL_FLAG(int, warmup, 1, "Unmeasured runs first");
 ABSL_FLAG(int, threads, 0, "CPU threads for --device cpu");
+ABSL_FLAG(bool, overlap_steps, true,
+          "Launch each decode step before the last one's token is read (its argmax on the GPU)");
 ABSL_FLAG(std::string, machine, "", "Machine description for the record");
 ABSL_FLAG(std::string, out, "", "JSON file to write");
 
@@ -62,6 +64,7 @@ int main(int argc, char** argv) {
   options.expert_weights = absl::GetFlag(FLAGS_weights);
   options.attention_weights = absl::GetFlag(FLAGS_attention_weights);
   options.num_threads = absl::GetFlag(FLAGS_threads);
+  options.overlap_decode_steps = absl::GetFlag(FLAGS_overlap_steps);
   options.prefill_chunk_tokens = std::max(absl::GetFlag(FLAGS_input_len), 1);
   options.kv_cache_bytes = int64_t{8} << 30;
   options.on_progress = [](const std::string& line) { std::cerr << line << "\n"; };
@@ -114,6 +117,7 @@ int main(int argc, char** argv) {
   strata::DecodeGraphs::Timing timing = (*engine)->decode_graph_timing();
   timing.replays -= after_warmup.replays;
   timing.replay_us -= after_warmup.replay_us;
+  timing.overlapped -= after_warmup.overlapped;
   timing.pairs -= after_warmup.pairs;
   timing.between_us -= after_warmup.between_us;
   std::string name = absl::GetFlag(FLAGS_model_name);
@@ -139,6 +143,7 @@ int main(int argc, char** argv) {
       {"load_s", load_s},
       {"graph_replay_us", timing.mean_replay_us()},
       {"graph_between_us", timing.mean_between_us()},
+      {"graph_overlapped_steps", timing.overlapped},
       {"machine", absl::GetFlag(FLAGS_machine)},
       {"date", date},
       {"command", command},

@@ -127,6 +127,13 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
   const std::vector<int>& eos = config().eos_token_ids;
   // Decode steps replay one CUDA graph when the whole sequence fits the graph's context.
   bool graphs = UseDecodeGraph(n + options.max_new_tokens);
+  bool launched = false;  // the step for `next` is in flight, launched ahead
+  // Ends before `release`: nothing may still write the sequence's keys and values then.
+  absl::Cleanup drain = [&] {
+    if (decode_graphs_ != nullptr && decode_graphs_->in_flight() > 0) {
+      decode_graphs_->Wait().IgnoreError();
+    }
+  };
   int32_t next = sampler.Sample(logits.row(0), vocab);
   while (true) {
     out.push_back(next);
@@ -137,7 +144,11 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
     }
     const int64_t position = n + static_cast<int64_t>(out.size()) - 1;
     if (graphs) {
-      absl::StatusOr<int32_t> replayed = DecodeWithGraph(seq, next, position, sampler);
+      // The step after this one goes in behind it when its token will be wanted.
+      const bool ahead = options_.overlap_decode_steps && sampler.greedy() &&
+                         static_cast<int>(out.size()) + 1 < options.max_new_tokens;
+      absl::StatusOr<int32_t> replayed =
+          DecodeWithGraph(seq, next, position, sampler, ahead, &launched);
       if (replayed.ok()) {
         next = *replayed;
         continue;
@@ -158,12 +169,31 @@ bool LocalEngine::UseDecodeGraph(int64_t total_tokens) {
 }
 
 absl::StatusOr<int32_t> LocalEngine::DecodeWithGraph(PagedKvCache::SequenceId seq, int32_t token,
-                                                     int64_t position, Sampler& sampler) {
-  RETURN_IF_ERROR(kv_->Reserve(seq, position + 1));
-  BatchLayout batch;
-  batch.sequence = {seq};
-  batch.position = {position};
-  ASSIGN_OR_RETURN(const int32_t* greedy, decode_graphs_->Run({&token, 1}, batch));
+                                                     int64_t position, Sampler& sampler, bool ahead,
+                                                     bool* launched) {
+  auto batch_at = [&](int64_t p) {
+    BatchLayout batch;
+    batch.sequence = {seq};
+    batch.position = {p};
+    return batch;
+  };
+  const bool in_flight = *launched;
+  *launched = false;
+  if (!in_flight) {
+    RETURN_IF_ERROR(kv_->Reserve(seq, position + 1));
+    RETURN_IF_ERROR(decode_graphs_->Launch({&token, 1}, batch_at(position)));
+  }
+  if (ahead && kv_->Reserve(seq, position + 2).ok()) {
+    const int32_t from_device = kTokenOfPreviousStep;
+    RETURN_IF_ERROR(decode_graphs_->Launch({&from_device, 1}, batch_at(position + 1)));
+    *launched = true;
+  }
+  absl::StatusOr<const int32_t*> read = decode_graphs_->Wait();
+  if (!read.ok()) {
+    *launched = false;  // failed with it
+    return read.status();
+  }
+  const int32_t* greedy = *read;
   if (sampler.greedy()) return greedy[0];
   const int64_t row = 0;
   ASSIGN_OR_RETURN(const float* logits, decode_graphs_->Logits({&row, 1}));

@@ -31,6 +31,10 @@ struct LocalEngineOptions {
   std::string attention_weights;
   // On a GPU, replay one CUDA graph per decode step (no per-kernel launch cost).
   bool cuda_graphs = true;
+  // Greedy decoding by replay: launch the next step before the last one's token is read (its
+  // token the argmax still on the GPU; DecodeGraphs::Launch), so the GPU never waits for the
+  // host between steps.
+  bool overlap_decode_steps = true;
   // Progress lines while a large model goes to the GPU.
   std::function<void(const std::string&)> on_progress;
   // Sees the routing of every MoE layer of every step (see ForwardOptions).
@@ -70,9 +74,13 @@ class LocalEngine {
   LocalEngine() = default;
   // CUDA decode graphs: whether this generation can replay them (false without CUDA), and one
   // decode step by replay, returning the token `sampler` picks (greedy: the device's argmax).
+  // *launched: the step for `token` at `position` is in flight already (launched ahead); on
+  // return, whether the step after it is (launched ahead now, when `ahead` allows). On an
+  // error nothing is in flight.
   bool UseDecodeGraph(int64_t total_tokens);
   absl::StatusOr<int32_t> DecodeWithGraph(PagedKvCache::SequenceId seq, int32_t token,
-                                          int64_t position, Sampler& sampler);
+                                          int64_t position, Sampler& sampler, bool ahead,
+                                          bool* launched);
   absl::Status ValidatePrompt(absl::Span<const int32_t> ids, int64_t extra_tokens) const;
   // Runs `ids` at positions [start, start + ids.size()) of `seq`; logits for the rows asked.
   absl::Status Step(PagedKvCache::SequenceId seq, absl::Span<const int32_t> ids, int64_t start,

@@ -67,17 +67,21 @@ namespace {
 
 // Decode steps replayed from one CUDA graph give exactly the tokens of eager launches (greedy
 // by the device's argmax, and top-1 sampling by the host on the logits a replay copies on
-// demand), and follow transformers' greedy continuations.
+// demand), with greedy steps launched one by one (mode 1) or each before the last one's token
+// is read (mode 2, the default), and follow transformers' greedy continuations.
 TEST(CudaDemoModelTest, GraphDecodeMatchesEagerDecode) {
   if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::ifstream in(kModel + "/reference.json");
   const auto prompts = nlohmann::json::parse(in)["generation"]["prompts"];
-  std::vector<std::vector<int32_t>> by_mode[2], sampled_by_mode[2];
-  for (int graphs = 0; graphs < 2; ++graphs) {
+  constexpr int kModes = 3;
+  std::vector<std::vector<int32_t>> by_mode[kModes], sampled_by_mode[kModes];
+  int64_t overlapped[kModes] = {};
+  for (int graphs = 0; graphs < kModes; ++graphs) {
     LocalEngineOptions options;
     options.model_dir = kModel;
     options.device = "cuda";
-    options.cuda_graphs = graphs == 1;
+    options.cuda_graphs = graphs > 0;
+    options.overlap_decode_steps = graphs == 2;
     auto engine = LocalEngine::Create(options);
     ASSERT_TRUE(engine.ok()) << engine.status();
     for (const auto& p : prompts) {
@@ -96,14 +100,17 @@ TEST(CudaDemoModelTest, GraphDecodeMatchesEagerDecode) {
       ASSERT_TRUE(sampled.ok()) << sampled.status();
       sampled_by_mode[graphs].push_back(*sampled);
     }
+    overlapped[graphs] = (*engine)->decode_graph_timing().overlapped;
   }
   EXPECT_EQ(by_mode[0], by_mode[1]);
-  EXPECT_EQ(sampled_by_mode[0], by_mode[0]);
-  EXPECT_EQ(sampled_by_mode[1], by_mode[1]);
+  EXPECT_EQ(by_mode[0], by_mode[2]);
+  for (int mode = 0; mode < kModes; ++mode) EXPECT_EQ(sampled_by_mode[mode], by_mode[mode]);
+  EXPECT_EQ(overlapped[1], 0);
+  EXPECT_GT(overlapped[2], 0);
   for (size_t i = 0; i < prompts.size(); ++i) {
     const auto expected = prompts[i]["greedy_ids"].get<std::vector<int32_t>>();
     size_t same = 0;
-    while (same < expected.size() && by_mode[1][i][same] == expected[same]) ++same;
+    while (same < expected.size() && by_mode[2][i][same] == expected[same]) ++same;
     std::cout << "prompt " << i << ": first " << same << " of " << expected.size()
               << " greedy tokens equal transformers' (float32)\n";
   }
