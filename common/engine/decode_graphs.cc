@@ -27,7 +27,6 @@ void DecodeGraphs::NoteTiming(const Launched& step, Clock::time_point synced) {
     const Clock::time_point start = std::max(step.launch_returned, last_synced_);
     replay_ns_.fetch_add(ns(synced - start), std::memory_order_relaxed);
     overlapped_.fetch_add(1, std::memory_order_relaxed);
-    pairs_.fetch_add(1, std::memory_order_relaxed);
   } else {
     replay_ns_.fetch_add(ns(synced - step.launch_returned), std::memory_order_relaxed);
     const Clock::duration between = step.launch_returned - last_synced_;
@@ -243,14 +242,16 @@ absl::Status DecodeGraphs::LaunchReplay(Graph& graph, absl::Span<const int32_t> 
     return FailInFlight(written);
   }
   cudaStream_t stream = router_.context()->stream();
-  cudaError_t launched = cudaGraphLaunch(graph.exec[slot], stream);
-  if (launched == cudaSuccess) launched = cudaEventRecord(events_->done[slot], stream);
+  const cudaError_t launched = cudaGraphLaunch(graph.exec[slot], stream);
   if (launched != cudaSuccess) {
     cudaGetLastError();
     experts_.AbortGraphStep();
     return FailInFlight(
         absl::InternalError(absl::StrCat("decode graph launch: ", cudaGetErrorString(launched))));
   }
+  // Launched: from here a failure lets the replay run out with its workers (FailInFlight), as
+  // aborting would raise flags for workers that already ran it.
+  const cudaError_t recorded = cudaEventRecord(events_->done[slot], stream);
   Launched step;
   step.slot = slot;
   step.sequences.assign(batch.sequence.begin(), batch.sequence.end());
@@ -261,8 +262,13 @@ absl::Status DecodeGraphs::LaunchReplay(Graph& graph, absl::Span<const int32_t> 
   next_slot_ = (slot + 1) % CudaRouterBackend::kInputSlots;
   // An error here leaves the replay computing garbage behind released waits, and any step
   // still in flight may pass the same waits early: all of them fail.
-  if (absl::Status started = experts_.AwaitGraphStep(); !started.ok()) return FailInFlight(started);
-  return absl::OkStatus();
+  absl::Status started = experts_.AwaitGraphStep();
+  if (started.ok() && recorded != cudaSuccess) {
+    cudaGetLastError();
+    started =
+        absl::InternalError(absl::StrCat("decode graph event: ", cudaGetErrorString(recorded)));
+  }
+  return FailInFlight(started);
 }
 
 absl::StatusOr<const int32_t*> DecodeGraphs::Wait() {

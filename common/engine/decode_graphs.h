@@ -104,9 +104,9 @@ class DecodeGraphs {
   // Where a replayed step's time goes on the host, summed over replays (safe to read from any
   // thread). `between` is the GPU's idle time between two replays in a row: from one replay's
   // synchronize returning to the next one's launch returning (the caller's handling of the
-  // tokens, the next step's planning, the workers' messages, the inputs' copies); none for a
-  // step launched before the one before it was read. Pairs more than 20 ms apart (a pause
-  // between requests) are left out.
+  // tokens, the next step's planning, the workers' messages, the inputs' copies). A step
+  // launched before the one before it was read makes no pair (the host's time is off the
+  // GPU's path), nor do pairs more than 20 ms apart (a pause between requests).
   struct Timing {
     int64_t replays = 0;
     double replay_us = 0;    // launch returned (or the step before synchronized) -> synchronized

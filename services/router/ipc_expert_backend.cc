@@ -69,6 +69,8 @@ absl::StatusOr<std::unique_ptr<IpcExpertBackend>> IpcExpertBackend::Create(
   CUDA_RETURN_IF_ERROR(cudaMemset(b->blocks_done_.data(), 0, sizeof(uint32_t)));
   b->uploaded_owners_.resize(config.num_layers);
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->release_stream_, cudaStreamNonBlocking));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->deferred_stream_, cudaStreamNonBlocking));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->earlier_done_, cudaEventDisableTiming));
   b->watchdog_ = std::thread([raw = b.get()] { raw->Watch(); });
   return b;
 }
@@ -82,6 +84,8 @@ IpcExpertBackend::~IpcExpertBackend() {
   if (watchdog_.joinable()) watchdog_.join();
   cudaSetDevice(context_->device());
   if (release_stream_ != nullptr) cudaStreamDestroy(release_stream_);
+  if (deferred_stream_ != nullptr) cudaStreamDestroy(deferred_stream_);
+  if (earlier_done_ != nullptr) cudaEventDestroy(earlier_done_);
 }
 
 void IpcExpertBackend::Watch() {
@@ -261,6 +265,12 @@ absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
   step_tokens_ = tokens;
   sent_.clear();
   ClearStarted();  // empty unless a step ended on a path that did not finish it
+  // A replay still in flight: marks its end, before which no worker's flags may be released
+  // for this one (AwaitGraphStep).
+  earlier_in_flight_ = !awaited_steps_.empty();
+  if (earlier_in_flight_) {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(earlier_done_, context_->stream()));
+  }
   absl::Status status;
   for (int w = 0; w < static_cast<int>(graph_layers_.size()) && status.ok(); ++w) {
     if (graph_layers_[w].empty()) continue;
@@ -326,12 +336,23 @@ absl::Status IpcExpertBackend::AwaitGraphStep() {
   std::vector<int> failed;
   const absl::Status status = CollectAnswers(failed);
   const size_t layers = static_cast<size_t>(config().num_layers);
+  // The worker may still be running the replay before this one, which its flags guard: then
+  // the release waits for that replay's end (it finishes normally: the worker started it), on
+  // a stream of its own so that the watchdog's releases never queue behind it.
+  cudaStream_t release = release_stream_;
+  if (!failed.empty() && earlier_in_flight_) {
+    release = deferred_stream_;
+    if (cudaStreamWaitEvent(release, earlier_done_, 0) != cudaSuccess) {
+      cudaGetLastError();
+      Log(LogLevel::kError, "releasing a replayed step: cannot wait for the one before it");
+    }
+  }
   for (int w : failed) {
     // The replay waits for output flags this worker will not raise: release them for good
     // here, and clear every flag of its once the step is over (FinishStep).
     CudaIpcConnection* link = graph_connections_[w].get();
-    if (absl::Status s = gpu::FillFlags(release_stream_, link->flags_.data() + layers,
-                                        gpu::kFlagReleased, layers);
+    if (absl::Status s =
+            gpu::FillFlags(release, link->flags_.data() + layers, gpu::kFlagReleased, layers);
         !s.ok()) {
       Log(LogLevel::kError, absl::StrCat("releasing a replayed step: ", s.message()));
     }

@@ -218,7 +218,13 @@ class IpcExpertBackend : public RemoteExpertBackend, public gpu::GateHandOffSour
   std::vector<std::shared_ptr<CudaIpcConnection>> reset_flags_;
   std::unique_ptr<gpu::ClockStamps> stamps_;  // profiling; null unless StampClocks
   cudaStream_t release_stream_ = nullptr;     // ReleaseIfLost's records
-  std::mutex release_mu_;                     // ReleaseIfLost: the watchdog and registrations
+  // Recorded on the router's stream by BeginGraphStep when a replay is still in flight
+  // (earlier_in_flight_): that replay's end, which releases for a replay behind it wait for
+  // on deferred_stream_. Engine thread.
+  cudaStream_t deferred_stream_ = nullptr;
+  cudaEvent_t earlier_done_ = nullptr;
+  bool earlier_in_flight_ = false;
+  std::mutex release_mu_;  // ReleaseIfLost: the watchdog and registrations
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;
   bool stopping_ = false;  // guarded by watch_mu_

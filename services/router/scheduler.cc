@@ -163,9 +163,9 @@ Scheduler::Stats Scheduler::stats() const {
   s.steps = steps_.load();
   s.preemptions = preemptions_.load();
   s.graph_steps = graph_steps_.load();
-  s.overlapped_steps = overlapped_steps_.load();
   if (options_.decode_graphs != nullptr) {
     const DecodeGraphs::Timing t = options_.decode_graphs->timing();
+    s.overlapped_steps = t.overlapped;
     s.graph_replay_us = t.mean_replay_us();
     s.graph_between_us = t.mean_between_us();
   }
@@ -440,7 +440,7 @@ const int32_t* Scheduler::TryGraphStep(absl::Span<const int32_t> ids, const Batc
   // A capture takes a while: what the clients have waiting goes first.
   if (graphs->NeedsCapture(batch.num_tokens())) FlushOutbox();
   if (absl::Status launched = graphs->Launch(ids, batch); !launched.ok()) return failed(launched);
-  if (!scoring) {
+  if (!scoring && options_.overlap_decode_steps && waiting_.empty()) {
     LaunchedRows in_flight;
     in_flight.rows = sampled;
     for (Sequence* seq : sampled) in_flight.tickets.push_back(seq->ticket);
@@ -509,7 +509,6 @@ bool Scheduler::StepAhead() {
   if (!greedy.ok()) return failed(greedy.status());
   steps_.fetch_add(1);
   graph_steps_.fetch_add(1);
-  overlapped_steps_.fetch_add(1);
   for (size_t i = 0; i < current.rows.size(); ++i) {
     // Rows whose sequence ended (or was preempted) meanwhile are dropped: compared by address
     // with the running ones first, since an ended one's is gone.

@@ -143,7 +143,6 @@ class Scheduler {
   std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> preemptions_{0};
   std::atomic<int64_t> graph_steps_{0};
-  std::atomic<int64_t> overlapped_steps_{0};
   std::atomic<int> unsent_{0};  // outbox entries: idle only once they are out too
   std::condition_variable idle_cv_;
 
