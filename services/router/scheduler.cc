@@ -440,7 +440,7 @@ const int32_t* Scheduler::TryGraphStep(absl::Span<const int32_t> ids, const Batc
   // A capture takes a while: what the clients have waiting goes first.
   if (graphs->NeedsCapture(batch.num_tokens())) FlushOutbox();
   if (absl::Status launched = graphs->Launch(ids, batch); !launched.ok()) return failed(launched);
-  if (!scoring && options_.overlap_decode_steps && waiting_.empty()) {
+  if (!scoring && MayLaunchAhead()) {
     LaunchedRows in_flight;
     in_flight.rows = sampled;
     for (Sequence* seq : sampled) in_flight.tickets.push_back(seq->ticket);
@@ -456,9 +456,13 @@ const int32_t* Scheduler::TryGraphStep(absl::Span<const int32_t> ids, const Batc
   return failed(greedy.status());
 }
 
+bool Scheduler::MayLaunchAhead() const {
+  return options_.overlap_decode_steps && waiting_.empty();
+}
+
 absl::StatusOr<bool> Scheduler::LaunchAhead(const LaunchedRows& in_flight) {
   const size_t n = in_flight.rows.size();
-  if (!options_.overlap_decode_steps || !waiting_.empty() || n != running_.size()) return false;
+  if (!MayLaunchAhead() || n != running_.size()) return false;
   BatchLayout batch;
   for (size_t i = 0; i < n; ++i) {
     Sequence* seq = running_[i].get();

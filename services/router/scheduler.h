@@ -106,6 +106,9 @@ class Scheduler {
   // on the GPU; SchedulerOptions::overlap_decode_steps) and sets ahead_. False when the batch
   // does not qualify; an error when the launch failed, which failed the step in flight too.
   absl::StatusOr<bool> LaunchAhead(const LaunchedRows& in_flight);
+  // Whether any step may be launched ahead now: the option is on and no request waits (one
+  // that waits is admitted at the next step instead).
+  bool MayLaunchAhead() const;
   // The step after one whose tokens came from a launch ahead: reads it, launching the next
   // one behind it first when it can.
   bool StepAhead();
