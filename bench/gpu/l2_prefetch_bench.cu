@@ -11,28 +11,40 @@
 namespace {
 
 struct PrefetchList {
-  const void* ptr[32];
-  uint32_t bytes[32];
+  static constexpr int kMax = 32;
+  const void* ptr[kMax];
+  uint32_t bytes[kMax];
   int count = 0;
   void Add(const void* p, size_t n) {
+    if (count == kMax || n > UINT32_MAX) {
+      std::fprintf(stderr, "PrefetchList: more than %d ranges or a range past 4 GB\n", kMax);
+      std::exit(1);
+    }
     ptr[count] = p;
     bytes[count] = static_cast<uint32_t>(n);
     ++count;
   }
 };
 
-// mode 0: no prefetch; 1: bulk prefetch; 2: bulk prefetch marked evict_last. Then thread 0
-// spins for spin_ns (a stand-in for a latency-bound kernel such as decode attention).
-__global__ void SpinPrefetch(const __grid_constant__ PrefetchList l, int64_t spin_ns, int mode) {
+// How SpinPrefetch requests the list's bytes (printed as its number in the rows' names).
+enum class Prefetch : int { kNone = 0, kBulk = 1, kBulkEvictLast = 2 };
+
+// The list's ranges prefetched as `mode` says, 64 KB a request spread over the block's
+// threads; then thread 0 spins for spin_ns (a stand-in for a latency-bound kernel such as
+// decode attention).
+__global__ void SpinPrefetch(const __grid_constant__ PrefetchList l, int64_t spin_ns,
+                             Prefetch mode) {
   constexpr uint32_t kChunk = 64 * 1024;
   uint64_t policy = 0;
-  if (mode == 2) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  if (mode != 0) {
+  if (mode == Prefetch::kBulkEvictLast) {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  }
+  if (mode != Prefetch::kNone) {
     for (int r = 0; r < l.count; ++r) {
       const char* base = static_cast<const char*>(l.ptr[r]);
       for (uint32_t off = threadIdx.x * kChunk; off < l.bytes[r]; off += blockDim.x * kChunk) {
         const uint32_t n = min(kChunk, l.bytes[r] - off);
-        if (mode == 2) {
+        if (mode == Prefetch::kBulkEvictLast) {
           asm volatile(
               "cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(base + off),
               "r"(n), "l"(policy)
@@ -53,7 +65,7 @@ __global__ void SpinPrefetch(const __grid_constant__ PrefetchList l, int64_t spi
   }
 }
 
-void Spin(cudaStream_t s, const PrefetchList& l, int64_t ns, int mode) {
+void Spin(cudaStream_t s, const PrefetchList& l, int64_t ns, Prefetch mode) {
   SpinPrefetch<<<1, 32, 0, s>>>(l, ns, mode);
   CK(cudaGetLastError());
 }
@@ -91,12 +103,12 @@ void PrefetchTimes(cudaStream_t s) {
   Row("gemv qkv fp8 alone, cold", TimeUs(s, 64, gemv_qkv), qkv_bytes);
   Row("gemv qkv fp8 alone, warm (one copy)", TimeUs(s, 64, [&](int) { gemv_qkv(0); }), qkv_bytes);
   for (int64_t ns : {3000, 6000, 10000}) {
-    const double spin = TimeUs(s, 64, [&](int) { Spin(s, none, ns, 0); });
+    const double spin = TimeUs(s, 64, [&](int) { Spin(s, none, ns, Prefetch::kNone); });
     std::printf("spin %lld ns alone: %.2f us\n", static_cast<long long>(ns), spin);
-    for (int mode : {0, 1, 2}) {
+    for (Prefetch mode : {Prefetch::kNone, Prefetch::kBulk, Prefetch::kBulkEvictLast}) {
       char name[96];
       std::snprintf(name, sizeof(name), "o after spin %lld, prefetch mode %d (minus spin)",
-                    static_cast<long long>(ns), mode);
+                    static_cast<long long>(ns), static_cast<int>(mode));
       Row(name,
           TimeUs(s, 64,
                  [&](int i) {
@@ -106,7 +118,7 @@ void PrefetchTimes(cudaStream_t s) {
               spin,
           o_bytes);
       std::snprintf(name, sizeof(name), "qkv after spin %lld, prefetch mode %d (minus spin)",
-                    static_cast<long long>(ns), mode);
+                    static_cast<long long>(ns), static_cast<int>(mode));
       Row(name,
           TimeUs(s, 64,
                  [&](int i) {
@@ -150,20 +162,20 @@ void PrefetchTimes(cudaStream_t s) {
     return l;
   };
   const double expert_bytes = 3.0 * kTopK * mat;
-  const double gap = TimeUs(s, 32, [&](int) { Spin(s, none, 0, 0); });
+  const double gap = TimeUs(s, 32, [&](int) { Spin(s, none, 0, Prefetch::kNone); });
   Row("experts fp8 after empty kernel (minus it)",
       TimeUs(s, 32,
              [&](int i) {
-               Spin(s, none, 0, 0);
+               Spin(s, none, 0, Prefetch::kNone);
                experts(i);
              }) -
           gap,
       expert_bytes);
-  for (int mode : {1, 2}) {
+  for (Prefetch mode : {Prefetch::kBulk, Prefetch::kBulkEvictLast}) {
     for (const bool all : {false, true}) {
       char name[96];
       std::snprintf(name, sizeof(name), "experts fp8, %s prefetched at start, mode %d",
-                    all ? "all" : "down", mode);
+                    all ? "all" : "down", static_cast<int>(mode));
       Row(name,
           TimeUs(s, 32,
                  [&](int i) {
@@ -174,11 +186,12 @@ void PrefetchTimes(cudaStream_t s) {
           expert_bytes);
     }
   }
-  const double spin10 = TimeUs(s, 32, [&](int) { Spin(s, none, 10000, 0); });
+  const double spin10 = TimeUs(s, 32, [&](int) { Spin(s, none, 10000, Prefetch::kNone); });
+  // As if the experts were known 10 us ahead: the most a prefetch could give them.
   Row("experts fp8, all prefetched during 10 us (bound)",
       TimeUs(s, 32,
              [&](int i) {
-               Spin(s, list(i, true), 10000, 2);
+               Spin(s, list(i, true), 10000, Prefetch::kBulkEvictLast);
                experts(i);
              }) -
           spin10,
@@ -186,19 +199,19 @@ void PrefetchTimes(cudaStream_t s) {
 
   // Does a prefetch survive the experts streaming through L2 in between?
   const double base = TimeUs(s, 32, [&](int i) {
-    Spin(s, none, 0, 0);
+    Spin(s, none, 0, Prefetch::kNone);
     experts(i);
     gemv_qkv(i);
   });
   std::printf("experts + qkv, no prefetch: %.2f us\n", base);
-  for (int mode : {1, 2}) {
+  for (Prefetch mode : {Prefetch::kBulk, Prefetch::kBulkEvictLast}) {
     const double with = TimeUs(s, 32, [&](int i) {
       Spin(s, WeightList({&q8.at(i), &k8.at(i), &v8.at(i)}), 0, mode);
       experts(i);
       gemv_qkv(i);
     });
     std::printf("experts + qkv, qkv prefetched before the experts, mode %d: %.2f us (%+.2f)\n",
-                mode, with, with - base);
+                static_cast<int>(mode), with, with - base);
   }
 }
 
