@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine: the CUDA test binaries (ops against the CPU backend, engine, demo model,
 # cluster with a worker per GPU present) from .device-ipc/bin, once per environment
-# given (e.g. "STRATA_PDL=0" "STRATA_PDL=1", or "STRATA_FLAG_WAIT=memop" "STRATA_FLAG_WAIT=poll";
+# given (e.g. "STRATA_MMA_EXPERTS=0" "STRATA_MMA_EXPERTS=1", or "STRATA_FLAG_WAIT=memop" "STRATA_FLAG_WAIT=poll";
 # the cluster test runs under MPS, where flag waits poll unless STRATA_FLAG_WAIT=memop).
 # Logs go to OUT_DIR; a summary is printed last.
 #   bash bench/gpu/gpu_tests.sh OUT_DIR [ENV_ASSIGNMENT...]
 set -uo pipefail
 out=$1; shift
-envs=("$@"); [ ${#envs[@]} -eq 0 ] && envs=("STRATA_PDL=1")
+envs=("$@"); [ ${#envs[@]} -eq 0 ] && envs=("STRATA_MMA_EXPERTS=1")
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$PWD/.device-ipc/lib:/usr/local/cuda/lib64 NCCL_NVLS_ENABLE=0
 # The cluster test starts the built binaries by their path in the source tree.

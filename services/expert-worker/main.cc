@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/util/byte_size.h"
 #include "common/util/process.h"
+#include "common/util/tunables.h"
 #include "services/expert-worker/worker_server.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json is read)");
@@ -52,8 +53,13 @@ int main(int argc, char** argv) {
   options.max_tokens_per_step = absl::GetFlag(FLAGS_max_batch_tokens);
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.listen = absl::GetFlag(FLAGS_listen);
-  if (const char* dir = std::getenv("STRATA_GPU_CLOCK_STAMPS"); dir != nullptr && *dir != 0) {
-    options.gpu_clock_stamps = absl::StrCat(dir, "/worker-", index, ".txt");
+  const auto tunables = strata::LoadAndLogTunables();
+  if (!tunables.ok()) {
+    std::cerr << "strata-worker: " << tunables.status().message() << "\n";
+    return 2;
+  }
+  if (!tunables->gpu_clock_stamps.empty()) {
+    options.gpu_clock_stamps = absl::StrCat(tunables->gpu_clock_stamps, "/worker-", index, ".txt");
   }
   if (const std::string budget = absl::GetFlag(FLAGS_gpu_memory_budget); !budget.empty()) {
     auto bytes = strata::ParseByteSize(budget);

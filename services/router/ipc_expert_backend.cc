@@ -521,7 +521,7 @@ absl::Status IpcExpertBackend::Exchange(
     // One worker and no stamps: the combine's add + norm waits for its output flag itself.
     // Only at one token, where it was measured: the combine's blocks wait on SMs the worker's
     // experts use, one a token.
-    const bool combine_waits = gpu::EarlyCombineLaunch() && n == 1 && workers.size() == 1 &&
+    const bool combine_waits = n == 1 && workers.size() == 1 &&
                                stamps_ == nullptr && gpu::FlagWaitsPoll();
     RETURN_IF_ERROR(CaptureExchange(layer, workers, links, connections, combine_waits, partials));
     if (partials.count == 1) holder = connections[workers[0]];

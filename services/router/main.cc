@@ -13,6 +13,7 @@
 #include "common/engine/decode_graphs.h"
 #include "common/placement/hot_ratio.h"
 #include "common/util/process.h"
+#include "common/util/tunables.h"
 #include "services/router/router_server.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
@@ -76,8 +77,13 @@ int main(int argc, char** argv) {
   options.prefetch = absl::GetFlag(FLAGS_prefetch);
   options.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
   options.scheduler.overlap_decode_steps = absl::GetFlag(FLAGS_overlap_steps);
-  if (const char* dir = std::getenv("STRATA_GPU_CLOCK_STAMPS"); dir != nullptr && *dir != 0) {
-    options.gpu_clock_stamps = std::string(dir) + "/router.txt";
+  const auto tunables = strata::LoadAndLogTunables();
+  if (!tunables.ok()) {
+    std::cerr << "strata-router: " << tunables.status().message() << "\n";
+    return 2;
+  }
+  if (!tunables->gpu_clock_stamps.empty()) {
+    options.gpu_clock_stamps = tunables->gpu_clock_stamps + "/router.txt";
   }
   if (options.cuda_graph_max_batch < 0 ||
       options.cuda_graph_max_batch > strata::kMaxDecodeGraphBatch) {

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/util/process.h"
+#include "common/util/tunables.h"
 #include "tools/strata/bench_command.h"
 #include "tools/strata/client_commands.h"
 #include "tools/strata/commands.h"
@@ -346,6 +347,10 @@ int main(int argc, char** argv) {
   strata::SetProgramName(absl::StrCat("strata ", args[1]));
   if (!strata::SetLogLevel(absl::GetFlag(FLAGS_log_level))) {
     std::cerr << "strata: --log-level must be debug, info, warning or error\n";
+    return 2;
+  }
+  if (const auto tunables = strata::LoadAndLogTunables(); !tunables.ok()) {
+    std::cerr << "strata: " << tunables.status().message() << "\n";
     return 2;
   }
   absl::Status status = Run(args[1], flags, SelfPath(argv[0]));

@@ -462,7 +462,7 @@ bool CudaRouterBackend::FusesNormAndGate(int layer, int64_t n) {
   // What the launch would refuse is refused here: PrepareFfn has no way back once the add +
   // norm is left to it.
   const DeviceWeight& router = layers_[layer].router;
-  return FusedNormGate() && config_.layer_is_moe[layer] && router.format == WeightFormat::kBf16 &&
+  return config_.layer_is_moe[layer] && router.format == WeightFormat::kBf16 &&
          router.in == config_.hidden_size && router.out == config_.num_experts &&
          AddNormGateAccepts(NormGateArgs(layer, n), GateParams(1.0f));
 }
@@ -491,7 +491,7 @@ absl::Status CudaRouterBackend::PrepareFfn(int layer, const Tensor& hidden, floa
   const MoeGateParams gate = GateParams(temperature);
   if (fused) {
     AddNormGateArgs args = NormGateArgs(layer, n);
-    if (hand_off_source_ != nullptr && GateHandOffEnabled()) {
+    if (hand_off_source_ != nullptr) {
       hand_off_source_->TakeHandOff(layer, n, args.hand_off);  // or leaves it inactive
     }
     CUDA_RETURN_IF_ERROR(LaunchAddNormGate(args, gate, context_->stream()));

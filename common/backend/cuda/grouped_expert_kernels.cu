@@ -8,6 +8,7 @@
 #include "common/backend/cuda/grid_signal.cuh"
 #include "common/backend/cuda/grouped_expert_kernels.h"
 #include "common/backend/cuda/grouped_expert_mma.h"
+#include "common/util/tunables.h"
 
 namespace strata::gpu {
 namespace {
@@ -552,8 +553,7 @@ void SetTensorCoreExperts(bool on) { tensor_core_experts.store(on ? 1 : 0); }
 bool TensorCoreExperts() {
   int on = tensor_core_experts.load();
   if (on < 0) {
-    const char* env = std::getenv("STRATA_MMA_EXPERTS");
-    on = env != nullptr && std::strcmp(env, "0") == 0 ? 0 : 1;
+    on = GetTunables().tensor_core_experts ? 1 : 0;
     tensor_core_experts.store(on);
   }
   return on == 1;

@@ -83,7 +83,7 @@ cudaError_t LaunchExpertCombine(const int32_t* expert_ids, const float* weights,
                                 const GridSignal& signal = {});
 
 // Steps of two tokens or more run gate/up and down on the tensor cores where the shapes allow
-// (grouped_expert_mma.h), unless STRATA_MMA_EXPERTS=0 is in the environment. Tests and
+// (grouped_expert_mma.h), unless the tunable tensor_core_experts is off (STRATA_MMA_EXPERTS=0). Tests and
 // benchmarks switch between the two kernels; a captured graph keeps the kernels it was
 // captured with.
 void SetTensorCoreExperts(bool on);

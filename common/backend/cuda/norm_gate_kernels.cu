@@ -215,12 +215,6 @@ __global__ void __launch_bounds__(kThreads)
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// An environment switch that is on unless set to "0".
-bool SwitchOn(const char* name) {
-  const char* value = std::getenv(name);
-  return value == nullptr || std::strcmp(value, "0") != 0;
-}
-
 template <int kNT>
 cudaError_t LaunchForTokens(const AddNormGateArgs& a, const MoeGateParams& p, unsigned blocks,
                             size_t shared_bytes, cudaStream_t stream) {
@@ -233,16 +227,6 @@ cudaError_t LaunchForTokens(const AddNormGateArgs& a, const MoeGateParams& p, un
 }
 
 }  // namespace
-
-bool FusedNormGate() {
-  static const bool on = SwitchOn("STRATA_FUSED_GATE");
-  return on;
-}
-
-bool GateHandOffEnabled() {
-  static const bool on = SwitchOn("STRATA_GATE_HAND_OFF");
-  return on;
-}
 
 bool AddNormGateFits(int64_t n, int64_t hidden, const MoeGateParams& params) {
   return n >= 1 && n <= kMaxTokens && hidden > 0 && hidden % 8 == 0 && hidden <= kMaxHidden &&

@@ -54,13 +54,6 @@ class GateHandOffSource {
   virtual void TakeHandOff(int layer, int64_t n, GateHandOff& hand_off) = 0;
 };
 
-// Whether the router backend asks for hand-offs: on unless STRATA_GATE_HAND_OFF=0 (read once).
-bool GateHandOffEnabled();
-
-// Whether the router backend takes the fused launch where it fits: on unless the environment
-// has STRATA_FUSED_GATE=0 (read once), the switch for comparing with the three launches.
-bool FusedNormGate();
-
 // Whether a step of n tokens of this shape fits the fused launch: n <= 4, hidden a multiple of
 // 8 and at most 4096, n x hidden x 4 bytes of shared memory at most 46 KB (with the kernel's
 // static arrays, a block's 48 KB), valid gate params.

@@ -703,24 +703,6 @@ PagedAttentionPlan ClusterDecodePlan(const PagedAttentionParams& params, int blo
   return plan;
 }
 
-namespace {
-
-// STRATA_DECODE_CLUSTER=BxH (read once): every cluster plan takes B blocks a cluster and at most
-// H query heads a block, for comparing against the chosen shapes; {0, 0} when unset. A shape
-// the device or the model cannot take is ignored.
-std::pair<int, int> DecodeClusterOverride() {
-  static const std::pair<int, int> forced = [] {
-    const char* value = std::getenv("STRATA_DECODE_CLUSTER");
-    int blocks = 0, heads = 0;
-    if (value == nullptr || std::sscanf(value, "%dx%d", &blocks, &heads) != 2)
-      return std::pair{0, 0};
-    return std::pair{blocks, heads};
-  }();
-  return forced;
-}
-
-}  // namespace
-
 PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& params, int num_sms) {
   PagedAttentionPlan plan;
   if (!ValidParams(params) || n <= 0) return plan;
@@ -733,9 +715,6 @@ PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& par
     // token's keys by its own position. While the clusters fit the SMs once over, 16 blocks a
     // cluster (half the tiles each block walks), then fewer heads a block (more clusters, fewer
     // warps sharing each SM): the latter measured faster in place though not in isolation.
-    const auto [forced_blocks, forced_heads] = DecodeClusterOverride();
-    const PagedAttentionPlan forced = ClusterDecodePlan(params, forced_blocks, forced_heads);
-    if (forced.cluster) return forced;
     const int64_t sms = target_blocks / 2;
     const int group = params.num_heads / params.num_kv_heads;
     int blocks = 8, heads = std::min(group, kMaxGroup);

@@ -38,8 +38,7 @@ struct PagedAttentionPlan {
 };
 
 // Splits the key range only when n * kv heads leaves SMs idle (for head_dim <= 128 through
-// the decode kernel's clusters). `num_sms` from the device. STRATA_DECODE_CLUSTER=BxH in the
-// environment forces every cluster plan's shape (for comparisons).
+// the decode kernel's clusters). `num_sms` from the device.
 PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& params, int num_sms);
 
 // A cluster plan of `blocks` blocks a cluster (8 or 16) and at most `heads_per_block` query

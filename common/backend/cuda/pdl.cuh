@@ -22,8 +22,6 @@
 
 #include <utility>
 
-#include "common/backend/cuda/pdl.h"
-
 namespace strata::gpu {
 
 // Blocks until the kernels this one depends on have finished and their writes are visible.
@@ -41,8 +39,7 @@ __device__ __forceinline__ void PdlLaunchDependents() {
 #endif
 }
 
-// kernel<<<grid, block, shared_bytes, stream>>>(args...), allowed to start early when
-// ProgrammaticLaunch() is on, in clusters of `cluster_blocks` blocks along x when that is over 1
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), allowed to start early, in clusters of `cluster_blocks` blocks along x when that is over 1
 // (the kernel must not fix its own with __cluster_dims__). The kernel must follow the rules
 // above.
 template <typename... Params, typename... Args>
@@ -56,7 +53,7 @@ cudaError_t LaunchPdlInClusters(void (*kernel)(Params...), dim3 grid, dim3 block
   config.stream = stream;
   cudaLaunchAttribute attribute[2];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = ProgrammaticLaunch() ? 1 : 0;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
   if (cluster_blocks > 1) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cuda/flag_poll_kernels.h"
+#include "common/util/tunables.h"
 
 namespace strata::gpu {
 namespace {
@@ -56,30 +57,19 @@ absl::Status Unavailable() {
 CUdeviceptr Address(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 CUstream Stream(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
 
-// Whether environment variable `name` is set to `value`.
-bool EnvIs(const char* name, std::string_view value) {
-  const char* set = std::getenv(name);
-  return set != nullptr && std::string_view(set) == value;
-}
-
 }  // namespace
 
 bool FlagWaitsPoll() {
   // Under MPS only: `strata up` runs its GPU processes under a private MPS daemon named by
   // CUDA_MPS_PIPE_DIRECTORY; without one a polling kernel would hold its time slice.
   static const bool poll =
-      std::getenv("CUDA_MPS_PIPE_DIRECTORY") != nullptr && !EnvIs("STRATA_FLAG_WAIT", "memop");
+      std::getenv("CUDA_MPS_PIPE_DIRECTORY") != nullptr && !GetTunables().flag_wait_memop;
   return poll;
 }
 
 bool DeviceScopeSignalsAllowed() {
-  static const bool allowed = FlagWaitsPoll() && !EnvIs("STRATA_SIGNAL_SCOPE", "system");
+  static const bool allowed = FlagWaitsPoll() && !GetTunables().system_scope_signals;
   return allowed;
-}
-
-bool EarlyCombineLaunch() {
-  static const bool early = !EnvIs("STRATA_EARLY_COMBINE", "0");
-  return early;
 }
 
 absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value) {

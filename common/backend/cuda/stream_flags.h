@@ -17,24 +17,18 @@ namespace strata::gpu {
 // Work queued on `stream` after this waits until *flag >= value (a flag released for good, see
 // kFlagReleased, passes every wait): in a process under MPS by a polling kernel
 // (flag_poll_kernels.h), which keeps the chain of programmatic dependent launches going;
-// otherwise, or with STRATA_FLAG_WAIT=memop, by the driver's wait operation.
+// otherwise, or with the tunable flag_wait_memop (STRATA_FLAG_WAIT=memop), by the driver's wait
+// operation.
 absl::Status WaitFlag(cudaStream_t stream, const uint32_t* flag, uint32_t value);
 
-// On unless STRATA_EARLY_COMBINE=0 (read once): at one token, the router's combine (add + norm)
-// after a layer's one worker waits for the worker's output flag itself, launched early behind
-// the gate kernel, instead of a polling kernel with the combine launched after it (first
-// measured as the polling kernel letting the combine in early: 324.7 against 319.7 tok/s
-// through the cluster, FP8).
-bool EarlyCombineLaunch();
-
-// Whether WaitFlag polls with a kernel (CUDA_MPS_PIPE_DIRECTORY set and STRATA_FLAG_WAIT not
-// "memop"; read once).
+// Whether WaitFlag polls with a kernel (CUDA_MPS_PIPE_DIRECTORY set and flag_wait_memop off;
+// read once).
 bool FlagWaitsPoll();
 
 // Whether flags between processes on one GPU may be raised at device scope (GridSignal::system
 // false): only when the waits are polling kernels (the driver's wait operations are no thread of
-// a scope), and not with STRATA_SIGNAL_SCOPE=system (for comparisons, and as a fallback). Read
-// once. The router decides for both sides of a link (CudaIpcBuffers.device_scope_flags).
+// a scope), and not with the tunable system_scope_signals (STRATA_SIGNAL_SCOPE=system, for comparisons and
+// as a fallback). Read once. The router decides for both sides of a link (CudaIpcBuffers.device_scope_flags).
 bool DeviceScopeSignalsAllowed();
 
 // Sets count flags to `value` on `stream` (no fence; for releasing a stuck waiter).

@@ -22,7 +22,6 @@
 #include "common/backend/cuda/grouped_expert_kernels.h"
 #include "common/backend/cuda/moe_gate_kernels.h"
 #include "common/backend/cuda/norm_kernels.h"
-#include "common/backend/cuda/pdl.h"
 #include "common/util/thread_pool.h"
 #include "tests/common/backend/cuda_test_util.h"
 
@@ -380,7 +379,6 @@ TEST_F(GroupedExpertTest, GptOssClampedSwiGluWithBiases) {
 // for bit, the experts' on the final routing launched plainly. A down kernel let in early reads
 // experts 0-3 and NaN weights.
 TEST_F(CudaOpsTest, OneTokenExpertsReadTheRoutingOnlyOnceItIsFinal) {
-  if (!gpu::ProgrammaticLaunch()) GTEST_SKIP() << "STRATA_PDL=0: nothing launches early";
   constexpr int kExperts = 16, kTopK = 4;
   constexpr int64_t h = 512, m = 256;
   std::vector<float> logits = RandomFloats(kExperts);
@@ -588,7 +586,7 @@ TEST_F(CudaOpsTest, FlagPollWaitsForTheFlag) {
   CUDA_ASSERT_OK(cudaStreamDestroy(side));
 }
 
-// The combine that waits for the worker's flag itself (STRATA_EARLY_COMBINE): launched ahead of
+// The combine that waits for the worker's flag itself (the one-token combine): launched ahead of
 // the flag, it still reads what was written before the flag went up.
 TEST_F(CudaOpsTest, ACombineWaitingOnTheFlagSeesWhatItGuards) {
   const int64_t h = 2048;

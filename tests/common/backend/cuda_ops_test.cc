@@ -14,7 +14,6 @@
 #include "common/backend/cuda/norm_kernels.h"
 #include "common/backend/cuda/paged_attention_kernels.h"
 #include "common/backend/cuda/paged_kv_kernels.h"
-#include "common/backend/cuda/pdl.h"
 #include "common/backend/cuda/rope_kernels.h"
 #include "common/backend/rope.h"
 #include "tests/common/backend/cuda_test_util.h"
@@ -595,7 +594,6 @@ TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
 // ahead of the wait would see NaN; the output and the cache must equal the decode's on the same
 // values from host copies.
 TEST_F(PagedCacheTest, FusedDecodeWaitsForTheKernelThatWritesQkv) {
-  if (!gpu::ProgrammaticLaunch()) GTEST_SKIP() << "STRATA_PDL=0: nothing launches early";
   const int head_dim = 128, block_size = 16, heads = 32, kv_heads = 4;
   const std::vector<int64_t> contexts = {700, 33};
   TestCache a = MakeCache(block_size, kv_heads, head_dim, contexts);
