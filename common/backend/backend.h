@@ -51,39 +51,54 @@ struct RoutingTable {
   }
 };
 
+namespace gpu {
+class DeviceRouter;
+}  // namespace gpu
+class GraphStepExperts;
+
+// The router's side of a step. A step's activations (the residual stream, the FFN input) live
+// in the backend from BeginStep until the next BeginStep: the methods below work on them in
+// layer order.
 class RouterBackend {
  public:
   virtual ~RouterBackend() = default;
 
-  // hidden[t] = embedding of ids[t]. `hidden` is resized to [ids.size(), hidden_size].
-  virtual absl::Status Embed(absl::Span<const int32_t> ids, Tensor& hidden) = 0;
+  // Starts a step: the residual stream becomes the embeddings of `ids`, laid out by `batch`
+  // (one id per token; the tokens' KV positions reserved in `kv`, which must outlive the step).
+  virtual absl::Status BeginStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                                 PagedKvCache& kv) = 0;
 
-  // hidden += o_proj(attention(input_norm(hidden))) for every token of `batch`, writing the
-  // tokens' keys and values into `kv` first (their positions must be reserved). A device
-  // backend may leave the residual add to the PrepareFfn call that follows (fused with its
-  // norm and gate): `hidden` is whole only after it.
-  virtual absl::Status Attention(int layer, const BatchLayout& batch, PagedKvCache& kv,
-                                 Tensor& hidden) = 0;
+  // residual += o_proj(attention(input_norm(residual))), writing the tokens' keys and values
+  // into the step's KV cache first. A device backend may leave the residual add to the
+  // PrepareFfn call that follows (fused with its norm and gate).
+  virtual absl::Status Attention(int layer) = 0;
 
-  // ffn_input = post_attention_norm(hidden). On MoE layers also fills `routing` with the
-  // top-k experts and weights, the gate logits divided by `temperature` first.
-  virtual absl::Status PrepareFfn(int layer, const Tensor& hidden, float temperature,
-                                  Tensor& ffn_input, RoutingTable& routing) = 0;
+  // ffn_input = post_attention_norm(residual), a view valid until the next call. On MoE layers
+  // also fills `routing` with the top-k experts and weights, the gate logits divided by
+  // `temperature` first.
+  virtual absl::Status PrepareFfn(int layer, float temperature, Tensor& ffn_input,
+                                  RoutingTable& routing) = 0;
 
-  // hidden += the layer's dense MLP (dense layers) or gated shared expert (MoE layers that
-  // have one) of ffn_input; a no-op for MoE layers without a shared expert.
-  virtual absl::Status DenseFfn(int layer, const Tensor& ffn_input, Tensor& hidden) = 0;
+  // residual += the layer's dense MLP (dense layers) or gated shared expert (MoE layers that
+  // have one) of the FFN input; a no-op for MoE layers without a shared expert.
+  virtual absl::Status DenseFfn(int layer) = 0;
 
-  // hidden += partial: the combine of the experts' weighted outputs into the residual stream.
+  // residual += partial: the combine of the experts' weighted outputs into the residual stream.
   // ready_flag: the partial is behind this device flag (ExpertBackend::output_ready_flag),
   // which the combine waits for itself; null when the partial is ready in stream order.
-  virtual absl::Status Combine(const Tensor& partial, const uint32_t* ready_flag,
-                               Tensor& hidden) = 0;
+  virtual absl::Status Combine(const Tensor& partial, const uint32_t* ready_flag) = 0;
 
-  // logits[r] = lm_head(final_norm(hidden[rows[r]])); `logits` is resized to
+  // A guess at MoE layer `layer`'s routing from the residual stream as it is now (its norm and
+  // gate without its attention), for prefetching that layer's experts; the step is unchanged.
+  virtual absl::Status PredictRouting(int layer, float temperature, RoutingTable& predicted) = 0;
+
+  // logits[r] = lm_head(final_norm(residual[rows[r]])); `logits` is resized to
   // [rows.size(), vocab].
-  virtual absl::Status Logits(const Tensor& hidden, absl::Span<const int64_t> rows,
-                              Tensor& logits) = 0;
+  virtual absl::Status Logits(absl::Span<const int64_t> rows, Tensor& logits) = 0;
+
+  // What a backend on a GPU offers beyond this interface (decode-step graphs, its device
+  // context, the hand-off to CUDA IPC workers); null on the CPU.
+  virtual gpu::DeviceRouter* device_router() { return nullptr; }
 };
 
 class ExpertBackend {
@@ -96,8 +111,8 @@ class ExpertBackend {
   virtual absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                                   Tensor& out) = 0;
 
-  // A hint that `layer` will soon run the experts of `predicted` (host routing): a backend
-  // whose experts are not all resident may start loading them. The default ignores it.
+  // A hint that `layer` will soon run the experts of `predicted`: a backend whose experts are
+  // not all resident may start loading them. The default ignores it.
   virtual void Prefetch(int layer, const RoutingTable& predicted) {}
   // Whether Prefetch does anything: when not, the forward pass skips the prediction.
   virtual bool wants_prefetch() const { return false; }
@@ -112,26 +127,9 @@ class ExpertBackend {
   // again; the default has nothing to check.
   virtual absl::Status FinishStep() { return absl::OkStatus(); }
 
-  // Decode-step CUDA graphs. 0 when this backend's work cannot be captured in the router's
-  // graph; otherwise a version that changes whenever a captured step would be stale (e.g. a
-  // worker came or went), so the caller captures again.
-  virtual uint64_t graph_version() const { return 0; }
-  // Called before each replay of a captured step of `tokens` tokens is launched (e.g. to start
-  // the workers' own graphs); an error means the step must run without the graph. A replay
-  // may be begun and launched while the one before it is still in flight (after that one's
-  // AwaitGraphStep); FinishStep then closes them in the order they were launched.
-  virtual absl::Status BeginGraphStep(int64_t tokens) { return absl::OkStatus(); }
-  // Called once the replay is launched, to confirm what BeginGraphStep started. An error means
-  // the replay computes garbage: the backend has released whatever the replay waits for, and
-  // the caller lets it finish, then runs the step without the graph.
-  virtual absl::Status AwaitGraphStep() { return absl::OkStatus(); }
-  // Called instead of a replay that could not be launched after BeginGraphStep succeeded:
-  // whatever BeginGraphStep started must not wait for it.
-  virtual void AbortGraphStep() {}
-  // The caller brackets the capture of a decode step with true and false: a backend whose
-  // captured exchanges differ from eager ones (flags on the device instead of messages)
-  // records the step being captured then.
-  virtual void SetGraphCapture(bool capturing) {}
+  // The backend's part in a router's decode-step graphs (graph_step.h); null when its work
+  // cannot be captured (host activations, a message per layer).
+  virtual GraphStepExperts* graph_steps() { return nullptr; }
 };
 
 }  // namespace strata

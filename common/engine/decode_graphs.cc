@@ -5,16 +5,23 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "common/backend/graph_step.h"
 #include "common/util/status_macros.h"
 #if STRATA_HAVE_CUDA
-#include "common/backend/cuda/cuda_router_backend.h"
+#include "common/backend/cuda/device_router.h"
 #endif
 
 namespace strata {
 
-DecodeGraphs::DecodeGraphs(ForwardPass& forward, gpu::CudaRouterBackend& router,
-                           ExpertBackend& experts, PagedKvCache& kv, DecodeGraphOptions options)
-    : forward_(forward), router_(router), experts_(experts), kv_(kv), options_(options) {}
+DecodeGraphs::DecodeGraphs(ForwardPass& forward, gpu::DeviceRouter& router, ExpertBackend& experts,
+                           GraphStepExperts& graph_steps, PagedKvCache& kv,
+                           DecodeGraphOptions options)
+    : forward_(forward),
+      router_(router),
+      experts_(experts),
+      graph_steps_(graph_steps),
+      kv_(kv),
+      options_(options) {}
 
 void DecodeGraphs::NoteTiming(const Launched& step, Clock::time_point synced) {
   auto ns = [](Clock::duration d) {
@@ -61,7 +68,7 @@ bool DecodeGraphs::Fits(const BatchLayout& batch, absl::Span<const int64_t> logi
     }
   }
   // Last: the expert backend's version is the costliest check (prefill steps never get here).
-  const uint64_t version = experts_.graph_version();
+  const uint64_t version = graph_steps_.graph_version();
   return version != 0 && !(failures_ >= kMaxFailures && version == failed_version_);
 #else
   return false;
@@ -70,11 +77,11 @@ bool DecodeGraphs::Fits(const BatchLayout& batch, absl::Span<const int64_t> logi
 
 #if STRATA_HAVE_CUDA
 
-using gpu::CudaRouterBackend;
-static_assert(kTokenOfPreviousStep == CudaRouterBackend::kPreviousGreedyToken);
+using gpu::DeviceRouter;
+static_assert(kTokenOfPreviousStep == DeviceRouter::kPreviousGreedyToken);
 
 struct DecodeGraphs::Graph {
-  cudaGraphExec_t exec[CudaRouterBackend::kInputSlots] = {};  // by input slot
+  cudaGraphExec_t exec[DeviceRouter::kInputSlots] = {};  // by input slot
   ~Graph() {
     for (cudaGraphExec_t e : exec) {
       if (e != nullptr) cudaGraphExecDestroy(e);
@@ -85,7 +92,7 @@ struct DecodeGraphs::Graph {
 // Recorded behind each slot's launch: Wait synchronizes with its step alone, not with the one
 // launched after it.
 struct DecodeGraphs::StepEvents {
-  cudaEvent_t done[CudaRouterBackend::kInputSlots] = {};
+  cudaEvent_t done[DeviceRouter::kInputSlots] = {};
   ~StepEvents() {
     for (cudaEvent_t e : done) {
       if (e != nullptr) cudaEventDestroy(e);
@@ -117,11 +124,11 @@ absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int3
   for (int i = 0; i < n; ++i) rows[i] = i;
   cudaStream_t stream = router_.context()->stream();
   auto owned = std::make_unique<Graph>();
-  for (int slot = 0; slot < CudaRouterBackend::kInputSlots; ++slot) {
+  for (int slot = 0; slot < DeviceRouter::kInputSlots; ++slot) {
     RETURN_IF_ERROR(router_.EnterGraphMode(n, slot));
     absl::Cleanup leave = [&] { router_.LeaveGraphMode(); };
-    experts_.SetGraphCapture(true);
-    absl::Cleanup captured_experts = [&] { experts_.SetGraphCapture(false); };
+    graph_steps_.SetGraphCapture(true);
+    absl::Cleanup captured_experts = [&] { graph_steps_.SetGraphCapture(false); };
     // The host code runs once and the device work is recorded; the replay that follows is the
     // step itself.
     if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
@@ -129,7 +136,7 @@ absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int3
       return absl::InternalError("cannot begin capturing a decode graph");
     }
     Tensor unused;
-    const absl::Status captured = forward_.RunOnceForCapture(ids, batch, kv_, rows, unused);
+    const absl::Status captured = forward_.Run(ids, batch, kv_, rows, unused);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
     absl::Cleanup destroy = [&] {
@@ -154,19 +161,6 @@ absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int3
   return raw;
 }
 
-absl::StatusOr<const int32_t*> DecodeGraphs::Run(absl::Span<const int32_t> ids,
-                                                 const BatchLayout& batch,
-                                                 absl::FunctionRef<void()> while_running) {
-  if (!in_flight_.empty()) {
-    return absl::FailedPreconditionError("decode graph: Run with a step in flight");
-  }
-  // A capture takes a while: what the caller has waiting goes first.
-  if (NeedsCapture(batch.num_tokens())) while_running();
-  RETURN_IF_ERROR(Launch(ids, batch));
-  while_running();
-  return Wait();
-}
-
 absl::Status DecodeGraphs::CheckFollows(absl::Span<const int32_t> ids,
                                         const BatchLayout& batch) const {
   const Launched& before = in_flight_.back();
@@ -189,7 +183,7 @@ absl::Status DecodeGraphs::Launch(absl::Span<const int32_t> ids, const BatchLayo
   if (static_cast<int>(ids.size()) != n) {
     return FailInFlight(absl::InvalidArgumentError("decode graph: ids do not match the batch"));
   }
-  if (in_flight_.size() >= CudaRouterBackend::kInputSlots) {
+  if (in_flight_.size() >= DeviceRouter::kInputSlots) {
     return FailInFlight(absl::FailedPreconditionError("decode graph: two steps already in flight"));
   }
   const bool overlapped = !in_flight_.empty();
@@ -199,7 +193,7 @@ absl::Status DecodeGraphs::Launch(absl::Span<const int32_t> ids, const BatchLayo
     return FailInFlight(absl::InvalidArgumentError(
         "decode graph: a token of the previous step, with no step in flight"));
   }
-  const uint64_t version = experts_.graph_version();
+  const uint64_t version = graph_steps_.graph_version();
   if (version != version_) {
     if (overlapped) {
       return FailInFlight(absl::UnavailableError(
@@ -229,7 +223,7 @@ absl::Status DecodeGraphs::LaunchReplay(Graph& graph, absl::Span<const int32_t> 
   // so that their messages carry this step's hot ratio.
   forward_.NoteBatch(batch);
   // The workers are told first: their wake-up and launches overlap the router's own.
-  if (absl::Status begun = experts_.BeginGraphStep(n); !begun.ok()) return FailInFlight(begun);
+  if (absl::Status begun = graph_steps_.BeginGraphStep(n); !begun.ok()) return FailInFlight(begun);
   positions_.resize(n);
   tables_.resize(n);
   for (int i = 0; i < n; ++i) {
@@ -238,14 +232,14 @@ absl::Status DecodeGraphs::LaunchReplay(Graph& graph, absl::Span<const int32_t> 
   }
   if (absl::Status written = router_.WriteDecodeInputs(slot, ids, positions_, tables_);
       !written.ok()) {
-    experts_.AbortGraphStep();
+    graph_steps_.AbortGraphStep();
     return FailInFlight(written);
   }
   cudaStream_t stream = router_.context()->stream();
   const cudaError_t launched = cudaGraphLaunch(graph.exec[slot], stream);
   if (launched != cudaSuccess) {
     cudaGetLastError();
-    experts_.AbortGraphStep();
+    graph_steps_.AbortGraphStep();
     return FailInFlight(
         absl::InternalError(absl::StrCat("decode graph launch: ", cudaGetErrorString(launched))));
   }
@@ -259,10 +253,10 @@ absl::Status DecodeGraphs::LaunchReplay(Graph& graph, absl::Span<const int32_t> 
   step.overlapped = overlapped;
   step.launch_returned = Clock::now();
   in_flight_.push_back(std::move(step));
-  next_slot_ = (slot + 1) % CudaRouterBackend::kInputSlots;
+  next_slot_ = (slot + 1) % DeviceRouter::kInputSlots;
   // An error here leaves the replay computing garbage behind released waits, and any step
   // still in flight may pass the same waits early: all of them fail.
-  absl::Status started = experts_.AwaitGraphStep();
+  absl::Status started = graph_steps_.AwaitGraphStep();
   if (started.ok() && recorded != cudaSuccess) {
     cudaGetLastError();
     started =
@@ -314,7 +308,7 @@ void DecodeGraphs::NoteFailure() {
   last_rows_ = 0;
   // A graph (and the expert backend's record of it) may be half made or stale: start over.
   graphs_.clear();
-  const uint64_t version = experts_.graph_version();
+  const uint64_t version = graph_steps_.graph_version();
   if (version != failed_version_) failures_ = 0;
   failed_version_ = version;
   ++failures_;
@@ -339,10 +333,6 @@ struct DecodeGraphs::StepEvents {};
 DecodeGraphs::~DecodeGraphs() = default;
 absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int32_t>,
                                                            const BatchLayout&) {
-  return absl::UnimplementedError("no CUDA in this build");
-}
-absl::StatusOr<const int32_t*> DecodeGraphs::Run(absl::Span<const int32_t>, const BatchLayout&,
-                                                 absl::FunctionRef<void()>) {
   return absl::UnimplementedError("no CUDA in this build");
 }
 absl::Status DecodeGraphs::Launch(absl::Span<const int32_t>, const BatchLayout&) {

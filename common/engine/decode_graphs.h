@@ -23,13 +23,14 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
+#include "common/backend/graph_step.h"
 #include "common/engine/forward_pass.h"
 #include "common/kv/paged_kv_cache.h"
 
 namespace strata {
 
 namespace gpu {
-class CudaRouterBackend;
+class DeviceRouter;
 }  // namespace gpu
 
 // Longer sequences run their steps eagerly: a graph's attention is planned for its context.
@@ -47,9 +48,10 @@ struct DecodeGraphOptions {
 
 class DecodeGraphs {
  public:
-  // Everything must outlive the graphs.
-  DecodeGraphs(ForwardPass& forward, gpu::CudaRouterBackend& router, ExpertBackend& experts,
-               PagedKvCache& kv, DecodeGraphOptions options);
+  // Everything must outlive the graphs; `router` and `graph_steps` are the optional interfaces
+  // of the forward pass's backends (RouterBackend::device_router, ExpertBackend::graph_steps).
+  DecodeGraphs(ForwardPass& forward, gpu::DeviceRouter& router, ExpertBackend& experts,
+               GraphStepExperts& graph_steps, PagedKvCache& kv, DecodeGraphOptions options);
   ~DecodeGraphs();
 
   // Whether a step of `ids` laid out by `batch` can replay a graph: one token per distinct
@@ -58,26 +60,14 @@ class DecodeGraphs {
   // backend last changed (graph_version).
   bool Fits(const BatchLayout& batch, absl::Span<const int64_t> logit_rows) const;
 
-  // Runs the step (its KV positions reserved); returns each row's greedy token (the argmax of
-  // its logits, first on ties), [n] in pinned memory, valid until the next step. On an error
-  // every graph is dropped and the step should run again without one (its keys and values are
-  // rewritten then); e.g. a worker died. `while_running` runs once the step is launched,
-  // before it is waited for (host work that would otherwise leave the GPU idle), and also
-  // before a graph is captured; it must be safe to run twice. It does not run when the step
-  // fails before its launch: the caller does that work itself then.
-  absl::StatusOr<const int32_t*> Run(absl::Span<const int32_t> ids, const BatchLayout& batch,
-                                     absl::FunctionRef<void()> while_running);
-  absl::StatusOr<const int32_t*> Run(absl::Span<const int32_t> ids, const BatchLayout& batch) {
-    return Run(ids, batch, [] {});
-  }
-
-  // Run in two halves. Launch starts the step (capturing its graph first when needed: only
-  // with no step in flight) and returns without waiting; at most two steps are in flight. With
-  // one in flight, the step must run the same sequences at the same rows one position further,
-  // and a row's token may be kTokenOfPreviousStep. Wait waits for the oldest step in flight
-  // and returns its greedy tokens as Run does, valid until the second launch after it. Any
-  // error fails every step in flight (none is left, their keys and values to be written again
-  // by the caller's eager steps) and counts as one failed step.
+  // A step in two halves (its KV positions reserved). Launch starts the step (capturing its graph
+  // first when needed: only with no step in flight) and returns without waiting; at most two steps
+  // are in flight. With one in flight, the step must run the same sequences at the same rows one
+  // position further, and a row's token may be kTokenOfPreviousStep. Wait waits for the oldest step
+  // in flight and returns its greedy tokens as Run does, valid until the second launch after it.
+  // Any error fails every step in flight (none is left, their keys and values to be written again
+  // by the caller's eager steps) and counts as one failed step: e.g. a worker died. The greedy
+  // tokens are each row's argmax (first on ties), [n] in pinned memory.
   absl::Status Launch(absl::Span<const int32_t> ids, const BatchLayout& batch);
   absl::StatusOr<const int32_t*> Wait();
   int in_flight() const { return static_cast<int>(in_flight_.size()); }
@@ -93,7 +83,7 @@ class DecodeGraphs {
   // Whether a step of `tokens` rows would capture its graphs first (none yet for that size, or
   // the expert backend changed since).
   bool NeedsCapture(int64_t tokens) const {
-    return experts_.graph_version() != version_ || !graphs_.contains(static_cast<int>(tokens));
+    return graph_steps_.graph_version() != version_ || !graphs_.contains(static_cast<int>(tokens));
   }
 
   // Failed steps in a row (graphs stay off at kMaxFailures until the expert backend changes).
@@ -145,11 +135,12 @@ class DecodeGraphs {
   void NoteTiming(const Launched& step, Clock::time_point synced);
 
   ForwardPass& forward_;
-  gpu::CudaRouterBackend& router_;
+  gpu::DeviceRouter& router_;
   ExpertBackend& experts_;
+  GraphStepExperts& graph_steps_;
   PagedKvCache& kv_;
   DecodeGraphOptions options_;
-  uint64_t version_ = 0;   // experts_.graph_version() the graphs were captured at
+  uint64_t version_ = 0;   // graph_steps_.graph_version() the graphs were captured at
   bool prepared_ = false;  // the router backend's graph buffers exist
   int failures_ = 0;       // failed steps in a row, at failed_version_
   int last_rows_ = 0;      // rows of the last replay that succeeded (0: none since a failure)

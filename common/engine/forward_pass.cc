@@ -23,45 +23,26 @@ absl::Status ForwardPass::Check(absl::Span<const int32_t> ids, const BatchLayout
   return absl::OkStatus();
 }
 
-absl::Status ForwardPass::RunOnceForCapture(absl::Span<const int32_t> ids, const BatchLayout& batch,
-                                            PagedKvCache& kv, absl::Span<const int64_t> logit_rows,
-                                            Tensor& logits) {
-  RETURN_IF_ERROR(Check(ids, batch));
-  return RunOnce(ids, batch, kv, logit_rows, logits);
-}
-
 absl::Status ForwardPass::Run(absl::Span<const int32_t> ids, const BatchLayout& batch,
                               PagedKvCache& kv, absl::Span<const int64_t> logit_rows,
                               Tensor& logits) {
   RETURN_IF_ERROR(Check(ids, batch));
-  absl::Status status = RunOnce(ids, batch, kv, logit_rows, logits);
-  for (int retry = 0; retry < 2 && absl::IsAborted(status); ++retry) {
-    status = RunOnce(ids, batch, kv, logit_rows, logits);
-  }
-  if (absl::IsAborted(status)) return absl::UnavailableError(status.message());
-  return status;
-}
-
-absl::Status ForwardPass::RunOnce(absl::Span<const int32_t> ids, const BatchLayout& batch,
-                                  PagedKvCache& kv, absl::Span<const int64_t> logit_rows,
-                                  Tensor& logits) {
   if (options_.on_batch) options_.on_batch(batch);
-  RETURN_IF_ERROR(router_.Embed(ids, hidden_));
+  RETURN_IF_ERROR(router_.BeginStep(ids, batch, kv));
   predicted_layer_ = -1;
   for (int layer = 0; layer < config_.num_layers; ++layer) {
-    RETURN_IF_ERROR(router_.Attention(layer, batch, kv, hidden_));
-    RETURN_IF_ERROR(
-        router_.PrepareFfn(layer, hidden_, options_.router_temperature, ffn_input_, routing_));
-    RETURN_IF_ERROR(router_.DenseFfn(layer, ffn_input_, hidden_));
+    RETURN_IF_ERROR(router_.Attention(layer));
+    RETURN_IF_ERROR(router_.PrepareFfn(layer, options_.router_temperature, ffn_input_, routing_));
+    RETURN_IF_ERROR(router_.DenseFfn(layer));
     if (config_.layer_is_moe[layer]) {
       if (predicted_layer_ == layer) ScorePrediction(routing_);
       if (options_.on_routing) options_.on_routing(layer, routing_);
       RETURN_IF_ERROR(experts_.RunExperts(layer, ffn_input_, routing_, expert_out_));
-      RETURN_IF_ERROR(router_.Combine(expert_out_, experts_.output_ready_flag(), hidden_));
+      RETURN_IF_ERROR(router_.Combine(expert_out_, experts_.output_ready_flag()));
     }
     if (options_.predict_next_experts) RETURN_IF_ERROR(PredictNext(layer));
   }
-  RETURN_IF_ERROR(router_.Logits(hidden_, logit_rows, logits));
+  RETURN_IF_ERROR(router_.Logits(logit_rows, logits));
   return experts_.FinishStep();
 }
 
@@ -72,8 +53,7 @@ absl::Status ForwardPass::PredictNext(int layer) {
   }
   // The next layer's gate sees norm(hidden + its attention); without the attention yet, this
   // layer's output is the best guess, and the copies overlap that attention.
-  RETURN_IF_ERROR(
-      router_.PrepareFfn(next, hidden_, options_.router_temperature, predict_input_, predicted_));
+  RETURN_IF_ERROR(router_.PredictRouting(next, options_.router_temperature, predicted_));
   if (predicted_.on_device()) return absl::OkStatus();  // device routing: nothing to send
   experts_.Prefetch(next, predicted_);
   predicted_layer_ = next;

@@ -37,17 +37,12 @@ class ForwardPass {
   ForwardPass(const ModelConfig& config, RouterBackend& router, ExpertBackend& experts,
               ForwardOptions options);
 
-  // Runs `ids` (laid out by `batch`, KV positions reserved) through every layer and writes
-  // the logits of hidden rows `logit_rows` into `logits` [logit_rows.size(), vocab]. A step
-  // the expert backend aborts (ExpertBackend::FinishStep) runs again, rewriting its keys and
-  // values.
+  // Runs `ids` (laid out by `batch`, KV positions reserved) through every layer once and
+  // writes the logits of rows `logit_rows` into `logits` [logit_rows.size(), vocab]. ABORTED:
+  // the expert backend lost the step's work (ExpertBackend::FinishStep) and it must run again
+  // (StepRunner does), rewriting its keys and values.
   absl::Status Run(absl::Span<const int32_t> ids, const BatchLayout& batch, PagedKvCache& kv,
                    absl::Span<const int64_t> logit_rows, Tensor& logits);
-
-  // Run without running an aborted step again: a CUDA graph capture must record one pass.
-  absl::Status RunOnceForCapture(absl::Span<const int32_t> ids, const BatchLayout& batch,
-                                 PagedKvCache& kv, absl::Span<const int64_t> logit_rows,
-                                 Tensor& logits);
   // What Run tells its observers of a batch (the on_batch hook), for a step replayed from a
   // graph, which runs no host code of the pass.
   void NoteBatch(const BatchLayout& batch) {
@@ -63,13 +58,11 @@ class ForwardPass {
   ExpertBackend& experts_;
   ForwardOptions options_;
   absl::Status Check(absl::Span<const int32_t> ids, const BatchLayout& batch) const;
-  absl::Status RunOnce(absl::Span<const int32_t> ids, const BatchLayout& batch, PagedKvCache& kv,
-                       absl::Span<const int64_t> logit_rows, Tensor& logits);
-  // Predicts layer + 1's experts from `hidden_` and sends the hint.
+  // Predicts layer + 1's experts from the residual stream and sends the hint.
   absl::Status PredictNext(int layer);
   void ScorePrediction(const RoutingTable& actual);
 
-  Tensor hidden_, ffn_input_, expert_out_, predict_input_;
+  Tensor ffn_input_, expert_out_;
   RoutingTable routing_, predicted_;
   int predicted_layer_ = -1;
   PrefetchCounters prefetch_;

@@ -30,22 +30,17 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
   stack.attention_weights = options.attention_weights;
   stack.on_progress = options.on_progress;
   ASSIGN_OR_RETURN(engine->stack_, ModelStack::Create(options.model_dir, stack));
-  engine->cuda_router_ = engine->stack_->cuda_router();
   engine->kv_ = &engine->stack_->kv();
-  ForwardOptions forward;
-  forward.router_temperature = options.router_temperature;
-  forward.on_routing = options.on_routing;
-  engine->forward_ = std::make_unique<ForwardPass>(
-      engine->stack_->config(), engine->stack_->router(), *engine->stack_->experts(), forward);
-  if (engine->cuda_router_ != nullptr && options.cuda_graphs) {
-    // Decode steps replay one graph when the whole sequence fits its context.
-    DecodeGraphOptions graphs;
-    graphs.max_context =
-        static_cast<int>(std::min<int64_t>(engine->max_sequence_tokens(), kDecodeGraphContext));
-    graphs.max_sequences = 1;
-    engine->decode_graphs_ = std::make_unique<DecodeGraphs>(
-        *engine->forward_, *engine->cuda_router_, *engine->stack_->experts(), *engine->kv_, graphs);
-  }
+  StepRunnerOptions runner;
+  runner.forward.router_temperature = options.router_temperature;
+  runner.forward.on_routing = options.on_routing;
+  // Decode steps replay one graph while the sequence fits its context.
+  runner.cuda_graphs = options.cuda_graphs;
+  runner.graphs.max_context =
+      static_cast<int>(std::min<int64_t>(engine->max_sequence_tokens(), kDecodeGraphContext));
+  runner.graphs.max_sequences = 1;
+  engine->runner_ = CreateStepRunner(engine->stack_->config(), engine->stack_->router(),
+                                     *engine->stack_->experts(), *engine->kv_, std::move(runner));
   return engine;
 }
 
@@ -72,17 +67,21 @@ absl::Status LocalEngine::ValidatePrompt(absl::Span<const int32_t> ids,
   return absl::OkStatus();
 }
 
-absl::Status LocalEngine::Step(PagedKvCache::SequenceId seq, absl::Span<const int32_t> ids,
-                               int64_t start, absl::Span<const int64_t> logit_rows,
-                               Tensor& logits) {
+absl::StatusOr<StepResult> LocalEngine::Step(PagedKvCache::SequenceId seq,
+                                             absl::Span<const int32_t> ids, int64_t start,
+                                             std::vector<int64_t> logit_rows,
+                                             std::vector<int64_t> host_rows, bool launch_next) {
   const int64_t n = static_cast<int64_t>(ids.size());
   RETURN_IF_ERROR(kv_->Reserve(seq, start + n));
-  BatchLayout batch;
-  batch.sequence.assign(n, seq);
-  batch.position.resize(n);
-  for (int64_t i = 0; i < n; ++i) batch.position[i] = start + i;
-  if (decode_graphs_ != nullptr) decode_graphs_->NoteEagerStep();
-  return forward_->Run(ids, batch, *kv_, logit_rows, logits);
+  StepPlan plan;
+  plan.ids.assign(ids.begin(), ids.end());
+  plan.batch.sequence.assign(n, seq);
+  plan.batch.position.resize(n);
+  for (int64_t i = 0; i < n; ++i) plan.batch.position[i] = start + i;
+  plan.logit_rows = std::move(logit_rows);
+  plan.host_rows = std::move(host_rows);
+  plan.launch_next = launch_next && kv_->Reserve(seq, start + n + 1).ok();
+  return runner_->Run(plan, [] {});
 }
 
 absl::StatusOr<Tensor> LocalEngine::Logits(absl::Span<const int32_t> ids) {
@@ -92,14 +91,14 @@ absl::StatusOr<Tensor> LocalEngine::Logits(absl::Span<const int32_t> ids) {
   const PagedKvCache::SequenceId seq = kv_->AddSequence();
   absl::Cleanup release = [&] { kv_->Release(seq); };
   Tensor all = Tensor::Host(n, vocab);
-  Tensor chunk_logits;
-  std::vector<int64_t> rows;
   for (int64_t start = 0; start < n; start += options_.prefill_chunk_tokens) {
     const int64_t len = std::min<int64_t>(options_.prefill_chunk_tokens, n - start);
-    rows.resize(len);
+    std::vector<int64_t> rows(len);
     for (int64_t i = 0; i < len; ++i) rows[i] = i;
-    RETURN_IF_ERROR(Step(seq, ids.subspan(start, len), start, rows, chunk_logits));
-    std::copy(chunk_logits.data(), chunk_logits.data() + len * vocab, all.row(start));
+    ASSIGN_OR_RETURN(StepResult step, Step(seq, ids.subspan(start, len), start, rows, rows, false));
+    for (int64_t i = 0; i < len; ++i) {
+      std::copy(step.logits(i), step.logits(i) + vocab, all.row(start + i));
+    }
   }
   return all;
 }
@@ -114,27 +113,20 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
   const int64_t vocab = config().vocab_size;
   const PagedKvCache::SequenceId seq = kv_->AddSequence();
   absl::Cleanup release = [&] { kv_->Release(seq); };
+  // Ends before `release`: nothing may still write the sequence's keys and values then.
+  absl::Cleanup drain = [&] { runner_->Abandon(); };
   Sampler sampler(options.sampling);
-  Tensor logits;
   // Prefill in chunks; only the last prompt position's logits are needed.
   const int64_t n = static_cast<int64_t>(prompt.size());
+  StepResult step;
   for (int64_t start = 0; start < n; start += options_.prefill_chunk_tokens) {
     const int64_t len = std::min<int64_t>(options_.prefill_chunk_tokens, n - start);
-    const int64_t last_row = len - 1;
-    RETURN_IF_ERROR(Step(seq, prompt.subspan(start, len), start, {&last_row, 1}, logits));
+    ASSIGN_OR_RETURN(step, Step(seq, prompt.subspan(start, len), start, {len - 1}, {0}, false));
   }
   std::vector<int32_t> out;
   const std::vector<int>& eos = config().eos_token_ids;
-  // Decode steps replay one CUDA graph when the whole sequence fits the graph's context.
-  bool graphs = UseDecodeGraph(n + options.max_new_tokens);
-  bool launched = false;  // the step for `next` is in flight, launched ahead
-  // Ends before `release`: nothing may still write the sequence's keys and values then.
-  absl::Cleanup drain = [&] {
-    if (decode_graphs_ != nullptr && decode_graphs_->in_flight() > 0) {
-      decode_graphs_->Wait().IgnoreError();
-    }
-  };
-  int32_t next = sampler.Sample(logits.row(0), vocab);
+  int32_t next = sampler.Sample(step.logits(0), vocab);
+  bool in_flight = false;  // the step for `next` was launched ahead and waits to be collected
   while (true) {
     out.push_back(next);
     if (options.on_token) options.on_token(next);
@@ -143,61 +135,25 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
       break;
     }
     const int64_t position = n + static_cast<int64_t>(out.size()) - 1;
-    if (graphs) {
-      // The step after this one goes in behind it when its token will be wanted.
-      const bool ahead = options_.overlap_decode_steps && sampler.greedy() &&
-                         static_cast<int>(out.size()) + 1 < options.max_new_tokens;
-      absl::StatusOr<int32_t> replayed =
-          DecodeWithGraph(seq, next, position, sampler, ahead, &launched);
-      if (replayed.ok()) {
-        next = *replayed;
-        continue;
-      }
-      // The step runs eagerly (rewriting what the replay wrote); after repeated failures the
-      // rest of the generation does too.
-      graphs = decode_graphs_->failures() < DecodeGraphs::kMaxFailures;
+    // The step after this one goes in behind it when its token will be wanted.
+    const bool ahead = options_.overlap_decode_steps && sampler.greedy() &&
+                       static_cast<int>(out.size()) + 1 < options.max_new_tokens;
+    absl::StatusOr<StepResult> result;
+    if (in_flight) {
+      result = runner_->Collect(ahead && kv_->Reserve(seq, position + 2).ok(), [] {});
+      // Lost with whatever was in flight: the step runs again from the token the host has.
+      if (!result.ok()) in_flight = false;
     }
-    const int64_t row = 0;
-    RETURN_IF_ERROR(Step(seq, {&next, 1}, position, {&row, 1}, logits));
-    next = sampler.Sample(logits.row(0), vocab);
+    if (!in_flight) {
+      result = Step(seq, {&next, 1}, position, {0},
+                    sampler.greedy() ? std::vector<int64_t>{} : std::vector<int64_t>{0}, ahead);
+    }
+    if (!result.ok()) return result.status();
+    next = result->greedy != nullptr && sampler.greedy() ? result->greedy[0]
+                                                         : sampler.Sample(result->logits(0), vocab);
+    in_flight = result->next_in_flight;
   }
   return out;
-}
-
-bool LocalEngine::UseDecodeGraph(int64_t total_tokens) {
-  return decode_graphs_ != nullptr && total_tokens <= decode_graphs_->max_context();
-}
-
-absl::StatusOr<int32_t> LocalEngine::DecodeWithGraph(PagedKvCache::SequenceId seq, int32_t token,
-                                                     int64_t position, Sampler& sampler, bool ahead,
-                                                     bool* launched) {
-  auto batch_at = [&](int64_t p) {
-    BatchLayout batch;
-    batch.sequence = {seq};
-    batch.position = {p};
-    return batch;
-  };
-  const bool in_flight = *launched;
-  *launched = false;
-  if (!in_flight) {
-    RETURN_IF_ERROR(kv_->Reserve(seq, position + 1));
-    RETURN_IF_ERROR(decode_graphs_->Launch({&token, 1}, batch_at(position)));
-  }
-  if (ahead && kv_->Reserve(seq, position + 2).ok()) {
-    const int32_t from_device = kTokenOfPreviousStep;
-    RETURN_IF_ERROR(decode_graphs_->Launch({&from_device, 1}, batch_at(position + 1)));
-    *launched = true;
-  }
-  absl::StatusOr<const int32_t*> read = decode_graphs_->Wait();
-  if (!read.ok()) {
-    *launched = false;  // failed with it
-    return read.status();
-  }
-  const int32_t* greedy = *read;
-  if (sampler.greedy()) return greedy[0];
-  const int64_t row = 0;
-  ASSIGN_OR_RETURN(const float* logits, decode_graphs_->Logits({&row, 1}));
-  return sampler.Sample(logits, config().vocab_size);
 }
 
 LocalEngine::~LocalEngine() = default;

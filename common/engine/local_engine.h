@@ -8,10 +8,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/engine/decode_graphs.h"
-#include "common/engine/forward_pass.h"
 #include "common/engine/model_stack.h"
 #include "common/engine/sampler.h"
+#include "common/engine/step_runner.h"
 
 namespace strata {
 
@@ -32,7 +31,7 @@ struct LocalEngineOptions {
   // On a GPU, replay one CUDA graph per decode step (no per-kernel launch cost).
   bool cuda_graphs = true;
   // Greedy decoding by replay: launch the next step before the last one's token is read (its
-  // token the argmax still on the GPU; DecodeGraphs::Launch), so the GPU never waits for the
+  // token the argmax still on the GPU; StepPlan::launch_next), so the GPU never waits for the
   // host between steps.
   bool overlap_decode_steps = true;
   // Progress lines while a large model goes to the GPU.
@@ -66,32 +65,21 @@ class LocalEngine {
   // Longest sequence the KV pool and the model's context allow.
   int64_t max_sequence_tokens() const;
   // Where the replayed decode steps' host time went (all zero without decode graphs).
-  DecodeGraphs::Timing decode_graph_timing() const {
-    return decode_graphs_ != nullptr ? decode_graphs_->timing() : DecodeGraphs::Timing{};
-  }
+  DecodeGraphs::Timing decode_graph_timing() const { return runner_->stats().graph_timing; }
 
  private:
   LocalEngine() = default;
-  // CUDA decode graphs: whether this generation can replay them (false without CUDA), and one
-  // decode step by replay, returning the token `sampler` picks (greedy: the device's argmax).
-  // *launched: the step for `token` at `position` is in flight already (launched ahead); on
-  // return, whether the step after it is (launched ahead now, when `ahead` allows). On an
-  // error nothing is in flight.
-  bool UseDecodeGraph(int64_t total_tokens);
-  absl::StatusOr<int32_t> DecodeWithGraph(PagedKvCache::SequenceId seq, int32_t token,
-                                          int64_t position, Sampler& sampler, bool ahead,
-                                          bool* launched);
   absl::Status ValidatePrompt(absl::Span<const int32_t> ids, int64_t extra_tokens) const;
-  // Runs `ids` at positions [start, start + ids.size()) of `seq`; logits for the rows asked.
-  absl::Status Step(PagedKvCache::SequenceId seq, absl::Span<const int32_t> ids, int64_t start,
-                    absl::Span<const int64_t> logit_rows, Tensor& logits);
+  // Runs `ids` at positions [start, start + ids.size()) of `seq` (reserving them, and one more
+  // when `launch_next`); the logits of the rows asked for.
+  absl::StatusOr<StepResult> Step(PagedKvCache::SequenceId seq, absl::Span<const int32_t> ids,
+                                  int64_t start, std::vector<int64_t> logit_rows,
+                                  std::vector<int64_t> host_rows, bool launch_next);
 
   LocalEngineOptions options_;
   std::unique_ptr<ModelStack> stack_;
-  gpu::CudaRouterBackend* cuda_router_ = nullptr;  // the stack's router, when on a GPU
-  PagedKvCache* kv_ = nullptr;                     // the stack's
-  std::unique_ptr<ForwardPass> forward_;
-  std::unique_ptr<DecodeGraphs> decode_graphs_;  // after forward_: the graphs use it
+  PagedKvCache* kv_ = nullptr;  // the stack's
+  std::unique_ptr<StepRunner> runner_;
 };
 
 }  // namespace strata

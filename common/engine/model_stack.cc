@@ -110,7 +110,6 @@ absl::Status ModelStack::CreateCudaBackends() {
                        {.max_tokens = max_tokens,
                         .max_sequences = std::max(options_.max_sequences, 1),
                         .attention_format = gpu::WeightFormatNamed(attention_weights)}));
-  cuda_router_ = cuda_router.get();
   router_ = std::move(cuda_router);
   if (!options_.local_experts) return absl::OkStatus();
   gpu::CudaExpertOptions expert_options;

@@ -17,10 +17,6 @@
 
 namespace strata {
 
-namespace gpu {
-class CudaRouterBackend;
-}  // namespace gpu
-
 struct ModelStackOptions {
   // "cpu" (the float32 reference) or "cuda" / "cuda:N" (bf16 on a GPU, when built with CUDA).
   std::string device = "cpu";
@@ -57,8 +53,6 @@ class ModelStack {
   // Null without local experts.
   ExpertBackend* experts() { return experts_.get(); }
   PagedKvCache& kv() { return *kv_; }
-  // The router backend when it runs on a GPU; null on the CPU.
-  gpu::CudaRouterBackend* cuda_router() { return cuda_router_; }
   // The GPU's index, or -1 on the CPU.
   int device_index() const { return device_index_; }
   // Makes the stack's GPU current on the calling thread (a thread that did not build the
@@ -79,7 +73,6 @@ class ModelStack {
   int device_index_ = -1;
   // Declared before the backends: they go first, while the context still exists.
   std::shared_ptr<void> device_context_;
-  gpu::CudaRouterBackend* cuda_router_ = nullptr;
   std::unique_ptr<RouterBackend> router_;
   std::unique_ptr<ExpertBackend> experts_;
 };

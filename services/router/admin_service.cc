@@ -32,7 +32,7 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
     response->set_hot_ratio(hot_ratio_->current());
     response->set_hot_ratio_automatic(hot_ratio_->automatic());
   }
-  const PrefetchCounters& p = forward_.prefetch();
+  const PrefetchCounters& p = runner_.prefetch();
   response->set_prefetch_predicted(p.predicted.load());
   response->set_prefetch_correct(p.correct.load());
   response->set_prefetch_actual(p.actual.load());

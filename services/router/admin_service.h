@@ -2,7 +2,7 @@
 #ifndef STRATA_SERVICES_ROUTER_ADMIN_SERVICE_H_
 #define STRATA_SERVICES_ROUTER_ADMIN_SERVICE_H_
 
-#include "common/engine/forward_pass.h"
+#include "common/engine/step_runner.h"
 #include "common/placement/hot_ratio.h"
 #include "services/router/remote_expert_backend.h"
 #include "services/router/scheduler.h"
@@ -13,13 +13,9 @@ namespace strata {
 class AdminService final : public v1::Admin::CallbackService {
  public:
   // `experts` and `hot_ratio` are null when the router runs the experts itself.
-  AdminService(const Scheduler& scheduler, const PagedKvCache& kv, const ForwardPass& forward,
+  AdminService(const Scheduler& scheduler, const PagedKvCache& kv, const StepRunner& runner,
                const RemoteExpertBackend* experts, HotRatioControl* hot_ratio)
-      : scheduler_(scheduler),
-        kv_(kv),
-        forward_(forward),
-        experts_(experts),
-        hot_ratio_(hot_ratio) {}
+      : scheduler_(scheduler), kv_(kv), runner_(runner), experts_(experts), hot_ratio_(hot_ratio) {}
 
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
                                   const v1::StatsRequest* request,
@@ -31,7 +27,7 @@ class AdminService final : public v1::Admin::CallbackService {
  private:
   const Scheduler& scheduler_;
   const PagedKvCache& kv_;
-  const ForwardPass& forward_;
+  const StepRunner& runner_;
   const RemoteExpertBackend* experts_;
   HotRatioControl* hot_ratio_;
 };

@@ -40,6 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/backend/cuda/clock_stamps.h"
+#include "common/backend/graph_step.h"
 #include "common/backend/cuda/cuda_context.h"
 #include "common/backend/cuda/cuda_types.h"
 #include "common/backend/cuda/device_buffer.h"
@@ -83,7 +84,9 @@ class CudaIpcConnection : public ExpertConnection {
   std::atomic<int> graph_awaited_{0};   // replayed steps in flight that wait on its output flags
 };
 
-class IpcExpertBackend : public RemoteExpertBackend, public gpu::GateHandOffSource {
+class IpcExpertBackend : public RemoteExpertBackend,
+                         public GraphStepExperts,
+                         public gpu::GateHandOffSource {
  public:
   // Buffers for steps of up to `max_tokens` tokens on `context`'s device, whose stream the
   // router backend uses; the context must outlive the backend.
@@ -101,6 +104,7 @@ class IpcExpertBackend : public RemoteExpertBackend, public gpu::GateHandOffSour
   // for itself (gpu::EarlyCombineLaunch); else null.
   const uint32_t* output_ready_flag() const override { return output_ready_flag_; }
 
+  GraphStepExperts* graph_steps() override { return this; }
   // Changes whenever a worker registers again or comes or goes, or a layer's owners change;
   // 0 while none is connected over CUDA IPC.
   uint64_t graph_version() const override;

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #if STRATA_HAVE_CUDA
-#include "common/backend/cuda/cuda_router_backend.h"
+#include "common/backend/cuda/device_router.h"
 #include "services/router/ipc_expert_backend.h"
 #endif
 #include "common/placement/plan_file.h"
@@ -59,7 +59,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   }
   ExpertBackend& experts =
       s->remote_ != nullptr ? *s->remote_ : static_cast<ExpertBackend&>(*s->stack_->experts());
-  ForwardOptions forward_options;
+  StepRunnerOptions runner;
+  ForwardOptions& forward_options = runner.forward;
   forward_options.router_temperature = options.router_temperature;
   if (s->remote_ != nullptr) {
     // A GPU router keeps its routing on the device: nothing to predict for the workers, which
@@ -72,27 +73,23 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
       remote->set_hot_ratio(control->Update(longest));
     };
   }
-  s->forward_ = std::make_unique<ForwardPass>(c, s->stack_->router(), experts, forward_options);
   SchedulerOptions scheduler = options.scheduler;
-  if (s->stack_->cuda_router() != nullptr && options.cuda_graph_max_batch > 0) {
-    DecodeGraphOptions graphs;
-    graphs.max_sequences =
-        std::min({options.cuda_graph_max_batch, stack.max_sequences, stack.max_step_tokens});
-    graphs.max_context = static_cast<int>(std::min<int64_t>(
-        {int64_t{kDecodeGraphContext}, s->stack_->kv().pool_tokens(), c.max_position_embeddings}));
-    s->decode_graphs_ = std::make_unique<DecodeGraphs>(*s->forward_, *s->stack_->cuda_router(),
-                                                       experts, s->stack_->kv(), graphs);
-    scheduler.decode_graphs = s->decode_graphs_.get();
-    // Clock stamps are read per step, with nothing behind it on the stream.
-    if (!options.gpu_clock_stamps.empty()) scheduler.overlap_decode_steps = false;
-  }
+  runner.cuda_graphs = options.cuda_graph_max_batch > 0;
+  runner.graphs.max_sequences =
+      std::min({options.cuda_graph_max_batch, stack.max_sequences, stack.max_step_tokens});
+  runner.graphs.max_context = static_cast<int>(std::min<int64_t>(
+      {int64_t{kDecodeGraphContext}, s->stack_->kv().pool_tokens(), c.max_position_embeddings}));
+  // Clock stamps are read per step, with nothing behind it on the stream.
+  if (!options.gpu_clock_stamps.empty()) scheduler.overlap_decode_steps = false;
+  s->runner_ =
+      CreateStepRunner(c, s->stack_->router(), experts, s->stack_->kv(), std::move(runner));
   scheduler.on_engine_thread = [stack = s->stack_.get()] {
     if (absl::Status bound = stack->BindThread(); !bound.ok()) {
       Log(LogLevel::kError, absl::StrCat("engine thread: ", bound.message()));
     }
   };
   s->scheduler_ =
-      std::make_unique<Scheduler>(c, *s->forward_, s->stack_->kv(), s->tokenizer_.get(), scheduler);
+      std::make_unique<Scheduler>(c, *s->runner_, s->stack_->kv(), s->tokenizer_.get(), scheduler);
   s->generation_ = std::make_unique<GenerationService>(c, *s->scheduler_, s->tokenizer_.get(),
                                                        options.num_workers);
 
@@ -102,7 +99,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(s->generation_.get());
-  s->admin_ = std::make_unique<AdminService>(*s->scheduler_, s->stack_->kv(), *s->forward_,
+  s->admin_ = std::make_unique<AdminService>(*s->scheduler_, s->stack_->kv(), *s->runner_,
                                              s->remote_.get(), s->hot_ratio_.get());
   builder.RegisterService(s->admin_.get());
   if (s->remote_ != nullptr) {
@@ -134,10 +131,11 @@ absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
     return absl::OkStatus();
   }
 #if STRATA_HAVE_CUDA
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<IpcExpertBackend> ipc,
-      IpcExpertBackend::Create(c, std::move(placement), remote, stack_->cuda_router()->context(),
-                               std::max(options_.scheduler.max_batch_tokens, 1)));
+  gpu::DeviceRouter* device = stack_->router().device_router();
+  if (device == nullptr) return absl::InternalError("a GPU router without its device hooks");
+  ASSIGN_OR_RETURN(std::unique_ptr<IpcExpertBackend> ipc,
+                   IpcExpertBackend::Create(c, std::move(placement), remote, device->context(),
+                                            std::max(options_.scheduler.max_batch_tokens, 1)));
   if (!options_.gpu_clock_stamps.empty()) {
     RETURN_IF_ERROR(ipc->StampClocks(options_.gpu_clock_stamps));
   }
@@ -148,7 +146,7 @@ absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
                        request.gpu_uuid());
   };
   // The router's gate kernel hands captured decode layers to the workers itself.
-  stack_->cuda_router()->SetGateHandOffSource(ipc.get());
+  device->SetGateHandOffSource(ipc.get());
   remote_ = std::move(ipc);
   return absl::OkStatus();
 #else

@@ -12,8 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/engine/forward_pass.h"
 #include "common/engine/model_stack.h"
+#include "common/engine/step_runner.h"
 #include "common/placement/hot_ratio.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/admin_service.h"
@@ -83,8 +83,7 @@ class RouterServer {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<RemoteExpertBackend> remote_;  // num_workers > 0
   std::unique_ptr<HotRatioControl> hot_ratio_;
-  std::unique_ptr<ForwardPass> forward_;
-  std::unique_ptr<DecodeGraphs> decode_graphs_;  // GPU router with graphs on
+  std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<GenerationService> generation_;
   std::unique_ptr<CoordinatorService> coordinator_;

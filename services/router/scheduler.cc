@@ -44,9 +44,9 @@ struct Scheduler::Sequence {
   Clock::time_point submitted, first_token, last_token;
 };
 
-Scheduler::Scheduler(const ModelConfig& config, ForwardPass& forward, PagedKvCache& kv,
+Scheduler::Scheduler(const ModelConfig& config, StepRunner& runner, PagedKvCache& kv,
                      const Tokenizer* tokenizer, SchedulerOptions options)
-    : config_(config), forward_(forward), kv_(kv), tokenizer_(tokenizer), options_(options) {
+    : config_(config), runner_(runner), kv_(kv), tokenizer_(tokenizer), options_(options) {
   max_context_tokens_ = std::min(config.max_position_embeddings, kv.pool_tokens());
   if (options.max_context_tokens > 0) {
     max_context_tokens_ = std::min(max_context_tokens_, options.max_context_tokens);
@@ -160,15 +160,14 @@ Scheduler::Stats Scheduler::stats() const {
   s.waiting = queued_.load();
   s.running = running_count_.load();
   s.free_kv_blocks = kv_.free_blocks();
-  s.steps = steps_.load();
   s.preemptions = preemptions_.load();
-  s.graph_steps = graph_steps_.load();
-  if (options_.decode_graphs != nullptr) {
-    const DecodeGraphs::Timing t = options_.decode_graphs->timing();
-    s.overlapped_steps = t.overlapped;
-    s.graph_replay_us = t.mean_replay_us();
-    s.graph_between_us = t.mean_between_us();
-  }
+  s.steps_ahead = steps_ahead_.load();
+  const StepRunnerStats runner = runner_.stats();
+  s.steps = runner.steps;
+  s.graph_steps = runner.graph_steps;
+  s.overlapped_steps = runner.graph_timing.overlapped;
+  s.graph_replay_us = runner.graph_timing.mean_replay_us();
+  s.graph_between_us = runner.graph_timing.mean_between_us();
   return s;
 }
 
@@ -333,9 +332,7 @@ bool Scheduler::Step() {
   }
   if (plan.empty()) return false;
 
-  std::vector<int32_t> ids;
-  BatchLayout batch;
-  std::vector<int64_t> logit_rows;
+  StepPlan step;
   std::vector<Sequence*> sampled;  // the first sampled.size() logit rows
   struct ScoreRow {
     Sequence* seq;
@@ -347,65 +344,50 @@ bool Scheduler::Step() {
     const int64_t length = static_cast<int64_t>(p.seq->tokens.size());
     for (int64_t j = 0; j < p.count; ++j) {
       const int64_t position = p.seq->computed + j;
-      ids.push_back(p.seq->tokens[position]);
-      batch.sequence.push_back(p.seq->kv_seq);
-      batch.position.push_back(position);
+      step.ids.push_back(p.seq->tokens[position]);
+      step.batch.sequence.push_back(p.seq->kv_seq);
+      step.batch.position.push_back(position);
       if (p.seq->spec.score_only && position + 1 < length) {
-        score_rows.push_back(static_cast<int64_t>(ids.size()) - 1);
+        score_rows.push_back(static_cast<int64_t>(step.ids.size()) - 1);
         scored.push_back({p.seq, p.seq->tokens[position + 1]});
       }
     }
     if (!p.seq->spec.score_only && p.seq->computed + p.count == length) {
-      logit_rows.push_back(static_cast<int64_t>(ids.size()) - 1);
+      step.logit_rows.push_back(static_cast<int64_t>(step.ids.size()) - 1);
       sampled.push_back(p.seq);
     }
   }
-  logit_rows.insert(logit_rows.end(), score_rows.begin(), score_rows.end());
-  // A replayed step brings its greedy tokens; the logits rows cross to the host only for the
-  // rows that sample or score.
-  const int32_t* greedy = TryGraphStep(ids, batch, logit_rows, sampled, !scored.empty());
-  const float* graph_logits = nullptr;
-  if (greedy != nullptr) {
-    std::vector<int64_t> rows;
-    for (size_t r = 0; r < sampled.size(); ++r) {
-      if (!sampled[r]->sampler->greedy()) rows.push_back(static_cast<int64_t>(r));
-    }
-    for (size_t r = 0; r < scored.size(); ++r) {
-      rows.push_back(static_cast<int64_t>(sampled.size() + r));
-    }
-    if (!rows.empty()) {
-      absl::StatusOr<const float*> logits = options_.decode_graphs->Logits(rows);
-      if (logits.ok()) {
-        graph_logits = *logits;
-      } else {
-        // The step runs again eagerly (rewriting the keys and values the replay wrote).
-        Log(LogLevel::kWarning,
-            absl::StrCat("decode graph logits lost (", logits.status().message(),
-                         "); running the step again"));
-        greedy = nullptr;
-      }
-    }
+  step.logit_rows.insert(step.logit_rows.end(), score_rows.begin(), score_rows.end());
+  // The logits rows cross to the host only for the rows that sample or score; the others need
+  // their greedy token.
+  for (size_t r = 0; r < sampled.size(); ++r) {
+    if (!sampled[r]->sampler->greedy()) step.host_rows.push_back(static_cast<int64_t>(r));
   }
-  if (greedy == nullptr) {
-    FlushOutbox();  // before the eager step's host work
-    if (options_.decode_graphs != nullptr) options_.decode_graphs->NoteEagerStep();
+  for (size_t r = 0; r < scored.size(); ++r) {
+    step.host_rows.push_back(static_cast<int64_t>(sampled.size() + r));
   }
-  const absl::Status status =
-      greedy != nullptr ? absl::OkStatus() : forward_.Run(ids, batch, kv_, logit_rows, logits_);
-  steps_.fetch_add(1);
-  if (greedy != nullptr) graph_steps_.fetch_add(1);
-  const int64_t vocab = config_.vocab_size;
-  auto logits_row = [&](int64_t r) {
-    return greedy != nullptr ? graph_logits + r * vocab : logits_.row(r);
-  };
-  if (!status.ok()) {
-    for (const Planned& p : plan) Finish(p.seq, FinishReason::kError, status);
+  LaunchedRows rows;
+  if (scored.empty() && step.ids.size() == sampled.size()) {  // decodes only
+    rows.rows = sampled;
+    for (Sequence* seq : sampled) rows.tickets.push_back(seq->ticket);
+    rows.positions.assign(step.batch.position.begin(), step.batch.position.end());
+    step.launch_next = ReserveAhead(rows);
+  }
+  absl::StatusOr<StepResult> result = runner_.Run(step, [this] { WhileRunning(); });
+  if (!result.ok()) {
+    for (const Planned& p : plan) Finish(p.seq, FinishReason::kError, result.status());
     return true;
   }
+  if (result->next_in_flight) {
+    steps_ahead_.fetch_add(1);
+    for (int64_t& position : rows.positions) ++position;
+    ahead_ = std::move(rows);
+  }
+  const int64_t vocab = config_.vocab_size;
   for (const Planned& p : plan) p.seq->computed += p.count;
   for (size_t r = 0; r < scored.size(); ++r) {
-    const float* row = logits_row(static_cast<int64_t>(sampled.size() + r));
-    scored[r].seq->scores.push_back(LogSoftmaxAt(row, config_.vocab_size, scored[r].target));
+    const float* row = result->logits(static_cast<int64_t>(sampled.size() + r));
+    scored[r].seq->scores.push_back(LogSoftmaxAt(row, vocab, scored[r].target));
   }
   for (const Planned& p : plan) {
     if (p.seq->spec.score_only && p.seq->computed == static_cast<int64_t>(p.seq->tokens.size())) {
@@ -415,55 +397,22 @@ bool Scheduler::Step() {
   }
   for (size_t r = 0; r < sampled.size(); ++r) {
     Sampler& sampler = *sampled[r]->sampler;
-    const int32_t token = greedy != nullptr && sampler.greedy()
-                              ? greedy[r]
-                              : sampler.Sample(logits_row(static_cast<int64_t>(r)), vocab);
+    const int32_t token = result->greedy != nullptr && sampler.greedy()
+                              ? result->greedy[r]
+                              : sampler.Sample(result->logits(static_cast<int64_t>(r)), vocab);
     HandleToken(sampled[r], token);
   }
   return true;
 }
 
-const int32_t* Scheduler::TryGraphStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
-                                       absl::Span<const int64_t> logit_rows,
-                                       const std::vector<Sequence*>& sampled, bool scoring) {
-  DecodeGraphs* graphs = options_.decode_graphs;
-  if (graphs == nullptr || !graphs->Fits(batch, logit_rows)) return nullptr;
-  auto failed = [&](const absl::Status& status) -> const int32_t* {
-    // The step runs eagerly instead (rewriting whatever keys and values the replay wrote); a
-    // worker that died is rerouted there.
-    const bool off = graphs->failures() >= DecodeGraphs::kMaxFailures;
-    Log(LogLevel::kWarning, absl::StrCat("decode graph step failed (", status.message(),
-                                         off ? "); CUDA graphs off until the workers change"
-                                             : "); running it without the graph"));
-    return nullptr;
-  };
-  // A capture takes a while: what the clients have waiting goes first.
-  if (graphs->NeedsCapture(batch.num_tokens())) FlushOutbox();
-  if (absl::Status launched = graphs->Launch(ids, batch); !launched.ok()) return failed(launched);
-  if (!scoring && MayLaunchAhead()) {
-    LaunchedRows in_flight;
-    in_flight.rows = sampled;
-    for (Sequence* seq : sampled) in_flight.tickets.push_back(seq->ticket);
-    in_flight.positions.assign(batch.position.begin(), batch.position.end());
-    if (absl::StatusOr<bool> ahead = LaunchAhead(in_flight); !ahead.ok()) {
-      return failed(ahead.status());
-    }
-  }
-  FlushOutbox();  // host work that would otherwise leave the GPU idle
-  absl::StatusOr<const int32_t*> greedy = graphs->Wait();
-  if (greedy.ok()) return *greedy;
-  ahead_.reset();  // failed with it
-  return failed(greedy.status());
-}
+bool Scheduler::MayLaunchAhead() const { return options_.overlap_decode_steps && waiting_.empty(); }
 
-bool Scheduler::MayLaunchAhead() const {
-  return options_.overlap_decode_steps && waiting_.empty();
-}
-
-absl::StatusOr<bool> Scheduler::LaunchAhead(const LaunchedRows& in_flight) {
+bool Scheduler::ReserveAhead(const LaunchedRows& in_flight) {
   const size_t n = in_flight.rows.size();
-  if (!MayLaunchAhead() || n != running_.size()) return false;
-  BatchLayout batch;
+  if (!MayLaunchAhead() || n == 0 || n != running_.size() ||
+      static_cast<int64_t>(n) > options_.max_batch_tokens) {
+    return false;
+  }
   for (size_t i = 0; i < n; ++i) {
     Sequence* seq = running_[i].get();
     // running_ as it was at the launch, every row in its place, the step in flight computing
@@ -473,46 +422,26 @@ absl::StatusOr<bool> Scheduler::LaunchAhead(const LaunchedRows& in_flight) {
         seq->spec.score_only || seq->generated + 1 >= seq->spec.max_new_tokens) {
       return false;
     }
-    batch.sequence.push_back(seq->kv_seq);
-    batch.position.push_back(in_flight.positions[i] + 1);
   }
-  std::vector<int64_t> rows(n);
-  for (size_t i = 0; i < n; ++i) rows[i] = static_cast<int64_t>(i);
-  DecodeGraphs* graphs = options_.decode_graphs;
-  if (!graphs->Fits(batch, rows)) return false;
   for (size_t i = 0; i < n; ++i) {
     // Never a preemption for a step ahead: the step runs as usual once this one is read.
-    if (!kv_.Reserve(batch.sequence[i], batch.position[i] + 1).ok()) return false;
+    if (!kv_.Reserve(in_flight.rows[i]->kv_seq, in_flight.positions[i] + 2).ok()) return false;
   }
-  const std::vector<int32_t> ids(n, kTokenOfPreviousStep);
-  RETURN_IF_ERROR(graphs->Launch(ids, batch));
-  LaunchedRows& ahead = ahead_.emplace();
-  ahead.rows = in_flight.rows;
-  ahead.tickets = in_flight.tickets;
-  ahead.positions.assign(batch.position.begin(), batch.position.end());
   return true;
 }
 
 bool Scheduler::StepAhead() {
-  const LaunchedRows current = std::move(*ahead_);
+  LaunchedRows current = std::move(*ahead_);
   ahead_.reset();
-  DecodeGraphs* graphs = options_.decode_graphs;
-  auto failed = [&](const absl::Status& status) {
+  const bool next = ReserveAhead(current);
+  absl::StatusOr<StepResult> result = runner_.Collect(next, [this] { WhileRunning(); });
+  if (!result.ok()) {
     // Every step in flight failed: the sequences still running decode again from what the
     // host has (their reserved positions are kept).
-    ahead_.reset();
-    Log(LogLevel::kWarning, absl::StrCat("decode step launched ahead failed (", status.message(),
-                                         "); running it again"));
+    Log(LogLevel::kWarning, absl::StrCat("decode step launched ahead failed (",
+                                         result.status().message(), "); running it again"));
     return Step();
-  };
-  if (absl::StatusOr<bool> ahead = LaunchAhead(current); !ahead.ok()) {
-    return failed(ahead.status());
   }
-  FlushOutbox();
-  absl::StatusOr<const int32_t*> greedy = graphs->Wait();
-  if (!greedy.ok()) return failed(greedy.status());
-  steps_.fetch_add(1);
-  graph_steps_.fetch_add(1);
   for (size_t i = 0; i < current.rows.size(); ++i) {
     // Rows whose sequence ended (or was preempted) meanwhile are dropped: compared by address
     // with the running ones first, since an ended one's is gone.
@@ -526,7 +455,12 @@ bool Scheduler::StepAhead() {
       continue;
     }
     seq->computed += 1;
-    HandleToken(seq, (*greedy)[i]);
+    HandleToken(seq, result->greedy[i]);
+  }
+  if (result->next_in_flight) {
+    steps_ahead_.fetch_add(1);
+    for (int64_t& position : current.positions) ++position;
+    ahead_ = std::move(current);
   }
   return true;
 }

@@ -18,8 +18,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/engine/decode_graphs.h"
-#include "common/engine/forward_pass.h"
+#include "common/engine/step_runner.h"
 #include "common/kv/paged_kv_cache.h"
 #include "common/model/model_config.h"
 #include "common/tokenizer/tokenizer.h"
@@ -34,14 +33,12 @@ struct SchedulerOptions {
   int64_t max_context_tokens = 0;  // 0: the model's context, bounded by the KV pool
   // Runs first on the engine thread (a GPU router makes its device current there).
   std::function<void()> on_engine_thread = nullptr;
-  // When set (a GPU router), decode-only steps that fit replay a CUDA graph; must outlive the
-  // scheduler.
-  DecodeGraphs* decode_graphs = nullptr;
-  // With decode graphs: while a decode step runs, the next one of the same batch is launched
-  // behind it, its tokens the greedy ones the first leaves on the GPU, so that the GPU does
-  // not wait for the host between steps. Only when every row is greedy, none reaches its
-  // token limit at the first step and no request waits; a row that ends at the first step
-  // (end of sequence, a stop string, a cancel) costs its row of the second.
+  // While a decode step runs, the next one of the same batch is asked for behind it
+  // (StepPlan::launch_next: with decode graphs, its tokens the greedy ones the first leaves on
+  // the GPU), so that the GPU does not wait for the host between steps. Only when every row is
+  // greedy, none reaches its token limit at the first step and no request waits; a row that
+  // ends at the first step (end of sequence, a stop string, a cancel) costs its row of the
+  // second.
   bool overlap_decode_steps = true;
 };
 
@@ -49,8 +46,9 @@ class Scheduler {
  public:
   using Ticket = uint64_t;
 
-  // `forward`, `kv` and `tokenizer` (may be null) must outlive the scheduler.
-  Scheduler(const ModelConfig& config, ForwardPass& forward, PagedKvCache& kv,
+  // `runner`, `kv` and `tokenizer` (may be null) must outlive the scheduler. The scheduler is
+  // policy only: what runs in each step; `runner` runs it.
+  Scheduler(const ModelConfig& config, StepRunner& runner, PagedKvCache& kv,
             const Tokenizer* tokenizer, SchedulerOptions options);
   ~Scheduler();
 
@@ -80,6 +78,7 @@ class Scheduler {
     int64_t overlapped_steps = 0;  // of those, launched before the step before them was read
     double graph_replay_us = 0;    // mean; DecodeGraphs::Timing
     double graph_between_us = 0;   // mean
+    int64_t steps_ahead = 0;       // steps asked for behind the one before (launch_next)
   };
   Stats stats() const;
 
@@ -95,23 +94,18 @@ class Scheduler {
     std::vector<Ticket> tickets;  // a row whose sequence ended is not the same ticket's
     std::vector<int64_t> positions;
   };
-  // Runs the step by graph replay when one fits and returns its rows' greedy tokens; null when
-  // it did not run (then the caller runs it eagerly). `sampled` are the sequences of the
-  // logit rows, `scoring` whether the step scores prompt tokens too; the next step may be
-  // launched behind it (LaunchAhead).
-  const int32_t* TryGraphStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
-                              absl::Span<const int64_t> logit_rows,
-                              const std::vector<Sequence*>& sampled, bool scoring);
-  // Launches the decode step behind `in_flight` (the same rows one position on, their tokens
-  // on the GPU; SchedulerOptions::overlap_decode_steps) and sets ahead_. False when the batch
-  // does not qualify; an error when the launch failed, which failed the step in flight too.
-  absl::StatusOr<bool> LaunchAhead(const LaunchedRows& in_flight);
+  // Whether the decode step behind `in_flight` (the same rows one position on, their tokens
+  // the greedy ones of `in_flight`; SchedulerOptions::overlap_decode_steps) may be asked for:
+  // the batch qualifies and every row's next position is reserved (never by a preemption).
+  bool ReserveAhead(const LaunchedRows& in_flight);
   // Whether any step may be launched ahead now: the option is on and no request waits (one
   // that waits is admitted at the next step instead).
   bool MayLaunchAhead() const;
-  // The step after one whose tokens came from a launch ahead: reads it, launching the next
+  // The step after one whose tokens came from a launch ahead: reads it, asking for the next
   // one behind it first when it can.
   bool StepAhead();
+  // The outbox goes out while the GPU runs a step.
+  void WhileRunning() { FlushOutbox(); }
   void Admit();
   // Frees a running sequence's blocks and puts it back at the head of the queue.
   void Preempt(Sequence* seq);
@@ -127,7 +121,7 @@ class Scheduler {
   void NotifyIdle();
 
   const ModelConfig& config_;
-  ForwardPass& forward_;
+  StepRunner& runner_;
   PagedKvCache& kv_;
   const Tokenizer* tokenizer_;
   SchedulerOptions options_;
@@ -143,9 +137,8 @@ class Scheduler {
   Ticket next_ticket_ = 1;
   std::atomic<int> queued_{0};  // incoming plus waiting
   std::atomic<int> running_count_{0};
-  std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> preemptions_{0};
-  std::atomic<int64_t> graph_steps_{0};
+  std::atomic<int64_t> steps_ahead_{0};
   std::atomic<int> unsent_{0};  // outbox entries: idle only once they are out too
   std::condition_variable idle_cv_;
 
@@ -154,7 +147,6 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
   std::vector<std::function<void()>> outbox_;
   std::optional<LaunchedRows> ahead_;  // a decode step launched ahead, not yet read
-  Tensor logits_;
   std::thread thread_;
 };
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_kernels.h"
+#include "common/util/status_macros.h"
 
 namespace strata {
 
@@ -16,25 +17,41 @@ CpuRouterBackend::CpuRouterBackend(const Model& model, ThreadPool& pool)
       pool_(pool),
       rope_(BuildRopeTable(model.config.rope, model.config.head_dim)) {}
 
-absl::Status CpuRouterBackend::Embed(absl::Span<const int32_t> ids, Tensor& hidden) {
+absl::Status CpuRouterBackend::BeginStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                                         PagedKvCache& kv) {
   const int64_t h = config_.hidden_size;
+  if (batch.num_tokens() != static_cast<int64_t>(ids.size()) ||
+      batch.sequence.size() != batch.position.size()) {
+    return absl::InvalidArgumentError("cpu backend: the batch does not match the ids");
+  }
   for (int32_t id : ids) {
     if (id < 0 || id >= config_.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "token id ", id, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
     }
   }
-  hidden.Resize(static_cast<int64_t>(ids.size()), h);
+  for (int64_t t = 0; t < batch.num_tokens(); ++t) {
+    if (batch.position[t] >= kv.capacity(batch.sequence[t])) {
+      return absl::FailedPreconditionError(absl::StrCat("attention: position ", batch.position[t],
+                                                        " is not reserved in the kv cache"));
+    }
+  }
+  batch_ = batch;
+  kv_ = &kv;
+  hidden_.Resize(static_cast<int64_t>(ids.size()), h);
   const WeightMatrix& e = weights_.embedding;
   for (size_t t = 0; t < ids.size(); ++t) {
-    float* row = hidden.row(static_cast<int64_t>(t));
+    float* row = hidden_.row(static_cast<int64_t>(t));
     for (int64_t i = 0; i < h; ++i) row[i] = e.At(ids[t], i);
   }
   return absl::OkStatus();
 }
 
-absl::Status CpuRouterBackend::Attention(int layer, const BatchLayout& batch, PagedKvCache& kv,
-                                         Tensor& hidden) {
+absl::Status CpuRouterBackend::Attention(int layer) {
+  if (kv_ == nullptr) return absl::FailedPreconditionError("attention: no step begun");
+  const BatchLayout& batch = batch_;
+  PagedKvCache& kv = *kv_;
+  Tensor& hidden = hidden_;
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_.layers[layer];
   const AttentionWeights& a = lw.attention;
@@ -43,16 +60,6 @@ absl::Status CpuRouterBackend::Attention(int layer, const BatchLayout& batch, Pa
   const int d = c.head_dim;
   const int64_t q_dim = int64_t{c.num_heads} * d;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * d;
-  if (hidden.rows() != n || hidden.cols() != h) {
-    return absl::InvalidArgumentError("attention: hidden state does not match the batch");
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    if (batch.position[t] >= kv.capacity(batch.sequence[t])) {
-      return absl::FailedPreconditionError(absl::StrCat("attention: position ", batch.position[t],
-                                                        " is not reserved in the kv cache"));
-    }
-  }
-
   normed_.Resize(n, h);
   cpu::RmsNormRows(pool_, hidden.data(), n, lw.input_norm, h, c.rms_norm_eps, normed_.data());
   q_.Resize(n, q_dim);
@@ -156,16 +163,31 @@ void CpuRouterBackend::SelectExperts(float* logits, float temperature, int32_t* 
   }
 }
 
-absl::Status CpuRouterBackend::PrepareFfn(int layer, const Tensor& hidden, float temperature,
-                                          Tensor& ffn_input, RoutingTable& routing) {
+absl::Status CpuRouterBackend::PrepareFfn(int layer, float temperature, Tensor& ffn_input,
+                                          RoutingTable& routing) {
+  RETURN_IF_ERROR(NormAndRoute(layer, temperature, ffn_input_, routing));
+  ffn_input = ffn_input_;  // shares the buffer
+  return absl::OkStatus();
+}
+
+absl::Status CpuRouterBackend::PredictRouting(int layer, float temperature,
+                                              RoutingTable& predicted) {
+  if (!config_.layer_is_moe[layer]) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " has no experts to predict"));
+  }
+  return NormAndRoute(layer, temperature, predict_input_, predicted);
+}
+
+absl::Status CpuRouterBackend::NormAndRoute(int layer, float temperature, Tensor& ffn_input,
+                                            RoutingTable& routing) {
   if (!(temperature > 0.0f)) {
     return absl::InvalidArgumentError("router temperature must be positive");
   }
   const LayerWeights& lw = weights_.layers[layer];
-  const int64_t n = hidden.rows();
+  const int64_t n = hidden_.rows();
   const int64_t h = config_.hidden_size;
   ffn_input.Resize(n, h);
-  cpu::RmsNormRows(pool_, hidden.data(), n, lw.post_attention_norm, h, config_.rms_norm_eps,
+  cpu::RmsNormRows(pool_, hidden_.data(), n, lw.post_attention_norm, h, config_.rms_norm_eps,
                    ffn_input.data());
   if (!config_.layer_is_moe[layer]) {
     routing.Resize(n, 0);
@@ -182,7 +204,9 @@ absl::Status CpuRouterBackend::PrepareFfn(int layer, const Tensor& hidden, float
   return absl::OkStatus();
 }
 
-absl::Status CpuRouterBackend::DenseFfn(int layer, const Tensor& ffn_input, Tensor& hidden) {
+absl::Status CpuRouterBackend::DenseFfn(int layer) {
+  const Tensor& ffn_input = ffn_input_;
+  Tensor& hidden = hidden_;
   const LayerWeights& lw = weights_.layers[layer];
   const FfnWeights* ffn = lw.dense_mlp       ? &*lw.dense_mlp
                           : lw.shared_expert ? &*lw.shared_expert
@@ -205,8 +229,8 @@ absl::Status CpuRouterBackend::DenseFfn(int layer, const Tensor& ffn_input, Tens
   return absl::OkStatus();
 }
 
-absl::Status CpuRouterBackend::Combine(const Tensor& partial, const uint32_t* ready_flag,
-                                       Tensor& hidden) {
+absl::Status CpuRouterBackend::Combine(const Tensor& partial, const uint32_t* ready_flag) {
+  Tensor& hidden = hidden_;
   if (ready_flag != nullptr) {
     return absl::InvalidArgumentError("combine: a host backend cannot wait on a device flag");
   }
@@ -217,8 +241,8 @@ absl::Status CpuRouterBackend::Combine(const Tensor& partial, const uint32_t* re
   return absl::OkStatus();
 }
 
-absl::Status CpuRouterBackend::Logits(const Tensor& hidden, absl::Span<const int64_t> rows,
-                                      Tensor& logits) {
+absl::Status CpuRouterBackend::Logits(absl::Span<const int64_t> rows, Tensor& logits) {
+  const Tensor& hidden = hidden_;
   const int64_t h = config_.hidden_size;
   const int64_t n = static_cast<int64_t>(rows.size());
   normed_.Resize(n, h);

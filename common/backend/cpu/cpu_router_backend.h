@@ -14,17 +14,20 @@ class CpuRouterBackend : public RouterBackend {
   // `model` and `pool` must outlive the backend.
   CpuRouterBackend(const Model& model, ThreadPool& pool);
 
-  absl::Status Embed(absl::Span<const int32_t> ids, Tensor& hidden) override;
-  absl::Status Attention(int layer, const BatchLayout& batch, PagedKvCache& kv,
-                         Tensor& hidden) override;
-  absl::Status PrepareFfn(int layer, const Tensor& hidden, float temperature, Tensor& ffn_input,
+  absl::Status BeginStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                         PagedKvCache& kv) override;
+  absl::Status Attention(int layer) override;
+  absl::Status PrepareFfn(int layer, float temperature, Tensor& ffn_input,
                           RoutingTable& routing) override;
-  absl::Status DenseFfn(int layer, const Tensor& ffn_input, Tensor& hidden) override;
-  absl::Status Combine(const Tensor& partial, const uint32_t* ready_flag, Tensor& hidden) override;
-  absl::Status Logits(const Tensor& hidden, absl::Span<const int64_t> rows,
-                      Tensor& logits) override;
+  absl::Status DenseFfn(int layer) override;
+  absl::Status Combine(const Tensor& partial, const uint32_t* ready_flag) override;
+  absl::Status PredictRouting(int layer, float temperature, RoutingTable& predicted) override;
+  absl::Status Logits(absl::Span<const int64_t> rows, Tensor& logits) override;
 
  private:
+  // out = post_attention_norm(hidden_) of `layer`, and its routing on MoE layers.
+  absl::Status NormAndRoute(int layer, float temperature, Tensor& out, RoutingTable& routing);
+
   // Writes the top-k experts and weights of one token from its gate logits.
   void SelectExperts(float* logits, float temperature, int32_t* experts, float* weights) const;
 
@@ -32,8 +35,13 @@ class CpuRouterBackend : public RouterBackend {
   const ModelWeights& weights_;
   ThreadPool& pool_;
   RopeTable rope_;
+  // The step: its layout, its KV cache, the residual stream and the FFN input.
+  BatchLayout batch_;
+  PagedKvCache* kv_ = nullptr;
+  Tensor hidden_, ffn_input_;
   // Scratch buffers reused across calls.
-  Tensor normed_, q_, k_, v_, attn_out_, proj_out_, gate_logits_, ffn_scratch_, ffn_out_;
+  Tensor normed_, predict_input_, q_, k_, v_, attn_out_, proj_out_, gate_logits_, ffn_scratch_,
+      ffn_out_;
 };
 
 }  // namespace strata

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
+#include "common/backend/graph_step.h"
 #include "common/backend/cuda/cuda_context.h"
 #include "common/backend/cuda/device_buffer.h"
 #include "common/backend/cuda/grouped_expert_kernels.h"
@@ -27,7 +28,7 @@ struct CudaExpertOptions {
 // The grouped-expert kernels' activation for `config`'s experts.
 GluParams ExpertGluParams(const ModelConfig& config);
 
-class CudaExpertBackend : public ExpertBackend {
+class CudaExpertBackend : public ExpertBackend, public GraphStepExperts {
  public:
   static absl::StatusOr<std::unique_ptr<CudaExpertBackend>> Create(
       const ModelConfig& config, const ExpertWeightSource& experts, CudaContext* context,
@@ -44,6 +45,7 @@ class CudaExpertBackend : public ExpertBackend {
                               int64_t n, int top_k, bf16* out, const GridSignal& signal = {});
   CudaContext* context() const { return context_; }
   // Everything is resident and queued on the router's stream: always capturable.
+  GraphStepExperts* graph_steps() override { return this; }
   uint64_t graph_version() const override { return 1; }
 
  private:

@@ -261,7 +261,16 @@ absl::Status CudaRouterBackend::AddAndNormalize(const bf16* x, int layer, int64_
   return absl::OkStatus();
 }
 
-absl::Status CudaRouterBackend::Embed(absl::Span<const int32_t> ids, Tensor& hidden) {
+absl::Status CudaRouterBackend::BeginStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                                          PagedKvCache& kv) {
+  if (batch.num_tokens() != static_cast<int64_t>(ids.size())) {
+    return absl::InvalidArgumentError("cuda backend: the batch does not match the ids");
+  }
+  RETURN_IF_ERROR(Embed(ids));
+  return UploadBatch(batch, kv);
+}
+
+absl::Status CudaRouterBackend::Embed(absl::Span<const int32_t> ids) {
   const int64_t n = static_cast<int64_t>(ids.size());
   if (n > options_.max_tokens) {
     return absl::InvalidArgumentError(
@@ -285,7 +294,6 @@ absl::Status CudaRouterBackend::Embed(absl::Span<const int32_t> ids, Tensor& hid
   step_tokens_ = n;
   current_layer_ = 0;
   pending_post_norm_ = -1;
-  hidden = Tensor::DeviceView(hidden_.data(), n, config_.hidden_size, keep_alive_);
   return absl::OkStatus();
 }
 
@@ -336,15 +344,10 @@ absl::Status CudaRouterBackend::UploadBatch(const BatchLayout& batch, PagedKvCac
   return absl::OkStatus();
 }
 
-absl::Status CudaRouterBackend::Attention(int layer, const BatchLayout& batch, PagedKvCache& kv,
-                                          Tensor& hidden) {
+absl::Status CudaRouterBackend::Attention(int layer) {
   const ModelConfig& c = config_;
   const LayerWeights& lw = layers_[layer];
   const int64_t n = step_tokens_;
-  if (batch.num_tokens() != n) {
-    return absl::InvalidArgumentError("attention: the batch does not match the embedded tokens");
-  }
-  if (layer == 0) RETURN_IF_ERROR(UploadBatch(batch, kv));
   cudaStream_t stream = context_->stream();
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
@@ -467,8 +470,8 @@ bool CudaRouterBackend::FusesNormAndGate(int layer, int64_t n) {
          AddNormGateAccepts(NormGateArgs(layer, n), GateParams(1.0f));
 }
 
-absl::Status CudaRouterBackend::PrepareFfn(int layer, const Tensor& hidden, float temperature,
-                                           Tensor& ffn_input, RoutingTable& routing) {
+absl::Status CudaRouterBackend::PrepareFfn(int layer, float temperature, Tensor& ffn_input,
+                                           RoutingTable& routing) {
   // The add + norm Attention left for this layer's fused gate, or for nobody (another layer
   // asked, or the temperature is bad): then on its own, so the residual is whole either way.
   const bool fused = pending_post_norm_ == layer && temperature > 0.0f;
@@ -516,7 +519,7 @@ absl::Status CudaRouterBackend::RunSingleExpert(const ExpertWeightTable& table, 
   return absl::OkStatus();
 }
 
-absl::Status CudaRouterBackend::DenseFfn(int layer, const Tensor& ffn_input, Tensor& hidden) {
+absl::Status CudaRouterBackend::DenseFfn(int layer) {
   const LayerWeights& lw = layers_[layer];
   if (!lw.has_ffn) return absl::OkStatus();
   const int64_t n = step_tokens_;
@@ -529,8 +532,7 @@ absl::Status CudaRouterBackend::DenseFfn(int layer, const Tensor& ffn_input, Ten
   return absl::OkStatus();
 }
 
-absl::Status CudaRouterBackend::Combine(const Tensor& partial, const uint32_t* ready_flag,
-                                        Tensor& hidden) {
+absl::Status CudaRouterBackend::Combine(const Tensor& partial, const uint32_t* ready_flag) {
   if (partial.device() != Device::kCuda || partial.rows() != step_tokens_) {
     return absl::InvalidArgumentError("combine: the partial result is not this step's, on device");
   }
@@ -538,8 +540,12 @@ absl::Status CudaRouterBackend::Combine(const Tensor& partial, const uint32_t* r
                          step_tokens_, ready_flag);
 }
 
-absl::Status CudaRouterBackend::Logits(const Tensor& hidden, absl::Span<const int64_t> rows,
-                                       Tensor& logits) {
+absl::Status CudaRouterBackend::PredictRouting(int layer, float temperature,
+                                               RoutingTable& predicted) {
+  return absl::UnimplementedError("cuda backend: no routing prediction on the device yet");
+}
+
+absl::Status CudaRouterBackend::Logits(absl::Span<const int64_t> rows, Tensor& logits) {
   const int64_t r = static_cast<int64_t>(rows.size());
   host_ints_.resize(r);
   for (int64_t i = 0; i < r; ++i) {

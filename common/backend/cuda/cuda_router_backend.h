@@ -14,6 +14,7 @@
 #include "common/backend/backend.h"
 #include "common/backend/cuda/cuda_context.h"
 #include "common/backend/cuda/cuda_weights.h"
+#include "common/backend/cuda/device_router.h"
 #include "common/backend/cuda/linear.h"
 #include "common/backend/cuda/moe_gate_kernels.h"
 #include "common/backend/cuda/norm_gate_kernels.h"
@@ -30,7 +31,7 @@ struct CudaBackendOptions {
   WeightFormat attention_format = WeightFormat::kBf16;
 };
 
-class CudaRouterBackend : public RouterBackend {
+class CudaRouterBackend : public RouterBackend, public DeviceRouter {
  public:
   // `model`, `context` and the KV cache described by `kv` must outlive the backend; the cache's
   // keys and values live on the device, allocated here.
@@ -39,48 +40,29 @@ class CudaRouterBackend : public RouterBackend {
                                                                    CudaContext* context,
                                                                    CudaBackendOptions options);
 
-  absl::Status Embed(absl::Span<const int32_t> ids, Tensor& hidden) override;
-  absl::Status Attention(int layer, const BatchLayout& batch, PagedKvCache& kv,
-                         Tensor& hidden) override;
-  absl::Status PrepareFfn(int layer, const Tensor& hidden, float temperature, Tensor& ffn_input,
+  absl::Status BeginStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                         PagedKvCache& kv) override;
+  absl::Status Attention(int layer) override;
+  absl::Status PrepareFfn(int layer, float temperature, Tensor& ffn_input,
                           RoutingTable& routing) override;
-  absl::Status DenseFfn(int layer, const Tensor& ffn_input, Tensor& hidden) override;
-  absl::Status Combine(const Tensor& partial, const uint32_t* ready_flag, Tensor& hidden) override;
-  absl::Status Logits(const Tensor& hidden, absl::Span<const int64_t> rows,
-                      Tensor& logits) override;
+  absl::Status DenseFfn(int layer) override;
+  absl::Status Combine(const Tensor& partial, const uint32_t* ready_flag) override;
+  // Not yet on the device: UNIMPLEMENTED (a GPU router predicts nothing for its workers).
+  absl::Status PredictRouting(int layer, float temperature, RoutingTable& predicted) override;
+  absl::Status Logits(absl::Span<const int64_t> rows, Tensor& logits) override;
+  DeviceRouter* device_router() override { return this; }
 
-  // Decode-step graphs. In graph mode a step has fixed shapes, so one CUDA graph captured from
-  // ForwardPass::Run replays every decode step of `sequences` sequences, one token each,
-  // sequence i at row i: block tables are padded to cover `max_context` tokens, attention is
-  // planned for `max_context` keys, and Logits leaves each row's greedy token in pinned memory
-  // (decode_greedy(), [sequences], valid after the stream is synchronized) instead of copying
-  // the rows to a host tensor; CopyDecodeLogits brings the rows themselves when a step needs
-  // them. PrepareGraphs allocates what graphs of up to `max_sequences` sequences keep
-  // (again only when no graph is kept: it frees the old buffers); then capture in graph mode
-  // and leave it; before each replay, WriteDecodeInputs sets the step's inputs in the pinned
-  // buffers the graph's copies read.
-  //
-  // Graphs read their inputs from one of two slots of pinned buffers and leave their greedy
-  // tokens in that slot's: a graph captured for one slot can be launched while the other
-  // slot's is still running, its inputs written meanwhile. A token of kPreviousGreedyToken
-  // takes the greedy token the step before left on the device at that row (the step before
-  // must have been a replay of the same rows).
-  static constexpr int kInputSlots = 2;
-  static constexpr int32_t kPreviousGreedyToken = -1;
-  absl::Status PrepareGraphs(int max_context, int max_sequences);
-  absl::Status EnterGraphMode(int sequences, int slot);
-  void LeaveGraphMode() { graph_mode_ = false; }
+  // DeviceRouter.
+  CudaContext* context() const override { return context_; }
+  absl::Status PrepareGraphs(int max_context, int max_sequences) override;
+  absl::Status EnterGraphMode(int sequences, int slot) override;
+  void LeaveGraphMode() override { graph_mode_ = false; }
   absl::Status WriteDecodeInputs(int slot, absl::Span<const int32_t> tokens,
                                  absl::Span<const int32_t> positions,
-                                 absl::Span<const std::vector<int>* const> tables);
-  const int32_t* decode_greedy(int slot) const { return host_[slot].greedy.data(); }
-  // The last replayed step's logits, [sequences, vocab] in pinned memory with only `rows`
-  // copied: copied and synchronized now, before anything else runs on the stream.
-  absl::StatusOr<const float*> CopyDecodeLogits(absl::Span<const int64_t> rows);
-  CudaContext* context() const { return context_; }
-  // An expert backend that takes layers from the fused gate kernel (GateHandOffSource); it
-  // must outlive the backend or be unset first. Null: none.
-  void SetGateHandOffSource(GateHandOffSource* source) { hand_off_source_ = source; }
+                                 absl::Span<const std::vector<int>* const> tables) override;
+  const int32_t* decode_greedy(int slot) const override { return host_[slot].greedy.data(); }
+  absl::StatusOr<const float*> CopyDecodeLogits(absl::Span<const int64_t> rows) override;
+  void SetGateHandOffSource(GateHandOffSource* source) override { hand_off_source_ = source; }
 
  private:
   struct LayerWeights {
@@ -119,6 +101,7 @@ class CudaRouterBackend : public RouterBackend {
   absl::Status AddAndNormalize(const bf16* x, int layer, int64_t n,
                                const uint32_t* ready_flag = nullptr);
   absl::Status UploadBatch(const BatchLayout& batch, PagedKvCache& kv);
+  absl::Status Embed(absl::Span<const int32_t> ids);
 
   // What the host writes for a step, pinned, which the step's copies read (Stage); and, for
   // a replay, where its greedy tokens land.

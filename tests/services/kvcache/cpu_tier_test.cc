@@ -66,7 +66,7 @@ grpc::Status Attach(const std::string& address, const std::string& name, pid_t p
 }
 
 // One layer request as a worker owning the odd experts would get it: the real gate's top-k
-// of random hidden states, the even experts' slots -1.
+// of random tokens' embeddings, the even experts' slots -1.
 struct Request {
   std::vector<float> hidden;
   std::vector<int32_t> experts;
@@ -101,11 +101,22 @@ class CpuTierTest : public ::testing::Test {
 
   std::unique_ptr<Request> MakeRequest(uint64_t step, int layer, int tokens) {
     const ModelConfig& c = model_->config;
-    Tensor hidden = Tensor::Host(tokens, c.hidden_size), ffn_input;
-    std::normal_distribution<float> normal;
-    for (int64_t i = 0; i < hidden.size(); ++i) hidden.data()[i] = normal(rng_);
+    std::vector<int32_t> ids(tokens);
+    for (int32_t& id : ids) id = static_cast<int32_t>(rng_() % c.vocab_size);
+    KvCacheOptions kv_options{.block_size = kMaxTokens,
+                              .num_blocks = 1,
+                              .num_layers = c.num_layers,
+                              .num_kv_heads = c.num_kv_heads,
+                              .head_dim = c.head_dim};
+    PagedKvCache kv = *PagedKvCache::Create(kv_options);
+    BatchLayout batch;
+    batch.sequence.assign(tokens, kv.AddSequence());
+    for (int t = 0; t < tokens; ++t) batch.position.push_back(t);
+    EXPECT_TRUE(kv.Reserve(batch.sequence[0], tokens).ok());
+    Tensor ffn_input;
     RoutingTable routing;
-    EXPECT_TRUE(router_->PrepareFfn(layer, hidden, 1.0f, ffn_input, routing).ok());
+    EXPECT_TRUE(router_->BeginStep(ids, batch, kv).ok());
+    EXPECT_TRUE(router_->PrepareFfn(layer, 1.0f, ffn_input, routing).ok());
     auto r = std::make_unique<Request>();
     r->hidden.assign(ffn_input.data(), ffn_input.data() + ffn_input.size());
     r->experts = routing.expert;

@@ -26,10 +26,10 @@ class SchedulerHarness {
     stack.kv_block_size = 4;
     stack.kv_blocks = num_blocks;
     stack_ = *ModelStack::Create(kModelDir, stack);
-    forward_ = std::make_unique<ForwardPass>(stack_->config(), stack_->router(), *stack_->experts(),
-                                             ForwardOptions{});
+    runner_ = CreateStepRunner(stack_->config(), stack_->router(), *stack_->experts(), stack_->kv(),
+                               StepRunnerOptions{});
     scheduler_ =
-        std::make_unique<Scheduler>(stack_->config(), *forward_, stack_->kv(), nullptr, options);
+        std::make_unique<Scheduler>(stack_->config(), *runner_, stack_->kv(), nullptr, options);
     scheduler_->Start();
   }
   Scheduler& scheduler() { return *scheduler_; }
@@ -37,7 +37,7 @@ class SchedulerHarness {
 
  private:
   std::unique_ptr<ModelStack> stack_;
-  std::unique_ptr<ForwardPass> forward_;
+  std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<Scheduler> scheduler_;
 };
 

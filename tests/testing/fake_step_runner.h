@@ -1,0 +1,177 @@
+// A StepRunner without a model, for testing what plans the steps: each row's next token is a
+// fixed function of the row's token and position (NextToken), given as greedy tokens, as
+// logits peaked at it, or both. With `replays` on it behaves like decode-graph replays: a
+// decode-only step with launch_next leaves the next step in flight for Collect. It checks what
+// a real runner relies on (every position reserved in the KV cache, Run never with a step in
+// flight) and can be told to fail a Run or a Collect.
+#ifndef STRATA_TESTS_TESTING_FAKE_STEP_RUNNER_H_
+#define STRATA_TESTS_TESTING_FAKE_STEP_RUNNER_H_
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "common/engine/step_runner.h"
+
+namespace strata::testing {
+
+class FakeStepRunner : public StepRunner {
+ public:
+  FakeStepRunner(PagedKvCache& kv, int64_t vocab) : kv_(kv), vocab_(vocab) {}
+
+  static int32_t NextToken(int32_t token, int64_t position, int64_t vocab) {
+    return static_cast<int32_t>((int64_t{token} * 31 + position * 7 + 1) % vocab);
+  }
+
+  // Decode-only steps that ask for it get the next step launched behind them.
+  bool replays = false;
+  // The Run / Collect calls (counted from 1) that fail; 0: none.
+  int fail_run_call = 0;
+  int fail_collect_call = 0;
+
+  absl::StatusOr<StepResult> Run(const StepPlan& plan,
+                                 absl::FunctionRef<void()> while_running) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++runs_;
+    plans_.push_back(plan);
+    if (!pending_.empty()) return Violation("Run with a step in flight");
+    for (int64_t i = 0; i < plan.batch.num_tokens(); ++i) {
+      if (plan.batch.position[i] >= kv_.capacity(plan.batch.sequence[i])) {
+        return Violation("a step's position is not reserved");
+      }
+    }
+    while_running();
+    if (runs_ == fail_run_call) return absl::InternalError("injected step failure");
+    std::vector<int32_t> tokens;
+    for (int64_t row : plan.logit_rows) {
+      tokens.push_back(NextToken(plan.ids[row], plan.batch.position[row], vocab_));
+    }
+    const bool decode_only = plan.logit_rows.size() == plan.ids.size();
+    StepResult result = Answer(tokens, /*replayed=*/replays && decode_only, plan.host_rows);
+    if (result.replayed && plan.launch_next && plan.host_rows.empty()) {
+      result.next_in_flight = Launch(plan.batch, tokens);
+      if (result.next_in_flight && !ReservedOneMore(plan.batch)) {
+        return Violation("a step launched ahead has no reserved position");
+      }
+    }
+    return result;
+  }
+
+  absl::StatusOr<StepResult> Collect(bool launch_next,
+                                     absl::FunctionRef<void()> while_running) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++collects_;
+    if (pending_.empty()) return Violation("Collect with nothing in flight");
+    Pending step = pending_.front();
+    pending_.erase(pending_.begin());
+    std::vector<int32_t> tokens;
+    for (size_t r = 0; r < step.tokens.size(); ++r) {
+      tokens.push_back(NextToken(step.tokens[r], step.batch.position[r], vocab_));
+    }
+    StepResult result = Answer(tokens, /*replayed=*/true, {});
+    if (launch_next) {
+      result.next_in_flight = Launch(step.batch, tokens);
+      if (!ReservedOneMore(step.batch)) return Violation("a step launched ahead is unreserved");
+    }
+    while_running();
+    if (collects_ == fail_collect_call) {
+      pending_.clear();  // every step in flight fails with it
+      return absl::UnavailableError("injected failure of a step launched ahead");
+    }
+    return result;
+  }
+
+  bool in_flight() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !pending_.empty();
+  }
+  void Abandon() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.clear();
+  }
+  int64_t graph_context() const override { return replays ? 1 << 20 : 0; }
+  StepRunnerStats stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    StepRunnerStats s;
+    s.steps = runs_ + collects_;
+    return s;
+  }
+  const PrefetchCounters& prefetch() const override { return prefetch_; }
+
+  std::vector<StepPlan> plans() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return plans_;
+  }
+  int collects() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return collects_;
+  }
+  // The first contract violation seen ("" when none).
+  std::string violation() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return violation_;
+  }
+
+ private:
+  struct Pending {
+    BatchLayout batch;
+    std::vector<int32_t> tokens;  // each row's input token
+  };
+
+  absl::Status Violation(const std::string& what) {
+    if (violation_.empty()) violation_ = what;
+    return absl::InternalError(what);
+  }
+
+  bool ReservedOneMore(const BatchLayout& batch) const {
+    for (int64_t i = 0; i < batch.num_tokens(); ++i) {
+      if (batch.position[i] + 1 >= kv_.capacity(batch.sequence[i])) return false;
+    }
+    return true;
+  }
+
+  bool Launch(const BatchLayout& batch, const std::vector<int32_t>& tokens) {
+    Pending next;
+    next.batch = batch;
+    for (int64_t& p : next.batch.position) ++p;
+    next.tokens = tokens;
+    pending_.push_back(std::move(next));
+    return true;
+  }
+
+  // Greedy tokens (replays), logits peaked at each row's token (eager steps: every row;
+  // replays: the host rows).
+  StepResult Answer(const std::vector<int32_t>& tokens, bool replayed,
+                    const std::vector<int64_t>& host_rows) {
+    StepResult result;
+    result.replayed = replayed;
+    result.vocab = vocab_;
+    greedy_ = tokens;
+    logits_.assign(tokens.size() * vocab_, 0.0f);
+    for (size_t r = 0; r < tokens.size(); ++r) {
+      const bool wanted = !replayed || std::find(host_rows.begin(), host_rows.end(),
+                                                 static_cast<int64_t>(r)) != host_rows.end();
+      if (wanted) logits_[r * vocab_ + tokens[r]] = 20.0f;
+    }
+    result.logits_base = logits_.data();
+    if (replayed) result.greedy = greedy_.data();
+    return result;
+  }
+
+  PagedKvCache& kv_;
+  const int64_t vocab_;
+  mutable std::mutex mu_;
+  int runs_ = 0;
+  int collects_ = 0;
+  std::vector<StepPlan> plans_;
+  std::vector<Pending> pending_;
+  std::vector<int32_t> greedy_;
+  std::vector<float> logits_;
+  std::string violation_;
+  PrefetchCounters prefetch_;
+};
+
+}  // namespace strata::testing
+
+#endif  // STRATA_TESTS_TESTING_FAKE_STEP_RUNNER_H_
