@@ -27,8 +27,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/backend/cpu/cpu_expert_backend.h"
+#include "services/expert-store/cache_server.h"
 #include "services/expert-worker/cpu_tier_client.h"
-#include "services/kvcache/cache_server.h"
 
 ABSL_FLAG(int64_t, hidden, 2048, "Expert input size (default: Qwen3-30B-A3B)");
 ABSL_FLAG(int64_t, intermediate, 768, "Expert intermediate size");

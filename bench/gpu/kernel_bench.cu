@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "bench/gpu/kernel_bench_common.cuh"
-#include "common/backend/cuda/paged_attention_kernels.h"
-#include "common/backend/cuda/paged_kv_kernels.h"
-#include "common/backend/cuda/rope_kernels.h"
+#include "common/cuda/kernels/paged_attention_kernels.h"
+#include "common/cuda/kernels/paged_kv_kernels.h"
+#include "common/cuda/kernels/rope_kernels.h"
 
 namespace {
 

@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/backend/cuda/gemv_kernels.h"
-#include "common/backend/cuda/grouped_expert_kernels.h"
+#include "common/cuda/kernels/gemv_kernels.h"
+#include "common/cuda/kernels/grouped_expert_kernels.h"
 
 using namespace strata::gpu;  // NOLINT: standalone tools
 

@@ -53,6 +53,7 @@ struct RoutingTable {
 
 namespace gpu {
 class DeviceRouter;
+class DeviceExperts;
 }  // namespace gpu
 class GraphStepExperts;
 
@@ -130,6 +131,9 @@ class ExpertBackend {
   // The backend's part in a router's decode-step graphs (graph_step.h); null when its work
   // cannot be captured (host activations, a message per layer).
   virtual GraphStepExperts* graph_steps() { return nullptr; }
+
+  // Its experts on a GPU, run on raw device arrays (CUDA IPC buffers); null when it has none.
+  virtual gpu::DeviceExperts* device_experts() { return nullptr; }
 };
 
 }  // namespace strata

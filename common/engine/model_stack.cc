@@ -10,8 +10,8 @@
 #if STRATA_HAVE_CUDA
 #include "common/backend/cuda/cuda_expert_backend.h"
 #include "common/backend/cuda/cuda_router_backend.h"
-#include "common/backend/cuda/cuda_status.h"
 #include "common/backend/cuda/cuda_weights.h"
+#include "common/cuda/cuda_status.h"
 #endif
 #include "common/util/status_macros.h"
 

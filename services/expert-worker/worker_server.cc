@@ -10,10 +10,11 @@
 #include "common/backend/cpu/cpu_expert_slots.h"
 #include "common/shm/channel.h"
 #if STRATA_HAVE_CUDA
-#include "common/backend/cuda/cuda_context.h"
 #include "common/backend/cuda/cuda_expert_slots.h"
 #include "common/backend/cuda/cuda_weights.h"
+#include "common/backend/cuda/device_experts.h"
 #include "common/backend/cuda/staged_expert_backend.h"
+#include "common/cuda/cuda_context.h"
 #endif
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
@@ -102,7 +103,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
         std::unique_ptr<gpu::StagedCudaExpertBackend> staged,
         gpu::StagedCudaExpertBackend::Create(
             w->config_, *w->experts_, std::atoi(options.device.c_str() + 5), std::move(cuda)));
-    w->device_experts_ = &staged->device_experts();
+    w->device_experts_ = staged->device_experts();
     w->backend_ = std::move(staged);
 #else
     return absl::InvalidArgumentError("this build has no CUDA backend (nvcc was not found)");
@@ -347,8 +348,8 @@ absl::Status WorkerServer::Run() {
       if (device_experts_ == nullptr) {
         return absl::FailedPreconditionError("the router granted CUDA IPC to a worker off GPUs");
       }
-      auto link = OpenCudaIpcLink(registration->cuda_ipc(), config_, *device_experts_,
-                                  options_.max_tokens_per_step, options_.gpu_clock_stamps);
+      auto link = OpenWorkerLink(registration->cuda_ipc(), config_, *device_experts_,
+                                 options_.max_tokens_per_step, options_.gpu_clock_stamps);
       if (!link.ok()) {
         return absl::Status(link.status().code(),
                             absl::StrCat("CUDA IPC buffers: ", link.status().message()));

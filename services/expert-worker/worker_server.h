@@ -14,11 +14,11 @@
 
 #include "absl/status/statusor.h"
 #include "common/backend/cpu/cpu_expert_backend.h"
+#include "common/transport/cuda_ipc/worker_link.h"
 #include "common/transport/mapped_experts.h"
 #include "common/util/thread_pool.h"
 #include "services/expert-worker/cold_path_model.h"
 #include "services/expert-worker/cpu_tier_client.h"
-#include "services/expert-worker/cuda_ipc_link.h"
 #include "services/expert-worker/expert_tiers.h"
 #include "services/expert-worker/expert_worker_service.h"
 #include "services/expert-worker/worker_executor.h"
@@ -42,7 +42,7 @@ struct WorkerOptions {
   ColdPathOptions cold_path;  // misses: copied, or computed by strata-cache's CPU
   v1::Transport transport = v1::TRANSPORT_SHARED_MEMORY;
   std::string listen = "127.0.0.1:0";  // ExpertWorker service, for TRANSPORT_GRPC
-  // Profiling: a file CUDA IPC graph steps append GPU clock stamps to (see CudaIpcLink).
+  // Profiling: a file CUDA IPC graph steps append GPU clock stamps to (see WorkerLink).
   std::string gpu_clock_stamps;
   // Progress and waiting messages ("waiting for strata-router at ...").
   std::function<void(const std::string&)> log = [](const std::string&) {};
@@ -73,10 +73,11 @@ class WorkerServer {
   std::unique_ptr<MappedExperts> experts_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<ExpertBackend> backend_;  // without a budget
-  // On a GPU without a budget: backend_'s device experts, which CUDA IPC runs use directly.
-  gpu::CudaExpertBackend* device_experts_ = nullptr;
-  std::unique_ptr<CudaIpcLink> ipc_link_;  // while registered over CUDA IPC
-  std::unique_ptr<ExpertSlots> slots_;     // with one
+  // The experts on a GPU (backend_'s or the slots'), which CUDA IPC runs use directly; null on
+  // the CPU.
+  gpu::DeviceExperts* device_experts_ = nullptr;
+  std::unique_ptr<WorkerLink> ipc_link_;  // while registered over CUDA IPC
+  std::unique_ptr<ExpertSlots> slots_;    // with one
   std::unique_ptr<ExpertTiers> tiers_;
   std::unique_ptr<CpuTierClient> cpu_tier_;
   std::unique_ptr<WorkerExecutor> executor_;

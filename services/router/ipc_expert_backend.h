@@ -1,88 +1,49 @@
 // The router's ExpertBackend when the router runs on a GPU and its workers run on GPUs of the
-// same host (TRANSPORT_CUDA_IPC): activations never leave the device. Per MoE layer the
-// router's stream copies the layer's input into a buffer every worker can read, writes each
-// worker's routing (other workers' experts set to -1), records each worker's input event and
-// sends it a small kDeviceRun message over its shared-memory channel; each worker's stream
-// waits for that event, runs its experts into its output buffer and records its output event,
-// and the worker answers as soon as that is queued. The router's stream then waits for the
-// output events and sums the partials, so the pipeline stays on the GPUs; the host only waits
-// for messages. Buffers live on the router's GPU (a worker on another GPU reads and writes
-// them through peer access). Placement, liveness and rerouting are RemoteExpertBackend's.
+// same host (TRANSPORT_CUDA_IPC, common/transport/cuda_ipc/link_views.h): activations never leave
+// the device. Per MoE layer the router's stream copies the layer's input into the buffer every
+// worker reads and writes each worker's routing (other workers' experts -1); eager steps then
+// hand each worker the layer by an event and a kDeviceRun message, and the router's stream
+// waits for the workers' output events and sums the partials. Placement, liveness and
+// rerouting are RemoteExpertBackend's.
 //
-// Decode steps replayed as CUDA graphs (DecodeGraphs) cannot send a message per layer: in a
-// captured step each layer's routing split kernel also copies the input and, once done, raises
-// the workers' input flags (a flag buffer shared like the others); the router's stream waits
-// for their output flags (a stream memory operation), which each worker's last expert kernel
-// raises after clearing its input flag (a worker on another GPU does so with atomics through
-// its peer mapping: the GPUs need native peer atomics, as NVLink has). The signalling adds no
-// operation of its own to the GPU's path but the wait. BeginGraphStep sends each worker one
-// kDeviceStep message with its layers, which replays the worker's own graph of flag waits and
-// expert runs; the router launches its own replay before it collects the answers (AwaitGraphStep),
-// so that the workers' wake-up and launches overlap its own. The next step's replay may be
-// begun while this one runs: each side's stream queues it behind its own, and the flags are
-// never raised for the next step before this one lowered them.
+// Decode steps replayed as CUDA graphs (DecodeGraphs; ipc_graph_steps.cc) hand layers over by
+// flags: each captured layer's routing split (or the router's gate kernel, TakeHandOff) also
+// raises the workers' input flags, and the router's stream waits for their output flags. A
+// worker on another GPU raises them through its peer mapping (the GPUs need native peer
+// atomics, as NVLink has). BeginGraphStep sends each worker one kDeviceStep message with its
+// layers, which replays the worker's own graph; the router launches its own replay before it
+// collects the answers (AwaitGraphStep), so that the workers' wake-up and launches overlap its
+// own. The next step's replay may be begun while this one runs: each side's stream queues it
+// behind its own, and the flags are never raised for the next step before this one lowered
+// them.
 //
 // A worker that dies before answering costs its layer, which runs again on the others (as
-// RemoteExpertBackend does). One that dies after answering leaves the router's stream
-// waiting for an output event whose record will never run: a watchdog thread notices, records
-// the event itself (releasing the stream), and FinishStep aborts the step so that it runs
-// again without that worker.
+// RemoteExpertBackend does). One that dies after answering is the watchdog's (ipc_watchdog.h):
+// FinishStep then aborts the step so that it runs again without that worker.
 #ifndef STRATA_SERVICES_ROUTER_IPC_EXPERT_BACKEND_H_
 #define STRATA_SERVICES_ROUTER_IPC_EXPERT_BACKEND_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/backend/cuda/clock_stamps.h"
 #include "common/backend/graph_step.h"
-#include "common/backend/cuda/cuda_context.h"
-#include "common/backend/cuda/cuda_types.h"
-#include "common/backend/cuda/device_buffer.h"
-#include "common/backend/cuda/expert_split_kernels.h"
-#include "common/backend/cuda/norm_gate_kernels.h"
+#include "common/cuda/clock_stamps.h"
+#include "common/cuda/cuda_context.h"
+#include "common/cuda/cuda_types.h"
+#include "common/cuda/device_buffer.h"
+#include "common/cuda/kernels/expert_split_kernels.h"
+#include "common/cuda/kernels/norm_gate_kernels.h"
+#include "common/transport/cuda_ipc/router_link.h"
+#include "services/router/cuda_ipc_connection.h"
+#include "services/router/ipc_watchdog.h"
 #include "services/router/remote_expert_backend.h"
 #include "services/router/shm_expert_connection.h"
 #include "strata/v1/cluster.pb.h"
 
 namespace strata {
-
-// One worker's device buffers and events on the router's GPU, and its control channel.
-class CudaIpcConnection : public ExpertConnection {
- public:
-  ~CudaIpcConnection() override;
-
-  absl::Status Send(const ExpertRequestView& request) override { return channel_->Send(request); }
-  absl::Status Receive(absl::FunctionRef<void(const ExpertResponseView&)> consume,
-                       absl::Duration timeout) override {
-    return channel_->Receive(consume, timeout);
-  }
-  bool Alive() const override { return channel_->Alive(); }
-
- private:
-  friend class IpcExpertBackend;
-  CudaIpcConnection() = default;
-
-  std::unique_ptr<ShmExpertConnection> channel_;
-  int device_ = 0;  // the router's, where the buffers and events are
-  // The worker runs on the router's GPU and DeviceScopeSignalsAllowed: both sides raise the
-  // link's flags at device scope.
-  bool device_scope_flags_ = false;
-  gpu::DeviceBuffer<int32_t> ids_;
-  gpu::DeviceBuffer<float> weights_;
-  gpu::DeviceBuffer<gpu::bf16> output_;
-  gpu::DeviceBuffer<uint32_t> flags_;   // [2][num_layers]: input flags, then output flags
-  uint64_t generation_ = 0;             // distinguishes this registration from earlier ones
-  cudaEvent_t input_ready_ = nullptr;   // recorded by the router
-  cudaEvent_t output_ready_ = nullptr;  // recorded by the worker
-  std::atomic<bool> awaited_{false};    // the router's stream has waited on output_ready_
-  std::atomic<int> graph_awaited_{0};   // replayed steps in flight that wait on its output flags
-};
 
 class IpcExpertBackend : public RemoteExpertBackend,
                          public GraphStepExperts,
@@ -101,7 +62,7 @@ class IpcExpertBackend : public RemoteExpertBackend,
   absl::Status FinishStep() override;
 
   // After a captured one-token layer with one worker: its output flag, which the combine waits
-  // for itself (gpu::EarlyCombineLaunch); else null.
+  // for itself; else null.
   const uint32_t* output_ready_flag() const override { return output_ready_flag_; }
 
   GraphStepExperts* graph_steps() override { return this; }
@@ -178,13 +139,8 @@ class IpcExpertBackend : public RemoteExpertBackend,
   // all of them.
   absl::Status RunOut();
   // The workers of a replay that will not be launched are no longer awaited: drops their
-  // graph_awaited_ count and clears started_.
+  // graph_awaited count and clears started_.
   void ClearStarted();
-  // The watchdog thread's loop.
-  void Watch();
-  // When `link`'s worker is gone and the router's stream waits for an output event it will
-  // never record: records it here (releasing the stream) and marks the step lost.
-  void ReleaseIfLost(CudaIpcConnection& link);
 
   gpu::CudaContext* context_;
   int max_tokens_;
@@ -194,7 +150,6 @@ class IpcExpertBackend : public RemoteExpertBackend,
   gpu::DeviceBuffer<uint32_t> blocks_done_;        // the split kernel's GridSignal counter
   std::vector<std::vector<int>> uploaded_owners_;  // what owners_ holds, by layer
   std::shared_ptr<void> keep_alive_ = std::make_shared<int>(0);
-  std::atomic<bool> lost_{false};  // a dead worker's output event was released
   std::atomic<uint64_t> next_generation_{1};
   std::atomic<uint64_t> owners_version_{0};  // bumped whenever owners_ changes
   // Per worker, the MoE layers of the last captured step and the connection whose buffers
@@ -221,18 +176,13 @@ class IpcExpertBackend : public RemoteExpertBackend,
   // Workers that did not start a launched replay: their flags are cleared once it is over.
   std::vector<std::shared_ptr<CudaIpcConnection>> reset_flags_;
   std::unique_ptr<gpu::ClockStamps> stamps_;  // profiling; null unless StampClocks
-  cudaStream_t release_stream_ = nullptr;     // ReleaseIfLost's records
   // Recorded on the router's stream by BeginGraphStep when a replay is still in flight
   // (earlier_in_flight_): that replay's end, which releases for a replay behind it wait for
   // on deferred_stream_. Engine thread.
   cudaStream_t deferred_stream_ = nullptr;
   cudaEvent_t earlier_done_ = nullptr;
   bool earlier_in_flight_ = false;
-  std::mutex release_mu_;  // ReleaseIfLost: the watchdog and registrations
-  std::mutex watch_mu_;
-  std::condition_variable watch_cv_;
-  bool stopping_ = false;  // guarded by watch_mu_
-  std::thread watchdog_;
+  std::unique_ptr<IpcWatchdog> watchdog_;
 };
 
 }  // namespace strata

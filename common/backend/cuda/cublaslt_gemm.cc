@@ -1,7 +1,7 @@
 #include "common/backend/cuda/cublaslt_gemm.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/backend/cuda/cuda_status.h"
+#include "common/cuda/cuda_status.h"
 
 namespace strata::gpu {
 namespace {

@@ -11,8 +11,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "common/backend/cuda/cuda_context.h"
-#include "common/backend/cuda/cuda_types.h"
+#include "common/cuda/cuda_context.h"
+#include "common/cuda/cuda_types.h"
 
 namespace strata::gpu {
 

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/cuda/cuda_weights.h"
 #include "common/backend/cuda/expert_repack.h"
-#include "common/backend/cuda/fp8_quant.h"
+#include "common/cuda/kernels/fp8_quant.h"
 #include "common/util/status_macros.h"
 
 namespace strata::gpu {

@@ -10,10 +10,11 @@
 
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
+#include "common/backend/cuda/device_experts.h"
 #include "common/backend/graph_step.h"
-#include "common/backend/cuda/cuda_context.h"
-#include "common/backend/cuda/device_buffer.h"
-#include "common/backend/cuda/grouped_expert_kernels.h"
+#include "common/cuda/cuda_context.h"
+#include "common/cuda/device_buffer.h"
+#include "common/cuda/kernels/grouped_expert_kernels.h"
 #include "common/model/model_weights.h"
 
 namespace strata::gpu {
@@ -28,7 +29,7 @@ struct CudaExpertOptions {
 // The grouped-expert kernels' activation for `config`'s experts.
 GluParams ExpertGluParams(const ModelConfig& config);
 
-class CudaExpertBackend : public ExpertBackend, public GraphStepExperts {
+class CudaExpertBackend : public ExpertBackend, public GraphStepExperts, public DeviceExperts {
  public:
   static absl::StatusOr<std::unique_ptr<CudaExpertBackend>> Create(
       const ModelConfig& config, const ExpertWeightSource& experts, CudaContext* context,
@@ -38,12 +39,13 @@ class CudaExpertBackend : public ExpertBackend, public GraphStepExperts {
   // CudaRouterBackend produces them); `out` becomes a device view [n, hidden] bf16.
   absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                           Tensor& out) override;
-  // The same on raw device arrays (also another process's buffers opened by CUDA IPC): x
-  // [n, hidden] bf16, ids and weights [n, top_k]; writes out [n, hidden] bf16, then raises
-  // `signal`. Queued on the context's stream.
+  // DeviceExperts: the same on raw device arrays (also another process's buffers opened by
+  // CUDA IPC).
   absl::Status RunExpertsInto(int layer, const bf16* x, const int32_t* ids, const float* weights,
-                              int64_t n, int top_k, bf16* out, const GridSignal& signal = {});
-  CudaContext* context() const { return context_; }
+                              int64_t n, int top_k, bf16* out,
+                              const GridSignal& signal = {}) override;
+  CudaContext* context() const override { return context_; }
+  DeviceExperts* device_experts() override { return this; }
   // Everything is resident and queued on the router's stream: always capturable.
   GraphStepExperts* graph_steps() override { return this; }
   uint64_t graph_version() const override { return 1; }

@@ -7,12 +7,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/backend/cuda/cuda_context.h"
 #include "common/backend/cuda/cuda_expert_backend.h"
 #include "common/backend/cuda/cuda_weights.h"
-#include "common/backend/cuda/device_buffer.h"
-#include "common/backend/cuda/grouped_expert_kernels.h"
 #include "common/backend/cuda/staged_expert_backend.h"
+#include "common/cuda/cuda_context.h"
+#include "common/cuda/device_buffer.h"
+#include "common/cuda/kernels/grouped_expert_kernels.h"
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
 

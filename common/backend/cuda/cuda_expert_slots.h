@@ -15,8 +15,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/backend/cuda/cuda_types.h"
 #include "common/backend/expert_slots.h"
+#include "common/cuda/cuda_types.h"
 #include "common/model/model_config.h"
 
 namespace strata::gpu {

@@ -12,13 +12,13 @@
 
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
-#include "common/backend/cuda/cuda_context.h"
 #include "common/backend/cuda/cuda_weights.h"
 #include "common/backend/cuda/device_router.h"
 #include "common/backend/cuda/linear.h"
-#include "common/backend/cuda/moe_gate_kernels.h"
-#include "common/backend/cuda/norm_gate_kernels.h"
 #include "common/backend/rope.h"
+#include "common/cuda/cuda_context.h"
+#include "common/cuda/kernels/moe_gate_kernels.h"
+#include "common/cuda/kernels/norm_gate_kernels.h"
 #include "common/model/model_weights.h"
 
 namespace strata::gpu {

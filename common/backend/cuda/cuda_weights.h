@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/backend/cuda/cuda_types.h"
-#include "common/backend/cuda/device_buffer.h"
-#include "common/backend/cuda/grouped_expert_kernels.h"
+#include "common/cuda/cuda_types.h"
+#include "common/cuda/device_buffer.h"
+#include "common/cuda/kernels/grouped_expert_kernels.h"
 #include "common/model/model_weights.h"
 
 namespace strata::gpu {

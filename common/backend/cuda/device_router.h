@@ -9,8 +9,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/backend/cuda/cuda_context.h"
-#include "common/backend/cuda/norm_gate_kernels.h"
+#include "common/cuda/cuda_context.h"
+#include "common/cuda/kernels/norm_gate_kernels.h"
 
 namespace strata::gpu {
 

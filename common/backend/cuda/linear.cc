@@ -1,9 +1,9 @@
 #include "common/backend/cuda/linear.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/backend/cuda/cuda_status.h"
-#include "common/backend/cuda/elementwise_kernels.h"
-#include "common/backend/cuda/gemv_kernels.h"
+#include "common/cuda/cuda_status.h"
+#include "common/cuda/kernels/elementwise_kernels.h"
+#include "common/cuda/kernels/gemv_kernels.h"
 #include "common/util/status_macros.h"
 
 namespace strata::gpu {

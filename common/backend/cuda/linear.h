@@ -8,9 +8,9 @@
 
 #include "absl/status/status.h"
 #include "common/backend/cuda/cublaslt_gemm.h"
-#include "common/backend/cuda/cuda_context.h"
-#include "common/backend/cuda/cuda_types.h"
-#include "common/backend/cuda/device_buffer.h"
+#include "common/cuda/cuda_context.h"
+#include "common/cuda/cuda_types.h"
+#include "common/cuda/device_buffer.h"
 
 namespace strata::gpu {
 

@@ -53,7 +53,7 @@ class StagedCudaExpertBackend : public ExpertBackend {
                           Tensor& out) override;
 
   // The device experts, for callers whose activations are already on a device (CUDA IPC).
-  CudaExpertBackend& device_experts() { return *experts_; }
+  DeviceExperts* device_experts() override { return experts_.get(); }
 
  private:
   StagedCudaExpertBackend() = default;

@@ -3,7 +3,7 @@
 // Skips without a GPU.
 #include <fstream>
 
-#include "common/backend/cuda/cuda_context.h"
+#include "common/cuda/cuda_context.h"
 #include "common/engine/local_engine.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

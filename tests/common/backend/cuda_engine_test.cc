@@ -9,7 +9,7 @@
 #include <fstream>
 #include <iostream>
 
-#include "common/backend/cuda/cuda_context.h"
+#include "common/cuda/cuda_context.h"
 #include "common/engine/local_engine.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

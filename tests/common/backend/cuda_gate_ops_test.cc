@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/backend/cuda/gemv_kernels.h"
-#include "common/backend/cuda/moe_gate_kernels.h"
-#include "common/backend/cuda/norm_gate_kernels.h"
-#include "common/backend/cuda/norm_kernels.h"
+#include "common/cuda/kernels/gemv_kernels.h"
+#include "common/cuda/kernels/moe_gate_kernels.h"
+#include "common/cuda/kernels/norm_gate_kernels.h"
+#include "common/cuda/kernels/norm_kernels.h"
 #include "tests/common/backend/cuda_test_util.h"
 
 namespace strata::testing_cuda {

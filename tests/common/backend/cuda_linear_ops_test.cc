@@ -9,10 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_kernels.h"
 #include "common/backend/cuda/cuda_weights.h"
-#include "common/backend/cuda/elementwise_kernels.h"
-#include "common/backend/cuda/fp8_quant.h"
-#include "common/backend/cuda/gemv_kernels.h"
 #include "common/backend/cuda/linear.h"
+#include "common/cuda/kernels/elementwise_kernels.h"
+#include "common/cuda/kernels/fp8_quant.h"
+#include "common/cuda/kernels/gemv_kernels.h"
 #include "common/util/thread_pool.h"
 #include "tests/common/backend/cuda_test_util.h"
 

@@ -9,13 +9,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_kernels.h"
-#include "common/backend/cuda/embedding_kernels.h"
-#include "common/backend/cuda/gemv_kernels.h"
-#include "common/backend/cuda/norm_kernels.h"
-#include "common/backend/cuda/paged_attention_kernels.h"
-#include "common/backend/cuda/paged_kv_kernels.h"
-#include "common/backend/cuda/rope_kernels.h"
 #include "common/backend/rope.h"
+#include "common/cuda/kernels/embedding_kernels.h"
+#include "common/cuda/kernels/gemv_kernels.h"
+#include "common/cuda/kernels/norm_kernels.h"
+#include "common/cuda/kernels/paged_attention_kernels.h"
+#include "common/cuda/kernels/paged_kv_kernels.h"
+#include "common/cuda/kernels/rope_kernels.h"
 #include "tests/common/backend/cuda_test_util.h"
 
 namespace strata::testing_cuda {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/backend/cuda/sampling_kernels.h"
+#include "common/cuda/kernels/sampling_kernels.h"
 #include "tests/common/backend/cuda_test_util.h"
 
 namespace strata::testing_cuda {

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "common/backend/cuda/cuda_status.h"
+#include "common/cuda/cuda_status.h"
 
 namespace strata::testing_cuda {
 namespace {

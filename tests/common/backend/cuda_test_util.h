@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "common/backend/cuda/cuda_context.h"
-#include "common/backend/cuda/cuda_types.h"
+#include "common/cuda/cuda_context.h"
+#include "common/cuda/cuda_types.h"
 #include "common/model/model_weights.h"
 #include "common/tensor/dtype.h"
 #include "gtest/gtest.h"

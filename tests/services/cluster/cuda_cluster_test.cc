@@ -12,7 +12,7 @@
 #include <future>
 #include <memory>
 
-#include "common/backend/cuda/cuda_context.h"
+#include "common/cuda/cuda_context.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "strata/v1/cluster.grpc.pb.h"

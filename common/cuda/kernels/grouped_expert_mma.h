@@ -1,0 +1,35 @@
+// Grouped experts of a batch on the tensor cores: the gate/up and down stages of
+// LaunchGroupedExperts for steps of two tokens or more, on the same plan and workspace as the
+// CUDA-core kernels (grouped_expert_kernels.h). A warp computes 16 rows of one expert's matrix
+// for up to 16 tokens of a work item with bf16 MMAs (m16n8k16, f32 accumulators); FP8 weights
+// are converted to bf16 in registers and scaled per row after the sum. Internal to the CUDA
+// backend: grouped_expert_kernels.cu decides when it applies.
+#ifndef STRATA_COMMON_CUDA_KERNELS_GROUPED_EXPERT_MMA_H_
+#define STRATA_COMMON_CUDA_KERNELS_GROUPED_EXPERT_MMA_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/cuda/kernels/grouped_expert_kernels.h"
+
+namespace strata::gpu {
+
+// Input elements a warp loads per row per step: 64 (four MMA k-steps); both dims must be
+// multiples of it, and of the MMA's 16 rows.
+inline constexpr int64_t kMmaExpertSlab = 64;
+
+// Whether the tensor-core kernels can take this table's shapes (x and h rows 16-byte aligned
+// follow from the dims; the caller checks x's base).
+bool MmaExpertShapesFit(const ExpertWeightTable& w);
+
+// Work items of up to `chunk` tokens (8 or 16); max_work as the plan's bound.
+cudaError_t LaunchExpertGateUpMma(const bf16* x, int top_k, int chunk, int64_t max_work,
+                                  const ExpertWeightTable& w, const GluParams& act,
+                                  const ExpertWorkspace& ws, cudaStream_t stream);
+cudaError_t LaunchExpertDownMma(int chunk, int64_t max_work, const ExpertWeightTable& w,
+                                const ExpertWorkspace& ws, cudaStream_t stream);
+
+}  // namespace strata::gpu
+
+#endif  // STRATA_COMMON_CUDA_KERNELS_GROUPED_EXPERT_MMA_H_

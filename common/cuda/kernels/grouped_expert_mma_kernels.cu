@@ -1,0 +1,272 @@
+// Grouped experts on the tensor cores (grouped_expert_mma.h).
+//
+// The MMA m16n8k16 takes A (16 weight rows x 16 k) and B (16 k x 8 tokens) in fragments: lane
+// (g = lane / 4, t = lane % 4) holds k = {2t, 2t + 1, 2t + 8, 2t + 9} of rows g and g + 8 (A)
+// and of token g (B). The order of k within a dot product is free, as long as both operands
+// use the same one: here a lane owns 16 consecutive columns, [16 t, 16 t + 16), of each
+// 64-wide slab, and the slab's k-step s gives the lane's logical k {2t, 2t + 1} to columns
+// 16 t + 4 s + {0, 1} and {2t + 8, 2t + 9} to 16 t + 4 s + {2, 3}. Each lane then loads
+// one 16-byte vector of FP8 (two of bf16) per row and two per token, with no shuffles and no
+// shared memory; four lanes read 64 contiguous bytes of a row.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "common/cuda/device_utils.cuh"
+#include "common/cuda/kernels/expert_activation.cuh"
+#include "common/cuda/kernels/grouped_expert_mma.h"
+
+namespace strata::gpu {
+namespace {
+
+constexpr int kWarps = 4;  // warps a block, each on its own 16 rows
+constexpr int kRows = 16;  // a warp's rows: the MMA's M
+constexpr int kSlab = static_cast<int>(kMmaExpertSlab);
+
+// A lane's 16 consecutive elements of one row: 16 bytes of FP8 or 32 of bf16.
+template <typename WT>
+struct Piece {
+  uint4 v[sizeof(WT)];
+};
+
+template <typename WT>
+__device__ __forceinline__ void LoadPiece(Piece<WT>& p, const WT* src) {
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(WT)); ++i) p.v[i] = __ldg(s + i);
+}
+
+__device__ __forceinline__ uint32_t Component(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Elements 2j and 2j + 1 of a piece (j in 0..7, known at compile time) as bf16x2. E4M3 is
+// exact in bf16; the row's scale is applied to the sum.
+template <typename WT>
+__device__ __forceinline__ uint32_t Word(const Piece<WT>& p, int j) {
+  if constexpr (sizeof(WT) == 2) {
+    return Component(p.v[j / 4], j % 4);
+  } else {
+    const uint32_t four = Component(p.v[0], j / 2);
+    const auto two = static_cast<__nv_fp8x2_storage_t>(j % 2 ? four >> 16 : four & 0xffffu);
+    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3));
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+
+__device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                    uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The warp's dot products over k_len inputs: rows[m][0] and rows[m][1] are this lane's rows
+// g and g + 8 of matrix m, tokens[n] its token g of tile n (8 tokens a tile). acc[m][n][i]
+// gets row g + 8 (i / 2), token 8 n + 2 t + i % 2. Slabs are loaded kStages - 1 ahead of use.
+template <typename WT, int kMats, int kNt>
+__device__ __forceinline__ void WarpDots(const WT* const (&rows)[kMats][2],
+                                         const bf16* const (&tokens)[kNt], int64_t k_len,
+                                         float (&acc)[kMats][kNt][4]) {
+  constexpr int kStages = sizeof(WT) == 1 ? 3 : 2;
+  struct Stage {
+    Piece<WT> a[kMats][2];
+    Piece<bf16> b[kNt];
+  };
+  Stage st[kStages];
+  const int64_t col = 16 * (threadIdx.x % 4);
+  auto load = [&](Stage& s, int64_t slab) {
+    const int64_t k0 = slab * kSlab + col;
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+      LoadPiece(s.a[m][0], rows[m][0] + k0);
+      LoadPiece(s.a[m][1], rows[m][1] + k0);
+    }
+#pragma unroll
+    for (int n = 0; n < kNt; ++n) LoadPiece(s.b[n], tokens[n] + k0);
+  };
+  auto compute = [&](const Stage& s) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      uint32_t b[kNt][2];
+#pragma unroll
+      for (int n = 0; n < kNt; ++n) {
+        b[n][0] = Word(s.b[n], 2 * ks);
+        b[n][1] = Word(s.b[n], 2 * ks + 1);
+      }
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        const uint32_t a0 = Word(s.a[m][0], 2 * ks), a1 = Word(s.a[m][1], 2 * ks);
+        const uint32_t a2 = Word(s.a[m][0], 2 * ks + 1), a3 = Word(s.a[m][1], 2 * ks + 1);
+#pragma unroll
+        for (int n = 0; n < kNt; ++n) Mma(acc[m][n], a0, a1, a2, a3, b[n][0], b[n][1]);
+      }
+    }
+  };
+  const int64_t slabs = k_len / kSlab;
+#pragma unroll
+  for (int j = 0; j < kStages - 1; ++j) {
+    if (j < slabs) load(st[j], j);
+  }
+  for (int64_t s = 0; s < slabs; s += kStages) {
+#pragma unroll
+    for (int j = 0; j < kStages; ++j) {
+      if (s + j + kStages - 1 < slabs) load(st[(j + kStages - 1) % kStages], s + j + kStages - 1);
+      if (s + j < slabs) compute(st[j]);
+    }
+  }
+}
+
+// The work item of block row y: expert, first sorted slot, token count (0 past the plan's).
+struct Item {
+  int expert, first, count;
+};
+__device__ __forceinline__ Item ItemAt(const ExpertWorkspace& ws) {
+  if (static_cast<int>(blockIdx.y) >= *ws.num_work) return {0, 0, 0};
+  const int32_t* item = ws.work + 4 * blockIdx.y;
+  return {item[0], item[1], item[2]};
+}
+
+// Grid: (row tiles of the intermediate dim, work items). h[slot] = act(gate . x, up . x).
+template <typename WT, int kNt>
+__global__ void __launch_bounds__(kWarps* kWarpSize)
+    ExpertGateUpMmaKernel(const bf16* __restrict__ x, int top_k, ExpertWeightTable w, GluParams act,
+                          ExpertWorkspace ws) {
+  const Item it = ItemAt(ws);
+  const int64_t r0 = (int64_t{blockIdx.x} * kWarps + threadIdx.x / kWarpSize) * kRows;
+  if (it.count == 0 || r0 >= w.intermediate) return;  // the same for a whole warp
+  const int lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t hidden = w.hidden;
+  const WT* gate = static_cast<const WT*>(w.gate[it.expert]);
+  const WT* up = static_cast<const WT*>(w.up[it.expert]);
+  const WT* rows[2][2] = {{gate + (r0 + g) * hidden, gate + (r0 + g + 8) * hidden},
+                          {up + (r0 + g) * hidden, up + (r0 + g + 8) * hidden}};
+  const bf16* tokens[kNt];
+#pragma unroll
+  for (int n = 0; n < kNt; ++n) {
+    const int slot = ws.sorted_slots[it.first + min(g + 8 * n, it.count - 1)];
+    tokens[n] = x + int64_t{slot / top_k} * hidden;
+  }
+  float acc[2][kNt][4] = {};
+  WarpDots<WT, 2, kNt>(rows, tokens, hidden, acc);
+  const bool gate_biased = w.gate_bias != nullptr && w.gate_bias[it.expert] != nullptr;
+  const bool up_biased = w.up_bias != nullptr && w.up_bias[it.expert] != nullptr;
+#pragma unroll
+  for (int n = 0; n < kNt; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tok = 8 * n + 2 * t + i % 2;
+      if (tok >= it.count) continue;
+      const int64_t row = r0 + g + 8 * (i / 2);
+      float gv = acc[0][n][i], uv = acc[1][n][i];
+      if constexpr (sizeof(WT) == 1) {
+        gv *= w.gate_scale[it.expert][row];
+        uv *= w.up_scale[it.expert][row];
+      }
+      if (gate_biased) gv += __bfloat162float(w.gate_bias[it.expert][row]);
+      if (up_biased) uv += __bfloat162float(w.up_bias[it.expert][row]);
+      const int64_t slot = ws.sorted_slots[it.first + tok];
+      ws.h[slot * w.intermediate + row] = __float2bfloat16(Activate(gv, uv, act));
+    }
+  }
+}
+
+// Grid: (row tiles of the hidden dim, work items). y[slot] = down . h[slot] + bias.
+template <typename WT, int kNt>
+__global__ void __launch_bounds__(kWarps* kWarpSize)
+    ExpertDownMmaKernel(ExpertWeightTable w, ExpertWorkspace ws) {
+  const Item it = ItemAt(ws);
+  const int64_t r0 = (int64_t{blockIdx.x} * kWarps + threadIdx.x / kWarpSize) * kRows;
+  if (it.count == 0 || r0 >= w.hidden) return;
+  const int lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t inter = w.intermediate;
+  const WT* down = static_cast<const WT*>(w.down[it.expert]);
+  const WT* rows[1][2] = {{down + (r0 + g) * inter, down + (r0 + g + 8) * inter}};
+  const bf16* tokens[kNt];
+#pragma unroll
+  for (int n = 0; n < kNt; ++n) {
+    tokens[n] = ws.h + int64_t{ws.sorted_slots[it.first + min(g + 8 * n, it.count - 1)]} * inter;
+  }
+  float acc[1][kNt][4] = {};
+  WarpDots<WT, 1, kNt>(rows, tokens, inter, acc);
+  const bool biased = w.down_bias != nullptr && w.down_bias[it.expert] != nullptr;
+#pragma unroll
+  for (int n = 0; n < kNt; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tok = 8 * n + 2 * t + i % 2;
+      if (tok >= it.count) continue;
+      const int64_t row = r0 + g + 8 * (i / 2);
+      float v = acc[0][n][i];
+      if constexpr (sizeof(WT) == 1) v *= w.down_scale[it.expert][row];
+      if (biased) v += __bfloat162float(w.down_bias[it.expert][row]);
+      ws.y[int64_t{ws.sorted_slots[it.first + tok]} * w.hidden + row] = v;
+    }
+  }
+}
+
+bool LaunchFits(int chunk, int64_t max_work, int64_t rows) {
+  return (chunk == 8 || chunk == 16) && max_work > 0 && max_work <= 65535 &&
+         rows / kRows <= int64_t{0x7fffffff} * kWarps;
+}
+
+dim3 GridFor(int64_t rows, int64_t max_work) {
+  const int64_t tiles = (rows / kRows + kWarps - 1) / kWarps;
+  return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(max_work));
+}
+
+}  // namespace
+
+bool MmaExpertShapesFit(const ExpertWeightTable& w) {
+  return w.hidden > 0 && w.intermediate > 0 && w.hidden % kMmaExpertSlab == 0 &&
+         w.intermediate % kMmaExpertSlab == 0;
+}
+
+cudaError_t LaunchExpertGateUpMma(const bf16* x, int top_k, int chunk, int64_t max_work,
+                                  const ExpertWeightTable& w, const GluParams& act,
+                                  const ExpertWorkspace& ws, cudaStream_t stream) {
+  if (!MmaExpertShapesFit(w) || !LaunchFits(chunk, max_work, w.intermediate) || top_k <= 0 ||
+      reinterpret_cast<uintptr_t>(x) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid = GridFor(w.intermediate, max_work);
+  const dim3 block(kWarps * kWarpSize);
+  const bool fp8 = w.format == WeightFormat::kFp8E4M3;
+  if (fp8 && chunk == 8) {
+    ExpertGateUpMmaKernel<uint8_t, 1><<<grid, block, 0, stream>>>(x, top_k, w, act, ws);
+  } else if (fp8) {
+    ExpertGateUpMmaKernel<uint8_t, 2><<<grid, block, 0, stream>>>(x, top_k, w, act, ws);
+  } else if (chunk == 8) {
+    ExpertGateUpMmaKernel<bf16, 1><<<grid, block, 0, stream>>>(x, top_k, w, act, ws);
+  } else {
+    ExpertGateUpMmaKernel<bf16, 2><<<grid, block, 0, stream>>>(x, top_k, w, act, ws);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchExpertDownMma(int chunk, int64_t max_work, const ExpertWeightTable& w,
+                                const ExpertWorkspace& ws, cudaStream_t stream) {
+  if (!MmaExpertShapesFit(w) || !LaunchFits(chunk, max_work, w.hidden)) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid = GridFor(w.hidden, max_work);
+  const dim3 block(kWarps * kWarpSize);
+  const bool fp8 = w.format == WeightFormat::kFp8E4M3;
+  if (fp8 && chunk == 8) {
+    ExpertDownMmaKernel<uint8_t, 1><<<grid, block, 0, stream>>>(w, ws);
+  } else if (fp8) {
+    ExpertDownMmaKernel<uint8_t, 2><<<grid, block, 0, stream>>>(w, ws);
+  } else if (chunk == 8) {
+    ExpertDownMmaKernel<bf16, 1><<<grid, block, 0, stream>>>(w, ws);
+  } else {
+    ExpertDownMmaKernel<bf16, 2><<<grid, block, 0, stream>>>(w, ws);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace strata::gpu

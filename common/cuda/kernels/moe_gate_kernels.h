@@ -1,0 +1,36 @@
+// The MoE router's selection: gate logits -> (expert id, weight) for the top k experts of each
+// token, in either scoring order the supported models use.
+#ifndef STRATA_COMMON_CUDA_KERNELS_MOE_GATE_KERNELS_H_
+#define STRATA_COMMON_CUDA_KERNELS_MOE_GATE_KERNELS_H_
+
+#include "common/cuda/cuda_types.h"
+
+namespace strata::gpu {
+
+enum class GateScoring : int {
+  kSoftmaxThenTopK = 0,  // softmax over all experts, keep the top k (optionally renormalized)
+  kTopKThenSoftmax = 1,  // keep the top k logits, softmax over those (gpt-oss)
+};
+
+inline constexpr int kMaxGateExperts = 256;
+inline constexpr int kMaxGateTopK = 8;
+
+struct MoeGateParams {
+  int num_experts = 0;       // <= kMaxGateExperts
+  int top_k = 0;             // <= kMaxGateTopK and <= num_experts
+  float temperature = 1.0f;  // logits are divided by it first; > 0
+  GateScoring scoring = GateScoring::kSoftmaxThenTopK;
+  bool renormalize = false;  // SoftmaxThenTopK only: kept weights sum to 1
+};
+
+// The limits above, and a positive temperature.
+bool ValidMoeGateParams(const MoeGateParams& params);
+
+// logits: [n, num_experts] float; expert_ids, weights: [n, top_k], in order of decreasing
+// score, ties to the lower expert id.
+cudaError_t LaunchMoeGate(const float* logits, int64_t n, const MoeGateParams& params,
+                          int32_t* expert_ids, float* weights, cudaStream_t stream);
+
+}  // namespace strata::gpu
+
+#endif  // STRATA_COMMON_CUDA_KERNELS_MOE_GATE_KERNELS_H_

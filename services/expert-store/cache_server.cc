@@ -1,0 +1,57 @@
+#include "services/expert-store/cache_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+
+namespace strata {
+
+absl::StatusOr<std::unique_ptr<CacheServer>> CacheServer::Start(const CacheOptions& options) {
+  std::unique_ptr<CacheServer> s(new CacheServer());
+  ASSIGN_OR_RETURN(s->model_, LoadModel(options.model_dir));
+  ASSIGN_OR_RETURN(s->store_, options.reattach ? ExpertStore::Attach(*s->model_, options.store)
+                                               : ExpertStore::Build(*s->model_, options.store));
+  s->cpu_tier_ = std::make_unique<CpuTierService>(
+      s->model_->config, [server = s.get()] { return server->store_->layout(); }, options.cpu_tier);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(s.get());
+  builder.SetMaxSendMessageSize(256 << 20);
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  s->address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port);
+  return s;
+}
+
+CacheServer::~CacheServer() {
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
+grpc::ServerUnaryReactor* CacheServer::GetLayout(grpc::CallbackServerContext* context,
+                                                 const v1::GetLayoutRequest* request,
+                                                 v1::ExpertLayout* response) {
+  *response = store_->layout();
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CacheServer::AttachCompute(grpc::CallbackServerContext* context,
+                                                     const v1::AttachComputeRequest* request,
+                                                     v1::AttachComputeResponse* response) {
+  // Quick: the worker created the channel before asking; serving runs on a thread of its own.
+  const absl::Status status =
+      cpu_tier_->Attach(request->channel_name(), static_cast<pid_t>(request->pid()));
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(
+      grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message())));
+  return reactor;
+}
+
+}  // namespace strata

@@ -1,0 +1,447 @@
+#include "services/expert-store/expert_store.h"
+
+#include <numa.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "boost/interprocess/mapped_region.hpp"
+#include "boost/interprocess/shared_memory_object.hpp"
+#include "common/shm/process_liveness.h"
+#include "common/util/file_stamp.h"
+#include "common/util/status_macros.h"
+#include "services/expert-store/fast_hash.h"
+#include "services/expert-store/store_meta.h"
+
+namespace strata {
+namespace bip = boost::interprocess;
+
+namespace {
+
+constexpr uint64_t kTensorAlignment = 256;  // keeps device copies and vector loads aligned
+
+uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+struct TensorSource {
+  const char* name;
+  const void* data;
+  DType dtype;
+  int64_t out, in;  // in == 0 for vectors
+  int64_t out_stride, in_stride;
+};
+
+// The tensors of one expert, whichever are present.
+std::vector<TensorSource> ExpertTensors(const FfnWeights& f) {
+  std::vector<TensorSource> t;
+  auto matrix = [&](const char* name, const WeightMatrix& m) {
+    t.push_back({name, m.data, m.dtype, m.out, m.in, m.out_stride, m.in_stride});
+  };
+  auto vector = [&](const char* name, const WeightVector& v) {
+    if (v.present()) t.push_back({name, v.data, v.dtype, v.size, 0, v.stride, 0});
+  };
+  // FP8 matrices' per-row float32 scales travel as vectors.
+  auto scale = [&](const char* name, const WeightMatrix& m) {
+    if (m.scale != nullptr) t.push_back({name, m.scale, DType::kF32, m.out, 0, 1, 0});
+  };
+  matrix("gate", f.gate);
+  matrix("up", f.up);
+  matrix("down", f.down);
+  vector("gate_bias", f.gate_bias);
+  vector("up_bias", f.up_bias);
+  vector("down_bias", f.down_bias);
+  scale("gate_scale", f.gate);
+  scale("up_scale", f.up);
+  scale("down_scale", f.down);
+  return t;
+}
+
+uint64_t TensorBytes(const TensorSource& t) {
+  return static_cast<uint64_t>(t.out) * std::max<int64_t>(t.in, 1) * DTypeSize(t.dtype);
+}
+
+// Copies a possibly strided tensor into contiguous row-major memory.
+void CopyContiguous(const TensorSource& t, uint8_t* dst) {
+  const size_t elem = DTypeSize(t.dtype);
+  const auto* src = static_cast<const uint8_t*>(t.data);
+  if (t.in == 0) {
+    for (int64_t o = 0; o < t.out; ++o)
+      std::memcpy(dst + o * elem, src + o * t.out_stride * elem, elem);
+    return;
+  }
+  for (int64_t o = 0; o < t.out; ++o) {
+    uint8_t* row = dst + o * t.in * elem;
+    if (t.in_stride == 1) {
+      std::memcpy(row, src + o * t.out_stride * elem, t.in * elem);
+    } else {
+      for (int64_t i = 0; i < t.in; ++i) {
+        std::memcpy(row + i * elem, src + (o * t.out_stride + i * t.in_stride) * elem, elem);
+      }
+    }
+  }
+}
+
+std::string MetaName(const std::string& prefix) { return prefix + "-experts-meta"; }
+
+int ChecksumThreads() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+
+double MillisecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+void Say(const ExpertStoreOptions& options, const std::string& message) {
+  if (options.log) options.log(message);
+}
+
+// Layer `layer` expert `e`'s tensor `t` in the layout, at `offset` of segment `segment`.
+void AddTensorInfo(int layer, int e, const TensorSource& t, int segment, uint64_t offset,
+                   v1::ExpertLayout& layout) {
+  v1::ExpertTensorInfo* info = layout.add_tensors();
+  info->set_layer(layer);
+  info->set_expert(e);
+  info->set_tensor(t.name);
+  info->set_segment(segment);
+  info->set_offset(offset);
+  info->set_dtype(std::string(DTypeName(t.dtype)));
+  info->add_shape(t.out);
+  if (t.in > 0) info->add_shape(t.in);
+}
+
+// Where every expert tensor of `model` goes: expert e of every layer on node e % num_nodes.
+// Everything of the layout but the generation and the model directory.
+v1::ExpertLayout PlanLayout(const Model& model, const ExpertStoreOptions& options) {
+  const bool numa = options.bind_numa && numa_available() >= 0;
+  const int num_nodes = numa ? std::max(1, numa_num_configured_nodes()) : 1;
+  v1::ExpertLayout layout;
+  std::vector<uint64_t> segment_bytes(num_nodes, 0);
+  for (int layer = 0; layer < model.config.num_layers; ++layer) {
+    const auto& experts = model.weights.layers[layer].experts;
+    for (int e = 0; e < static_cast<int>(experts.size()); ++e) {
+      const int node = e % num_nodes;
+      for (const TensorSource& t : ExpertTensors(experts[e])) {
+        AddTensorInfo(layer, e, t, node, segment_bytes[node], layout);
+        segment_bytes[node] = AlignUp(segment_bytes[node] + TensorBytes(t), kTensorAlignment);
+      }
+    }
+  }
+  for (int node = 0; node < num_nodes; ++node) {
+    v1::SharedSegmentInfo* info = layout.add_segments();
+    info->set_name(absl::StrCat(options.segment_prefix, "-experts-", node));
+    info->set_bytes(std::max<uint64_t>(segment_bytes[node], 4096));
+    info->set_numa_node(numa ? node : -1);
+  }
+  return layout;
+}
+
+// The meta of the store under `name`: NotFound when there is none, DataLoss when it is not a
+// complete one.
+absl::StatusOr<StoreMeta> ReadMeta(const std::string& name) {
+  try {
+    bip::shared_memory_object object(bip::open_only, name.c_str(), bip::read_only);
+    bip::mapped_region region(object, bip::read_only);
+    return DecodeMeta(region.get_address(), region.get_size());
+  } catch (const bip::interprocess_exception& e) {
+    if (e.get_error_code() == bip::not_found_error) return absl::NotFoundError(name);
+    return absl::DataLossError(absl::StrCat("cannot map ", name, ": ", e.what()));
+  }
+}
+
+// Two strata-cache processes must never share a store: each removes it when it stops.
+absl::Status CheckOwnerGone(const StoreMeta& meta, const std::string& prefix) {
+  if (ProcessAlive(meta.owner_pid, meta.owner_start_time)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the expert store \"", prefix, "\" belongs to strata-cache pid ", meta.owner_pid,
+        ", which is running; stop it or use another --segment-prefix"));
+  }
+  return absl::OkStatus();
+}
+
+// Removes the store a gone strata-cache left under `prefix` (its segments, then its meta);
+// FailedPrecondition when its owner still runs.
+absl::Status RemoveGoneStore(const std::string& prefix) {
+  const std::string meta_name = MetaName(prefix);
+  if (absl::StatusOr<StoreMeta> old = ReadMeta(meta_name); old.ok()) {
+    RETURN_IF_ERROR(CheckOwnerGone(*old, prefix));
+    for (const auto& s : old->layout.segments())
+      bip::shared_memory_object::remove(s.name().c_str());
+  }
+  bip::shared_memory_object::remove(meta_name.c_str());
+  return absl::OkStatus();
+}
+
+bool Contiguous(const TensorSource& t) {
+  return t.in == 0 ? t.out_stride == 1 : t.in_stride == 1 && t.out_stride == t.in;
+}
+
+// The layout's segment for checkpoint file `path` (absolute), added with the file's size and
+// modification time the first time it is asked for.
+absl::StatusOr<int> FileSegment(const std::string& path, v1::ExpertLayout& layout,
+                                absl::flat_hash_map<std::string, int>& segment_of) {
+  if (const auto it = segment_of.find(path); it != segment_of.end()) return it->second;
+  ASSIGN_OR_RETURN(const FileStamp stamp, StampFile(path));
+  v1::SharedSegmentInfo* info = layout.add_segments();
+  info->set_name(path);
+  info->set_file_path(path);
+  info->set_bytes(stamp.bytes);
+  info->set_file_mtime_ns(stamp.mtime_ns);
+  info->set_numa_node(-1);
+  return segment_of[path] = layout.segments_size() - 1;
+}
+
+// Why a store built for `have` cannot serve `want`; empty when it can.
+std::string ModelMismatch(const ModelIdentity& have, const ModelIdentity& want) {
+  if (have.dir != want.dir) return absl::StrCat("it holds the model in ", have.dir);
+  if (have.config_checksum != want.config_checksum) return "config.json changed since it was built";
+  if (have.checkpoint_fingerprint != want.checkpoint_fingerprint) {
+    return "the checkpoint files changed since it was built";
+  }
+  return "";
+}
+
+std::string LayoutMismatch(const v1::ExpertLayout& have, const v1::ExpertLayout& want) {
+  if (have.segments_size() != want.segments_size()) {
+    return absl::StrCat("it has ", have.segments_size(), " segment(s) where this host needs ",
+                        want.segments_size());
+  }
+  for (int i = 0; i < want.segments_size(); ++i) {
+    const auto &h = have.segments(i), &w = want.segments(i);
+    if (h.name() != w.name() || h.bytes() != w.bytes() || h.numa_node() != w.numa_node()) {
+      return absl::StrCat("its segment ", h.name(), " (", h.bytes(), " bytes, NUMA node ",
+                          h.numa_node(), ") is not this model's");
+    }
+  }
+  if (have.tensors_size() != want.tensors_size()) {
+    return absl::StrCat("it lays out ", have.tensors_size(), " expert tensors, the model has ",
+                        want.tensors_size());
+  }
+  for (int i = 0; i < want.tensors_size(); ++i) {
+    const v1::ExpertTensorInfo& t = want.tensors(i);
+    if (have.tensors(i).SerializeAsString() != t.SerializeAsString()) {
+      return absl::StrCat("layer ", t.layer(), " expert ", t.expert(), " tensor ", t.tensor(),
+                          " is laid out differently");
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+struct ExpertStore::Segment {
+  std::string name;
+  bip::shared_memory_object object;
+  bip::mapped_region region;
+  ~Segment() { bip::shared_memory_object::remove(name.c_str()); }
+};
+
+// The meta goes first, so that a stop cut short never leaves a store that looks complete.
+ExpertStore::~ExpertStore() { meta_.reset(); }
+
+absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Build(const Model& model,
+                                                                const ExpertStoreOptions& options) {
+  if (options.in_place) return MapInPlace(model, options);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string meta_name = MetaName(options.segment_prefix);
+  // Replace what a gone strata-cache left under this prefix.
+  RETURN_IF_ERROR(RemoveGoneStore(options.segment_prefix));
+  ASSIGN_OR_RETURN(const ModelIdentity identity, IdentifyModel(model.dir));
+
+  std::unique_ptr<ExpertStore> store(new ExpertStore());
+  store->layout_ = PlanLayout(model, options);
+  std::random_device rd;
+  uint64_t generation = 0;
+  while (generation == 0) generation = (static_cast<uint64_t>(rd()) << 32) | rd();
+  store->layout_.set_generation(generation);
+  store->layout_.set_model_dir(model.dir);
+  try {
+    for (const v1::SharedSegmentInfo& info : store->layout_.segments()) {
+      auto segment = std::make_unique<Segment>();
+      segment->name = info.name();
+      bip::shared_memory_object::remove(segment->name.c_str());  // a stale one from a crash
+      segment->object =
+          bip::shared_memory_object(bip::create_only, segment->name.c_str(), bip::read_write);
+      segment->object.truncate(static_cast<bip::offset_t>(info.bytes()));
+      segment->region = bip::mapped_region(segment->object, bip::read_write);
+      // Bind before the first write so the pages are allocated on the node.
+      if (info.numa_node() >= 0) {
+        numa_tonode_memory(segment->region.get_address(), info.bytes(), info.numa_node());
+      }
+      store->segments_.push_back(std::move(segment));
+    }
+  } catch (const bip::interprocess_exception& e) {
+    return absl::InternalError(absl::StrCat("expert store: shared memory: ", e.what()));
+  }
+
+  // Copy, tensor by tensor, in layout order.
+  const ModelConfig& c = model.config;
+  int index = 0;
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    const auto& experts = model.weights.layers[layer].experts;
+    for (const FfnWeights& expert : experts) {
+      for (const TensorSource& t : ExpertTensors(expert)) {
+        const v1::ExpertTensorInfo& info = store->layout_.tensors(index++);
+        auto* base = static_cast<uint8_t*>(store->segments_[info.segment()]->region.get_address());
+        CopyContiguous(t, base + info.offset());
+        store->bytes_copied_ += TensorBytes(t);
+      }
+    }
+    if (options.on_progress) options.on_progress(layer, c.num_layers, store->bytes_copied_);
+  }
+
+  // The meta last: it is what makes the store adoptable.
+  const auto checksum_start = std::chrono::steady_clock::now();
+  StoreMeta meta;
+  meta.generation = generation;
+  meta.model = identity;
+  meta.layout = store->layout_;
+  meta.owner_pid = ::getpid();
+  meta.owner_start_time = ProcessStartTime(::getpid());
+  for (int i = 0; i < store->layout_.segments_size(); ++i) {
+    meta.segment_checksums.push_back(ChunkedChecksum(store->segments_[i]->region.get_address(),
+                                                     store->layout_.segments(i).bytes(),
+                                                     ChecksumThreads()));
+  }
+  const double checksum_ms = MillisecondsSince(checksum_start);
+  const std::string encoded = EncodeMeta(meta);
+  try {
+    store->meta_ = std::make_unique<Segment>();
+    store->meta_->name = meta_name;
+    store->meta_->object =
+        bip::shared_memory_object(bip::create_only, meta_name.c_str(), bip::read_write);
+    store->meta_->object.truncate(static_cast<bip::offset_t>(encoded.size()));
+    store->meta_->region = bip::mapped_region(store->meta_->object, bip::read_write);
+  } catch (const bip::interprocess_exception& e) {
+    return absl::InternalError(absl::StrCat("expert store: meta segment: ", e.what()));
+  }
+  CommitMeta(encoded, store->meta_->region.get_address());
+  Say(options,
+      absl::StrFormat("built %d segment(s), generation %016x: copied %.1f MiB from the "
+                      "checkpoint in %.0f ms (checksums %.0f ms)",
+                      store->layout_.segments_size(), generation, store->bytes_copied_ / 1048576.0,
+                      MillisecondsSince(start), checksum_ms));
+  return store;
+}
+
+absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Attach(
+    const Model& model, const ExpertStoreOptions& options) {
+  if (options.in_place) return MapInPlace(model, options);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string meta_name = MetaName(options.segment_prefix);
+  absl::StatusOr<StoreMeta> meta = ReadMeta(meta_name);
+  if (absl::IsNotFound(meta.status())) return Build(model, options);
+  if (meta.ok()) RETURN_IF_ERROR(CheckOwnerGone(*meta, options.segment_prefix));
+
+  // Why the store found cannot be adopted; empty once adopted.
+  std::string why;
+  std::unique_ptr<ExpertStore> store(new ExpertStore());
+  uint64_t checked = 0;
+  if (!meta.ok()) {
+    why = std::string(meta.status().message());
+  } else {
+    ASSIGN_OR_RETURN(const ModelIdentity identity, IdentifyModel(model.dir));
+    why = ModelMismatch(meta->model, identity);
+    if (why.empty()) why = LayoutMismatch(meta->layout, PlanLayout(model, options));
+  }
+  try {
+    // Read-only: nothing writes the data once it is built.
+    for (int i = 0; why.empty() && i < meta->layout.segments_size(); ++i) {
+      const v1::SharedSegmentInfo& info = meta->layout.segments(i);
+      auto segment = std::make_unique<Segment>();
+      segment->name = info.name();
+      segment->object =
+          bip::shared_memory_object(bip::open_only, info.name().c_str(), bip::read_only);
+      // Not MAP_POPULATE: the checksum threads fault the pages in, in parallel (faster).
+      segment->region = bip::mapped_region(segment->object, bip::read_only);
+      store->segments_.push_back(std::move(segment));  // owned from here: removed on mismatch
+      if (store->segments_.back()->region.get_size() < info.bytes()) {
+        why = absl::StrCat("segment ", info.name(), " is shorter than its layout says");
+      } else if (ChunkedChecksum(store->segments_.back()->region.get_address(), info.bytes(),
+                                 ChecksumThreads()) != meta->segment_checksums[i]) {
+        why = absl::StrCat("the data of segment ", info.name(), " does not match its checksum");
+      }
+      checked += info.bytes();
+    }
+    if (why.empty()) {
+      store->meta_ = std::make_unique<Segment>();
+      store->meta_->name = meta_name;
+      store->meta_->object =
+          bip::shared_memory_object(bip::open_only, meta_name.c_str(), bip::read_write);
+      store->meta_->region = bip::mapped_region(store->meta_->object, bip::read_write);
+      SetMetaOwner(store->meta_->region.get_address(), ::getpid(), ProcessStartTime(::getpid()));
+    }
+  } catch (const bip::interprocess_exception& e) {
+    why = absl::StrCat("cannot map it: ", e.what());
+  }
+  if (!why.empty()) {
+    Say(options, absl::StrCat("not re-attaching to the expert store \"", options.segment_prefix,
+                              "\": ", why, "; building it again"));
+    store.reset();  // removes what it had opened
+    return Build(model, options);
+  }
+  store->layout_ = std::move(meta->layout);
+  store->reattached_ = true;
+  Say(options, absl::StrFormat("re-attached to %d segment(s), generation %016x (checked %.1f MiB "
+                               "in %.0f ms)",
+                               store->layout_.segments_size(), store->layout_.generation(),
+                               checked / 1048576.0, MillisecondsSince(start)));
+  return store;
+}
+
+absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::MapInPlace(
+    const Model& model, const ExpertStoreOptions& options) {
+  RETURN_IF_ERROR(RemoveGoneStore(options.segment_prefix));
+  ASSIGN_OR_RETURN(const ModelIdentity identity, IdentifyModel(model.dir));
+  std::unique_ptr<ExpertStore> store(new ExpertStore());
+  v1::ExpertLayout& layout = store->layout_;
+  absl::flat_hash_map<std::string, int> segment_of;  // file path -> segment index
+  uint64_t mapped = 0;
+  for (int layer = 0; layer < model.config.num_layers; ++layer) {
+    const auto& experts = model.weights.layers[layer].experts;
+    for (int e = 0; e < static_cast<int>(experts.size()); ++e) {
+      for (const TensorSource& t : ExpertTensors(experts[e])) {
+        if (!Contiguous(t)) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "the in-place expert store needs contiguous expert tensors; layer ", layer,
+              " expert ", e, " tensor ", t.name,
+              " is strided in the checkpoint (gpt-oss interleaves gate and up): copy it"));
+        }
+        const uint64_t bytes = TensorBytes(t);
+        absl::StatusOr<std::pair<std::string, uint64_t>> found =
+            model.checkpoint->Locate(t.data, bytes);
+        if (!found.ok()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "the in-place expert store maps tensors as the checkpoint stores them; layer ", layer,
+              " expert ", e, " tensor ", t.name,
+              " is not (16-bit row scales are converted to float32): copy it"));
+        }
+        // Absolute: a worker started elsewhere resolves it the same way.
+        ASSIGN_OR_RETURN(
+            const int segment,
+            FileSegment(std::filesystem::absolute(found->first).string(), layout, segment_of));
+        AddTensorInfo(layer, e, t, segment, found->second, layout);
+        mapped += bytes;
+      }
+    }
+  }
+  // The same checkpoint, the same generation: workers keep their mappings across a restart.
+  uint64_t generation =
+      identity.checkpoint_fingerprint ^ (identity.config_checksum * 0x9e3779b97f4a7c15ull);
+  if (generation == 0) generation = 1;
+  layout.set_generation(generation);
+  layout.set_model_dir(model.dir);
+  // The page cache places a file's pages: --numa has nothing to bind here.
+  const bool numa_unused = options.bind_numa && numa_available() >= 0;
+  Say(options, absl::StrFormat("mapping %d expert tensors (%.1f MiB) in place in %d checkpoint "
+                               "file(s), generation %016x: nothing copied%s",
+                               layout.tensors_size(), mapped / 1048576.0, layout.segments_size(),
+                               generation, numa_unused ? "; no NUMA placement in place" : ""));
+  return store;
+}
+
+}  // namespace strata

@@ -1,0 +1,70 @@
+// strata-cache --model DIR [--listen HOST:PORT] [--segment-prefix P] [--reattach=false]
+//              [--expert-store copy|in-place]
+// Loads every expert into NUMA-local shared memory (or re-attaches to the store a killed
+// strata-cache left) and serves the layout to the workers.
+// Prints "READY <host>:<port>" on stdout once serving.
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/util/process.h"
+#include "services/expert-store/cache_server.h"
+
+ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address to serve ExpertStore on; port 0 picks one");
+ABSL_FLAG(std::string, segment_prefix, "strata", "Shared-memory segment name prefix");
+ABSL_FLAG(bool, numa, true, "Bind each segment's pages to its NUMA node");
+ABSL_FLAG(std::string, expert_store, "copy",
+          "copy: the experts into NUMA-local shared memory; in-place: the workers map the "
+          "checkpoint's files (no second copy in memory; needs contiguous expert tensors)");
+ABSL_FLAG(bool, reattach, true,
+          "Re-attach to the segments a killed strata-cache left under --segment-prefix when their "
+          "model, layout and checksums match, instead of copying the model again");
+ABSL_FLAG(int, cpu_tier_threads, 0,
+          "Threads computing experts for the workers' CPU tier; 0: one per hardware thread");
+ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
+
+int main(int argc, char** argv) {
+  strata::BlockTerminationSignals();
+  strata::SetProgramName("strata-cache");
+  strata::DashedFlags flags(argc, argv);
+  absl::ParseCommandLine(flags.argc(), flags.argv());
+  if (!strata::SetLogLevel(absl::GetFlag(FLAGS_log_level))) {
+    std::cerr << "strata-cache: --log-level must be debug, info, warning or error\n";
+    return 2;
+  }
+  strata::CacheOptions options;
+  options.model_dir = absl::GetFlag(FLAGS_model);
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.store.segment_prefix = absl::GetFlag(FLAGS_segment_prefix);
+  options.store.bind_numa = absl::GetFlag(FLAGS_numa);
+  const std::string expert_store = absl::GetFlag(FLAGS_expert_store);
+  if (expert_store != "copy" && expert_store != "in-place") {
+    std::cerr << "strata-cache: --expert-store must be copy or in-place\n";
+    return 2;
+  }
+  options.store.in_place = expert_store == "in-place";
+  options.reattach = absl::GetFlag(FLAGS_reattach);
+  options.store.log = [](const std::string& message) { strata::StatusLine(message); };
+  options.cpu_tier.num_threads = absl::GetFlag(FLAGS_cpu_tier_threads);
+  options.store.on_progress = [](int layer, int layers, uint64_t bytes) {
+    strata::StatusLine(absl::StrFormat("loaded experts of layer %d/%d (%.1f MiB)", layer + 1,
+                                       layers, bytes / 1048576.0));
+  };
+  if (options.model_dir.empty()) {
+    std::cerr << "strata-cache: --model is required\n";
+    return 2;
+  }
+  auto server = strata::CacheServer::Start(options);
+  if (!server.ok()) {
+    std::cerr << "strata-cache: " << server.status().message() << "\n";
+    return 1;
+  }
+  std::cout << "READY " << (*server)->address() << std::endl;
+  const int signal = strata::WaitForTerminationSignal();
+  strata::Log(strata::LogLevel::kInfo, absl::StrCat("signal ", signal, ": removing the store"));
+  server->reset();
+  return 0;
+}
