@@ -18,7 +18,9 @@ for assignment in "${envs[@]}"; do
   tag=${assignment//[^A-Za-z0-9]/_}
   # Limits about ten times each binary's usual run (7, 1, 3, 11 s on the H200), so that a hang
   # costs little device time.
-  for t in cuda_ops_test:90 cuda_engine_test:60 cuda_demo_model_test:60 cuda_cluster_test:180; do
+  for t in cuda_ops_test:90 cuda_expert_slots_test:60 cuda_tiered_slots_test:60 \
+           cuda_ipc_test:60 cuda_engine_test:60 cuda_demo_model_test:60 cuda_cluster_test:240 \
+           cuda_tiers_test:240; do
     limit=${t#*:} t=${t%:*}
     log=$out/$t-$tag.log
     env "$assignment" timeout "$limit" build/bin/$t >"$log" 2>&1

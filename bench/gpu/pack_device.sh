@@ -2,7 +2,7 @@
 # Packs what a GPU-machine call needs from this machine's CUDA build, under the device tool's
 # 64 MiB limit: .device-ipc/bundle.tar.xz (the cluster's binaries, the GPU tests, decode_bench,
 # flag_pingpong, hf-peer-bench.py and the shared libraries the GPU machine lacks),
-# .device-ipc/oracles.tar.xz (the head_dim 64/128 oracle model the GPU cluster test uses) and
+# .device-ipc/oracles.tar.xz (the head_dim 64/128 oracle models the GPU tests use) and
 # .device-demo/demo.tar.xz (models/strata-demo). Both folders belong in .git/info/exclude.
 # The call then carries the three files, with models/ and tests/data/oracles/ moved aside for
 # it, and unpacks them first:
@@ -13,8 +13,10 @@ set -euo pipefail
 build=${1:-build}
 stage=$(mktemp -d)
 mkdir -p "$stage/bin" .device-ipc .device-demo
-for b in strata strata-router strata-worker strata-cache cuda_cluster_test cuda_engine_test \
-         cuda_demo_model_test cuda_ops_test decode_bench; do
+# BINS overrides the list (e.g. to add decode_bench or kernel_bench when the call has room).
+for b in ${BINS:-strata strata-router strata-worker strata-cache cuda_cluster_test cuda_engine_test \
+         cuda_demo_model_test cuda_ops_test cuda_ipc_test cuda_expert_slots_test \
+         cuda_tiered_slots_test cuda_tiers_test}; do
   cp "$build/bin/$b" "$stage/bin/"
 done
 strip "$stage/bin"/*
@@ -23,7 +25,9 @@ strip "$stage/bin"/*
 bash bench/gpu/build_flag_pingpong.sh "$stage/bin/flag_pingpong"
 cp ../shared/tools/hf-peer-bench.py "$stage/"
 tar cJf .device-ipc/bundle.tar.xz -C "$stage" bin lib hf-peer-bench.py
-[ -f .device-ipc/oracles.tar.xz ] || tar cJf .device-ipc/oracles.tar.xz tests/data/oracles/qwen3_moe_hd64
+# The oracles the GPU attention takes (head_dim 64 and 128).
+[ -f .device-ipc/oracles.tar.xz ] || tar cJf .device-ipc/oracles.tar.xz \
+  tests/data/oracles/{qwen3_moe_hd64,mixtral_hd128,qwen2_moe_hd64,gpt_oss_hd64}
 [ -f .device-demo/demo.tar.xz ] || tar cJf .device-demo/demo.tar.xz models/strata-demo
 rm -rf "$stage"
 ls -la .device-ipc/*.tar.xz .device-demo/*.tar.xz

@@ -6,12 +6,66 @@
 #define STRATA_COMMON_BACKEND_EXPERT_SLOTS_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "common/backend/backend.h"
 #include "common/model/model_weights.h"
 
 namespace strata {
+
+// The distinct experts of a layer's routing `ids` (slots of -1 skipped), in first-seen order,
+// and the tokens of each (a token's slots name distinct experts). INVALID_ARGUMENT for an id
+// >= num_experts, the others counted all the same. `position` is scratch: num_experts entries
+// of -1, left so.
+inline absl::Status DistinctExperts(absl::Span<const int32_t> ids, int num_experts,
+                                    std::vector<int>& experts, std::vector<int64_t>& tokens,
+                                    std::vector<int>& position) {
+  experts.clear();
+  tokens.clear();
+  position.resize(num_experts, -1);
+  absl::Status status;
+  for (const int32_t e : ids) {
+    if (e < 0) continue;
+    if (e >= num_experts) {
+      if (status.ok())
+        status = absl::InvalidArgumentError(absl::StrCat("expert ", e, " out of range"));
+      continue;
+    }
+    if (position[e] < 0) {
+      position[e] = static_cast<int>(experts.size());
+      experts.push_back(e);
+      tokens.push_back(0);
+    }
+    ++tokens[position[e]];
+  }
+  for (int seen : experts) position[seen] = -1;
+  return status;
+}
+
+// How often a replayed step used one (layer, expert): once per layer step that ran it.
+struct ExpertUse {
+  int layer = 0;
+  int expert = 0;
+  uint32_t count = 0;
+};
+
+// The tier manager's side of slots whose experts run on device arrays (a CUDA IPC worker,
+// ExpertSlots::device_experts()): the slots tell it what is about to run or what ran, and it
+// Loads and Releases in answer, on the same thread.
+class SlotResidency {
+ public:
+  virtual ~SlotResidency() = default;
+  // An eager layer step is about to run the distinct `experts` of `layer`, tokens[i] tokens
+  // using experts[i]: count the uses and load the misses (they run once loaded).
+  virtual absl::Status BeforeLayer(int layer, absl::Span<const int> experts,
+                                   absl::Span<const int64_t> tokens) = 0;
+  // Replayed steps that finished used `uses`, counted on the device, misses read in place
+  // (cold_readable_in_place): count them and load the misses worth a slot.
+  virtual absl::Status AfterReplays(absl::Span<const ExpertUse> uses) = 0;
+};
 
 class ExpertSlots {
  public:
@@ -28,10 +82,23 @@ class ExpertSlots {
   // Unbinds `slot`; a no-op when it holds nothing.
   virtual void Release(int slot) = 0;
 
+  // Where an owned expert's weights are while no slot holds it (the expert store's memory): a
+  // backend that can read them in place does so for a cold expert instead of failing.
+  virtual absl::Status SetCold(int layer, int expert, const FfnWeights& weights) {
+    return absl::OkStatus();
+  }
+  // Whether every expert SetCold named can be read in place.
+  virtual bool cold_readable_in_place() const { return false; }
+
   // Runs bound experts only: every slot of `routing` with an expert id >= 0 must name a
   // (layer, expert) that is bound now (an error otherwise). Host `x` and host
   // `routing` in, host `out` back, as ExpertBackend::RunExperts.
   virtual ExpertBackend& backend() = 0;
+
+  // The slots' experts run on device arrays (gpu::DeviceExperts), null when they cannot be;
+  // `residency` (must outlive the slots, or be unset first) is told what runs there.
+  virtual gpu::DeviceExperts* device_experts() { return nullptr; }
+  virtual void SetResidency(SlotResidency* residency) {}
 };
 
 }  // namespace strata

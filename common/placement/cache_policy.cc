@@ -53,6 +53,11 @@ absl::Status LruPolicy::Admit(ExpertKey key) {
   return absl::OkStatus();
 }
 
+int64_t LruPolicy::Rank(ExpertKey key) const {
+  const std::optional<placement_internal::RankedSet::Entry> entry = resident_.Get(key);
+  return entry ? entry->last_use : clock_;
+}
+
 void LfuAgingPolicy::Touch(ExpertKey key) {
   if (halve_every_ > 0 && ++touches_ % halve_every_ == 0) Age();
   auto& entry = history_[key];

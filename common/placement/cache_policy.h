@@ -51,6 +51,10 @@ class ExpertCachePolicy {
   virtual std::optional<ExpertKey> Victim(absl::FunctionRef<bool(ExpertKey)> evictable) const = 0;
   // Drops `key` from the resident set (false when it was not resident); its use history stays.
   virtual bool Erase(ExpertKey key) = 0;
+  // How much the policy wants `key` resident, to compare a candidate with the victim it would
+  // replace (higher: keep): LFU its aged use count; LRU its last use (a key not resident ranks
+  // as if just used).
+  virtual int64_t Rank(ExpertKey key) const = 0;
 };
 
 namespace placement_internal {
@@ -64,6 +68,12 @@ class RankedSet {
   };
   bool Contains(ExpertKey key) const { return entries_.contains(key); }
   int size() const { return static_cast<int>(entries_.size()); }
+  // The resident key's entry; nullopt when it is not resident.
+  std::optional<Entry> Get(ExpertKey key) const {
+    const auto it = entries_.find(key);
+    if (it == entries_.end()) return std::nullopt;
+    return it->second;
+  }
   void Set(ExpertKey key, Entry entry);  // inserts or updates
   bool Erase(ExpertKey key);
   std::optional<ExpertKey> First(absl::FunctionRef<bool(ExpertKey)> accept) const;
@@ -107,6 +117,7 @@ class LruPolicy : public placement_internal::RankedPolicy {
 
   void Touch(ExpertKey key) override;
   absl::Status Admit(ExpertKey key) override;
+  int64_t Rank(ExpertKey key) const override;
 
  private:
   int64_t clock_ = 0;  // resident_ ranks are 0: ordered by last use alone
@@ -129,6 +140,7 @@ class LfuAgingPolicy : public placement_internal::RankedPolicy {
 
   // Current (aged) use count of `key`; 0 when never touched.
   int64_t count(ExpertKey key) const;
+  int64_t Rank(ExpertKey key) const override { return count(key); }
 
  private:
   void Age();

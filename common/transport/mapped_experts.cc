@@ -171,6 +171,15 @@ std::vector<absl::Span<const uint8_t>> MappedExperts::segments() const {
   return out;
 }
 
+std::vector<absl::Span<const uint8_t>> MappedExperts::files() const {
+  std::vector<absl::Span<const uint8_t>> out;
+  for (const auto& m : mappings_) {
+    if (!m->in_place) continue;
+    out.emplace_back(static_cast<const uint8_t*>(m->region.get_address()), m->region.get_size());
+  }
+  return out;
+}
+
 const FfnWeights* MappedExperts::Find(int layer, int expert) const {
   if (layer < 0 || layer >= static_cast<int>(experts_.size())) return nullptr;
   if (expert < 0 || expert >= static_cast<int>(experts_[layer].size())) return nullptr;

@@ -26,6 +26,8 @@ class MappedExperts : public ExpertWeightSource {
   // The mapped shared-memory segments (for registering them with a GPU driver as pinned host
   // memory). Checkpoint files mapped in place are left out: they hold more than the experts.
   std::vector<absl::Span<const uint8_t>> segments() const;
+  // The checkpoint files mapped in place (expert_store: in-place), whole.
+  std::vector<absl::Span<const uint8_t>> files() const;
 
  private:
   struct Mapping;

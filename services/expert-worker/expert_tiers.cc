@@ -39,9 +39,52 @@ absl::StatusOr<std::unique_ptr<ExpertTiers>> ExpertTiers::Create(const ModelConf
 }
 
 absl::Status ExpertTiers::SetOwned(std::vector<OwnedExpert> owned, float hot_ratio) {
+  for (const OwnedExpert& o : owned) {
+    const FfnWeights* weights = store_.Find(o.layer, o.expert);
+    if (weights == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("layer ", o.layer, " has no expert ", o.expert, " in the store"));
+    }
+    RETURN_IF_ERROR(slots_.SetCold(o.layer, o.expert, *weights));
+  }
   owned_ = std::move(owned);
+  calibrated_ =
+      std::any_of(owned_.begin(), owned_.end(), [](const OwnedExpert& o) { return o.count > 0; });
+  next_repick_ = calibrated_ ? 0 : 4 * std::max<uint64_t>(owned_.size(), 1);
   hot_ratio_ = -1.0f;  // forces a new pick
-  return SetHotRatio(hot_ratio);
+  RETURN_IF_ERROR(SetHotRatio(hot_ratio));
+  return options_.warm_start ? FillFreeSlots() : absl::OkStatus();
+}
+
+std::vector<ExpertKey> ExpertTiers::Ranked() const {
+  std::vector<std::pair<uint64_t, ExpertKey>> ranked;
+  ranked.reserve(owned_.size());
+  for (const OwnedExpert& o : owned_) {
+    const ExpertKey key{o.layer, o.expert};
+    const auto it = uses_.find(key);
+    ranked.push_back({calibrated_ ? o.count : (it == uses_.end() ? 0 : it->second), key});
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<ExpertKey> keys;
+  keys.reserve(ranked.size());
+  for (const auto& [count, key] : ranked) keys.push_back(key);
+  return keys;
+}
+
+absl::Status ExpertTiers::FillFreeSlots() {
+  for (const ExpertKey& key : Ranked()) {
+    if (free_slots_.empty() || warm_->size() >= warm_capacity()) break;
+    if (slot_of_.contains(key)) continue;
+    RETURN_IF_ERROR(LoadInto(key, /*hot=*/false, {}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpertTiers::RepickIfDue() {
+  if (next_repick_ == 0 || total_uses_ < next_repick_) return absl::OkStatus();
+  next_repick_ *= 2;
+  return PickHotSet();
 }
 
 absl::Status ExpertTiers::SetHotRatio(float hot_ratio) {
@@ -54,24 +97,13 @@ absl::Status ExpertTiers::SetHotRatio(float hot_ratio) {
 }
 
 absl::Status ExpertTiers::PickHotSet() {
-  // Rank owned experts by calibration counts, or by the uses seen so far without them.
-  const bool calibrated =
-      std::any_of(owned_.begin(), owned_.end(), [](const OwnedExpert& o) { return o.count > 0; });
-  std::vector<std::pair<uint64_t, ExpertKey>> ranked;
-  ranked.reserve(owned_.size());
-  for (const OwnedExpert& o : owned_) {
-    const ExpertKey key{o.layer, o.expert};
-    const auto it = uses_.find(key);
-    ranked.push_back({calibrated ? o.count : (it == uses_.end() ? 0 : it->second), key});
-  }
-  std::stable_sort(ranked.begin(), ranked.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  const std::vector<ExpertKey> ranked = Ranked();
   const int wanted = static_cast<int>(std::lround(hot_ratio_ * static_cast<double>(owned_.size())));
   const int limit = slots_.num_slots() - std::max(options_.min_warm_slots, 1);
   const int count = std::clamp(wanted, 0, std::max(limit, 0));
 
   absl::flat_hash_set<ExpertKey> next;
-  for (int i = 0; i < count; ++i) next.insert(ranked[i].second);
+  for (int i = 0; i < count; ++i) next.insert(ranked[i]);
   // Leaving the hot set: resident ones become warm.
   for (const ExpertKey& key : hot_) {
     if (next.contains(key) || !slot_of_.contains(key)) continue;
@@ -137,6 +169,8 @@ absl::Status ExpertTiers::Acquire(int layer, absl::Span<const int> experts,
                                   absl::Span<const int64_t> tokens, const ColdPathChooser& cpu_path,
                                   std::vector<int>* cpu) {
   cpu->clear();
+  RETURN_IF_ERROR(RepickIfDue());
+  total_uses_ += experts.size();
   std::vector<size_t> missing;
   for (size_t i = 0; i < experts.size(); ++i) {
     const ExpertKey key{layer, experts[i]};
@@ -178,6 +212,49 @@ absl::Status ExpertTiers::EnsureResident(int layer, absl::Span<const int> expert
   for (int e : experts) {
     const ExpertKey key{layer, e};
     if (!slot_of_.contains(key)) RETURN_IF_ERROR(LoadInto(key, hot_.contains(key), protect));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpertTiers::BeforeLayer(int layer, absl::Span<const int> experts,
+                                      absl::Span<const int64_t> tokens) {
+  std::vector<int> cpu;
+  return Acquire(layer, experts, tokens, nullptr, &cpu);
+}
+
+absl::Status ExpertTiers::AfterReplays(absl::Span<const ExpertUse> uses) {
+  RETURN_IF_ERROR(RepickIfDue());
+  std::vector<std::pair<int64_t, ExpertKey>> missed;  // by the policy's rank, best first
+  for (const ExpertUse& use : uses) {
+    const ExpertKey key{use.layer, use.expert};
+    uses_[key] += use.count;
+    total_uses_ += use.count;
+    for (uint32_t i = 0; i < use.count; ++i) warm_->Touch(key);
+    if (!slot_of_.contains(key)) {
+      counters_.misses += use.count;
+      missed.push_back({warm_->Rank(key), key});
+    } else if (hot_.contains(key)) {
+      counters_.hot_hits += use.count;
+    } else {
+      counters_.warm_hits += use.count;
+    }
+  }
+  std::sort(missed.begin(), missed.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  int promoted = 0, into_free = 0;
+  for (const auto& [rank, key] : missed) {
+    const bool hot = hot_.contains(key);
+    const bool free = !free_slots_.empty() && (hot || warm_->size() < warm_capacity());
+    if (free ? into_free >= options_.max_free_promotions : promoted >= options_.max_promotions) {
+      continue;
+    }
+    if (!hot && !free) {
+      // Only over a warm expert the policy ranks lower: equals would swap places forever.
+      const std::optional<ExpertKey> victim = warm_->Victim();
+      if (!victim || warm_->Rank(*victim) >= rank) continue;
+    }
+    if (!LoadInto(key, hot, {}).ok()) continue;  // no slot to free: stays cold
+    ++(free ? into_free : promoted);
   }
   return absl::OkStatus();
 }

@@ -3,8 +3,12 @@
 //          pinned in slots;
 //  - warm: the remaining slots, filled on demand and emptied by a replacement policy;
 //  - cold: everything else, read from the expert store's shared memory when used (copied into
-//          a warm slot, or computed by strata-cache's CPU tier when the cost model says so).
-// Not thread-safe: the worker calls it from its one serving thread.
+//          a warm slot, or computed by strata-cache's CPU tier when the cost model says so);
+//          on slots that read cold experts in place (a GPU's, over PCIe), replayed decode steps
+//          run a miss from where it is and the tiers copy it in afterwards when it is worth a
+//          slot (AfterReplays).
+// Not thread-safe: the worker calls it from one thread at a time (its serving thread, or gRPC
+// threads under the worker's lock).
 #ifndef STRATA_SERVICES_EXPERT_WORKER_EXPERT_TIERS_H_
 #define STRATA_SERVICES_EXPERT_WORKER_EXPERT_TIERS_H_
 
@@ -32,6 +36,15 @@ struct ExpertTierOptions {
   // Warm slots that must stay available however high the hot ratio: the most distinct experts
   // one request can need (one layer's experts, or tokens x top_k when fewer).
   int min_warm_slots = 0;
+  // Misses of replayed steps (read in place) copied into warm slots per AfterReplays call at
+  // most, over warm experts the policy ranks lower, and into slots still free: copies share
+  // PCIe with the reads in place.
+  int max_promotions = 4;
+  int max_free_promotions = 16;
+  // Fill the slots the hot set leaves free with the next-ranked owned experts, as warm ones,
+  // when the owned set is given (a GPU worker: otherwise they stay empty until misses fill
+  // them).
+  bool warm_start = false;
 };
 
 struct OwnedExpert {
@@ -43,7 +56,7 @@ struct OwnedExpert {
 // Whether a cold expert used by `tokens` tokens is computed on the CPU tier instead of copied.
 using ColdPathChooser = std::function<bool(int layer, int expert, int64_t tokens)>;
 
-class ExpertTiers {
+class ExpertTiers : public SlotResidency {
  public:
   // `slots` and `store` (the cold tier) must outlive the tiers. InvalidArgument when there are
   // fewer slots than options.min_warm_slots.
@@ -71,6 +84,13 @@ class ExpertTiers {
   // Starts loading the predicted experts of `layer` that are not resident, into warm slots.
   absl::Status Prefetch(int layer, absl::Span<const int32_t> experts);
 
+  // SlotResidency. BeforeLayer is Acquire without a CPU tier. AfterReplays counts each use as a
+  // hot hit, a warm hit or a miss (read in place), and copies the misses the warm policy ranks
+  // above its victim into warm slots, max_promotions at most.
+  absl::Status BeforeLayer(int layer, absl::Span<const int> experts,
+                           absl::Span<const int64_t> tokens) override;
+  absl::Status AfterReplays(absl::Span<const ExpertUse> uses) override;
+
   bool resident(int layer, int expert) const { return slot_of_.contains({layer, expert}); }
   const TierCounters& counters() const { return counters_; }
 
@@ -80,6 +100,13 @@ class ExpertTiers {
 
   int warm_capacity() const { return slots_.num_slots() - static_cast<int>(hot_.size()); }
   absl::Status PickHotSet();
+  // The owned experts, most wanted first: by calibration counts, or by the uses seen so far.
+  std::vector<ExpertKey> Ranked() const;
+  // Without calibration counts: once the uses seen reach 4 x the owned experts, and each time
+  // they double, the hot set is picked again from them. Called before a request's experts are
+  // looked at, so that nothing it needs is evicted after it was found.
+  absl::Status RepickIfDue();
+  absl::Status FillFreeSlots();
   // Loads (layer, expert) into a free slot, evicting warm experts `protect` does not keep.
   absl::Status LoadInto(ExpertKey key, bool hot, const absl::flat_hash_set<ExpertKey>& protect);
   void Evict(ExpertKey key);
@@ -96,6 +123,9 @@ class ExpertTiers {
   std::vector<int> free_slots_;
   absl::flat_hash_set<ExpertKey> prefetched_;  // loaded by a prefetch, not used since
   float hot_ratio_ = -1.0f;
+  bool calibrated_ = false;
+  uint64_t total_uses_ = 0;
+  uint64_t next_repick_ = 0;  // total_uses_ at which the hot set is picked again; 0: never
   TierCounters counters_;
 };
 

@@ -25,26 +25,7 @@ TierCounters WorkerExecutor::counters() const {
 }
 
 absl::Status WorkerExecutor::CountExperts(const ExpertRequestView& request) {
-  experts_.clear();
-  tokens_.clear();
-  // position_[e]: where expert e sits in experts_, or -1 (reset for the experts seen below).
-  position_.resize(config_.num_experts, -1);
-  for (const int32_t e : request.experts) {
-    if (e < 0) continue;
-    if (e >= config_.num_experts) {
-      for (int seen : experts_) position_[seen] = -1;
-      return absl::InvalidArgumentError(absl::StrCat("expert ", e, " out of range"));
-    }
-    // Slots of one token name distinct experts: a slot is a token of its expert.
-    if (position_[e] < 0) {
-      position_[e] = static_cast<int>(experts_.size());
-      experts_.push_back(e);
-      tokens_.push_back(0);
-    }
-    ++tokens_[position_[e]];
-  }
-  for (int seen : experts_) position_[seen] = -1;
-  return absl::OkStatus();
+  return DistinctExperts(request.experts, config_.num_experts, experts_, tokens_, position_);
 }
 
 absl::Status WorkerExecutor::Run(const ExpertRequestView& request) {
@@ -70,6 +51,11 @@ absl::Status WorkerExecutor::Run(const ExpertRequestView& request) {
   }
   result_ = &partial_;
   return RunOnCpuTier(request, cpu_);
+}
+
+absl::Status WorkerExecutor::ApplyHotRatio(float hot_ratio) {
+  if (tiers_ == nullptr || hot_ratio < 0.0f) return absl::OkStatus();
+  return tiers_->SetHotRatio(hot_ratio);
 }
 
 absl::Status WorkerExecutor::Prefetch(const ExpertRequestView& request) {

@@ -28,6 +28,9 @@ class WorkerExecutor {
   absl::Status Run(const ExpertRequestView& request);
   // A kPrefetch message: starts loading the predicted experts.
   absl::Status Prefetch(const ExpertRequestView& request);
+  // The router's hot ratio of a request the executor does not run itself (CUDA IPC runs on the
+  // device experts); negative: leave it.
+  absl::Status ApplyHotRatio(float hot_ratio);
 
   const Tensor& partial() const { return *result_; }
   TierCounters counters() const;

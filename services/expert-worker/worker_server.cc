@@ -162,6 +162,8 @@ absl::Status WorkerServer::CreateTiers() {
   const uint64_t usable = options_.memory_budget > scratch ? options_.memory_budget - scratch : 0;
   const int num_slots = static_cast<int>(std::min<uint64_t>(usable / slot_bytes, 1 << 20));
   ExpertTierOptions tier_options = options_.tiers;
+  // A GPU's slots start full: copies at start cost nothing a request waits for.
+  tier_options.warm_start = gpu;
   tier_options.min_warm_slots = static_cast<int>(
       std::min<int64_t>(config_.num_experts, max_tokens * std::max(config_.top_k, 1)));
   if (num_slots < tier_options.min_warm_slots) {
@@ -182,12 +184,35 @@ absl::Status WorkerServer::CreateTiers() {
     cuda.num_slots = num_slots;
     ASSIGN_OR_RETURN(
         slots_, gpu::CreateCudaExpertSlots(config_, std::atoi(options_.device.c_str() + 5), cuda));
-    for (absl::Span<const uint8_t> segment : experts_->segments()) {
-      RETURN_IF_ERROR(gpu::RegisterHostMemory(*slots_, segment));
+    // Pinned and mapped: loads run at PCIe speed and cold experts are read in place.
+    std::vector<absl::Span<const uint8_t>> memory = experts_->segments();
+    for (absl::Span<const uint8_t> file : experts_->files()) memory.push_back(file);
+    const absl::Time start = absl::Now();
+    uint64_t bytes = 0;
+    for (absl::Span<const uint8_t> region : memory) {
+      RETURN_IF_ERROR(gpu::RegisterHostMemory(*slots_, region));
+      bytes += region.size();
     }
+    options_.log(absl::StrFormat("expert store pinned for %s: %.1f GiB in %.1f s", options_.device,
+                                 bytes / 1073741824.0, absl::ToDoubleSeconds(absl::Now() - start)));
+    for (int layer = 0; layer < config_.num_layers; ++layer) {
+      if (!config_.layer_is_moe[layer]) continue;
+      for (int e = 0; e < config_.num_experts; ++e) {
+        if (const FfnWeights* w = experts_->Find(layer, e)) {
+          RETURN_IF_ERROR(slots_->SetCold(layer, e, *w));
+        }
+      }
+    }
+    if (!slots_->cold_readable_in_place()) {
+      options_.log(
+          "cold experts cannot be read in place (stored format differs from the slots'): "
+          "decode steps run eagerly; store the checkpoint in the worker's format to replay them");
+    }
+    device_experts_ = slots_->device_experts();
 #endif
   }
   ASSIGN_OR_RETURN(tiers_, ExpertTiers::Create(config_, *slots_, *experts_, tier_options));
+  slots_->SetResidency(tiers_.get());
   options_.log(absl::StrFormat("expert memory: %d slots of %.2f MiB on %s (budget %.1f MiB)",
                                num_slots, slot_bytes / 1048576.0, options_.device,
                                options_.memory_budget / 1048576.0));
@@ -246,6 +271,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
         device_experts_ != nullptr && options_.transport == v1::TRANSPORT_SHARED_MEMORY;
     request.set_transport(ipc ? v1::TRANSPORT_CUDA_IPC : options_.transport);
     if (ipc) request.set_gpu_uuid(gpu_uuid);
+    request.set_no_graph_steps(ipc && slots_ != nullptr && !slots_->cold_readable_in_place());
     request.set_address(service_address_);
     request.set_tiered(tiers_ != nullptr);
     // A fresh channel per attempt: a restarted router is answered as soon as it listens,
@@ -294,7 +320,8 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
       if (ipc_link_ == nullptr) {
         status = absl::FailedPreconditionError("no CUDA IPC buffers");
       } else {
-        status = step ? ipc_link_->RunStep(*request) : ipc_link_->Run(*request);
+        status = executor_->ApplyHotRatio(request->hot_ratio);
+        if (status.ok()) status = step ? ipc_link_->RunStep(*request) : ipc_link_->Run(*request);
       }
     } else if (status.ok()) {
       status = executor_->Run(*request);
@@ -331,10 +358,19 @@ absl::Status WorkerServer::Run() {
                              it == counts.end() ? 0 : it->second});
         }
       }
+      const absl::Time start = absl::Now();
       RETURN_IF_ERROR(tiers_->SetOwned(std::move(experts), registration->hot_ratio()));
+#if STRATA_HAVE_CUDA
+      // The slots' first copies (the hot set, and on a GPU the warm start) land now, not
+      // during the first request.
+      if (device_experts_ != nullptr) RETURN_IF_ERROR(gpu::WaitForLoads(*slots_));
+#endif
       const TierCounters& c = tiers_->counters();
-      options_.log(absl::StrCat("hot set: ", c.hot_slots, " expert(s) resident (hot ratio ",
-                                registration->hot_ratio(), "), ", c.warm_slots, " warm slot(s)"));
+      options_.log(absl::StrFormat(
+          "hot set: %u expert(s) resident (hot ratio %g), %u warm slot(s); %.1f GiB copied in "
+          "%.1f s",
+          c.hot_slots, registration->hot_ratio(), c.warm_slots, c.bytes_copied / 1073741824.0,
+          absl::ToDoubleSeconds(absl::Now() - start)));
     }
     options_.log(absl::StrCat("registered as worker ", options_.index, " of ",
                               registration->num_workers(), ", owning ", owned,

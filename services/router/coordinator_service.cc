@@ -19,12 +19,11 @@ absl::Status CoordinatorService::Register(const v1::RegisterWorkerRequest& reque
         absl::StrCat("worker index ", index, " is outside [0, ", experts_.num_workers(), ")"));
   }
   const v1::Transport asked = request.transport();
-  if (options_.cuda_ipc && (asked != v1::TRANSPORT_CUDA_IPC || request.tiered())) {
+  if (options_.cuda_ipc && asked != v1::TRANSPORT_CUDA_IPC) {
     return absl::FailedPreconditionError(absl::StrCat(
         "strata-router runs on ", options_.router_device,
-        " and takes only CUDA IPC workers (a GPU on this host, shm transport, no GPU memory "
-        "budget); worker ",
-        index, " (", request.device(), ") asked for another transport or has a budget"));
+        " and takes only CUDA IPC workers (a GPU on this host, shm transport); worker ", index,
+        " (", request.device(), ") asked for another transport"));
   }
   std::shared_ptr<ExpertConnection> connection;
   switch (asked) {

@@ -16,9 +16,15 @@ namespace strata {
 
 class CudaIpcConnection : public ExpertConnection {
  public:
+  // graph_steps: the worker can run its layers in captured decode steps (every worker holding
+  // every expert can; a tiered one only when it reads cold experts in place).
   CudaIpcConnection(std::unique_ptr<ShmExpertConnection> channel,
-                    std::unique_ptr<cuda_ipc::RouterLink> buffers, uint64_t generation)
-      : channel_(std::move(channel)), buffers_(std::move(buffers)), generation_(generation) {}
+                    std::unique_ptr<cuda_ipc::RouterLink> buffers, uint64_t generation,
+                    bool graph_steps)
+      : channel_(std::move(channel)),
+        buffers_(std::move(buffers)),
+        generation_(generation),
+        graph_steps_(graph_steps) {}
 
   absl::Status Send(const ExpertRequestView& request) override { return channel_->Send(request); }
   absl::Status Receive(absl::FunctionRef<void(const ExpertResponseView&)> consume,
@@ -32,6 +38,7 @@ class CudaIpcConnection : public ExpertConnection {
   cuda_ipc::RouterLink& buffers() { return *buffers_; }
   // Distinguishes this registration from earlier ones.
   uint64_t generation() const { return generation_; }
+  bool graph_steps() const { return graph_steps_; }
 
   // The router's stream has waited on the link's output event (an eager layer).
   std::atomic<bool> awaited{false};
@@ -48,6 +55,7 @@ class CudaIpcConnection : public ExpertConnection {
   std::unique_ptr<ShmExpertConnection> channel_;
   std::unique_ptr<cuda_ipc::RouterLink> buffers_;
   const uint64_t generation_;
+  const bool graph_steps_;
 };
 
 }  // namespace strata

@@ -91,7 +91,7 @@ absl::Status IpcExpertBackend::FinishStep() {
 
 absl::StatusOr<std::shared_ptr<ExpertConnection>> IpcExpertBackend::Attach(
     int index, std::unique_ptr<ShmExpertConnection> channel, v1::CudaIpcBuffers& buffers,
-    const std::string& worker_gpu_uuid) {
+    const std::string& worker_gpu_uuid, bool graph_steps) {
   const ModelConfig& c = config();
   // Registration runs on a gRPC thread: make the router's device current there.
   CUDA_RETURN_IF_ERROR(cudaSetDevice(context_->device()));
@@ -117,7 +117,7 @@ absl::StatusOr<std::shared_ptr<ExpertConnection>> IpcExpertBackend::Attach(
                    cuda_ipc::RouterLink::Create(shape, watchdog_->release_stream()));
   RETURN_IF_ERROR(link_buffers->Export(input_.data(), buffers));
   return std::shared_ptr<ExpertConnection>(std::make_shared<CudaIpcConnection>(
-      std::move(channel), std::move(link_buffers), next_generation_.fetch_add(1)));
+      std::move(channel), std::move(link_buffers), next_generation_.fetch_add(1), graph_steps));
 }
 
 absl::Status IpcExpertBackend::UploadOwners(int layer, const std::vector<int>& owner) {

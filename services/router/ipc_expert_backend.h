@@ -67,7 +67,7 @@ class IpcExpertBackend : public RemoteExpertBackend,
 
   GraphStepExperts* graph_steps() override { return this; }
   // Changes whenever a worker registers again or comes or goes, or a layer's owners change;
-  // 0 while none is connected over CUDA IPC.
+  // 0 while none is connected over CUDA IPC, or while one connected cannot run graph steps.
   uint64_t graph_version() const override;
   // Sends each worker of the captured step its kDeviceStep. UNAVAILABLE when one fails, or
   // when a worker's connection is not the one the graphs were captured with; the workers
@@ -90,10 +90,11 @@ class IpcExpertBackend : public RemoteExpertBackend,
 
   // Allocates worker `index`'s buffers and events, writes their handles into `buffers` and
   // wraps `channel`; install the result with SetConnection. worker_gpu_uuid: the worker's GPU
-  // (gpu::GpuUuid; empty when unknown). Any thread.
+  // (gpu::GpuUuid; empty when unknown); graph_steps: it can run captured decode steps. Any
+  // thread.
   absl::StatusOr<std::shared_ptr<ExpertConnection>> Attach(
       int index, std::unique_ptr<ShmExpertConnection> channel, v1::CudaIpcBuffers& buffers,
-      const std::string& worker_gpu_uuid);
+      const std::string& worker_gpu_uuid, bool graph_steps);
 
  protected:
   // `x` and `routing` on the router's device; `out` becomes a device view [n, hidden] bf16.

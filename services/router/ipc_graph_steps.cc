@@ -24,12 +24,13 @@ void IpcExpertBackend::ClearStarted() {
 }
 
 uint64_t IpcExpertBackend::graph_version() const {
-  // Workers here hold every expert (the coordinator refuses a tiered one over CUDA IPC).
+  // A tiered worker reads its misses in place during a replay: only one that cannot stops them.
   uint64_t version = 0;
   bool any = false;
   for (const std::shared_ptr<ExpertConnection>& connection : Connections()) {
     const auto* link = dynamic_cast<const CudaIpcConnection*>(connection.get());
     const bool alive = link != nullptr && link->Alive();
+    if (alive && !link->graph_steps()) return 0;  // its layers run eagerly
     any = any || alive;
     version = version * 1000003 + (alive ? link->generation() : 0);
   }

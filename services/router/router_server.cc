@@ -143,7 +143,7 @@ absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
                                            std::unique_ptr<ShmExpertConnection> channel,
                                            v1::CudaIpcBuffers& buffers) {
     return ipc->Attach(static_cast<int>(request.worker_index()), std::move(channel), buffers,
-                       request.gpu_uuid());
+                       request.gpu_uuid(), !request.no_graph_steps());
   };
   // The router's gate kernel hands captured decode layers to the workers itself.
   device->SetGateHandOffSource(ipc.get());

@@ -154,10 +154,13 @@ TEST(ClusterConfigTest, RouterDevice) {
   c.router_device = "cpu";
   EXPECT_EQ(*RouterDevice(c), "cpu");
   c.router_device.clear();
-  c.gpu_memory_budget = "8GiB";  // tiered workers keep the host path
+  c.gpu_memory_budget = "8GiB";  // tiered workers on GPUs take CUDA IPC too
+  EXPECT_EQ(*RouterDevice(c), "cuda:0");
+  c.cold_experts = "cpu";  // cold experts on strata-cache's CPUs need host activations
   EXPECT_EQ(*RouterDevice(c), "cpu");
   c.router_device = "cuda";
   EXPECT_THAT(std::string(RouterDevice(c).status().message()), HasSubstr("CUDA IPC"));
+  c.cold_experts = "auto";
   c.gpu_memory_budget.clear();
   c.transport = "grpc";
   EXPECT_FALSE(RouterDevice(c).ok());

@@ -67,6 +67,7 @@ const std::map<std::string, Key>& Keys() {
   static const auto* keys = new std::map<std::string, Key>{
       {"model", KeyOf<S>("model", &ClusterConfig::model)},
       {"workers", KeyOf<int>("workers", &ClusterConfig::workers, Positive<int>)},
+      {"gpus", KeyOf<int>("gpus", &ClusterConfig::gpus, NotNegative<int>)},
       {"device", KeyOf<S>("device", &ClusterConfig::device,
                           [](const S& v) {
                             return OneOf(v, {"cpu", "cuda"});
@@ -171,8 +172,9 @@ absl::Status Apply(const YAML::Node& map, const std::string& prefix, const std::
 }  // namespace
 
 absl::StatusOr<std::string> RouterDevice(const ClusterConfig& c) {
-  const bool ipc_workers =
-      c.device == "cuda" && c.transport == "shm" && c.gpu_memory_budget.empty();
+  // Tiered workers too: misses are copied in or read in place on their GPUs. Not when cold
+  // experts are forced onto strata-cache's CPUs, which takes host activations.
+  const bool ipc_workers = c.device == "cuda" && c.transport == "shm" && c.cold_experts != "cpu";
   if (c.router_device.empty()) return ipc_workers ? std::string("cuda:0") : std::string("cpu");
   const absl::StatusOr<int> index = ParseDevice(c.router_device);
   if (!index.ok())
@@ -181,8 +183,8 @@ absl::StatusOr<std::string> RouterDevice(const ClusterConfig& c) {
   if (!ipc_workers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "router_device ", c.router_device,
-        " needs workers on GPUs of this host that hold every expert (device cuda, transport "
-        "shm, no gpu_memory_budget): activations move between them by CUDA IPC"));
+        " needs workers on GPUs of this host (device cuda, transport shm, cold_experts not "
+        "cpu): activations move between them by CUDA IPC"));
   }
   return absl::StrCat("cuda:", *index);
 }

@@ -15,7 +15,8 @@ namespace strata {
 struct ClusterConfig {
   std::string model;
   int workers = 1;
-  std::string device = "cpu";  // the workers': cpu or cuda (worker i on cuda:i)
+  std::string device = "cpu";  // the workers': cpu or cuda (worker i on cuda:(i mod gpus))
+  int gpus = 0;                // GPUs the workers take in turn; 0: one per worker
   // The router's (attention, KV cache): cpu, cuda or cuda:N; empty picks (RouterDevice).
   std::string router_device;
   std::string weights = "bf16";  // expert weights on GPUs: bf16 or fp8
@@ -63,10 +64,11 @@ absl::Status CheckClusterConfig(const ClusterConfig& config);
 // The `strata up` flag of every config key that has one, dashed (e.g. "cache-policy").
 std::vector<std::string> ClusterConfigFlags();
 
-// Where the router runs: router_device when set; otherwise cuda:0 for GPU workers that hold
-// every expert and talk shared memory (activations then stay on the GPUs, by CUDA IPC), and
-// cpu for everything else. INVALID_ARGUMENT when a GPU router is asked for with workers that
-// cannot share its device buffers.
+// Where the router runs: router_device when set; otherwise cuda:0 for GPU workers that talk
+// shared memory, with or without a memory budget (activations then stay on the GPUs, by CUDA
+// IPC), unless cold experts are forced onto strata-cache's CPUs; cpu for everything else.
+// INVALID_ARGUMENT when a GPU router is asked for with workers that cannot share its device
+// buffers.
 absl::StatusOr<std::string> RouterDevice(const ClusterConfig& config);
 
 }  // namespace strata

@@ -104,7 +104,9 @@ ABSL_FLAG(std::string, model_name, "", "bench: model recorded (default: --model'
 ABSL_FLAG(std::string, weights, "bf16",
           "Expert weights on a GPU, bf16 or fp8 (bench: the weights recorded)");
 ABSL_FLAG(std::string, mode, "cluster", "bench: mode recorded: cluster|in-process|transformers");
-ABSL_FLAG(int, gpus, 0, "bench: GPUs recorded (0 for a CPU cluster)");
+ABSL_FLAG(int, gpus, 0,
+          "up: GPUs the workers take in turn, worker i on cuda:(i mod gpus) (0: one per worker); "
+          "bench: GPUs recorded (0 for a CPU cluster)");
 ABSL_FLAG(std::string, machine, "", "bench: machine recorded, e.g. \"NVIDIA H200\"");
 ABSL_FLAG(std::string, note, "",
           "bench: free text recorded as \"note\", e.g. the server's settings");
@@ -215,6 +217,7 @@ absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
   // Flags given on the command line override the file.
   if (flags.Specified("model") || c.model.empty()) c.model = absl::GetFlag(FLAGS_model);
   if (flags.Specified("workers")) c.workers = absl::GetFlag(FLAGS_workers);
+  if (flags.Specified("gpus")) c.gpus = absl::GetFlag(FLAGS_gpus);
   if (flags.Specified("device")) c.device = absl::GetFlag(FLAGS_device);
   if (flags.Specified("router_device")) c.router_device = absl::GetFlag(FLAGS_router_device);
   if (flags.Specified("weights")) c.weights = absl::GetFlag(FLAGS_weights);

@@ -258,7 +258,9 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
   // A restarted router listens where clients and workers look for it.
   SetListenAddress(router, *router_address);
   for (int i = 0; i < c.workers; ++i) {
-    std::string device = c.device == "cuda" ? absl::StrCat("cuda:", i) : c.device;
+    // Workers take the GPUs in turn: more workers than GPUs share them (under MPS).
+    const int gpu = c.gpus > 0 ? i % c.gpus : i;
+    std::string device = c.device == "cuda" ? absl::StrCat("cuda:", gpu) : c.device;
     workers[i] = Child{
         absl::StrCat("strata-worker[", i, "]"),
         {options.bin_dir + "/strata-worker", "--model=" + c.model, "--cache=" + *cache_address,

@@ -3,70 +3,107 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cuda/cuda_expert_backend.h"
 #include "common/backend/cuda/cuda_weights.h"
+#include "common/backend/cuda/device_experts.h"
+#include "common/backend/cuda/host_regions.h"
 #include "common/backend/cuda/staged_expert_backend.h"
 #include "common/cuda/cuda_context.h"
 #include "common/cuda/device_buffer.h"
 #include "common/cuda/kernels/grouped_expert_kernels.h"
-#include "common/util/process.h"
 #include "common/util/status_macros.h"
 
 namespace strata::gpu {
 namespace {
 
-// Events of recent launches, reused in turn. A slot remembers the one of its last launch; once
-// that event is recorded again for a later launch, waiting on it waits longer than needed but
-// never too little (one stream, in order).
-constexpr int kRunEvents = 16;
 constexpr int kTableEntries = 9;  // ExpertDeviceLayout::Pointers
+// Snapshots of the tables on their way to the device, reused in turn: one is rewritten only once
+// its copy has run, which with at most two replays in flight is long done.
+constexpr int kSnapshots = 8;
+using Entries = std::array<const void*, kTableEntries>;
 
 bool NeedsHostStaging(const FfnWeights& w) {
   return !IsRowMajorBf16(w.gate) || !IsRowMajorBf16(w.up) || !IsRowMajorBf16(w.down) ||
          w.gate_bias.present() || w.up_bias.present() || w.down_bias.present();
 }
 
-class CudaExpertSlots : public ExpertSlots, public ExpertBackend {
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether `event` has completed: kDone, kPending, or an error (left to the caller to report). The
+// runtime's last error is cleared either way, so that no later launch check sees it.
+enum class EventState { kDone, kPending, kFailed };
+EventState Query(cudaEvent_t event) {
+  const cudaError_t state = cudaEventQuery(event);
+  cudaGetLastError();
+  if (state == cudaSuccess) return EventState::kDone;
+  return state == cudaErrorNotReady ? EventState::kPending : EventState::kFailed;
+}
+
+class CudaExpertSlots : public ExpertSlots, public ExpertBackend, public DeviceExperts {
  public:
-  CudaExpertSlots(const ModelConfig& config, CudaExpertSlotOptions options)
+  CudaExpertSlots(const ModelConfig& config, CudaExpertSlotOptions options, int device)
       : config_(config),
         options_(options),
         layout_(ExpertDeviceLayout::For(config.hidden_size, config.moe_intermediate_size,
-                                        options.format, config.expert_bias)) {}
+                                        options.format, config.expert_bias)),
+        regions_(device),
+        device_(device) {}
   ~CudaExpertSlots() override;
 
-  absl::Status Init(int device);
+  absl::Status Init();
 
+  // ExpertSlots.
   int num_slots() const override { return options_.num_slots; }
   uint64_t slot_bytes() const override { return layout_.bytes; }
   absl::Status Load(int slot, int layer, int expert, const FfnWeights& weights) override;
   void Release(int slot) override;
+  absl::Status SetCold(int layer, int expert, const FfnWeights& weights) override;
+  bool cold_readable_in_place() const override;
   ExpertBackend& backend() override { return *this; }
+  DeviceExperts* device_experts() override { return this; }
+  void SetResidency(SlotResidency* residency) override { residency_ = residency; }
 
+  // ExpertBackend: host activations staged through pinned buffers.
   absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
                           Tensor& out) override;
 
-  absl::Status Register(absl::Span<const uint8_t> memory);
+  // DeviceExperts.
+  CudaContext* context() const override { return context_.get(); }
+  absl::Status RunExpertsInto(int layer, const bf16* x, const int32_t* ids, const float* weights,
+                              int64_t n, int top_k, bf16* out, const GridSignal& signal) override;
+  absl::Status PrepareLayer(int layer, const int32_t* ids, int64_t n, int top_k) override;
+  absl::Status PrepareReplay() override;
+
+  absl::Status Register(absl::Span<const uint8_t> memory) { return regions_.Register(memory); }
   absl::Status Unregister(absl::Span<const uint8_t> memory);
   absl::Status WaitForLoads();
 
  private:
-  // One MoE layer's table: a host copy that Load and Release edit, and the device copy the
-  // kernels read, refreshed from the host copy before a launch when it changed.
-  struct Layer {
-    std::vector<const void*> host;  // kTableEntries arrays of num_experts
-    DeviceBuffer<const void*> device;
-    ExpertWeightTable table;
-    std::vector<int> slot_of;  // per expert; -1 when not loaded
-    bool dirty = true;
-  };
-  struct Binding {
+  // A slot's weights: none; a load queued (copied at the next Sync); being copied; bound (the
+  // tables point at it once uploaded).
+  enum class Phase { kEmpty, kQueued, kCopying, kBound };
+  struct Slot {
+    Phase phase = Phase::kEmpty;
     int layer = -1;
     int expert = -1;
+    FfnWeights weights;  // what a queued load copies
+  };
+  // One MoE layer's table: a host copy that Load, Release and SetCold edit, and the device copy
+  // the kernels read, refreshed from a snapshot of the host copy at Sync when it changed.
+  struct Layer {
+    std::vector<const void*> host;      // kTableEntries arrays of num_experts
+    std::vector<const void*> in_place;  // the same, for each expert's weights where they are
+    std::vector<char> cold;             // SetCold named the expert
+    DeviceBuffer<const void*> device;
+    ExpertWeightTable table;    // eager launches
+    ExpertWeightTable counted;  // captured launches: with the layer's use counts
+    std::vector<int> slot_of;   // per expert: the slot holding or loading it, or -1
+    bool dirty = true;
   };
 
   bool IsMoeLayer(int layer) const {
@@ -74,52 +111,71 @@ class CudaExpertSlots : public ExpertSlots, public ExpertBackend {
            layer < static_cast<int>(config_.layer_is_moe.size()) && config_.layer_is_moe[layer];
   }
   uint8_t* SlotBase(int slot) { return storage_.data() + layout_.bytes * slot; }
-  // Both with mu_ held.
+  bool ReadableInPlace(const Layer& l, int expert) const {
+    return l.in_place[expert] != nullptr;  // entry 0: the gate matrix
+  }
+  // The rest with mu_ held.
+  void SetEntries(Layer& l, int expert, const Entries& p);
+  Entries InPlaceEntries(const Layer& l, int expert) const;
   void Unbind(int slot);
-  void Bind(int slot, int layer, int expert, const FfnWeights& weights);
-  // Checks that every expert `routing` selects is loaded and collects their slots into
-  // used_slots_ (mu_ held).
-  absl::Status CollectSlots(int layer, const RoutingTable& routing);
+  void Bind(int slot);
+  // Makes the device tables what the host ones say, in stream order: loads whose copies are
+  // done are bound; the tables go up (so an evicted expert is read in place from here on); the
+  // queued loads' copies start behind everything queued so far; then, with `wait`, or for an
+  // expert that cannot be read in place, the compute stream waits for its copy and the tables
+  // go up again.
+  absl::Status Sync(bool wait);
+  absl::Status UploadDirty();
+  absl::Status IssueQueued();
+  // Uses counted by replays that finished since the last call, and a new read of the counts
+  // queued behind the replays queued so far.
+  absl::Status CollectUses(std::vector<ExpertUse>& uses);
+  // The distinct experts of [count] device ids, and the tokens of each (reads the ids).
+  absl::Status ReadExperts(const int32_t* ids, int64_t count);
 
   const ModelConfig& config_;
   const CudaExpertSlotOptions options_;
   const ExpertDeviceLayout layout_;
-  int device_ = 0;
+  HostRegions regions_;
+  const int device_;
   std::unique_ptr<CudaContext> context_;  // the compute stream
   cudaStream_t copy_ = nullptr;
   DeviceBuffer<uint8_t> storage_;  // num_slots * layout_.bytes
+  SlotResidency* residency_ = nullptr;
 
-  // Loads (load_mu_): the staging of repacked or quantized weights, registered host memory.
-  std::mutex load_mu_;
-  PinnedBuffer<uint16_t> host_staging_;    // allocated by the first Load that repacks
+  std::mutex mu_;              // everything below
+  std::vector<Layer> layers_;  // by layer; empty for dense layers
+  std::vector<Slot> slots_;
+  std::vector<int> queued_, copying_;      // slots in those phases
+  std::vector<cudaEvent_t> ready_;         // per slot: its last copy is done
+  cudaEvent_t tables_up_ = nullptr;        // recorded after an upload; copies wait for it
+  PinnedBuffer<uint16_t> host_staging_;    // allocated by the first load that repacks
   DeviceBuffer<uint16_t> device_staging_;  // FP8: one bf16 matrix
   cudaEvent_t staging_free_ = nullptr;     // the copy stream is done reading host_staging_
-  std::vector<absl::Span<const uint8_t>> registered_;
+  PinnedBuffer<const void*> snapshots_;    // kSnapshots x layers x entries
+  cudaEvent_t snapshot_done_[kSnapshots] = {};
+  int next_snapshot_ = 0;
+  // Use counts: [layer][expert] on the device, read back in turn into two pinned copies.
+  DeviceBuffer<uint32_t> uses_;
+  PinnedBuffer<uint32_t> uses_read_[2];
+  cudaEvent_t uses_ready_[2] = {};
+  bool uses_pending_[2] = {false, false};
+  int uses_next_ = 0;                // the copy the next read goes to (and the oldest pending)
+  std::vector<uint32_t> uses_seen_;  // the counts already handed out
 
-  // Bindings and the events that order the two streams (mu_).
-  std::mutex mu_;
-  std::vector<Layer> layers_;  // by layer; empty for dense layers
-  std::vector<Binding> bound_;
-  std::vector<cudaEvent_t> ready_;  // per slot: its last Load's copies are done
-  std::vector<char> pending_;       // per slot: the compute stream has not waited on ready_
-  std::vector<int> last_use_;       // per slot: index into run_events_, -1 when never used
-  std::vector<cudaEvent_t> run_events_;
-  int next_run_event_ = 0;
-
-  // RunExperts (one call at a time).
+  // Runs (one call at a time).
   HostExpertStaging io_;
-  PinnedBuffer<const void*> table_upload_;  // a snapshot of one layer's host table
   DeviceBuffer<uint8_t> workspace_;
   DeviceBuffer<bf16> out_;
-  std::vector<int> used_stamp_;  // per slot: the call that last collected it
-  std::vector<int> used_slots_;
-  int stamp_ = 0;
+  PinnedBuffer<int32_t> ids_host_;
+  std::vector<int> used_experts_;
+  std::vector<int64_t> used_tokens_;
+  std::vector<int> position_;  // per expert; -1 between calls
 };
 
-absl::Status CudaExpertSlots::Init(int device) {
-  device_ = device;
+absl::Status CudaExpertSlots::Init() {
   const int e_count = config_.num_experts;
-  ASSIGN_OR_RETURN(context_, CudaContext::Create({.device = device, .cublas_workspace_bytes = 0}));
+  ASSIGN_OR_RETURN(context_, CudaContext::Create({.device = device_, .cublas_workspace_bytes = 0}));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
   ASSIGN_OR_RETURN(storage_, DeviceBuffer<uint8_t>::Allocate(layout_.bytes * options_.num_slots));
   if (options_.format == WeightFormat::kFp8E4M3) {
@@ -127,30 +183,40 @@ absl::Status CudaExpertSlots::Init(int device) {
                                           config_.hidden_size * config_.moe_intermediate_size)));
   }
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming));
-  const int n = options_.num_slots;
-  bound_.assign(n, Binding{});
-  pending_.assign(n, 0);
-  last_use_.assign(n, -1);
-  used_stamp_.assign(n, -1);
-  ready_.assign(n, nullptr);
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&tables_up_, cudaEventDisableTiming));
+  slots_.assign(options_.num_slots, Slot{});
+  ready_.assign(options_.num_slots, nullptr);
   for (cudaEvent_t& e : ready_) {
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
-  run_events_.assign(kRunEvents, nullptr);
-  for (cudaEvent_t& e : run_events_) {
-    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  }
   const size_t entries = static_cast<size_t>(kTableEntries) * e_count;
+  const size_t uses = static_cast<size_t>(config_.num_layers) * e_count;
+  ASSIGN_OR_RETURN(uses_, DeviceBuffer<uint32_t>::Allocate(uses));
+  CUDA_RETURN_IF_ERROR(cudaMemset(uses_.data(), 0, uses * sizeof(uint32_t)));
+  uses_seen_.assign(uses, 0);
+  for (int i = 0; i < 2; ++i) {
+    ASSIGN_OR_RETURN(uses_read_[i], PinnedBuffer<uint32_t>::Allocate(uses));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&uses_ready_[i], cudaEventDisableTiming));
+  }
   layers_.resize(config_.num_layers);
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     if (!IsMoeLayer(layer)) continue;
     Layer& l = layers_[layer];
     l.host.assign(entries, nullptr);
+    l.in_place.assign(entries, nullptr);
+    l.cold.assign(e_count, 0);
     l.slot_of.assign(e_count, -1);
     ASSIGN_OR_RETURN(l.device, DeviceBuffer<const void*>::Allocate(entries));
+    CUDA_RETURN_IF_ERROR(cudaMemset(l.device.data(), 0, entries * sizeof(void*)));
     l.table = ExpertTableOver(layout_, e_count, l.device.data());
+    l.counted = l.table;
+    l.counted.use_counts = uses_.data() + static_cast<size_t>(layer) * e_count;
   }
-  ASSIGN_OR_RETURN(table_upload_, PinnedBuffer<const void*>::Allocate(entries));
+  ASSIGN_OR_RETURN(snapshots_, PinnedBuffer<const void*>::Allocate(static_cast<size_t>(kSnapshots) *
+                                                                   config_.num_layers * entries));
+  for (cudaEvent_t& e : snapshot_done_) {
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
   ASSIGN_OR_RETURN(
       io_, HostExpertStaging::Create(options_.max_tokens, config_.top_k, config_.hidden_size));
   ASSIGN_OR_RETURN(workspace_, DeviceBuffer<uint8_t>::Allocate(ExpertWorkspaceBytes(
@@ -158,6 +224,10 @@ absl::Status CudaExpertSlots::Init(int device) {
                                    config_.hidden_size, config_.moe_intermediate_size)));
   ASSIGN_OR_RETURN(out_, DeviceBuffer<bf16>::Allocate(static_cast<size_t>(options_.max_tokens) *
                                                       config_.hidden_size));
+  ASSIGN_OR_RETURN(ids_host_,
+                   PinnedBuffer<int32_t>::Allocate(static_cast<size_t>(options_.max_tokens) *
+                                                   std::max(config_.top_k, 1)));
+  position_.assign(e_count, -1);
   return absl::OkStatus();
 }
 
@@ -166,41 +236,57 @@ CudaExpertSlots::~CudaExpertSlots() {
   cudaSetDevice(device_);
   if (copy_ != nullptr) cudaStreamSynchronize(copy_);
   if (context_ != nullptr) context_->Synchronize().IgnoreError();
-  for (absl::Span<const uint8_t> m : registered_) {
-    cudaHostUnregister(const_cast<uint8_t*>(m.data()));
-  }
   for (cudaEvent_t e : ready_) {
     if (e != nullptr) cudaEventDestroy(e);
   }
-  for (cudaEvent_t e : run_events_) {
+  for (cudaEvent_t e : snapshot_done_) {
     if (e != nullptr) cudaEventDestroy(e);
   }
-  if (staging_free_ != nullptr) cudaEventDestroy(staging_free_);
+  for (cudaEvent_t e : uses_ready_) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+  for (cudaEvent_t e : {staging_free_, tables_up_}) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   if (copy_ != nullptr) cudaStreamDestroy(copy_);
 }
 
-void CudaExpertSlots::Unbind(int slot) {
-  Binding& b = bound_[slot];
-  if (b.layer < 0) return;
-  Layer& l = layers_[b.layer];
-  l.slot_of[b.expert] = -1;
-  for (int j = 0; j < kTableEntries; ++j) {
-    l.host[static_cast<size_t>(j) * config_.num_experts + b.expert] = nullptr;
-  }
-  l.dirty = true;
-  b = Binding{};
-}
-
-void CudaExpertSlots::Bind(int slot, int layer, int expert, const FfnWeights& weights) {
-  Layer& l = layers_[layer];
-  const std::array<const void*, 9> p = layout_.Pointers(SlotBase(slot), weights);
+void CudaExpertSlots::SetEntries(Layer& l, int expert, const Entries& p) {
   for (int j = 0; j < kTableEntries; ++j) {
     l.host[static_cast<size_t>(j) * config_.num_experts + expert] = p[j];
   }
-  l.slot_of[expert] = slot;
   l.dirty = true;
-  bound_[slot] = Binding{layer, expert};
-  pending_[slot] = 1;
+}
+
+Entries CudaExpertSlots::InPlaceEntries(const Layer& l, int expert) const {
+  Entries p{};
+  for (int j = 0; j < kTableEntries; ++j) {
+    p[j] = l.in_place[static_cast<size_t>(j) * config_.num_experts + expert];
+  }
+  return p;
+}
+
+void CudaExpertSlots::Unbind(int slot) {
+  Slot& s = slots_[slot];
+  if (s.phase == Phase::kEmpty) return;
+  Layer& l = layers_[s.layer];
+  l.slot_of[s.expert] = -1;
+  SetEntries(l, s.expert, InPlaceEntries(l, s.expert));  // null where not readable in place
+  auto drop = [slot](std::vector<int>& list) {
+    list.erase(std::remove(list.begin(), list.end(), slot), list.end());
+  };
+  // A copy already under way runs on into a slot nobody reads; a later load's copy queues
+  // behind it on the copy stream.
+  if (s.phase == Phase::kQueued) drop(queued_);
+  if (s.phase == Phase::kCopying) drop(copying_);
+  s = Slot{};
+}
+
+void CudaExpertSlots::Bind(int slot) {
+  Slot& s = slots_[slot];
+  SetEntries(layers_[s.layer], s.expert, layout_.Pointers(SlotBase(slot), s.weights));
+  s.phase = Phase::kBound;
+  copying_.erase(std::remove(copying_.begin(), copying_.end(), slot), copying_.end());
 }
 
 absl::Status CudaExpertSlots::Load(int slot, int layer, int expert, const FfnWeights& weights) {
@@ -213,41 +299,21 @@ absl::Status CudaExpertSlots::Load(int slot, int layer, int expert, const FfnWei
         absl::StrCat("expert slots: layer ", layer, " has no expert ", expert));
   }
   RETURN_IF_ERROR(layout_.Check(weights));
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  std::lock_guard<std::mutex> load_lock(load_mu_);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const int other = layers_[layer].slot_of[expert];
-    if (other >= 0 && other != slot) {
-      return absl::AlreadyExistsError(absl::StrCat("expert slots: layer ", layer, " expert ",
-                                                   expert, " is already in slot ", other));
-    }
-    Unbind(slot);
-    // Not over weights a queued launch still reads.
-    if (last_use_[slot] >= 0) {
-      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, run_events_[last_use_[slot]], 0));
-    }
-  }
-  if (NeedsHostStaging(weights)) {
-    if (host_staging_.data() == nullptr) {
-      ASSIGN_OR_RETURN(host_staging_,
-                       PinnedBuffer<uint16_t>::Allocate(layout_.host_staging_elements()));
-    }
-    // The previous Load's copies out of the staging must be done before it is rewritten.
-    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staging_free_));
-  }
-  bool used_staging = false;
-  const absl::Status queued =
-      EnqueueExpertUpload(weights, layout_, SlotBase(slot), host_staging_.data(),
-                          reinterpret_cast<bf16*>(device_staging_.data()), copy_, &used_staging);
-  if (!queued.ok()) {
-    cudaStreamSynchronize(copy_);  // the slot stays unbound; leave no copy in flight
-    return queued;
-  }
-  if (used_staging) CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free_, copy_));
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[slot], copy_));
   std::lock_guard<std::mutex> lock(mu_);
-  Bind(slot, layer, expert, weights);
+  Layer& l = layers_[layer];
+  const int other = l.slot_of[expert];
+  if (other >= 0 && other != slot) {
+    return absl::AlreadyExistsError(absl::StrCat("expert slots: layer ", layer, " expert ", expert,
+                                                 " is already in slot ", other));
+  }
+  Unbind(slot);
+  Slot& s = slots_[slot];
+  s.phase = Phase::kQueued;
+  s.layer = layer;
+  s.expert = expert;
+  s.weights = weights;
+  l.slot_of[expert] = slot;
+  queued_.push_back(slot);
   return absl::OkStatus();
 }
 
@@ -257,26 +323,132 @@ void CudaExpertSlots::Release(int slot) {
   Unbind(slot);
 }
 
-absl::Status CudaExpertSlots::CollectSlots(int layer, const RoutingTable& routing) {
-  const Layer& l = layers_[layer];
-  ++stamp_;
-  used_slots_.clear();
-  for (const int32_t e : routing.expert) {
-    if (e < 0) continue;
-    if (e >= config_.num_experts) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("expert slots: expert id ", e, " of ", config_.num_experts));
-    }
-    const int slot = l.slot_of[e];
-    if (slot < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("expert slots: layer ", layer, " expert ", e, " is not loaded"));
-    }
-    if (used_stamp_[slot] != stamp_) {
-      used_stamp_[slot] = stamp_;
-      used_slots_.push_back(slot);
+absl::Status CudaExpertSlots::SetCold(int layer, int expert, const FfnWeights& weights) {
+  if (!IsMoeLayer(layer) || expert < 0 || expert >= config_.num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert slots: layer ", layer, " has no expert ", expert));
+  }
+  RETURN_IF_ERROR(layout_.Check(weights));
+  // Readable in place only as the kernels read a slot: row-major matrices of the slots' type
+  // (FP8 with float row scales), bf16 biases, 16-byte aligned, inside registered memory.
+  const bool fp8 = layout_.format == WeightFormat::kFp8E4M3;
+  const DType type = fp8 ? DType::kF8E4M3 : DType::kBF16;
+  const size_t elem = fp8 ? 1 : 2;
+  Entries p{};
+  bool readable = true;
+  const WeightMatrix* mats[3] = {&weights.gate, &weights.up, &weights.down};
+  for (int m = 0; m < 3 && readable; ++m) {
+    const WeightMatrix& w = *mats[m];
+    readable = w.dtype == type && w.row_major() && Aligned16(w.data) && (!fp8 || w.scale);
+    if (!readable) break;
+    p[m] = regions_.DeviceAddress(w.data, static_cast<size_t>(w.out * w.in) * elem);
+    if (fp8) p[3 + m] = regions_.DeviceAddress(w.scale, static_cast<size_t>(w.out) * 4);
+    readable = p[m] != nullptr && (!fp8 || p[3 + m] != nullptr);
+  }
+  const WeightVector* biases[3] = {&weights.gate_bias, &weights.up_bias, &weights.down_bias};
+  for (int m = 0; m < 3 && readable && layout_.biased; ++m) {
+    const WeightVector& b = *biases[m];
+    if (!b.present()) continue;
+    readable = b.dtype == DType::kBF16 && b.stride == 1;
+    if (readable) p[6 + m] = regions_.DeviceAddress(b.data, static_cast<size_t>(b.size) * 2);
+    readable = readable && p[6 + m] != nullptr;
+  }
+  if (!readable) p = Entries{};
+  std::lock_guard<std::mutex> lock(mu_);
+  Layer& l = layers_[layer];
+  for (int j = 0; j < kTableEntries; ++j) {
+    l.in_place[static_cast<size_t>(j) * config_.num_experts + expert] = p[j];
+  }
+  l.cold[expert] = 1;
+  if (l.slot_of[expert] < 0) SetEntries(l, expert, p);
+  return absl::OkStatus();
+}
+
+bool CudaExpertSlots::cold_readable_in_place() const {
+  for (const Layer& l : layers_) {
+    for (size_t e = 0; e < l.cold.size(); ++e) {
+      if (l.cold[e] && !ReadableInPlace(l, static_cast<int>(e))) return false;
     }
   }
+  return true;
+}
+
+absl::Status CudaExpertSlots::UploadDirty() {
+  cudaStream_t stream = context_->stream();
+  const size_t entries = static_cast<size_t>(kTableEntries) * config_.num_experts;
+  bool any = false;
+  for (const Layer& l : layers_) any = any || (l.dirty && !l.host.empty());
+  if (!any) return absl::OkStatus();
+  const int gen = next_snapshot_;
+  next_snapshot_ = (next_snapshot_ + 1) % kSnapshots;
+  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(snapshot_done_[gen]));  // its last copy has run
+  const void** base = snapshots_.data() + static_cast<size_t>(gen) * config_.num_layers * entries;
+  for (int layer = 0; layer < config_.num_layers; ++layer) {
+    Layer& l = layers_[layer];
+    if (!l.dirty || l.host.empty()) continue;
+    // From a snapshot: the host table may change again before the copy runs.
+    const void** snapshot = base + static_cast<size_t>(layer) * entries;
+    std::memcpy(snapshot, l.host.data(), entries * sizeof(void*));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(l.device.data(), snapshot, entries * sizeof(void*),
+                                         cudaMemcpyHostToDevice, stream));
+    l.dirty = false;
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(snapshot_done_[gen], stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaExpertSlots::IssueQueued() {
+  if (queued_.empty()) return absl::OkStatus();
+  // Behind every launch queued so far, which may still read what the slots held.
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(tables_up_, context_->stream()));
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, tables_up_, 0));
+  const std::vector<int> queued = std::move(queued_);
+  queued_.clear();
+  for (const int slot : queued) {
+    Slot& s = slots_[slot];
+    if (NeedsHostStaging(s.weights)) {
+      if (host_staging_.data() == nullptr) {
+        ASSIGN_OR_RETURN(host_staging_,
+                         PinnedBuffer<uint16_t>::Allocate(layout_.host_staging_elements()));
+      }
+      // The previous load's copies out of the staging must be done before it is rewritten.
+      CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staging_free_));
+    }
+    bool used_staging = false;
+    const absl::Status queued_copy =
+        EnqueueExpertUpload(s.weights, layout_, SlotBase(slot), host_staging_.data(),
+                            reinterpret_cast<bf16*>(device_staging_.data()), copy_, &used_staging);
+    if (!queued_copy.ok()) {
+      cudaStreamSynchronize(copy_);  // leave no copy in flight
+      Unbind(slot);
+      return queued_copy;
+    }
+    if (used_staging) CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free_, copy_));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[slot], copy_));
+    s.phase = Phase::kCopying;
+    copying_.push_back(slot);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaExpertSlots::Sync(bool wait) {
+  for (const int slot : std::vector<int>(copying_)) {
+    const EventState state = Query(ready_[slot]);
+    if (state == EventState::kDone) Bind(slot);
+    if (state == EventState::kFailed)
+      return absl::InternalError("expert slots: a load's copy failed");
+  }
+  RETURN_IF_ERROR(UploadDirty());
+  RETURN_IF_ERROR(IssueQueued());
+  bool bound = false;
+  for (const int slot : std::vector<int>(copying_)) {
+    const Slot& s = slots_[slot];
+    if (!wait && ReadableInPlace(layers_[s.layer], s.expert)) continue;
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(context_->stream(), ready_[slot], 0));
+    Bind(slot);
+    bound = true;
+  }
+  if (bound) RETURN_IF_ERROR(UploadDirty());
   return absl::OkStatus();
 }
 
@@ -292,28 +464,27 @@ absl::Status CudaExpertSlots::RunExperts(int layer, const Tensor& x, const Routi
   const int64_t n = x.rows();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (absl::Status s = CollectSlots(layer, routing); !s.ok()) {
-      cudaStreamSynchronize(stream);  // the staged input's copies; nothing else was queued
-      return s;
+    const Layer& l = layers_[layer];
+    for (const int32_t e : routing.expert) {
+      if (e < 0) continue;
+      absl::Status bad;
+      if (e >= config_.num_experts) {
+        bad = absl::InvalidArgumentError(
+            absl::StrCat("expert slots: expert id ", e, " of ", config_.num_experts));
+      } else if (l.slot_of[e] < 0) {
+        bad = absl::FailedPreconditionError(
+            absl::StrCat("expert slots: layer ", layer, " expert ", e, " is not loaded"));
+      }
+      if (!bad.ok()) {
+        cudaStreamSynchronize(stream);  // the staged input's copies; nothing else was queued
+        return bad;
+      }
     }
     if (n == 0) {
       out.Resize(0, config_.hidden_size);
       return absl::OkStatus();
     }
-    for (const int slot : used_slots_) {
-      if (!pending_[slot]) continue;
-      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, ready_[slot], 0));
-      pending_[slot] = 0;
-    }
-    Layer& l = layers_[layer];
-    if (l.dirty) {
-      // From a snapshot: Loads may edit the host table while the copy is still queued.
-      std::memcpy(table_upload_.data(), l.host.data(), l.host.size() * sizeof(void*));
-      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(l.device.data(), table_upload_.data(),
-                                           l.host.size() * sizeof(void*), cudaMemcpyHostToDevice,
-                                           stream));
-      l.dirty = false;
-    }
+    RETURN_IF_ERROR(Sync(/*wait=*/true));
     const RoutingTable device_routing = io_.device_routing();
     const ExpertWorkspace ws = CarveExpertWorkspace(workspace_.data(), n, routing.top_k,
                                                     layout_.hidden, layout_.intermediate);
@@ -321,57 +492,114 @@ absl::Status CudaExpertSlots::RunExperts(int layer, const Tensor& x, const Routi
         static_cast<const bf16*>(io_.device_x().device_data()), device_routing.device_expert,
         device_routing.device_weight, n, routing.top_k, l.table, ExpertGluParams(config_), ws,
         out_.data(), stream));
-    const int event = next_run_event_;
-    next_run_event_ = (next_run_event_ + 1) % kRunEvents;
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(run_events_[event], stream));
-    for (const int slot : used_slots_) last_use_[slot] = event;
   }
   return io_.Download(out_.data(), stream, out);
 }
 
-absl::Status CudaExpertSlots::Register(absl::Span<const uint8_t> memory) {
-  if (memory.empty()) return absl::OkStatus();
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  std::lock_guard<std::mutex> lock(load_mu_);
-  for (absl::Span<const uint8_t> m : registered_) {
-    if (m.data() == memory.data()) return absl::OkStatus();
+absl::Status CudaExpertSlots::RunExpertsInto(int layer, const bf16* x, const int32_t* ids,
+                                             const float* weights, int64_t n, int top_k, bf16* out,
+                                             const GridSignal& signal) {
+  if (!IsMoeLayer(layer)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run experts: layer ", layer, " has no experts"));
   }
-  // The store's segments are mapped read-only; such pages can only be registered read-only.
-  int read_only = 0;
-  CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, device_));
-  const cudaError_t err =
-      cudaHostRegister(const_cast<uint8_t*>(memory.data()), memory.size(),
-                       read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // not sticky; clear it for the next call's checks
-    if (err != cudaErrorHostMemoryAlreadyRegistered) {
-      Log(LogLevel::kWarning,
-          absl::StrCat("cuda expert slots: cannot pin ", memory.size() >> 20,
-                       " MiB of expert memory (", cudaGetErrorString(err),
-                       "); loads from it go through the driver's staging copies"));
-    }
-    return absl::OkStatus();
+  if (n > options_.max_tokens || top_k <= 0 || top_k > std::max(config_.top_k, 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert slots: ", n, " tokens x ", top_k, " do not fit the workspace"));
   }
-  registered_.push_back(memory);
+  cudaStream_t stream = context_->stream();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  std::lock_guard<std::mutex> lock(mu_);
+  // A replay reads the tables as PrepareReplay left them; an eager run brings them up to date.
+  if (!capturing) RETURN_IF_ERROR(Sync(/*wait=*/true));
+  const Layer& l = layers_[layer];
+  const ExpertWorkspace ws =
+      CarveExpertWorkspace(workspace_.data(), n, top_k, layout_.hidden, layout_.intermediate);
+  CUDA_RETURN_IF_ERROR(LaunchGroupedExperts(x, ids, weights, n, top_k,
+                                            capturing ? l.counted : l.table,
+                                            ExpertGluParams(config_), ws, out, stream, signal));
   return absl::OkStatus();
+}
+
+absl::Status CudaExpertSlots::ReadExperts(const int32_t* ids, int64_t count) {
+  cudaStream_t stream = context_->stream();
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ids_host_.data(), ids, count * sizeof(int32_t),
+                                       cudaMemcpyDeviceToHost, stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  // Ids out of range run nothing (the kernels skip them): they need no slot either.
+  DistinctExperts(absl::MakeConstSpan(ids_host_.data(), count), config_.num_experts, used_experts_,
+                  used_tokens_, position_)
+      .IgnoreError();
+  return absl::OkStatus();
+}
+
+absl::Status CudaExpertSlots::PrepareLayer(int layer, const int32_t* ids, int64_t n, int top_k) {
+  if (residency_ == nullptr || !IsMoeLayer(layer)) return absl::OkStatus();
+  if (n * top_k > static_cast<int64_t>(ids_host_.size())) {
+    return absl::InvalidArgumentError("expert slots: routing larger than a step");
+  }
+  RETURN_IF_ERROR(ReadExperts(ids, n * top_k));
+  // Loads and releases come back here (mu_ is not held); RunExpertsInto then syncs.
+  return residency_->BeforeLayer(layer, used_experts_, used_tokens_);
+}
+
+absl::Status CudaExpertSlots::CollectUses(std::vector<ExpertUse>& uses) {
+  cudaStream_t stream = context_->stream();
+  const int e_count = config_.num_experts;
+  // The oldest read first: reads land in the order they were queued.
+  for (int i = 0; i < 2; ++i) {
+    const int k = (uses_next_ + i) % 2;
+    if (!uses_pending_[k] || Query(uses_ready_[k]) != EventState::kDone) continue;
+    const uint32_t* now = uses_read_[k].data();
+    for (size_t j = 0; j < uses_seen_.size(); ++j) {
+      const uint32_t delta = now[j] - uses_seen_[j];  // counts wrap; deltas do not
+      if (delta == 0) continue;
+      uses.push_back({static_cast<int>(j / e_count), static_cast<int>(j % e_count), delta});
+      uses_seen_[j] = now[j];
+    }
+    uses_pending_[k] = false;
+  }
+  const int k = uses_next_;
+  if (!uses_pending_[k]) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(uses_read_[k].data(), uses_.data(),
+                                         uses_seen_.size() * sizeof(uint32_t),
+                                         cudaMemcpyDeviceToHost, stream));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(uses_ready_[k], stream));
+    uses_pending_[k] = true;
+    uses_next_ = (k + 1) % 2;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaExpertSlots::PrepareReplay() {
+  std::vector<ExpertUse> uses;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(CollectUses(uses));
+  }
+  // Loads and releases come back here (mu_ is not held).
+  if (residency_ != nullptr && !uses.empty()) RETURN_IF_ERROR(residency_->AfterReplays(uses));
+  std::lock_guard<std::mutex> lock(mu_);
+  return Sync(/*wait=*/false);
 }
 
 absl::Status CudaExpertSlots::Unregister(absl::Span<const uint8_t> memory) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  std::lock_guard<std::mutex> lock(load_mu_);
-  auto it = std::find_if(registered_.begin(), registered_.end(),
-                         [&](absl::Span<const uint8_t> m) { return m.data() == memory.data(); });
-  if (it == registered_.end()) return absl::OkStatus();
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_));  // copies from it must be done
-  CUDA_RETURN_IF_ERROR(cudaHostUnregister(const_cast<uint8_t*>(it->data())));
-  registered_.erase(it);
-  return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_));               // copies from it must be done
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(context_->stream()));  // and reads in place
+  return regions_.Unregister(memory);
 }
 
 absl::Status CudaExpertSlots::WaitForLoads() {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(Sync(/*wait=*/true));
+  }
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(context_->stream()));
   return absl::OkStatus();
 }
 
@@ -404,8 +632,9 @@ absl::StatusOr<std::unique_ptr<ExpertSlots>> CreateCudaExpertSlots(const ModelCo
     return absl::InvalidArgumentError(
         absl::StrCat("cuda:", device, " does not exist (", CudaDeviceCount(), " CUDA devices)"));
   }
-  auto slots = std::make_unique<CudaExpertSlots>(config, options);
-  RETURN_IF_ERROR(slots->Init(device));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  auto slots = std::make_unique<CudaExpertSlots>(config, options, device);
+  RETURN_IF_ERROR(slots->Init());
   return slots;
 }
 

@@ -98,7 +98,7 @@ __device__ int BlockExclusiveScan(int v, int* warp_sums, int* total) {
 // within an expert, so the plan is deterministic), and cuts each expert's run into items.
 __global__ void __launch_bounds__(kPlanThreads)
     ExpertPlanKernel(const int32_t* __restrict__ expert_ids, int slots, int num_experts, int chunk,
-                     ExpertWorkspace ws) {
+                     ExpertWorkspace ws, uint32_t* use_counts) {
   __shared__ int count[kMaxGroupedExperts];
   __shared__ int offset[kMaxGroupedExperts];
   __shared__ int work_offset[kMaxGroupedExperts];
@@ -111,6 +111,11 @@ __global__ void __launch_bounds__(kPlanThreads)
     if (ValidExpert(e, num_experts)) atomicAdd(&count[e], 1);
   }
   __syncthreads();
+  if (use_counts != nullptr) {
+    for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) {
+      if (count[e] > 0) atomicAdd(use_counts + e, 1u);
+    }
+  }
 
   // Thread i owns experts [i * kPlanPerThread, (i + 1) * kPlanPerThread).
   const int e0 = threadIdx.x * kPlanPerThread;
@@ -326,6 +331,8 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<1, WT>)
       base[v] = static_cast<const WT*>(w.down[e]);
       expert_of[v] = e;
       slot_of[v] = lane;
+      // One token: its top-k are distinct experts, each one use of the step.
+      if (blockIdx.x == 0 && w.use_counts != nullptr) atomicAdd(w.use_counts + e, 1u);
     }
     if (lane == 0) num_valid = __popc(mask);
   }
@@ -594,7 +601,7 @@ cudaError_t PlanStage(const int32_t* expert_ids, int64_t n, int top_k,
     return cudaErrorInvalidValue;
   }
   ExpertPlanKernel<<<1, kPlanThreads, 0, stream>>>(expert_ids, static_cast<int>(n * top_k),
-                                                   num_experts, k.chunk, ws);
+                                                   num_experts, k.chunk, ws, experts.use_counts);
   return cudaGetLastError();
 }
 

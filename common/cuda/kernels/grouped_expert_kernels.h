@@ -35,6 +35,9 @@ struct ExpertWeightTable {
   const bf16* const* gate_bias = nullptr;    // null array or null entries: no bias
   const bf16* const* up_bias = nullptr;
   const bf16* const* down_bias = nullptr;
+  // When set, [num_experts]: each launch adds 1 for every expert it runs (a tiered worker learns
+  // what its replayed steps used without the host seeing the routing).
+  uint32_t* use_counts = nullptr;
 };
 
 enum class GluActivation : int {

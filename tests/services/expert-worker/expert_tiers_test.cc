@@ -61,11 +61,13 @@ class FakeStore : public ExpertWeightSource {
 class ExpertTiersTest : public ::testing::Test {
  protected:
   void Make(int slots, WarmPolicy policy = WarmPolicy::kLru, int min_warm = 2) {
+    Make(slots, {.policy = policy, .min_warm_slots = min_warm});
+  }
+  void Make(int slots, ExpertTierOptions options) {
     auto s = CpuExpertSlots::Create(config_, slots, DType::kBF16, false, pool_);
     ASSERT_TRUE(s.ok()) << s.status();
     slots_ = *std::move(s);
-    auto t = ExpertTiers::Create(config_, *slots_, store_,
-                                 {.policy = policy, .min_warm_slots = min_warm});
+    auto t = ExpertTiers::Create(config_, *slots_, store_, options);
     ASSERT_TRUE(t.ok()) << t.status();
     tiers_ = *std::move(t);
   }
@@ -217,6 +219,73 @@ TEST_F(ExpertTiersTest, TieredResultsEqualEveryExpertResident) {
     for (int64_t i = 0; i < kHidden; ++i) ASSERT_EQ(got.data()[i], want.data()[i]);
   }
   EXPECT_GT(tiers_->counters().misses, 0u);
+}
+
+// Replayed steps report their uses afterwards: each counts as a hit or a miss (read in place),
+// misses go into free slots, and over a warm expert only when the policy ranks them higher.
+TEST_F(ExpertTiersTest, ReplayedUsesCountAndPromoteMissesTheWarmPolicyRanksHigher) {
+  Make(/*slots=*/4, {.policy = WarmPolicy::kLfu, .min_warm_slots = 2});
+  ASSERT_TRUE(tiers_->SetOwned(Owned(), 0.0f).ok());
+  ASSERT_TRUE(tiers_->AfterReplays({{0, 1, 3}, {0, 2, 1}}).ok());
+  EXPECT_EQ(tiers_->counters().misses, 4u);
+  EXPECT_TRUE(tiers_->resident(0, 1) && tiers_->resident(0, 2));  // free slots
+  ASSERT_TRUE(tiers_->AfterReplays({{0, 1, 1}, {0, 3, 5}, {0, 4, 5}}).ok());
+  EXPECT_EQ(tiers_->counters().warm_hits, 1u);
+  EXPECT_TRUE(tiers_->resident(0, 3) && tiers_->resident(0, 4));  // every slot taken now
+  // Expert 5, used once, ties with the least used warm one (2, once): it stays cold.
+  ASSERT_TRUE(tiers_->AfterReplays({{0, 5, 1}}).ok());
+  EXPECT_FALSE(tiers_->resident(0, 5));
+  EXPECT_TRUE(tiers_->resident(0, 2));
+  // Used again it outranks expert 2, which goes.
+  ASSERT_TRUE(tiers_->AfterReplays({{0, 5, 1}}).ok());
+  EXPECT_TRUE(tiers_->resident(0, 5));
+  EXPECT_FALSE(tiers_->resident(0, 2));
+  const TierCounters& c = tiers_->counters();
+  EXPECT_EQ(c.misses, 4u + 10u + 2u);
+  EXPECT_EQ(c.evictions, 1u);
+  EXPECT_EQ(c.bytes_copied, 5 * slots_->slot_bytes());
+}
+
+TEST_F(ExpertTiersTest, ReplayedMissesArePromotedAFewAtATime) {
+  Make(/*slots=*/8, {.policy = WarmPolicy::kLfu,
+                     .min_warm_slots = 2,
+                     .max_promotions = 1,
+                     .max_free_promotions = 2});
+  ASSERT_TRUE(tiers_->SetOwned(Owned(), 0.0f).ok());
+  // Five misses, two free slots' worth of copies: the two used most.
+  ASSERT_TRUE(tiers_->AfterReplays({{1, 0, 1}, {1, 1, 4}, {1, 2, 2}, {1, 3, 3}, {1, 4, 1}}).ok());
+  EXPECT_TRUE(tiers_->resident(1, 1) && tiers_->resident(1, 3));
+  EXPECT_FALSE(tiers_->resident(1, 0) || tiers_->resident(1, 2) || tiers_->resident(1, 4));
+}
+
+TEST_F(ExpertTiersTest, AWarmStartFillsTheFreeSlotsWithTheNextRanked) {
+  Make(/*slots=*/6, {.policy = WarmPolicy::kLfu, .min_warm_slots = 2, .warm_start = true});
+  // 16 owned, ratio 0.125: 2 hot (expert 0 of both layers), then the next 4 by calibration.
+  ASSERT_TRUE(tiers_->SetOwned(Owned(), 0.125f).ok());
+  EXPECT_EQ(tiers_->counters().hot_slots, 2u);
+  for (int l = 0; l < kLayers; ++l) {
+    for (int e = 0; e < 3; ++e) EXPECT_TRUE(tiers_->resident(l, e)) << l << " " << e;
+    EXPECT_FALSE(tiers_->resident(l, 3));
+  }
+  // The warm ones are evictable as usual.
+  ASSERT_TRUE(Use(0, {6, 7}).ok());
+  EXPECT_TRUE(tiers_->resident(0, 0) && tiers_->resident(1, 0));
+  EXPECT_EQ(tiers_->counters().evictions, 2u);
+}
+
+TEST_F(ExpertTiersTest, WithoutCalibrationTheHotSetIsPickedAgainFromTheUses) {
+  Make(/*slots=*/8, {.policy = WarmPolicy::kLfu, .min_warm_slots = 2});
+  std::vector<OwnedExpert> owned = Owned();
+  for (OwnedExpert& o : owned) o.count = 0;
+  // 16 owned, ratio 0.25: 4 hot, in owned order before any use (layer 0's experts 0-3).
+  ASSERT_TRUE(tiers_->SetOwned(owned, 0.25f).ok());
+  EXPECT_TRUE(tiers_->resident(0, 0) && tiers_->resident(0, 3));
+  // 64 uses (4 x owned) of layer 1's experts 4-7, then the next report picks them.
+  ASSERT_TRUE(tiers_->AfterReplays({{1, 4, 16}, {1, 5, 16}, {1, 6, 16}, {1, 7, 16}}).ok());
+  ASSERT_TRUE(tiers_->AfterReplays({{1, 4, 1}}).ok());
+  const uint64_t hot_before = tiers_->counters().hot_hits;
+  ASSERT_TRUE(tiers_->AfterReplays({{1, 5, 1}, {1, 6, 1}, {1, 7, 1}}).ok());
+  EXPECT_EQ(tiers_->counters().hot_hits - hot_before, 3u);
 }
 
 }  // namespace

@@ -1,0 +1,204 @@
+// Tiered GPU workers in the GPU cluster (`strata up --device cuda --gpu-memory-budget`): the
+// router on cuda:0, activations by CUDA IPC, decode steps replayed as CUDA graphs on both sides
+// while each worker keeps a fraction of the demo model's experts in its slots and reads the rest
+// in place from the expert store. Greedy tokens are compared with the resident cluster's, one
+// request at a time (so that both run the same steps: the same kernels over the same bytes give
+// the same bits). Skips without a GPU.
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/cuda/cuda_context.h"
+#include "gtest/gtest.h"
+#include "strata/v1/cluster.grpc.pb.h"
+#include "tests/testing/cluster_process.h"
+#include "tests/testing/generate_client.h"
+#include "tests/testing/health_client.h"
+#include "tests/testing/poll.h"
+
+namespace strata {
+namespace {
+
+using ::strata::testing::ChildWithArgs;
+using ::strata::testing::ClusterProcess;
+using ::strata::testing::FirstTokens;
+using ::strata::testing::Generated;
+using ::strata::testing::GenerateGreedy;
+using ::strata::testing::GenerateGreedyAsync;
+using ::strata::testing::KillChild;
+using ::strata::testing::PollUntil;
+using ::strata::testing::RouterStats;
+using ::strata::testing::Serving;
+
+const std::string kModel = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
+// 8 MoE layers x 16 experts of 240 KiB (bf16): 30 MiB. 12 MiB holds 43 slots after the step
+// buffers, a third of them.
+constexpr char kBudget[] = "--gpu-memory-budget=12MiB";
+constexpr int kNewTokens = 32;
+
+std::vector<std::string> Args(const std::string& weights, bool tiered) {
+  std::vector<std::string> args = {
+      "--model=" + kModel, "--device=cuda",    "--workers=1",          "--threads=2",
+      "--max-running=8",   "--kv-cache-mb=64", "--weights=" + weights, "--max-batch-tokens=256"};
+  if (tiered) args.push_back(kBudget);
+  return args;
+}
+
+std::vector<std::vector<uint32_t>> Prompts() {
+  std::vector<std::vector<uint32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<uint32_t> p;
+    for (int j = 0; j < 10 + 3 * i; ++j) p.push_back(static_cast<uint32_t>(200 + 41 * i + j));
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+// Each prompt's greedy tokens, one request after another.
+std::vector<std::vector<uint32_t>> OneAtATime(const std::string& address) {
+  std::vector<std::vector<uint32_t>> out;
+  for (const auto& prompt : Prompts()) {
+    const Generated g = GenerateGreedy(address, prompt, kNewTokens);
+    EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+    out.push_back(g.tokens);
+  }
+  return out;
+}
+
+// The resident cluster's tokens; `eager`: with every step run without graphs (attention is then
+// planned for each step's context, not the graphs', which changes the last bits).
+std::vector<std::vector<uint32_t>> Resident(const std::string& weights, bool eager = false) {
+  std::vector<std::string> args = Args(weights, false);
+  if (eager) args.push_back("--cuda-graph-max-batch=0");
+  ClusterProcess cluster(args);
+  EXPECT_FALSE(cluster.address().empty());
+  auto tokens = OneAtATime(cluster.address());
+  EXPECT_EQ(cluster.Stop(), 0);
+  return tokens;
+}
+
+void PrintTiers(const std::string& label, const v1::StatsResponse& stats) {
+  for (const v1::WorkerStats& w : stats.workers()) {
+    const v1::TierCounters& t = w.tiers();
+    const double uses = std::max<double>(t.hot_hits() + t.warm_hits() + t.misses(), 1);
+    std::printf(
+        "%s: %llu of %llu steps replayed; hot %u + warm %u slots; hot %.3f warm %.3f "
+        "cold %.3f of %.0f uses; %.1f MiB copied, %llu evictions\n",
+        label.c_str(), static_cast<unsigned long long>(stats.graph_steps()),
+        static_cast<unsigned long long>(stats.steps()), t.hot_slots(), t.warm_slots(),
+        t.hot_hits() / uses, t.warm_hits() / uses, t.misses() / uses, uses,
+        t.bytes_copied() / 1048576.0, static_cast<unsigned long long>(t.evictions()));
+  }
+}
+
+// bf16 slots over the bf16 store: misses are read in place, so decode steps replay graphs.
+TEST(CudaTiersTest, TieredWorkersGiveTheResidentTokensAndReplayTheirSteps) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const auto want = Resident("bf16");
+  ClusterProcess cluster(Args("bf16", true));
+  ASSERT_FALSE(cluster.address().empty());
+  const auto got = OneAtATime(cluster.address());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+  const v1::StatsResponse stats = RouterStats(cluster.address());
+  PrintTiers("tiered bf16", stats);
+  ASSERT_EQ(stats.workers_size(), 1);
+  const v1::TierCounters& t = stats.workers(0).tiers();
+  EXPECT_GT(t.misses(), 0u);
+  EXPECT_GT(t.hot_hits() + t.warm_hits(), 0u);
+  EXPECT_GT(t.bytes_copied(), 0u);
+  EXPECT_LT((t.hot_slots() + t.warm_slots()) * t.slot_bytes(), 12u << 20);
+  EXPECT_GT(stats.graph_steps(), stats.steps() / 2);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+// FP8 slots over the bf16 store (quantized as they are copied in): a miss cannot be read in
+// place, so the worker runs every layer eagerly, copying its misses first.
+TEST(CudaTiersTest, Fp8SlotsOverABf16StoreRunEagerlyWithTheResidentTokens) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const auto want = Resident("fp8", /*eager=*/true);
+  ClusterProcess cluster(Args("fp8", true));
+  ASSERT_FALSE(cluster.address().empty());
+  const auto got = OneAtATime(cluster.address());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+  const v1::StatsResponse stats = RouterStats(cluster.address());
+  PrintTiers("tiered fp8 eager", stats);
+  EXPECT_EQ(stats.graph_steps(), 0u);
+  ASSERT_EQ(stats.workers_size(), 1);
+  EXPECT_GT(stats.workers(0).tiers().misses(), 0u);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+TEST(CudaTiersTest, HotRatioChangesWhileRequestsRun) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const auto want = Resident("bf16");
+  ClusterProcess cluster(Args("bf16", true));
+  ASSERT_FALSE(cluster.address().empty());
+  std::atomic<bool> done{false};
+  std::future<std::vector<std::vector<uint32_t>>> running = std::async(std::launch::async, [&] {
+    auto tokens = OneAtATime(cluster.address());
+    done = true;
+    return tokens;
+  });
+  auto admin = v1::Admin::NewStub(
+      grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+  int changes = 0;
+  for (float ratio : {1.0f, 0.0f, 0.5f, -1.0f, 0.2f, -1.0f}) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    v1::SetHotRatioRequest request;
+    if (ratio < 0) {
+      request.set_automatic(true);
+    } else {
+      request.set_hot_ratio(ratio);
+    }
+    v1::SetHotRatioResponse response;
+    grpc::ClientContext context;
+    ASSERT_TRUE(admin->SetHotRatio(&context, request, &response).ok());
+    changes += !done.load();
+  }
+  const auto got = running.get();
+  std::printf("%d hot-ratio changes while requests ran\n", changes);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+  EXPECT_GT(changes, 0);
+  PrintTiers("hot ratio changes", RouterStats(cluster.address()));
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+// A tiered worker SIGKILLed while its steps run (replays in flight): the request ends
+// UNAVAILABLE (its only worker) or completes, never hangs; the restarted worker registers
+// again over CUDA IPC and serves the resident cluster's tokens.
+TEST(CudaTiersTest, KilledTieredWorkerWithAStepInFlight) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const auto want = Resident("bf16");
+  ClusterProcess cluster(Args("bf16", true));
+  ASSERT_FALSE(cluster.address().empty());
+  FirstTokens first;
+  auto running = GenerateGreedyAsync(cluster.address(), Prompts()[0], 400, first.Callback());
+  ASSERT_TRUE(first.Wait()) << "no first token";
+  pid_t worker = -1;
+  ASSERT_NO_FATAL_FAILURE(KillChild(cluster.pid(), "strata-worker", "--index=0", &worker));
+  ASSERT_EQ(running.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "the request hangs after its worker died";
+  const Generated g = running.get();
+  if (!g.status.ok()) {
+    EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAVAILABLE) << g.status.error_message();
+  } else {
+    EXPECT_EQ(g.tokens.size(), 400u);
+  }
+  const bool back = PollUntil(
+      [&] {
+        const pid_t replacement = ChildWithArgs(cluster.pid(), "strata-worker", "--index=0");
+        return replacement > 0 && replacement != worker && Serving(cluster.address());
+      },
+      std::chrono::seconds(90), std::chrono::milliseconds(100));
+  ASSERT_TRUE(back) << "the restarted worker did not register";
+  const auto got = OneAtATime(cluster.address());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+}  // namespace
+}  // namespace strata
