@@ -4,8 +4,10 @@
 # out): a warm-up round, `strata stats`, RUNS measured runs, `strata stats` again. Decode tok/s
 # and TTFT of the measured runs; hit rates per tier and bytes copied per generated token over
 # them (the difference of the two stats). One cluster per run, each
-#   NAME|BIN_DIR|MODEL_DIR|WEIGHTS|UP FLAGS...
-# (BIN_DIR: the strata binaries to run, e.g. a base build for a before/after). Logs and JSON go
+#   NAME|BIN_DIR|MODEL_DIR|WEIGHTS|UP FLAGS|BENCH FLAGS
+# (BIN_DIR: the strata binaries to run, e.g. a base build for a before/after; UP FLAGS go to
+# `strata up`, e.g. --gpu-memory-budget 24GiB --workers 2 --gpus 1; BENCH FLAGS to both `strata
+# bench` runs, e.g. --temperature 1). Logs and JSON go
 # to OUT_DIR; a table is printed last.
 #   bash bench/gpu/tiers_ipc_bench.sh OUT_DIR 'run1' 'run2' ...
 set -uo pipefail
@@ -19,22 +21,23 @@ OUT_LEN=${OUT_LEN:-512} RUNS=${RUNS:-3}
 B=$root/.device-ipc/bin  # cluster_lib's `up` runs $B/strata
 UP_WAIT_S=600 source "$root/bench/gpu/cluster_lib.sh"
 for spec in "$@"; do
-  IFS='|' read -r name bin dir weights flags <<<"$spec"
+  IFS='|' read -r name bin dir weights flags bench_flags <<<"$spec"
   B=$root/$bin
   export LD_LIBRARY_PATH=$root/.device-ipc/lib:/usr/local/cuda/lib64
   read -r -a up_flags <<<"$flags"
+  read -r -a bench_args <<<"${bench_flags:-}"
   t0=$SECONDS
-  up "$name" --model "$dir" --workers 1 --device cuda --weights "$weights" --threads 8 \
+  up "$name" --model "$dir" --device cuda --weights "$weights" --threads 8 \
     --max-batch-tokens 512 --kv-cache-mb 4096 "${up_flags[@]}"
   if [ -z "$addr" ]; then continue; fi
   note "$name: READY in $((SECONDS - t0)) s"
   timeout 300 "$B/strata" bench --server "$addr" --input-len 128 --output-len "$OUT_LEN" \
-    --runs 1 --warmup 0 --concurrency 1 >"$out/warmup-$name.txt" 2>&1
+    --runs 1 --warmup 0 --concurrency 1 "${bench_args[@]}" >"$out/warmup-$name.txt" 2>&1
   "$B/strata" stats --server "$addr" >"$final/stats-$name-before.json" 2>&1
   timeout 500 "$B/strata" bench --server "$addr" --model "$dir" --model-name "$(basename "$dir")" \
-    --input-len 128 --output-len "$OUT_LEN" --runs "$RUNS" --warmup 0 --concurrency 1 \
+    --input-len 128 --output-len "$OUT_LEN" --runs "$RUNS" --warmup 0 --concurrency 1 "${bench_args[@]}" \
     --weights "$weights" --mode cluster --gpus 1 --machine "NVIDIA H200 (1 GPU)" \
-    --note "$name: $flags" --out "$final/$name.json" >"$out/bench-$name.txt" 2>&1
+    --note "$name: $flags $bench_flags" --out "$final/$name.json" >"$out/bench-$name.txt" 2>&1
   note "$name bench: exit $? after $((SECONDS - t0)) s"
   "$B/strata" stats --server "$addr" >"$final/stats-$name.json" 2>&1
   down "$name"
@@ -43,7 +46,7 @@ tar czf "$final/logs.tgz" -C "$out" . 2>/dev/null
 python3 - "$final" "$OUT_LEN" "$RUNS" "$@" <<'PY' | tee -a "$sum"
 import json, os, sys
 final, out_len, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-print('run | decode tok/s mean | P5 | P95 | TTFT ms | steps replayed | hot | warm | cold | MB copied / token')
+print('run | decode tok/s mean | P5 | P95 | TTFT ms | distinct tokens | steps replayed | hot | warm | cold | MB copied / token')
 for spec in sys.argv[4:]:
     name = spec.split('|')[0]
     try:
@@ -52,14 +55,17 @@ for spec in sys.argv[4:]:
     except Exception as e:
         print(f'{name} | missing ({e})'); continue
     r = b['results'][0] if 'results' in b else b
-    after = s['workers'][0].get('tiers', {}); before = s0['workers'][0].get('tiers', {})
-    t = {k: float(v) - float(before.get(k, 0)) for k, v in after.items()}
+    t = {}  # summed over the workers
+    for w, w0 in zip(s['workers'], s0['workers']):
+        for k, v in w.get('tiers', {}).items():
+            t[k] = t.get(k, 0) + float(v) - float(w0.get('tiers', {}).get(k, 0))
     uses = max(t.get('hot_hits', 0) + t.get('warm_hits', 0) + t.get('misses', 0), 1)
     tokens = runs * out_len
     replayed = (f"{int(s.get('graph_steps', 0)) - int(s0.get('graph_steps', 0))}/"
                 f"{int(s.get('steps', 0)) - int(s0.get('steps', 0))}")
     print(f"{name} | {r['decode_tok_s_mean']:.1f} | {r['decode_tok_s_p5']:.1f} | "
-          f"{r['decode_tok_s_p95']:.1f} | {r['ttft_ms']:.1f} | {replayed} | "
+          f"{r['decode_tok_s_p95']:.1f} | {r['ttft_ms']:.1f} | "
+          f"{r.get('distinct_output_tokens', 0):.2f} | {replayed} | "
           f"{t.get('hot_hits', 0)/uses:.3f} | {t.get('warm_hits', 0)/uses:.3f} | "
           f"{t.get('misses', 0)/uses:.3f} | {t.get('bytes_copied', 0)/tokens/1e6:.1f}")
 PY

@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -60,6 +61,9 @@ absl::Status CheckOptions(const BenchOptions& o) {
     return absl::InvalidArgumentError("--mode must be cluster, in-process or transformers");
   }
   if (o.gpus < 0) return absl::InvalidArgumentError("--gpus must be >= 0");
+  if (!(o.temperature >= 0 && o.temperature <= 100)) {
+    return absl::InvalidArgumentError("--temperature must be in [0, 100] (0: greedy)");
+  }
   return absl::OkStatus();
 }
 
@@ -76,8 +80,9 @@ int64_t ServerPreemptions(v1::Admin::Stub& admin, absl::Duration timeout) {
 // generator, so the same options give the same prompts.
 class PromptSource {
  public:
-  PromptSource(uint64_t seed, const v1::ModelInfoResponse& info)
-      : rng_(seed),
+  PromptSource(uint64_t seed, double temperature, const v1::ModelInfoResponse& info)
+      : temperature_(temperature),
+        rng_(seed),
         vocab_(info.vocab_size()),
         eos_(info.eos_token_ids().begin(), info.eos_token_ids().end()) {}
 
@@ -90,11 +95,13 @@ class PromptSource {
     }
     r.set_max_new_tokens(static_cast<uint32_t>(max_new_tokens));
     r.set_ignore_eos(true);
-    r.mutable_sampling()->set_temperature(0.0f);  // greedy
+    r.mutable_sampling()->set_temperature(static_cast<float>(temperature_));
+    if (temperature_ > 0) r.mutable_sampling()->set_seed(rng_() | 1);
     return r;
   }
 
  private:
+  double temperature_;
   std::mt19937_64 rng_;
   uint32_t vocab_;
   std::vector<uint32_t> eos_;
@@ -118,7 +125,9 @@ RequestResult TimeOneRequest(v1::Generation::Stub& stub, const v1::GenerateReque
   v1::GenerateResponse last;
   Clock::time_point first_at, last_at;
   int tokens = 0, first_tokens = 0;
+  absl::flat_hash_set<uint32_t> distinct;
   while (reader->Read(&response)) {
+    distinct.insert(response.token_ids().begin(), response.token_ids().end());
     if (response.token_ids_size() > 0) {
       const Clock::time_point now = Clock::now();
       if (tokens == 0) {
@@ -163,6 +172,7 @@ RequestResult TimeOneRequest(v1::Generation::Stub& stub, const v1::GenerateReque
   t.prefill_tok_s = o.input_len / (t.ttft_ms / 1e3);
   t.server_ttft_ms = last.usage().time_to_first_token_ms();
   t.server_decode_tok_s = last.usage().decode_tokens_per_second();
+  t.distinct_tokens = static_cast<double>(distinct.size()) / tokens;
   return result;
 }
 
@@ -253,8 +263,9 @@ std::string CurrentCommandLine() {
 }
 
 BenchSummary Summarize(const ConcurrencyRun& run, int input_len) {
-  std::vector<double> ttft, prefill, decode, server_ttft, server_decode;
+  std::vector<double> ttft, prefill, decode, server_ttft, server_decode, distinct;
   for (const RequestTiming& t : run.requests) {
+    distinct.push_back(t.distinct_tokens);
     ttft.push_back(t.ttft_ms);
     prefill.push_back(t.prefill_tok_s);
     decode.push_back(t.decode_tok_s);
@@ -277,6 +288,7 @@ BenchSummary Summarize(const ConcurrencyRun& run, int input_len) {
   s.server_ttft_ms = Median(server_ttft);
   s.server_decode_tok_s_mean = Mean(server_decode);
   s.server_preemptions = run.server_preemptions;
+  s.distinct_tokens = Mean(distinct);
   return s;
 }
 
@@ -321,6 +333,8 @@ std::string BenchResultJson(const BenchOptions& o, const std::string& model, con
   row["server_ttft_ms"] = s.server_ttft_ms;
   row["server_decode_tok_s_mean"] = s.server_decode_tok_s_mean;
   if (s.server_preemptions >= 0) row["server_preemptions"] = s.server_preemptions;
+  row["temperature"] = o.temperature;
+  row["distinct_output_tokens"] = s.distinct_tokens;
   return row.dump(1);
 }
 
@@ -354,7 +368,7 @@ absl::StatusOr<BenchReport> RunBench(
   }
   BenchReport report;
   report.model = o.model_name.empty() ? info.model_type() : o.model_name;
-  PromptSource prompts(o.seed, info);
+  PromptSource prompts(o.seed, o.temperature, info);
   for (int c : o.concurrency) {
     ConcurrencyRun run;
     run.concurrency = c;

@@ -27,7 +27,11 @@ struct BenchOptions {
   int warmup = 1;  // unrecorded rounds per concurrency, before the recorded ones
   std::vector<int> concurrency = {1};
   uint64_t seed = 0;  // of the random prompts
-  std::string out;    // JSON file; see BenchOutputPath for several concurrencies
+  // 0: greedy decoding. Above 0, every request samples at this temperature (its own seed, drawn
+  // from `seed`): on a random-weight model greedy output tends to repeat a few tokens, so that
+  // consecutive decode steps route to the same experts; sampled tokens vary the steps' inputs.
+  double temperature = 0;
+  std::string out;  // JSON file; see BenchOutputPath for several concurrencies
   // Labels recorded in the JSON, as hf-peer-bench.py records them.
   std::string model_name;        // empty: the server's model_type
   std::string weights = "bf16";  // bf16 | fp8
@@ -42,11 +46,12 @@ struct BenchOptions {
 
 // One request, timed on the client.
 struct RequestTiming {
-  double ttft_ms = 0;        // send -> first message with tokens
-  double decode_tok_s = 0;   // tokens after the first message / (last token time - first)
-  double prefill_tok_s = 0;  // input_len / TTFT
-  int tokens = 0;            // generated tokens received
-  int prompt_tokens = 0;     // the server's Usage.prompt_tokens
+  double ttft_ms = 0;          // send -> first message with tokens
+  double decode_tok_s = 0;     // tokens after the first message / (last token time - first)
+  double prefill_tok_s = 0;    // input_len / TTFT
+  int tokens = 0;              // generated tokens received
+  int prompt_tokens = 0;       // the server's Usage.prompt_tokens
+  double distinct_tokens = 0;  // distinct generated ids / generated tokens
   // What the server reported in Usage, for comparison with the client's view.
   double server_ttft_ms = 0;
   double server_decode_tok_s = 0;
@@ -81,6 +86,7 @@ struct BenchSummary {
   double server_ttft_ms = 0;    // median of the server's Usage.time_to_first_token_ms
   double server_decode_tok_s_mean = 0;
   int64_t server_preemptions = -1;  // ConcurrencyRun's
+  double distinct_tokens = 0;       // mean over the requests
 };
 
 struct BenchReport {

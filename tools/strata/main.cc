@@ -127,6 +127,7 @@ constexpr char kUsage[] =
     "  bench     --server HOST:PORT [--input-len 128] [--output-len 512] [--runs 10]\n"
     "            [--concurrency 1,8,32] [--warmup 1] [--out FILE.json] [--model-name M]\n"
     "            [--weights bf16|fp8] [--mode cluster] [--gpus N] [--machine NAME]\n"
+    "            [--temperature T]   (0: greedy; above 0 sampled, varied decode inputs)\n"
     "            serving benchmark of a cluster: a table, and bench/results JSON\n"
     "  make-model --shape NAME --out DIR [--dtype bf16|fp8] [--skew zipf:S] [--seed N] [--layers "
     "L]\n"
@@ -192,6 +193,7 @@ absl::Status Bench() {
   if (!concurrency.ok()) return concurrency.status();
   o.concurrency = *concurrency;
   o.seed = absl::GetFlag(FLAGS_seed);
+  o.temperature = absl::GetFlag(FLAGS_temperature);
   o.out = absl::GetFlag(FLAGS_out);
   o.model_name = absl::GetFlag(FLAGS_model_name);
   std::string model = absl::GetFlag(FLAGS_model);  // its directory name, unless --model-name

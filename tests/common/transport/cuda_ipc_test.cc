@@ -4,6 +4,7 @@
 // the cluster, with no process or channel in between. Skips without a GPU.
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <vector>
@@ -25,6 +26,11 @@ namespace {
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
 const std::string kModel = std::string(STRATA_TEST_DATA_DIR) + "/oracles/qwen3_moe_hd64";
+
+// Both ends here are streams of one process: a stream blocked on a flag must not share a
+// hardware queue with the one that raises it (the driver maps streams onto a few queues, 8 by
+// default; across processes, as in the cluster, they never share one). Set before CUDA starts.
+const bool kQueues = [] { return ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0) == 0; }();
 constexpr int kMaxTokens = 8;
 
 class CudaIpcTest : public ::testing::Test {
@@ -48,7 +54,9 @@ class CudaIpcTest : public ::testing::Test {
     shape.top_k = static_cast<uint32_t>(config().top_k);
     shape.hidden_size = static_cast<uint32_t>(config().hidden_size);
     shape.num_layers = static_cast<uint32_t>(config().num_layers);
-    shape.device_scope_flags = true;  // both ends on this GPU
+    // Both ends on this GPU: device scope where the waits allow it (polling kernels, under
+    // MPS); the driver's wait operations see only system-scope raises.
+    shape.device_scope_flags = gpu::DeviceScopeSignalsAllowed();
     auto link = cuda_ipc::RouterLink::Create(shape, router_stream_);
     ASSERT_TRUE(link.ok()) << link.status();
     router_ = *std::move(link);
@@ -185,7 +193,7 @@ TEST_F(CudaIpcTest, AReplayedStepGoesByFlagsLayerByLayer) {
       signal.clear[0] = router_->output_flag(layer);
       signal.raise[0] = router_->input_flag(layer);
       signal.done = blocks_done_.data();
-      signal.system = false;
+      signal.system = !router_->shape().device_scope_flags;
       CUDA_OK(gpu::LaunchSignal(signal, router_stream_));
       ASSERT_TRUE(gpu::WaitFlag(router_stream_, router_->output_flag(layer), 1).ok());
       CUDA_OK(cudaStreamSynchronize(router_stream_));
