@@ -9,6 +9,7 @@
 #include <future>
 #include <sstream>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/status_macros.h"
@@ -101,17 +102,32 @@ absl::StatusOr<EvalResult> Evaluate(const EvalOptions& options) {
   for (const auto& w : windows) result.tokens += static_cast<int64_t>(w.size()) - 1;
   double nll = 0.0;
   if (!options.server.empty()) {
-    if (options.expert_stats) {
-      return absl::InvalidArgumentError("expert statistics are measured in process only");
+    if (options.expert_stats || !options.hit_rate_shares.empty()) {
+      return absl::InvalidArgumentError(
+          "expert statistics and hit rates are measured in process only");
     }
     ASSIGN_OR_RETURN(nll, ScoreRemotely(options.server, windows));
   } else {
     LocalEngineOptions engine_options = options.engine;
     std::vector<std::vector<int64_t>>& counts = result.expert_counts;
-    if (options.expert_stats) {
-      engine_options.on_routing = [&counts](int layer, const RoutingTable& routing) {
-        for (int32_t e : routing.expert) {
-          if (e >= 0) ++counts[layer][e];
+    const bool trace_routing = !options.hit_rate_shares.empty();
+    // One window's routing by layer ([layer] -> token-major top-k ids), replayed in token order
+    // into `trace` once the window is done.
+    std::vector<std::vector<int32_t>> window_routing;
+    int top_k = 0;
+    std::vector<ExpertKey> trace;
+    if (options.expert_stats || trace_routing) {
+      engine_options.on_routing = [&](int layer, const RoutingTable& routing) {
+        if (options.expert_stats) {
+          for (int32_t e : routing.expert) {
+            if (e >= 0) ++counts[layer][e];
+          }
+        }
+        if (trace_routing) {
+          // A window longer than a prefill chunk comes in several steps, in order.
+          window_routing[layer].insert(window_routing[layer].end(), routing.expert.begin(),
+                                       routing.expert.end());
+          top_k = routing.top_k;
         }
       };
     }
@@ -120,9 +136,27 @@ absl::StatusOr<EvalResult> Evaluate(const EvalOptions& options) {
       counts.assign(engine->config().num_layers,
                     std::vector<int64_t>(engine->config().num_experts, 0));
     }
+    const ModelConfig& config = engine->config();
+    window_routing.assign(config.num_layers, {});
     for (const auto& w : windows) {
+      for (auto& r : window_routing) r.clear();
       ASSIGN_OR_RETURN(Tensor logits, engine->Logits(w));
       nll += WindowNll(logits, w);
+      if (!trace_routing || top_k == 0) continue;
+      for (size_t t = 0; t < w.size(); ++t) {
+        for (int layer = 0; layer < config.num_layers; ++layer) {
+          const std::vector<int32_t>& r = window_routing[layer];
+          for (int j = 0; j < top_k && (t + 1) * top_k <= r.size(); ++j) {
+            if (r[t * top_k + j] >= 0) trace.push_back({layer, r[t * top_k + j]});
+          }
+        }
+      }
+    }
+    if (trace_routing) {
+      int moe_layers = 0;
+      for (bool moe : config.layer_is_moe) moe_layers += moe;
+      result.hit_rates =
+          SimulateExpertCaches(trace, moe_layers * config.num_experts, options.hit_rate_shares);
     }
     // Dense layers route nothing: keep MoE layers only.
     counts.erase(std::remove_if(counts.begin(), counts.end(),
@@ -136,6 +170,29 @@ absl::StatusOr<EvalResult> Evaluate(const EvalOptions& options) {
   return result;
 }
 
+std::vector<CacheHitRate> SimulateExpertCaches(absl::Span<const ExpertKey> trace, int pairs,
+                                               absl::Span<const double> shares) {
+  absl::flat_hash_map<ExpertKey, int64_t> uses;
+  for (const ExpertKey& k : trace) ++uses[k];
+  std::vector<int64_t> ranked;
+  for (const auto& [key, n] : uses) ranked.push_back(n);
+  std::sort(ranked.rbegin(), ranked.rend());
+  std::vector<CacheHitRate> out;
+  for (const double share : shares) {
+    CacheHitRate r;
+    r.share = share;
+    r.slots = static_cast<int>(std::lround(share * pairs));
+    LfuAgingPolicy lfu(r.slots, 8LL * std::max(r.slots, 1));
+    const CacheSimResult sim = SimulateHitRate(lfu, trace);
+    r.lfu = sim.hit_rate();
+    int64_t covered = 0;
+    for (int i = 0; i < r.slots && i < static_cast<int>(ranked.size()); ++i) covered += ranked[i];
+    r.best_static = trace.empty() ? 0.0 : static_cast<double>(covered) / trace.size();
+    out.push_back(r);
+  }
+  return out;
+}
+
 absl::Status RunEvalCommand(const EvalOptions& options, std::ostream& out) {
   ASSIGN_OR_RETURN(EvalResult result, Evaluate(options));
   nlohmann::json json;
@@ -146,6 +203,10 @@ absl::Status RunEvalCommand(const EvalOptions& options, std::ostream& out) {
     json["expert_gini"] = gini.per_layer;
     json["gini_overall"] = gini.overall;
     json["expert_counts"] = result.expert_counts;
+  }
+  for (const CacheHitRate& r : result.hit_rates) {
+    json["hit_rates"].push_back(
+        {{"share", r.share}, {"slots", r.slots}, {"lfu", r.lfu}, {"best_static", r.best_static}});
   }
   out << json.dump() << "\n";
   return absl::OkStatus();

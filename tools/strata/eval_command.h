@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/engine/local_engine.h"
+#include "common/placement/cache_policy.h"
 #include "common/placement/placement_stats.h"  // Gini
 
 namespace strata {
@@ -20,6 +21,18 @@ struct EvalOptions {
   std::string text_file;
   int window = 256;           // tokens per scored window
   bool expert_stats = false;  // in process only: per-layer expert activation counts and Gini
+  // In process only: the routing of every scored token replayed in text order as decode steps
+  // (a token's distinct experts at each layer) against expert caches holding these shares of
+  // all (layer, expert) pairs: LFU with aging as the workers' warm policy keeps it, and the
+  // best fixed set (the experts the whole text uses most, the bound of any static hot set).
+  std::vector<double> hit_rate_shares;
+};
+
+struct CacheHitRate {
+  double share = 0;  // of all (layer, expert) pairs
+  int slots = 0;
+  double lfu = 0;  // hits / uses
+  double best_static = 0;
 };
 
 struct EvalResult {
@@ -27,7 +40,14 @@ struct EvalResult {
   int64_t tokens = 0;  // scored tokens
   // Per MoE layer, how often each expert was selected (empty without expert_stats).
   std::vector<std::vector<int64_t>> expert_counts;
+  std::vector<CacheHitRate> hit_rates;  // by hit_rate_shares
 };
+
+// The hit rates of `trace` (one decode step's expert uses after another) for caches of
+// `shares` of `pairs` (layer, expert) pairs: LFU with aging (halving every 8 x slots uses, as a
+// worker's warm slots) and the best fixed set.
+std::vector<CacheHitRate> SimulateExpertCaches(absl::Span<const ExpertKey> trace, int pairs,
+                                               absl::Span<const double> shares);
 
 // The method: the file is encoded without special tokens and cut into consecutive windows of
 // `window` ids (a last window of one id is dropped); each window runs from position 0 with no

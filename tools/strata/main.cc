@@ -14,8 +14,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/util/process.h"
 #include "common/util/tunables.h"
 #include "tools/strata/bench_command.h"
@@ -63,6 +65,9 @@ ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 ABSL_FLAG(std::string, text, "", "eval: the text file to score");
 ABSL_FLAG(int, window, 256, "eval: tokens per scored window");
 ABSL_FLAG(bool, expert_stats, false, "eval: per-layer expert activation counts and Gini");
+ABSL_FLAG(std::string, hit_rates, "",
+          "eval: shares of the (layer, expert) pairs, e.g. 0.25,0.5: hit rates of expert caches "
+          "that size over the text's routing replayed as decode steps (in process)");
 ABSL_FLAG(std::string, shape, "", "make-model: qwen3-30b-a3b, mixtral-8x7b, seed-125b, tiny-qwen3");
 ABSL_FLAG(
     std::string, dtype, "bf16",
@@ -284,6 +289,15 @@ absl::Status Run(const std::string& command, strata::DashedFlags& flags, const s
     options.text_file = absl::GetFlag(FLAGS_text);
     options.window = absl::GetFlag(FLAGS_window);
     options.expert_stats = absl::GetFlag(FLAGS_expert_stats);
+    for (absl::string_view part :
+         absl::StrSplit(absl::GetFlag(FLAGS_hit_rates), ',', absl::SkipEmpty())) {
+      double share = 0;
+      if (!absl::SimpleAtod(part, &share) || !(share > 0 && share <= 1)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--hit-rates: \"", part, "\" is not a share in (0, 1]"));
+      }
+      options.hit_rate_shares.push_back(share);
+    }
     if (options.text_file.empty()) return absl::InvalidArgumentError("--text is required");
     return strata::RunEvalCommand(options, std::cout);
   }
