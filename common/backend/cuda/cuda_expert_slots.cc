@@ -78,6 +78,7 @@ class CudaExpertSlots : public ExpertSlots, public ExpertBackend, public DeviceE
                               int64_t n, int top_k, bf16* out, const GridSignal& signal) override;
   absl::Status PrepareLayer(int layer, const int32_t* ids, int64_t n, int top_k) override;
   absl::Status PrepareReplay() override;
+  absl::Status AfterReply() override;
 
   absl::Status Register(absl::Span<const uint8_t> memory) { return regions_.Register(memory); }
   absl::Status Unregister(absl::Span<const uint8_t> memory);
@@ -127,9 +128,10 @@ class CudaExpertSlots : public ExpertSlots, public ExpertBackend, public DeviceE
   absl::Status Sync(bool wait);
   absl::Status UploadDirty();
   absl::Status IssueQueued();
-  // Uses counted by replays that finished since the last call, and a new read of the counts
-  // queued behind the replays queued so far.
-  absl::Status CollectUses(std::vector<ExpertUse>& uses);
+  // Uses counted by replays that finished since the last call (their reads landed).
+  void CollectUses(std::vector<ExpertUse>& uses);
+  // A read of the counts queued behind the replays queued so far (unless two are pending).
+  absl::Status QueueUsesRead();
   // The distinct experts of [count] device ids, and the tokens of each (reads the ids).
   absl::Status ReadExperts(const int32_t* ids, int64_t count);
 
@@ -545,8 +547,7 @@ absl::Status CudaExpertSlots::PrepareLayer(int layer, const int32_t* ids, int64_
   return residency_->BeforeLayer(layer, used_experts_, used_tokens_);
 }
 
-absl::Status CudaExpertSlots::CollectUses(std::vector<ExpertUse>& uses) {
-  cudaStream_t stream = context_->stream();
+void CudaExpertSlots::CollectUses(std::vector<ExpertUse>& uses) {
   const int e_count = config_.num_experts;
   // The oldest read first: reads land in the order they were queued.
   for (int i = 0; i < 2; ++i) {
@@ -561,28 +562,35 @@ absl::Status CudaExpertSlots::CollectUses(std::vector<ExpertUse>& uses) {
     }
     uses_pending_[k] = false;
   }
+}
+
+absl::Status CudaExpertSlots::QueueUsesRead() {
   const int k = uses_next_;
-  if (!uses_pending_[k]) {
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(uses_read_[k].data(), uses_.data(),
-                                         uses_seen_.size() * sizeof(uint32_t),
-                                         cudaMemcpyDeviceToHost, stream));
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(uses_ready_[k], stream));
-    uses_pending_[k] = true;
-    uses_next_ = (k + 1) % 2;
-  }
+  if (uses_pending_[k]) return absl::OkStatus();  // two in flight already
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(uses_read_[k].data(), uses_.data(),
+                                       uses_seen_.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost,
+                                       context_->stream()));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(uses_ready_[k], context_->stream()));
+  uses_pending_[k] = true;
+  uses_next_ = (k + 1) % 2;
   return absl::OkStatus();
 }
 
 absl::Status CudaExpertSlots::PrepareReplay() {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(Sync(/*wait=*/false));
+  return QueueUsesRead();  // behind the replays before this one
+}
+
+absl::Status CudaExpertSlots::AfterReply() {
   std::vector<ExpertUse> uses;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(CollectUses(uses));
+    CollectUses(uses);
   }
-  // Loads and releases come back here (mu_ is not held).
-  if (residency_ != nullptr && !uses.empty()) RETURN_IF_ERROR(residency_->AfterReplays(uses));
-  std::lock_guard<std::mutex> lock(mu_);
-  return Sync(/*wait=*/false);
+  // Loads and releases come back here (mu_ is not held); they land at the next PrepareReplay.
+  if (residency_ == nullptr || uses.empty()) return absl::OkStatus();
+  return residency_->AfterReplays(uses);
 }
 
 absl::Status CudaExpertSlots::Unregister(absl::Span<const uint8_t> memory) {

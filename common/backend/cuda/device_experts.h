@@ -36,8 +36,14 @@ class DeviceExperts {
   }
 
   // Graph steps: called before each captured step is launched on the stream (the place where
-  // changes to what the tables point at land between replays). The default has none.
+  // changes to what the tables point at land between replays): quick, it is on the step's
+  // path. The default has none.
   virtual absl::Status PrepareReplay() { return absl::OkStatus(); }
+
+  // Called once the router has its answer to a step (off the step's path): a backend whose
+  // experts are not all resident learns what finished replays used and decides what to load
+  // next (landing at a later PrepareReplay). The default has nothing to do.
+  virtual absl::Status AfterReply() { return absl::OkStatus(); }
 };
 
 }  // namespace strata::gpu

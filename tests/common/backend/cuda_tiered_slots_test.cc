@@ -200,10 +200,13 @@ TEST_F(CudaTieredSlotsTest, AReplayedStepSeesLoadsLandAndCountsItsUses) {
   cudaGraphExec_t exec = nullptr;
   CUDA_ASSERT_OK(cudaGraphInstantiate(&exec, graph, 0));
   cudaGraphDestroy(graph);
+  // As the worker's serving loop does: prepare, launch, answer, then AfterReply.
   auto replay = [&] {
     EXPECT_TRUE(device_->PrepareReplay().ok());
     EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    return Got();
+    std::vector<uint16_t> out = Got();
+    EXPECT_TRUE(device_->AfterReply().ok());
+    return out;
   };
   EXPECT_EQ(replay(), Want());  // all in place
   // Loads queue; the next PrepareReplay starts their copies behind the replays, the graph still
@@ -216,12 +219,12 @@ TEST_F(CudaTieredSlotsTest, AReplayedStepSeesLoadsLandAndCountsItsUses) {
   slots_->Release(1);
   STATUS_ASSERT_OK(slots_->Load(1, 0, 5, *store_->Find(0, 5)));
   for (int i = 0; i < 3; ++i) EXPECT_EQ(replay(), Want()) << "after the swap, replay " << i;
-  // Uses come back a replay late: every replay used experts 0-5 once, 6 and 7 never. (Each
-  // PrepareReplay hands out the reads that landed and queues another.)
-  for (int i = 0; i < 2; ++i) {
-    CUDA_ASSERT_OK(cudaStreamSynchronize(stream));
-    STATUS_ASSERT_OK(device_->PrepareReplay());
-  }
+  // Uses come back a replay late (each PrepareReplay queues a read of the counts behind the
+  // replays before it, AfterReply hands out the reads that landed): one more read for the last.
+  // Every replay used experts 0-5 once, 6 and 7 never.
+  STATUS_ASSERT_OK(device_->PrepareReplay());
+  CUDA_ASSERT_OK(cudaStreamSynchronize(stream));
+  STATUS_ASSERT_OK(device_->AfterReply());
   for (int e = 0; e < 6; ++e) EXPECT_EQ(residency.counts[e], 8u) << "expert " << e;
   EXPECT_EQ(residency.counts[6] + residency.counts[7], 0u);
   slots_->SetResidency(nullptr);
@@ -242,7 +245,7 @@ TEST_F(CudaTieredSlotsTest, AnEagerLayerTellsTheTierManagerItsExpertsFirst) {
   // Eager runs are counted by the tier manager, not on the device.
   STATUS_ASSERT_OK(device_->PrepareReplay());
   CUDA_ASSERT_OK(cudaStreamSynchronize(device_->context()->stream()));
-  STATUS_ASSERT_OK(device_->PrepareReplay());
+  STATUS_ASSERT_OK(device_->AfterReply());
   for (uint32_t c : residency.counts) EXPECT_EQ(c, 0u);
   slots_->SetResidency(nullptr);
 }
