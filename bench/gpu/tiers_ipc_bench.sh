@@ -37,7 +37,8 @@ for spec in "$@"; do
   timeout 500 "$B/strata" bench --server "$addr" --model "$dir" --model-name "$(basename "$dir")" \
     --input-len 128 --output-len "$OUT_LEN" --runs "$RUNS" --warmup 0 --concurrency 1 "${bench_args[@]}" \
     --weights "$weights" --mode cluster --gpus 1 --machine "NVIDIA H200 (1 GPU)" \
-    --note "$name: $flags $bench_flags" --out "$final/$name.json" >"$out/bench-$name.txt" 2>&1
+    --note "$name: $flags $bench_flags" --commit "$(cat "$root/$bin/../COMMIT" 2>/dev/null)" \
+    --out "$final/$name.json" >"$out/bench-$name.txt" 2>&1
   note "$name bench: exit $? after $((SECONDS - t0)) s"
   "$B/strata" stats --server "$addr" >"$final/stats-$name.json" 2>&1
   down "$name"

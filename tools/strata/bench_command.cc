@@ -321,6 +321,7 @@ std::string BenchResultJson(const BenchOptions& o, const std::string& model, con
   row["date"] = absl::FormatTime("%Y-%m-%d", now, absl::LocalTimeZone());
   row["command"] = o.command;
   if (!o.note.empty()) row["note"] = o.note;
+  if (!o.commit.empty()) row["commit"] = o.commit;
   row["decode_tok_s_p50"] = s.decode_tok_s_p50;
   row["ttft_ms_mean"] = s.ttft_ms_mean;
   row["ttft_ms_p95"] = s.ttft_ms_p95;

@@ -40,6 +40,7 @@ struct BenchOptions {
   std::string machine;           // e.g. "NVIDIA H200"; empty records "unspecified"
   std::string command;           // the command line, recorded as is
   std::string note;              // free text recorded as "note" when set (e.g. the server's env)
+  std::string commit;            // the build's commit, recorded as "commit" when set
   absl::Duration request_timeout = absl::Minutes(30);
   absl::Duration connect_timeout = absl::Seconds(10);
 };

@@ -113,6 +113,7 @@ ABSL_FLAG(int, gpus, 0,
           "up: GPUs the workers take in turn, worker i on cuda:(i mod gpus) (0: one per worker); "
           "bench: GPUs recorded (0 for a CPU cluster)");
 ABSL_FLAG(std::string, machine, "", "bench: machine recorded, e.g. \"NVIDIA H200\"");
+ABSL_FLAG(std::string, commit, "", "bench: the server build's commit, recorded as \"commit\"");
 ABSL_FLAG(std::string, note, "",
           "bench: free text recorded as \"note\", e.g. the server's settings");
 
@@ -209,6 +210,7 @@ absl::Status Bench() {
   o.gpus = absl::GetFlag(FLAGS_gpus);
   o.machine = absl::GetFlag(FLAGS_machine);
   o.note = absl::GetFlag(FLAGS_note);
+  o.commit = absl::GetFlag(FLAGS_commit);
   o.command = strata::CurrentCommandLine();
   return strata::RunBenchCommand(o, std::cout, std::cerr);
 }
