@@ -3,7 +3,7 @@
 # process (Strata bf16 and FP8 experts) and the transformers peer on the same weights.
 #   bench/gpu/in_process_bench.sh OUT_DIR SHAPE LAYERS
 # Expects the binaries in .device/bin, their libraries in .device/lib, hf-peer-bench.py in
-# .device/ (see docs/benchmarks.md).
+# .device/ (see docs/archive/benchmarks-2026-11-to-12-02.md).
 set -uo pipefail
 out=$1 shape=$2 layers=$3
 export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64

@@ -3,7 +3,7 @@
 # folder of binaries given (each holding decode_bench): decode tok/s with bf16 and FP8 experts,
 # then Nsight Compute's per-kernel duration and DRAM traffic of one decode step (graph replay).
 #   bench/gpu/profile_decode.sh OUT_DIR LAYERS DIR...     e.g. ... $OUT 4 .device/base .device/bin
-# Libraries in .device/lib (see docs/benchmarks.md); summaries by bench/gpu/ncu_summary.py.
+# Libraries in .device/lib (see docs/archive/benchmarks-2026-11-to-12-02.md); summaries by bench/gpu/ncu_summary.py.
 set -uo pipefail
 out=$1 layers=$2
 shift 2

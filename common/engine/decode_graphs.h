@@ -9,7 +9,7 @@
 // goes from one step to the next without waiting for the host. Each batch size has a graph
 // for each of two input slots, used in turn, so that a step's inputs are written while the
 // other slot's step runs.
-// Without CUDA in the build, nothing fits and Run fails.
+// Without CUDA in the build, nothing fits and Launch fails.
 #ifndef STRATA_COMMON_ENGINE_DECODE_GRAPHS_H_
 #define STRATA_COMMON_ENGINE_DECODE_GRAPHS_H_
 
@@ -64,7 +64,7 @@ class DecodeGraphs {
   // first when needed: only with no step in flight) and returns without waiting; at most two steps
   // are in flight. With one in flight, the step must run the same sequences at the same rows one
   // position further, and a row's token may be kTokenOfPreviousStep. Wait waits for the oldest step
-  // in flight and returns its greedy tokens as Run does, valid until the second launch after it.
+  // in flight and returns its greedy tokens, valid until the second launch after it.
   // Any error fails every step in flight (none is left, their keys and values to be written again
   // by the caller's eager steps) and counts as one failed step: e.g. a worker died. The greedy
   // tokens are each row's argmax (first on ties), [n] in pinned memory.
@@ -72,9 +72,9 @@ class DecodeGraphs {
   absl::StatusOr<const int32_t*> Wait();
   int in_flight() const { return static_cast<int>(in_flight_.size()); }
 
-  // Right after a successful Run (or Wait, with nothing in flight): its logits as [n, vocab] in
+  // Right after a successful Wait with nothing in flight: its logits as [n, vocab] in
   // pinned memory, valid until the next step, with only `rows` copied from the device (greedy
-  // rows need only Run's tokens). A failure counts as a failed step: run the step again
+  // rows need only the greedy tokens). A failure counts as a failed step: run the step again
   // without the graph.
   absl::StatusOr<const float*> Logits(absl::Span<const int64_t> rows);
 

@@ -47,6 +47,7 @@ struct Scheduler::Sequence {
 Scheduler::Scheduler(const ModelConfig& config, StepRunner& runner, PagedKvCache& kv,
                      const Tokenizer* tokenizer, SchedulerOptions options)
     : config_(config), runner_(runner), kv_(kv), tokenizer_(tokenizer), options_(options) {
+  free_kv_blocks_.store(kv.free_blocks());
   max_context_tokens_ = std::min(config.max_position_embeddings, kv.pool_tokens());
   if (options.max_context_tokens > 0) {
     max_context_tokens_ = std::min(max_context_tokens_, options.max_context_tokens);
@@ -159,7 +160,7 @@ Scheduler::Stats Scheduler::stats() const {
   Stats s;
   s.waiting = queued_.load();
   s.running = running_count_.load();
-  s.free_kv_blocks = kv_.free_blocks();
+  s.free_kv_blocks = free_kv_blocks_.load();
   s.preemptions = preemptions_.load();
   s.steps_ahead = steps_ahead_.load();
   const StepRunnerStats runner = runner_.stats();
@@ -192,6 +193,7 @@ void Scheduler::Loop() {
     Admit();
     // A step that ran with sequences still running leaves its outbox to the next step.
     if (!Step() || running_.empty()) FlushOutbox();
+    free_kv_blocks_.store(kv_.free_blocks());  // for stats(): the pool is the engine thread's
     if (running_.empty() && waiting_.empty()) NotifyIdle();
   }
   FlushOutbox();

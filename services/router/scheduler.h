@@ -139,7 +139,8 @@ class Scheduler {
   std::atomic<int> running_count_{0};
   std::atomic<int64_t> preemptions_{0};
   std::atomic<int64_t> steps_ahead_{0};
-  std::atomic<int> unsent_{0};  // outbox entries: idle only once they are out too
+  std::atomic<int> free_kv_blocks_{0};  // as of the engine thread's last step
+  std::atomic<int> unsent_{0};          // outbox entries: idle only once they are out too
   std::condition_variable idle_cv_;
 
   // Owned by the engine thread.
