@@ -1,5 +1,6 @@
 #include "tools/strata/cluster_config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -11,6 +12,7 @@ namespace strata {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Write(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + "/" + name;
@@ -179,6 +181,54 @@ TEST(ClusterConfigTest, RouterDevice) {
   EXPECT_EQ(from_file.router_device, "cuda:1");
   EXPECT_THAT(std::string(LoadClusterConfig(write("router_device: tpu\n"), from_file).message()),
               HasSubstr("bad value for \"router_device\""));
+}
+
+TEST(ClusterConfigTest, FlagsOverrideTheFileByTheKeysTable) {
+  ClusterConfig c;
+  ASSERT_TRUE(LoadClusterConfig(Write("f.yaml", "workers: 3\nprefetch: true\n"), c).ok());
+  ASSERT_TRUE(ApplyClusterFlags({"--workers=2", "--kv-cache-mb", "2048", "--noprefetch",
+                                 "--overlap_steps=false", "--gpu-memory-budget=24GiB"},
+                                c)
+                  .ok());
+  EXPECT_EQ(c.workers, 2);
+  EXPECT_EQ(c.kv_memory_mb, 2048);
+  EXPECT_FALSE(c.prefetch);
+  EXPECT_FALSE(c.overlap_steps);
+  EXPECT_EQ(c.gpu_memory_budget, "24GiB");
+  auto message = [](std::vector<std::string> args) {
+    ClusterConfig c;
+    return std::string(ApplyClusterFlags(args, c).message());
+  };
+  EXPECT_THAT(message({"--max-runing=3"}), HasSubstr("did you mean --max-running?"));
+  EXPECT_THAT(message({"--workers"}), HasSubstr("--workers needs a value"));
+  EXPECT_THAT(message({"--workers=two"}), HasSubstr("not of its type"));
+  EXPECT_THAT(message({"model"}), HasSubstr("unexpected argument"));
+  EXPECT_THAT(message({"--zzzzzzzzzz"}), Not(HasSubstr("did you mean")));
+}
+
+TEST(ClusterConfigTest, EachDaemonGetsItsKeys) {
+  ClusterConfig c;
+  c.model = "/m";
+  c.kv_memory_mb = 4096;
+  c.gpu_memory_budget = "8GiB";
+  c.expert_store = "in-place";
+  auto has = [](const std::vector<std::string>& args, const std::string& arg) {
+    return std::find(args.begin(), args.end(), arg) != args.end();
+  };
+  const auto cache = DaemonArgs(c, Daemon::kCache);
+  const auto router = DaemonArgs(c, Daemon::kRouter);
+  const auto worker = DaemonArgs(c, Daemon::kWorker);
+  for (const auto* args : {&cache, &router, &worker}) EXPECT_TRUE(has(*args, "--model=/m"));
+  EXPECT_TRUE(has(cache, "--expert-store=in-place"));
+  EXPECT_TRUE(has(router, "--kv-cache-mb=4096"));
+  EXPECT_TRUE(has(router, "--cuda-graph-max-batch=32"));
+  EXPECT_TRUE(has(router, "--prefetch=true"));
+  EXPECT_TRUE(has(worker, "--gpu-memory-budget=8GiB"));
+  EXPECT_FALSE(has(worker, "--kv-cache-mb=4096"));
+  EXPECT_FALSE(has(router, "--gpu-memory-budget=8GiB"));
+  for (const auto* args : {&cache, &router, &worker}) {
+    for (const std::string& a : *args) EXPECT_EQ(a.find("--mps"), std::string::npos) << a;
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <functional>
 #include <initializer_list>
 #include <map>
@@ -29,26 +30,56 @@ absl::Status OneOf(const std::string& v, std::initializer_list<const char*> allo
   return absl::InvalidArgumentError(absl::StrCat("must be one of ", absl::StrJoin(allowed, ", ")));
 }
 
-// Each known key (dotted for nested maps): its `strata up` flag (empty: file only), how a
-// file's value is stored, and the rule every value must keep, whether from the file or a flag.
+// Each known key (dotted for nested maps): its `strata up` flag (empty: file only), its help,
+// the daemons it is handed to and under which flag, how a file's or a flag's value is stored,
+// how the value reads back, and the rule every value must keep.
 struct Key {
   std::string flag;
+  std::string help;
+  int daemons = 0;  // Daemon bits
+  std::string daemon_flag;
+  bool is_bool = false;
   std::function<bool(const YAML::Node&, ClusterConfig&)> set;  // false: not of the field's type
-  std::function<absl::Status(const ClusterConfig&)> check;     // null: any value
+  std::function<std::string(const ClusterConfig&)> get;
+  std::function<absl::Status(const ClusterConfig&)> check;  // null: any value
+
+  Key&& Help(std::string text) && {
+    help = std::move(text);
+    return std::move(*this);
+  }
+  // Handed to `daemons` as --daemon_flag=value (the key's own flag when empty).
+  Key&& To(int to, std::string as = "") && {
+    daemons = to;
+    daemon_flag = as.empty() ? flag : std::move(as);
+    return std::move(*this);
+  }
 };
 
-// A key of field type Field, read from YAML as T.
+template <typename T>
+std::string AsText(const T& v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v ? "true" : "false";
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return v;
+  } else {
+    return absl::StrCat(v);
+  }
+}
+
+// A key of field type Field, read from YAML (and flags) as T.
 template <typename T, typename Field>
 Key KeyOf(std::string flag, Field ClusterConfig::*field,
           std::type_identity_t<std::function<absl::Status(const Field&)>> check = nullptr) {
   Key key;
   key.flag = std::move(flag);
+  key.is_bool = std::is_same_v<Field, bool>;
   key.set = [field](const YAML::Node& node, ClusterConfig& c) {
     T value;
     if (!YAML::convert<T>::decode(node, value)) return false;
     c.*field = static_cast<Field>(value);
     return true;
   };
+  key.get = [field](const ClusterConfig& c) { return AsText(c.*field); };
   if (check) key.check = [field, check](const ClusterConfig& c) { return check(c.*field); };
   return key;
 }
@@ -62,72 +93,128 @@ absl::Status Positive(const T& v) {
   return Must(v > 0, "must be > 0");
 }
 
+constexpr int kCache = static_cast<int>(Daemon::kCache);
+constexpr int kRouter = static_cast<int>(Daemon::kRouter);
+constexpr int kWorker = static_cast<int>(Daemon::kWorker);
+
 const std::map<std::string, Key>& Keys() {
   using S = std::string;
   static const auto* keys = new std::map<std::string, Key>{
-      {"model", KeyOf<S>("model", &ClusterConfig::model)},
-      {"workers", KeyOf<int>("workers", &ClusterConfig::workers, Positive<int>)},
-      {"gpus", KeyOf<int>("gpus", &ClusterConfig::gpus, NotNegative<int>)},
+      {"model", KeyOf<S>("model", &ClusterConfig::model)
+                    .Help("Hugging Face model directory (config.json, safetensors, tokenizer)")
+                    .To(kCache | kRouter | kWorker)},
+      {"workers", KeyOf<int>("workers", &ClusterConfig::workers, Positive<int>)
+                      .Help("expert worker processes")
+                      .To(kRouter)},
+      {"gpus", KeyOf<int>("gpus", &ClusterConfig::gpus, NotNegative<int>)
+                   .Help("GPUs the workers take in turn, worker i on cuda:(i mod gpus); 0: one "
+                         "per worker")},
       {"device", KeyOf<S>("device", &ClusterConfig::device,
                           [](const S& v) {
                             return OneOf(v, {"cpu", "cuda"});
-                          })},
+                          })
+                     .Help("where the workers run: cpu or cuda")},
       {"router_device",
        KeyOf<S>("router-device", &ClusterConfig::router_device,
-                [](const S& v) { return v.empty() ? absl::OkStatus() : ParseDevice(v).status(); })},
-      {"plan", KeyOf<S>("plan", &ClusterConfig::plan)},
+                [](const S& v) { return v.empty() ? absl::OkStatus() : ParseDevice(v).status(); })
+           .Help("where the router runs: cpu, cuda or cuda:N; empty: cuda:0 for GPU workers over "
+                 "shared memory, else cpu")},
+      {"plan", KeyOf<S>("plan", &ClusterConfig::plan)
+                   .Help("expert placement file from `strata plan`")
+                   .To(kRouter)},
       {"weights", KeyOf<S>("weights", &ClusterConfig::weights,
                            [](const S& v) {
                              return OneOf(v, {"bf16", "fp8"});
-                           })},
-      {"host", KeyOf<S>("host", &ClusterConfig::host)},
+                           })
+                      .Help("expert (and on a GPU router attention) weights: bf16 or fp8")
+                      .To(kRouter | kWorker)},
+      {"host", KeyOf<S>("host", &ClusterConfig::host).Help("address every process listens on")},
       {"port", KeyOf<int>("port", &ClusterConfig::port,
-                          [](const int& v) { return Must(v >= 0 && v < 65536, "not a port"); })},
+                          [](const int& v) { return Must(v >= 0 && v < 65536, "not a port"); })
+                   .Help("port of the Generate API; 0 picks a free one")},
       {"transport", KeyOf<S>("transport", &ClusterConfig::transport,
                              [](const S& v) {
                                return OneOf(v, {"shm", "grpc"});
-                             })},
+                             })
+                        .Help("between router and workers: shm (this host) or grpc")
+                        .To(kWorker)},
       {"log_level", KeyOf<S>("log-level", &ClusterConfig::log_level,
                              [](const S& v) {
                                return OneOf(v, {"debug", "info", "warning", "error"});
-                             })},
-      {"threads", KeyOf<int>("threads", &ClusterConfig::threads_per_process, NotNegative<int>)},
+                             })
+                        .Help("debug, info, warning or error")
+                        .To(kCache | kRouter | kWorker)},
+      {"threads", KeyOf<int>("threads", &ClusterConfig::threads_per_process, NotNegative<int>)
+                      .Help("CPU threads per process; 0: every hardware thread")
+                      .To(kRouter | kWorker)},
       {"router_temperature",
-       KeyOf<double>("router-temperature", &ClusterConfig::router_temperature, Positive<float>)},
+       KeyOf<double>("router-temperature", &ClusterConfig::router_temperature, Positive<float>)
+           .Help("softmax temperature of the MoE gate")
+           .To(kRouter)},
       {"kv_cache.block_size",
-       KeyOf<int>("kv-block-size", &ClusterConfig::kv_block_size, Positive<int>)},
+       KeyOf<int>("kv-block-size", &ClusterConfig::kv_block_size, Positive<int>)
+           .Help("token slots per paged KV-cache block")
+           .To(kRouter)},
       {"kv_cache.memory_mb",
-       KeyOf<int64_t>("kv-cache-mb", &ClusterConfig::kv_memory_mb, Positive<int64_t>)},
+       KeyOf<int64_t>("kv-cache-mb", &ClusterConfig::kv_memory_mb, Positive<int64_t>)
+           .Help("the router's KV pool, MiB")
+           .To(kRouter)},
       {"max_batch_tokens",
-       KeyOf<int>("max-batch-tokens", &ClusterConfig::max_batch_tokens, Positive<int>)},
-      {"max_running", KeyOf<int>("max-running", &ClusterConfig::max_running, Positive<int>)},
+       KeyOf<int>("max-batch-tokens", &ClusterConfig::max_batch_tokens, Positive<int>)
+           .Help("tokens per forward step (decodes and prefill chunks)")
+           .To(kRouter | kWorker)},
+      {"max_running", KeyOf<int>("max-running", &ClusterConfig::max_running, Positive<int>)
+                          .Help("sequences in the running batch")
+                          .To(kRouter)},
       {"max_queued_requests",
-       KeyOf<int>("max-queued-requests", &ClusterConfig::max_queued_requests, NotNegative<int>)},
+       KeyOf<int>("max-queued-requests", &ClusterConfig::max_queued_requests, NotNegative<int>)
+           .Help("waiting requests beyond this get RESOURCE_EXHAUSTED")
+           .To(kRouter)},
       {"drain_timeout_s",
-       KeyOf<double>("drain-timeout-s", &ClusterConfig::drain_timeout_s, NotNegative<double>)},
-      {"gpu_memory_budget", KeyOf<S>("gpu-memory-budget", &ClusterConfig::gpu_memory_budget,
-                                     [](const S& v) {
-                                       return v.empty() ? absl::OkStatus()
-                                                        : ParseByteSize(v).status();
-                                     })},
+       KeyOf<double>("drain-timeout-s", &ClusterConfig::drain_timeout_s, NotNegative<double>)
+           .Help("on SIGTERM, seconds in-flight requests may take to finish")
+           .To(kRouter)},
+      {"gpu_memory_budget",
+       KeyOf<S>("gpu-memory-budget", &ClusterConfig::gpu_memory_budget,
+                [](const S& v) { return v.empty() ? absl::OkStatus() : ParseByteSize(v).status(); })
+           .Help("expert memory per worker (e.g. 24GiB): hot and warm slots; empty keeps every "
+                 "expert resident")
+           .To(kWorker)},
       {"hot_ratio", KeyOf<S>("hot-ratio", &ClusterConfig::hot_ratio,
-                             [](const S& v) { return ParseHotRatio(v).status(); })},
+                             [](const S& v) { return ParseHotRatio(v).status(); })
+                        .Help("share of each worker's experts pinned resident, or auto (by "
+                              "context length, hot_ratio_policy)")
+                        .To(kRouter)},
       {"hot_ratio_policy", KeyOf<S>("", &ClusterConfig::hot_ratio_policy,
-                                    [](const S& v) { return HotRatioPolicy::Parse(v).status(); })},
+                                    [](const S& v) { return HotRatioPolicy::Parse(v).status(); })
+                               .To(kRouter, "hot-ratio-policy")},
       {"cache_policy", KeyOf<S>("cache-policy", &ClusterConfig::cache_policy,
                                 [](const S& v) {
                                   return OneOf(v, {"lru", "lfu"});
-                                })},
+                                })
+                           .Help("warm-slot replacement: lru or lfu")
+                           .To(kWorker)},
       {"cold_experts", KeyOf<S>("cold-experts", &ClusterConfig::cold_experts,
                                 [](const S& v) {
                                   return OneOf(v, {"auto", "copy", "cpu"});
-                                })},
+                                })
+                           .Help("experts in no slot: copy, cpu (strata-cache computes them) or "
+                                 "auto")
+                           .To(kWorker)},
       {"expert_store", KeyOf<S>("expert-store", &ClusterConfig::expert_store,
                                 [](const S& v) {
                                   return OneOf(v, {"copy", "in-place"});
-                                })},
-      {"prefetch", KeyOf<bool>("prefetch", &ClusterConfig::prefetch)},
-      {"overlap_steps", KeyOf<bool>("overlap-steps", &ClusterConfig::overlap_steps)},
+                                })
+                           .Help("copy the experts into shared memory, or map the checkpoint's "
+                                 "files in place")
+                           .To(kCache)},
+      {"prefetch", KeyOf<bool>("prefetch", &ClusterConfig::prefetch)
+                       .Help("predict the next layer's experts and prefetch them")
+                       .To(kRouter)},
+      {"overlap_steps", KeyOf<bool>("overlap-steps", &ClusterConfig::overlap_steps)
+                            .Help("GPU router: launch the next greedy decode step before the "
+                                  "last one's tokens are read")
+                            .To(kRouter)},
       {"cuda_graph_max_batch",
        KeyOf<int>("cuda-graph-max-batch", &ClusterConfig::cuda_graph_max_batch,
                   [](const int& v) {
@@ -135,11 +222,15 @@ const std::map<std::string, Key>& Keys() {
                                ? absl::OkStatus()
                                : absl::InvalidArgumentError(
                                      absl::StrCat("must be in [0, ", kMaxDecodeGraphBatch, "]"));
-                  })},
+                  })
+           .Help("GPU router: decode steps of up to this many sequences replay CUDA graphs (0: "
+                 "off)")
+           .To(kRouter)},
       {"mps", KeyOf<S>("mps", &ClusterConfig::mps,
                        [](const S& v) {
                          return OneOf(v, {"auto", "on", "off"});
-                       })},
+                       })
+                  .Help("CUDA MPS daemon for the GPU processes: auto, on or off")},
   };
   return *keys;
 }
@@ -207,6 +298,109 @@ absl::Status CheckClusterConfig(const ClusterConfig& config) {
     }
   }
   return RouterDevice(config).status();
+}
+
+namespace {
+
+// Edit distance, for the nearest flag to a misspelt one.
+size_t Distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+const Key* KeyOfFlag(const std::string& flag) {
+  for (const auto& [name, key] : Keys()) {
+    if (!key.flag.empty() && key.flag == flag) return &key;
+  }
+  return nullptr;
+}
+
+std::string Nearest(const std::string& flag) {
+  std::string best;
+  size_t best_distance = 4;  // farther is no suggestion
+  for (const auto& [name, key] : Keys()) {
+    if (key.flag.empty()) continue;
+    const size_t d = Distance(flag, key.flag);
+    if (d < best_distance) best_distance = d, best = key.flag;
+  }
+  return best.empty() ? "" : absl::StrCat("; did you mean --", best, "?");
+}
+
+}  // namespace
+
+absl::Status ApplyClusterFlags(const std::vector<std::string>& args, ClusterConfig& config) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", arg, "\""));
+    }
+    std::string flag = arg.substr(2), value;
+    bool has_value = false;
+    if (const size_t eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      has_value = true;
+    }
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    const Key* key = KeyOfFlag(flag);
+    if (key == nullptr && !has_value && flag.rfind("no", 0) == 0) {
+      const Key* negated = KeyOfFlag(flag.substr(2));
+      if (negated != nullptr && negated->is_bool) {
+        key = negated;
+        value = "false";
+        has_value = true;
+      }
+    }
+    if (key == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag --", flag, " for `strata up`", Nearest(flag)));
+    }
+    if (!has_value) {
+      if (key->is_bool) {
+        value = "true";
+      } else if (i + 1 < args.size()) {
+        value = args[++i];
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs a value"));
+      }
+    }
+    if (!key->set(YAML::Node(value), config)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": not of its type"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string ClusterFlagsHelp() {
+  const ClusterConfig defaults;
+  std::string out;
+  for (const auto& [name, key] : Keys()) {
+    if (key.flag.empty()) continue;
+    const std::string value = key.get(defaults);
+    absl::StrAppend(&out, "  --", key.flag, "  ", key.help, " (config: ", name,
+                    value.empty() ? "" : absl::StrCat("; default ", value), ")\n");
+  }
+  return out;
+}
+
+std::vector<std::string> DaemonArgs(const ClusterConfig& config, Daemon daemon) {
+  std::vector<std::string> args;
+  for (const auto& [name, key] : Keys()) {
+    if (key.daemons & static_cast<int>(daemon)) {
+      args.push_back(absl::StrCat("--", key.daemon_flag, "=", key.get(config)));
+    }
+  }
+  return args;
 }
 
 absl::Status LoadClusterConfig(const std::string& path, ClusterConfig& config) {

@@ -56,6 +56,21 @@ struct ClusterConfig {
 // keys and bad values are errors naming the file and the key.
 absl::Status LoadClusterConfig(const std::string& path, ClusterConfig& config);
 
+// `strata up`'s flags (argv after the command), one per key of the file that has one, dashed:
+// --name=value, --name value, and for switches --name / --noname. Overrides what `config`
+// holds (a file's values). INVALID_ARGUMENT for an unknown flag (naming the nearest one) or a
+// value of the wrong type; each key's rule is CheckClusterConfig's.
+absl::Status ApplyClusterFlags(const std::vector<std::string>& args, ClusterConfig& config);
+
+// The flags' help: one line each, with its config key and default.
+std::string ClusterFlagsHelp();
+
+// The processes `strata up` starts, and the flags each takes from the config: every key handed
+// to `daemon`, as --flag=value (the supervisor adds what it derives itself: addresses, devices,
+// indexes).
+enum class Daemon { kCache = 1, kRouter = 2, kWorker = 4 };
+std::vector<std::string> DaemonArgs(const ClusterConfig& config, Daemon daemon);
+
 // Every value of `config` kept to the rules the file's keys are read with, and a router device
 // its workers can serve (RouterDevice): for a config merged from a file and flags.
 // INVALID_ARGUMENT naming the first bad key and its flag.

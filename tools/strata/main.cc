@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/util/process.h"
+#include "common/util/status_macros.h"
 #include "common/util/tunables.h"
 #include "tools/strata/bench_command.h"
 #include "tools/strata/client_commands.h"
@@ -42,25 +43,14 @@ ABSL_FLAG(double, top_p, 1.0, "Sample from the smallest set with this probabilit
 ABSL_FLAG(uint64_t, seed, 0, "Random seed for sampling");
 ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the end-of-sequence token");
 ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");
-ABSL_FLAG(int, threads, 0, "CPU threads (per process with up); 0 uses every hardware thread");
+ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
 ABSL_FLAG(int, kv_block_size, 32, "Token slots per paged KV-cache block");
 ABSL_FLAG(int64_t, kv_cache_mb, 1024,
           "Upper bound on KV-cache memory, MiB (bf16 on a GPU, float32 on the CPU)");
 ABSL_FLAG(int, prefill_chunk, 512, "Prompt tokens per forward step");
-ABSL_FLAG(int, workers, 1, "up: expert worker processes; plan: workers to place experts on");
+ABSL_FLAG(int, workers, 1, "plan: workers to place experts on");
 ABSL_FLAG(std::string, device, "cpu",
-          "Where the model runs: cpu, or cuda / cuda:N (in-process commands); up: the workers'");
-ABSL_FLAG(std::string, router_device, "",
-          "up: where the router runs: cpu, cuda or cuda:N; default cuda:0 with --device cuda "
-          "(shm transport, no --gpu-memory-budget), else cpu");
-ABSL_FLAG(std::string, host, "127.0.0.1", "up: address to serve on");
-ABSL_FLAG(int, port, 0, "up: port to serve Generate on; 0 picks a free port");
-ABSL_FLAG(std::string, transport, "shm", "up: shm or grpc between router and workers");
-ABSL_FLAG(std::string, config, "", "up: YAML or JSON cluster config; flags override it");
-ABSL_FLAG(int, max_batch_tokens, 512, "up: tokens per forward step (decodes + prefill chunks)");
-ABSL_FLAG(int, max_running, 64, "up: sequences in the running batch");
-ABSL_FLAG(int, max_queued_requests, 256, "up: waiting requests beyond this get RESOURCE_EXHAUSTED");
-ABSL_FLAG(double, drain_timeout_s, 30, "up: on SIGTERM, how long in-flight requests may finish");
+          "Where the model runs: cpu, or cuda / cuda:N (in-process commands)");
 ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 ABSL_FLAG(std::string, text, "", "eval: the text file to score");
 ABSL_FLAG(int, window, 256, "eval: tokens per scored window");
@@ -83,35 +73,15 @@ ABSL_FLAG(std::vector<std::string>, concurrency, {"1"}, "bench: requests per rou
 ABSL_FLAG(std::string, out, "",
           "bench: JSON results file (bench/results/README.md); make-model: the model directory; "
           "plan: the plan file");
-ABSL_FLAG(std::string, plan, "", "up: expert placement file from `strata plan`");
-ABSL_FLAG(std::string, gpu_memory_budget, "",
-          "up: expert memory per worker (e.g. 24GiB): hot and warm slots; empty keeps all");
 ABSL_FLAG(std::string, hot_ratio, "auto",
-          "up: share of each worker's experts kept resident, or auto (by context length); "
-          "hot-ratio: the value to set");
-ABSL_FLAG(std::string, cache_policy, "lfu", "up: warm-slot replacement, lru or lfu");
-ABSL_FLAG(std::string, cold_experts, "auto", "up: experts in no slot: copy, cpu or auto");
-ABSL_FLAG(std::string, expert_store, "copy",
-          "up: strata-cache copies the experts into NUMA-local shared memory (copy) or maps the "
-          "checkpoint's files in place (in-place: no second copy; contiguous expert tensors)");
-ABSL_FLAG(std::string, mps, "auto",
-          "up: CUDA MPS daemon for the GPU processes: auto (when installed), on or off");
-ABSL_FLAG(bool, prefetch, true, "up: predict the next layer's experts and prefetch them");
-ABSL_FLAG(int, cuda_graph_max_batch, 32,
-          "up: GPU router, decode steps of up to this many sequences replay CUDA graphs (0: off, "
-          "at most 64)");
-ABSL_FLAG(bool, overlap_steps, true,
-          "up: GPU router, launch the next greedy decode step before the last one's tokens are "
-          "read");
+          "hot-ratio: share of each worker's experts kept resident, or auto (by context length)");
 ABSL_FLAG(std::string, calibration, "",
           "plan: JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} a line");
 ABSL_FLAG(std::string, model_name, "", "bench: model recorded (default: --model's name)");
 ABSL_FLAG(std::string, weights, "bf16",
           "Expert weights on a GPU, bf16 or fp8 (bench: the weights recorded)");
 ABSL_FLAG(std::string, mode, "cluster", "bench: mode recorded: cluster|in-process|transformers");
-ABSL_FLAG(int, gpus, 0,
-          "up: GPUs the workers take in turn, worker i on cuda:(i mod gpus) (0: one per worker); "
-          "bench: GPUs recorded (0 for a CPU cluster)");
+ABSL_FLAG(int, gpus, 0, "bench: GPUs recorded (0 for a CPU cluster)");
 ABSL_FLAG(std::string, machine, "", "bench: machine recorded, e.g. \"NVIDIA H200\"");
 ABSL_FLAG(std::string, commit, "", "bench: the server build's commit, recorded as \"commit\"");
 ABSL_FLAG(std::string, note, "",
@@ -126,8 +96,8 @@ constexpr char kUsage[] =
     "  generate  --model DIR --ids 1,2,3 [--max-new-tokens N] [--temperature T]\n"
     "            [--top-k K] [--top-p P] [--seed S]   new token ids, as JSON\n"
     "  generate  --server HOST:PORT (--ids 1,2,3 | --prompt TEXT) [...]   through a cluster\n"
-    "  up        --model DIR [--workers N] [--device cpu|cuda] [--router-device D] [--port P]\n"
-    "            [--config FILE]   start a cluster; prints READY <host>:<port>\n"
+    "  up        --model DIR [--workers N] [--device cpu|cuda] [--port P] [--config FILE]\n"
+    "            start a cluster; prints READY <host>:<port> (`strata up --help`: every flag)\n"
     "  eval      --model DIR --text FILE [--server HOST:PORT] [--window 256] [--expert-stats]\n"
     "            perplexity of the text, as JSON\n"
     "  bench     --server HOST:PORT [--input-len 128] [--output-len 512] [--runs 10]\n"
@@ -215,61 +185,40 @@ absl::Status Bench() {
   return strata::RunBenchCommand(o, std::cout, std::cerr);
 }
 
-absl::Status Up(strata::DashedFlags& flags, const std::string& self) {
+// `strata up`: its flags come from the config keys' table (cluster_config.h), not from the flags
+// above: --config FILE first, then every flag overrides the file.
+absl::Status Up(const std::vector<std::string>& args, const std::string& self) {
   strata::SupervisorOptions options;
   strata::ClusterConfig& c = options.cluster;
-  if (!absl::GetFlag(FLAGS_config).empty()) {
-    if (absl::Status s = strata::LoadClusterConfig(absl::GetFlag(FLAGS_config), c); !s.ok()) {
-      return s;
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--help" || args[i] == "-h") {
+      std::cout << "strata up [--config FILE] [flags]: starts strata-cache, strata-router and "
+                   "the workers; prints READY <host>:<port>\n"
+                   "  --config FILE  YAML or JSON with the keys below; flags override it\n"
+                << strata::ClusterFlagsHelp();
+      return absl::OkStatus();
+    }
+    if (args[i] == "--config" && i + 1 < args.size()) {
+      RETURN_IF_ERROR(strata::LoadClusterConfig(args[++i], c));
+    } else if (args[i].rfind("--config=", 0) == 0) {
+      RETURN_IF_ERROR(strata::LoadClusterConfig(args[i].substr(9), c));
+    } else {
+      rest.push_back(args[i]);
     }
   }
-  // Flags given on the command line override the file.
-  if (flags.Specified("model") || c.model.empty()) c.model = absl::GetFlag(FLAGS_model);
-  if (flags.Specified("workers")) c.workers = absl::GetFlag(FLAGS_workers);
-  if (flags.Specified("gpus")) c.gpus = absl::GetFlag(FLAGS_gpus);
-  if (flags.Specified("device")) c.device = absl::GetFlag(FLAGS_device);
-  if (flags.Specified("router_device")) c.router_device = absl::GetFlag(FLAGS_router_device);
-  if (flags.Specified("weights")) c.weights = absl::GetFlag(FLAGS_weights);
-  if (flags.Specified("plan")) c.plan = absl::GetFlag(FLAGS_plan);
-  if (flags.Specified("host")) c.host = absl::GetFlag(FLAGS_host);
-  if (flags.Specified("port")) c.port = absl::GetFlag(FLAGS_port);
-  if (flags.Specified("transport")) c.transport = absl::GetFlag(FLAGS_transport);
-  if (flags.Specified("log_level")) c.log_level = absl::GetFlag(FLAGS_log_level);
-  if (flags.Specified("threads")) c.threads_per_process = absl::GetFlag(FLAGS_threads);
-  if (flags.Specified("kv_block_size")) c.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
-  if (flags.Specified("kv_cache_mb")) c.kv_memory_mb = absl::GetFlag(FLAGS_kv_cache_mb);
-  if (flags.Specified("max_batch_tokens"))
-    c.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  if (flags.Specified("max_running")) c.max_running = absl::GetFlag(FLAGS_max_running);
-  if (flags.Specified("max_queued_requests")) {
-    c.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
-  }
-  if (flags.Specified("drain_timeout_s")) c.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
-  if (flags.Specified("router_temperature")) {
-    c.router_temperature = static_cast<float>(absl::GetFlag(FLAGS_router_temperature));
-  }
-  if (flags.Specified("gpu_memory_budget")) {
-    c.gpu_memory_budget = absl::GetFlag(FLAGS_gpu_memory_budget);
-  }
-  if (flags.Specified("hot_ratio")) c.hot_ratio = absl::GetFlag(FLAGS_hot_ratio);
-  if (flags.Specified("cache_policy")) c.cache_policy = absl::GetFlag(FLAGS_cache_policy);
-  if (flags.Specified("cold_experts")) c.cold_experts = absl::GetFlag(FLAGS_cold_experts);
-  if (flags.Specified("expert_store")) c.expert_store = absl::GetFlag(FLAGS_expert_store);
-  if (flags.Specified("prefetch")) c.prefetch = absl::GetFlag(FLAGS_prefetch);
-  if (flags.Specified("cuda_graph_max_batch")) {
-    c.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
-  }
-  if (flags.Specified("overlap_steps")) c.overlap_steps = absl::GetFlag(FLAGS_overlap_steps);
-  if (flags.Specified("mps")) c.mps = absl::GetFlag(FLAGS_mps);
+  RETURN_IF_ERROR(strata::ApplyClusterFlags(rest, c));
+  if (c.model.empty())
+    return absl::InvalidArgumentError("--model (or model: in --config) is required");
   // One set of rules for the file's values and the flags' (a bad value stops here, not in a
   // child process).
-  if (absl::Status s = strata::CheckClusterConfig(c); !s.ok()) return s;
+  RETURN_IF_ERROR(strata::CheckClusterConfig(c));
+  if (!strata::SetLogLevel(c.log_level)) return absl::InvalidArgumentError("bad --log-level");
   options.bin_dir = self.substr(0, self.rfind('/'));
   return strata::RunCluster(options, std::cout);
 }
 
 absl::Status Run(const std::string& command, strata::DashedFlags& flags, const std::string& self) {
-  if (command == "up") return Up(flags, self);
   if (command == "stats") {
     if (absl::GetFlag(FLAGS_server).empty())
       return absl::InvalidArgumentError("--server is required");
@@ -359,6 +308,19 @@ std::string SelfPath(const char* argv0) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
+  if (argc >= 2 && std::string(argv[1]) == "up") {
+    strata::SetProgramName("strata up");
+    if (const auto tunables = strata::LoadAndLogTunables(); !tunables.ok()) {
+      std::cerr << "strata up: " << tunables.status().message() << "\n";
+      return 2;
+    }
+    absl::Status status = Up(std::vector<std::string>(argv + 2, argv + argc), SelfPath(argv[0]));
+    if (!status.ok()) {
+      std::cerr << "strata up: " << status.message() << "\n";
+      return 1;
+    }
+    return 0;
+  }
   strata::DashedFlags flags(argc, argv);
   std::vector<char*> args = absl::ParseCommandLine(flags.argc(), flags.argv());
   if (args.size() != 2) {

@@ -194,12 +194,16 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
     }
   }
   const std::string prefix = absl::StrCat("strata-", ::getpid());
-  const std::string threads = absl::StrCat("--threads=", c.threads_per_process);
-  const std::string log_level = absl::StrCat("--log-level=", c.log_level);
+  // Every config key handed to a process (DaemonArgs), then what is derived here.
+  auto args_of = [&](const char* binary, Daemon daemon, std::vector<std::string> derived) {
+    std::vector<std::string> args = {options.bin_dir + "/" + binary};
+    for (std::string& arg : DaemonArgs(c, daemon)) args.push_back(std::move(arg));
+    for (std::string& arg : derived) args.push_back(std::move(arg));
+    return args;
+  };
   Child cache{"strata-cache",
-              {options.bin_dir + "/strata-cache", "--model=" + c.model,
-               absl::StrCat("--listen=", c.host, ":0"), "--segment-prefix=" + prefix,
-               "--expert-store=" + c.expert_store, log_level}};
+              args_of("strata-cache", Daemon::kCache,
+                      {absl::StrCat("--listen=", c.host, ":0"), "--segment-prefix=" + prefix})};
   if (absl::Status s = Spawn(cache); !s.ok()) return s;
   auto cache_address = AwaitLine(cache, "READY ", absl::Minutes(30));
   if (!cache_address.ok()) {
@@ -212,28 +216,9 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
   SetListenAddress(cache, *cache_address);
 
   Child router{"strata-router",
-               {options.bin_dir + "/strata-router",
-                "--model=" + c.model,
-                absl::StrCat("--listen=", c.host, ":", c.port),
-                absl::StrCat("--workers=", c.workers),
-                threads,
-                "--router-device=" + *router_device,
-                "--weights=" + c.weights,
-                absl::StrCat("--kv-block-size=", c.kv_block_size),
-                absl::StrCat("--kv-cache-mb=", c.kv_memory_mb),
-                absl::StrCat("--router-temperature=", c.router_temperature),
-                absl::StrCat("--max-batch-tokens=", c.max_batch_tokens),
-                absl::StrCat("--max-running=", c.max_running),
-                absl::StrCat("--max-queued-requests=", c.max_queued_requests),
-                absl::StrCat("--drain-timeout-s=", c.drain_timeout_s),
-                "--channel-prefix=" + prefix,
-                "--plan=" + c.plan,
-                "--hot-ratio=" + c.hot_ratio,
-                "--hot-ratio-policy=" + c.hot_ratio_policy,
-                absl::StrCat("--prefetch=", c.prefetch ? "true" : "false"),
-                absl::StrCat("--cuda-graph-max-batch=", c.cuda_graph_max_batch),
-                absl::StrCat("--overlap-steps=", c.overlap_steps ? "true" : "false"),
-                log_level}};
+               args_of("strata-router", Daemon::kRouter,
+                       {absl::StrCat("--listen=", c.host, ":", c.port),
+                        "--router-device=" + *router_device, "--channel-prefix=" + prefix})};
   std::vector<Child> workers(c.workers);
   auto stop_all = [&](absl::Duration router_grace) {
     const int router_exit = Stop(router, router_grace);
@@ -261,14 +246,11 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
     // Workers take the GPUs in turn: more workers than GPUs share them (under MPS).
     const int gpu = c.gpus > 0 ? i % c.gpus : i;
     std::string device = c.device == "cuda" ? absl::StrCat("cuda:", gpu) : c.device;
-    workers[i] = Child{
-        absl::StrCat("strata-worker[", i, "]"),
-        {options.bin_dir + "/strata-worker", "--model=" + c.model, "--cache=" + *cache_address,
-         "--router=" + *router_address, absl::StrCat("--index=", i), "--device=" + device,
-         "--weights=" + c.weights, absl::StrCat("--max-batch-tokens=", c.max_batch_tokens), threads,
-         "--transport=" + c.transport, absl::StrCat("--listen=", c.host, ":0"),
-         "--gpu-memory-budget=" + c.gpu_memory_budget, "--cache-policy=" + c.cache_policy,
-         "--cold-experts=" + c.cold_experts, log_level}};
+    workers[i] = Child{absl::StrCat("strata-worker[", i, "]"),
+                       args_of("strata-worker", Daemon::kWorker,
+                               {"--cache=" + *cache_address, "--router=" + *router_address,
+                                absl::StrCat("--index=", i), "--device=" + device,
+                                absl::StrCat("--listen=", c.host, ":0")})};
     if (absl::Status s = Spawn(workers[i]); !s.ok()) return fail(absl::Seconds(1), s);
     DrainInBackground(workers[i]);
   }
