@@ -28,6 +28,8 @@ def config(name, r):
         words.append('Zipf(1.0) routing skew')
     if 'tiered-24g' in name:
         words.append('**24 GiB expert budget**')
+    elif 'tiered-7.4g' in name:
+        words.append('**7.4 GiB expert budget per worker** (24 GiB scaled to 8 of 26 layers)')
     elif 'resident' in name:
         words.append('every expert resident')
     if 'sampled' in name or r.get('temperature', 0) > 0:
@@ -40,6 +42,8 @@ def config(name, r):
         words.append('8 of 26 layers')
     if '2gpu' in name:
         words.append('2 GPUs')
+    if '-2w-' in name:
+        words.append('2 workers on 1 GPU')
     return ', '.join(words)
 
 
