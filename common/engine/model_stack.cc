@@ -78,6 +78,7 @@ absl::Status ModelStack::CreateKv() {
                      " bytes holds no block; one block needs ", block_bytes));
   }
   kv.num_blocks = static_cast<int>(std::min<int64_t>(blocks, int64_t{1} << 30));
+  kv.prefix_caching = options_.prefix_caching;
   ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(kv));
   kv_ = std::make_unique<PagedKvCache>(std::move(cache));
   return absl::OkStatus();

@@ -26,6 +26,8 @@ struct ModelStackOptions {
   // No more blocks than one sequence of the model's whole context needs (one sequence at a
   // time); a server shares the pool among sequences and leaves this off.
   bool kv_within_context = true;
+  // Keep computed full KV blocks for requests that start with the same tokens (a server).
+  bool prefix_caching = false;
   int kv_blocks = 0;          // when positive, exactly this many blocks (tests), whatever the bytes
   int max_step_tokens = 512;  // GPU: tokens in one forward step (sizes the buffers)
   int max_sequences = 1;      // GPU: sequences in one step

@@ -29,6 +29,9 @@ ABSL_FLAG(std::string, weights, "bf16",
 ABSL_FLAG(int, kv_block_size, 32, "Token slots per KV-cache block");
 ABSL_FLAG(int64_t, kv_cache_mb, 1024,
           "KV-cache memory, MiB (keys and values in bf16 on a GPU, float32 on the CPU)");
+ABSL_FLAG(bool, prefix_caching, true,
+          "Keep computed KV blocks for requests that start with the same tokens (LRU when the "
+          "pool is short)");
 ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");
 ABSL_FLAG(int, max_batch_tokens, 512, "Tokens per forward step (decodes + prefill chunks)");
 ABSL_FLAG(int, max_running, 64, "Sequences in the running batch");
@@ -68,6 +71,7 @@ int main(int argc, char** argv) {
   options.expert_weights = absl::GetFlag(FLAGS_weights);
   options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_mb) << 20;
+  options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   options.router_temperature = static_cast<float>(absl::GetFlag(FLAGS_router_temperature));
   options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.scheduler.max_running = absl::GetFlag(FLAGS_max_running);

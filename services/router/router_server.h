@@ -38,6 +38,8 @@ struct RouterOptions {
   std::string expert_weights = "bf16";
   int kv_block_size = 32;
   int64_t kv_cache_bytes = int64_t{1} << 30;
+  // Requests starting with the same tokens share the KV blocks computed for them.
+  bool prefix_caching = true;
   float router_temperature = 1.0f;
   SchedulerOptions scheduler;
   std::string channel_prefix = "strata";

@@ -161,6 +161,9 @@ Scheduler::Stats Scheduler::stats() const {
   s.waiting = queued_.load();
   s.running = running_count_.load();
   s.free_kv_blocks = free_kv_blocks_.load();
+  s.prefix_queried_tokens = prefix_queried_tokens_.load();
+  s.prefix_hit_tokens = prefix_hit_tokens_.load();
+  s.prefix_cached_blocks = prefix_cached_blocks_.load();
   s.preemptions = preemptions_.load();
   s.steps_ahead = steps_ahead_.load();
   const StepRunnerStats runner = runner_.stats();
@@ -194,6 +197,7 @@ void Scheduler::Loop() {
     // A step that ran with sequences still running leaves its outbox to the next step.
     if (!Step() || running_.empty()) FlushOutbox();
     free_kv_blocks_.store(kv_.free_blocks());  // for stats(): the pool is the engine thread's
+    prefix_cached_blocks_.store(kv_.prefix_stats().cached_blocks);
     if (running_.empty() && waiting_.empty()) NotifyIdle();
   }
   FlushOutbox();
@@ -263,9 +267,21 @@ void Scheduler::Admit() {
     available -= std::max<int64_t>(0, kv_.BlocksFor(std::ssize(seq->tokens)) - held);
   }
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
-    const int64_t need = kv_.BlocksFor(std::ssize(waiting_.front()->tokens));
+    Sequence* seq = waiting_.front().get();
+    // Cached blocks that running sequences hold cost no free block.
+    const bool match = !seq->spec.score_only;
+    const int64_t need = kv_.BlocksFor(std::ssize(seq->tokens)) -
+                         (match ? kv_.HeldPrefixBlocks(seq->tokens) : 0);
     if (!running_.empty() && need > available) break;
     available -= need;
+    if (match && kv_.options().prefix_caching) {
+      seq->kv_seq = kv_.AddSequence();
+      seq->has_kv = true;
+      seq->computed = kv_.MatchPrefix(seq->kv_seq, seq->tokens);
+      const PrefixCacheStats& prefix = kv_.prefix_stats();
+      prefix_queried_tokens_.store(prefix.queried_tokens);
+      prefix_hit_tokens_.store(prefix.hit_tokens);
+    }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     // Counted as running before it stops counting as queued: Drain never sees neither.
@@ -386,7 +402,7 @@ bool Scheduler::Step() {
     ahead_ = std::move(rows);
   }
   const int64_t vocab = config_.vocab_size;
-  for (const Planned& p : plan) p.seq->computed += p.count;
+  for (const Planned& p : plan) Computed(p.seq, p.count);
   for (size_t r = 0; r < scored.size(); ++r) {
     const float* row = result->logits(static_cast<int64_t>(sampled.size() + r));
     scored[r].seq->scores.push_back(LogSoftmaxAt(row, vocab, scored[r].target));
@@ -405,6 +421,11 @@ bool Scheduler::Step() {
     HandleToken(sampled[r], token);
   }
   return true;
+}
+
+void Scheduler::Computed(Sequence* seq, int64_t count) {
+  seq->computed += count;
+  kv_.CommitPrefix(seq->kv_seq, seq->tokens, seq->computed);
 }
 
 bool Scheduler::MayLaunchAhead() const { return options_.overlap_decode_steps && waiting_.empty(); }
@@ -456,7 +477,7 @@ bool Scheduler::StepAhead() {
         static_cast<int64_t>(seq->tokens.size()) != seq->computed + 1) {
       continue;
     }
-    seq->computed += 1;
+    Computed(seq, 1);
     HandleToken(seq, result->greedy[i]);
   }
   if (result->next_in_flight) {

@@ -79,6 +79,10 @@ class Scheduler {
     double graph_replay_us = 0;    // mean; DecodeGraphs::Timing
     double graph_between_us = 0;   // mean
     int64_t steps_ahead = 0;       // steps asked for behind the one before (launch_next)
+    // Prefix caching: prompt tokens looked up, and found with their keys and values cached.
+    int64_t prefix_queried_tokens = 0;
+    int64_t prefix_hit_tokens = 0;
+    int64_t prefix_cached_blocks = 0;
   };
   Stats stats() const;
 
@@ -111,6 +115,8 @@ class Scheduler {
   void Preempt(Sequence* seq);
   void Finish(Sequence* seq, FinishReason reason, const absl::Status& status = absl::OkStatus());
   void HandleToken(Sequence* seq, int32_t token);
+  // `count` more of the sequence's tokens have their keys and values in the cache.
+  void Computed(Sequence* seq, int64_t count);
   void ApplyCancellations();
   // What goes to the clients (tokens, scores, finishes) waits in the outbox, in order, until
   // the next step's GPU work is under way: a streamed write can cost the GPU more idle time
@@ -140,6 +146,9 @@ class Scheduler {
   std::atomic<int64_t> preemptions_{0};
   std::atomic<int64_t> steps_ahead_{0};
   std::atomic<int> free_kv_blocks_{0};  // as of the engine thread's last step
+  std::atomic<int64_t> prefix_queried_tokens_{0};
+  std::atomic<int64_t> prefix_hit_tokens_{0};
+  std::atomic<int64_t> prefix_cached_blocks_{0};
   std::atomic<int> unsent_{0};          // outbox entries: idle only once they are out too
   std::condition_variable idle_cv_;
 

@@ -159,6 +159,10 @@ const std::map<std::string, Key>& Keys() {
        KeyOf<int64_t>("kv-cache-mb", &ClusterConfig::kv_memory_mb, Positive<int64_t>)
            .Help("the router's KV pool, MiB")
            .To(kRouter)},
+      {"kv_cache.prefix_caching",
+       KeyOf<bool>("prefix-caching", &ClusterConfig::prefix_caching)
+           .Help("keep computed KV blocks for requests that start with the same tokens")
+           .To(kRouter)},
       {"max_batch_tokens",
        KeyOf<int>("max-batch-tokens", &ClusterConfig::max_batch_tokens, Positive<int>)
            .Help("tokens per forward step (decodes and prefill chunks)")

@@ -29,6 +29,7 @@ struct ClusterConfig {
   float router_temperature = 1.0f;
   int kv_block_size = 32;
   int64_t kv_memory_mb = 1024;
+  bool prefix_caching = true;  // requests sharing leading tokens share their KV blocks
   int max_batch_tokens = 512;
   int max_running = 64;
   int max_queued_requests = 256;

@@ -43,13 +43,14 @@ std::vector<int32_t> Expected(const RequestSpec& spec) {
 
 class Harness {
  public:
-  Harness(int num_blocks, SchedulerOptions options, bool replays)
+  Harness(int num_blocks, SchedulerOptions options, bool replays, bool prefix_caching = false)
       : config_(FakeConfig()),
         kv_(*PagedKvCache::Create({.block_size = 4,
                                    .num_blocks = num_blocks,
                                    .num_layers = 1,
                                    .num_kv_heads = 1,
-                                   .head_dim = 1})),
+                                   .head_dim = 1,
+                                   .prefix_caching = prefix_caching})),
         runner_(kv_, kVocab) {
     runner_.replays = replays;
     scheduler_ = std::make_unique<Scheduler>(config_, runner_, kv_, nullptr, options);
@@ -165,6 +166,43 @@ TEST(SchedulerPolicyTest, AWaitingRequestStopsStepsAhead) {
 TEST(SchedulerPolicyTest, APoolTooSmallPreemptsAndKeepsTheTokens) {
   // 12 blocks of 4 tokens; three requests growing to 6 blocks each outgrow it while decoding.
   Harness h(/*num_blocks=*/12, {.max_batch_tokens = 64, .max_running = 3}, /*replays=*/true);
+  h.RunAndExpect({Greedy(4, 20), Greedy(4, 20, 11), Greedy(4, 20, 21)});
+  EXPECT_GT(h.scheduler().stats().preemptions, 0);
+  EXPECT_EQ(h.kv().free_blocks(), 12);
+}
+
+TEST(SchedulerPolicyTest, ARepeatedPromptStartsAfterItsCachedBlocks) {
+  Harness h(/*num_blocks=*/16, {.max_batch_tokens = 64, .max_running = 4}, /*replays=*/true,
+            /*prefix_caching=*/true);
+  h.scheduler().Start();
+  const RequestSpec spec = Greedy(10, 6);
+  for (int round = 0; round < 2; ++round) {
+    auto sink = std::make_shared<CollectingSink>();
+    ASSERT_TRUE(h.scheduler().Submit(spec, sink).ok());
+    ASSERT_TRUE(sink->Wait(10));
+    EXPECT_EQ(sink->tokens(), Expected(spec)) << "round " << round;
+  }
+  EXPECT_EQ(h.runner().violation(), "");
+  // The second prompt's first step computes only the tokens after its 2 cached blocks; the
+  // first request's output filled its third block (positions 8-11), which is cached too but
+  // unused: a prompt leaves its last token to compute.
+  const std::vector<StepPlan> plans = h.runner().plans();
+  const StepPlan* second = nullptr;
+  for (const StepPlan& plan : plans) {
+    if (plan.ids.size() > 1 && plan.batch.position[0] > 0) second = &plan;
+  }
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(second->batch.position, (std::vector<int64_t>{8, 9}));
+  const Scheduler::Stats stats = h.scheduler().stats();
+  EXPECT_EQ(stats.prefix_queried_tokens, 20);
+  EXPECT_EQ(stats.prefix_hit_tokens, 8);
+  EXPECT_EQ(h.kv().free_blocks(), 16);
+}
+
+// Preempted sequences release shared and registered blocks; a tight pool evicts them again.
+TEST(SchedulerPolicyTest, PreemptionWithPrefixCachingKeepsTheTokensAndTheBlocks) {
+  Harness h(/*num_blocks=*/12, {.max_batch_tokens = 64, .max_running = 3}, /*replays=*/true,
+            /*prefix_caching=*/true);
   h.RunAndExpect({Greedy(4, 20), Greedy(4, 20, 11), Greedy(4, 20, 21)});
   EXPECT_GT(h.scheduler().stats().preemptions, 0);
   EXPECT_EQ(h.kv().free_blocks(), 12);
