@@ -2,15 +2,25 @@
 # Checks deploy/ offline, with no Docker engine and no Kubernetes cluster:
 #   - the compose files, with `docker compose config -q` (Compose v2) or else `docker-compose
 #     config -q` (Debian 12's docker-compose 1.29, installed here with apt-get when neither exists);
-#   - that the two compose files describe the same cluster apart from the workers' device and GPU
-#     reservations, and the wiring that Strata needs (shared IPC and PID namespaces, fixed ports,
-#     --workers matching the worker services, distinct indexes and GPUs);
-#   - the Kubernetes manifests: YAML syntax, the fields each kind needs, and the same wiring (one
-#     Pod sharing its process namespace, a memory-backed /dev/shm in every container, gRPC probes,
-#     one GPU per worker, the Service pointing at the router); `kubectl kustomize` too when
-#     kubectl is installed;
-#   - deploy/Dockerfile's inputs: the files it copies exist and are not filtered out by
-#     deploy/Dockerfile.dockerignore, the CMake options it passes exist; the shell scripts parse;
+#     STRATA_COMPOSE="path/to/docker-compose" picks another Compose binary;
+#   - the wiring that Strata needs in both compose files (shared IPC and PID namespaces, fixed
+#     ports, --workers matching the worker services and the router's ready check, distinct
+#     indexes, restart: unless-stopped, --max-batch-tokens agreeing);
+#   - the GPU file's GPU path: it builds the CUDA variant, the router runs on cuda:0, every GPU
+#     container (mps, router, workers) reserves the same GPUs, worker i runs on one of them
+#     (a distinct one per worker while there are enough), an MPS control daemon service with a
+#     health check that the router and the workers wait for, sharing its pipe directory with
+#     them; and that the two files differ in nothing but those GPU parts;
+#   - the Kubernetes manifests of deploy/k8s/ (CPU) and deploy/k8s/gpu/ (GPU path): YAML syntax,
+#     the fields each kind needs, the same wiring (one Pod sharing its process namespace, a
+#     memory-backed /dev/shm in every container, gRPC probes, the Service pointing at the
+#     router), no GPUs in the CPU one, and in the GPU one one ResourceClaim referenced by the mps
+#     sidecar, the router and every worker, with a GPU per worker; `kubectl kustomize` too when
+#     kubectl is installed, and `kubernetes-validate --strict` (Kubernetes 1.34 schemas) when
+#     that is installed;
+#   - deploy/Dockerfile: the build arguments the compose files pass and the ones it documents are
+#     declared, both variants' stages exist, the files it copies exist and are not filtered out by
+#     deploy/Dockerfile.dockerignore, the CMake options it passes exist; the scripts are executable;
 #   - when build/bin/ has the binaries: the runtime package list deploy/runtime-packages.sh derives
 #     from them, and that apt knows every one of those packages.
 # Prints "N passed, M failed" and exits non-zero when anything failed.
@@ -26,7 +36,9 @@ SUDO=""
 
 # ---- tools --------------------------------------------------------------------------------
 compose=()
-if docker compose version >/dev/null 2>&1; then
+if [ -n "${STRATA_COMPOSE:-}" ]; then
+  compose=("$STRATA_COMPOSE")
+elif docker compose version >/dev/null 2>&1; then
   compose=(docker compose)
 elif command -v docker-compose >/dev/null 2>&1; then
   compose=(docker-compose)
@@ -37,6 +49,7 @@ else
   command -v docker-compose >/dev/null 2>&1 && compose=(docker-compose)
 fi
 [ ${#compose[@]} -gt 0 ] || { fail "no docker compose and docker-compose could not be installed"; }
+[ ${#compose[@]} -eq 0 ] || echo "check_deploy: $("${compose[@]}" version 2>/dev/null | head -1)"
 
 python=python3
 if ! python3 -c 'import yaml' 2>/dev/null; then
@@ -62,12 +75,17 @@ for file in deploy/docker-compose.yml deploy/docker-compose.cpu.yml; do
   "${compose[@]}" -f "$file" config >"$tmp/$(basename "$file" .yml).resolved.yml" 2>/dev/null
 done
 
+# The Dockerfile's build arguments (ARG NAME[=default]), for the structure checks.
+grep -E '^[[:space:]]*ARG[[:space:]]' deploy/Dockerfile | sed -E 's/^[[:space:]]*ARG[[:space:]]+([A-Za-z_][A-Za-z0-9_]*).*/\1/' \
+  | sort -u >"$tmp/dockerfile-args.txt"
+
 # ---- structure: compose and Kubernetes -----------------------------------------------------
 "$python" - "$tmp" >"$tmp/structure.out" 2>&1 <<'EOF'
 import os, re, sys
 import yaml
 
 tmp = sys.argv[1]
+dockerfile_args = set(open(os.path.join(tmp, "dockerfile-args.txt")).read().split())
 results = []
 def check(ok, what):
     results.append((bool(ok), what))
@@ -81,6 +99,10 @@ def flag(args, name):
             return args[i + 1]
     return None
 
+def cuda_index(device):
+    m = re.fullmatch(r"cuda:(\d+)", device or "")
+    return int(m.group(1)) if m else None
+
 # --- compose: the files as written (YAML syntax, anchors) and as Compose resolved them.
 def load_compose(name):
     raw = yaml.safe_load(open(f"deploy/{name}.yml"))
@@ -88,46 +110,125 @@ def load_compose(name):
     resolved = yaml.safe_load(open(path)) if os.path.exists(path) and os.path.getsize(path) else None
     return raw, resolved
 
+def env_of(service):
+    env = service.get("environment", {}) or {}
+    if isinstance(env, list):  # KEY=VALUE entries
+        env = dict(e.split("=", 1) if "=" in e else (e, None) for e in env)
+    return env
+
+def reservation(service):
+    devices = (service.get("deploy", {}) or {}).get("resources", {}).get("reservations", {}).get("devices", [])
+    return devices or []
+
+def depends(service):
+    d = service.get("depends_on", {}) or {}
+    if isinstance(d, list):
+        return {k: "service_started" for k in d}
+    return {k: (v or {}).get("condition", "service_started") for k, v in d.items()}
+
+def mounts_of(service):
+    return [m for m in service.get("volumes", []) if isinstance(m, dict)]
+
 def compose_checks(name, gpu):
     raw, resolved = load_compose(name)
     check(isinstance(raw, dict) and "services" in raw, f"{name}: YAML with services")
     doc = resolved or raw
     services = doc.get("services", {})
-    for s in ("shm", "cache", "router"):
+    expected = ("shm", "cache", "router") + (("mps",) if gpu else ())
+    for s in expected:
         check(s in services, f"{name}: service {s}")
-    workers = sorted(s for s in services if re.fullmatch(r"worker-\d+", s))
+    if not gpu:
+        check("mps" not in services, f"{name}: no mps service")
+    workers = sorted((s for s in services if re.fullmatch(r"worker-\d+", s)), key=lambda w: int(w[7:]))
     check(workers, f"{name}: worker services ({', '.join(workers)})")
+    check(set(services) == set(expected) | set(workers),
+          f"{name}: no other services ({sorted(set(services) - set(expected) - set(workers))})")
     shm = services.get("shm", {})
     check(shm.get("ipc") == "shareable", f"{name}: shm has ipc: shareable")
     check("shm_size" in shm, f"{name}: shm sets shm_size")
     check(shm.get("init") is True, f"{name}: shm runs an init (reaps orphans of the shared PID namespace)")
-    check("build" in shm, f"{name}: shm builds the image")
+    build = shm.get("build", {}) or {}
+    check(build, f"{name}: shm builds the image")
+    check(build.get("dockerfile") == "deploy/Dockerfile", f"{name}: built from deploy/Dockerfile")
+    args = build.get("args", {}) or {}
+    if isinstance(args, list):
+        args = dict(a.split("=", 1) for a in args)
+    variant = "cuda" if gpu else "cpu"
+    check(args.get("VARIANT") == variant, f"{name}: builds the {variant} variant (VARIANT={args.get('VARIANT')})")
+    raw_variant = (((raw.get("services", {}).get("shm", {}) or {}).get("build", {}) or {}).get("args", {}) or {}).get("VARIANT")
+    check(raw_variant == variant, f"{name}: VARIANT is {variant} as written, not a setting ({raw_variant})")
+    for arg in args:
+        check(arg in dockerfile_args, f"{name}: build argument {arg} is an ARG of deploy/Dockerfile")
+    if gpu:
+        check("CUDA_ARCHITECTURES" in args and "CUDA_VERSION" in args,
+              f"{name}: passes CUDA_VERSION and CUDA_ARCHITECTURES")
     images = {s: v.get("image") for s, v in services.items()}
     check(len(set(images.values())) == 1, f"{name}: every service uses one image ({set(images.values())})")
-    for s in ["cache", "router"] + workers:
+    for s in ["cache", "router"] + workers + (["mps"] if gpu else []):
         v = services.get(s, {})
         check(v.get("ipc") == "service:shm", f"{name}: {s} joins shm's IPC namespace")
         check(v.get("pid") == "service:shm", f"{name}: {s} joins shm's PID namespace")
         check(v.get("restart") == "unless-stopped", f"{name}: {s} restart: unless-stopped")
-        mounts = [m for m in v.get("volumes", []) if isinstance(m, dict)]
-        check(any(m.get("target") == "/models/model" and m.get("read_only") for m in mounts),
+        if s == "mps":
+            continue
+        check(any(m.get("target") == "/models/model" and m.get("read_only") for m in mounts_of(v)),
               f"{name}: {s} mounts the model read-only at /models/model")
         check(any(a.startswith("--log-level=") for a in v.get("command", [])),
               f"{name}: {s} passes --log-level")
     cache = services.get("cache", {}).get("command", [])
-    router = services.get("router", {}).get("command", [])
+    router_service = services.get("router", {})
+    router = router_service.get("command", [])
     check(cache[:1] == ["strata-cache"] and flag(cache, "listen") == "0.0.0.0:50052",
           f"{name}: cache listens on 0.0.0.0:50052")
     check(router[:1] == ["strata-router"] and flag(router, "listen") == "0.0.0.0:50051",
           f"{name}: router listens on 0.0.0.0:50051")
     check(flag(router, "workers") == str(len(workers)),
           f"{name}: router --workers={flag(router, 'workers')} matches {len(workers)} worker services")
-    ports = services.get("router", {}).get("ports", [])
+    ports = router_service.get("ports", [])
     check(any(str(p.get("target") if isinstance(p, dict) else p).endswith("50051") for p in ports),
           f"{name}: router port 50051 published")
-    check("healthcheck" in services.get("cache", {}) and "healthcheck" in services.get("router", {}),
+    check("healthcheck" in services.get("cache", {}) and "healthcheck" in router_service,
           f"{name}: cache and router have health checks")
-    indexes, gpus = [], []
+    test = (router_service.get("healthcheck", {}) or {}).get("test", [])
+    check(test[:4] == ["CMD", "strata-healthcheck", "ready", "127.0.0.1:50051"]
+          and (len(test) == 4 or test[4:] == [str(len(workers))]),
+          f"{name}: the router's health check waits for every worker ({test[2:]})")
+    gpus = []
+    if gpu:
+        mps = services.get("mps", {})
+        mps_cmd = " ".join(mps.get("command", []) if isinstance(mps.get("command"), list) else [mps.get("command", "")])
+        check("nvidia-cuda-mps-control -f" in mps_cmd, f"{name}: mps runs nvidia-cuda-mps-control in the foreground")
+        check((mps.get("healthcheck", {}) or {}).get("test", [])[:3] == ["CMD", "strata-healthcheck", "mps"],
+              f"{name}: mps has the MPS health check")
+        pipe = env_of(mps).get("CUDA_MPS_PIPE_DIRECTORY")
+        check(pipe, f"{name}: mps sets CUDA_MPS_PIPE_DIRECTORY ({pipe})")
+        mps_volume = [m for m in mounts_of(mps) if m.get("type") == "volume" and pipe
+                      and (pipe + "/").startswith(m.get("target", "").rstrip("/") + "/")]
+        check(len(mps_volume) == 1, f"{name}: mps keeps its pipe directory on a volume")
+        gpus = [d for dev in reservation(mps) for d in dev.get("device_ids", [])]
+        check(gpus, f"{name}: mps reserves the cluster's GPUs ({gpus})")
+        for s in ["router"] + workers + ["mps"]:
+            v = services.get(s, {})
+            res = reservation(v)
+            check(len(res) == 1 and res[0].get("driver") == "nvidia" and "gpu" in res[0].get("capabilities", []),
+                  f"{name}: {s} reserves NVIDIA GPUs")
+            check([d for dev in res for d in dev.get("device_ids", [])] == gpus,
+                  f"{name}: {s} reserves the same GPUs as the others ({gpus})")
+            env = env_of(v)
+            check(env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID", f"{name}: {s} numbers GPUs in PCI bus order")
+            if s == "mps":
+                continue
+            check(env.get("CUDA_MPS_PIPE_DIRECTORY") == pipe, f"{name}: {s} uses the MPS daemon's pipe directory")
+            check(any(m.get("source") == mps_volume[0].get("source") and m.get("target") == mps_volume[0].get("target")
+                      for m in mounts_of(v)) if mps_volume else False,
+                  f"{name}: {s} mounts the MPS volume where the daemon does")
+            check(depends(v).get("mps") == "service_healthy", f"{name}: {s} starts once the MPS daemon answers")
+        check(flag(router, "router-device") == "cuda:0", f"{name}: router on --router-device=cuda:0")
+    else:
+        for s in services:
+            check(not reservation(services[s]), f"{name}: {s} reserves no GPU")
+        check(flag(router, "router-device") in (None, "cpu"), f"{name}: router on the CPU")
+    indexes, devices = [], []
     for w in workers:
         v = services[w]
         cmd = v.get("command", [])
@@ -135,39 +236,79 @@ def compose_checks(name, gpu):
         check(flag(cmd, "cache") == "cache:50052" and flag(cmd, "router") == "router:50051",
               f"{name}: {w} reaches cache:50052 and router:50051 by service name")
         check(flag(cmd, "transport") in (None, "shm"), f"{name}: {w} uses the shm transport")
+        check(flag(cmd, "max-batch-tokens") == flag(router, "max-batch-tokens"),
+              f"{name}: {w} and the router agree on --max-batch-tokens")
+        check(flag(cmd, "weights") == flag(router, "weights"), f"{name}: {w} and the router agree on --weights")
         indexes.append(flag(cmd, "index"))
-        devices = (v.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", []))
+        device = flag(cmd, "device")
+        devices.append(device)
         if gpu:
-            check(len(devices) == 1 and devices[0].get("capabilities") == ["gpu"]
-                  and len(devices[0].get("device_ids", [])) == 1,
-                  f"{name}: {w} reserves exactly one GPU")
-            gpus += [d for dev in devices for d in dev.get("device_ids", [])]
+            i = cuda_index(device)
+            check(i is not None and i < len(gpus), f"{name}: {w} on a reserved GPU (--device={device})")
         else:
-            check(not devices, f"{name}: {w} reserves no GPU")
-            check(flag(cmd, "device") == "cpu", f"{name}: {w} runs on --device=cpu")
+            check(device == "cpu", f"{name}: {w} runs on --device=cpu")
     check(sorted(indexes) == [str(i) for i in range(len(workers))],
           f"{name}: worker indexes are 0..{len(workers) - 1} ({indexes})")
-    if gpu:
-        check(len(gpus) == len(set(gpus)) == len(workers), f"{name}: one distinct GPU per worker ({gpus})")
+    if gpu and len(workers) <= len(gpus):
+        check(len(set(devices)) == len(devices), f"{name}: one GPU per worker ({devices})")
     return doc
 
 gpu_doc = compose_checks("docker-compose", gpu=True)
 cpu_doc = compose_checks("docker-compose.cpu", gpu=False)
 
-def strip_gpu(doc):
-    """The GPU file with its GPU specifics replaced by the CPU ones."""
+GPU_FLAGS = ("--router-device=", "--weights=")
+GPU_ENV = ("CUDA_DEVICE_ORDER", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
+def cpu_view(doc):
+    """The file without its GPU parts: the mps service and volume, GPU reservations, GPU
+    environment and mounts, the GPU-only flags, cuda devices; image tags, build arguments and
+    --threads values normalised (the files' defaults differ there on purpose)."""
     doc = yaml.safe_load(yaml.safe_dump(doc))
-    for name, v in doc.get("services", {}).items():
-        if re.fullmatch(r"worker-\d+", name):
-            v.pop("deploy", None)
-            v["command"] = [re.sub(r"^--device=.*", "--device=cpu", a) for a in v.get("command", [])]
+    services = doc.get("services", {})
+    services.pop("mps", None)
+    mps_volumes = set()
+    for name, v in services.items():
+        v.pop("deploy", None)
+        v["image"] = "IMAGE"
+        if "build" in v:
+            v["build"].pop("args", None)
+        d = v.get("depends_on")
+        if isinstance(d, dict):
+            d.pop("mps", None)
+        env = v.get("environment")
+        if isinstance(env, dict):
+            for k in GPU_ENV:
+                env.pop(k, None)
+        if "volumes" in v:
+            keep = []
+            for m in v["volumes"]:
+                if isinstance(m, dict) and m.get("type") == "volume" and str(m.get("target", "")).startswith("/run/strata-mps"):
+                    mps_volumes.add(m.get("source"))
+                    continue
+                keep.append(m)
+            v["volumes"] = keep
+        cmd = [a for a in v.get("command", []) if not a.startswith(GPU_FLAGS)] if isinstance(v.get("command"), list) else v.get("command")
+        if isinstance(cmd, list):
+            cmd = [re.sub(r"^--device=cuda:\d+$", "--device=cpu", a) for a in cmd]
+            cmd = [re.sub(r"^--threads=.*", "--threads=N", a) for a in cmd]
+            v["command"] = cmd
+    volumes = doc.get("volumes") or {}
+    for vol in mps_volumes:
+        volumes.pop(vol, None)
+    if not volumes:
+        doc.pop("volumes", None)
+    doc.pop("name", None)  # Compose v2 writes the project name, from the file's directory
+    for key in [k for k in doc if str(k).startswith("x-")]:
+        doc.pop(key)  # Compose v2 keeps the extension fields (the anchors' sources)
     return doc
-same = strip_gpu(gpu_doc) == strip_gpu(cpu_doc)
-if not same:
-    a, b = strip_gpu(gpu_doc)["services"], strip_gpu(cpu_doc)["services"]
-    diff = sorted(s for s in set(a) | set(b) if a.get(s) != b.get(s))
-check(same, "docker-compose.yml and docker-compose.cpu.yml differ only in the workers' device and GPUs"
-      + ("" if same else f" (differing services: {diff})"))
+
+a, b = cpu_view(gpu_doc), cpu_view(cpu_doc)
+same = a == b
+diff = [] if same else sorted(s for s in set(a["services"]) | set(b["services"])
+                              if a["services"].get(s) != b["services"].get(s))
+if not same and not diff:
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+check(same, "docker-compose.yml and docker-compose.cpu.yml differ only in the GPU parts"
+      + ("" if same else f" (differing: {diff})"))
 
 # --- Kubernetes.
 REQUIRED = {
@@ -175,9 +316,11 @@ REQUIRED = {
     "Deployment": ["metadata.name", "spec.selector.matchLabels", "spec.template.metadata.labels",
                    "spec.template.spec.containers"],
     "Service": ["metadata.name", "spec.selector", "spec.ports"],
+    "ResourceClaimTemplate": ["metadata.name", "spec.spec.devices.requests"],
     "Kustomization": ["resources"],
 }
 API = {"ConfigMap": "v1", "Deployment": "apps/v1", "Service": "v1",
+       "ResourceClaimTemplate": "resource.k8s.io/v1",
        "Kustomization": "kustomize.config.k8s.io/v1beta1"}
 
 def get(d, path):
@@ -187,92 +330,159 @@ def get(d, path):
         d = d[key]
     return d
 
-docs = []
+def load_docs(path):
+    try:
+        loaded = [d for d in yaml.safe_load_all(open(path)) if d is not None]
+        check(True, f"{path}: YAML parses ({len(loaded)} document(s))")
+    except yaml.YAMLError as e:
+        check(False, f"{path}: YAML: {e}")
+        return []
+    for d in loaded:
+        kind = d.get("kind")
+        check(kind in API and d.get("apiVersion") == API.get(kind),
+              f"{path}: {kind} has apiVersion {d.get('apiVersion')}")
+        for field in REQUIRED.get(kind, []):
+            check(get(d, field) not in (None, [], {}), f"{path}: {kind} has {field}")
+    return loaded
+
+KUSTOMIZATIONS = {"deploy/k8s": False, "deploy/k8s/gpu": True}  # directory: GPU path
+listed = set()
 for root, _, files in os.walk("deploy/k8s"):
-    for f in sorted(files):
-        if not f.endswith((".yaml", ".yml")):
-            continue
-        path = os.path.join(root, f)
-        try:
-            loaded = [d for d in yaml.safe_load_all(open(path)) if d is not None]
-            check(True, f"{path}: YAML parses ({len(loaded)} document(s))")
-        except yaml.YAMLError as e:
-            check(False, f"{path}: YAML: {e}")
-            continue
-        for d in loaded:
-            kind = d.get("kind")
-            check(kind in API and d.get("apiVersion") == API.get(kind),
-                  f"{path}: {kind} has apiVersion {d.get('apiVersion')}")
-            for field in REQUIRED.get(kind, []):
-                check(get(d, field) not in (None, [], {}), f"{path}: {kind} has {field}")
-            docs.append((path, d))
+    for f in files:
+        if f.endswith((".yaml", ".yml")) and f != "kustomization.yaml":
+            listed.add(os.path.join(root, f))
+used = set()
 
-kust = [d for _, d in docs if d.get("kind") == "Kustomization"]
-for k in kust:
-    for r in k.get("resources", []):
-        check(os.path.exists(os.path.join("deploy/k8s", r)), f"kustomization: resource {r} exists")
+def k8s_checks(directory, gpu):
+    tag = f"k8s {'GPU' if gpu else 'CPU'} ({directory})"
+    kpath = os.path.join(directory, "kustomization.yaml")
+    check(os.path.exists(kpath), f"{tag}: {kpath} exists")
+    if not os.path.exists(kpath):
+        return
+    kust = load_docs(kpath)
+    docs = []
+    for k in kust:
+        for r in k.get("resources", []):
+            path = os.path.normpath(os.path.join(directory, r))
+            check(os.path.isfile(path), f"{tag}: resource {r} exists")
+            if os.path.isfile(path):
+                used.add(path)
+                docs += load_docs(path)
+    config = {}
+    for d in docs:
+        if d.get("kind") == "ConfigMap":
+            config.update(d.get("data", {}) or {})
+    deployments = [d for d in docs if d.get("kind") == "Deployment"]
+    services = [d for d in docs if d.get("kind") == "Service"]
+    claims = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "ResourceClaimTemplate"}
+    check(len(deployments) == 1, f"{tag}: one Deployment")
+    for dep in deployments:
+        spec = dep["spec"]["template"]["spec"]
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        check(all(labels.get(k) == v for k, v in dep["spec"]["selector"]["matchLabels"].items()),
+              f"{tag}: Deployment selector matches its Pod labels")
+        check(dep["spec"].get("replicas", 1) == 1 and get(dep, "spec.strategy.type") == "Recreate",
+              f"{tag}: one replica, Recreate")
+        check(spec.get("shareProcessNamespace") is True, f"{tag}: shareProcessNamespace: true")
+        vols = {v["name"]: v for v in spec.get("volumes", [])}
+        dshm = [n for n, v in vols.items() if get(v, "emptyDir.medium") == "Memory" and n == "dshm"]
+        check(len(dshm) == 1, f"{tag}: a memory-backed emptyDir dshm for /dev/shm")
+        check(get(spec, "securityContext.runAsUser") is not None, f"{tag}: one uid for every container")
+        containers = {c["name"]: c for c in spec["containers"]}
+        inits = {c["name"]: c for c in spec.get("initContainers", []) or []}
+        everything = {**containers, **inits}
+        for name in ("cache", "router"):
+            check(name in containers, f"{tag}: container {name}")
+        workers = sorted((n for n in containers if re.fullmatch(r"worker-\d+", n)), key=lambda w: int(w[7:]))
+        check(workers, f"{tag}: worker containers ({', '.join(workers)})")
+        check(len({c.get("image") for c in everything.values()}) == 1, f"{tag}: one image for every container")
+        for n, c in everything.items():
+            mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
+            check(mounts.get("/dev/shm", {}).get("name") in dshm, f"{tag}: {n} mounts the memory emptyDir at /dev/shm")
+            check(mounts.get("/models/model", {}).get("readOnly") is True, f"{tag}: {n} mounts the model read-only")
+            check(mounts.get("/models/model", {}).get("name") in vols, f"{tag}: {n}'s model volume exists")
+            for a in c.get("command", []) + c.get("args", []):
+                for var in re.findall(r"\$\((\w+)\)", a):
+                    known = var in config or any(e.get("name") == var for e in c.get("env", []))
+                    check(known, f"{tag}: {n}: $({var}) is defined")
+            limits = {**(get(c, "resources.limits") or {}), **(get(c, "resources.requests") or {})}
+            check("nvidia.com/gpu" not in limits,
+                  f"{tag}: {n} asks for no nvidia.com/gpu (the device plugin would give each container GPUs the others cannot see)")
+        cache, router = containers.get("cache", {}), containers.get("router", {})
+        ccmd, rcmd = cache.get("command", []), router.get("command", [])
+        check(flag(ccmd, "listen") == "0.0.0.0:50052", f"{tag}: cache listens on 50052")
+        check(flag(rcmd, "listen") == "0.0.0.0:50051", f"{tag}: router listens on 50051")
+        check(flag(rcmd, "workers") == str(len(workers)),
+              f"{tag}: router --workers={flag(rcmd, 'workers')} matches {len(workers)} worker containers")
+        check(get(router, "readinessProbe.grpc.port") == 50051, f"{tag}: router readiness is the gRPC health on 50051")
+        check(get(router, "livenessProbe.tcpSocket.port") == 50051,
+              f"{tag}: router liveness is a TCP check (gRPC health is NOT_SERVING while a worker restarts)")
+        check(get(cache, "livenessProbe.grpc.port") == 50052 or get(cache, "startupProbe.grpc.port") == 50052,
+              f"{tag}: cache has a gRPC probe on 50052")
+        rports = {p.get("name"): p["containerPort"] for p in router.get("ports", [])}
+        indexes, devices = [], []
+        for w in workers:
+            cmd = containers[w].get("command", [])
+            indexes.append(flag(cmd, "index"))
+            devices.append(flag(cmd, "device"))
+            check(flag(cmd, "cache") == "127.0.0.1:50052" and flag(cmd, "router") == "127.0.0.1:50051",
+                  f"{tag}: {w} reaches the cache and router on localhost")
+            check(flag(cmd, "max-batch-tokens") == flag(rcmd, "max-batch-tokens"),
+                  f"{tag}: {w} and the router agree on --max-batch-tokens")
+            check(flag(cmd, "weights") == flag(rcmd, "weights"), f"{tag}: {w} and the router agree on --weights")
+        check(sorted(indexes) == [str(i) for i in range(len(workers))], f"{tag}: worker indexes 0..{len(workers) - 1}")
+        pod_claims = {c["name"]: c.get("resourceClaimTemplateName") for c in spec.get("resourceClaims", []) or []}
+        if not gpu:
+            check(not claims and not pod_claims, f"{tag}: no GPU claims")
+            check(all(d == "cpu" for d in devices), f"{tag}: workers on --device=cpu ({devices})")
+            check(flag(rcmd, "router-device") in (None, "cpu"), f"{tag}: router on the CPU")
+            check(not inits, f"{tag}: no init containers")
+        else:
+            check(len(pod_claims) == 1, f"{tag}: the Pod has one resource claim ({list(pod_claims)})")
+            claim_name, template = next(iter(pod_claims.items())) if pod_claims else (None, None)
+            check(template in claims, f"{tag}: its ResourceClaimTemplate {template} is in the manifests")
+            requests = get(claims.get(template, {}), "spec.spec.devices.requests") or []
+            count = sum(int(get(r, "exactly.count") or 0) for r in requests
+                        if get(r, "exactly.deviceClassName") == "gpu.nvidia.com")
+            check(count >= 1, f"{tag}: the claim asks for {count} NVIDIA GPU(s) (device class gpu.nvidia.com)")
+            check(flag(rcmd, "router-device") == "cuda:0", f"{tag}: router on --router-device=cuda:0")
+            mps = inits.get("mps", {})
+            check(mps, f"{tag}: an mps init container")
+            check(mps.get("restartPolicy") == "Always", f"{tag}: mps is a native sidecar (restartPolicy: Always)")
+            check(get(mps, "startupProbe.exec.command") == ["strata-healthcheck", "mps"],
+                  f"{tag}: mps's startup probe holds the others back until the daemon answers")
+            check("nvidia-cuda-mps-control -f" in " ".join(mps.get("command", [])),
+                  f"{tag}: mps runs nvidia-cuda-mps-control in the foreground")
+            pipe = config.get("CUDA_MPS_PIPE_DIRECTORY")
+            check(pipe, f"{tag}: the ConfigMap sets CUDA_MPS_PIPE_DIRECTORY")
+            check(config.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID", f"{tag}: GPUs numbered in PCI bus order")
+            def mps_mount(c):
+                return [(m["name"], m["mountPath"]) for m in c.get("volumeMounts", [])
+                        if pipe and (pipe + "/").startswith(m["mountPath"].rstrip("/") + "/")]
+            for n in ["mps", "router"] + workers:
+                c = everything.get(n, {})
+                check(claim_name in [x.get("name") for x in get(c, "resources.claims") or []],
+                      f"{tag}: {n} uses the GPU claim {claim_name}")
+                check(any(e.get("configMapRef", {}).get("name") for e in c.get("envFrom", [])),
+                      f"{tag}: {n} takes the ConfigMap's environment (MPS pipe directory, device order)")
+                check(mps_mount(c) and mps_mount(c) == mps_mount(mps),
+                      f"{tag}: {n} mounts the MPS pipe directory's volume where the daemon does")
+            check(all(cuda_index(d) is not None and cuda_index(d) < count for d in devices),
+                  f"{tag}: workers on claimed GPUs ({devices}, {count} claimed)")
+            if len(workers) <= count:
+                check(len(set(devices)) == len(devices), f"{tag}: one GPU per worker ({devices})")
+            check("cache" not in [n for n in containers if get(containers[n], "resources.claims")],
+                  f"{tag}: the cache holds no GPU")
+        for svc in services:
+            check(all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()),
+                  f"{tag}: Service {svc['metadata']['name']} selects the Pod")
+            for p in svc["spec"]["ports"]:
+                t = p.get("targetPort")
+                check(t in rports or t in rports.values(), f"{tag}: Service port {p.get('name')} targets the router ({t})")
 
-config = {}
-for _, d in docs:
-    if d.get("kind") == "ConfigMap":
-        config.update(d.get("data", {}))
-deployments = [d for _, d in docs if d.get("kind") == "Deployment"]
-services = [d for _, d in docs if d.get("kind") == "Service"]
-check(len(deployments) == 1, "k8s: one Deployment")
-for dep in deployments:
-    spec = dep["spec"]["template"]["spec"]
-    labels = dep["spec"]["template"]["metadata"]["labels"]
-    check(all(labels.get(k) == v for k, v in dep["spec"]["selector"]["matchLabels"].items()),
-          "k8s: Deployment selector matches its Pod labels")
-    check(dep["spec"].get("replicas", 1) == 1 and get(dep, "spec.strategy.type") == "Recreate",
-          "k8s: one replica, Recreate")
-    check(spec.get("shareProcessNamespace") is True, "k8s: shareProcessNamespace: true")
-    vols = {v["name"]: v for v in spec.get("volumes", [])}
-    dshm = [n for n, v in vols.items() if get(v, "emptyDir.medium") == "Memory"]
-    check(len(dshm) == 1, "k8s: one memory-backed emptyDir for /dev/shm")
-    check(get(spec, "securityContext.runAsUser") is not None, "k8s: one uid for every container")
-    containers = {c["name"]: c for c in spec["containers"]}
-    for name in ("cache", "router"):
-        check(name in containers, f"k8s: container {name}")
-    workers = sorted(n for n in containers if re.fullmatch(r"worker-\d+", n))
-    check(workers, f"k8s: worker containers ({', '.join(workers)})")
-    check(len({c.get("image") for c in containers.values()}) == 1, "k8s: one image for every container")
-    for n, c in containers.items():
-        mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
-        check(mounts.get("/dev/shm", {}).get("name") in dshm, f"k8s: {n} mounts the memory emptyDir at /dev/shm")
-        check(mounts.get("/models/model", {}).get("readOnly") is True, f"k8s: {n} mounts the model read-only")
-        check(mounts.get("/models/model", {}).get("name") in vols, f"k8s: {n}'s model volume exists")
-        for a in c.get("command", []) + c.get("args", []):
-            for var in re.findall(r"\$\((\w+)\)", a):
-                known = var in config or any(e.get("name") == var for e in c.get("env", []))
-                check(known, f"k8s: {n}: $({var}) is defined")
-    cache, router = containers.get("cache", {}), containers.get("router", {})
-    ccmd, rcmd = cache.get("command", []), router.get("command", [])
-    check(flag(ccmd, "listen") == "0.0.0.0:50052", "k8s: cache listens on 50052")
-    check(flag(rcmd, "listen") == "0.0.0.0:50051", "k8s: router listens on 50051")
-    check(flag(rcmd, "workers") == str(len(workers)),
-          f"k8s: router --workers={flag(rcmd, 'workers')} matches {len(workers)} worker containers")
-    check(get(router, "readinessProbe.grpc.port") == 50051, "k8s: router readiness is the gRPC health on 50051")
-    check(get(router, "livenessProbe.tcpSocket.port") == 50051,
-          "k8s: router liveness is a TCP check (gRPC health is NOT_SERVING while a worker restarts)")
-    check(get(cache, "livenessProbe.grpc.port") == 50052 or get(cache, "startupProbe.grpc.port") == 50052,
-          "k8s: cache has a gRPC probe on 50052")
-    rports = {p.get("name"): p["containerPort"] for p in router.get("ports", [])}
-    indexes = []
-    for w in workers:
-        cmd = containers[w].get("command", [])
-        indexes.append(flag(cmd, "index"))
-        check(flag(cmd, "cache") == "127.0.0.1:50052" and flag(cmd, "router") == "127.0.0.1:50051",
-              f"k8s: {w} reaches the cache and router on localhost")
-        check(str((get(containers[w], "resources.limits") or {}).get("nvidia.com/gpu")) == "1",
-              f"k8s: {w} limits nvidia.com/gpu: 1")
-    check(sorted(indexes) == [str(i) for i in range(len(workers))], f"k8s: worker indexes 0..{len(workers) - 1}")
-    for svc in services:
-        check(all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()),
-              f"k8s: Service {svc['metadata']['name']} selects the Pod")
-        for p in svc["spec"]["ports"]:
-            t = p.get("targetPort")
-            check(t in rports or t in rports.values(), f"k8s: Service port {p.get('name')} targets the router ({t})")
+for directory, gpu in KUSTOMIZATIONS.items():
+    k8s_checks(directory, gpu)
+check(listed <= used, f"k8s: every manifest belongs to a kustomization ({sorted(listed - used)})")
 
 for ok, what in results:
     print(("ok: " if ok else "FAIL: ") + what)
@@ -286,15 +496,47 @@ if [ $structure_status -ne 0 ] && ! grep -q '^FAIL: ' "$tmp/structure.out"; then
   fail "the structure checks crashed (see above)"
 fi
 
-if command -v kubectl >/dev/null 2>&1; then
-  if out=$(kubectl kustomize deploy/k8s 2>&1 >/dev/null); then
-    pass "kubectl kustomize deploy/k8s"
-  else
-    fail "kubectl kustomize deploy/k8s: $out"
+for dir in deploy/k8s deploy/k8s/gpu; do
+  if command -v kubectl >/dev/null 2>&1; then
+    if kubectl kustomize "$dir" >"$tmp/kustomized.yaml" 2>"$tmp/kustomize.err"; then
+      pass "kubectl kustomize $dir"
+    else
+      fail "kubectl kustomize $dir: $(cat "$tmp/kustomize.err")"
+      continue
+    fi
+    # Offline schema validation where the tool is installed (pip install kubernetes-validate).
+    if command -v kubernetes-validate >/dev/null 2>&1; then
+      if out=$(kubernetes-validate --strict --quiet -k 1.34.0 "$tmp/kustomized.yaml" 2>&1) && [ -z "$out" ]; then
+        pass "kubernetes-validate --strict (1.34) $dir"
+      else
+        fail "kubernetes-validate --strict (1.34) $dir: $out"
+      fi
+    fi
   fi
-fi
+done
 
-# ---- Dockerfile inputs ----------------------------------------------------------------------
+# ---- Dockerfile ---------------------------------------------------------------------------
+# The build arguments docs/deploy.md and the compose files rely on, and both variants' stages.
+for arg in VARIANT CUDA_VERSION CUDA_BUILD_IMAGE CUDA_RUNTIME_IMAGE CUDA_ARCHITECTURES \
+           DEBIAN_BUILD_IMAGE DEBIAN_RUNTIME_IMAGE JOBS STRATA_UID; do
+  if grep -qx "$arg" "$tmp/dockerfile-args.txt"; then pass "Dockerfile declares ARG $arg"
+  else fail "Dockerfile does not declare ARG $arg"; fi
+done
+for stage in build-base-cpu build-base-cuda runtime-base-cpu runtime-base-cuda build runtime; do
+  if grep -qE "^FROM .* AS $stage\$" deploy/Dockerfile; then pass "Dockerfile stage $stage"
+  else fail "Dockerfile has no stage $stage"; fi
+done
+if grep -qE '^ARG CUDA_BUILD_IMAGE=nvidia/cuda:\$\{CUDA_VERSION\}-devel-' deploy/Dockerfile &&
+   grep -qE '^ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:\$\{CUDA_VERSION\}-runtime-' deploy/Dockerfile; then
+  pass "the CUDA build and runtime images share CUDA_VERSION"
+else
+  fail "the CUDA build and runtime images do not both follow CUDA_VERSION"
+fi
+if grep -q -- '-DCMAKE_CUDA_ARCHITECTURES=' deploy/Dockerfile && grep -q -- '-DSTRATA_CUDA=ON' deploy/Dockerfile; then
+  pass "the CUDA variant passes -DSTRATA_CUDA=ON and -DCMAKE_CUDA_ARCHITECTURES"
+else
+  fail "the CUDA variant does not pass -DSTRATA_CUDA=ON and -DCMAKE_CUDA_ARCHITECTURES"
+fi
 # Every COPY source from the build context exists and survives the .dockerignore (whose entries
 # here are plain top-level names or **/ globs).
 ignored() {
@@ -318,7 +560,7 @@ while read -r src; do
     pass "Dockerfile input $src is in the build context"
   fi
 done < <(grep -E '^COPY ' deploy/Dockerfile | grep -v -- '--from=' | awk '{for (i = 2; i < NF; i++) print $i}')
-for needed in scripts/build.sh deploy/runtime-packages.sh CMakeLists.txt proto common services tools; do
+for needed in scripts/build.sh deploy/runtime-packages.sh CMakeLists.txt cmake proto common services tools; do
   if ignored "$needed"; then fail "the build needs $needed, which the .dockerignore filters out"
   else pass "the build context keeps $needed"; fi
 done
