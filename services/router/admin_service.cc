@@ -19,6 +19,13 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
   response->set_graph_replay_us(s.graph_replay_us);
   response->set_graph_between_us(s.graph_between_us);
   response->set_graph_overlapped_steps(static_cast<uint64_t>(s.overlapped_steps));
+  const RequestMetrics::Totals t = scheduler_.metrics().totals();
+  response->set_requests_finished(static_cast<uint64_t>(t.requests));
+  response->set_prompt_tokens(static_cast<uint64_t>(t.prompt_tokens));
+  response->set_generated_tokens(static_cast<uint64_t>(t.generated_tokens));
+  response->set_mean_ttft_ms(t.mean_ttft_ms());
+  response->set_mean_inter_token_ms(t.mean_inter_token_ms());
+  response->set_uptime_s(absl::ToDoubleSeconds(scheduler_.metrics().uptime()));
   if (experts_ != nullptr) {
     response->set_reroutes(static_cast<uint64_t>(experts_->reroutes()));
     for (int w = 0; w < experts_->num_workers(); ++w) {

@@ -23,6 +23,7 @@
 #include "common/model/model_config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/request.h"
+#include "services/router/request_metrics.h"
 
 namespace strata {
 
@@ -81,6 +82,8 @@ class Scheduler {
     int64_t steps_ahead = 0;       // steps asked for behind the one before (launch_next)
   };
   Stats stats() const;
+  // Finished requests' totals (any thread).
+  const RequestMetrics& metrics() const { return metrics_; }
 
  private:
   struct Sequence;
@@ -110,6 +113,9 @@ class Scheduler {
   // Frees a running sequence's blocks and puts it back at the head of the queue.
   void Preempt(Sequence* seq);
   void Finish(Sequence* seq, FinishReason reason, const absl::Status& status = absl::OkStatus());
+  // Counts a finished request and logs its line (info); `decode_ms`: first token to last.
+  void Report(const Sequence& seq, FinishReason reason, const RequestUsage& usage,
+              double decode_ms);
   void HandleToken(Sequence* seq, int32_t token);
   void ApplyCancellations();
   // What goes to the clients (tokens, scores, finishes) waits in the outbox, in order, until
@@ -140,7 +146,8 @@ class Scheduler {
   std::atomic<int64_t> preemptions_{0};
   std::atomic<int64_t> steps_ahead_{0};
   std::atomic<int> free_kv_blocks_{0};  // as of the engine thread's last step
-  std::atomic<int> unsent_{0};          // outbox entries: idle only once they are out too
+  RequestMetrics metrics_;
+  std::atomic<int> unsent_{0};  // outbox entries: idle only once they are out too
   std::condition_variable idle_cv_;
 
   // Owned by the engine thread.
