@@ -3,7 +3,9 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <mutex>
 
 namespace strata {
@@ -16,10 +18,26 @@ std::string& ProgramName() {
 }
 std::mutex g_stderr_mu;
 
+// "2024-05-01 12:34:56.789", local time: lines of several processes read in order.
+std::string Timestamp() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+  const auto millis =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm local{};
+  ::localtime_r(&seconds, &local);
+  char buf[32];
+  const size_t n = std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &local);
+  std::snprintf(buf + n, sizeof(buf) - n, ".%03d", static_cast<int>(millis));
+  return buf;
+}
+
 void Emit(absl::string_view tag, absl::string_view message) {
+  const std::string time = Timestamp();
   std::lock_guard<std::mutex> lock(g_stderr_mu);
-  std::fprintf(stderr, "%s%.*s: %.*s\n", ProgramName().c_str(), static_cast<int>(tag.size()),
-               tag.data(), static_cast<int>(message.size()), message.data());
+  std::fprintf(stderr, "%s %s%.*s: %.*s\n", time.c_str(), ProgramName().c_str(),
+               static_cast<int>(tag.size()), tag.data(), static_cast<int>(message.size()),
+               message.data());
   std::fflush(stderr);
 }
 

@@ -29,7 +29,7 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 // "debug", "info", "warning", "error"; false for anything else.
 bool SetLogLevel(absl::string_view name);
 bool LogEnabled(LogLevel level);
-// One line on stderr, prefixed with the program name, if `level` is enabled.
+// One line on stderr, prefixed with the time and the program name, if `level` is enabled.
 void Log(LogLevel level, absl::string_view message);
 // A line of progress or waiting status on stderr ("loading layer 3/48", "waiting for
 // strata-router at ..."), printed at any log level but "error".

@@ -3,6 +3,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/grpc_listen.h"
 #include "common/util/status_macros.h"
 
 namespace strata {
@@ -17,15 +18,11 @@ absl::StatusOr<std::unique_ptr<CacheServer>> CacheServer::Start(const CacheOptio
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(s.get());
   builder.SetMaxSendMessageSize(256 << 20);
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
-  }
-  s->address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port);
+  ASSIGN_OR_RETURN(ListeningServer listening, StartListening(builder, options.listen));
+  s->server_ = std::move(listening.server);
+  s->address_ = std::move(listening.address);
   return s;
 }
 

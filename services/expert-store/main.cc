@@ -6,9 +6,9 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/util/flag_help.h"
 #include "common/util/process.h"
 #include "services/expert-store/cache_server.h"
 
@@ -29,8 +29,11 @@ ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 int main(int argc, char** argv) {
   strata::BlockTerminationSignals();
   strata::SetProgramName("strata-cache");
-  strata::DashedFlags flags(argc, argv);
-  absl::ParseCommandLine(flags.argc(), flags.argv());
+  strata::ParseDaemonFlags(
+      argc, argv, "strata-cache",
+      "strata-cache --model DIR [--listen HOST:PORT] [flags]: every expert's weights in "
+      "shared memory,\nserved to the workers; prints READY <host>:<port>",
+      __FILE__);
   if (!strata::SetLogLevel(absl::GetFlag(FLAGS_log_level))) {
     std::cerr << "strata-cache: --log-level must be debug, info, warning or error\n";
     return 2;

@@ -7,9 +7,9 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/util/byte_size.h"
+#include "common/util/flag_help.h"
 #include "common/util/process.h"
 #include "common/util/tunables.h"
 #include "services/expert-worker/worker_server.h"
@@ -35,8 +35,11 @@ ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 
 int main(int argc, char** argv) {
   strata::BlockTerminationSignals();
-  strata::DashedFlags flags(argc, argv);
-  absl::ParseCommandLine(flags.argc(), flags.argv());
+  strata::ParseDaemonFlags(
+      argc, argv, "strata-worker",
+      "strata-worker --model DIR --cache HOST:PORT --router HOST:PORT --index I [flags]: runs "
+      "the experts\nthe router sends it, from strata-cache's shared memory",
+      __FILE__);
   const int index = absl::GetFlag(FLAGS_index);
   strata::SetProgramName(absl::StrCat("strata-worker[", index, "]"));
   if (!strata::SetLogLevel(absl::GetFlag(FLAGS_log_level))) {

@@ -16,6 +16,7 @@
 #include "common/backend/cuda/staged_expert_backend.h"
 #include "common/cuda/cuda_context.h"
 #endif
+#include "common/util/grpc_listen.h"
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
 
@@ -118,16 +119,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   if (options.transport == v1::TRANSPORT_GRPC) {
     w->service_ = std::make_unique<ExpertWorkerService>(*w->executor_, w->executor_mu_);
     grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(w->service_.get());
     builder.SetMaxReceiveMessageSize(256 << 20);
-    w->server_ = builder.BuildAndStart();
-    if (w->server_ == nullptr || port == 0) {
-      return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
-    }
-    w->service_address_ =
-        absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port);
+    ASSIGN_OR_RETURN(ListeningServer listening, StartListening(builder, options.listen));
+    w->server_ = std::move(listening.server);
+    w->service_address_ = std::move(listening.address);
   }
   return w;
 }
@@ -336,17 +332,20 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
     EncodeExpertResponse(response, slot);
     RETURN_IF_ERROR(channel.outbound().Commit(bytes));
     RETURN_IF_ERROR(channel.inbound().Pop());
+#if STRATA_HAVE_CUDA
     // The tiers' bookkeeping of what finished steps used, off the router's path.
     if (on_device && device_experts_ != nullptr) {
       if (absl::Status s = device_experts_->AfterReply(); !s.ok()) {
         Log(LogLevel::kWarning, absl::StrCat("expert tiers: ", s.message()));
       }
     }
+#endif
   }
   return absl::OkStatus();
 }
 
 absl::Status WorkerServer::Run() {
+  int registrations = 0;
   while (!stopping_.load()) {
     auto registration = Register();
     if (!registration.ok()) return stopping_.load() ? absl::OkStatus() : registration.status();
@@ -378,9 +377,9 @@ absl::Status WorkerServer::Run() {
           c.hot_slots, registration->hot_ratio(), c.warm_slots, c.bytes_copied / 1073741824.0,
           absl::ToDoubleSeconds(absl::Now() - start)));
     }
-    options_.log(absl::StrCat("registered as worker ", options_.index, " of ",
-                              registration->num_workers(), ", owning ", owned,
-                              " (layer, expert) pairs"));
+    options_.log(absl::StrCat(registrations++ == 0 ? "registered" : "registered again",
+                              " as worker ", options_.index, " of ", registration->num_workers(),
+                              ", owning ", owned, " (layer, expert) pairs"));
     if (options_.transport == v1::TRANSPORT_GRPC) {
       // Requests arrive through the ExpertWorker service; nothing to do here but wait.
       while (!stopping_.load()) absl::SleepFor(absl::Milliseconds(100));
@@ -407,8 +406,10 @@ absl::Status WorkerServer::Run() {
       if (!closed.ok()) return closed;
     }
     if (stopping_.load()) break;
-    Log(LogLevel::kInfo,
-        absl::StrCat("router connection ended (", served.message(), "); registering again"));
+    // A router that stops (the cluster stopping too, most often) ends the channel; a restarted
+    // one is announced by "registered again", so only debug logs say it ended.
+    Log(LogLevel::kDebug, absl::StrCat("router connection ended (", served.message(),
+                                       "); waiting to register with a router"));
   }
   return absl::OkStatus();
 }

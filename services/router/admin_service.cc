@@ -22,6 +22,13 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
   response->set_prefix_cache_queried_tokens(static_cast<uint64_t>(s.prefix_queried_tokens));
   response->set_prefix_cache_hit_tokens(static_cast<uint64_t>(s.prefix_hit_tokens));
   response->set_prefix_cache_blocks(static_cast<uint64_t>(s.prefix_cached_blocks));
+  const RequestMetrics::Totals t = scheduler_.metrics().totals();
+  response->set_requests_finished(static_cast<uint64_t>(t.requests));
+  response->set_prompt_tokens(static_cast<uint64_t>(t.prompt_tokens));
+  response->set_generated_tokens(static_cast<uint64_t>(t.generated_tokens));
+  response->set_mean_ttft_ms(t.mean_ttft_ms());
+  response->set_mean_inter_token_ms(t.mean_inter_token_ms());
+  response->set_uptime_s(absl::ToDoubleSeconds(scheduler_.metrics().uptime()));
   if (experts_ != nullptr) {
     response->set_reroutes(static_cast<uint64_t>(experts_->reroutes()));
     for (int w = 0; w < experts_->num_workers(); ++w) {

@@ -8,10 +8,10 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/engine/decode_graphs.h"
 #include "common/placement/hot_ratio.h"
+#include "common/util/flag_help.h"
 #include "common/util/process.h"
 #include "common/util/tunables.h"
 #include "services/router/router_server.h"
@@ -55,8 +55,12 @@ ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 int main(int argc, char** argv) {
   strata::BlockTerminationSignals();
   strata::SetProgramName("strata-router");
-  strata::DashedFlags flags(argc, argv);
-  absl::ParseCommandLine(flags.argc(), flags.argv());
+  strata::ParseDaemonFlags(
+      argc, argv, "strata-router",
+      "strata-router --model DIR [--listen HOST:PORT] [--workers N] [flags]: serves "
+      "strata.v1.Generation;\nprints LISTENING <host>:<port>, then READY <host>:<port> once "
+      "every worker has registered",
+      __FILE__);
   if (!strata::SetLogLevel(absl::GetFlag(FLAGS_log_level))) {
     std::cerr << "strata-router: --log-level must be debug, info, warning or error\n";
     return 2;

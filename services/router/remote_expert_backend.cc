@@ -17,7 +17,8 @@ RemoteExpertBackend::RemoteExpertBackend(const ModelConfig& config, PlacementPla
       connections_(placement_.num_workers),
       tiers_(placement_.num_workers),
       wants_prefetch_(placement_.num_workers, false),
-      was_usable_(placement_.num_workers, true),
+      was_usable_(placement_.num_workers, false),
+      ever_usable_(placement_.num_workers, false),
       staging_(placement_.num_workers) {}
 
 TierCounters RemoteExpertBackend::tiers(int index) const {
@@ -67,6 +68,11 @@ std::vector<bool> RemoteExpertBackend::Usable(
     usable[w] = connections[w] && connections[w]->Alive();
     if (usable[w] != was_usable_[w]) {
       was_usable_[w] = usable[w];
+      // A worker's first registration is no news (strata-worker logs it).
+      if (usable[w] && !ever_usable_[w]) {
+        ever_usable_[w] = true;
+        continue;
+      }
       Log(LogLevel::kWarning,
           usable[w] ? absl::StrCat("expert worker ", w, " is back; it runs its own experts again")
                     : absl::StrCat("expert worker ", w, " is gone; the others run its experts"));

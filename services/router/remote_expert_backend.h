@@ -86,7 +86,10 @@ class RemoteExpertBackend : public ExpertBackend {
   std::vector<bool> wants_prefetch_;                  // guarded by mu_
   std::atomic<int> tiered_workers_{0};                // workers registered with wants_prefetch
   std::vector<std::vector<int32_t>> prefetch_lists_;  // Prefetch's, by worker (engine thread)
-  std::vector<bool> was_usable_;  // for logging transitions only (engine thread)
+  // For logging transitions only (engine thread): a worker that never registered is not
+  // "gone".
+  std::vector<bool> was_usable_;
+  std::vector<bool> ever_usable_;
   // Per-worker staging, reused across calls.
   struct Staging {
     std::vector<int64_t> rows;  // token rows of x sent to this worker

@@ -12,6 +12,7 @@
 #include "services/router/ipc_expert_backend.h"
 #endif
 #include "common/placement/plan_file.h"
+#include "common/util/grpc_listen.h"
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
 
@@ -97,8 +98,6 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(s->generation_.get());
   s->admin_ = std::make_unique<AdminService>(*s->scheduler_, s->stack_->kv(), *s->runner_,
                                              s->remote_.get(), s->hot_ratio_.get());
@@ -108,12 +107,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
     builder.RegisterService(s->coordinator_.get());
   }
   builder.SetMaxReceiveMessageSize(64 << 20);
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
-  }
-  const std::string host = options.listen.substr(0, options.listen.rfind(':'));
-  s->address_ = absl::StrCat(host, ":", port);
+  ASSIGN_OR_RETURN(ListeningServer listening, StartListening(builder, options.listen));
+  s->server_ = std::move(listening.server);
+  s->address_ = std::move(listening.address);
   // The whole server ("") and the Generation service by name: NOT_SERVING until every worker
   // has registered.
   s->server_->GetHealthCheckService()->SetServingStatus("strata.v1.Generation", false);
@@ -156,14 +152,31 @@ absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
 }
 
 void RouterServer::MonitorWorkers() {
+  absl::Time last_report = absl::Now();
+  RequestMetrics::Totals reported = scheduler_->metrics().totals();
   while (!stopping_.load()) {
     const bool all = remote_ == nullptr || remote_->num_connected() == remote_->num_workers();
     if (all != ready_.load()) {
       ready_.store(all);
       server_->GetHealthCheckService()->SetServingStatus(all);
     }
+    if (absl::Now() - last_report >= options_.throughput_log_interval) {
+      ReportThroughput(absl::Now() - last_report, reported);
+      last_report = absl::Now();
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+void RouterServer::ReportThroughput(absl::Duration span, RequestMetrics::Totals& reported) {
+  const RequestMetrics::Totals now = scheduler_->metrics().totals();
+  const Scheduler::Stats s = scheduler_->stats();
+  const ThroughputState state{s.running, s.waiting, scheduler_->kv_pool_blocks() - s.free_kv_blocks,
+                              scheduler_->kv_pool_blocks()};
+  if (Busy(reported, now, state)) {
+    Log(LogLevel::kInfo, ThroughputLine(reported, now, absl::ToDoubleSeconds(span), state));
+  }
+  reported = now;
 }
 
 bool RouterServer::WaitReady(absl::Duration timeout) {

@@ -44,6 +44,8 @@ struct RouterOptions {
   SchedulerOptions scheduler;
   std::string channel_prefix = "strata";
   absl::Duration expert_timeout = absl::Seconds(60);
+  // How often an info line sums up the requests and tokens since the last (when there were any).
+  absl::Duration throughput_log_interval = absl::Seconds(10);
   // The workers' hot ratio: a fixed value in [0, 1], or negative for the policy by context.
   float hot_ratio = -1.0f;
   HotRatioPolicy hot_ratio_policy;
@@ -76,6 +78,8 @@ class RouterServer {
  private:
   RouterServer() = default;
   void MonitorWorkers();
+  // Logs what was done since `reported` (over `span`), when anything was; updates `reported`.
+  void ReportThroughput(absl::Duration span, RequestMetrics::Totals& reported);
 
   // Builds remote_ (num_workers > 0) for the placement, on the stack's device.
   absl::Status CreateRemoteExperts(PlacementPlan placement, CoordinatorOptions& coordinator);

@@ -237,6 +237,7 @@ void Scheduler::ApplyCancellations() {
       RequestUsage usage;
       usage.prompt_tokens = static_cast<int>(seq->spec.prompt.size());
       usage.completion_tokens = seq->generated;
+      Report(*seq, FinishReason::kCancelled, usage, 0);
       // Posted (unsent) before it stops counting as queued: Drain never sees neither.
       Post([sink = seq->sink, usage] {
         sink->OnFinish(FinishReason::kCancelled, usage, absl::OkStatus());
@@ -494,6 +495,7 @@ void Scheduler::HandleToken(Sequence* seq, int32_t token) {
   seq->last_token = now;
   seq->tokens.push_back(token);
   ++seq->generated;
+  metrics_.AddToken();
   const std::vector<int>& eos = config_.eos_token_ids;
   const bool is_eos =
       !seq->spec.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end();
@@ -517,18 +519,29 @@ void Scheduler::Finish(Sequence* seq, FinishReason reason, const absl::Status& s
   RequestUsage usage;
   usage.prompt_tokens = static_cast<int>(seq->spec.prompt.size());
   usage.completion_tokens = seq->generated;
+  double decode_ms = 0;
   if (seq->generated > 0) {
     usage.time_to_first_token_ms = MillisBetween(seq->submitted, seq->first_token);
-    const double decode_ms = MillisBetween(seq->first_token, seq->last_token);
+    decode_ms = MillisBetween(seq->first_token, seq->last_token);
     if (seq->generated > 1 && decode_ms > 0) {
       usage.decode_tokens_per_second = (seq->generated - 1) * 1000.0 / decode_ms;
     }
   }
+  Report(*seq, reason, usage, decode_ms);
   Post([sink = seq->sink, reason, usage, status] { sink->OnFinish(reason, usage, status); });
   auto it =
       std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == seq; });
   if (it != running_.end()) running_.erase(it);
   running_count_.store(static_cast<int>(running_.size()));
+}
+
+void Scheduler::Report(const Sequence& seq, FinishReason reason, const RequestUsage& usage,
+                       double decode_ms) {
+  metrics_.Record(usage, decode_ms);
+  if (!LogEnabled(LogLevel::kInfo)) return;
+  Log(LogLevel::kInfo,
+      FinishedRequestLine(seq.spec.id.empty() ? absl::StrCat("#", seq.ticket) : seq.spec.id, reason,
+                          usage));
 }
 
 }  // namespace strata

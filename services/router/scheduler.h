@@ -23,6 +23,7 @@
 #include "common/model/model_config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/request.h"
+#include "services/router/request_metrics.h"
 
 namespace strata {
 
@@ -85,6 +86,8 @@ class Scheduler {
     int64_t prefix_cached_blocks = 0;
   };
   Stats stats() const;
+  // Finished requests' totals (any thread).
+  const RequestMetrics& metrics() const { return metrics_; }
 
  private:
   struct Sequence;
@@ -114,6 +117,9 @@ class Scheduler {
   // Frees a running sequence's blocks and puts it back at the head of the queue.
   void Preempt(Sequence* seq);
   void Finish(Sequence* seq, FinishReason reason, const absl::Status& status = absl::OkStatus());
+  // Counts a finished request and logs its line (info); `decode_ms`: first token to last.
+  void Report(const Sequence& seq, FinishReason reason, const RequestUsage& usage,
+              double decode_ms);
   void HandleToken(Sequence* seq, int32_t token);
   // `count` more of the sequence's tokens have their keys and values in the cache.
   void Computed(Sequence* seq, int64_t count);
@@ -149,7 +155,8 @@ class Scheduler {
   std::atomic<int64_t> prefix_queried_tokens_{0};
   std::atomic<int64_t> prefix_hit_tokens_{0};
   std::atomic<int64_t> prefix_cached_blocks_{0};
-  std::atomic<int> unsent_{0};          // outbox entries: idle only once they are out too
+  RequestMetrics metrics_;
+  std::atomic<int> unsent_{0};  // outbox entries: idle only once they are out too
   std::condition_variable idle_cv_;
 
   // Owned by the engine thread.

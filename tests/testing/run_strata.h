@@ -15,9 +15,9 @@ struct CommandResult {
   std::string out;  // stdout and stderr together
 };
 
-// `args` follow "strata " in a shell command line (STRATA_BIN_DIR/strata).
-inline CommandResult RunStrata(const std::string& args) {
-  const std::string command = std::string(STRATA_BIN_DIR) + "/strata " + args + " 2>&1";
+// A shell command line, its stderr with its stdout.
+inline CommandResult RunCommand(const std::string& command_line) {
+  const std::string command = command_line + " 2>&1";
   CommandResult result;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -27,6 +27,11 @@ inline CommandResult RunStrata(const std::string& args) {
   const int status = ::pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+// `args` follow "strata " in a shell command line (STRATA_BIN_DIR/strata).
+inline CommandResult RunStrata(const std::string& args) {
+  return RunCommand(std::string(STRATA_BIN_DIR) + "/strata " + args);
 }
 
 }  // namespace strata::testing

@@ -1,5 +1,9 @@
 // The `strata` command as a user runs it: JSON on stdout, errors on stderr with a non-zero exit.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -92,6 +96,9 @@ TEST(StrataCliTest, Errors) {
       {"generate --model " + kModel + " --ids 1 --temperature -1", "temperature must be >= 0"},
       {"generate --model " + kModel + " --ids 1 --router-temperature 0", "router_temperature"},
       {"frobnicate --model " + kModel, "unknown command"},
+      {"generate --model " + kModel + " --ids 1 --stop x", "--stop needs --server"},
+      {"generate --model " + kModel, "--prompt or --ids is required"},
+      {"generate --model " + kModel + " --prompt hi", "--prompt needs the model's tokenizer"},
       // strata up checks its flags (and cluster.yaml) before starting any process.
       {"up --model " + kModel + " --cache-policy mru",
        "bad value for \"cache_policy\" (--cache-policy): must be one of lru, lfu"},
@@ -105,6 +112,87 @@ TEST(StrataCliTest, Errors) {
     EXPECT_NE(r.exit_code, 0) << c.args;
     EXPECT_THAT(r.out, HasSubstr(c.message)) << c.args;
   }
+}
+
+// `strata --help` lists the commands; `strata <command> --help` its flags, dashed, with defaults.
+TEST(StrataCliTest, HelpOfEveryCommand) {
+  const Result all = RunStrata("--help");
+  EXPECT_EQ(all.exit_code, 0) << all.out;
+  const char* commands[] = {"generate", "up",        "logits", "eval",      "bench",
+                            "stats",    "hot-ratio", "plan",   "make-model"};
+  for (const char* command : commands) {
+    EXPECT_THAT(all.out, HasSubstr(absl::StrCat("  ", command, " "))) << command;
+    const Result r = RunStrata(absl::StrCat(command, " --help"));
+    EXPECT_EQ(r.exit_code, 0) << command << ": " << r.out;
+    EXPECT_THAT(r.out, ::testing::StartsWith(absl::StrCat("strata ", command, " "))) << r.out;
+    EXPECT_THAT(r.out, ::testing::Not(::testing::ContainsRegex("--[a-z]+_[a-z]"))) << r.out;
+  }
+  const Result generate = RunStrata("generate --help");
+  EXPECT_THAT(generate.out, HasSubstr("  --max-new-tokens  Tokens to generate (default 16)\n"));
+  EXPECT_THAT(generate.out, HasSubstr("  --stop  "));
+  EXPECT_THAT(generate.out, HasSubstr("[finish: REASON]"));
+  EXPECT_THAT(RunStrata("bench --help").out, HasSubstr("  --output-len  "));
+}
+
+TEST(StrataCliTest, UnknownFlagNamesTheNearest) {
+  const Result r = RunStrata("generate --model " + kModel + " --ids 1 --max-new-token 3");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.out, HasSubstr("unknown flag --max-new-token; did you mean --max-new-tokens?"));
+  const Result up = RunStrata("up --model " + kModel + " --wokers 2");
+  EXPECT_NE(up.exit_code, 0);
+  EXPECT_THAT(up.out, HasSubstr("did you mean --workers?"));
+}
+
+// The daemons print their own usage with dashed flag names, without Abseil's warnings.
+TEST(StrataCliTest, DaemonsHelpAndUnknownFlags) {
+  const std::pair<const char*, const char*> daemons[] = {{"strata-router", "--kv-cache-mb"},
+                                                         {"strata-worker", "--gpu-memory-budget"},
+                                                         {"strata-cache", "--segment-prefix"}};
+  for (const auto& [daemon, flag] : daemons) {
+    const std::string bin = absl::StrCat(STRATA_BIN_DIR, "/", daemon);
+    const Result r = ::strata::testing::RunCommand(bin + " --help");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_THAT(r.out, ::testing::StartsWith(absl::StrCat(daemon, " --model DIR")));
+    EXPECT_THAT(r.out, HasSubstr(absl::StrCat("  ", flag, "  ")));
+    EXPECT_THAT(r.out, HasSubstr("  --log-level  debug, info, warning or error (default warning)"));
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("SetProgramUsageMessage")));
+    EXPECT_THAT(r.out, ::testing::Not(::testing::ContainsRegex("--[a-z]+_[a-z]"))) << r.out;
+    const Result bad = ::strata::testing::RunCommand(bin + " --modle /m");
+    EXPECT_EQ(bad.exit_code, 2);
+    EXPECT_THAT(bad.out, HasSubstr(absl::StrCat(daemon,
+                                                ": unknown flag --modle; did you mean "
+                                                "--model?")));
+  }
+}
+
+// A port another server holds: the router says so, and `strata up` stops what it started.
+TEST(StrataCliTest, UpOnAPortInUseFails) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  const Result r = RunStrata(absl::StrCat("up --model ", kModel, " --threads 1 --port ", port));
+  ::close(fd);
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("strata-router: cannot listen on 127.0.0.1:", port,
+                                            ": port in use")));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("READY")));
+}
+
+// In process, a prompt in text and the text out, with the model's tokenizer.
+TEST(StrataCliTest, GenerateInProcessFromAPrompt) {
+  const Result r = RunStrata(absl::StrCat("generate --model ", STRATA_SOURCE_DIR,
+                                          "/models/strata-demo --prompt 'In the beginning' "
+                                          "--max-new-tokens 8 --threads 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json["token_ids"].size(), 8u);
+  EXPECT_FALSE(json["text"].get<std::string>().empty());
 }
 
 }  // namespace

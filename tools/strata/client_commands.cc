@@ -4,16 +4,77 @@
 
 #include <optional>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/placement/hot_ratio.h"
-#include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "strata/v1/cluster.grpc.pb.h"
 #include "strata/v1/generation.grpc.pb.h"
 
 namespace strata {
+namespace {
 
-absl::Status RunRemoteGenerate(const RemoteGenerateOptions& options, std::ostream& out) {
+namespace pb = ::google::protobuf;
+
+// "stop" for FINISH_REASON_STOP.
+std::string FinishName(v1::FinishReason reason) {
+  std::string name = absl::AsciiStrToLower(v1::FinishReason_Name(reason));
+  return name.substr(name.rfind('_') + 1);
+}
+
+// One field's value (element `index` of a repeated field) as JSON. Protobuf's own JSON
+// printer writes 64-bit integers as strings; counters read better as numbers.
+nlohmann::json ToJson(const pb::Message& message);
+nlohmann::json FieldValue(const pb::Message& m, const pb::FieldDescriptor* f, int index) {
+  const pb::Reflection* r = m.GetReflection();
+  const bool rep = f->is_repeated();
+  switch (f->cpp_type()) {
+    case pb::FieldDescriptor::CPPTYPE_INT32:
+      return rep ? r->GetRepeatedInt32(m, f, index) : r->GetInt32(m, f);
+    case pb::FieldDescriptor::CPPTYPE_INT64:
+      return rep ? r->GetRepeatedInt64(m, f, index) : r->GetInt64(m, f);
+    case pb::FieldDescriptor::CPPTYPE_UINT32:
+      return rep ? r->GetRepeatedUInt32(m, f, index) : r->GetUInt32(m, f);
+    case pb::FieldDescriptor::CPPTYPE_UINT64:
+      return rep ? r->GetRepeatedUInt64(m, f, index) : r->GetUInt64(m, f);
+    case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+      return rep ? r->GetRepeatedDouble(m, f, index) : r->GetDouble(m, f);
+    case pb::FieldDescriptor::CPPTYPE_FLOAT:
+      return rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f);
+    case pb::FieldDescriptor::CPPTYPE_BOOL:
+      return rep ? r->GetRepeatedBool(m, f, index) : r->GetBool(m, f);
+    case pb::FieldDescriptor::CPPTYPE_ENUM:
+      return (rep ? r->GetRepeatedEnum(m, f, index) : r->GetEnum(m, f))->name();
+    case pb::FieldDescriptor::CPPTYPE_STRING:
+      return rep ? r->GetRepeatedString(m, f, index) : r->GetString(m, f);
+    case pb::FieldDescriptor::CPPTYPE_MESSAGE:
+      return ToJson(rep ? r->GetRepeatedMessage(m, f, index) : r->GetMessage(m, f));
+  }
+  return nullptr;
+}
+
+// Every field, set or not, under its proto name.
+nlohmann::json ToJson(const pb::Message& message) {
+  nlohmann::json json = nlohmann::json::object();
+  const pb::Descriptor* d = message.GetDescriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    if (!f->is_repeated()) {
+      json[f->name()] = FieldValue(message, f, 0);
+      continue;
+    }
+    nlohmann::json list = nlohmann::json::array();
+    const int n = message.GetReflection()->FieldSize(message, f);
+    for (int k = 0; k < n; ++k) list.push_back(FieldValue(message, f, k));
+    json[f->name()] = std::move(list);
+  }
+  return json;
+}
+
+}  // namespace
+
+absl::Status RunRemoteGenerate(const RemoteGenerateOptions& options, std::ostream& out,
+                               std::ostream& err) {
   auto stub = v1::Generation::NewStub(
       grpc::CreateChannel(options.server, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
@@ -36,7 +97,8 @@ absl::Status RunRemoteGenerate(const RemoteGenerateOptions& options, std::ostrea
                         absl::StrCat(options.server, ": ", status.error_message()));
   }
   if (options.stream_text) {
-    out << "\n";
+    out << "\n" << std::flush;
+    err << "[finish: " << FinishName(last.finish_reason()) << "]\n";
     return absl::OkStatus();
   }
   nlohmann::json json;
@@ -61,14 +123,7 @@ absl::Status RunStats(const std::string& server, std::ostream& out) {
     return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                         absl::StrCat(server, ": ", status.error_message()));
   }
-  google::protobuf::util::JsonPrintOptions options;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  std::string json;
-  if (!google::protobuf::util::MessageToJsonString(response, &json, options).ok()) {
-    return absl::InternalError("cannot print the stats as JSON");
-  }
-  out << json << "\n";
+  out << ToJson(response).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   return absl::OkStatus();
 }
 

@@ -19,10 +19,14 @@ struct RemoteGenerateOptions {
   absl::Duration timeout = absl::Minutes(10);
 };
 
-// Prints {"token_ids": [...], "text": "...", "finish_reason": "...", "usage": {...}}.
-absl::Status RunRemoteGenerate(const RemoteGenerateOptions& options, std::ostream& out);
+// Prints {"token_ids": [...], "text": "...", "finish_reason": "...", "usage": {...}}; with
+// stream_text, the text as it arrives and then "[finish: REASON]" (stop, length, eos, ...) on
+// `err`.
+absl::Status RunRemoteGenerate(const RemoteGenerateOptions& options, std::ostream& out,
+                               std::ostream& err);
 
-// `strata stats --server HOST:PORT`: the router's counters (strata.v1.Admin.Stats) as JSON.
+// `strata stats --server HOST:PORT`: the router's counters (strata.v1.Admin.Stats) as JSON,
+// every number a JSON number.
 absl::Status RunStats(const std::string& server, std::ostream& out);
 // Admin.SetHotRatio: `value` is a number in [0, 1] or "auto"; prints what is in effect.
 absl::Status RunSetHotRatio(const std::string& server, const std::string& value, std::ostream& out);

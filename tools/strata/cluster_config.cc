@@ -15,6 +15,7 @@
 #include "common/engine/model_stack.h"
 #include "common/placement/hot_ratio.h"
 #include "common/util/byte_size.h"
+#include "common/util/flag_help.h"
 
 namespace strata {
 namespace {
@@ -306,38 +307,11 @@ absl::Status CheckClusterConfig(const ClusterConfig& config) {
 
 namespace {
 
-// Edit distance, for the nearest flag to a misspelt one.
-size_t Distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
 const Key* KeyOfFlag(const std::string& flag) {
   for (const auto& [name, key] : Keys()) {
     if (!key.flag.empty() && key.flag == flag) return &key;
   }
   return nullptr;
-}
-
-std::string Nearest(const std::string& flag) {
-  std::string best;
-  size_t best_distance = 4;  // farther is no suggestion
-  for (const auto& [name, key] : Keys()) {
-    if (key.flag.empty()) continue;
-    const size_t d = Distance(flag, key.flag);
-    if (d < best_distance) best_distance = d, best = key.flag;
-  }
-  return best.empty() ? "" : absl::StrCat("; did you mean --", best, "?");
 }
 
 }  // namespace
@@ -366,8 +340,8 @@ absl::Status ApplyClusterFlags(const std::vector<std::string>& args, ClusterConf
       }
     }
     if (key == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown flag --", flag, " for `strata up`", Nearest(flag)));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", flag, " for `strata up`",
+                                                     NearestFlagHint(flag, ClusterConfigFlags())));
     }
     if (!has_value) {
       if (key->is_bool) {
@@ -387,14 +361,12 @@ absl::Status ApplyClusterFlags(const std::vector<std::string>& args, ClusterConf
 
 std::string ClusterFlagsHelp() {
   const ClusterConfig defaults;
-  std::string out;
+  std::vector<FlagDoc> docs;
   for (const auto& [name, key] : Keys()) {
     if (key.flag.empty()) continue;
-    const std::string value = key.get(defaults);
-    absl::StrAppend(&out, "  --", key.flag, "  ", key.help, " (config: ", name,
-                    value.empty() ? "" : absl::StrCat("; default ", value), ")\n");
+    docs.push_back({key.flag, absl::StrCat(key.help, " (config: ", name, ")"), key.get(defaults)});
   }
-  return out;
+  return FormatFlagDocs(docs);
 }
 
 std::vector<std::string> DaemonArgs(const ClusterConfig& config, Daemon daemon) {

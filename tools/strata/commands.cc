@@ -1,9 +1,13 @@
 #include "tools/strata/commands.h"
 
 #include <charconv>
+#include <filesystem>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "common/tokenizer/tokenizer.h"
 #include "common/util/status_macros.h"
+#include "nlohmann/json.hpp"
 
 namespace strata {
 namespace {
@@ -35,15 +39,32 @@ absl::Status RunLogitsCommand(const LogitsCommandOptions& options, std::ostream&
 }
 
 absl::Status RunGenerateCommand(const GenerateCommandOptions& options, std::ostream& out) {
-  ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine, LocalEngine::Create(options.engine));
-  ASSIGN_OR_RETURN(std::vector<int32_t> ids, engine->Generate(options.ids, options.generate));
-  std::string text = "{\"token_ids\": [";
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (i > 0) text += ", ";
-    text += std::to_string(ids[i]);
+  // The model's tokenizer, when it has one: for --prompt, and to print the text.
+  std::unique_ptr<Tokenizer> tokenizer;
+  const std::string tokenizer_path =
+      (std::filesystem::path(options.engine.model_dir) / "tokenizer.json").string();
+  std::error_code ec;
+  if (std::filesystem::exists(tokenizer_path, ec)) {
+    ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromFile(tokenizer_path));
   }
-  text += "]}\n";
-  out << text;
+  std::vector<int32_t> prompt = options.ids;
+  if (!options.prompt.empty()) {
+    if (!prompt.empty()) return absl::InvalidArgumentError("give --prompt or --ids, not both");
+    if (tokenizer == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(tokenizer_path, " is missing: --prompt needs the model's tokenizer"));
+    }
+    ASSIGN_OR_RETURN(prompt, tokenizer->Encode(options.prompt, /*add_special_tokens=*/true));
+  }
+  if (prompt.empty()) return absl::InvalidArgumentError("--prompt or --ids is required");
+  ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine, LocalEngine::Create(options.engine));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, engine->Generate(prompt, options.generate));
+  nlohmann::json json;
+  json["token_ids"] = ids;
+  if (tokenizer != nullptr) {
+    ASSIGN_OR_RETURN(json["text"], tokenizer->Decode(ids, /*skip_special_tokens=*/true));
+  }
+  out << json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 #define STRATA_TOOLS_STRATA_COMMANDS_H_
 
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -22,9 +23,11 @@ struct GenerateCommandOptions {
   LocalEngineOptions engine;
   std::vector<int32_t> ids;
   GenerateOptions generate;
+  std::string prompt;  // instead of `ids`: encoded with the model's tokenizer
 };
 
-// Prints {"token_ids": [...]} with the new ids.
+// Prints {"token_ids": [...], "text": "..."} with the new ids and, when the model has a
+// tokenizer, their text.
 absl::Status RunGenerateCommand(const GenerateCommandOptions& options, std::ostream& out);
 
 }  // namespace strata

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/util/flag_help.h"
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
 #include "common/util/tunables.h"
@@ -32,10 +33,13 @@
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json + safetensors)");
 ABSL_FLAG(std::string, ids, "", "Prompt token ids, comma-separated");
-ABSL_FLAG(std::string, prompt, "", "Prompt text (with --server; the model needs a tokenizer)");
+ABSL_FLAG(std::string, prompt, "", "Prompt text (the model needs a tokenizer.json)");
 ABSL_FLAG(std::string, server, "", "Generate through a running cluster at HOST:PORT");
-ABSL_FLAG(std::vector<std::string>, stop, {}, "Stop strings, comma-separated (with --server)");
-ABSL_FLAG(bool, stream, false, "Print the text as it arrives (with --server)");
+// Repeatable (--stop A --stop B): main() takes every occurrence out of argv before Abseil, which
+// would keep only the last. Defined for its help and so that it is a known flag.
+ABSL_FLAG(std::string, stop, "", "A stop string (with --server); repeat the flag for more");
+ABSL_FLAG(bool, stream, false,
+          "Print the text as it arrives, then [finish: REASON] on stderr (with --server)");
 ABSL_FLAG(int, max_new_tokens, 16, "Tokens to generate");
 ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 is greedy");
 ABSL_FLAG(int, top_k, 0, "Sample among the k most likely tokens; 0 keeps all");
@@ -89,29 +93,91 @@ ABSL_FLAG(std::string, note, "",
 
 namespace {
 
-constexpr char kUsage[] =
-    "strata <command> [flags]\n"
-    "commands:\n"
-    "  logits    --model DIR --ids 1,2,3   logits of every position, as JSON\n"
-    "  generate  --model DIR --ids 1,2,3 [--max-new-tokens N] [--temperature T]\n"
-    "            [--top-k K] [--top-p P] [--seed S]   new token ids, as JSON\n"
-    "  generate  --server HOST:PORT (--ids 1,2,3 | --prompt TEXT) [...]   through a cluster\n"
-    "  up        --model DIR [--workers N] [--device cpu|cuda] [--port P] [--config FILE]\n"
-    "            start a cluster; prints READY <host>:<port> (`strata up --help`: every flag)\n"
-    "  eval      --model DIR --text FILE [--server HOST:PORT] [--window 256] [--expert-stats]\n"
-    "            perplexity of the text, as JSON\n"
-    "  bench     --server HOST:PORT [--input-len 128] [--output-len 512] [--runs 10]\n"
-    "            [--concurrency 1,8,32] [--warmup 1] [--out FILE.json] [--model-name M]\n"
-    "            [--weights bf16|fp8] [--mode cluster] [--gpus N] [--machine NAME]\n"
-    "            [--temperature T]   (0: greedy; above 0 sampled, varied decode inputs)\n"
-    "            serving benchmark of a cluster: a table, and bench/results JSON\n"
-    "  make-model --shape NAME --out DIR [--dtype bf16|fp8] [--skew zipf:S] [--seed N] [--layers "
-    "L]\n"
-    "            [--force]   a random-weight model in the Hugging Face format\n"
-    "  stats     --server HOST:PORT   the router's counters, its workers and their tiers, as JSON\n"
-    "  hot-ratio --server HOST:PORT --hot-ratio (R | auto)   set the workers' hot ratio now\n"
-    "  plan      --model DIR --calibration FILE.jsonl --workers N --out plan.json\n"
-    "            count expert activations, place experts so every worker's load is equal\n";
+// Each command: its synopsis, what it does, and its flags (for `strata <command> --help`).
+struct Command {
+  const char* name;
+  const char* synopsis;
+  const char* summary;
+  std::vector<std::string> flags;
+};
+
+const std::vector<std::string> kEngineFlags = {"device",
+                                               "weights",
+                                               "threads",
+                                               "kv-block-size",
+                                               "kv-cache-mb",
+                                               "prefill-chunk",
+                                               "router-temperature",
+                                               "log-level"};
+
+std::vector<std::string> With(std::vector<std::string> flags,
+                              const std::vector<std::string>& more) {
+  flags.insert(flags.end(), more.begin(), more.end());
+  return flags;
+}
+
+const std::vector<Command>& Commands() {
+  static const auto* commands = new std::vector<Command>{
+      {"generate", "--server HOST:PORT | --model DIR, --prompt TEXT | --ids 1,2,3 [flags]",
+       "new tokens through a cluster (--server) or the model in this process (--model), as JSON",
+       With({"server", "model", "prompt", "ids", "max-new-tokens", "temperature", "top-k", "top-p",
+             "seed", "stop", "stream", "ignore-eos"},
+            kEngineFlags)},
+      {"up",
+       "--model DIR [--workers N] [--device cpu|cuda] [--port P] [--config FILE]",
+       "start a cluster; prints READY <host>:<port>",
+       {}},
+      {"logits", "--model DIR --ids 1,2,3", "logits of every position, as JSON",
+       With({"model", "ids"}, kEngineFlags)},
+      {"eval", "--model DIR --text FILE [--server HOST:PORT] [--window 256] [--expert-stats]",
+       "perplexity of the text, as JSON",
+       With({"model", "text", "server", "window", "expert-stats", "hit-rates"}, kEngineFlags)},
+      {"bench",
+       "--server HOST:PORT [--input-len 128] [--output-len 512] [--concurrency 1,8,32]",
+       "serving benchmark of a cluster: a table, and bench/results JSON",
+       {"server", "input-len", "output-len", "runs", "warmup", "concurrency", "seed", "temperature",
+        "out", "model", "model-name", "weights", "mode", "gpus", "machine", "commit", "note",
+        "log-level"}},
+      {"stats",
+       "--server HOST:PORT",
+       "the router's counters, request totals and latency, its workers and their tiers, as JSON",
+       {"server", "log-level"}},
+      {"hot-ratio",
+       "--server HOST:PORT --hot-ratio (R | auto)",
+       "set the workers' hot ratio now",
+       {"server", "hot-ratio", "log-level"}},
+      {"plan", "--model DIR --calibration FILE.jsonl --workers N --out plan.json",
+       "count expert activations, place experts so every worker's load is equal",
+       With({"model", "calibration", "workers", "out"}, kEngineFlags)},
+      {"make-model",
+       "--shape NAME --out DIR [--dtype bf16|fp8] [--skew zipf:S] [--layers L]",
+       "a random-weight model in the Hugging Face format",
+       {"shape", "out", "dtype", "skew", "seed", "layers", "force", "threads", "log-level"}},
+  };
+  return *commands;
+}
+
+const Command* FindCommand(const std::string& name) {
+  for (const Command& c : Commands()) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+std::string Usage() {
+  std::string out =
+      "strata <command> [flags]   (`strata <command> --help`: its flags)\ncommands:\n";
+  for (const Command& c : Commands()) {
+    absl::StrAppend(&out, "  ", absl::StrFormat("%-10s", c.name), " ", c.synopsis, "\n",
+                    std::string(13, ' '), c.summary, "\n");
+  }
+  return out;
+}
+
+std::string CommandHelp(const Command& c) {
+  return absl::StrCat("strata ", c.name, " ", c.synopsis, "\n", c.summary, "\nflags:\n",
+                      strata::FormatFlagDocs(strata::DocsOfFlags(c.flags)));
+}
 
 absl::StatusOr<strata::LocalEngineOptions> EngineOptionsFromFlags() {
   strata::LocalEngineOptions options;
@@ -136,7 +202,7 @@ strata::SamplingParams SamplingFromFlags() {
   return s;
 }
 
-absl::Status RemoteGenerate() {
+absl::Status RemoteGenerate(const std::vector<std::string>& stops) {
   strata::RemoteGenerateOptions options;
   options.server = absl::GetFlag(FLAGS_server);
   options.stream_text = absl::GetFlag(FLAGS_stream);
@@ -153,9 +219,9 @@ absl::Status RemoteGenerate() {
   r.mutable_sampling()->set_top_k(static_cast<uint32_t>(std::max(0, s.top_k)));
   r.mutable_sampling()->set_top_p(s.top_p);
   r.mutable_sampling()->set_seed(s.seed);
-  for (const std::string& stop : absl::GetFlag(FLAGS_stop)) r.add_stop(stop);
+  for (const std::string& stop : stops) r.add_stop(stop);
   r.set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
-  return strata::RunRemoteGenerate(options, std::cout);
+  return strata::RunRemoteGenerate(options, std::cout, std::cerr);
 }
 
 absl::Status Bench() {
@@ -218,7 +284,7 @@ absl::Status Up(const std::vector<std::string>& args, const std::string& self) {
   return strata::RunCluster(options, std::cout);
 }
 
-absl::Status Run(const std::string& command, strata::DashedFlags& flags, const std::string& self) {
+absl::Status Run(const std::string& command, const std::vector<std::string>& stops) {
   if (command == "stats") {
     if (absl::GetFlag(FLAGS_server).empty())
       return absl::InvalidArgumentError("--server is required");
@@ -280,16 +346,21 @@ absl::Status Run(const std::string& command, strata::DashedFlags& flags, const s
         result->bytes, result->shards, result->seconds);
     return absl::OkStatus();
   }
-  if (command != "logits" && command != "generate") {
-    return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\"\n", kUsage));
-  }
-  if (command == "generate" && !absl::GetFlag(FLAGS_server).empty()) return RemoteGenerate();
+  if (command == "generate" && !absl::GetFlag(FLAGS_server).empty()) return RemoteGenerate(stops);
+  if (!stops.empty()) return absl::InvalidArgumentError("--stop needs --server");
   auto engine = EngineOptionsFromFlags();
   if (!engine.ok()) return engine.status();
-  auto ids = strata::ParseIdList(absl::GetFlag(FLAGS_ids));
-  if (!ids.ok()) return ids.status();
-  if (command == "logits") return strata::RunLogitsCommand({*engine, *ids}, std::cout);
-  strata::GenerateCommandOptions options{*engine, *ids, {}};
+  std::vector<int32_t> ids;
+  if (command == "logits" || !absl::GetFlag(FLAGS_ids).empty()) {
+    auto parsed = strata::ParseIdList(absl::GetFlag(FLAGS_ids));
+    if (!parsed.ok()) return parsed.status();
+    ids = *std::move(parsed);
+  }
+  if (command == "logits") return strata::RunLogitsCommand({*engine, ids}, std::cout);
+  strata::GenerateCommandOptions options;
+  options.engine = *engine;
+  options.ids = ids;
+  options.prompt = absl::GetFlag(FLAGS_prompt);
   options.generate.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   options.generate.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   options.generate.sampling = SamplingFromFlags();
@@ -307,38 +378,65 @@ std::string SelfPath(const char* argv0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
-  if (argc >= 2 && std::string(argv[1]) == "up") {
+  const std::string usage = Usage();
+  absl::SetProgramUsageMessage(usage);
+  std::vector<std::string> args(argv, argv + argc);
+  if (args.size() < 2 || args[1] == "--help" || args[1] == "-h" || args[1] == "help") {
+    std::cout << usage;
+    return args.size() < 2 ? 2 : 0;
+  }
+  const Command* command = FindCommand(args[1]);
+  if (command == nullptr) {
+    std::cerr << "strata: unknown command \"" << args[1] << "\"\n" << usage;
+    return 2;
+  }
+  // `strata up` parses its own flags, from the config keys' table.
+  if (args[1] == "up") {
     strata::SetProgramName("strata up");
     if (const auto tunables = strata::LoadAndLogTunables(); !tunables.ok()) {
       std::cerr << "strata up: " << tunables.status().message() << "\n";
       return 2;
     }
-    absl::Status status = Up(std::vector<std::string>(argv + 2, argv + argc), SelfPath(argv[0]));
+    absl::Status status =
+        Up(std::vector<std::string>(args.begin() + 2, args.end()), SelfPath(argv[0]));
     if (!status.ok()) {
       std::cerr << "strata up: " << status.message() << "\n";
       return 1;
     }
     return 0;
   }
-  strata::DashedFlags flags(argc, argv);
-  std::vector<char*> args = absl::ParseCommandLine(flags.argc(), flags.argv());
-  if (args.size() != 2) {
-    std::cerr << kUsage;
+  const std::string program = absl::StrCat("strata ", args[1]);
+  if (strata::AsksForHelp(args)) {
+    std::cout << CommandHelp(*command);
+    return 0;
+  }
+  auto stops = strata::TakeRepeatedFlag(args, "stop");
+  absl::Status known = stops.status();
+  if (known.ok()) known = strata::CheckFlagsKnown(args, command->flags, program);
+  if (!known.ok()) {
+    std::cerr << program << ": " << known.message() << "\n";
     return 2;
   }
-  strata::SetProgramName(absl::StrCat("strata ", args[1]));
+  std::vector<char*> pointers;
+  for (std::string& arg : args) pointers.push_back(arg.data());
+  strata::DashedFlags flags(static_cast<int>(pointers.size()), pointers.data());
+  std::vector<char*> positional = absl::ParseCommandLine(flags.argc(), flags.argv());
+  if (positional.size() != 2) {
+    std::cerr << program << ": unexpected argument \"" << positional[2] << "\"\n";
+    return 2;
+  }
+  strata::SetProgramName(program);
   if (!strata::SetLogLevel(absl::GetFlag(FLAGS_log_level))) {
-    std::cerr << "strata: --log-level must be debug, info, warning or error\n";
+    std::cerr << program << ": --log-level must be debug, info, warning or error\n";
     return 2;
   }
   if (const auto tunables = strata::LoadAndLogTunables(); !tunables.ok()) {
-    std::cerr << "strata: " << tunables.status().message() << "\n";
+    std::cerr << program << ": " << tunables.status().message() << "\n";
     return 2;
   }
-  absl::Status status = Run(args[1], flags, SelfPath(argv[0]));
+  absl::Status status = Run(args[1], *stops);
   if (!status.ok()) {
-    std::cerr << "strata " << args[1] << ": " << status.message() << "\n";
+    std::cerr << program << ": " << status.message() << "\n";
     return 1;
   }
   return 0;

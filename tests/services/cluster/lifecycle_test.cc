@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "strata/v1/cluster.grpc.pb.h"
@@ -289,14 +290,25 @@ TEST(LifecycleTest, StatsReportWorkersAndCounters) {
   const auto result = strata::testing::RunStrata("stats --server " + cluster.address());
   ASSERT_EQ(result.exit_code, 0) << result.out;
   const auto stats = nlohmann::json::parse(result.out);
-  // 64-bit counters are strings in protobuf's JSON mapping.
-  EXPECT_GE(std::stoull(stats["steps"].get<std::string>()), 5u);
+  // Counters are numbers (protobuf's own JSON mapping writes 64-bit ones as strings).
+  EXPECT_GE(stats["steps"].get<uint64_t>(), 5u);
+  EXPECT_EQ(stats["requests_finished"].get<uint64_t>(), 1u);
+  EXPECT_EQ(stats["prompt_tokens"].get<uint64_t>(), 3u);
+  EXPECT_EQ(stats["generated_tokens"].get<uint64_t>(), 5u);
+  EXPECT_GT(stats["mean_ttft_ms"].get<double>(), 0.0);
+  EXPECT_GT(stats["mean_inter_token_ms"].get<double>(), 0.0);
+  EXPECT_GT(stats["uptime_s"].get<double>(), 0.0);
   EXPECT_EQ(stats["running_requests"].get<uint32_t>(), 0u);
   EXPECT_EQ(stats["free_kv_blocks"], stats["total_kv_blocks"]);
   ASSERT_EQ(stats["workers"].size(), 2u);
   for (const auto& w : stats["workers"]) EXPECT_TRUE(w["connected"].get<bool>());
   // Every expert is resident without a budget: the router predicts nothing.
-  EXPECT_EQ(stats["prefetch_actual"].get<std::string>(), "0");
+  EXPECT_EQ(stats["prefetch_actual"].get<uint64_t>(), 0u);
+  // Streamed text ends with the finish reason on stderr.
+  const auto streamed = strata::testing::RunStrata("generate --server " + cluster.address() +
+                                                   " --ids 1,2,3 --max-new-tokens 4 --stream");
+  ASSERT_EQ(streamed.exit_code, 0) << streamed.out;
+  EXPECT_THAT(streamed.out, ::testing::HasSubstr("[finish: length]"));
   EXPECT_NE(strata::testing::RunStrata("stats --server 127.0.0.1:1").exit_code, 0);
 }
 

@@ -1,0 +1,74 @@
+#include "services/router/request_metrics.h"
+
+#include "absl/strings/str_format.h"
+
+namespace strata {
+namespace {
+
+const char* ReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+    case FinishReason::kNone:
+      break;
+  }
+  return "none";
+}
+
+}  // namespace
+
+void RequestMetrics::Record(const RequestUsage& usage, double decode_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++totals_.requests;
+  totals_.prompt_tokens += usage.prompt_tokens;
+  totals_.generated_tokens += usage.completion_tokens;
+  if (usage.completion_tokens > 0) {
+    totals_.ttft_ms_sum += usage.time_to_first_token_ms;
+    ++totals_.ttft_count;
+  }
+  if (usage.completion_tokens > 1) {
+    totals_.inter_token_ms_sum += decode_ms;
+    totals_.inter_token_count += usage.completion_tokens - 1;
+  }
+}
+
+RequestMetrics::Totals RequestMetrics::totals() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Totals totals = totals_;
+  totals.tokens_so_far = tokens_.load(std::memory_order_relaxed);
+  return totals;
+}
+
+std::string FinishedRequestLine(const std::string& id, FinishReason reason,
+                                const RequestUsage& usage) {
+  return absl::StrFormat(
+      "request %s finished (%s): %d prompt tokens, %d generated, TTFT %.1f ms, %.1f tok/s decode",
+      id, ReasonName(reason), usage.prompt_tokens, usage.completion_tokens,
+      usage.time_to_first_token_ms, usage.decode_tokens_per_second);
+}
+
+bool Busy(const RequestMetrics::Totals& before, const RequestMetrics::Totals& now,
+          const ThroughputState& state) {
+  return now.requests != before.requests || now.tokens_so_far != before.tokens_so_far ||
+         state.running > 0 || state.queued > 0;
+}
+
+std::string ThroughputLine(const RequestMetrics::Totals& before, const RequestMetrics::Totals& now,
+                           double seconds, const ThroughputState& state) {
+  const double span = seconds > 0 ? seconds : 1;
+  return absl::StrFormat(
+      "last %.0f s: %d requests finished, %.1f generated tok/s; %d running, %d queued, KV "
+      "blocks %d/%d used",
+      seconds, now.requests - before.requests, (now.tokens_so_far - before.tokens_so_far) / span,
+      state.running, state.queued, state.used_kv_blocks, state.total_kv_blocks);
+}
+
+}  // namespace strata
