@@ -159,6 +159,34 @@ TEST_F(BenchClusterTest, CountsEveryRequestsTokens) {
   EXPECT_THAT(progress.str(), HasSubstr("concurrency 4, warmup round 1/1"));
 }
 
+uint64_t PrefixHitTokens(const std::string& server) {
+  const Result r = RunStrata("stats --server " + server);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  return nlohmann::json::parse(r.out)["prefix_cache_hit_tokens"].get<uint64_t>();
+}
+
+// Prompts sharing their first 64 ids: after the first request, every one finds the shared
+// prefix's two full blocks of 32 cached.
+TEST_F(BenchClusterTest, SharedPrefixesHitThePrefixCache) {
+  ASSERT_FALSE(cluster_->address().empty()) << "the cluster did not become ready";
+  const uint64_t before = PrefixHitTokens(cluster_->address());
+  BenchOptions o;
+  o.server = cluster_->address();
+  o.input_len = 80;
+  o.shared_prefix = 64;
+  o.output_len = 4;
+  o.runs = 2;
+  o.warmup = 1;
+  o.seed = 5;
+  std::ostringstream progress;
+  const absl::StatusOr<BenchReport> report = RunBench(o, progress);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(PrefixHitTokens(cluster_->address()) - before, 2u * 64u);
+
+  o.shared_prefix = 81;
+  EXPECT_FALSE(RunBench(o, progress).ok());
+}
+
 // The command as a user runs it: a table, and one JSON file per concurrency.
 TEST_F(BenchClusterTest, WritesOneResultFilePerConcurrency) {
   ASSERT_FALSE(cluster_->address().empty()) << "the cluster did not become ready";

@@ -44,6 +44,10 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
 absl::Status CheckOptions(const BenchOptions& o) {
   if (o.server.empty()) return absl::InvalidArgumentError("--server HOST:PORT is required");
   if (o.input_len < 1) return absl::InvalidArgumentError("--input-len must be at least 1");
+  if (o.shared_prefix < 0 || o.shared_prefix > o.input_len) {
+    return absl::InvalidArgumentError(absl::StrCat("--shared-prefix must be in [0, --input-len = ",
+                                                   o.input_len, "]"));
+  }
   if (o.output_len < 2) {
     return absl::InvalidArgumentError(
         "--output-len must be at least 2 (decode speed needs tokens after the first)");
@@ -77,22 +81,23 @@ int64_t ServerPreemptions(v1::Admin::Stub& admin, absl::Duration timeout) {
 }
 
 // Draws prompts of exactly `len` ids from [0, vocab) without the EOS ids, from one seeded
-// generator, so the same options give the same prompts.
+// generator, so the same options give the same prompts; the first `shared_prefix` ids are the
+// same in every prompt.
 class PromptSource {
  public:
-  PromptSource(uint64_t seed, double temperature, const v1::ModelInfoResponse& info)
+  PromptSource(uint64_t seed, double temperature, int shared_prefix,
+               const v1::ModelInfoResponse& info)
       : temperature_(temperature),
         rng_(seed),
         vocab_(info.vocab_size()),
-        eos_(info.eos_token_ids().begin(), info.eos_token_ids().end()) {}
+        eos_(info.eos_token_ids().begin(), info.eos_token_ids().end()) {
+    while (std::ssize(prefix_) < shared_prefix) prefix_.push_back(NextId());
+  }
 
   v1::GenerateRequest Next(int len, int max_new_tokens) {
-    std::uniform_int_distribution<uint32_t> dist(0, vocab_ - 1);
     v1::GenerateRequest r;
-    while (r.prompt_token_ids_size() < len) {
-      const uint32_t id = dist(rng_);
-      if (std::find(eos_.begin(), eos_.end(), id) == eos_.end()) r.add_prompt_token_ids(id);
-    }
+    for (uint32_t id : prefix_) r.add_prompt_token_ids(id);
+    while (r.prompt_token_ids_size() < len) r.add_prompt_token_ids(NextId());
     r.set_max_new_tokens(static_cast<uint32_t>(max_new_tokens));
     r.set_ignore_eos(true);
     r.mutable_sampling()->set_temperature(static_cast<float>(temperature_));
@@ -101,10 +106,19 @@ class PromptSource {
   }
 
  private:
+  uint32_t NextId() {
+    std::uniform_int_distribution<uint32_t> dist(0, vocab_ - 1);
+    while (true) {
+      const uint32_t id = dist(rng_);
+      if (std::find(eos_.begin(), eos_.end(), id) == eos_.end()) return id;
+    }
+  }
+
   double temperature_;
   std::mt19937_64 rng_;
   uint32_t vocab_;
   std::vector<uint32_t> eos_;
+  std::vector<uint32_t> prefix_;
 };
 
 struct RequestResult {
@@ -331,6 +345,7 @@ std::string BenchResultJson(const BenchOptions& o, const std::string& model, con
   row["warmup"] = o.warmup;
   row["requests"] = s.requests;
   row["seed"] = o.seed;
+  if (o.shared_prefix > 0) row["shared_prefix"] = o.shared_prefix;
   row["server_ttft_ms"] = s.server_ttft_ms;
   row["server_decode_tok_s_mean"] = s.server_decode_tok_s_mean;
   if (s.server_preemptions >= 0) row["server_preemptions"] = s.server_preemptions;
@@ -369,7 +384,7 @@ absl::StatusOr<BenchReport> RunBench(
   }
   BenchReport report;
   report.model = o.model_name.empty() ? info.model_type() : o.model_name;
-  PromptSource prompts(o.seed, o.temperature, info);
+  PromptSource prompts(o.seed, o.temperature, o.shared_prefix, info);
   for (int c : o.concurrency) {
     ConcurrencyRun run;
     run.concurrency = c;

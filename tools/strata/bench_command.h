@@ -31,6 +31,9 @@ struct BenchOptions {
   // from `seed`): on a random-weight model greedy output tends to repeat a few tokens, so that
   // consecutive decode steps route to the same experts; sampled tokens vary the steps' inputs.
   double temperature = 0;
+  // Every prompt starts with the same this many ids (drawn once), the rest drawn per request:
+  // the case of a shared system prompt or a document asked about again (prefix caching).
+  int shared_prefix = 0;
   std::string out;  // JSON file; see BenchOutputPath for several concurrencies
   // Labels recorded in the JSON, as hf-peer-bench.py records them.
   std::string model_name;        // empty: the server's model_type

@@ -70,6 +70,8 @@ ABSL_FLAG(std::string, skew, "none", "make-model: zipf:S, expert popularity ~ 1/
 ABSL_FLAG(int, layers, 0, "make-model: layers instead of the shape's own (0 keeps them)");
 ABSL_FLAG(bool, force, false, "make-model: write into a non-empty directory");
 ABSL_FLAG(int, input_len, 128, "bench: prompt tokens per request (random ids, --seed)");
+ABSL_FLAG(int, shared_prefix, 0,
+          "bench: leading prompt tokens every request shares (a repeated system prompt)");
 ABSL_FLAG(int, output_len, 512, "bench: tokens generated per request");
 ABSL_FLAG(int, runs, 10, "bench: measured rounds per concurrency");
 ABSL_FLAG(int, warmup, 1, "bench: unmeasured rounds per concurrency first");
@@ -135,7 +137,8 @@ const std::vector<Command>& Commands() {
       {"bench",
        "--server HOST:PORT [--input-len 128] [--output-len 512] [--concurrency 1,8,32]",
        "serving benchmark of a cluster: a table, and bench/results JSON",
-       {"server", "input-len", "output-len", "runs", "warmup", "concurrency", "seed", "temperature",
+       {"server", "input-len", "shared-prefix", "output-len", "runs", "warmup", "concurrency", "seed",
+        "temperature",
         "out", "model", "model-name", "weights", "mode", "gpus", "machine", "commit", "note",
         "log-level"}},
       {"stats",
@@ -236,6 +239,7 @@ absl::Status Bench() {
   o.concurrency = *concurrency;
   o.seed = absl::GetFlag(FLAGS_seed);
   o.temperature = absl::GetFlag(FLAGS_temperature);
+  o.shared_prefix = absl::GetFlag(FLAGS_shared_prefix);
   o.out = absl::GetFlag(FLAGS_out);
   o.model_name = absl::GetFlag(FLAGS_model_name);
   std::string model = absl::GetFlag(FLAGS_model);  // its directory name, unless --model-name
