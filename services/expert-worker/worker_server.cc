@@ -336,12 +336,14 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
     EncodeExpertResponse(response, slot);
     RETURN_IF_ERROR(channel.outbound().Commit(bytes));
     RETURN_IF_ERROR(channel.inbound().Pop());
+#if STRATA_HAVE_CUDA
     // The tiers' bookkeeping of what finished steps used, off the router's path.
     if (on_device && device_experts_ != nullptr) {
       if (absl::Status s = device_experts_->AfterReply(); !s.ok()) {
         Log(LogLevel::kWarning, absl::StrCat("expert tiers: ", s.message()));
       }
     }
+#endif
   }
   return absl::OkStatus();
 }
