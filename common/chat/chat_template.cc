@@ -38,8 +38,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(const std::string& source,
 }
 
 absl::StatusOr<ChatTemplate> ChatTemplate::FromModelDir(const std::string& model_dir) {
-  const std::filesystem::path path =
-      std::filesystem::path(model_dir) / "tokenizer_config.json";
+  const std::filesystem::path path = std::filesystem::path(model_dir) / "tokenizer_config.json";
   std::ifstream in(path);
   if (!in) return ChatTemplate();
   std::stringstream text;
@@ -55,16 +54,17 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromModelDir(const std::string& model
     source = it->get<std::string>();
   } else if (it->is_array()) {
     for (const auto& named : *it) {
-      if (named.is_object() && named.value("name", "") == "default" &&
-          named.contains("template") && named["template"].is_string()) {
+      if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
+          named["template"].is_string()) {
         source = named["template"].get<std::string>();
       }
     }
   }
   if (source.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path.string(), ": chat_template is neither a string nor a list with a "
-                                    "\"default\" template"));
+        absl::StrCat(path.string(),
+                     ": chat_template is neither a string nor a list with a "
+                     "\"default\" template"));
   }
   absl::StatusOr<ChatTemplate> t =
       FromSource(source, TokenText(config, "bos_token"), TokenText(config, "eos_token"));

@@ -35,9 +35,8 @@ std::string FloatText(double d) {
 std::string Repr(const Value& v) {
   if (v.is_string()) {
     const std::string s = v.get<std::string>();
-    const char quote = s.find('\'') != std::string::npos && s.find('"') == std::string::npos
-                           ? '"'
-                           : '\'';
+    const char quote =
+        s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
     std::string out(1, quote);
     for (char c : s) {
       if (c == '\\') {
@@ -59,13 +58,27 @@ std::string JsonString(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char buffer[8];
@@ -149,10 +162,10 @@ absl::StatusOr<Value> StringMethod(const std::string& s, const std::string& name
   if (name == "startswith" || name == "endswith") {
     auto prefix = string_arg(0);
     if (!prefix.ok()) return prefix.status();
-    return name == "startswith" ? s.rfind(*prefix, 0) == 0
-                                : s.size() >= prefix->size() &&
-                                      s.compare(s.size() - prefix->size(), prefix->size(),
-                                                *prefix) == 0;
+    return name == "startswith"
+               ? s.rfind(*prefix, 0) == 0
+               : s.size() >= prefix->size() &&
+                     s.compare(s.size() - prefix->size(), prefix->size(), *prefix) == 0;
   }
   if (name == "split") {
     Value parts = Value::array();
@@ -171,8 +184,8 @@ absl::StatusOr<Value> StringMethod(const std::string& s, const std::string& name
     auto sep = string_arg(0);
     if (!sep.ok()) return sep.status();
     if (sep->empty()) return absl::InvalidArgumentError("str.split: empty separator");
-    int64_t max_split = args.size() > 1 && args[1].is_number_integer() ? args[1].get<int64_t>()
-                                                                       : -1;
+    int64_t max_split =
+        args.size() > 1 && args[1].is_number_integer() ? args[1].get<int64_t>() : -1;
     size_t start = 0;
     while (max_split != 0) {
       const size_t at = s.find(*sep, start);

@@ -71,10 +71,17 @@ absl::StatusOr<std::vector<Token>> Lex(absl::string_view s, int line) {
         if (s[j] == '\\' && j + 1 < s.size()) {
           const char e = s[++j];
           switch (e) {
-            case 'n': out += '\n'; break;
-            case 't': out += '\t'; break;
-            case 'r': out += '\r'; break;
-            default: out += e;
+            case 'n':
+              out += '\n';
+              break;
+            case 't':
+              out += '\t';
+              break;
+            case 'r':
+              out += '\r';
+              break;
+            default:
+              out += e;
           }
         } else {
           out += s[j];

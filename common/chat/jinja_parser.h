@@ -11,9 +11,8 @@
 #ifndef STRATA_COMMON_CHAT_JINJA_PARSER_H_
 #define STRATA_COMMON_CHAT_JINJA_PARSER_H_
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/chat/jinja_ast.h"
 
 namespace strata::jinja {

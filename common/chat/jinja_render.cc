@@ -125,7 +125,8 @@ class Renderer {
       auto it = object.find(name);
       return it == object.end() ? Undefined() : *it;
     }
-    if (IsUndefined(object)) return ErrorAt(line, absl::StrCat("'", name, "' of an undefined value"));
+    if (IsUndefined(object))
+      return ErrorAt(line, absl::StrCat("'", name, "' of an undefined value"));
     return Undefined();
   }
 
@@ -191,8 +192,8 @@ class Renderer {
       ASSIGN_OR_RETURN(Value self, Eval(*callee.items[0]));
       absl::StatusOr<Value> result = CallMethod(self, callee.name, args);
       if (absl::IsNotFound(result.status())) {
-        return ErrorAt(e.line, absl::StrCat("the method '", callee.name,
-                                            "' is not supported on ", ToText(self)));
+        return ErrorAt(e.line, absl::StrCat("the method '", callee.name, "' is not supported on ",
+                                            ToText(self)));
       }
       if (!result.ok()) return ErrorAt(e.line, result.status().message());
       return result;
@@ -213,8 +214,7 @@ class Renderer {
       int64_t start = 0, stop = 0, step = 1;
       if (args.size() == 1 && args[0].is_number_integer()) {
         stop = args[0].get<int64_t>();
-      } else if (args.size() >= 2 && args[0].is_number_integer() &&
-                 args[1].is_number_integer()) {
+      } else if (args.size() >= 2 && args[0].is_number_integer() && args[1].is_number_integer()) {
         start = args[0].get<int64_t>();
         stop = args[1].get<int64_t>();
         if (args.size() > 2 && args[2].is_number_integer()) step = args[2].get<int64_t>();
@@ -277,8 +277,7 @@ class Renderer {
       return cmp >= 0;
     }
     if (!a.is_number() || !b.is_number()) {
-      return ErrorAt(e.line,
-                     absl::StrCat("'", op, "' on ", ToText(a), " and ", ToText(b)));
+      return ErrorAt(e.line, absl::StrCat("'", op, "' on ", ToText(a), " and ", ToText(b)));
     }
     const bool ints = a.is_number_integer() && b.is_number_integer();
     if (ints && op != "/") {

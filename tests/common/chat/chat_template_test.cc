@@ -52,10 +52,11 @@ TEST(ChatTemplateTest, Qwen3DropsEarlierThinking) {
 }
 
 TEST(ChatTemplateTest, Qwen3KeepsThinkingAfterTheLastQuery) {
-  auto out = Load("qwen3.jinja").Render(Value::parse(R"([
+  auto out = Load("qwen3.jinja")
+                 .Render(Value::parse(R"([
     {"role": "user", "content": "2+2?"},
     {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"}])"),
-                                        false);
+                         false);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(*out,
             "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\nadd\n</think>"
@@ -63,11 +64,11 @@ TEST(ChatTemplateTest, Qwen3KeepsThinkingAfterTheLastQuery) {
 }
 
 TEST(ChatTemplateTest, Qwen3EnableThinkingFalse) {
-  auto out = Load("qwen3.jinja").Render(Value::parse(R"([{"role": "user", "content": "Hi"}])"),
-                                        true, Value::parse(R"({"enable_thinking": false})"));
+  auto out = Load("qwen3.jinja")
+                 .Render(Value::parse(R"([{"role": "user", "content": "Hi"}])"), true,
+                         Value::parse(R"({"enable_thinking": false})"));
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_EQ(*out,
-            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_EQ(*out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
 }
 
 TEST(ChatTemplateTest, Qwen2AddsDefaultSystem) {
@@ -105,7 +106,8 @@ TEST(ChatTemplateTest, PlainFormatWithoutTemplate) {
 }
 
 TEST(ChatTemplateTest, DemoModelHasNoTemplate) {
-  auto t = ChatTemplate::FromModelDir(std::string(STRATA_TEST_DATA_DIR) + "/../../models/strata-demo");
+  auto t =
+      ChatTemplate::FromModelDir(std::string(STRATA_TEST_DATA_DIR) + "/../../models/strata-demo");
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_FALSE(t->has_template());
 }
@@ -137,8 +139,7 @@ TEST(JinjaTest, UnsupportedConstructsAreClearErrors) {
   context["x"] = "a b";
   auto out = jinja::Render(*body, context);
   ASSERT_FALSE(out.ok());
-  EXPECT_NE(out.status().message().find("filter 'wordcount' is not supported"),
-            std::string::npos)
+  EXPECT_NE(out.status().message().find("filter 'wordcount' is not supported"), std::string::npos)
       << out.status();
 
   EXPECT_FALSE(jinja::Parse("{% if x %}never closed").ok());
