@@ -110,7 +110,8 @@ class Scheduler {
   // Frees a running sequence's blocks and puts it back at the head of the queue.
   void Preempt(Sequence* seq);
   void Finish(Sequence* seq, FinishReason reason, const absl::Status& status = absl::OkStatus());
-  void HandleToken(Sequence* seq, int32_t token);
+  // `logprob`: the token's log-probability, for a sequence that asked for it.
+  void HandleToken(Sequence* seq, int32_t token, float logprob = 0.0f);
   void ApplyCancellations();
   // What goes to the clients (tokens, scores, finishes) waits in the outbox, in order, until
   // the next step's GPU work is under way: a streamed write can cost the GPU more idle time
