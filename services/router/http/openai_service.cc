@@ -327,16 +327,22 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
   }
   Clock::time_point last_token = arrival;
   bool first_token = true;
+  bool cancelled = false;
+  Clock::time_point last_check = arrival;
   while (true) {
     std::optional<QueueSink::Event> event = sink->Next(std::chrono::milliseconds(50));
-    if (!event) {
+    // A client that went away (or a failed write) cancels the request: checked every 50 ms
+    // even while tokens keep coming. The loop then waits for the finish, so that nothing of
+    // the request is left behind.
+    if (!cancelled && (!stream_ok || Clock::now() - last_check > std::chrono::milliseconds(50))) {
+      last_check = Clock::now();
       if (!stream_ok || responder.ClientGone()) {
-        // Cancel, then wait for the finish so nothing of the request is left behind.
         scheduler_.Cancel(*ticket);
         stream_ok = false;
+        cancelled = true;
       }
-      continue;
     }
+    if (!event) continue;
     if (!event->finished) {
       const Clock::time_point now = Clock::now();
       if (first_token) {
