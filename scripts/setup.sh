@@ -4,6 +4,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config python3 python3-grpcio python3-protobuf
+  python3-venv python3-pip
   libabsl-dev nlohmann-json3-dev libyaml-cpp-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev libnuma-dev libpcre2-dev libicu-dev

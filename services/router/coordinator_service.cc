@@ -18,6 +18,10 @@ absl::Status CoordinatorService::Register(const v1::RegisterWorkerRequest& reque
     return absl::InvalidArgumentError(
         absl::StrCat("worker index ", index, " is outside [0, ", experts_.num_workers(), ")"));
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!registered_.insert(request.worker_index()).second) restarts_.fetch_add(1);
+  }
   const v1::Transport asked = request.transport();
   if (options_.cuda_ipc && asked != v1::TRANSPORT_CUDA_IPC) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -3,7 +3,10 @@
 #ifndef STRATA_SERVICES_ROUTER_COORDINATOR_SERVICE_H_
 #define STRATA_SERVICES_ROUTER_COORDINATOR_SERVICE_H_
 
+#include <atomic>
 #include <functional>
+#include <mutex>
+#include <set>
 #include <memory>
 #include <string>
 
@@ -41,10 +44,16 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   absl::Status Register(const v1::RegisterWorkerRequest& request,
                         v1::RegisterWorkerResponse& response);
 
+  // Registrations after each worker's first: the workers that were restarted.
+  int64_t restarts() const { return restarts_.load(); }
+
  private:
   const ModelConfig& config_;
   RemoteExpertBackend& experts_;
   CoordinatorOptions options_;
+  std::mutex mu_;
+  std::set<uint32_t> registered_;  // worker indexes seen
+  std::atomic<int64_t> restarts_{0};
 };
 
 }  // namespace strata

@@ -18,6 +18,9 @@
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address to serve on; port 0 picks a free port");
+ABSL_FLAG(int, http_port, 0,
+          "Port of the OpenAI-compatible HTTP API and Prometheus /metrics, on the --listen "
+          "host; 0: off");
 ABSL_FLAG(int, workers, 1, "Expert workers to wait for; 0 runs the experts in this process");
 ABSL_FLAG(std::string, plan, "", "Expert placement from `strata plan`; default: contiguous");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
@@ -69,6 +72,12 @@ int main(int argc, char** argv) {
   options.model_dir = absl::GetFlag(FLAGS_model);
   options.listen = absl::GetFlag(FLAGS_listen);
   options.num_workers = absl::GetFlag(FLAGS_workers);
+  const int http_port = absl::GetFlag(FLAGS_http_port);
+  if (http_port < 0 || http_port > 65535) {
+    std::cerr << "strata-router: --http-port must be in [0, 65535]\n";
+    return 2;
+  }
+  options.http_port = http_port == 0 ? -1 : http_port;
   options.plan_file = absl::GetFlag(FLAGS_plan);
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_router_device);
@@ -126,6 +135,9 @@ int main(int argc, char** argv) {
   }
   strata::RouterServer& router = **server;
   std::cout << "LISTENING " << router.address() << std::endl;
+  if (router.http_port() > 0) {
+    strata::StatusLine(absl::StrCat("HTTP API on port ", router.http_port()));
+  }
   strata::StatusLine(absl::StrCat("listening on ", router.address(), "; KV pool of ",
                                   router.scheduler().kv_pool_blocks(), " blocks (",
                                   router.scheduler().kv_pool_tokens(), " tokens); waiting for ",

@@ -18,6 +18,9 @@ struct RequestSpec {
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings; need a tokenizer
   bool ignore_eos = false;
+  // Report the log-probability of each generated token under the model's distribution (the
+  // logits before temperature, top-k and top-p): ResponseSink::OnLogprobs.
+  bool logprobs = false;
   // Prefill only: report the log-probability of each prompt token after the first, generate
   // nothing (max_new_tokens is ignored).
   bool score_only = false;
@@ -39,6 +42,8 @@ class ResponseSink {
   virtual ~ResponseSink() = default;
   // New tokens since the last call, and their text (empty without a tokenizer).
   virtual void OnTokens(const std::vector<int32_t>& ids, const std::string& text) = 0;
+  // With RequestSpec::logprobs, just before each OnTokens: log p of each of its ids.
+  virtual void OnLogprobs(const std::vector<float>& logprobs) {}
   // For score_only requests, once, before OnFinish: log p(prompt[i + 1] | prompt[0..i]).
   virtual void OnScores(const std::vector<float>& logprobs) {}
   // The last call. `status` is OK unless the reason is kError.

@@ -116,7 +116,63 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   s->server_->GetHealthCheckService()->SetServingStatus(false);
   s->scheduler_->Start();
   s->monitor_ = std::thread([raw = s.get()] { raw->MonitorWorkers(); });
+  if (options.http_port >= 0) RETURN_IF_ERROR(s->StartHttp());
   return s;
+}
+
+absl::Status RouterServer::StartHttp() {
+  ASSIGN_OR_RETURN(ChatTemplate chat_template, ChatTemplate::FromModelDir(options_.model_dir));
+  OpenAiServiceOptions service;
+  service.model_name =
+      std::filesystem::path(options_.model_dir).lexically_normal().filename().string();
+  if (service.model_name.empty()) {
+    service.model_name =
+        std::filesystem::path(options_.model_dir).lexically_normal().parent_path().filename().string();
+  }
+  service.snapshot = [this] { return Snapshot(); };
+  service.ready = [this] { return ready(); };
+  openai_ = std::make_unique<OpenAiService>(std::move(service), stack_->config(), *scheduler_,
+                                            tokenizer_.get(), std::move(chat_template));
+  HttpServerOptions http = options_.http;
+  http.host = options_.listen.substr(0, options_.listen.rfind(':'));
+  if (http.host.size() >= 2 && http.host.front() == '[') http.host = http.host.substr(1, http.host.size() - 2);
+  http.port = options_.http_port;
+  ASSIGN_OR_RETURN(http_server_,
+                   HttpServer::Start(http, [service = openai_.get()](const HttpRequest& request,
+                                                                     HttpResponder& responder) {
+                     service->Handle(request, responder);
+                   }));
+  return absl::OkStatus();
+}
+
+RouterSnapshot RouterServer::Snapshot() const {
+  RouterSnapshot r;
+  const Scheduler::Stats s = scheduler_->stats();
+  r.waiting = s.waiting;
+  r.running = s.running;
+  r.kv_blocks_free = s.free_kv_blocks;
+  r.kv_blocks_total = scheduler_->kv_pool_blocks();
+  r.steps = s.steps;
+  r.preemptions = s.preemptions;
+  if (coordinator_ != nullptr) r.worker_restarts = coordinator_->restarts();
+  const PrefetchCounters& p = runner_->prefetch();
+  r.prefetch_predicted = p.predicted.load();
+  r.prefetch_correct = p.correct.load();
+  r.prefetch_actual = p.actual.load();
+  if (remote_ != nullptr) {
+    r.reroutes = remote_->reroutes();
+    for (int w = 0; w < remote_->num_workers(); ++w) {
+      const TierCounters t = remote_->tiers(w);
+      r.workers.push_back({.index = w,
+                           .connected = remote_->connected(w),
+                           .hot_hits = t.hot_hits,
+                           .warm_hits = t.warm_hits,
+                           .misses = t.misses,
+                           .prefetch_loads = t.prefetch_loads,
+                           .prefetch_hits = t.prefetch_hits});
+    }
+  }
+  return r;
 }
 
 absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
@@ -194,6 +250,7 @@ bool RouterServer::Shutdown(absl::Duration timeout) {
   if (server_ == nullptr || scheduler_ == nullptr) return true;  // Start failed part way
   server_->GetHealthCheckService()->SetServingStatus(false);
   const bool drained = scheduler_->Drain(timeout);
+  if (http_server_ != nullptr) http_server_->Shutdown();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return drained;
 }

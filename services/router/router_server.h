@@ -19,6 +19,8 @@
 #include "services/router/admin_service.h"
 #include "services/router/coordinator_service.h"
 #include "services/router/generation_service.h"
+#include "services/router/http/http_server.h"
+#include "services/router/http/openai_service.h"
 #include "services/router/remote_expert_backend.h"
 #include "services/router/scheduler.h"
 
@@ -56,6 +58,10 @@ struct RouterOptions {
   // Profiling: a file the GPU cluster's replayed steps append GPU clock stamps to (see
   // gpu::ClockStamps); empty: none.
   std::string gpu_clock_stamps;
+  // The OpenAI-compatible HTTP API and /metrics on this port of the `listen` host: -1 is off,
+  // 0 picks a free port. `http.host` and `http.port` are set from these.
+  int http_port = -1;
+  HttpServerOptions http;
 };
 
 class RouterServer {
@@ -65,6 +71,8 @@ class RouterServer {
 
   // host:port the server listens on.
   const std::string& address() const { return address_; }
+  // The HTTP API's port, 0 when it is off.
+  int http_port() const { return http_server_ != nullptr ? http_server_->port() : 0; }
   // True once every configured worker is connected (health is SERVING then).
   bool ready() const { return ready_.load(); }
   // Blocks until ready() or the timeout; false on timeout.
@@ -80,6 +88,8 @@ class RouterServer {
   void MonitorWorkers();
   // Logs what was done since `reported` (over `span`), when anything was; updates `reported`.
   void ReportThroughput(absl::Duration span, RequestMetrics::Totals& reported);
+  absl::Status StartHttp();
+  RouterSnapshot Snapshot() const;
 
   // Builds remote_ (num_workers > 0) for the placement, on the stack's device.
   absl::Status CreateRemoteExperts(PlacementPlan placement, CoordinatorOptions& coordinator);
@@ -95,6 +105,8 @@ class RouterServer {
   std::unique_ptr<CoordinatorService> coordinator_;
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<OpenAiService> openai_;
+  std::unique_ptr<HttpServer> http_server_;
   std::string address_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};

@@ -380,7 +380,9 @@ bool Scheduler::Step() {
   // The logits rows cross to the host only for the rows that sample or score; the others need
   // their greedy token.
   for (size_t r = 0; r < sampled.size(); ++r) {
-    if (!sampled[r]->sampler->greedy()) step.host_rows.push_back(static_cast<int64_t>(r));
+    if (!sampled[r]->sampler->greedy() || sampled[r]->spec.logprobs) {
+      step.host_rows.push_back(static_cast<int64_t>(r));
+    }
   }
   for (size_t r = 0; r < scored.size(); ++r) {
     step.host_rows.push_back(static_cast<int64_t>(sampled.size() + r));
@@ -419,7 +421,11 @@ bool Scheduler::Step() {
     const int32_t token = result->greedy != nullptr && sampler.greedy()
                               ? result->greedy[r]
                               : sampler.Sample(result->logits(static_cast<int64_t>(r)), vocab);
-    HandleToken(sampled[r], token);
+    const float logprob =
+        sampled[r]->spec.logprobs
+            ? LogSoftmaxAt(result->logits(static_cast<int64_t>(r)), vocab, token)
+            : 0.0f;
+    HandleToken(sampled[r], token, logprob);
   }
   return true;
 }
@@ -442,7 +448,7 @@ bool Scheduler::ReserveAhead(const LaunchedRows& in_flight) {
     // running_ as it was at the launch, every row in its place, the step in flight computing
     // the position after the last one in the cache.
     if (seq != in_flight.rows[i] || seq->ticket != in_flight.tickets[i] || !seq->has_kv ||
-        seq->computed != in_flight.positions[i] || !seq->sampler->greedy() ||
+        seq->computed != in_flight.positions[i] || !seq->sampler->greedy() || seq->spec.logprobs ||
         seq->spec.score_only || seq->generated + 1 >= seq->spec.max_new_tokens) {
       return false;
     }
@@ -489,7 +495,7 @@ bool Scheduler::StepAhead() {
   return true;
 }
 
-void Scheduler::HandleToken(Sequence* seq, int32_t token) {
+void Scheduler::HandleToken(Sequence* seq, int32_t token, float logprob) {
   const Clock::time_point now = Clock::now();
   if (seq->generated == 0) seq->first_token = now;
   seq->last_token = now;
@@ -503,7 +509,11 @@ void Scheduler::HandleToken(Sequence* seq, int32_t token) {
   if (!is_eos) update = seq->text->Add(token);
   const bool at_length = seq->generated >= seq->spec.max_new_tokens;
   if (!update.stopped && !is_eos && at_length) update.text += seq->text->Flush();
-  Post([sink = seq->sink, token, text = std::move(update.text)] { sink->OnTokens({token}, text); });
+  Post([sink = seq->sink, token, text = std::move(update.text), logprob,
+        with_logprob = seq->spec.logprobs] {
+    if (with_logprob) sink->OnLogprobs({logprob});
+    sink->OnTokens({token}, text);
+  });
   if (update.stopped) {
     Finish(seq, FinishReason::kStop);
   } else if (is_eos) {

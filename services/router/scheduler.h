@@ -120,7 +120,8 @@ class Scheduler {
   // Counts a finished request and logs its line (info); `decode_ms`: first token to last.
   void Report(const Sequence& seq, FinishReason reason, const RequestUsage& usage,
               double decode_ms);
-  void HandleToken(Sequence* seq, int32_t token);
+  // `logprob`: the token's log-probability, for a sequence that asked for it.
+  void HandleToken(Sequence* seq, int32_t token, float logprob = 0.0f);
   // `count` more of the sequence's tokens have their keys and values in the cache.
   void Computed(Sequence* seq, int64_t count);
   void ApplyCancellations();

@@ -20,6 +20,14 @@ class CollectingSink : public ResponseSink {
     ++messages_;
     if (done_) ++late_messages_;
   }
+  void OnLogprobs(const std::vector<float>& logprobs) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    logprobs_.insert(logprobs_.end(), logprobs.begin(), logprobs.end());
+  }
+  void OnScores(const std::vector<float>& scores) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    scores_ = scores;
+  }
   void OnFinish(FinishReason reason, const RequestUsage& usage,
                 const absl::Status& status) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -42,6 +50,14 @@ class CollectingSink : public ResponseSink {
     std::lock_guard<std::mutex> lock(mu_);
     return tokens_;
   }
+  std::vector<float> logprobs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return logprobs_;
+  }
+  std::vector<float> scores() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return scores_;
+  }
   std::string text() {
     std::lock_guard<std::mutex> lock(mu_);
     return text_;
@@ -63,6 +79,8 @@ class CollectingSink : public ResponseSink {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
+  std::vector<float> logprobs_;
+  std::vector<float> scores_;
   std::vector<int32_t> tokens_;
   std::string text_;
   int messages_ = 0;

@@ -212,6 +212,7 @@ TEST(ClusterConfigTest, EachDaemonGetsItsKeys) {
   c.kv_memory_mb = 4096;
   c.gpu_memory_budget = "8GiB";
   c.expert_store = "in-place";
+  ASSERT_TRUE(ApplyClusterFlags({"--http-port", "8000"}, c).ok());
   auto has = [](const std::vector<std::string>& args, const std::string& arg) {
     return std::find(args.begin(), args.end(), arg) != args.end();
   };
@@ -223,6 +224,8 @@ TEST(ClusterConfigTest, EachDaemonGetsItsKeys) {
   EXPECT_TRUE(has(router, "--kv-cache-mb=4096"));
   EXPECT_TRUE(has(router, "--cuda-graph-max-batch=32"));
   EXPECT_TRUE(has(router, "--prefetch=true"));
+  EXPECT_TRUE(has(router, "--http-port=8000"));
+  EXPECT_FALSE(has(worker, "--http-port=8000"));
   EXPECT_TRUE(has(worker, "--gpu-memory-budget=8GiB"));
   EXPECT_FALSE(has(worker, "--kv-cache-mb=4096"));
   EXPECT_FALSE(has(router, "--gpu-memory-budget=8GiB"));

@@ -133,6 +133,11 @@ const std::map<std::string, Key>& Keys() {
       {"port", KeyOf<int>("port", &ClusterConfig::port,
                           [](const int& v) { return Must(v >= 0 && v < 65536, "not a port"); })
                    .Help("port of the Generate API; 0 picks a free one")},
+      {"http_port", KeyOf<int>("http-port", &ClusterConfig::http_port,
+                               [](const int& v) { return Must(v >= 0 && v < 65536, "not a port"); })
+                        .Help("port of the OpenAI-compatible HTTP API and /metrics on the host; "
+                              "0: off")
+                        .To(kRouter)},
       {"transport", KeyOf<S>("transport", &ClusterConfig::transport,
                              [](const S& v) {
                                return OneOf(v, {"shm", "grpc"});

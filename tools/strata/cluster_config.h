@@ -23,6 +23,7 @@ struct ClusterConfig {
   std::string plan;              // expert placement file from `strata plan`
   std::string host = "127.0.0.1";
   int port = 0;                   // 0 picks a free port
+  int http_port = 0;              // the router's OpenAI-compatible HTTP API; 0: off
   std::string transport = "shm";  // shm or grpc between router and workers
   std::string log_level = "warning";
   int threads_per_process = 0;  // 0: every hardware thread

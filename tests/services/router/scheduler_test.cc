@@ -110,6 +110,40 @@ TEST(SchedulerTest, ConcurrentRequestsMatchOneAtATime) {
   EXPECT_EQ(harness.kv().free_blocks(), 512);
 }
 
+// Each generated token's log-probability is what scoring the whole sequence gives it, greedy
+// or sampled (the distribution before temperature and top-k), and asking for it changes no
+// token.
+TEST(SchedulerTest, LogprobsMatchScores) {
+  SchedulerHarness harness(/*num_blocks=*/256, {.max_batch_tokens = 32, .max_running = 8});
+  std::vector<RequestSpec> specs = MixedRequests(6, 21);
+  for (RequestSpec& spec : specs) spec.logprobs = true;
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const RequestSpec& spec : specs) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(harness.scheduler().Submit(spec, sinks.back()).ok());
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->Wait());
+    const std::vector<int32_t> tokens = sinks[i]->tokens();
+    EXPECT_EQ(tokens, RunAlone(specs[i])) << "request " << i;
+    const std::vector<float> logprobs = sinks[i]->logprobs();
+    ASSERT_EQ(logprobs.size(), tokens.size()) << "request " << i;
+    RequestSpec score;
+    score.score_only = true;
+    score.prompt = specs[i].prompt;
+    score.prompt.insert(score.prompt.end(), tokens.begin(), tokens.end());
+    auto scored = std::make_shared<CollectingSink>();
+    ASSERT_TRUE(harness.scheduler().Submit(score, scored).ok());
+    ASSERT_TRUE(scored->Wait());
+    const std::vector<float> scores = scored->scores();
+    const size_t prompt = specs[i].prompt.size();
+    for (size_t j = 0; j < tokens.size(); ++j) {
+      EXPECT_LE(logprobs[j], 0.0f);
+      EXPECT_NEAR(logprobs[j], scores[prompt - 1 + j], 1e-3) << "request " << i << " token " << j;
+    }
+  }
+}
+
 TEST(SchedulerTest, SmallPoolKeepsTheTokens) {
   // 40 blocks of 4 tokens cannot hold twelve requests of up to 70 tokens at once: some wait
   // for blocks (or are preempted, as their decodes grow).

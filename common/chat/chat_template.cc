@@ -1,0 +1,97 @@
+#include "common/chat/chat_template.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/chat/jinja_builtins.h"
+#include "common/chat/jinja_parser.h"
+#include "common/chat/jinja_render.h"
+#include "common/util/status_macros.h"
+
+namespace strata {
+namespace {
+
+// A special token is a string, or an AddedToken object with "content".
+std::string TokenText(const nlohmann::json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+    return (*it)["content"].get<std::string>();
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(const std::string& source,
+                                                      std::string bos_token,
+                                                      std::string eos_token) {
+  ASSIGN_OR_RETURN(jinja::Body body, jinja::Parse(source));
+  ChatTemplate t;
+  t.body_ = std::make_shared<const jinja::Body>(std::move(body));
+  t.bos_token_ = std::move(bos_token);
+  t.eos_token_ = std::move(eos_token);
+  return t;
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::FromModelDir(const std::string& model_dir) {
+  const std::filesystem::path path = std::filesystem::path(model_dir) / "tokenizer_config.json";
+  std::ifstream in(path);
+  if (!in) return ChatTemplate();
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json config = nlohmann::json::parse(text.str(), nullptr, false);
+  if (config.is_discarded() || !config.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not a JSON object"));
+  }
+  auto it = config.find("chat_template");
+  if (it == config.end() || it->is_null()) return ChatTemplate();
+  std::string source;
+  if (it->is_string()) {
+    source = it->get<std::string>();
+  } else if (it->is_array()) {
+    for (const auto& named : *it) {
+      if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
+          named["template"].is_string()) {
+        source = named["template"].get<std::string>();
+      }
+    }
+  }
+  if (source.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(),
+                     ": chat_template is neither a string nor a list with a "
+                     "\"default\" template"));
+  }
+  absl::StatusOr<ChatTemplate> t =
+      FromSource(source, TokenText(config, "bos_token"), TokenText(config, "eos_token"));
+  if (!t.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": ", t.status().message()));
+  }
+  return t;
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(const jinja::Value& messages,
+                                                 bool add_generation_prompt,
+                                                 const jinja::Value& variables) const {
+  if (body_ == nullptr) {
+    std::string out;
+    for (const auto& m : messages) {
+      absl::StrAppend(&out, jinja::ToText(m.value("role", jinja::Value(""))), ": ",
+                      jinja::ToText(m.value("content", jinja::Value(""))), "\n");
+    }
+    if (add_generation_prompt) out += "assistant:";
+    return out;
+  }
+  jinja::Value context = variables.is_object() ? variables : jinja::Value::object();
+  context["messages"] = messages;
+  context["add_generation_prompt"] = add_generation_prompt;
+  context["bos_token"] = bos_token_;
+  context["eos_token"] = eos_token_;
+  return jinja::Render(*body_, context);
+}
+
+}  // namespace strata

@@ -1,0 +1,96 @@
+// A small HTTP/1.1 server: one thread per connection (the handlers block while a generation
+// runs), keep-alive, bodies by Content-Length, responses whole or chunked (for server-sent
+// events), and a way for a handler to notice that its client has gone.
+#ifndef STRATA_SERVICES_ROUTER_HTTP_HTTP_SERVER_H_
+#define STRATA_SERVICES_ROUTER_HTTP_HTTP_SERVER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace strata {
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;                     // 0 picks a free port
+  size_t max_body_bytes = 8 << 20;  // larger bodies get 413
+  size_t max_header_bytes = 64 << 10;
+  int max_connections = 512;  // beyond this new connections get 503 and are closed
+  int idle_timeout_s = 60;    // a keep-alive connection with no request for this long closes
+};
+
+struct HttpRequest {
+  std::string method;
+  std::string path;                            // without the query string
+  std::map<std::string, std::string> headers;  // names lower-cased
+  std::string body;
+};
+
+// A handler's side of one exchange. Either Send once, or StartStream, WriteChunk... EndStream.
+class HttpResponder {
+ public:
+  explicit HttpResponder(int fd) : fd_(fd) {}
+
+  absl::Status Send(int status, absl::string_view content_type, absl::string_view body);
+  absl::Status StartStream(int status, absl::string_view content_type);
+  absl::Status WriteChunk(absl::string_view data);
+  absl::Status EndStream();
+  // Whether the client closed its end (or reset the connection): the handler should stop.
+  bool ClientGone() const;
+
+  bool responded() const { return responded_; }
+  bool keep_alive() const { return keep_alive_; }
+  void set_keep_alive(bool keep) { keep_alive_ = keep; }
+
+ private:
+  absl::Status WriteAll(absl::string_view data);
+
+  int fd_;
+  bool responded_ = false;
+  bool keep_alive_ = true;
+};
+
+using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;
+
+class HttpServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options,
+                                                           HttpHandler handler);
+  ~HttpServer();
+
+  int port() const { return port_; }
+  // Stops accepting, closes every connection (handlers see ClientGone) and waits for them.
+  void Shutdown();
+
+ private:
+  HttpServer() = default;
+  void AcceptLoop();
+  void Serve(int fd);
+
+  HttpServerOptions options_;
+  HttpHandler handler_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::condition_variable idle_cv_;
+  std::set<int> connections_;
+  int active_ = 0;  // connection threads alive
+};
+
+// The standard reason phrase of a status code.
+const char* HttpReason(int status);
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_ROUTER_HTTP_HTTP_SERVER_H_

@@ -1,0 +1,287 @@
+#include "services/router/http/openai_request.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+
+namespace strata {
+namespace {
+
+constexpr char kParamPayload[] = "strata.openai.param";
+constexpr char kCodePayload[] = "strata.openai.code";
+
+absl::StatusOr<double> Number(const Json& body, const char* key, double low, double high) {
+  const Json& v = body[key];
+  if (!v.is_number()) return BadParam(key, absl::StrCat("'", key, "' must be a number"));
+  const double d = v.get<double>();
+  if (!(d >= low && d <= high)) {
+    return BadParam(key, absl::StrCat("'", key, "' must be in [", low, ", ", high, "], not ", d));
+  }
+  return d;
+}
+
+bool Present(const Json& body, const char* key) {
+  return body.contains(key) && !body[key].is_null();
+}
+
+// Chat message content: a string, or parts of which only text parts are taken.
+absl::StatusOr<std::string> ContentText(const Json& content, size_t index) {
+  const std::string param = absl::StrCat("messages[", index, "].content");
+  if (content.is_null()) return std::string();
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) return BadParam(param, "content must be a string or a list of parts");
+  std::string text;
+  for (const Json& part : content) {
+    if (!part.is_object() || !part.contains("type") || part["type"] != Json("text") ||
+        !part.contains("text") || !part["text"].is_string()) {
+      return BadParam(param,
+                      "only text content parts ({\"type\": \"text\", \"text\": ...}) "
+                      "are supported");
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+absl::Status ParsePrompt(const Json& prompt, OpenAiRequest& r) {
+  auto ids = [&](const Json& list) -> absl::Status {
+    for (const Json& id : list) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return BadParam("prompt", "token ids must be non-negative integers");
+      }
+      r.prompt_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
+    if (r.prompt_ids.empty()) return BadParam("prompt", "the prompt is empty");
+    return absl::OkStatus();
+  };
+  if (prompt.is_string()) {
+    r.prompt_text = prompt.get<std::string>();
+    return absl::OkStatus();
+  }
+  if (prompt.is_array() && !prompt.empty()) {
+    if (prompt[0].is_number_integer()) return ids(prompt);
+    if (prompt.size() > 1) {
+      return BadParam("prompt", "one prompt per request: a list of prompts is not supported");
+    }
+    if (prompt[0].is_string()) {
+      r.prompt_text = prompt[0].get<std::string>();
+      return absl::OkStatus();
+    }
+    if (prompt[0].is_array()) return ids(prompt[0]);
+  }
+  return BadParam("prompt", "'prompt' must be a string, a list of token ids, or a list of one");
+}
+
+absl::Status ParseMessages(const Json& messages, OpenAiRequest& r) {
+  if (!messages.is_array() || messages.empty()) {
+    return BadParam("messages", "'messages' must be a non-empty list");
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Json& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return BadParam(absl::StrCat("messages[", i, "].role"), "each message needs a string 'role'");
+    }
+    if (!m.contains("content")) {
+      return BadParam(absl::StrCat("messages[", i, "].content"), "each message needs 'content'");
+    }
+    ASSIGN_OR_RETURN(std::string text, ContentText(m["content"], i));
+    Json message = m;  // other keys (name, reasoning_content) stay for the template
+    message["content"] = std::move(text);
+    r.messages.push_back(std::move(message));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string ErrorBody(const ApiError& e) {
+  Json body;
+  body["error"]["message"] = e.message;
+  body["error"]["type"] = e.type;
+  body["error"]["param"] = e.param.empty() ? Json(nullptr) : Json(e.param);
+  body["error"]["code"] = e.code.empty() ? Json(nullptr) : Json(e.code);
+  return body.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+absl::Status BadParam(absl::string_view param, absl::string_view message, absl::string_view code) {
+  absl::Status status = absl::InvalidArgumentError(message);
+  if (!param.empty()) status.SetPayload(kParamPayload, absl::Cord(param));
+  if (!code.empty()) status.SetPayload(kCodePayload, absl::Cord(code));
+  return status;
+}
+
+ApiError ToApiError(const absl::Status& status) {
+  ApiError e;
+  e.message = std::string(status.message());
+  if (auto param = status.GetPayload(kParamPayload)) e.param = std::string(*param);
+  if (auto code = status.GetPayload(kCodePayload)) e.code = std::string(*code);
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      e.status = 400;
+      break;
+    case absl::StatusCode::kNotFound:
+      e.status = 404;
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      e.status = 429;
+      e.type = "rate_limit_error";
+      break;
+    case absl::StatusCode::kUnavailable:
+      e.status = 503;
+      e.type = "server_error";
+      break;
+    default:
+      e.status = 500;
+      e.type = "server_error";
+  }
+  return e;
+}
+
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool chat) {
+  const Json body = Json::parse(text.begin(), text.end(), nullptr, false);
+  if (body.is_discarded()) return BadParam("", "the body is not valid JSON");
+  if (!body.is_object()) return BadParam("", "the body must be a JSON object");
+  OpenAiRequest r;
+  r.chat = chat;
+  if (!body.contains("model") || !body["model"].is_string()) {
+    return BadParam("model", "'model' is required (a string; GET /v1/models lists them)");
+  }
+  r.model = body["model"].get<std::string>();
+  if (chat) {
+    if (!body.contains("messages")) return BadParam("messages", "'messages' is required");
+    RETURN_IF_ERROR(ParseMessages(body["messages"], r));
+    if (Present(body, "chat_template_kwargs")) {
+      if (!body["chat_template_kwargs"].is_object()) {
+        return BadParam("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+      }
+      r.template_variables = body["chat_template_kwargs"];
+    }
+    if (Present(body, "add_generation_prompt")) {
+      if (!body["add_generation_prompt"].is_boolean()) {
+        return BadParam("add_generation_prompt", "'add_generation_prompt' must be a boolean");
+      }
+      r.add_generation_prompt = body["add_generation_prompt"].get<bool>();
+    }
+  } else {
+    if (!body.contains("prompt")) return BadParam("prompt", "'prompt' is required");
+    RETURN_IF_ERROR(ParsePrompt(body["prompt"], r));
+  }
+  const std::vector<const char*> max_keys =
+      chat ? std::vector<const char*>{"max_completion_tokens", "max_tokens"}
+           : std::vector<const char*>{"max_tokens"};
+  for (const char* key : max_keys) {
+    if (!Present(body, key)) continue;
+    const Json& v = body[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1) {
+      return BadParam(key, absl::StrCat("'", key, "' must be an integer of at least 1"));
+    }
+    r.max_tokens = v.get<int64_t>();
+  }
+  if (Present(body, "temperature")) {
+    ASSIGN_OR_RETURN(double t, Number(body, "temperature", 0.0, 2.0));
+    r.temperature = static_cast<float>(t);
+  }
+  if (Present(body, "top_p")) {
+    ASSIGN_OR_RETURN(double p, Number(body, "top_p", 0.0, 1.0));
+    if (p == 0.0) return BadParam("top_p", "'top_p' must be above 0");
+    r.top_p = static_cast<float>(p);
+  }
+  if (Present(body, "top_k")) {
+    const Json& k = body["top_k"];
+    if (!k.is_number_integer() || k.get<int64_t>() < -1 || k.get<int64_t>() > (1 << 30)) {
+      return BadParam("top_k", "'top_k' must be an integer: 0 or -1 for no limit");
+    }
+    r.top_k = static_cast<int>(std::max<int64_t>(k.get<int64_t>(), 0));
+  }
+  if (Present(body, "seed")) {
+    if (!body["seed"].is_number_integer()) return BadParam("seed", "'seed' must be an integer");
+    r.seed = body["seed"].is_number_unsigned() ? body["seed"].get<uint64_t>()
+                                               : static_cast<uint64_t>(body["seed"].get<int64_t>());
+  }
+  if (Present(body, "stop")) {
+    const Json& stop = body["stop"];
+    if (stop.is_string()) {
+      r.stop.push_back(stop.get<std::string>());
+    } else if (stop.is_array()) {
+      for (const Json& s : stop) {
+        if (!s.is_string()) return BadParam("stop", "'stop' must be a string or strings");
+        r.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return BadParam("stop", "'stop' must be a string or a list of strings");
+    }
+    for (const std::string& s : r.stop) {
+      if (s.empty()) return BadParam("stop", "stop strings cannot be empty");
+    }
+  }
+  if (Present(body, "stream")) {
+    if (!body["stream"].is_boolean()) return BadParam("stream", "'stream' must be a boolean");
+    r.stream = body["stream"].get<bool>();
+  }
+  if (Present(body, "stream_options")) {
+    const Json& o = body["stream_options"];
+    if (!o.is_object()) return BadParam("stream_options", "'stream_options' must be an object");
+    if (o.contains("include_usage") && !o["include_usage"].is_boolean()) {
+      return BadParam("stream_options", "'include_usage' must be a boolean");
+    }
+    r.include_usage = o.contains("include_usage") && o["include_usage"].get<bool>();
+  }
+  if (Present(body, "n")) {
+    if (!body["n"].is_number_integer() || body["n"].get<int64_t>() != 1) {
+      return BadParam("n", "only n = 1 is supported");
+    }
+  }
+  if (Present(body, "logprobs")) {
+    const Json& l = body["logprobs"];
+    if (chat) {
+      if (!l.is_boolean()) return BadParam("logprobs", "'logprobs' must be a boolean");
+      r.logprobs = l.get<bool>();
+    } else {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() > 20) {
+        return BadParam("logprobs", "'logprobs' must be an integer in [0, 20]");
+      }
+      r.logprobs = true;
+      r.top_logprobs = static_cast<int>(l.get<int64_t>());
+    }
+  }
+  if (chat && Present(body, "top_logprobs")) {
+    const Json& t = body["top_logprobs"];
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > 20) {
+      return BadParam("top_logprobs", "'top_logprobs' must be an integer in [0, 20]");
+    }
+    if (!r.logprobs) return BadParam("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r.top_logprobs = static_cast<int>(t.get<int64_t>());
+  }
+  if (Present(body, "ignore_eos")) {
+    if (!body["ignore_eos"].is_boolean()) return BadParam("ignore_eos", "must be a boolean");
+    r.ignore_eos = body["ignore_eos"].get<bool>();
+  }
+  // Options Strata does not implement are refused rather than ignored.
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    if (Present(body, key) && !(body[key].is_number() && body[key].get<double>() == 0.0)) {
+      return BadParam(key, absl::StrCat("'", key, "' is not supported"));
+    }
+  }
+  if (Present(body, "best_of") && body["best_of"] != Json(1)) {
+    return BadParam("best_of", "'best_of' is not supported");
+  }
+  if (Present(body, "echo") && body["echo"] != Json(false)) {
+    return BadParam("echo", "'echo' is not supported");
+  }
+  if (Present(body, "suffix")) return BadParam("suffix", "'suffix' is not supported");
+  if (Present(body, "logit_bias") && !body["logit_bias"].empty()) {
+    return BadParam("logit_bias", "'logit_bias' is not supported");
+  }
+  if (Present(body, "tools") && !body["tools"].empty()) {
+    return BadParam("tools", "tool calling is not supported");
+  }
+  return r;
+}
+
+}  // namespace strata

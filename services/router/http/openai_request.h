@@ -1,0 +1,68 @@
+// The OpenAI-compatible request bodies (/v1/completions, /v1/chat/completions): parsed and
+// checked into one form, with OpenAI-style errors (HTTP status, type, param, code).
+#ifndef STRATA_SERVICES_ROUTER_HTTP_OPENAI_REQUEST_H_
+#define STRATA_SERVICES_ROUTER_HTTP_OPENAI_REQUEST_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
+namespace strata {
+
+using Json = nlohmann::ordered_json;
+
+struct OpenAiRequest {
+  bool chat = false;
+  std::string model;
+  // Completions: the prompt as text, or as token ids (exactly one is set).
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_ids;
+  // Chat: [{"role", "content" (text)}], and the template's extra names.
+  Json messages = Json::array();
+  Json template_variables = Json::object();
+  bool add_generation_prompt = true;
+  std::optional<int64_t> max_tokens;  // absent: 16 for completions, the context left for chat
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  // Completions `logprobs: N` or chat `logprobs: true`: the chosen token's log-probability.
+  bool logprobs = false;
+  int top_logprobs = 0;
+  bool ignore_eos = false;
+};
+
+// An error as the API reports it.
+struct ApiError {
+  int status = 400;
+  std::string type = "invalid_request_error";
+  std::string message;
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+};
+
+// `{"error": {"message", "type", "param", "code"}}`.
+std::string ErrorBody(const ApiError& error);
+
+// An INVALID_ARGUMENT status that names the request field (and optionally an error code).
+absl::Status BadParam(absl::string_view param, absl::string_view message,
+                      absl::string_view code = "");
+// The API's form of `status`: INVALID_ARGUMENT 400, NOT_FOUND 404, RESOURCE_EXHAUSTED 429,
+// UNAVAILABLE 503, others 500.
+ApiError ToApiError(const absl::Status& status);
+
+// Parses a request body. INVALID_ARGUMENT (400) for bad JSON, missing or malformed fields and
+// options Strata does not support (n > 1, best_of, echo, suffix, penalties, logit_bias, tools).
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool chat);
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_ROUTER_HTTP_OPENAI_REQUEST_H_

@@ -1,0 +1,91 @@
+#include "services/router/http/serving_metrics.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace strata {
+
+const char* OutcomeName(RequestOutcome outcome) {
+  switch (outcome) {
+    case RequestOutcome::kSuccess:
+      return "success";
+    case RequestOutcome::kInvalid:
+      return "invalid";
+    case RequestOutcome::kRejected:
+      return "rejected";
+    case RequestOutcome::kCancelled:
+      return "cancelled";
+    case RequestOutcome::kError:
+      return "error";
+    case RequestOutcome::kCount:
+      break;
+  }
+  return "unknown";
+}
+
+ServingMetrics::ServingMetrics()
+    : time_to_first_token({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
+      inter_token_latency({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}) {}
+
+std::string RenderMetrics(const ServingMetrics& s, const RouterSnapshot& r) {
+  MetricsWriter w;
+  for (int i = 0; i < static_cast<int>(RequestOutcome::kCount); ++i) {
+    w.Counter("strata_requests_total", "HTTP API generation requests by how they ended",
+              static_cast<double>(s.requests[i].load()),
+              {{"outcome", OutcomeName(static_cast<RequestOutcome>(i))}});
+  }
+  w.Counter("strata_prompt_tokens_total", "Prompt tokens of HTTP API requests admitted",
+            static_cast<double>(s.prompt_tokens.load()));
+  w.Counter("strata_generated_tokens_total", "Tokens generated for HTTP API requests",
+            static_cast<double>(s.generated_tokens.load()));
+  w.Histogram("strata_time_to_first_token_seconds",
+              "From a request's arrival to its first generated token",
+              s.time_to_first_token.snapshot());
+  w.Histogram("strata_inter_token_latency_seconds", "Between a request's successive tokens",
+              s.inter_token_latency.snapshot());
+  w.Gauge("strata_requests_waiting", "Requests queued for admission", r.waiting);
+  w.Gauge("strata_requests_running", "Sequences in the running batch", r.running);
+  w.Gauge("strata_kv_blocks_capacity", "Blocks of the paged KV cache", r.kv_blocks_total);
+  w.Gauge("strata_kv_blocks_used", "KV-cache blocks held by sequences",
+          r.kv_blocks_total - r.kv_blocks_free);
+  w.Counter("strata_steps_total", "Forward steps run", static_cast<double>(r.steps));
+  w.Counter("strata_preemptions_total", "Sequences preempted for KV blocks (later recomputed)",
+            static_cast<double>(r.preemptions));
+  w.Counter("strata_worker_restarts_total",
+            "Workers that registered again after their first registration",
+            static_cast<double>(r.worker_restarts));
+  w.Counter("strata_reroutes_total", "Layers run again around a failed worker",
+            static_cast<double>(r.reroutes));
+  w.Counter("strata_prefetch_predicted_total", "Experts predicted for the next layer",
+            static_cast<double>(r.prefetch_predicted));
+  w.Counter("strata_prefetch_correct_total", "Predicted experts the gate then picked",
+            static_cast<double>(r.prefetch_correct));
+  w.Counter("strata_prefetch_actual_total", "Experts the gate picked (where predicted)",
+            static_cast<double>(r.prefetch_actual));
+  for (const auto& worker : r.workers) {
+    w.Gauge("strata_worker_connected", "Whether the worker is registered", worker.connected ? 1 : 0,
+            {{"worker", absl::StrCat(worker.index)}});
+  }
+  for (const auto& worker : r.workers) {
+    const std::string index = absl::StrCat(worker.index);
+    w.Counter("strata_worker_tier_hits_total", "Expert uses served from a tier, per worker",
+              static_cast<double>(worker.hot_hits), {{"worker", index}, {"tier", "hot"}});
+    w.Counter("strata_worker_tier_hits_total", "", static_cast<double>(worker.warm_hits),
+              {{"worker", index}, {"tier", "warm"}});
+  }
+  for (const auto& worker : r.workers) {
+    w.Counter("strata_worker_tier_misses_total",
+              "Expert uses not resident (cold: copied in or computed by strata-cache)",
+              static_cast<double>(worker.misses), {{"worker", absl::StrCat(worker.index)}});
+  }
+  for (const auto& worker : r.workers) {
+    w.Counter("strata_worker_prefetch_loads_total", "Experts a worker loaded ahead on a hint",
+              static_cast<double>(worker.prefetch_loads), {{"worker", absl::StrCat(worker.index)}});
+  }
+  for (const auto& worker : r.workers) {
+    w.Counter("strata_worker_prefetch_hits_total", "Prefetched experts then used",
+              static_cast<double>(worker.prefetch_hits), {{"worker", absl::StrCat(worker.index)}});
+  }
+  return w.text();
+}
+
+}  // namespace strata

@@ -1,0 +1,62 @@
+// What /metrics reports: the HTTP API's request counters and latency histograms, and a
+// snapshot of the router's state (scheduler, KV pool, workers' tiers, prefetch) taken per
+// scrape.
+#ifndef STRATA_SERVICES_ROUTER_HTTP_SERVING_METRICS_H_
+#define STRATA_SERVICES_ROUTER_HTTP_SERVING_METRICS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "services/router/http/metrics.h"
+
+namespace strata {
+
+// How an HTTP API request ended.
+enum class RequestOutcome { kSuccess, kInvalid, kRejected, kCancelled, kError, kCount };
+const char* OutcomeName(RequestOutcome outcome);
+
+struct ServingMetrics {
+  ServingMetrics();
+  void Count(RequestOutcome outcome) {
+    requests[static_cast<int>(outcome)].fetch_add(1, std::memory_order_relaxed);
+  }
+
+  std::atomic<uint64_t> requests[static_cast<int>(RequestOutcome::kCount)] = {};
+  std::atomic<uint64_t> prompt_tokens{0};
+  std::atomic<uint64_t> generated_tokens{0};
+  Histogram time_to_first_token;  // seconds, from the request's arrival
+  Histogram inter_token_latency;  // seconds between a request's successive tokens
+};
+
+struct RouterSnapshot {
+  int waiting = 0;
+  int running = 0;
+  int kv_blocks_total = 0;
+  int kv_blocks_free = 0;
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t worker_restarts = 0;
+  int64_t reroutes = 0;
+  uint64_t prefetch_predicted = 0;
+  uint64_t prefetch_correct = 0;
+  uint64_t prefetch_actual = 0;
+  struct Worker {
+    int index = 0;
+    bool connected = false;
+    uint64_t hot_hits = 0;
+    uint64_t warm_hits = 0;
+    uint64_t misses = 0;  // cold: copied in or computed by strata-cache
+    uint64_t prefetch_loads = 0;
+    uint64_t prefetch_hits = 0;
+  };
+  std::vector<Worker> workers;
+};
+
+// The whole /metrics page.
+std::string RenderMetrics(const ServingMetrics& serving, const RouterSnapshot& router);
+
+}  // namespace strata
+
+#endif  // STRATA_SERVICES_ROUTER_HTTP_SERVING_METRICS_H_

@@ -1,0 +1,161 @@
+#include "common/chat/chat_template.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "common/chat/jinja_parser.h"
+#include "common/chat/jinja_render.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+using jinja::Value;
+
+std::string ReadTemplate(const std::string& name) {
+  std::ifstream in(std::string(STRATA_TEST_DATA_DIR) + "/chat_templates/" + name);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+ChatTemplate Load(const std::string& name) {
+  auto t = ChatTemplate::FromSource(ReadTemplate(name), "<s>", "</s>");
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? *std::move(t) : ChatTemplate();
+}
+
+Value Conversation() {
+  return Value::parse(R"([
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nHello!"},
+    {"role": "user", "content": "Name a color."}])");
+}
+
+Value Alternating() {
+  return Value::parse(R"([
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "Bye"}])");
+}
+
+// The expected strings are what jinja2 renders with transformers' settings (trim_blocks,
+// lstrip_blocks).
+TEST(ChatTemplateTest, Qwen3DropsEarlierThinking) {
+  auto out = Load("qwen3.jinja").Render(Conversation(), true);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nName a color."
+            "<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplateTest, Qwen3KeepsThinkingAfterTheLastQuery) {
+  auto out = Load("qwen3.jinja")
+                 .Render(Value::parse(R"([
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"}])"),
+                         false);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\nadd\n</think>"
+            "\n\n4<|im_end|>\n");
+}
+
+TEST(ChatTemplateTest, Qwen3EnableThinkingFalse) {
+  auto out = Load("qwen3.jinja")
+                 .Render(Value::parse(R"([{"role": "user", "content": "Hi"}])"), true,
+                         Value::parse(R"({"enable_thinking": false})"));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+}
+
+TEST(ChatTemplateTest, Qwen2AddsDefaultSystem) {
+  auto out = Load("qwen2.jinja").Render(Alternating(), true);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi"
+            "<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye"
+            "<|im_end|>\n<|im_start|>assistant\n");
+  out = Load("qwen2.jinja").Render(Conversation(), true);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nhmm\n</think>\n\nHello!<|im_end|>\n"
+            "<|im_start|>user\nName a color.<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplateTest, Mixtral) {
+  auto out = Load("mixtral.jinja").Render(Alternating(), true);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "<s>[INST] Hi [/INST]Hello!</s>[INST] Bye [/INST]");
+}
+
+TEST(ChatTemplateTest, RaiseExceptionIsAnError) {
+  auto out = Load("mixtral.jinja").Render(Conversation(), true);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("Conversation roles must alternate"), std::string::npos)
+      << out.status();
+}
+
+TEST(ChatTemplateTest, PlainFormatWithoutTemplate) {
+  auto out = ChatTemplate().Render(Alternating(), true);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(*out, "user: Hi\nassistant: Hello!\nuser: Bye\nassistant:");
+}
+
+TEST(ChatTemplateTest, DemoModelHasNoTemplate) {
+  auto t =
+      ChatTemplate::FromModelDir(std::string(STRATA_TEST_DATA_DIR) + "/../../models/strata-demo");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_FALSE(t->has_template());
+}
+
+TEST(JinjaTest, ExpressionsAndWhitespace) {
+  const std::string source =
+      "{% for m in messages %}\n  {{ m.role }}: {{ m.content|trim }}\n{% endfor %}"
+      "{{ messages|length }} {{ [1, 'a', none, true] }} {{ {'k': 1.5}|tojson }} "
+      "{{ 'abc'[::-1] }} {{ 7 // 2 }} {{ -7 % 3 }} {{ 'x' ~ 1 }}{# note #}\n"
+      "{% if x is not defined %}undef{% endif %}";
+  auto body = jinja::Parse(source);
+  ASSERT_TRUE(body.ok()) << body.status();
+  Value context = Value::object();
+  context["messages"] = Value::parse(R"([{"role": "user", "content": " Hi "}])");
+  auto out = jinja::Render(*body, context);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "  user: Hi\n1 [1, 'a', None, True] {\"k\": 1.5} cba 3 2 x1undef");
+}
+
+TEST(JinjaTest, UnsupportedConstructsAreClearErrors) {
+  auto macro = jinja::Parse("text\n{% macro f(x) %}{{ x }}{% endmacro %}");
+  ASSERT_FALSE(macro.ok());
+  EXPECT_NE(macro.status().message().find("line 2"), std::string::npos) << macro.status();
+  EXPECT_NE(macro.status().message().find("'macro' is not supported"), std::string::npos);
+
+  auto body = jinja::Parse("{{ x|wordcount }}");
+  ASSERT_TRUE(body.ok());
+  Value context = Value::object();
+  context["x"] = "a b";
+  auto out = jinja::Render(*body, context);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("filter 'wordcount' is not supported"), std::string::npos)
+      << out.status();
+
+  EXPECT_FALSE(jinja::Parse("{% if x %}never closed").ok());
+  EXPECT_FALSE(jinja::Parse("{{ 'open string }}").ok());
+}
+
+TEST(JinjaTest, NamespacesOutliveLoopScopes) {
+  auto body = jinja::Parse(
+      "{% set ns = namespace(n=0) %}{% set plain = 0 %}"
+      "{% for i in range(3) %}{% set ns.n = ns.n + i %}{% set plain = i %}{% endfor %}"
+      "{{ ns.n }} {{ plain }} {{ 'a,b,c'.split(',')[-1] }} {{ ' x '.strip() }}");
+  ASSERT_TRUE(body.ok()) << body.status();
+  auto out = jinja::Render(*body, Value::object());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "3 0 c x");
+}
+
+}  // namespace
+}  // namespace strata

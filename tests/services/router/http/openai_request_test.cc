@@ -1,0 +1,109 @@
+#include "services/router/http/openai_request.h"
+
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+TEST(OpenAiRequestTest, Completion) {
+  auto r = ParseOpenAiRequest(R"({"model": "m", "prompt": "Once", "max_tokens": 8,
+      "temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": 7, "stop": ["\n", "."],
+      "stream": true, "stream_options": {"include_usage": true}, "logprobs": 0})",
+                              false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model, "m");
+  EXPECT_EQ(r->prompt_text, "Once");
+  EXPECT_EQ(r->max_tokens, 8);
+  EXPECT_FLOAT_EQ(r->temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r->top_p, 0.9f);
+  EXPECT_EQ(r->top_k, 40);
+  EXPECT_EQ(r->seed, 7u);
+  EXPECT_EQ(r->stop, (std::vector<std::string>{"\n", "."}));
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_TRUE(r->logprobs);
+  EXPECT_EQ(r->top_logprobs, 0);
+}
+
+TEST(OpenAiRequestTest, DefaultsAndPromptForms) {
+  auto r = ParseOpenAiRequest(R"({"model": "m", "prompt": [1, 2, 3], "stop": "x"})", false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_FALSE(r->prompt_text.has_value());
+  EXPECT_FALSE(r->max_tokens.has_value());
+  EXPECT_FLOAT_EQ(r->temperature, 1.0f);
+  EXPECT_EQ(r->stop, (std::vector<std::string>{"x"}));
+  EXPECT_FALSE(r->logprobs);
+  r = ParseOpenAiRequest(R"({"model": "m", "prompt": ["one"]})", false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->prompt_text, "one");
+}
+
+TEST(OpenAiRequestTest, Chat) {
+  auto r = ParseOpenAiRequest(R"({"model": "m", "messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}],
+      "max_completion_tokens": 5, "logprobs": true, "top_logprobs": 2,
+      "chat_template_kwargs": {"enable_thinking": false}})",
+                              true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->messages.size(), 2u);
+  EXPECT_EQ(r->messages[1]["content"], "Hi there");
+  EXPECT_EQ(r->max_tokens, 5);
+  EXPECT_TRUE(r->logprobs);
+  EXPECT_EQ(r->top_logprobs, 2);
+  EXPECT_EQ(r->template_variables["enable_thinking"], false);
+}
+
+// The error's param and HTTP status, as the API reports them.
+void ExpectError(const std::string& body, bool chat, const std::string& param, int status = 400) {
+  auto r = ParseOpenAiRequest(body, chat);
+  ASSERT_FALSE(r.ok()) << body;
+  const ApiError e = ToApiError(r.status());
+  EXPECT_EQ(e.status, status) << body;
+  EXPECT_EQ(e.param, param) << body << ": " << r.status();
+  EXPECT_EQ(e.type, "invalid_request_error");
+  EXPECT_FALSE(e.message.empty());
+}
+
+TEST(OpenAiRequestTest, Errors) {
+  ExpectError("{not json", false, "");
+  ExpectError("[1]", false, "");
+  ExpectError(R"({"prompt": "x"})", false, "model");
+  ExpectError(R"({"model": "m"})", false, "prompt");
+  ExpectError(R"({"model": "m"})", true, "messages");
+  ExpectError(R"({"model": "m", "messages": []})", true, "messages");
+  ExpectError(R"({"model": "m", "messages": [{"content": "x"}]})", true, "messages[0].role");
+  ExpectError(
+      R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", true,
+      "messages[0].content");
+  ExpectError(R"({"model": "m", "prompt": ["a", "b"]})", false, "prompt");
+  ExpectError(R"({"model": "m", "prompt": "x", "n": 2})", false, "n");
+  ExpectError(R"({"model": "m", "prompt": "x", "max_tokens": 0})", false, "max_tokens");
+  ExpectError(R"({"model": "m", "prompt": "x", "temperature": 3})", false, "temperature");
+  ExpectError(R"({"model": "m", "prompt": "x", "top_p": 0})", false, "top_p");
+  ExpectError(R"({"model": "m", "prompt": "x", "stop": 5})", false, "stop");
+  ExpectError(R"({"model": "m", "prompt": "x", "stream": "yes"})", false, "stream");
+  ExpectError(R"({"model": "m", "prompt": "x", "logprobs": true})", false, "logprobs");
+  ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": 1})",
+              true, "logprobs");
+  ExpectError(R"({"model": "m", "prompt": "x", "echo": true})", false, "echo");
+  ExpectError(R"({"model": "m", "prompt": "x", "presence_penalty": 1})", false, "presence_penalty");
+  ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{}]})",
+              true, "tools");
+}
+
+TEST(OpenAiRequestTest, ErrorBodyAndStatusMapping) {
+  ApiError e = ToApiError(BadParam("prompt", "too \"long\"", "context_length_exceeded"));
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(ErrorBody(e), R"({"error":{"message":"too \"long\"","type":"invalid_request_error",)"
+                          R"("param":"prompt","code":"context_length_exceeded"}})");
+  EXPECT_EQ(ToApiError(absl::ResourceExhaustedError("full")).status, 429);
+  EXPECT_EQ(ToApiError(absl::NotFoundError("no")).status, 404);
+  EXPECT_EQ(ToApiError(absl::UnavailableError("draining")).status, 503);
+  EXPECT_EQ(ErrorBody(ToApiError(absl::InternalError("x"))),
+            R"({"error":{"message":"x","type":"server_error","param":null,"code":null}})");
+}
+
+}  // namespace
+}  // namespace strata
