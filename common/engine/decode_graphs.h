@@ -34,7 +34,9 @@ class DeviceRouter;
 }  // namespace gpu
 
 // Longer sequences run their steps eagerly: a graph's attention is planned for its context.
-inline constexpr int kDecodeGraphContext = 4096;
+// The decode attention splits each sequence's keys by its own position, so a long planned
+// context costs short sequences only the width of the block tables copied each step.
+inline constexpr int kDecodeGraphContext = 32768;
 // The largest batch with a graph of its own that a server may ask for (a worker keeps a graph
 // per batch size and layer set).
 inline constexpr int kMaxDecodeGraphBatch = 64;

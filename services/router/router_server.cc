@@ -154,6 +154,9 @@ RouterSnapshot RouterServer::Snapshot() const {
   r.kv_blocks_total = scheduler_->kv_pool_blocks();
   r.steps = s.steps;
   r.preemptions = s.preemptions;
+  r.prefix_queried_tokens = s.prefix_queried_tokens;
+  r.prefix_hit_tokens = s.prefix_hit_tokens;
+  r.prefix_cached_blocks = s.prefix_cached_blocks;
   if (coordinator_ != nullptr) r.worker_restarts = coordinator_->restarts();
   const PrefetchCounters& p = runner_->prefetch();
   r.prefetch_predicted = p.predicted.load();

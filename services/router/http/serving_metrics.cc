@@ -50,6 +50,14 @@ std::string RenderMetrics(const ServingMetrics& s, const RouterSnapshot& r) {
   w.Counter("strata_steps_total", "Forward steps run", static_cast<double>(r.steps));
   w.Counter("strata_preemptions_total", "Sequences preempted for KV blocks (later recomputed)",
             static_cast<double>(r.preemptions));
+  w.Counter("strata_prefix_cache_queried_tokens_total",
+            "Prompt tokens looked up in the prefix cache at admission",
+            static_cast<double>(r.prefix_queried_tokens));
+  w.Counter("strata_prefix_cache_hit_tokens_total",
+            "Prompt tokens whose keys and values were found cached",
+            static_cast<double>(r.prefix_hit_tokens));
+  w.Gauge("strata_prefix_cache_blocks", "Full KV blocks registered in the prefix cache",
+          static_cast<double>(r.prefix_cached_blocks));
   w.Counter("strata_worker_restarts_total",
             "Workers that registered again after their first registration",
             static_cast<double>(r.worker_restarts));

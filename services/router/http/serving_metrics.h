@@ -37,6 +37,9 @@ struct RouterSnapshot {
   int kv_blocks_free = 0;
   int64_t steps = 0;
   int64_t preemptions = 0;
+  int64_t prefix_queried_tokens = 0;  // prompt tokens looked up in the prefix cache
+  int64_t prefix_hit_tokens = 0;      // of those, found cached
+  int64_t prefix_cached_blocks = 0;
   int64_t worker_restarts = 0;
   int64_t reroutes = 0;
   uint64_t prefetch_predicted = 0;
