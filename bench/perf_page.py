@@ -36,6 +36,14 @@ def config(name, r):
         words.append('sampled (T=1)')
     elif 'zipf1' in name:
         words.append('greedy')
+    if 'prefix-cache-' in name:
+        words.append(f"{r['input_len']:,}-token prompts sharing their first {r.get('shared_prefix', 0):,}, "
+                     f"**prefix cache {'on' if 'prefix-cache-on' in name else 'off'}**")
+    if '-context-' in name:
+        shared = f" sharing their first {r['shared_prefix']:,} (cached)" if r.get('shared_prefix') else ''
+        words.append(f"{r['input_len']:,}-token prompts{shared}, {r['output_len']} generated")
+        if name.endswith('-eager.json'):
+            words.append('decode graphs off')
     if name.endswith('-before.json'):
         words.append('build before the redesign')
     if '8L' in name:
