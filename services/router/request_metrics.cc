@@ -25,6 +25,15 @@ const char* ReasonName(FinishReason reason) {
 
 }  // namespace
 
+RequestMetrics::RequestMetrics()
+    : time_to_first_token_({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
+      inter_token_latency_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}) {}
+
+void RequestMetrics::AddToken(bool first, double since) {
+  tokens_.fetch_add(1, std::memory_order_relaxed);
+  (first ? time_to_first_token_ : inter_token_latency_).Observe(since);
+}
+
 void RequestMetrics::Record(const RequestUsage& usage, double decode_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   ++totals_.requests;

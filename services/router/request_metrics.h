@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "services/router/http/metrics.h"
 #include "services/router/request.h"
 
 namespace strata {
@@ -31,18 +32,25 @@ class RequestMetrics {
     }
   };
 
-  // A token generated (engine thread: one atomic add).
-  void AddToken() { tokens_.fetch_add(1, std::memory_order_relaxed); }
+  RequestMetrics();
+  // A token generated (engine thread), `since` seconds after the request arrived (its first
+  // token) or after the request's token before it.
+  void AddToken(bool first, double since);
   // A finished request; `decode_ms` is the time from its first token to its last.
   void Record(const RequestUsage& usage, double decode_ms);
   Totals totals() const;
   absl::Duration uptime() const { return absl::Now() - started_; }
+  // Of every request, through any API (seconds).
+  const Histogram& time_to_first_token() const { return time_to_first_token_; }
+  const Histogram& inter_token_latency() const { return inter_token_latency_; }
 
  private:
   const absl::Time started_ = absl::Now();
   mutable std::mutex mu_;
   Totals totals_;
   std::atomic<int64_t> tokens_{0};
+  Histogram time_to_first_token_;
+  Histogram inter_token_latency_;
 };
 
 // "request ID finished (stop): 12 prompt tokens, 48 generated, TTFT 35.2 ms, 210.3 tok/s".

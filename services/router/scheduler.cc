@@ -497,11 +497,12 @@ bool Scheduler::StepAhead() {
 
 void Scheduler::HandleToken(Sequence* seq, int32_t token, float logprob) {
   const Clock::time_point now = Clock::now();
-  if (seq->generated == 0) seq->first_token = now;
+  const bool first = seq->generated == 0;
+  metrics_.AddToken(first, MillisBetween(first ? seq->submitted : seq->last_token, now) / 1e3);
+  if (first) seq->first_token = now;
   seq->last_token = now;
   seq->tokens.push_back(token);
   ++seq->generated;
-  metrics_.AddToken();
   const std::vector<int>& eos = config_.eos_token_ids;
   const bool is_eos =
       !seq->spec.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end();

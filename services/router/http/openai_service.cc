@@ -14,10 +14,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double SecondsBetween(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
 // The scheduler's output for one request, queued for the connection thread that waits on it.
 class QueueSink : public ResponseSink {
  public:
@@ -188,7 +184,7 @@ void OpenAiService::Handle(const HttpRequest& request, HttpResponder& responder)
   } else if (request.path == "/metrics") {
     const RouterSnapshot snapshot = options_.snapshot ? options_.snapshot() : RouterSnapshot();
     responder
-        .Send(200, "text/plain; version=0.0.4; charset=utf-8", RenderMetrics(metrics_, snapshot))
+        .Send(200, "text/plain; version=0.0.4; charset=utf-8", RenderMetrics(metrics_, scheduler_.metrics(), snapshot))
         .IgnoreError();
   } else if (request.path == "/health") {
     const bool ready = !options_.ready || options_.ready();
@@ -289,7 +285,6 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
     if (e.status == 404) e.code = "model_not_found", e.param = "model";
     return SendError(responder, e, RequestOutcome::kInvalid);
   }
-  const int prompt_tokens = static_cast<int>(spec->prompt.size());
   auto sink = std::make_shared<QueueSink>();
   absl::StatusOr<Scheduler::Ticket> ticket = scheduler_.Submit(*std::move(spec), sink);
   if (!ticket.ok()) {
@@ -298,7 +293,6 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
         responder, e,
         e.status == 429 || e.status == 503 ? RequestOutcome::kRejected : RequestOutcome::kInvalid);
   }
-  metrics_.prompt_tokens.fetch_add(prompt_tokens);
 
   const std::string id =
       absl::StrCat(chat ? "chatcmpl-" : "cmpl-", absl::Hex(next_id_++, absl::kZeroPad16));
@@ -325,8 +319,6 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
       stream_ok = responder.WriteChunk(absl::StrCat("data: ", Dump(first), "\n\n")).ok();
     }
   }
-  Clock::time_point last_token = arrival;
-  bool first_token = true;
   bool cancelled = false;
   Clock::time_point last_check = arrival;
   while (true) {
@@ -344,15 +336,6 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
     }
     if (!event) continue;
     if (!event->finished) {
-      const Clock::time_point now = Clock::now();
-      if (first_token) {
-        metrics_.time_to_first_token.Observe(SecondsBetween(arrival, now));
-        first_token = false;
-      } else {
-        metrics_.inter_token_latency.Observe(SecondsBetween(last_token, now));
-      }
-      last_token = now;
-      metrics_.generated_tokens.fetch_add(event->ids.size());
       if (r.logprobs) {
         size_t offset = text.size();
         for (size_t i = 0; i < event->ids.size() && i < event->logprobs.size(); ++i) {

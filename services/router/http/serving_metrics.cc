@@ -22,26 +22,26 @@ const char* OutcomeName(RequestOutcome outcome) {
   return "unknown";
 }
 
-ServingMetrics::ServingMetrics()
-    : time_to_first_token({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
-      inter_token_latency({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}) {}
-
-std::string RenderMetrics(const ServingMetrics& s, const RouterSnapshot& r) {
+std::string RenderMetrics(const ServingMetrics& s, const RequestMetrics& requests,
+                          const RouterSnapshot& r) {
   MetricsWriter w;
   for (int i = 0; i < static_cast<int>(RequestOutcome::kCount); ++i) {
     w.Counter("strata_requests_total", "HTTP API generation requests by how they ended",
               static_cast<double>(s.requests[i].load()),
               {{"outcome", OutcomeName(static_cast<RequestOutcome>(i))}});
   }
-  w.Counter("strata_prompt_tokens_total", "Prompt tokens of HTTP API requests admitted",
-            static_cast<double>(s.prompt_tokens.load()));
-  w.Counter("strata_generated_tokens_total", "Tokens generated for HTTP API requests",
-            static_cast<double>(s.generated_tokens.load()));
+  const RequestMetrics::Totals totals = requests.totals();
+  w.Counter("strata_requests_finished_total", "Requests finished, through any API",
+            static_cast<double>(totals.requests));
+  w.Counter("strata_prompt_tokens_total", "Prompt tokens of the finished requests",
+            static_cast<double>(totals.prompt_tokens));
+  w.Counter("strata_generated_tokens_total", "Tokens generated, for every request",
+            static_cast<double>(totals.tokens_so_far));
   w.Histogram("strata_time_to_first_token_seconds",
               "From a request's arrival to its first generated token",
-              s.time_to_first_token.snapshot());
+              requests.time_to_first_token().snapshot());
   w.Histogram("strata_inter_token_latency_seconds", "Between a request's successive tokens",
-              s.inter_token_latency.snapshot());
+              requests.inter_token_latency().snapshot());
   w.Gauge("strata_requests_waiting", "Requests queued for admission", r.waiting);
   w.Gauge("strata_requests_running", "Sequences in the running batch", r.running);
   w.Gauge("strata_kv_blocks_capacity", "Blocks of the paged KV cache", r.kv_blocks_total);

@@ -1,6 +1,6 @@
-// What /metrics reports: the HTTP API's request counters and latency histograms, and a
-// snapshot of the router's state (scheduler, KV pool, workers' tiers, prefetch) taken per
-// scrape.
+// What /metrics reports: the HTTP API's requests by outcome, every request's tokens and latency
+// (RequestMetrics: gRPC and HTTP alike), and a snapshot of the router's state (scheduler, KV
+// pool, workers' tiers, prefetch) taken per scrape.
 #ifndef STRATA_SERVICES_ROUTER_HTTP_SERVING_METRICS_H_
 #define STRATA_SERVICES_ROUTER_HTTP_SERVING_METRICS_H_
 
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "services/router/http/metrics.h"
+#include "services/router/request_metrics.h"
 
 namespace strata {
 
@@ -18,16 +19,11 @@ enum class RequestOutcome { kSuccess, kInvalid, kRejected, kCancelled, kError, k
 const char* OutcomeName(RequestOutcome outcome);
 
 struct ServingMetrics {
-  ServingMetrics();
   void Count(RequestOutcome outcome) {
     requests[static_cast<int>(outcome)].fetch_add(1, std::memory_order_relaxed);
   }
 
   std::atomic<uint64_t> requests[static_cast<int>(RequestOutcome::kCount)] = {};
-  std::atomic<uint64_t> prompt_tokens{0};
-  std::atomic<uint64_t> generated_tokens{0};
-  Histogram time_to_first_token;  // seconds, from the request's arrival
-  Histogram inter_token_latency;  // seconds between a request's successive tokens
 };
 
 struct RouterSnapshot {
@@ -58,7 +54,8 @@ struct RouterSnapshot {
 };
 
 // The whole /metrics page.
-std::string RenderMetrics(const ServingMetrics& serving, const RouterSnapshot& router);
+std::string RenderMetrics(const ServingMetrics& serving, const RequestMetrics& requests,
+                          const RouterSnapshot& router);
 
 }  // namespace strata
 

@@ -10,7 +10,7 @@ using ::testing::HasSubstr;
 
 TEST(RequestMetricsTest, TotalsAndMeans) {
   RequestMetrics metrics;
-  for (int i = 0; i < 5; ++i) metrics.AddToken();
+  for (int i = 0; i < 5; ++i) metrics.AddToken(/*first=*/i % 4 == 0, 0.02);
   metrics.Record({.prompt_tokens = 10, .completion_tokens = 4, .time_to_first_token_ms = 30},
                  /*decode_ms=*/60);
   metrics.Record({.prompt_tokens = 6, .completion_tokens = 1, .time_to_first_token_ms = 10}, 0);
@@ -23,6 +23,8 @@ TEST(RequestMetricsTest, TotalsAndMeans) {
   EXPECT_DOUBLE_EQ(t.mean_ttft_ms(), 20.0);
   EXPECT_DOUBLE_EQ(t.mean_inter_token_ms(), 20.0);  // 60 ms over 3 gaps
   EXPECT_GE(metrics.uptime(), absl::ZeroDuration());
+  EXPECT_EQ(metrics.time_to_first_token().snapshot().count, 2u);
+  EXPECT_EQ(metrics.inter_token_latency().snapshot().count, 3u);
   EXPECT_DOUBLE_EQ(RequestMetrics::Totals().mean_ttft_ms(), 0.0);
 }
 

@@ -36,16 +36,22 @@ TEST(MetricsTest, TextFormat) {
 TEST(MetricsTest, ServingPageHasEveryFamilyOnce) {
   ServingMetrics serving;
   serving.Count(RequestOutcome::kSuccess);
-  serving.time_to_first_token.Observe(0.2);
+  RequestMetrics requests;
+  requests.AddToken(/*first=*/true, 0.2);
+  requests.AddToken(/*first=*/false, 0.004);
   RouterSnapshot router;
   router.kv_blocks_total = 10;
   router.kv_blocks_free = 4;
   router.workers.push_back(
       {.index = 0, .connected = true, .hot_hits = 5, .warm_hits = 2, .misses = 1});
   router.workers.push_back({.index = 1});
-  const std::string page = RenderMetrics(serving, router);
+  const std::string page = RenderMetrics(serving, requests, router);
   EXPECT_NE(page.find("strata_requests_total{outcome=\"success\"} 1\n"), std::string::npos);
   EXPECT_NE(page.find("strata_kv_blocks_used 6\n"), std::string::npos);
+  EXPECT_NE(page.find("strata_generated_tokens_total 2\n"), std::string::npos);
+  EXPECT_NE(page.find("strata_time_to_first_token_seconds_count 1\n"), std::string::npos);
+  EXPECT_NE(page.find("strata_inter_token_latency_seconds_bucket{le=\"0.005\"} 1\n"),
+            std::string::npos);
   EXPECT_NE(page.find("strata_worker_tier_hits_total{worker=\"0\",tier=\"warm\"} 2\n"),
             std::string::npos);
   EXPECT_NE(page.find("strata_worker_tier_misses_total{worker=\"1\"} 0\n"), std::string::npos);
