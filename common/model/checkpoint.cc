@@ -58,14 +58,13 @@ absl::Status Checkpoint::AddFile(const std::string& path, absl::string_view disp
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
+absl::StatusOr<CheckpointFiles> ListCheckpointFiles(const std::string& dir) {
   namespace fs = std::filesystem;
-  std::unique_ptr<Checkpoint> checkpoint(new Checkpoint());
-  checkpoint->dir_ = dir;
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
-  const fs::path single_path = fs::path(dir) / "model.safetensors";
+  CheckpointFiles files;
   std::error_code ec;
   if (fs::exists(index_path, ec)) {
+    files.indexed = true;
     ASSIGN_OR_RETURN(std::string text, ReadSmallFile(index_path.string()));
     nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object()) {
@@ -76,33 +75,42 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
       return absl::InvalidArgumentError(
           absl::StrCat(index_path.string(), ": missing \"weight_map\" object"));
     }
-    // Load each shard once, in the order first named.
-    std::vector<std::string> shards;
     absl::flat_hash_set<std::string> seen;
     for (const auto& [tensor, shard] : map_it->items()) {
       if (!shard.is_string() || !IsPlainFileName(shard.get<std::string>())) {
         return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": tensor '", tensor,
                                                        "' maps to an invalid shard name"));
       }
-      if (seen.insert(shard.get<std::string>()).second) shards.push_back(shard.get<std::string>());
-    }
-    for (const std::string& shard : shards) {
-      RETURN_IF_ERROR(checkpoint->AddFile((fs::path(dir) / shard).string(), shard));
-    }
-    for (const auto& [tensor, shard] : map_it->items()) {
-      auto it = checkpoint->tensors_.find(tensor);
-      if (it == checkpoint->tensors_.end() ||
-          checkpoint->file_names_[it->second.file] != shard.get<std::string>()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(index_path.string(), ": tensor '", tensor, "' is listed in shard ",
-                         shard.get<std::string>(), " but that shard does not hold it"));
+      files.weight_map.emplace_back(tensor, shard.get<std::string>());
+      if (seen.insert(shard.get<std::string>()).second) {
+        files.names.push_back(shard.get<std::string>());
       }
     }
-  } else if (fs::exists(single_path, ec)) {
-    RETURN_IF_ERROR(checkpoint->AddFile(single_path.string(), "model.safetensors"));
+  } else if (fs::exists(fs::path(dir) / "model.safetensors", ec)) {
+    files.names.push_back("model.safetensors");
   } else {
     return absl::NotFoundError(absl::StrCat(
         dir, ": no model.safetensors or model.safetensors.index.json in the model directory"));
+  }
+  return files;
+}
+
+absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::unique_ptr<Checkpoint> checkpoint(new Checkpoint());
+  checkpoint->dir_ = dir;
+  ASSIGN_OR_RETURN(const CheckpointFiles files, ListCheckpointFiles(dir));
+  for (const std::string& name : files.names) {
+    RETURN_IF_ERROR(checkpoint->AddFile((fs::path(dir) / name).string(), name));
+  }
+  const std::string index_path = (fs::path(dir) / "model.safetensors.index.json").string();
+  for (const auto& [tensor, shard] : files.weight_map) {
+    auto it = checkpoint->tensors_.find(tensor);
+    if (it == checkpoint->tensors_.end() || checkpoint->file_names_[it->second.file] != shard) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, ": tensor '", tensor,
+                                                     "' is listed in shard ", shard,
+                                                     " but that shard does not hold it"));
+    }
   }
   return checkpoint;
 }

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -27,6 +28,16 @@ struct TensorRef {
   int64_t numel() const;
   size_t bytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
 };
+
+// The safetensors files of the model in `dir`, in load order: the shards that
+// model.safetensors.index.json names (in the order first named) or model.safetensors.
+struct CheckpointFiles {
+  bool indexed = false;            // from the index
+  std::vector<std::string> names;  // file names inside `dir`
+  // The index's weight_map as (tensor, file name) pairs; empty without an index.
+  std::vector<std::pair<std::string, std::string>> weight_map;
+};
+absl::StatusOr<CheckpointFiles> ListCheckpointFiles(const std::string& dir);
 
 class Checkpoint {
  public:

@@ -28,19 +28,6 @@ std::vector<absl::Span<const int32_t>> Windows(const std::vector<int32_t>& ids, 
   return out;
 }
 
-// Sum of -log p over positions 1..n-1 of `logits` [n, vocab] for the window's ids.
-double WindowNll(const Tensor& logits, absl::Span<const int32_t> ids) {
-  double nll = 0.0;
-  for (size_t i = 0; i + 1 < ids.size(); ++i) {
-    const float* row = logits.row(static_cast<int64_t>(i));
-    const float max = *std::max_element(row, row + logits.cols());
-    double sum = 0.0;
-    for (int64_t v = 0; v < logits.cols(); ++v) sum += std::exp(static_cast<double>(row[v] - max));
-    nll -= row[ids[i + 1]] - max - std::log(sum);
-  }
-  return nll;
-}
-
 absl::StatusOr<double> ScoreRemotely(const std::string& server,
                                      const std::vector<absl::Span<const int32_t>>& windows) {
   auto stub =
@@ -86,6 +73,18 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 }  // namespace
+
+double WindowNll(const Tensor& logits, absl::Span<const int32_t> ids) {
+  double nll = 0.0;
+  for (size_t i = 0; i + 1 < ids.size(); ++i) {
+    const float* row = logits.row(static_cast<int64_t>(i));
+    const float max = *std::max_element(row, row + logits.cols());
+    double sum = 0.0;
+    for (int64_t v = 0; v < logits.cols(); ++v) sum += std::exp(static_cast<double>(row[v] - max));
+    nll -= row[ids[i + 1]] - max - std::log(sum);
+  }
+  return nll;
+}
 
 absl::StatusOr<EvalResult> Evaluate(const EvalOptions& options) {
   if (options.window < 2) return absl::InvalidArgumentError("--window must be at least 2");

@@ -49,6 +49,9 @@ struct EvalResult {
 std::vector<CacheHitRate> SimulateExpertCaches(absl::Span<const ExpertKey> trace, int pairs,
                                                absl::Span<const double> shares);
 
+// Sum of -log p over positions 1..n-1 of `logits` [n, vocab] for the window's ids.
+double WindowNll(const Tensor& logits, absl::Span<const int32_t> ids);
+
 // The method: the file is encoded without special tokens and cut into consecutive windows of
 // `window` ids (a last window of one id is dropped); each window runs from position 0 with no
 // BOS and its positions 1..len-1 are scored; perplexity = exp(mean negative log-likelihood).

@@ -5,6 +5,7 @@
 //   strata up       --model DIR [--workers N] [--device cpu] [--port P] [--config FILE]
 //   strata bench    --server HOST:PORT [--input-len 128 --output-len 512 --runs 10 ...]
 //   strata plan     --model DIR --calibration FILE.jsonl --workers N --out plan.json
+//   strata quantize --model DIR --out DIR [--calibration FILE.jsonl --samples 512]
 #include <unistd.h>
 
 #include <iostream>
@@ -29,6 +30,7 @@
 #include "tools/strata/id_list.h"
 #include "tools/strata/make_model.h"
 #include "tools/strata/plan_command.h"
+#include "tools/strata/quantize_command.h"
 #include "tools/strata/supervisor.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json + safetensors)");
@@ -68,7 +70,8 @@ ABSL_FLAG(
     "make-model: bf16, f16, f32, or fp8 (FP8 E4M3 experts with per-row F32 scales, the rest bf16)");
 ABSL_FLAG(std::string, skew, "none", "make-model: zipf:S, expert popularity ~ 1/rank^S");
 ABSL_FLAG(int, layers, 0, "make-model: layers instead of the shape's own (0 keeps them)");
-ABSL_FLAG(bool, force, false, "make-model: write into a non-empty directory");
+ABSL_FLAG(bool, force, false,
+          "make-model: write into a non-empty directory; quantize: replace a non-empty --out");
 ABSL_FLAG(int, input_len, 128, "bench: prompt tokens per request (random ids, --seed)");
 ABSL_FLAG(int, shared_prefix, 0,
           "bench: leading prompt tokens every request shares (a repeated system prompt)");
@@ -77,12 +80,14 @@ ABSL_FLAG(int, runs, 10, "bench: measured rounds per concurrency");
 ABSL_FLAG(int, warmup, 1, "bench: unmeasured rounds per concurrency first");
 ABSL_FLAG(std::vector<std::string>, concurrency, {"1"}, "bench: requests per round, e.g. 1,8,32");
 ABSL_FLAG(std::string, out, "",
-          "bench: JSON results file (bench/results/README.md); make-model: the model directory; "
-          "plan: the plan file");
+          "bench: JSON results file (bench/results/README.md); make-model, quantize: the model "
+          "directory; plan: the plan file");
 ABSL_FLAG(std::string, hot_ratio, "auto",
           "hot-ratio: share of each worker's experts kept resident, or auto (by context length)");
 ABSL_FLAG(std::string, calibration, "",
-          "plan: JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} a line");
+          "plan, quantize: JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} a "
+          "line (quantize: to compare perplexities)");
+ABSL_FLAG(int, samples, 512, "quantize: calibration prompts to score (the first N)");
 ABSL_FLAG(std::string, model_name, "", "bench: model recorded (default: --model's name)");
 ABSL_FLAG(std::string, weights, "bf16",
           "Expert weights on a GPU, bf16 or fp8 (bench: the weights recorded)");
@@ -156,6 +161,10 @@ const std::vector<Command>& Commands() {
        "--shape NAME --out DIR [--dtype bf16|fp8] [--skew zipf:S] [--layers L]",
        "a random-weight model in the Hugging Face format",
        {"shape", "out", "dtype", "skew", "seed", "layers", "force", "threads", "log-level"}},
+      {"quantize", "--model DIR --out DIR [--calibration FILE.jsonl --samples 512] [--force]",
+       "FP8 E4M3 per-channel weights in the compressed-tensors layout; with --calibration, the "
+       "perplexity of both models on the prompts",
+       With({"model", "out", "calibration", "samples", "force"}, kEngineFlags)},
   };
   return *commands;
 }
@@ -331,6 +340,20 @@ absl::Status Run(const std::string& command, const std::vector<std::string>& sto
     options.workers = absl::GetFlag(FLAGS_workers);
     options.out = absl::GetFlag(FLAGS_out);
     return strata::RunPlanCommand(options, std::cout);
+  }
+  if (command == "quantize") {
+    strata::QuantizeCommandOptions options;
+    options.quantize.model_dir = absl::GetFlag(FLAGS_model);
+    options.quantize.out_dir = absl::GetFlag(FLAGS_out);
+    options.quantize.force = absl::GetFlag(FLAGS_force);
+    options.quantize.num_threads = absl::GetFlag(FLAGS_threads);
+    options.quantize.progress = true;
+    options.calibration_file = absl::GetFlag(FLAGS_calibration);
+    options.samples = absl::GetFlag(FLAGS_samples);
+    auto engine = EngineOptionsFromFlags();
+    if (!engine.ok()) return engine.status();
+    options.engine = *engine;
+    return strata::RunQuantizeCommand(options, std::cout);
   }
   if (command == "make-model") {
     strata::MakeModelOptions options;

@@ -1,0 +1,319 @@
+// `strata quantize`: FP8 E4M3 per-channel weights in the compressed-tensors layout, checked
+// tensor by tensor against the input, loaded back by the engine, and its refusals.
+#include "tools/strata/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/engine/local_engine.h"
+#include "common/model/mapped_file.h"
+#include "common/model/safetensors.h"
+#include "common/tensor/dtype.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/temp_dir.h"
+#include "tools/strata/make_model.h"
+#include "tools/strata/quantize_command.h"
+#include "tools/strata/quantize_rules.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using ::strata::testing::TempDir;
+using ::testing::Contains;
+using ::testing::HasSubstr;
+
+const std::string kOracle = std::string(STRATA_SOURCE_DIR) + "/tests/data/oracles/qwen3_moe";
+const std::string kDemo = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
+
+// A safetensors file's tensors by name, with the map that holds their bytes.
+struct Tensors {
+  std::unique_ptr<MappedFile> file;
+  std::map<std::string, SafetensorsEntry> entries;
+  const uint8_t* data(const std::string& name) const {
+    return file->bytes().data() + entries.at(name).begin;
+  }
+  size_t size(const std::string& name) const {
+    return entries.at(name).end - entries.at(name).begin;
+  }
+};
+
+Tensors Read(const std::string& path) {
+  Tensors t;
+  t.file = *MappedFile::Open(path);
+  const auto entries = ParseSafetensors(t.file->bytes(), path);
+  EXPECT_TRUE(entries.ok()) << entries.status();
+  for (const auto& e : *entries) t.entries[e.name] = e;
+  return t;
+}
+
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+QuantizeOptions Options(const std::string& model, const std::string& out) {
+  QuantizeOptions o;
+  o.model_dir = model;
+  o.out_dir = out;
+  o.num_threads = 2;
+  return o;
+}
+
+// Relative L2 error of the quantized model's logits over every position, and the share of
+// positions whose argmax agrees.
+struct LogitError {
+  double relative = 0.0;
+  double argmax_agreement = 0.0;
+};
+
+LogitError CompareLogits(const std::string& original, const std::string& quantized,
+                         const std::vector<int32_t>& ids) {
+  LocalEngineOptions options;
+  options.num_threads = 2;
+  options.kv_cache_bytes = 64 << 20;
+  options.model_dir = original;
+  auto a_engine = LocalEngine::Create(options);
+  EXPECT_TRUE(a_engine.ok()) << a_engine.status();
+  options.model_dir = quantized;
+  auto b_engine = LocalEngine::Create(options);
+  EXPECT_TRUE(b_engine.ok()) << b_engine.status();
+  auto a = (*a_engine)->Logits(ids);
+  auto b = (*b_engine)->Logits(ids);
+  EXPECT_TRUE(a.ok() && b.ok());
+  double diff = 0.0, norm = 0.0;
+  int agree = 0;
+  for (int64_t r = 0; r < a->rows(); ++r) {
+    const float* x = a->row(r);
+    const float* y = b->row(r);
+    for (int64_t c = 0; c < a->cols(); ++c) {
+      diff += (x[c] - y[c]) * static_cast<double>(x[c] - y[c]);
+      norm += x[c] * static_cast<double>(x[c]);
+    }
+    agree += std::max_element(x, x + a->cols()) - x == std::max_element(y, y + b->cols()) - y;
+  }
+  return {std::sqrt(diff / norm), static_cast<double>(agree) / a->rows()};
+}
+
+TEST(QuantizeTest, OracleTensorsScalesAndConfig) {
+  TempDir tmp;
+  const std::string out = tmp.File("fp8");
+  auto result = Quantize(Options(kOracle, out));
+  ASSERT_TRUE(result.ok()) << result.status();
+
+  const Tensors in = Read(kOracle + "/model.safetensors");
+  const Tensors q = Read(out + "/model.safetensors");
+  int quantized = 0;
+  for (const auto& [name, e] : in.entries) {
+    ASSERT_TRUE(q.entries.contains(name)) << name;
+    const SafetensorsEntry& o = q.entries.at(name);
+    EXPECT_EQ(o.shape, e.shape) << name;
+    if (!IsFp8Linear(name, e.shape)) {
+      // Routers, embeddings, lm_head, norms: byte for byte.
+      EXPECT_EQ(o.dtype, e.dtype) << name;
+      ASSERT_EQ(q.size(name), in.size(name)) << name;
+      EXPECT_EQ(std::memcmp(q.data(name), in.data(name), in.size(name)), 0) << name;
+      continue;
+    }
+    ++quantized;
+    EXPECT_EQ(o.dtype, "F8_E4M3") << name;
+    const SafetensorsEntry& s = q.entries.at(name + "_scale");
+    EXPECT_EQ(s.dtype, "BF16") << name;
+    EXPECT_EQ(s.shape, (std::vector<int64_t>{e.shape[0], 1})) << name;
+    const auto* w = reinterpret_cast<const uint16_t*>(in.data(name));
+    const auto* scales = reinterpret_cast<const uint16_t*>(q.data(name + "_scale"));
+    const uint8_t* codes = q.data(name);
+    for (int64_t r = 0; r < e.shape[0]; ++r) {
+      float absmax = 0.0f;
+      for (int64_t c = 0; c < e.shape[1]; ++c) {
+        absmax = std::max(absmax, std::fabs(Bf16ToFloat(w[r * e.shape[1] + c])));
+      }
+      // The scale in the checkpoint's dtype, bf16(max|row| / 448).
+      ASSERT_EQ(scales[r], FloatToBf16(absmax / 448.0f)) << name << " row " << r;
+      const float scale = Bf16ToFloat(scales[r]);
+      for (int64_t c = 0; c < e.shape[1]; ++c) {
+        const float x = Bf16ToFloat(w[r * e.shape[1] + c]);
+        ASSERT_EQ(codes[r * e.shape[1] + c], FloatToFp8E4M3(x * (1.0f / scale)))
+            << name << " [" << r << ", " << c << "]";
+        // E4M3 keeps 3 mantissa bits: within half a step, 1/16 of the value (or of the
+        // smallest normal step for tiny values).
+        EXPECT_NEAR(Fp8E4M3ToFloat(codes[r * e.shape[1] + c]) * scale, x,
+                    std::max(std::fabs(x) / 16.0f, scale / 512.0f) + 1e-9f);
+      }
+    }
+  }
+  EXPECT_EQ(quantized, result->quantized_tensors);
+  // 3 layers x (4 attention + 16 experts x 3) linears.
+  EXPECT_EQ(quantized, 3 * (4 + 16 * 3));
+  EXPECT_EQ(q.entries.size(), in.entries.size() + quantized);
+  EXPECT_EQ(q.entries.at("model.layers.0.mlp.gate.weight").dtype, "BF16");
+  EXPECT_LT(result->bytes_after, result->bytes_before);
+
+  const nlohmann::json config = ReadJson(out + "/config.json");
+  const nlohmann::json& qc = config.at("quantization_config");
+  EXPECT_EQ(qc.at("quant_method"), "compressed-tensors");
+  EXPECT_EQ(qc.at("format"), "float-quantized");
+  const nlohmann::json& group = qc.at("config_groups").at("group_0");
+  EXPECT_EQ(group.at("targets"), nlohmann::json::array({"Linear"}));
+  EXPECT_TRUE(group.at("input_activations").is_null());
+  const nlohmann::json& w = group.at("weights");
+  EXPECT_EQ(w.at("num_bits"), 8);
+  EXPECT_EQ(w.at("type"), "float");
+  EXPECT_EQ(w.at("strategy"), "channel");
+  EXPECT_EQ(w.at("symmetric"), true);
+  EXPECT_EQ(w.at("dynamic"), false);
+  const auto ignore = qc.at("ignore").get<std::vector<std::string>>();
+  EXPECT_THAT(ignore, Contains("lm_head"));
+  EXPECT_THAT(ignore, Contains("model.layers.0.mlp.gate"));
+  EXPECT_THAT(ignore, Contains("model.layers.1.mlp.gate"));
+  EXPECT_THAT(ignore, Contains("model.layers.2.mlp.gate"));
+  EXPECT_EQ(ignore.size(), 4u);
+  // The rest of the config as it was.
+  nlohmann::json rest = config;
+  rest.erase("quantization_config");
+  EXPECT_EQ(rest, ReadJson(kOracle + "/config.json"));
+  EXPECT_TRUE(fs::exists(out + "/generation_config.json"));
+  EXPECT_FALSE(fs::exists(out + "/oracle.json"));
+}
+
+// The random-weight oracle amplifies rounding layer by layer (its logits are small and flat),
+// so it gets a loose bound; the trained demo model's logits move far less.
+TEST(QuantizeTest, OracleLoadsAndLogitsStayClose) {
+  TempDir tmp;
+  const std::string out = tmp.File("fp8");
+  ASSERT_TRUE(Quantize(Options(kOracle, out)).ok());
+  const LogitError e = CompareLogits(kOracle, out, {1, 17, 200, 33, 4, 90, 300, 7, 12, 450});
+  std::cout << "oracle: relative logit error " << e.relative << ", argmax agreement "
+            << e.argmax_agreement << "\n";
+  EXPECT_LT(e.relative, 0.15);
+}
+
+TEST(QuantizeTest, DemoModelLoadsAndLogitsStayClose) {
+  TempDir tmp;
+  const std::string out = tmp.File("demo-fp8");
+  auto result = Quantize(Options(kDemo, out));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->quantized_tensors, 8 * (4 + 16 * 3));
+  EXPECT_TRUE(fs::exists(out + "/tokenizer.json"));
+  EXPECT_TRUE(fs::exists(out + "/tokenizer_config.json"));
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 48; ++i) ids.push_back(100 + 37 * i % 8000);
+  const LogitError e = CompareLogits(kDemo, out, ids);
+  std::cout << "demo: relative logit error " << e.relative << ", argmax agreement "
+            << e.argmax_agreement << "\n";
+  EXPECT_LT(e.relative, 0.05);
+  EXPECT_GE(e.argmax_agreement, 0.85);
+}
+
+// A sharded checkpoint stays sharded the same way, with an index naming the scales too.
+TEST(QuantizeTest, ShardedCheckpointKeepsItsShards) {
+  TempDir tmp;
+  MakeModelOptions make;
+  make.shape = "tiny-qwen3";
+  make.out_dir = tmp.File("bf16");
+  make.num_threads = 2;
+  make.max_shard_bytes = 64 << 10;
+  auto made = MakeModel(make);
+  ASSERT_TRUE(made.ok()) << made.status();
+  ASSERT_GT(made->shards, 1);
+  const std::string out = tmp.File("fp8");
+  auto result = Quantize(Options(make.out_dir, out));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->shards, made->shards);
+  const nlohmann::json index = ReadJson(out + "/model.safetensors.index.json");
+  const nlohmann::json& map = index.at("weight_map");
+  uint64_t total = 0;
+  std::set<std::string> files;
+  for (const auto& [name, file] : map.items()) files.insert(file.get<std::string>());
+  for (const std::string& file : files) {
+    const Tensors t = Read(out + "/" + file);
+    for (const auto& [name, e] : t.entries) {
+      EXPECT_EQ(map.at(name), file) << name;
+      total += e.end - e.begin;
+    }
+  }
+  EXPECT_EQ(files.size(), static_cast<size_t>(made->shards));
+  EXPECT_EQ(index.at("metadata").at("total_size"), total);
+  EXPECT_EQ(map.size(), static_cast<size_t>(result->kept_tensors + 2 * result->quantized_tensors));
+  const LogitError e = CompareLogits(make.out_dir, out, {1, 2, 3, 4, 5, 6, 7, 8});
+  EXPECT_LT(e.relative, 0.15);
+}
+
+TEST(QuantizeTest, CalibrationReportsBothPerplexities) {
+  TempDir tmp;
+  const std::string out = tmp.File("demo-fp8");
+  ASSERT_TRUE(Quantize(Options(kDemo, out)).ok());
+  LocalEngineOptions engine;
+  engine.num_threads = 2;
+  engine.kv_cache_bytes = 64 << 20;
+  auto ppl = ComparePerplexity(
+      kDemo, out, std::string(STRATA_TEST_DATA_DIR) + "/heldout/strata-demo-calibration.jsonl", 4,
+      engine);
+  ASSERT_TRUE(ppl.ok()) << ppl.status();
+  EXPECT_EQ(ppl->prompts, 4);
+  EXPECT_GT(ppl->tokens, 0);
+  EXPECT_GT(ppl->original, 1.0);
+  EXPECT_NEAR(ppl->quantized / ppl->original, 1.0, 0.05);
+}
+
+TEST(QuantizeTest, Refusals) {
+  TempDir tmp;
+  // Missing model directory.
+  auto r = Quantize(Options(tmp.File("nope"), tmp.File("out")));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(r.status().message(), HasSubstr("no such model directory"));
+
+  // An already FP8 model.
+  const std::string fp8 = tmp.File("fp8");
+  ASSERT_TRUE(Quantize(Options(kOracle, fp8)).ok());
+  r = Quantize(Options(fp8, tmp.File("again")));
+  EXPECT_THAT(r.status().message(), HasSubstr("already quantized"));
+  EXPECT_FALSE(fs::exists(tmp.File("again")));
+
+  // A non-empty destination needs --force, and is left alone without it.
+  const std::string busy = tmp.File("busy");
+  fs::create_directories(busy);
+  std::ofstream(busy + "/keep.txt") << "x";
+  r = Quantize(Options(kOracle, busy));
+  EXPECT_THAT(r.status().message(), HasSubstr("--force"));
+  EXPECT_TRUE(fs::exists(busy + "/keep.txt"));
+  QuantizeOptions forced = Options(kOracle, busy);
+  forced.force = true;
+  ASSERT_TRUE(Quantize(forced).ok());
+  EXPECT_FALSE(fs::exists(busy + "/keep.txt"));
+  EXPECT_TRUE(fs::exists(busy + "/model.safetensors"));
+
+  // An architecture quantize does not know.
+  const std::string llama = tmp.File("llama");
+  fs::create_directories(llama);
+  fs::copy_file(kOracle + "/model.safetensors", llama + "/model.safetensors");
+  nlohmann::json config = ReadJson(kOracle + "/config.json");
+  config["model_type"] = "llama";
+  std::ofstream(llama + "/config.json") << config.dump();
+  r = Quantize(Options(llama, tmp.File("llama-fp8")));
+  EXPECT_THAT(r.status().message(), HasSubstr("model_type \"llama\""));
+
+  // A failure half-way (a shard that does not parse) leaves nothing behind.
+  const std::string broken = tmp.File("broken");
+  fs::create_directories(broken);
+  fs::copy_file(kOracle + "/config.json", broken + "/config.json");
+  std::ofstream(broken + "/model.safetensors") << "not a safetensors file";
+  r = Quantize(Options(broken, tmp.File("broken-fp8")));
+  EXPECT_FALSE(r.ok());
+  for (const auto& entry : fs::directory_iterator(tmp.path())) {
+    EXPECT_THAT(entry.path().filename().string(), ::testing::Not(HasSubstr("quantize-")));
+  }
+  EXPECT_FALSE(fs::exists(tmp.File("broken-fp8")));
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,348 @@
+#include "tools/strata/quantize.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/model/checkpoint.h"
+#include "common/model/mapped_file.h"
+#include "common/model/safetensors.h"
+#include "common/model/safetensors_writer.h"
+#include "common/tensor/dtype.h"
+#include "common/util/process.h"
+#include "common/util/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "tools/strata/quantize_rules.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using OrderedJson = nlohmann::ordered_json;
+
+// Files beside the weights that a loader of the quantized model still needs, copied as they are.
+constexpr const char* kCopiedFiles[] = {"generation_config.json",
+                                        "tokenizer.json",
+                                        "tokenizer_config.json",
+                                        "tokenizer.model",
+                                        "special_tokens_map.json",
+                                        "added_tokens.json",
+                                        "vocab.json",
+                                        "merges.txt",
+                                        "chat_template.jinja",
+                                        "chat_template.json"};
+
+absl::StatusOr<std::string> ReadTextFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::StatusOr<OrderedJson> ReadJsonObject(const fs::path& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
+  OrderedJson json = OrderedJson::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not a JSON object"));
+  }
+  return json;
+}
+
+// One input safetensors file, mapped, and its entries in file order.
+struct InputShard {
+  std::string name;  // file name inside the model directory
+  std::unique_ptr<MappedFile> file;
+  std::vector<SafetensorsEntry> entries;
+  std::vector<DType> dtypes;  // of `entries`
+};
+
+absl::StatusOr<InputShard> OpenShard(const fs::path& dir, const std::string& name) {
+  InputShard shard;
+  shard.name = name;
+  ASSIGN_OR_RETURN(shard.file, MappedFile::Open((dir / name).string()));
+  ASSIGN_OR_RETURN(shard.entries, ParseSafetensors(shard.file->bytes(), name));
+  std::sort(shard.entries.begin(), shard.entries.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
+  for (const SafetensorsEntry& e : shard.entries) {
+    if (e.dtype == "F8_E4M3" || absl::EndsWith(e.name, "_scale") ||
+        absl::EndsWith(e.name, "_scale_inv")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": tensor '", e.name, "' shows the model is already quantized (",
+                       e.dtype, "); quantize takes a BF16, F16 or F32 checkpoint"));
+    }
+    absl::StatusOr<DType> dtype = ParseDType(e.dtype);
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": tensor '", e.name, "' is ", e.dtype,
+          "; quantize takes a BF16, F16 or F32 checkpoint (a packed or integer-quantized one "
+          "cannot be requantized)"));
+    }
+    shard.dtypes.push_back(*dtype);
+  }
+  return shard;
+}
+
+// Writes `value` as one element of `dtype` (a float type) and returns what it reads back as.
+float StoreAs(DType dtype, float value, uint8_t* out) {
+  if (dtype == DType::kBF16) {
+    const uint16_t v = FloatToBf16(value);
+    std::memcpy(out, &v, 2);
+    return Bf16ToFloat(v);
+  }
+  if (dtype == DType::kF16) {
+    const uint16_t v = FloatToF16(value);
+    std::memcpy(out, &v, 2);
+    return F16ToFloat(v);
+  }
+  std::memcpy(out, &value, 4);
+  return value;
+}
+
+// A tensor being quantized: the source in the mapped file and its row scales, both as stored
+// (the checkpoint's dtype, what loaders read) and as the float the codes were divided by.
+struct Fp8Tensor {
+  const uint8_t* source = nullptr;
+  DType dtype = DType::kBF16;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<uint8_t> stored_scales;
+  std::vector<float> scales;
+};
+
+void ComputeScales(Fp8Tensor& t) {
+  const size_t elem = DTypeSize(t.dtype);
+  t.stored_scales.resize(static_cast<size_t>(t.rows) * elem);
+  t.scales.resize(static_cast<size_t>(t.rows));
+  for (int64_t r = 0; r < t.rows; ++r) {
+    float absmax = 0.0f;
+    for (int64_t c = 0; c < t.cols; ++c) {
+      absmax = std::max(absmax, std::fabs(LoadAsFloat(t.source, t.dtype, r * t.cols + c)));
+    }
+    float s = StoreAs(t.dtype, Fp8RowScale(absmax), &t.stored_scales[r * elem]);
+    // A row too small for a 16-bit scale (F16 underflows to 0): scale 1, codes of ~0.
+    if (!(s > 0.0f) || !std::isfinite(s)) s = StoreAs(t.dtype, 1.0f, &t.stored_scales[r * elem]);
+    t.scales[r] = s;
+  }
+}
+
+// Codes of elements [begin, begin + n) of `t` (the rounded scale can put a row's largest element
+// a hair above 448: FloatToFp8E4M3 saturates it).
+void FillCodes(const Fp8Tensor& t, uint64_t begin, uint64_t n, uint8_t* out) {
+  for (uint64_t i = begin; i < begin + n; ++i) {
+    const float inverse = 1.0f / t.scales[static_cast<int64_t>(i) / t.cols];
+    out[i - begin] =
+        FloatToFp8E4M3(LoadAsFloat(t.source, t.dtype, static_cast<int64_t>(i)) * inverse);
+  }
+}
+
+// Runs `job(i)` for i in [0, n) on up to `threads` threads.
+template <typename Job>
+void ParallelFor(int n, int threads, const Job& job) {
+  std::atomic<int> next{0};
+  auto worker = [&] {
+    for (int i = next++; i < n; i = next++) job(i);
+  };
+  std::vector<std::thread> pool;
+  for (int i = 1; i < std::min(threads, n); ++i) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+}
+
+std::string Gb(uint64_t bytes) { return absl::StrFormat("%.2f GB", bytes / 1e9); }
+
+absl::Status CheckDirs(const QuantizeOptions& options, const fs::path& in, const fs::path& out) {
+  std::error_code ec;
+  if (options.model_dir.empty()) return absl::InvalidArgumentError("--model is required");
+  if (options.out_dir.empty()) return absl::InvalidArgumentError("--out is required");
+  if (!fs::is_directory(in, ec)) {
+    return absl::NotFoundError(absl::StrCat(options.model_dir, ": no such model directory"));
+  }
+  if (fs::exists(out, ec)) {
+    if (fs::equivalent(in, out, ec)) {
+      return absl::InvalidArgumentError("--out must differ from --model");
+    }
+    if (!fs::is_directory(out, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.out_dir, " exists and is not a directory"));
+    }
+    if (!fs::is_empty(out, ec) && !options.force) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.out_dir, " exists and is not empty (--force replaces it)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<QuantizeResult> Quantize(const QuantizeOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const fs::path in(options.model_dir), out(options.out_dir);
+  RETURN_IF_ERROR(CheckDirs(options, in, out));
+
+  ASSIGN_OR_RETURN(OrderedJson config, ReadJsonObject(in / "config.json"));
+  const std::string model_type = config.value("model_type", "");
+  if (!IsQuantizableModelType(model_type)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        (in / "config.json").string(), ": model_type \"", model_type,
+        "\" is not one quantize knows (", absl::StrJoin(QuantizableModelTypes(), ", "), ")"));
+  }
+  if (config.contains("quantization_config")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat((in / "config.json").string(),
+                     ": the model is already quantized (config.json has a quantization_config)"));
+  }
+  ASSIGN_OR_RETURN(const CheckpointFiles files, ListCheckpointFiles(options.model_dir));
+  // Every header first: an unsupported tensor fails before anything is written.
+  std::vector<InputShard> shards;
+  for (const std::string& name : files.names) {
+    ASSIGN_OR_RETURN(InputShard shard, OpenShard(in, name));
+    shards.push_back(std::move(shard));
+  }
+
+  // Written beside the destination (same file system, so the final rename is atomic) and
+  // removed unless everything succeeds.
+  std::error_code ec;
+  const fs::path parent = fs::absolute(out, ec).parent_path();
+  fs::create_directories(parent, ec);
+  const fs::path temp =
+      parent / absl::StrCat(".", out.filename().string(), ".quantize-", ::getpid());
+  fs::remove_all(temp, ec);
+  if (!fs::create_directory(temp, ec)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", temp.string(), ": ", ec.message()));
+  }
+  absl::Cleanup remove_temp = [&] {
+    std::error_code ignored;
+    fs::remove_all(temp, ignored);
+  };
+
+  const int threads = options.num_threads > 0
+                          ? options.num_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  QuantizeResult result;
+  result.shards = static_cast<int>(shards.size());
+  std::vector<std::string> ignore = {"lm_head"};
+  OrderedJson weight_map = OrderedJson::object();
+  for (InputShard& shard : shards) {
+    const uint8_t* base = shard.file->bytes().data();
+    // Output tensors in input order, each FP8 weight followed by its scales.
+    enum class Kind { kCopy, kCodes, kScales };
+    struct Item {
+      Kind kind;
+      const SafetensorsEntry* entry;
+      int fp8 = -1;  // index into `fp8`
+    };
+    std::vector<Item> items;
+    std::vector<SafetensorsTensorHeader> headers;
+    std::vector<Fp8Tensor> fp8;
+    for (size_t i = 0; i < shard.entries.size(); ++i) {
+      const SafetensorsEntry& e = shard.entries[i];
+      result.bytes_before += e.end - e.begin;
+      if (IsIgnoredLinear(e.name)) ignore.push_back(ModuleOf(e.name));
+      if (!IsFp8Linear(e.name, e.shape)) {
+        items.push_back({Kind::kCopy, &e});
+        headers.push_back({e.name, shard.dtypes[i], e.shape});
+        ++result.kept_tensors;
+        continue;
+      }
+      Fp8Tensor t;
+      t.source = base + e.begin;
+      t.dtype = shard.dtypes[i];
+      t.rows = e.shape[0];
+      t.cols = e.shape[1];
+      fp8.push_back(std::move(t));
+      const int q = static_cast<int>(fp8.size()) - 1;
+      items.push_back({Kind::kCodes, &e, q});
+      headers.push_back({e.name, DType::kF8E4M3, e.shape});
+      items.push_back({Kind::kScales, &e, q});
+      headers.push_back({e.name + "_scale", shard.dtypes[i], {e.shape[0], 1}});
+      ++result.quantized_tensors;
+    }
+    ParallelFor(static_cast<int>(fp8.size()), threads, [&](int q) { ComputeScales(fp8[q]); });
+    const auto shard_start = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(
+        WriteSafetensorsFile((temp / shard.name).string(), headers,
+                             [&](size_t i, uint64_t begin, uint64_t n, uint8_t* dst) {
+                               const Item& item = items[i];
+                               switch (item.kind) {
+                                 case Kind::kCopy:
+                                   std::memcpy(dst, base + item.entry->begin + begin, n);
+                                   break;
+                                 case Kind::kCodes:
+                                   FillCodes(fp8[item.fp8], begin, n, dst);
+                                   break;
+                                 case Kind::kScales:
+                                   std::memcpy(dst, fp8[item.fp8].stored_scales.data() + begin, n);
+                                   break;
+                               }
+                             },
+                             threads));
+    uint64_t shard_bytes = 0;
+    for (const SafetensorsTensorHeader& h : headers) {
+      shard_bytes += h.bytes();
+      weight_map[h.name] = shard.name;
+    }
+    result.bytes_after += shard_bytes;
+    if (options.progress) {
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - shard_start).count();
+      StatusLine(absl::StrFormat("%s: %d tensors to FP8, %s in %.2f s", shard.name, fp8.size(),
+                                 Gb(shard_bytes), sec));
+    }
+    shard.file.reset();  // unmap: a checkpoint larger than memory stays streamed
+  }
+
+  if (files.indexed) {
+    OrderedJson index;
+    index["metadata"] = {{"total_size", result.bytes_after}};
+    index["weight_map"] = std::move(weight_map);
+    RETURN_IF_ERROR(
+        WriteTextFile((temp / "model.safetensors.index.json").string(), index.dump(2) + "\n"));
+  }
+  config["quantization_config"] = QuantizationConfigJson(std::move(ignore));
+  RETURN_IF_ERROR(WriteTextFile((temp / "config.json").string(), config.dump(2) + "\n"));
+  for (const char* name : kCopiedFiles) {
+    if (!fs::exists(in / name, ec)) continue;
+    if (!fs::copy_file(in / name, temp / name, ec)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot copy ", (in / name).string(), ": ", ec.message()));
+    }
+  }
+
+  // Replace the destination only now that the new model is complete.
+  if (fs::exists(out, ec)) {
+    fs::remove_all(out, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot replace ", options.out_dir, ": ", ec.message()));
+    }
+  }
+  fs::rename(temp, out, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot move the result to ", options.out_dir, ": ", ec.message()));
+  }
+  std::move(remove_temp).Cancel();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace strata

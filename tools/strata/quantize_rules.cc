@@ -1,0 +1,72 @@
+#include "tools/strata/quantize_rules.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+
+namespace strata {
+
+std::vector<std::string> QuantizableModelTypes() {
+  return {"qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss"};
+}
+
+bool IsQuantizableModelType(absl::string_view model_type) {
+  const std::vector<std::string> types = QuantizableModelTypes();
+  return std::find(types.begin(), types.end(), model_type) != types.end();
+}
+
+std::string ModuleOf(absl::string_view weight_name) {
+  return std::string(absl::StripSuffix(weight_name, ".weight"));
+}
+
+bool IsFp8Linear(absl::string_view name, absl::Span<const int64_t> shape) {
+  if (shape.size() != 2 || !absl::StartsWith(name, "model.layers.") ||
+      !absl::EndsWith(name, ".weight")) {
+    return false;
+  }
+  const std::string module = ModuleOf(name);
+  const absl::string_view last = absl::string_view(module).substr(module.rfind('.') + 1);
+  for (absl::string_view linear : {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                   "down_proj", "w1", "w2", "w3"}) {
+    if (last == linear) return true;
+  }
+  return false;
+}
+
+bool IsIgnoredLinear(absl::string_view name) {
+  return absl::EndsWith(name, ".mlp.gate.weight") ||
+         absl::EndsWith(name, ".block_sparse_moe.gate.weight") ||
+         absl::EndsWith(name, ".shared_expert_gate.weight");
+}
+
+nlohmann::ordered_json QuantizationConfigJson(std::vector<std::string> ignore) {
+  if (std::find(ignore.begin(), ignore.end(), "lm_head") == ignore.end()) {
+    ignore.insert(ignore.begin(), "lm_head");
+  }
+  nlohmann::ordered_json weights = {{"num_bits", 8},
+                                    {"type", "float"},
+                                    {"symmetric", true},
+                                    {"strategy", "channel"},
+                                    {"dynamic", false},
+                                    {"group_size", nullptr},
+                                    {"block_structure", nullptr},
+                                    {"actorder", nullptr},
+                                    {"observer", "minmax"},
+                                    {"observer_kwargs", nlohmann::ordered_json::object()}};
+  nlohmann::ordered_json group = {{"targets", {"Linear"}},
+                                  {"weights", std::move(weights)},
+                                  {"input_activations", nullptr},
+                                  {"output_activations", nullptr}};
+  nlohmann::ordered_json config;
+  config["quant_method"] = "compressed-tensors";
+  config["format"] = "float-quantized";
+  config["quantization_status"] = "compressed";
+  config["config_groups"] = {{"group_0", std::move(group)}};
+  config["ignore"] = std::move(ignore);
+  config["kv_cache_scheme"] = nullptr;
+  config["global_compression_ratio"] = nullptr;
+  return config;
+}
+
+}  // namespace strata
