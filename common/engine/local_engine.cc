@@ -84,6 +84,16 @@ absl::StatusOr<StepResult> LocalEngine::Step(PagedKvCache::SequenceId seq,
   return runner_->Run(plan, [] {});
 }
 
+absl::StatusOr<StepResult> LocalEngine::RunStep(PagedKvCache::SequenceId seq,
+                                                absl::Span<const int32_t> ids, int64_t start) {
+  if (ids.empty() || start < 0 || start + std::ssize(ids) > max_sequence_tokens()) {
+    return absl::InvalidArgumentError("a step needs tokens within the context");
+  }
+  std::vector<int64_t> rows(ids.size());
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+  return Step(seq, ids, start, rows, rows, false);
+}
+
 absl::StatusOr<Tensor> LocalEngine::Logits(absl::Span<const int32_t> ids) {
   RETURN_IF_ERROR(ValidatePrompt(ids, 0));
   const int64_t n = static_cast<int64_t>(ids.size());

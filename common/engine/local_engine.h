@@ -61,6 +61,14 @@ class LocalEngine {
   absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt,
                                                 const GenerateOptions& options);
 
+  // Steps a caller plans itself (benchmarks of step shapes, such as a speculative verify step
+  // of k tokens): a sequence of its own, one step of `ids` at positions [start, start +
+  // ids.size()) with every row's logits on the host, and the sequence's release.
+  PagedKvCache::SequenceId AddSequence() { return kv_->AddSequence(); }
+  absl::StatusOr<StepResult> RunStep(PagedKvCache::SequenceId seq, absl::Span<const int32_t> ids,
+                                     int64_t start);
+  void ReleaseSequence(PagedKvCache::SequenceId seq) { kv_->Release(seq); }
+
   const ModelConfig& config() const { return stack_->config(); }
   // Longest sequence the KV pool and the model's context allow.
   int64_t max_sequence_tokens() const;
