@@ -102,7 +102,29 @@ lines += ['',
           'rows therefore measure the tiered machinery (tables, counting, graphs) at near-full hit',
           'rates, not the cost of misses. Sampling costs the resident cluster 30% by itself (the logits',
           'go to the host each step and no step is launched ahead).',
-          '', '## Commands', '',
+          '']
+# What a speculative verify step of k tokens costs against a 1-token step (verify_step_bench).
+verify = sorted(glob.glob('bench/profiles/verify-steps-*.json'))
+if verify:
+    lines += ['## Verify steps', '',
+              'One sequence, k tokens in one step after `context` cached ones, every row\'s logits to',
+              'the host, in one process (`verify_step_bench`; the 1-token step here is eager, not a',
+              'graph replay). On a MoE model a k-token step reads the experts of all k tokens: a',
+              'speculative draft pays only where its accepted tokens per step beat this ratio.', '',
+              '| model | device, weights | context | k = 1 ms | k = 2 | k = 4 | k = 8 | k = 16 | machine |',
+              '|---|---|---|---|---|---|---|---|---|']
+    for path in verify:
+        v = json.load(open(path))
+        by_context = {}
+        for step in v['steps']:
+            by_context.setdefault(step['context'], {})[step['k']] = step
+        for context, ks in sorted(by_context.items()):
+            one = ks.get(1, {}).get('step_ms_median', 0)
+            cells = [f"{ks[k]['vs_one_token']:.2f}x" if k in ks else '' for k in (2, 4, 8, 16)]
+            lines.append(f"| {os.path.basename(v['model'].rstrip('/'))} | {v['device']}, {'float32' if v['device'] == 'cpu' else v['weights']} | "
+                         f"{context} | {one:.2f} | " + ' | '.join(cells) + f" | {v.get('machine', '')} |")
+    lines += ['', 'Commands: ' + '; '.join(f"`{json.load(open(p))['command']}`" for p in verify), '']
+lines += ['## Commands', '',
           'Each row\'s record and command (the cluster was started with `strata up` as the',
           'record\'s note and the scripts under `bench/gpu/` say; machines: ' +
           ', '.join(sorted({r['machine'] for r in rows if r['machine']})) + ').', '']
