@@ -97,6 +97,11 @@ class RouterBackend {
   // [rows.size(), vocab].
   virtual absl::Status Logits(absl::Span<const int64_t> rows, Tensor& logits) = 0;
 
+  // While an FP8 KV cache is calibrating (PagedKvCache::calibrating), the backend notes the
+  // largest key and value magnitudes each step writes; this hands them to the cache
+  // (PagedKvCache::ObserveKvRange) after the step.
+  virtual absl::Status ReportKvRange(PagedKvCache& kv) = 0;
+
   // What a backend on a GPU offers beyond this interface (decode-step graphs, its device
   // context, the hand-off to CUDA IPC workers); null on the CPU.
   virtual gpu::DeviceRouter* device_router() { return nullptr; }

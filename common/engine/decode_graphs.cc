@@ -225,12 +225,9 @@ absl::Status DecodeGraphs::LaunchReplay(Graph& graph, absl::Span<const int32_t> 
   // The workers are told first: their wake-up and launches overlap the router's own.
   if (absl::Status begun = graph_steps_.BeginGraphStep(n); !begun.ok()) return FailInFlight(begun);
   positions_.resize(n);
-  tables_.resize(n);
-  for (int i = 0; i < n; ++i) {
-    positions_[i] = static_cast<int32_t>(batch.position[i]);
-    tables_[i] = &kv_.block_table(batch.sequence[i]);
-  }
-  if (absl::Status written = router_.WriteDecodeInputs(slot, ids, positions_, tables_);
+  sequences_.assign(batch.sequence.begin(), batch.sequence.end());
+  for (int i = 0; i < n; ++i) positions_[i] = static_cast<int32_t>(batch.position[i]);
+  if (absl::Status written = router_.WriteDecodeInputs(slot, ids, positions_, sequences_, kv_);
       !written.ok()) {
     graph_steps_.AbortGraphStep();
     return FailInFlight(written);

@@ -154,7 +154,7 @@ class DecodeGraphs {
   int next_slot_ = 0;                   // the input slot of the next launch
   // A replay's positions and block tables, kept to spare two allocations a step.
   std::vector<int32_t> positions_;
-  std::vector<const std::vector<int>*> tables_;
+  std::vector<PagedKvCache::SequenceId> sequences_;
   Clock::time_point last_synced_{};  // when the last replay's synchronize returned
   std::atomic<int64_t> replays_{0}, replay_ns_{0}, overlapped_{0}, pairs_{0}, between_ns_{0};
 };

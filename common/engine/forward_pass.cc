@@ -43,7 +43,10 @@ absl::Status ForwardPass::Run(absl::Span<const int32_t> ids, const BatchLayout& 
     if (options_.predict_next_experts) RETURN_IF_ERROR(PredictNext(layer));
   }
   RETURN_IF_ERROR(router_.Logits(logit_rows, logits));
-  return experts_.FinishStep();
+  RETURN_IF_ERROR(experts_.FinishStep());
+  // After the step's logits: a device backend's observations are complete in stream order.
+  if (kv.calibrating()) RETURN_IF_ERROR(router_.ReportKvRange(kv));
+  return absl::OkStatus();
 }
 
 absl::Status ForwardPass::PredictNext(int layer) {

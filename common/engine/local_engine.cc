@@ -23,6 +23,9 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
   stack.num_threads = options.num_threads;
   stack.kv_block_size = options.kv_block_size;
   stack.kv_cache_bytes = options.kv_cache_bytes;
+  stack.kv_dtype = options.kv_dtype;
+  stack.kv_fp16_above_tokens = options.kv_fp16_above_tokens;
+  stack.kv_calibration_tokens = options.kv_calibration_tokens;
   stack.kv_within_context = true;
   stack.max_step_tokens = options.prefill_chunk_tokens;
   stack.max_sequences = 1;
@@ -72,6 +75,8 @@ absl::StatusOr<StepResult> LocalEngine::Step(PagedKvCache::SequenceId seq,
                                              std::vector<int64_t> logit_rows,
                                              std::vector<int64_t> host_rows, bool launch_next) {
   const int64_t n = static_cast<int64_t>(ids.size());
+  // An FP8 sequence growing past fp16_above_tokens turns 16-bit first (nothing in flight).
+  if (kv_->NeedsWiden(seq, start + n)) RETURN_IF_ERROR(kv_->Widen(seq));
   RETURN_IF_ERROR(kv_->Reserve(seq, start + n));
   StepPlan plan;
   plan.ids.assign(ids.begin(), ids.end());
@@ -80,7 +85,8 @@ absl::StatusOr<StepResult> LocalEngine::Step(PagedKvCache::SequenceId seq,
   for (int64_t i = 0; i < n; ++i) plan.batch.position[i] = start + i;
   plan.logit_rows = std::move(logit_rows);
   plan.host_rows = std::move(host_rows);
-  plan.launch_next = launch_next && kv_->Reserve(seq, start + n + 1).ok();
+  plan.launch_next = launch_next && !kv_->NeedsWiden(seq, start + n + 1) &&
+                     kv_->Reserve(seq, start + n + 1).ok();
   return runner_->Run(plan, [] {});
 }
 
@@ -98,7 +104,7 @@ absl::StatusOr<Tensor> LocalEngine::Logits(absl::Span<const int32_t> ids) {
   RETURN_IF_ERROR(ValidatePrompt(ids, 0));
   const int64_t n = static_cast<int64_t>(ids.size());
   const int64_t vocab = config().vocab_size;
-  const PagedKvCache::SequenceId seq = kv_->AddSequence();
+  const PagedKvCache::SequenceId seq = kv_->AddSequence(kv_->WantsWide(n));
   absl::Cleanup release = [&] { kv_->Release(seq); };
   Tensor all = Tensor::Host(n, vocab);
   for (int64_t start = 0; start < n; start += options_.prefill_chunk_tokens) {
@@ -121,7 +127,7 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
   RETURN_IF_ERROR(ValidateSamplingParams(options.sampling));
   RETURN_IF_ERROR(ValidatePrompt(prompt, options.max_new_tokens));
   const int64_t vocab = config().vocab_size;
-  const PagedKvCache::SequenceId seq = kv_->AddSequence();
+  const PagedKvCache::SequenceId seq = kv_->AddSequence(kv_->WantsWide(std::ssize(prompt)));
   absl::Cleanup release = [&] { kv_->Release(seq); };
   // Ends before `release`: nothing may still write the sequence's keys and values then.
   absl::Cleanup drain = [&] { runner_->Abandon(); };
@@ -150,7 +156,9 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
                        static_cast<int>(out.size()) + 1 < options.max_new_tokens;
     absl::StatusOr<StepResult> result;
     if (in_flight) {
-      result = runner_->Collect(ahead && kv_->Reserve(seq, position + 2).ok(), [] {});
+      result = runner_->Collect(
+          ahead && !kv_->NeedsWiden(seq, position + 2) && kv_->Reserve(seq, position + 2).ok(),
+          [] {});
       // Lost with whatever was in flight: the step runs again from the token the host has.
       if (!result.ok()) in_flight = false;
     }

@@ -20,6 +20,10 @@ struct LocalEngineOptions {
   int kv_block_size = 32;                     // token slots per KV block
   int64_t kv_cache_bytes = int64_t{1} << 30;  // upper bound on the KV pool
   int prefill_chunk_tokens = 512;             // prompt tokens per forward step
+  // FP8 keys and values (KvCacheOptions: fp8, fp16_above_tokens, calibration_tokens).
+  KvDtype kv_dtype = KvDtype::kAuto;
+  int64_t kv_fp16_above_tokens = 0;
+  int64_t kv_calibration_tokens = 512;
   float router_temperature = 1.0f;
   // "cpu" (the float32 reference) or "cuda" / "cuda:N" (bf16 on a GPU, when built with CUDA).
   std::string device = "cpu";
@@ -65,6 +69,7 @@ class LocalEngine {
   // of k tokens): a sequence of its own, one step of `ids` at positions [start, start +
   // ids.size()) with every row's logits on the host, and the sequence's release.
   PagedKvCache::SequenceId AddSequence() { return kv_->AddSequence(); }
+  PagedKvCache& kv() { return *kv_; }
   absl::StatusOr<StepResult> RunStep(PagedKvCache::SequenceId seq, absl::Span<const int32_t> ids,
                                      int64_t start);
   void ReleaseSequence(PagedKvCache::SequenceId seq) { kv_->Release(seq); }

@@ -64,13 +64,18 @@ absl::Status ModelStack::CreateKv() {
   // A GPU router keeps the keys and values on its device, in bf16; the host object keeps the
   // tables. The budget counts the bytes where the blocks live.
   kv.host_storage = device_index_ < 0;
-  kv.element_bytes = kv.host_storage ? sizeof(float) : sizeof(uint16_t);
+  kv.fp8 = options_.kv_dtype == KvDtype::kFp8;
+  kv.fp16_above_tokens = options_.kv_fp16_above_tokens;
+  kv.calibration_tokens = options_.kv_calibration_tokens;
+  kv.element_bytes = kv.fp8 ? 1 : kv.host_storage ? sizeof(float) : sizeof(uint16_t);
   const int64_t block_bytes = KvBlockBytes(kv);
   int64_t blocks = options_.kv_cache_bytes / block_bytes;
   if (options_.kv_blocks > 0) {
     blocks = options_.kv_blocks;
   } else if (options_.kv_within_context) {
-    blocks = std::min(blocks, (c.max_position_embeddings + kv.block_size - 1) / kv.block_size);
+    // One sequence of the longest context, 16-bit (two blocks a block) in an FP8 cache.
+    blocks = std::min(blocks, (c.max_position_embeddings + kv.block_size - 1) / kv.block_size *
+                                  (kv.fp8 ? 2 : 1));
   }
   if (blocks <= 0) {
     return absl::InvalidArgumentError(
@@ -79,6 +84,16 @@ absl::Status ModelStack::CreateKv() {
   }
   kv.num_blocks = static_cast<int>(std::min<int64_t>(blocks, int64_t{1} << 30));
   kv.prefix_caching = options_.prefix_caching;
+  if (kv.fp8 && kv.fp16_above_tokens > 0 && kv.fp16_above_tokens < c.max_position_embeddings) {
+    // A sequence just past the threshold, 16-bit, must fit the pool.
+    const int64_t wide_blocks = (kv.fp16_above_tokens + kv.block_size) / kv.block_size * 2;
+    if (wide_blocks > kv.num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_cache.fp16_above_tokens (", kv.fp16_above_tokens, ") cannot fit: a 16-bit sequence of ",
+          kv.fp16_above_tokens + 1, " tokens takes ", wide_blocks, " blocks, the pool has ",
+          kv.num_blocks, " (", block_bytes, " bytes each); raise the KV memory or the threshold"));
+    }
+  }
   ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(kv));
   kv_ = std::make_unique<PagedKvCache>(std::move(cache));
   return absl::OkStatus();

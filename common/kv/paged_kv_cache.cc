@@ -2,10 +2,34 @@
 
 #include <algorithm>
 
+#include <cmath>
+
 #include "absl/hash/hash.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/tensor/dtype.h"
 
 namespace strata {
+
+absl::StatusOr<KvDtype> ParseKvDtype(absl::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  if (lower == "auto") return KvDtype::kAuto;
+  if (lower == "bf16" || lower == "bfloat16") return KvDtype::kBf16;
+  if (lower == "fp8" || lower == "fp8_e4m3") return KvDtype::kFp8;
+  return absl::InvalidArgumentError(
+      absl::StrCat("kv cache dtype \"", name, "\" is not one of auto, bf16, fp8"));
+}
+
+const char* KvDtypeName(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kBf16:
+      return "bf16";
+    case KvDtype::kFp8:
+      return "fp8";
+    default:
+      return "auto";
+  }
+}
 
 int64_t KvBlockBytes(const KvCacheOptions& o) {
   return int64_t{o.num_layers} * 2 * o.block_size * o.num_kv_heads * o.head_dim * o.element_bytes;
@@ -18,6 +42,12 @@ absl::StatusOr<PagedKvCache> PagedKvCache::Create(const KvCacheOptions& options)
                                                    ") and num_blocks (", options.num_blocks,
                                                    ") must be positive"));
   }
+  if (options.fp16_above_tokens < 0 || options.calibration_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv cache: fp16_above_tokens (", options.fp16_above_tokens,
+        ") must be 0 or more and calibration_tokens (", options.calibration_tokens,
+        ") positive"));
+  }
   return PagedKvCache(options);
 }
 
@@ -25,8 +55,18 @@ PagedKvCache::PagedKvCache(const KvCacheOptions& options) : options_(options) {
   slot_floats_ = int64_t{options.num_kv_heads} * options.head_dim;
   block_floats_ = 2 * options.block_size * slot_floats_;
   if (options.host_storage) {
-    storage_.assign(static_cast<size_t>(options.num_layers) * options.num_blocks * block_floats_,
-                    0.0f);
+    const size_t elements =
+        static_cast<size_t>(options.num_layers) * options.num_blocks * block_floats_;
+    if (options.fp8) {
+      bytes_.assign(elements, 0);
+    } else {
+      storage_.assign(elements, 0.0f);
+    }
+  }
+  if (options.fp8) {
+    const size_t heads = static_cast<size_t>(options.num_layers) * options.num_kv_heads;
+    k_amax_.assign(heads, 0.0f);
+    v_amax_.assign(heads, 0.0f);
   }
   // Hand out low block ids first.
   for (int b = options.num_blocks - 1; b >= 0; --b) free_.push_back(b);
@@ -54,12 +94,12 @@ int PagedKvCache::TakeBlock() {
   return b;
 }
 
-uint64_t PagedKvCache::BlockHash(uint64_t parent, absl::Span<const int32_t> tokens) {
-  return absl::HashOf(parent, tokens);
+uint64_t PagedKvCache::BlockHash(uint64_t parent, absl::Span<const int32_t> tokens, int part) {
+  return part == 0 ? absl::HashOf(parent, tokens) : absl::HashOf(parent, tokens, part);
 }
 
-int PagedKvCache::FindCached(uint64_t parent, absl::Span<const int32_t> tokens) const {
-  const auto it = cached_.find(BlockHash(parent, tokens));
+int PagedKvCache::FindCached(uint64_t parent, absl::Span<const int32_t> tokens, int part) const {
+  const auto it = cached_.find(BlockHash(parent, tokens, part));
   if (it == cached_.end()) return -1;
   const int b = it->second;
   // A hash names the block's tokens and its prefix's hash; both are confirmed.
@@ -68,18 +108,33 @@ int PagedKvCache::FindCached(uint64_t parent, absl::Span<const int32_t> tokens) 
   return b;
 }
 
-int64_t PagedKvCache::HeldPrefixBlocks(absl::Span<const int32_t> tokens) const {
-  if (!options_.prefix_caching || tokens.empty()) return 0;
+std::vector<int> PagedKvCache::FindPrefix(absl::Span<const int32_t> tokens, bool wide) const {
+  std::vector<int> found;
+  if (!options_.prefix_caching || tokens.empty()) return found;
   const int64_t bs = options_.block_size;
   const int64_t blocks = (static_cast<int64_t>(tokens.size()) - 1) / bs;
-  int64_t held = 0;
   uint64_t parent = 0;
   for (int64_t i = 0; i < blocks; ++i) {
     const absl::Span<const int32_t> block = tokens.subspan(i * bs, bs);
-    const int b = FindCached(parent, block);
+    const int b = FindCached(parent, block, wide ? 1 : 0);
     if (b < 0) break;
-    if (blocks_[b].refs > 0) ++held;
+    if (wide) {
+      const int v = FindCached(parent, block, 2);
+      if (v < 0) break;
+      found.push_back(b);
+      found.push_back(v);
+    } else {
+      found.push_back(b);
+    }
     parent = blocks_[b].hash;
+  }
+  return found;
+}
+
+int64_t PagedKvCache::HeldPrefixBlocks(absl::Span<const int32_t> tokens) const {
+  int64_t held = 0;
+  for (int b : FindPrefix(tokens, WantsWide(static_cast<int64_t>(tokens.size())))) {
+    if (blocks_[b].refs > 0) ++held;
   }
   return held;
 }
@@ -88,19 +143,15 @@ int64_t PagedKvCache::MatchPrefix(SequenceId seq, absl::Span<const int32_t> toke
   if (!options_.prefix_caching || tokens.empty()) return 0;
   std::vector<int>& table = tables_.at(seq);
   if (!table.empty()) return 0;
-  const int64_t bs = options_.block_size;
-  const int64_t blocks = (static_cast<int64_t>(tokens.size()) - 1) / bs;
-  uint64_t parent = 0;
-  for (int64_t i = 0; i < blocks; ++i) {
-    const int b = FindCached(parent, tokens.subspan(i * bs, bs));
-    if (b < 0) break;
+  const bool is_wide = wide(seq);
+  for (int b : FindPrefix(tokens, is_wide)) {
     BlockState& block = blocks_[b];
     if (block.refs++ == 0) idle_cached_.erase(block.idle);
     table.push_back(b);
-    parent = block.hash;
   }
-  committed_blocks_[seq] = static_cast<int64_t>(table.size());
-  const int64_t hit = static_cast<int64_t>(table.size()) * bs;
+  const int64_t logical = static_cast<int64_t>(table.size()) / (is_wide ? 2 : 1);
+  committed_blocks_[seq] = logical;
+  const int64_t hit = logical * options_.block_size;
   prefix_stats_.queried_tokens += static_cast<int64_t>(tokens.size());
   prefix_stats_.hit_tokens += hit;
   return hit;
@@ -110,34 +161,157 @@ void PagedKvCache::CommitPrefix(SequenceId seq, absl::Span<const int32_t> tokens
                                 int64_t computed) {
   if (!options_.prefix_caching) return;
   const std::vector<int>& table = tables_.at(seq);
+  const int per = wide(seq) ? 2 : 1;
   const int64_t bs = options_.block_size;
   const int64_t full = std::min<int64_t>(
       {std::min<int64_t>(computed, static_cast<int64_t>(tokens.size())) / bs,
-       static_cast<int64_t>(table.size())});
+       static_cast<int64_t>(table.size()) / per});
   int64_t& committed = committed_blocks_[seq];
   for (int64_t i = committed; i < full; ++i) {
-    const uint64_t parent = i == 0 ? 0 : blocks_[table[i - 1]].hash;
+    const uint64_t parent = i == 0 ? 0 : blocks_[table[(i - 1) * per]].hash;
     const absl::Span<const int32_t> block_tokens = tokens.subspan(i * bs, bs);
-    const int b = table[i];
-    BlockState& block = blocks_[b];
-    block.parent = parent;
-    block.hash = BlockHash(parent, block_tokens);
-    // A block whose data another registered block already holds stays unregistered (its
-    // hash still chains the blocks after it).
-    if (!block.registered && cached_.emplace(block.hash, b).second) {
-      block.registered = true;
-      std::copy(block_tokens.begin(), block_tokens.end(),
-                cached_tokens_.begin() + int64_t{b} * bs);
-      ++prefix_stats_.cached_blocks;
+    for (int part = 0; part < per; ++part) {
+      const int b = table[i * per + part];
+      BlockState& block = blocks_[b];
+      block.parent = parent;
+      block.hash = BlockHash(parent, block_tokens, per == 1 ? 0 : part + 1);
+      // A block whose data another registered block already holds stays unregistered (its
+      // hash still chains the blocks after it).
+      if (!block.registered && cached_.emplace(block.hash, b).second) {
+        block.registered = true;
+        std::copy(block_tokens.begin(), block_tokens.end(),
+                  cached_tokens_.begin() + int64_t{b} * bs);
+        ++prefix_stats_.cached_blocks;
+      }
     }
   }
   committed = std::max(committed, full);
 }
 
-PagedKvCache::SequenceId PagedKvCache::AddSequence() {
+PagedKvCache::SequenceId PagedKvCache::AddSequence(bool wide) {
   const SequenceId id = next_id_++;
   tables_[id];
+  // Until the scales are known nothing can be stored in FP8.
+  if (options_.fp8 && (wide || !scales_ready_)) wide_.insert(id);
   return id;
+}
+
+bool PagedKvCache::WantsWide(int64_t num_tokens) const {
+  if (!options_.fp8) return false;
+  return !scales_ready_ ||
+         (options_.fp16_above_tokens > 0 && num_tokens > options_.fp16_above_tokens);
+}
+
+bool PagedKvCache::NeedsWiden(SequenceId seq, int64_t num_tokens) const {
+  return options_.fp8 && options_.fp16_above_tokens > 0 &&
+         num_tokens > options_.fp16_above_tokens && !wide(seq);
+}
+
+absl::Status PagedKvCache::Widen(SequenceId seq) {
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("kv cache: unknown sequence ", seq));
+  }
+  if (!options_.fp8 || wide(seq)) return absl::OkStatus();
+  std::vector<int>& table = it->second;
+  const int64_t need = 2 * static_cast<int64_t>(table.size());
+  if (need > free_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat("kv cache: ", need,
+                                                     " blocks needed to widen a sequence, ",
+                                                     free_blocks(), " free"));
+  }
+  // Every new block is taken before an old one is released: a released block may be taken
+  // again, and its data is still to be read.
+  std::vector<KvWidenMove> moves;
+  std::vector<int> wide_table;
+  for (int src : table) {
+    KvWidenMove move;
+    move.src = src;
+    move.k_unit = TakeBlock();
+    move.v_unit = TakeBlock();
+    moves.push_back(move);
+    wide_table.push_back(move.k_unit);
+    wide_table.push_back(move.v_unit);
+  }
+  if (options_.host_storage) ConvertOnHost(moves);
+  for (auto b = table.rbegin(); b != table.rend(); ++b) ReleaseBlock(*b);
+  table = std::move(wide_table);
+  wide_.insert(seq);
+  committed_blocks_[seq] = 0;  // registered again under the wide blocks' hashes
+  if (!options_.host_storage) {
+    widen_moves_.insert(widen_moves_.end(), moves.begin(), moves.end());
+  }
+  return absl::OkStatus();
+}
+
+std::vector<KvWidenMove> PagedKvCache::TakeWidenMoves() {
+  std::vector<KvWidenMove> moves;
+  moves.swap(widen_moves_);
+  return moves;
+}
+
+void PagedKvCache::ConvertOnHost(absl::Span<const KvWidenMove> moves) {
+  const int64_t bs = options_.block_size;
+  const int64_t kv_dim = slot_floats_;
+  const int d = options_.head_dim;
+  for (int layer = 0; layer < options_.num_layers; ++layer) {
+    const float* ks = scales_.k.data() + int64_t{layer} * options_.num_kv_heads;
+    const float* vs = scales_.v.data() + int64_t{layer} * options_.num_kv_heads;
+    for (const KvWidenMove& m : moves) {
+      const uint8_t* src = unit_data(layer, m.src);
+      uint16_t* k = reinterpret_cast<uint16_t*>(unit_data(layer, m.k_unit));
+      uint16_t* v = reinterpret_cast<uint16_t*>(unit_data(layer, m.v_unit));
+      for (int64_t i = 0; i < bs * kv_dim; ++i) {
+        const int head = static_cast<int>(i % kv_dim) / d;
+        k[i] = FloatToBf16(Fp8E4M3ToFloat(src[i]) * ks[head]);
+        v[i] = FloatToBf16(Fp8E4M3ToFloat(src[bs * kv_dim + i]) * vs[head]);
+      }
+    }
+  }
+}
+
+absl::Status PagedKvCache::SetScales(KvScales scales) {
+  const size_t heads = static_cast<size_t>(options_.num_layers) * options_.num_kv_heads;
+  if (scales.k.size() != heads || scales.v.size() != heads) {
+    return absl::InvalidArgumentError(absl::StrCat("kv cache: ", heads,
+                                                   " key and value scales expected, got ",
+                                                   scales.k.size(), " and ", scales.v.size()));
+  }
+  for (const std::vector<float>* s : {&scales.k, &scales.v}) {
+    for (float x : *s) {
+      if (!(x > 0.0f) || !std::isfinite(x)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("kv cache: scale ", x, " is not positive and finite"));
+      }
+    }
+  }
+  scales_ = std::move(scales);
+  scales_ready_ = true;
+  return absl::OkStatus();
+}
+
+void PagedKvCache::ObserveKvRange(absl::Span<const float> k_amax, absl::Span<const float> v_amax,
+                                  int64_t tokens) {
+  if (!calibrating() || k_amax.size() != k_amax_.size() || v_amax.size() != v_amax_.size()) {
+    return;
+  }
+  for (size_t i = 0; i < k_amax_.size(); ++i) {
+    k_amax_[i] = std::max(k_amax_[i], k_amax[i]);
+    v_amax_[i] = std::max(v_amax_[i], v_amax[i]);
+  }
+  observed_tokens_ += tokens;
+  if (observed_tokens_ < options_.calibration_tokens) return;
+  KvScales scales;
+  auto scale = [](float amax) {
+    // A head that never saw a value (or only zeros) keeps scale 1.
+    return amax > 0.0f && std::isfinite(amax) ? amax * kKvScaleHeadroom / kFp8E4M3MaxValue
+                                              : 1.0f;
+  };
+  for (size_t i = 0; i < k_amax_.size(); ++i) {
+    scales.k.push_back(scale(k_amax_[i]));
+    scales.v.push_back(scale(v_amax_[i]));
+  }
+  (void)SetScales(std::move(scales));  // valid by construction
 }
 
 absl::Status PagedKvCache::Reserve(SequenceId seq, int64_t num_tokens) {
@@ -146,7 +320,7 @@ absl::Status PagedKvCache::Reserve(SequenceId seq, int64_t num_tokens) {
     return absl::NotFoundError(absl::StrCat("kv cache: unknown sequence ", seq));
   }
   std::vector<int>& table = it->second;
-  const int64_t missing = BlocksFor(num_tokens) - static_cast<int64_t>(table.size());
+  const int64_t missing = BlocksFor(num_tokens, wide(seq)) - static_cast<int64_t>(table.size());
   if (missing <= 0) return absl::OkStatus();
   if (missing > free_blocks()) {
     return absl::ResourceExhaustedError(
@@ -160,26 +334,30 @@ absl::Status PagedKvCache::Reserve(SequenceId seq, int64_t num_tokens) {
 void PagedKvCache::Release(SequenceId seq) {
   auto it = tables_.find(seq);
   if (it == tables_.end()) return;
-  for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) {
-    if (!options_.prefix_caching) {
-      free_.push_back(*b);
-      continue;
-    }
-    BlockState& block = blocks_[*b];
-    if (--block.refs > 0) continue;
-    if (block.registered) {
-      block.idle = idle_cached_.insert(idle_cached_.end(), *b);
-    } else {
-      block = BlockState();
-      free_.push_back(*b);
-    }
-  }
+  for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) ReleaseBlock(*b);
   tables_.erase(it);
   committed_blocks_.erase(seq);
+  wide_.erase(seq);
+}
+
+void PagedKvCache::ReleaseBlock(int b) {
+  if (!options_.prefix_caching) {
+    free_.push_back(b);
+    return;
+  }
+  BlockState& block = blocks_[b];
+  if (--block.refs > 0) return;
+  if (block.registered) {
+    block.idle = idle_cached_.insert(idle_cached_.end(), b);
+  } else {
+    block = BlockState();
+    free_.push_back(b);
+  }
 }
 
 int64_t PagedKvCache::capacity(SequenceId seq) const {
-  return static_cast<int64_t>(tables_.at(seq).size()) * options_.block_size;
+  return static_cast<int64_t>(tables_.at(seq).size()) / (wide(seq) ? 2 : 1) *
+         options_.block_size;
 }
 
 float* PagedKvCache::Slot(int layer, SequenceId seq, int64_t position, int kv) {

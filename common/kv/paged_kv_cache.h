@@ -14,10 +14,18 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace strata {
+
+// What the KV cache stores: auto and bf16 keep 16 bits or more (the CPU backend keeps float32,
+// a device backend bf16), fp8 keeps E4M3 codes with scales.
+enum class KvDtype { kAuto, kBf16, kFp8 };
+absl::StatusOr<KvDtype> ParseKvDtype(absl::string_view name);
+const char* KvDtypeName(KvDtype dtype);
 
 struct KvCacheOptions {
   int block_size = 32;  // token slots per block
@@ -33,6 +41,33 @@ struct KvCacheOptions {
   int element_bytes = 4;
   // Keep computed full blocks for later sequences with the same leading tokens.
   bool prefix_caching = false;
+  // FP8 E4M3 keys and values (element_bytes 1). Host storage: a block is E4M3 codes
+  // [k|v][slot][kv_head][head_dim]; a wide sequence's key or value block is bf16
+  // [slot][kv_head][head_dim], the same bytes.
+  bool fp8 = false;
+  // With fp8: a sequence whose context passes this many tokens keeps its keys and values in
+  // 16-bit: a longer prompt starts wide, a sequence growing past it is converted (Widen).
+  // 0: never.
+  int64_t fp16_above_tokens = 0;
+  // With fp8 and no scales set: sequences start wide until the keys and values of this many
+  // tokens have been observed (ObserveKvRange); their largest magnitudes then set the scales.
+  int64_t calibration_tokens = 512;
+};
+
+// Scales of an FP8 cache, [num_layers][num_kv_heads] each: code c stands for c * scale.
+struct KvScales {
+  std::vector<float> k, v;
+};
+
+// The headroom calibration leaves above the largest magnitude observed: later tokens may be
+// larger, and E4M3's relative precision does not depend on where in its range a value falls.
+inline constexpr float kKvScaleHeadroom = 2.0f;
+
+// One FP8 block of a sequence turned 16-bit: its keys into k_unit, its values into v_unit.
+struct KvWidenMove {
+  int src = 0;
+  int k_unit = 0;
+  int v_unit = 0;
 };
 
 // What prefix caching found: tokens of the prompts looked up, those found in the cache.
@@ -53,8 +88,32 @@ class PagedKvCache {
   // Fails on non-positive sizes.
   static absl::StatusOr<PagedKvCache> Create(const KvCacheOptions& options);
 
-  // Starts an empty sequence.
-  SequenceId AddSequence();
+  // Starts an empty sequence (16-bit in an FP8 cache when `wide`).
+  SequenceId AddSequence(bool wide = false);
+  bool wide(SequenceId seq) const { return wide_.contains(seq); }
+  // Whether a sequence of `num_tokens` tokens starts wide: an FP8 cache that has no scales
+  // yet, or a context past fp16_above_tokens.
+  bool WantsWide(int64_t num_tokens) const;
+  // Whether `seq` must turn wide (Widen) before it holds `num_tokens` tokens.
+  bool NeedsWiden(SequenceId seq, int64_t num_tokens) const;
+  // Converts the sequence's blocks to 16-bit: new blocks are taken (RESOURCE_EXHAUSTED, with
+  // nothing changed, when the pool lacks them) and the old ones released. Host storage is
+  // converted here; a device backend converts the moves TakeWidenMoves hands it, in stream
+  // order before its next step writes.
+  absl::Status Widen(SequenceId seq);
+  std::vector<KvWidenMove> TakeWidenMoves();
+  bool has_widen_moves() const { return !widen_moves_.empty(); }
+
+  // FP8 scales. Until they are set, the cache is calibrating: backends report the largest
+  // key and value magnitudes they write (ObserveKvRange, [num_layers][num_kv_heads] each).
+  bool calibrating() const { return options_.fp8 && !scales_ready_; }
+  bool scales_ready() const { return scales_ready_; }
+  const KvScales& scales() const { return scales_; }
+  // Fails unless both have num_layers * num_kv_heads positive finite entries.
+  absl::Status SetScales(KvScales scales);
+  void ObserveKvRange(absl::Span<const float> k_amax, absl::Span<const float> v_amax,
+                      int64_t tokens);
+  int64_t observed_tokens() const { return observed_tokens_; }
   // Makes room for `num_tokens` positions [0, num_tokens) of `seq`. RESOURCE_EXHAUSTED, with
   // nothing allocated, when the pool lacks the blocks.
   absl::Status Reserve(SequenceId seq, int64_t num_tokens);
@@ -74,10 +133,11 @@ class PagedKvCache {
   const PrefixCacheStats& prefix_stats() const { return prefix_stats_; }
 
   int64_t capacity(SequenceId seq) const;
-  // Blocks `seq` holds now, and blocks that `num_tokens` positions take.
+  // Blocks of the pool `seq` holds now, and blocks that `num_tokens` positions take (twice as
+  // many for a wide sequence).
   int64_t blocks_held(SequenceId seq) const { return static_cast<int64_t>(tables_.at(seq).size()); }
-  int64_t BlocksFor(int64_t num_tokens) const {
-    return (num_tokens + options_.block_size - 1) / options_.block_size;
+  int64_t BlocksFor(int64_t num_tokens, bool wide = false) const {
+    return (num_tokens + options_.block_size - 1) / options_.block_size * (wide ? 2 : 1);
   }
   // Token slots in the whole pool.
   int64_t pool_tokens() const { return int64_t{options_.num_blocks} * options_.block_size; }
@@ -85,7 +145,26 @@ class PagedKvCache {
   int free_blocks() const { return static_cast<int>(free_.size() + idle_cached_.size()); }
   int num_sequences() const { return static_cast<int>(tables_.size()); }
   const KvCacheOptions& options() const { return options_; }
+  // A wide sequence's table alternates key and value blocks: [k0, v0, k1, v1, ...].
   const std::vector<int>& block_table(SequenceId seq) const { return tables_.at(seq); }
+
+  // FP8 host storage: where `position` of a sequence (its table and width) keeps its key and
+  // value at `layer`: E4M3 codes, or bf16 for a wide sequence.
+  struct Fp8Slot {
+    uint8_t* key;
+    uint8_t* value;
+  };
+  Fp8Slot fp8_slot(int layer, const std::vector<int>& table, bool wide, int64_t position) {
+    const int64_t bs = options_.block_size;
+    const int64_t slot = position % bs;
+    if (wide) {
+      const int64_t b = position / bs * 2;
+      return {unit_data(layer, table[b]) + slot * slot_floats_ * 2,
+              unit_data(layer, table[b + 1]) + slot * slot_floats_ * 2};
+    }
+    uint8_t* base = unit_data(layer, table[position / bs]) + slot * slot_floats_;
+    return {base, base + bs * slot_floats_};
+  }
 
   // The [num_kv_heads * head_dim] key or value slot of `position` in `seq` at `layer`; the
   // position must be reserved.
@@ -105,10 +184,20 @@ class PagedKvCache {
   float* Slot(int layer, SequenceId seq, int64_t position, int kv);
   // An unused block, else the least recently released cached one (unregistered).
   int TakeBlock();
-  // The hash of the block of `tokens` that follows a prefix hashed `parent`.
-  static uint64_t BlockHash(uint64_t parent, absl::Span<const int32_t> tokens);
-  // The registered block holding `tokens` after `parent`, or -1.
-  int FindCached(uint64_t parent, absl::Span<const int32_t> tokens) const;
+  // The hash of the block of `tokens` that follows a prefix hashed `parent`; part is 0 for an
+  // FP8 or full-width block, 1 and 2 for a wide sequence's key and value blocks.
+  static uint64_t BlockHash(uint64_t parent, absl::Span<const int32_t> tokens, int part);
+  // The registered block holding `tokens` (part as above) after `parent`, or -1.
+  int FindCached(uint64_t parent, absl::Span<const int32_t> tokens, int part) const;
+  // The cached blocks of the leading full blocks of `tokens` for a sequence of that width:
+  // per logical block, its 1 or 2 pool blocks.
+  std::vector<int> FindPrefix(absl::Span<const int32_t> tokens, bool wide) const;
+  uint8_t* unit_data(int layer, int block) {
+    return bytes_.data() + (int64_t{layer} * options_.num_blocks + block) * block_floats_;
+  }
+  void ReleaseBlock(int b);
+  // Host storage: the moves' FP8 blocks into their 16-bit ones.
+  void ConvertOnHost(absl::Span<const KvWidenMove> moves);
 
   struct BlockState {
     int refs = 0;
@@ -122,6 +211,13 @@ class PagedKvCache {
   int64_t slot_floats_ = 0;     // floats per token slot (kv heads x head dim)
   int64_t block_floats_ = 0;    // floats per block per layer, keys and values
   std::vector<float> storage_;  // [layer][block][k|v][slot][kv_head][head_dim]
+  std::vector<uint8_t> bytes_;  // FP8 host storage: [layer][block][block_floats_ bytes]
+  absl::flat_hash_set<SequenceId> wide_;
+  std::vector<KvWidenMove> widen_moves_;
+  KvScales scales_;
+  bool scales_ready_ = false;
+  std::vector<float> k_amax_, v_amax_;
+  int64_t observed_tokens_ = 0;
   std::vector<int> free_;
   absl::flat_hash_map<SequenceId, std::vector<int>> tables_;
   absl::flat_hash_map<SequenceId, int64_t> committed_blocks_;  // leading blocks hashed

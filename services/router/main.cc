@@ -35,6 +35,15 @@ ABSL_FLAG(int64_t, kv_cache_mb, 1024,
 ABSL_FLAG(bool, prefix_caching, true,
           "Keep computed KV blocks for requests that start with the same tokens (LRU when the "
           "pool is short)");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "Keys and values: auto (16-bit), bf16, or fp8 (E4M3, per-head scales calibrated on the "
+          "first --kv-cache-calibration-tokens tokens)");
+ABSL_FLAG(int64_t, kv_cache_fp16_above_tokens, 2048,
+          "With --kv-cache-dtype fp8: a sequence past this many tokens keeps 16-bit keys and "
+          "values (converted when it grows past it); 0: never");
+ABSL_FLAG(int64_t, kv_cache_calibration_tokens, 512,
+          "With --kv-cache-dtype fp8: tokens whose keys and values set the scales (sequences "
+          "stay 16-bit until then)");
 ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");
 ABSL_FLAG(int, max_batch_tokens, 512, "Tokens per forward step (decodes + prefill chunks)");
 ABSL_FLAG(int, max_running, 64, "Sequences in the running batch");
@@ -85,6 +94,14 @@ int main(int argc, char** argv) {
   options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_mb) << 20;
   options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  absl::StatusOr<strata::KvDtype> kv_dtype = strata::ParseKvDtype(absl::GetFlag(FLAGS_kv_cache_dtype));
+  if (!kv_dtype.ok()) {
+    std::cerr << "strata-router: --kv-cache-dtype: " << kv_dtype.status().message() << "\n";
+    return 2;
+  }
+  options.kv_dtype = *kv_dtype;
+  options.kv_fp16_above_tokens = absl::GetFlag(FLAGS_kv_cache_fp16_above_tokens);
+  options.kv_calibration_tokens = absl::GetFlag(FLAGS_kv_cache_calibration_tokens);
   options.router_temperature = static_cast<float>(absl::GetFlag(FLAGS_router_temperature));
   options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.scheduler.max_running = absl::GetFlag(FLAGS_max_running);

@@ -27,6 +27,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   stack.kv_block_size = options.kv_block_size;
   stack.kv_cache_bytes = options.kv_cache_bytes;
   stack.prefix_caching = options.prefix_caching;
+  stack.kv_dtype = options.kv_dtype;
+  stack.kv_fp16_above_tokens = options.kv_fp16_above_tokens;
+  stack.kv_calibration_tokens = options.kv_calibration_tokens;
   stack.kv_within_context = false;  // shared by the running sequences
   stack.max_step_tokens = std::max(options.scheduler.max_batch_tokens, 1);
   stack.max_sequences = std::max(options.scheduler.max_running, 1);

@@ -42,6 +42,10 @@ struct RouterOptions {
   int64_t kv_cache_bytes = int64_t{1} << 30;
   // Requests starting with the same tokens share the KV blocks computed for them.
   bool prefix_caching = true;
+  // FP8 keys and values, their 16-bit switch and calibration (KvCacheOptions).
+  KvDtype kv_dtype = KvDtype::kAuto;
+  int64_t kv_fp16_above_tokens = 2048;
+  int64_t kv_calibration_tokens = 512;
   float router_temperature = 1.0f;
   SchedulerOptions scheduler;
   std::string channel_prefix = "strata";

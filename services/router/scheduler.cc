@@ -195,7 +195,12 @@ void Scheduler::Loop() {
     if (stopping_ && running_.empty() && waiting_.empty() && !ahead_) break;
     Admit();
     // A step that ran with sequences still running leaves its outbox to the next step.
+    const bool calibrating = kv_.calibrating();
     if (!Step() || running_.empty()) FlushOutbox();
+    if (calibrating && !kv_.calibrating()) {
+      Log(LogLevel::kInfo, absl::StrCat("KV cache: FP8 scales set from the keys and values of ",
+                                        kv_.observed_tokens(), " tokens"));
+    }
     free_kv_blocks_.store(kv_.free_blocks());  // for stats(): the pool is the engine thread's
     prefix_cached_blocks_.store(kv_.prefix_stats().cached_blocks);
     if (running_.empty() && waiting_.empty()) NotifyIdle();
@@ -265,18 +270,21 @@ void Scheduler::Admit() {
   int64_t available = kv_.free_blocks() - std::max(1, kv_.options().num_blocks / 100);
   for (const auto& seq : running_) {
     const int64_t held = seq->has_kv ? kv_.blocks_held(seq->kv_seq) : 0;
-    available -= std::max<int64_t>(0, kv_.BlocksFor(std::ssize(seq->tokens)) - held);
+    const bool wide =
+        seq->has_kv ? kv_.wide(seq->kv_seq) : kv_.WantsWide(std::ssize(seq->tokens));
+    available -= std::max<int64_t>(0, kv_.BlocksFor(std::ssize(seq->tokens), wide) - held);
   }
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
     Sequence* seq = waiting_.front().get();
     // Cached blocks that running sequences hold cost no free block.
     const bool match = !seq->spec.score_only;
-    const int64_t need = kv_.BlocksFor(std::ssize(seq->tokens)) -
-                         (match ? kv_.HeldPrefixBlocks(seq->tokens) : 0);
+    const int64_t need =
+        kv_.BlocksFor(std::ssize(seq->tokens), kv_.WantsWide(std::ssize(seq->tokens))) -
+        (match ? kv_.HeldPrefixBlocks(seq->tokens) : 0);
     if (!running_.empty() && need > available) break;
     available -= need;
     if (match && kv_.options().prefix_caching) {
-      seq->kv_seq = kv_.AddSequence();
+      seq->kv_seq = kv_.AddSequence(kv_.WantsWide(std::ssize(seq->tokens)));
       seq->has_kv = true;
       seq->computed = kv_.MatchPrefix(seq->kv_seq, seq->tokens);
       const PrefixCacheStats& prefix = kv_.prefix_stats();
@@ -329,10 +337,15 @@ bool Scheduler::Step() {
   for (size_t i = 0; i < plan.size();) {
     Sequence* seq = plan[i].seq;
     if (!seq->has_kv) {
-      seq->kv_seq = kv_.AddSequence();
+      seq->kv_seq = kv_.AddSequence(kv_.WantsWide(std::ssize(seq->tokens)));
       seq->has_kv = true;
     }
-    if (kv_.Reserve(seq->kv_seq, seq->computed + plan[i].count).ok()) {
+    // An FP8 sequence growing past fp16_above_tokens turns 16-bit first.
+    const int64_t target = seq->computed + plan[i].count;
+    absl::Status reserved =
+        kv_.NeedsWiden(seq->kv_seq, target) ? kv_.Widen(seq->kv_seq) : absl::OkStatus();
+    if (reserved.ok()) reserved = kv_.Reserve(seq->kv_seq, target);
+    if (reserved.ok()) {
       ++i;
       continue;
     }
@@ -452,6 +465,10 @@ bool Scheduler::ReserveAhead(const LaunchedRows& in_flight) {
         seq->spec.score_only || seq->generated + 1 >= seq->spec.max_new_tokens) {
       return false;
     }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    // A sequence to widen first goes through an eager plan (Step).
+    if (kv_.NeedsWiden(in_flight.rows[i]->kv_seq, in_flight.positions[i] + 2)) return false;
   }
   for (size_t i = 0; i < n; ++i) {
     // Never a preemption for a step ahead: the step runs as usual once this one is read.

@@ -169,6 +169,23 @@ const std::map<std::string, Key>& Keys() {
        KeyOf<bool>("prefix-caching", &ClusterConfig::prefix_caching)
            .Help("keep computed KV blocks for requests that start with the same tokens")
            .To(kRouter)},
+      {"kv_cache.dtype", KeyOf<S>("kv-cache-dtype", &ClusterConfig::kv_dtype,
+                                  [](const S& v) { return ParseKvDtype(v).status(); })
+                             .Help("keys and values: auto (16-bit), bf16, or fp8 (E4M3 with "
+                                   "calibrated per-head scales)")
+                             .To(kRouter)},
+      {"kv_cache.fp16_above_tokens",
+       KeyOf<int64_t>("kv-cache-fp16-above-tokens", &ClusterConfig::kv_fp16_above_tokens,
+                      NotNegative<int64_t>)
+           .Help("with fp8: a sequence past this many tokens keeps 16-bit keys and values; 0: "
+                 "never")
+           .To(kRouter)},
+      {"kv_cache.calibration_tokens",
+       KeyOf<int64_t>("kv-cache-calibration-tokens", &ClusterConfig::kv_calibration_tokens,
+                      Positive<int64_t>)
+           .Help("with fp8: the scales come from the keys and values of the first this many "
+                 "tokens (16-bit until then)")
+           .To(kRouter)},
       {"max_batch_tokens",
        KeyOf<int>("max-batch-tokens", &ClusterConfig::max_batch_tokens, Positive<int>)
            .Help("tokens per forward step (decodes and prefill chunks)")

@@ -136,6 +136,12 @@ absl::StatusOr<EvalResult> Evaluate(const EvalOptions& options) {
                     std::vector<int64_t>(engine->config().num_experts, 0));
     }
     const ModelConfig& config = engine->config();
+    if (engine->kv().calibrating()) {
+      // FP8 keys and values: the scales from a pass over the first window (not scored), so
+      // that every scored window is coded.
+      ASSIGN_OR_RETURN(Tensor unused, engine->Logits(windows.front()));
+      result.kv_calibration_tokens = engine->kv().observed_tokens();
+    }
     window_routing.assign(config.num_layers, {});
     for (const auto& w : windows) {
       for (auto& r : window_routing) r.clear();
@@ -197,6 +203,10 @@ absl::Status RunEvalCommand(const EvalOptions& options, std::ostream& out) {
   nlohmann::json json;
   json["perplexity"] = result.perplexity;
   json["tokens"] = result.tokens;
+  json["kv_cache_dtype"] = KvDtypeName(options.engine.kv_dtype);
+  if (result.kv_calibration_tokens > 0) {
+    json["kv_calibration_tokens"] = result.kv_calibration_tokens;
+  }
   if (!result.expert_counts.empty()) {
     const GiniReport gini = GiniByLayer(result.expert_counts);
     json["expert_gini"] = gini.per_layer;

@@ -38,6 +38,8 @@ struct CacheHitRate {
 struct EvalResult {
   double perplexity = 0.0;
   int64_t tokens = 0;  // scored tokens
+  // FP8 keys and values: the tokens of the unscored pass that set their scales (0: none).
+  int64_t kv_calibration_tokens = 0;
   // Per MoE layer, how often each expert was selected (empty without expert_stats).
   std::vector<std::vector<int64_t>> expert_counts;
   std::vector<CacheHitRate> hit_rates;  // by hit_rate_shares

@@ -53,6 +53,14 @@ ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
 ABSL_FLAG(int, kv_block_size, 32, "Token slots per paged KV-cache block");
 ABSL_FLAG(int64_t, kv_cache_mb, 1024,
           "Upper bound on KV-cache memory, MiB (bf16 on a GPU, float32 on the CPU)");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "Keys and values: auto (float32 on the CPU, bf16 on a GPU), bf16, or fp8 (E4M3, "
+          "per-head scales calibrated on the first --kv-cache-calibration-tokens tokens)");
+ABSL_FLAG(int64_t, kv_cache_fp16_above_tokens, 2048,
+          "With --kv-cache-dtype fp8: a sequence past this many tokens keeps 16-bit keys and "
+          "values; 0: never");
+ABSL_FLAG(int64_t, kv_cache_calibration_tokens, 512,
+          "With --kv-cache-dtype fp8: tokens whose keys and values set the scales");
 ABSL_FLAG(int, prefill_chunk, 512, "Prompt tokens per forward step");
 ABSL_FLAG(int, workers, 1, "plan: workers to place experts on");
 ABSL_FLAG(std::string, device, "cpu",
@@ -113,6 +121,9 @@ const std::vector<std::string> kEngineFlags = {"device",
                                                "threads",
                                                "kv-block-size",
                                                "kv-cache-mb",
+                                               "kv-cache-dtype",
+                                               "kv-cache-fp16-above-tokens",
+                                               "kv-cache-calibration-tokens",
                                                "prefill-chunk",
                                                "router-temperature",
                                                "log-level"};
@@ -198,6 +209,9 @@ absl::StatusOr<strata::LocalEngineOptions> EngineOptionsFromFlags() {
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_mb) << 20;
+  ASSIGN_OR_RETURN(options.kv_dtype, strata::ParseKvDtype(absl::GetFlag(FLAGS_kv_cache_dtype)));
+  options.kv_fp16_above_tokens = absl::GetFlag(FLAGS_kv_cache_fp16_above_tokens);
+  options.kv_calibration_tokens = absl::GetFlag(FLAGS_kv_cache_calibration_tokens);
   options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk);
   options.router_temperature = static_cast<float>(absl::GetFlag(FLAGS_router_temperature));
   options.device = absl::GetFlag(FLAGS_device);

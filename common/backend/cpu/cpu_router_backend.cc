@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_kernels.h"
+#include "common/tensor/dtype.h"
 #include "common/util/status_macros.h"
 
 namespace strata {
@@ -82,53 +83,152 @@ absl::Status CpuRouterBackend::Attention(int layer) {
       if (c.qk_norm) cpu::RmsNorm(kh, a.k_norm, d, c.rms_norm_eps, kh);
       ApplyRope(rope_, pos, kh, d);
     }
-    std::copy(k_.row(t), k_.row(t) + kv_dim, kv.key(layer, batch.sequence[t], pos));
-    std::copy(v_.row(t), v_.row(t) + kv_dim, kv.value(layer, batch.sequence[t], pos));
   }
+  WriteKv(layer, kv);
 
   attn_out_.Resize(n, q_dim);
-  const int group = c.num_heads / c.num_kv_heads;
-  const int window = c.sliding_window[layer];
-  const int block_size = kv.options().block_size;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   pool_.ParallelFor(n * c.num_heads, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / c.num_heads;
       const int head = static_cast<int>(item % c.num_heads);
-      const int64_t kv_offset = int64_t{head / group} * d;
-      const int64_t pos = batch.position[t];
-      const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-      const std::vector<int>& table = kv.block_table(batch.sequence[t]);
-      const float* qh = q_.row(t) + int64_t{head} * d;
-      scores.resize(pos - first + 1);
-      float max_score = a.sinks.present() ? a.sinks.At(head) : -INFINITY;
-      for (int64_t j = first; j <= pos; ++j) {
-        const float* key =
-            kv.block_data(layer, table[j / block_size], 0) + (j % block_size) * kv_dim + kv_offset;
-        scores[j - first] = cpu::Dot(qh, key, d) * scale;
-        max_score = std::max(max_score, scores[j - first]);
-      }
-      // The sink joins the softmax's denominator but contributes no value.
-      float denom = a.sinks.present() ? std::exp(a.sinks.At(head) - max_score) : 0.0f;
-      for (float& s : scores) {
-        s = std::exp(s - max_score);
-        denom += s;
-      }
-      float* out = attn_out_.row(t) + int64_t{head} * d;
-      std::fill(out, out + d, 0.0f);
-      for (int64_t j = first; j <= pos; ++j) {
-        const float* value =
-            kv.block_data(layer, table[j / block_size], 1) + (j % block_size) * kv_dim + kv_offset;
-        const float p = scores[j - first] / denom;
-        for (int i = 0; i < d; ++i) out[i] += p * value[i];
-      }
+      AttendHead(layer, kv, t, head, scores, attn_out_.row(t) + int64_t{head} * d);
     }
   });
 
   proj_out_.Resize(n, h);
   cpu::Linear(pool_, attn_out_.data(), n, a.o, a.o_bias, proj_out_.data());
   for (int64_t i = 0; i < n * h; ++i) hidden.data()[i] += proj_out_.data()[i];
+  return absl::OkStatus();
+}
+
+void CpuRouterBackend::WriteKv(int layer, PagedKvCache& kv) {
+  const ModelConfig& c = config_;
+  const int d = c.head_dim;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * d;
+  const int64_t n = batch_.num_tokens();
+  if (!kv.options().fp8) {
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy(k_.row(t), k_.row(t) + kv_dim, kv.key(layer, batch_.sequence[t], batch_.position[t]));
+      std::copy(v_.row(t), v_.row(t) + kv_dim,
+                kv.value(layer, batch_.sequence[t], batch_.position[t]));
+    }
+    return;
+  }
+  const int64_t heads = int64_t{c.num_layers} * c.num_kv_heads;
+  if (kv.calibrating()) {
+    if (static_cast<int64_t>(k_amax_.size()) != heads) {
+      k_amax_.assign(heads, 0.0f);
+      v_amax_.assign(heads, 0.0f);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < kv_dim; ++i) {
+        const int64_t at = int64_t{layer} * c.num_kv_heads + i / d;
+        k_amax_[at] = std::max(k_amax_[at], std::fabs(k_.row(t)[i]));
+        v_amax_[at] = std::max(v_amax_[at], std::fabs(v_.row(t)[i]));
+      }
+    }
+    if (layer == 0) observed_tokens_ += n;
+  }
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  if (kv.scales_ready()) {
+    k_scale = kv.scales().k.data() + int64_t{layer} * c.num_kv_heads;
+    v_scale = kv.scales().v.data() + int64_t{layer} * c.num_kv_heads;
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const PagedKvCache::SequenceId seq = batch_.sequence[t];
+    const bool wide = kv.wide(seq);
+    const PagedKvCache::Fp8Slot slot =
+        kv.fp8_slot(layer, kv.block_table(seq), wide, batch_.position[t]);
+    const float* k = k_.row(t);
+    const float* v = v_.row(t);
+    if (wide) {
+      uint16_t* kd = reinterpret_cast<uint16_t*>(slot.key);
+      uint16_t* vd = reinterpret_cast<uint16_t*>(slot.value);
+      for (int64_t i = 0; i < kv_dim; ++i) {
+        kd[i] = FloatToBf16(k[i]);
+        vd[i] = FloatToBf16(v[i]);
+      }
+    } else {
+      // Narrow sequences exist only once the scales are set (PagedKvCache::AddSequence).
+      for (int64_t i = 0; i < kv_dim; ++i) {
+        slot.key[i] = FloatToFp8E4M3(k[i] / k_scale[i / d]);
+        slot.value[i] = FloatToFp8E4M3(v[i] / v_scale[i / d]);
+      }
+    }
+  }
+}
+
+void CpuRouterBackend::AttendHead(int layer, PagedKvCache& kv, int64_t t, int head,
+                                  std::vector<float>& scores, float* out) const {
+  const ModelConfig& c = config_;
+  const AttentionWeights& a = weights_.layers[layer].attention;
+  const int d = c.head_dim;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * d;
+  const int kv_head = head / (c.num_heads / c.num_kv_heads);
+  const int64_t kv_offset = int64_t{kv_head} * d;
+  const int window = c.sliding_window[layer];
+  const int block_size = kv.options().block_size;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int64_t pos = batch_.position[t];
+  const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+  const PagedKvCache::SequenceId seq = batch_.sequence[t];
+  const std::vector<int>& table = kv.block_table(seq);
+  const float* qh = q_.row(t) + int64_t{head} * d;
+  const bool fp8 = kv.options().fp8;
+  const bool wide = fp8 && kv.wide(seq);
+  float k_scale = 1.0f, v_scale = 1.0f;
+  if (fp8 && !wide) {
+    k_scale = kv.scales().k[int64_t{layer} * c.num_kv_heads + kv_head];
+    v_scale = kv.scales().v[int64_t{layer} * c.num_kv_heads + kv_head];
+  }
+  // FP8 pools: one key or value row decoded to float32 (codes times the scale, or bf16).
+  thread_local std::vector<float> row;
+  row.resize(d);
+  auto load = [&](int64_t j, int which) -> const float* {
+    if (!fp8) {
+      return kv.block_data(layer, table[j / block_size], which) + (j % block_size) * kv_dim +
+             kv_offset;
+    }
+    const PagedKvCache::Fp8Slot slot = kv.fp8_slot(layer, table, wide, j);
+    const uint8_t* p = which == 0 ? slot.key : slot.value;
+    if (wide) {
+      const uint16_t* b = reinterpret_cast<const uint16_t*>(p) + kv_offset;
+      for (int i = 0; i < d; ++i) row[i] = Bf16ToFloat(b[i]);
+    } else {
+      const float s = which == 0 ? k_scale : v_scale;
+      for (int i = 0; i < d; ++i) row[i] = Fp8E4M3ToFloat(p[kv_offset + i]) * s;
+    }
+    return row.data();
+  };
+  scores.resize(pos - first + 1);
+  float max_score = a.sinks.present() ? a.sinks.At(head) : -INFINITY;
+  for (int64_t j = first; j <= pos; ++j) {
+    scores[j - first] = cpu::Dot(qh, load(j, 0), d) * scale;
+    max_score = std::max(max_score, scores[j - first]);
+  }
+  // The sink joins the softmax's denominator but contributes no value.
+  float denom = a.sinks.present() ? std::exp(a.sinks.At(head) - max_score) : 0.0f;
+  for (float& s : scores) {
+    s = std::exp(s - max_score);
+    denom += s;
+  }
+  std::fill(out, out + d, 0.0f);
+  for (int64_t j = first; j <= pos; ++j) {
+    const float* value = load(j, 1);
+    const float p = scores[j - first] / denom;
+    for (int i = 0; i < d; ++i) out[i] += p * value[i];
+  }
+}
+
+absl::Status CpuRouterBackend::ReportKvRange(PagedKvCache& kv) {
+  if (observed_tokens_ > 0 && kv.calibrating()) {
+    kv.ObserveKvRange(k_amax_, v_amax_, observed_tokens_);
+  }
+  std::fill(k_amax_.begin(), k_amax_.end(), 0.0f);
+  std::fill(v_amax_.begin(), v_amax_.end(), 0.0f);
+  observed_tokens_ = 0;
   return absl::OkStatus();
 }
 

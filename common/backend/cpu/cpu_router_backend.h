@@ -23,8 +23,14 @@ class CpuRouterBackend : public RouterBackend {
   absl::Status Combine(const Tensor& partial, const uint32_t* ready_flag) override;
   absl::Status PredictRouting(int layer, float temperature, RoutingTable& predicted) override;
   absl::Status Logits(absl::Span<const int64_t> rows, Tensor& logits) override;
+  absl::Status ReportKvRange(PagedKvCache& kv) override;
 
  private:
+  // The step's new keys and values into the cache (FP8 codes, bf16 or float32).
+  void WriteKv(int layer, PagedKvCache& kv);
+  // Attention of token t's query head over its sequence's keys, into out[head_dim].
+  void AttendHead(int layer, PagedKvCache& kv, int64_t t, int head, std::vector<float>& scores,
+                  float* out) const;
   // out = post_attention_norm(hidden_) of `layer`, and its routing on MoE layers.
   absl::Status NormAndRoute(int layer, float temperature, Tensor& out, RoutingTable& routing);
 
@@ -37,6 +43,10 @@ class CpuRouterBackend : public RouterBackend {
   RopeTable rope_;
   // The step: its layout, its KV cache, the residual stream and the FFN input.
   BatchLayout batch_;
+  // Calibration of an FP8 cache: the largest |key| and |value| per (layer, kv head) written
+  // since the last report, and the steps' tokens.
+  std::vector<float> k_amax_, v_amax_;
+  int64_t observed_tokens_ = 0;
   PagedKvCache* kv_ = nullptr;
   Tensor hidden_, ffn_input_;
   // Scratch buffers reused across calls.

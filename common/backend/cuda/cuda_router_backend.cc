@@ -116,8 +116,18 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
   attention_scaling_ = rope.attention_scaling;
 
   block_size_ = kv.block_size;
-  kv_layer_elements_ = int64_t{kv.num_blocks} * 2 * kv.block_size * kv_dim;
+  kv_fp8_ = kv.fp8;
+  // An FP8 block is 2 * block_size * kv_dim bytes: half a bf16 one.
+  kv_layer_elements_ = int64_t{kv.num_blocks} * (kv.fp8 ? 1 : 2) * kv.block_size * kv_dim;
   RETURN_IF_ERROR(Allocate(kv_storage_, static_cast<size_t>(kv_layer_elements_ * c.num_layers)));
+  if (kv.fp8) {
+    const size_t entries = static_cast<size_t>(c.num_layers) * 2 * c.num_kv_heads;
+    ASSIGN_OR_RETURN(kv_scales_, DeviceBuffer<float>::FromHost(
+                                     std::vector<float>(entries, 1.0f).data(), entries,
+                                     context_->stream()));
+    ASSIGN_OR_RETURN(kv_amax_, DeviceBuffer<float>::FromHost(std::vector<float>(entries, 0.0f).data(),
+                                                             entries, context_->stream()));
+  }
 
   const size_t t = static_cast<size_t>(options_.max_tokens);
   RETURN_IF_ERROR(Allocate(hidden_, t * h));
@@ -182,7 +192,9 @@ absl::Status CudaRouterBackend::PrepareGraphs(int max_context, int max_sequences
   RETURN_IF_ERROR(Allocate(greedy_, max_sequences));
   RETURN_IF_ERROR(Allocate(argmax_scratch_, ArgmaxScratchBytes(max_sequences, c.vocab_size)));
   graph_max_context_ = max_context;
-  graph_max_blocks_ = std::min(num_blocks_, (max_context + block_size_ - 1) / block_size_);
+  // A wide row of an FP8 cache takes two entries a block.
+  graph_max_blocks_ =
+      std::min(num_blocks_, (max_context + block_size_ - 1) / block_size_ * (kv_fp8_ ? 2 : 1));
   // Slot 0 keeps the eager steps' larger inputs; the second slot is only ever a graph's.
   const size_t sequences = static_cast<size_t>(max_sequences);
   ASSIGN_OR_RETURN(host_[0].greedy, PinnedBuffer<int32_t>::Allocate(sequences));
@@ -221,15 +233,16 @@ absl::Status CudaRouterBackend::EnterGraphMode(int sequences, int slot) {
 
 absl::Status CudaRouterBackend::WriteDecodeInputs(
     int slot, absl::Span<const int32_t> tokens, absl::Span<const int32_t> positions,
-    absl::Span<const std::vector<int>* const> tables) {
+    absl::Span<const PagedKvCache::SequenceId> sequences, PagedKvCache& kv) {
   const size_t n = tokens.size();
-  if (slot < 0 || slot >= kInputSlots || positions.size() != n || tables.size() != n ||
+  if (slot < 0 || slot >= kInputSlots || positions.size() != n || sequences.size() != n ||
       static_cast<int>(n) > graph_prepared_sequences_) {
     return absl::InvalidArgumentError("cuda backend: decode inputs do not match");
   }
+  RETURN_IF_ERROR(SyncKv(kv));
   HostInputs& host = host_[slot];
   for (size_t i = 0; i < n; ++i) {
-    if (static_cast<int>(tables[i]->size()) > graph_max_blocks_) {
+    if (static_cast<int>(kv.block_table(sequences[i]).size()) > graph_max_blocks_) {
       return absl::FailedPreconditionError("cuda backend: a sequence outgrew the decode graph");
     }
     if (tokens[i] < kPreviousGreedyToken || tokens[i] >= config_.vocab_size) {
@@ -240,13 +253,78 @@ absl::Status CudaRouterBackend::WriteDecodeInputs(
     host.positions.data()[i] = positions[i];
     host.token_seq.data()[i] = static_cast<int32_t>(i);
     host.rows.data()[i] = static_cast<int32_t>(i);
-    int32_t* table = host.tables.data() + i * graph_max_blocks_;
-    const std::vector<int>& blocks = *tables[i];
-    for (int b = 0; b < graph_max_blocks_; ++b) {
-      table[b] = b < static_cast<int>(blocks.size()) ? blocks[b] : 0;
-    }
+    WriteTableRow(kv, sequences[i], host.tables.data() + i * graph_max_blocks_,
+                  graph_max_blocks_);
   }
   return absl::OkStatus();
+}
+
+void CudaRouterBackend::WriteTableRow(const PagedKvCache& kv, PagedKvCache::SequenceId seq,
+                                      int32_t* row, int width) const {
+  const std::vector<int>& blocks = kv.block_table(seq);
+  const bool wide = kv_fp8_ && kv.wide(seq);
+  const int held = static_cast<int>(blocks.size());
+  for (int b = 0; b < width; ++b) {
+    const int32_t block = b < held ? blocks[b] : 0;
+    row[b] = wide ? WideKvEntry(block) : block;
+  }
+}
+
+absl::Status CudaRouterBackend::SyncKv(PagedKvCache& kv) {
+  if (!kv_fp8_) return absl::OkStatus();
+  cudaStream_t stream = context_->stream();
+  if (kv.scales_ready() && !kv_scales_uploaded_) {
+    const ModelConfig& c = config_;
+    std::vector<float> scales(kv_scales_.size());
+    for (int l = 0; l < c.num_layers; ++l) {
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        scales[(int64_t{l} * 2 + 0) * c.num_kv_heads + h] = kv.scales().k[l * c.num_kv_heads + h];
+        scales[(int64_t{l} * 2 + 1) * c.num_kv_heads + h] = kv.scales().v[l * c.num_kv_heads + h];
+      }
+    }
+    // Pageable memory: the call returns once the data is staged.
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kv_scales_.data(), scales.data(),
+                                         scales.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                         stream));
+    kv_scales_uploaded_ = true;
+  }
+  if (!kv.has_widen_moves()) return absl::OkStatus();
+  widen_host_.clear();
+  for (const KvWidenMove& m : kv.TakeWidenMoves()) {
+    widen_host_.push_back({m.src, m.k_unit, m.v_unit});
+  }
+  if (widen_moves_.size() < widen_host_.size()) {
+    RETURN_IF_ERROR(Allocate(widen_moves_, widen_host_.size()));
+  }
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(widen_moves_.data(), widen_host_.data(),
+                                       widen_host_.size() * sizeof(KvWidenBlock),
+                                       cudaMemcpyHostToDevice, stream));
+  CUDA_RETURN_IF_ERROR(LaunchKvWiden(reinterpret_cast<uint8_t*>(kv_storage_.data()),
+                                     kv_layer_elements_ * static_cast<int64_t>(sizeof(bf16)),
+                                     config_.num_layers, block_size_, config_.num_kv_heads,
+                                     config_.head_dim, kv_scales_.data(), widen_moves_.data(),
+                                     static_cast<int>(widen_host_.size()), stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaRouterBackend::ReportKvRange(PagedKvCache& kv) {
+  if (!kv_fp8_ || observed_tokens_ == 0) return absl::OkStatus();
+  const ModelConfig& c = config_;
+  std::vector<float> amax(kv_amax_.size());
+  cudaStream_t stream = context_->stream();
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(amax.data(), kv_amax_.data(), amax.size() * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(kv_amax_.data(), 0, amax.size() * sizeof(float), stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  std::vector<float> k, v;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const float* layer = amax.data() + int64_t{l} * 2 * c.num_kv_heads;
+    k.insert(k.end(), layer, layer + c.num_kv_heads);
+    v.insert(v.end(), layer + c.num_kv_heads, layer + 2 * c.num_kv_heads);
+  }
+  kv.ObserveKvRange(k, v, observed_tokens_);
+  observed_tokens_ = 0;
+  return SyncKv(kv);  // the scales, if that set them
 }
 
 const bf16* CudaRouterBackend::NextNorm(int layer) const {
@@ -315,6 +393,9 @@ absl::Status CudaRouterBackend::UploadBatch(const BatchLayout& batch, PagedKvCac
     max_context_ = std::max(max_context_, positions[t] + 1);
   }
   one_token_per_sequence_ = static_cast<int64_t>(seqs.size()) == n;
+  if (!graph_mode_) RETURN_IF_ERROR(SyncKv(kv));  // never while a graph is captured
+  observe_kv_ = kv_fp8_ && !graph_mode_ && kv.calibrating();
+  if (observe_kv_) observed_tokens_ += n;
   if (static_cast<int>(seqs.size()) > options_.max_sequences) {
     return absl::InvalidArgumentError("cuda backend: too many sequences in one step");
   }
@@ -334,8 +415,7 @@ absl::Status CudaRouterBackend::UploadBatch(const BatchLayout& batch, PagedKvCac
   }
   std::vector<int32_t> tables(seqs.size() * max_blocks_per_seq_, 0);
   for (size_t r = 0; r < seqs.size(); ++r) {
-    const std::vector<int>& table = kv.block_table(seqs[r]);
-    std::copy(table.begin(), table.end(), tables.begin() + r * max_blocks_per_seq_);
+    WriteTableRow(kv, seqs[r], tables.data() + r * max_blocks_per_seq_, max_blocks_per_seq_);
   }
   HostInputs& host = host_inputs();
   RETURN_IF_ERROR(Stage(token_seq.data(), token_seq.size(), host.token_seq, token_seq_));
@@ -381,6 +461,11 @@ absl::Status CudaRouterBackend::Attention(int layer) {
   cache.block_size = block_size_;
   cache.num_kv_heads = c.num_kv_heads;
   cache.head_dim = c.head_dim;
+  if (kv_fp8_) {
+    cache.fp8 = true;
+    cache.k_scale = kv_scales_.data() + int64_t{layer} * 2 * c.num_kv_heads;
+    cache.v_scale = cache.k_scale + c.num_kv_heads;
+  }
   const TokenBatch tokens{token_seq_.data(), positions_.data(), n};
 
   PagedAttentionParams params;
@@ -395,7 +480,7 @@ absl::Status CudaRouterBackend::Attention(int layer) {
   const PagedAttentionPlan plan = PlanPagedAttention(n, params, context_->num_sms());
   // The fused decode needs every token's only new key to be its own (one token a sequence);
   // taken for small steps only, where it was measured.
-  if (plan.cluster && n <= kGemvMaxTokens && one_token_per_sequence_) {
+  if (plan.cluster && n <= kGemvMaxTokens && one_token_per_sequence_ && !observe_kv_) {
     // Decode: q/k norm + rope and the cache append happen inside the attention kernel.
     CUDA_RETURN_IF_ERROR(LaunchPagedDecodeWithRope(q_.data(), k_.data(), v_.data(), kv_dim, tokens,
                                                    cache, params, rope, plan, attn_.data(),
@@ -403,6 +488,12 @@ absl::Status CudaRouterBackend::Attention(int layer) {
   } else {
     CUDA_RETURN_IF_ERROR(
         LaunchQkNormRope(q_.data(), k_.data(), n, positions_.data(), rope, stream));
+    if (observe_kv_) {
+      CUDA_RETURN_IF_ERROR(LaunchKvAbsMax(k_.data(), kv_dim, v_.data(), kv_dim, n, c.num_kv_heads,
+                                          c.head_dim,
+                                          kv_amax_.data() + int64_t{layer} * 2 * c.num_kv_heads,
+                                          stream));
+    }
     CUDA_RETURN_IF_ERROR(
         LaunchPagedKvAppend(k_.data(), kv_dim, v_.data(), kv_dim, tokens, cache, stream));
     DeviceBuffer<uint8_t>& workspace =

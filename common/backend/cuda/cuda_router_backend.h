@@ -18,6 +18,7 @@
 #include "common/backend/rope.h"
 #include "common/cuda/cuda_context.h"
 #include "common/cuda/kernels/moe_gate_kernels.h"
+#include "common/cuda/kernels/paged_kv_kernels.h"
 #include "common/cuda/kernels/norm_gate_kernels.h"
 #include "common/model/model_weights.h"
 
@@ -50,6 +51,7 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   // Not yet on the device: UNIMPLEMENTED (a GPU router predicts nothing for its workers).
   absl::Status PredictRouting(int layer, float temperature, RoutingTable& predicted) override;
   absl::Status Logits(absl::Span<const int64_t> rows, Tensor& logits) override;
+  absl::Status ReportKvRange(PagedKvCache& kv) override;
   DeviceRouter* device_router() override { return this; }
 
   // DeviceRouter.
@@ -59,7 +61,8 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   void LeaveGraphMode() override { graph_mode_ = false; }
   absl::Status WriteDecodeInputs(int slot, absl::Span<const int32_t> tokens,
                                  absl::Span<const int32_t> positions,
-                                 absl::Span<const std::vector<int>* const> tables) override;
+                                 absl::Span<const PagedKvCache::SequenceId> sequences,
+                                 PagedKvCache& kv) override;
   const int32_t* decode_greedy(int slot) const override { return host_[slot].greedy.data(); }
   absl::StatusOr<const float*> CopyDecodeLogits(absl::Span<const int64_t> rows) override;
   void SetGateHandOffSource(GateHandOffSource* source) override { hand_off_source_ = source; }
@@ -131,10 +134,25 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   const float* inv_freq_ = nullptr;
   float attention_scaling_ = 1.0f;
 
-  // The paged KV cache: [layer][block][k|v][slot][kv_head][head_dim] bf16.
+  // The paged KV cache: [layer][block][k|v][slot][kv_head][head_dim] bf16, or E4M3 codes
+  // (kv_fp8_: blocks half the bytes; wide rows as PagedKvLayer says).
   DeviceBuffer<bf16> kv_storage_;
-  int64_t kv_layer_elements_ = 0;
+  int64_t kv_layer_elements_ = 0;  // bf16 elements a layer takes
   int block_size_ = 0;
+  bool kv_fp8_ = false;
+  DeviceBuffer<float> kv_scales_;  // [layer][k|v][kv_head]
+  DeviceBuffer<float> kv_amax_;    // calibration: [layer][k|v][kv_head], reset by ReportKvRange
+  bool kv_scales_uploaded_ = false;
+  bool observe_kv_ = false;         // this step notes its keys' and values' magnitudes
+  int64_t observed_tokens_ = 0;     // since the last ReportKvRange
+  DeviceBuffer<KvWidenBlock> widen_moves_;
+  std::vector<KvWidenBlock> widen_host_;
+  // Before a step: the cache's scales to the device once they are set, and its pending
+  // conversions of sequences to 16-bit (eager steps and replays, never while capturing).
+  absl::Status SyncKv(PagedKvCache& kv);
+  // A row of the block tables as the kernels read it (wide rows marked).
+  void WriteTableRow(const PagedKvCache& kv, PagedKvCache::SequenceId seq, int32_t* row,
+                     int width) const;
 
   // Activations, sized for options_.max_tokens.
   DeviceBuffer<bf16> hidden_, normed_, q_, k_, v_, attn_, proj_, ffn_out_, gathered_;

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/cuda/cuda_context.h"
+#include "common/kv/paged_kv_cache.h"
 #include "common/cuda/kernels/norm_gate_kernels.h"
 
 namespace strata::gpu {
@@ -44,7 +45,8 @@ class DeviceRouter {
   virtual void LeaveGraphMode() = 0;
   virtual absl::Status WriteDecodeInputs(int slot, absl::Span<const int32_t> tokens,
                                          absl::Span<const int32_t> positions,
-                                         absl::Span<const std::vector<int>* const> tables) = 0;
+                                         absl::Span<const PagedKvCache::SequenceId> sequences,
+                                         PagedKvCache& kv) = 0;
   virtual const int32_t* decode_greedy(int slot) const = 0;
   // The last replayed step's logits, [sequences, vocab] in pinned memory with only `rows`
   // copied: copied and synchronized now, before anything else runs on the stream.

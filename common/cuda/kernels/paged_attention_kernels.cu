@@ -8,6 +8,7 @@
 
 #include "common/cuda/device_utils.cuh"
 #include "common/cuda/kernels/paged_attention_kernels.h"
+#include "common/cuda/kernels/paged_kv_access.cuh"
 #include "common/cuda/pdl.cuh"
 
 namespace strata::gpu {
@@ -28,6 +29,24 @@ constexpr int TileKeys() {
 }
 
 int TileKeysFor(int head_dim) { return 8192 / head_dim; }
+
+// Eight floats as eight bf16 (16 bytes).
+__device__ __forceinline__ uint4 FloatX8ToBf16(const float (&f)[8]) {
+  uint4 raw;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) h[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+  return raw;
+}
+
+// 16 bytes of a slot's row at `p`: eight bf16, or eight E4M3 codes in the low 8 bytes.
+__device__ __forceinline__ uint4 LoadKvChunk(const uint8_t* p, bool codes) {
+  if (codes) {
+    const uint2 c = __ldg(reinterpret_cast<const uint2*>(p));
+    return make_uint4(c.x, c.y, 0, 0);
+  }
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
 
 struct Shape {
   int group;        // query heads per kv head
@@ -86,6 +105,11 @@ __global__ void __launch_bounds__(kThreads)
   // The last split runs to the query's own key even if max_context understated it.
   const int64_t end =
       split == num_splits - 1 ? pos + 1 : min(pos + 1, int64_t{split + 1} * split_len);
+  // FP8 codes are scaled to bf16 on their way into shared memory.
+  const bool wide = KvRowIsWide(kv, table);
+  const bool codes = kv.fp8 && !wide;
+  const float k_scale = codes ? kv.k_scale[kv_head] : 1.0f;
+  const float v_scale = codes ? kv.v_scale[kv_head] : 1.0f;
 
   const float q_scale = p.scale * kLog2e;
   for (int i = tid; i < kMaxGroup * kD; i += kThreads) {
@@ -114,13 +138,17 @@ __global__ void __launch_bounds__(kThreads)
       const int c = idx % kChunksPerRow;
       uint4 kval = make_uint4(0, 0, 0, 0), vval = make_uint4(0, 0, 0, 0);
       if (j < count) {
-        const int64_t key = tile0 + j;
-        const int64_t block = table[key / kv.block_size];
-        const int64_t slot = key % kv.block_size;
-        const bf16* base = kv.data + PagedKvOffset(block, 0, slot, kv.block_size, kv_dim) +
-                           int64_t{kv_head} * kD + c * 8;
-        kval = __ldg(reinterpret_cast<const uint4*>(base));
-        vval = __ldg(reinterpret_cast<const uint4*>(base + int64_t{kv.block_size} * kv_dim));
+        const KvSlotPtrs at =
+            KvSlotAt(kv, table, wide, tile0 + j, int64_t{kv_head} * kD + c * 8, kv_dim);
+        kval = LoadKvChunk(at.k, codes);
+        vval = LoadKvChunk(at.v, codes);
+        if (codes) {
+          float f[8];
+          E4M3x8ToFloat(kval, k_scale, f);
+          kval = FloatX8ToBf16(f);
+          E4M3x8ToFloat(vval, v_scale, f);
+          vval = FloatX8ToBf16(f);
+        }
       }
       *reinterpret_cast<uint4*>(&k_s[j][c * 8]) = kval;
       *reinterpret_cast<uint4*>(&v_s[j][c * 8]) = vval;
@@ -396,13 +424,19 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // The block table entries of this block's keys, read once (a share of up to kMaxTable
   // cache blocks; longer shares read the table per key). Read before the wait in both paths;
   // a barrier before the first tile's addresses are computed makes them visible.
+  // A wide row of an FP8 cache has two entries a block; narrow rows hold scaled codes.
+  const bool wide = KvRowIsWide(kv, table);
+  const bool codes = kv.fp8 && !wide;
+  const int per = wide ? 2 : 1;
+  const float k_scale = codes ? kv.k_scale[kv_head] : 1.0f;
+  const float v_scale = codes ? kv.v_scale[kv_head] : 1.0f;
   constexpr int kMaxTable = 64;
   __shared__ int32_t table_s[kMaxTable];
   const int blk0 = begin / kv.block_size;
   const int nblk = end > begin ? (end - 1) / kv.block_size - blk0 + 1 : 0;
-  const bool table_in_smem = nblk <= kMaxTable;
+  const bool table_in_smem = nblk * per <= kMaxTable;
   if (table_in_smem) {
-    for (int i = tid; i < nblk; i += kDecodeThreads) table_s[i] = table[blk0 + i];
+    for (int i = tid; i < nblk * per; i += kDecodeThreads) table_s[i] = table[blk0 * per + i];
   }
 
   // Tile loads go to registers one tile ahead, so a tile's DRAM latency overlaps the math of
@@ -419,12 +453,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
       k_raw[i] = v_raw[i] = make_uint4(0, 0, 0, 0);
       if (j < count && !(kFused && key == pos)) {
         const int b = key / kv.block_size;
-        const int64_t block = table_in_smem ? table_s[b - blk0] : table[b];
-        const bf16* base = kv.data +
-                           PagedKvOffset(block, 0, key % kv.block_size, kv.block_size, kv_dim) +
-                           int64_t{kv_head} * kD + c * 8;
-        k_raw[i] = __ldg(reinterpret_cast<const uint4*>(base));
-        v_raw[i] = __ldg(reinterpret_cast<const uint4*>(base + int64_t{kv.block_size} * kv_dim));
+        const int32_t* entries = table_in_smem ? table_s + (b - blk0) * per : table + b * per;
+        const KvSlotPtrs at =
+            KvSlotFromEntries(kv, wide, entries[0], wide ? entries[1] : 0, key % kv.block_size,
+                              int64_t{kv_head} * kD + c * 8, kv_dim);
+        k_raw[i] = LoadKvChunk(at.k, codes);
+        v_raw[i] = LoadKvChunk(at.v, codes);
       }
     }
   };
@@ -457,23 +491,40 @@ __global__ void __launch_bounds__(kDecodeThreads)
       const int64_t row = t * fuse.kv_stride + int64_t{kv_head} * kD;
       float a[kPairs], b[kPairs];
       NormRopeHead<kD>(fuse.k + row, fuse.rope.k_norm, fuse.rope, cs, sn, a, b);
-      const int64_t slot =
-          PagedKvOffset(table[pos / kv.block_size], 0, pos % kv.block_size, kv.block_size, kv_dim) +
-          int64_t{kv_head} * kD;
-      bf16* k_dst = kv.data + slot;
-      bf16* v_dst = k_dst + int64_t{kv.block_size} * kv_dim;
+      const KvSlotPtrs at = KvSlotAt(kv, table, wide, pos, int64_t{kv_head} * kD, kv_dim);
+      if (codes) {
+        // The key and value as the cache holds them: later steps read these codes.
 #pragma unroll
-      for (int i = 0; i < kPairs; ++i) {
-        const int j = lane + i * kWarpSize;
-        knew_s[j] = a[i];
-        knew_s[j + kD / 2] = b[i];
-        k_dst[j] = __float2bfloat16(a[i]);
-        k_dst[j + kD / 2] = __float2bfloat16(b[i]);
-      }
-      for (int d = lane; d < kD; d += kWarpSize) {
-        const bf16 vv = fuse.v[row + d];
-        vnew_s[d] = __bfloat162float(vv);
-        v_dst[d] = vv;
+        for (int i = 0; i < kPairs; ++i) {
+          const int j = lane + i * kWarpSize;
+          const uint8_t qa = FloatToE4M3(a[i] / k_scale);
+          const uint8_t qb = FloatToE4M3(b[i] / k_scale);
+          at.k[j] = qa;
+          at.k[j + kD / 2] = qb;
+          knew_s[j] = E4M3ToFloat(qa) * k_scale;
+          knew_s[j + kD / 2] = E4M3ToFloat(qb) * k_scale;
+        }
+        for (int d = lane; d < kD; d += kWarpSize) {
+          const uint8_t qv = FloatToE4M3(__bfloat162float(fuse.v[row + d]) / v_scale);
+          at.v[d] = qv;
+          vnew_s[d] = E4M3ToFloat(qv) * v_scale;
+        }
+      } else {
+        bf16* k_dst = reinterpret_cast<bf16*>(at.k);
+        bf16* v_dst = reinterpret_cast<bf16*>(at.v);
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i) {
+          const int j = lane + i * kWarpSize;
+          knew_s[j] = a[i];
+          knew_s[j + kD / 2] = b[i];
+          k_dst[j] = __float2bfloat16(a[i]);
+          k_dst[j + kD / 2] = __float2bfloat16(b[i]);
+        }
+        for (int d = lane; d < kD; d += kWarpSize) {
+          const bf16 vv = fuse.v[row + d];
+          vnew_s[d] = __bfloat162float(vv);
+          v_dst[d] = vv;
+        }
       }
     }
     __syncthreads();  // q_s (and knew_s, vnew_s) written
@@ -508,6 +559,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
           kf[e] = knew_s[c * 8 + e];
           vf[e] = vnew_s[c * 8 + e];
         }
+      } else if (codes) {
+        E4M3x8ToFloat(k_raw[i], k_scale, kf);
+        E4M3x8ToFloat(v_raw[i], v_scale, vf);
       } else {
         Bf16x8ToFloat(k_raw[i], kf);
         Bf16x8ToFloat(v_raw[i], vf);
@@ -753,6 +807,7 @@ cudaError_t LaunchPagedAttention(const bf16* q, const TokenBatch& tokens, const 
       int64_t{plan.num_splits} * plan.split_len < p.max_context ||
       (plan.num_splits > 1 && !plan.cluster && workspace == nullptr) ||
       reinterpret_cast<uintptr_t>(kv.data) % 16 != 0 ||  // 16-byte key/value loads
+      (kv.fp8 && (kv.k_scale == nullptr || kv.v_scale == nullptr)) ||
       reinterpret_cast<uintptr_t>(out) % 4 != 0 || p.out_stride % 2 != 0 ||  // bf16 pairs
       reinterpret_cast<uintptr_t>(workspace) % 16 != 0 ||
       (plan.cluster && (!ValidClusterPlan(plan) || tokens.n * plan.num_splits > 0x7fffffff)) ||
@@ -791,6 +846,7 @@ cudaError_t LaunchPagedDecodeWithRope(const bf16* q, const bf16* k, const bf16* 
       tokens.n * plan.num_splits > 0x7fffffff || rope.head_dim != p.head_dim ||
       rope.num_heads != p.num_heads || rope.num_kv_heads != p.num_kv_heads ||
       rope.inv_freq == nullptr || k == nullptr || v == nullptr ||
+      (kv.fp8 && (kv.k_scale == nullptr || kv.v_scale == nullptr)) ||
       reinterpret_cast<uintptr_t>(kv.data) % 16 != 0 ||
       int64_t{p.num_kv_heads} * MakeShape(p, plan.heads_per_block).head_chunks > 65535) {
     return cudaErrorInvalidValue;

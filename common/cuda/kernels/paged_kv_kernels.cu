@@ -1,4 +1,5 @@
 #include "common/cuda/device_utils.cuh"
+#include "common/cuda/kernels/paged_kv_access.cuh"
 #include "common/cuda/kernels/paged_kv_kernels.h"
 
 namespace strata::gpu {
@@ -7,7 +8,7 @@ namespace {
 constexpr int kThreads = 128;
 
 // One block per token; threads copy the key row then the value row, 16 bytes at a time when
-// the rows allow it.
+// the rows allow it (bf16 slots), or quantize them (an FP8 cache's narrow rows).
 template <bool kVec>
 __global__ void __launch_bounds__(kThreads)
     PagedKvAppendKernel(const bf16* __restrict__ k, int64_t k_stride, const bf16* __restrict__ v,
@@ -15,13 +16,24 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t = blockIdx.x;
   const int64_t pos = tokens.pos[t];
   const int64_t kv_dim = int64_t{kv.num_kv_heads} * kv.head_dim;
-  const int32_t block =
-      kv.block_tables[int64_t{tokens.seq[t]} * kv.max_blocks_per_seq + pos / kv.block_size];
-  const int64_t slot = pos % kv.block_size;
-  bf16* k_dst = kv.data + PagedKvOffset(block, 0, slot, kv.block_size, kv_dim);
-  bf16* v_dst = kv.data + PagedKvOffset(block, 1, slot, kv.block_size, kv_dim);
+  const int32_t* table = kv.block_tables + int64_t{tokens.seq[t]} * kv.max_blocks_per_seq;
+  const bool wide = KvRowIsWide(kv, table);
+  const KvSlotPtrs slot = KvSlotAt(kv, table, wide, pos, 0, kv_dim);
   const bf16* k_src = k + t * k_stride;
   const bf16* v_src = v + t * v_stride;
+  if (kv.fp8 && !wide) {
+    for (int64_t i = threadIdx.x; i < 2 * kv_dim; i += kThreads) {
+      if (i < kv_dim) {
+        slot.k[i] = FloatToE4M3(__bfloat162float(k_src[i]) / kv.k_scale[i / kv.head_dim]);
+      } else {
+        const int64_t j = i - kv_dim;
+        slot.v[j] = FloatToE4M3(__bfloat162float(v_src[j]) / kv.v_scale[j / kv.head_dim]);
+      }
+    }
+    return;
+  }
+  bf16* k_dst = reinterpret_cast<bf16*>(slot.k);
+  bf16* v_dst = reinterpret_cast<bf16*>(slot.v);
   if constexpr (kVec) {
     const int64_t chunks = kv_dim / 8;
     for (int64_t c = threadIdx.x; c < 2 * chunks; c += kThreads) {
@@ -43,6 +55,45 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One block per token: each thread folds its elements' magnitudes into the per-head maxima
+// (non-negative floats order as their bits do).
+__global__ void __launch_bounds__(kThreads)
+    KvAbsMaxKernel(const bf16* __restrict__ k, int64_t k_stride, const bf16* __restrict__ v,
+                   int64_t v_stride, int num_kv_heads, int head_dim, float* amax) {
+  const int64_t t = blockIdx.x;
+  const int64_t kv_dim = int64_t{num_kv_heads} * head_dim;
+  for (int64_t i = threadIdx.x; i < 2 * kv_dim; i += kThreads) {
+    const bool is_v = i >= kv_dim;
+    const int64_t j = is_v ? i - kv_dim : i;
+    const float x = fabsf(__bfloat162float(is_v ? v[t * v_stride + j] : k[t * k_stride + j]));
+    const int slot = (is_v ? num_kv_heads : 0) + static_cast<int>(j / head_dim);
+    atomicMax(reinterpret_cast<int*>(amax) + slot, __float_as_int(x));
+  }
+}
+
+// One block per (move, layer): the FP8 block's codes times the layer's scales, as bf16.
+__global__ void __launch_bounds__(kThreads)
+    KvWidenKernel(uint8_t* data, int64_t layer_bytes, int block_size, int num_kv_heads,
+                  int head_dim, const float* __restrict__ scales,
+                  const KvWidenBlock* __restrict__ moves) {
+  const KvWidenBlock m = moves[blockIdx.x];
+  const int layer = blockIdx.y;
+  const int64_t kv_dim = int64_t{num_kv_heads} * head_dim;
+  const int64_t block_bytes = 2 * block_size * kv_dim;
+  uint8_t* base = data + layer * layer_bytes;
+  const uint8_t* src = base + m.src * block_bytes;
+  bf16* k_dst = reinterpret_cast<bf16*>(base + m.k_block * block_bytes);
+  bf16* v_dst = reinterpret_cast<bf16*>(base + m.v_block * block_bytes);
+  const float* k_scale = scales + int64_t{layer} * 2 * num_kv_heads;
+  const float* v_scale = k_scale + num_kv_heads;
+  const int64_t n = int64_t{block_size} * kv_dim;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    const int head = static_cast<int>(i % kv_dim) / head_dim;
+    k_dst[i] = __float2bfloat16(E4M3ToFloat(src[i]) * k_scale[head]);
+    v_dst[i] = __float2bfloat16(E4M3ToFloat(src[n + i]) * v_scale[head]);
+  }
+}
+
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
@@ -56,6 +107,7 @@ cudaError_t LaunchPagedKvAppend(const bf16* k, int64_t k_stride, const bf16* v, 
   }
   if (tokens.n == 0) return cudaSuccess;
   const int64_t kv_dim = int64_t{kv.num_kv_heads} * kv.head_dim;
+  if (kv.fp8 && (kv.k_scale == nullptr || kv.v_scale == nullptr)) return cudaErrorInvalidValue;
   const bool vec = kv_dim % 8 == 0 && k_stride % 8 == 0 && v_stride % 8 == 0 && Aligned(k) &&
                    Aligned(v) && Aligned(kv.data);
   const unsigned blocks = static_cast<unsigned>(tokens.n);
@@ -66,6 +118,32 @@ cudaError_t LaunchPagedKvAppend(const bf16* k, int64_t k_stride, const bf16* v, 
     PagedKvAppendKernel<false>
         <<<blocks, kThreads, 0, stream>>>(k, k_stride, v, v_stride, tokens, kv);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchKvAbsMax(const bf16* k, int64_t k_stride, const bf16* v, int64_t v_stride,
+                           int64_t n, int num_kv_heads, int head_dim, float* amax,
+                           cudaStream_t stream) {
+  if (n < 0 || n > 0x7fffffff || num_kv_heads <= 0 || head_dim <= 0 || amax == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (n == 0) return cudaSuccess;
+  KvAbsMaxKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(k, k_stride, v, v_stride,
+                                                                     num_kv_heads, head_dim, amax);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchKvWiden(uint8_t* data, int64_t layer_bytes, int num_layers, int block_size,
+                          int num_kv_heads, int head_dim, const float* scales,
+                          const KvWidenBlock* moves, int num_moves, cudaStream_t stream) {
+  if (num_moves < 0 || num_layers <= 0 || num_layers > 65535 || block_size <= 0 ||
+      num_kv_heads <= 0 || head_dim <= 0 || scales == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_moves == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(num_moves), static_cast<unsigned>(num_layers));
+  KvWidenKernel<<<grid, kThreads, 0, stream>>>(data, layer_bytes, block_size, num_kv_heads,
+                                               head_dim, scales, moves);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,150 @@
+// FP8 keys and values on the GPU (the trained demo model): calibrated scales close to the CPU
+// backend's, logits close to the CPU backend's FP8 cache, and a sequence that grows past
+// fp16_above_tokens while decoding by graph replay is converted on the device and decodes the
+// same tokens as without graphs. Skips without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <vector>
+
+#include "common/cuda/cuda_context.h"
+#include "common/engine/local_engine.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+const std::string kModel = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
+
+LocalEngineOptions Options(const std::string& device, int64_t fp16_above) {
+  LocalEngineOptions options;
+  options.model_dir = kModel;
+  options.device = device;
+  options.kv_dtype = KvDtype::kFp8;
+  options.kv_calibration_tokens = 32;
+  options.kv_fp16_above_tokens = fp16_above;
+  return options;
+}
+
+std::vector<int32_t> Prompt(int n, int salt) {
+  std::vector<int32_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = (i * 131 + salt * 17 + 5) % 2000 + 10;
+  return ids;
+}
+
+double Relative(const float* x, const float* ref, int64_t n) {
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    diff += (x[i] - ref[i]) * (x[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+TEST(CudaFp8KvTest, CalibratesAndTracksTheCpuBackend) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  auto gpu_engine = LocalEngine::Create(Options("cuda", 0));
+  auto cpu_engine = LocalEngine::Create(Options("cpu", 0));
+  ASSERT_TRUE(gpu_engine.ok()) << gpu_engine.status();
+  ASSERT_TRUE(cpu_engine.ok()) << cpu_engine.status();
+  const std::vector<int32_t> first = Prompt(48, 1);
+  ASSERT_TRUE((*gpu_engine)->Logits(first).ok());
+  ASSERT_TRUE((*cpu_engine)->Logits(first).ok());
+  const KvScales& g = (*gpu_engine)->kv().scales();
+  const KvScales& c = (*cpu_engine)->kv().scales();
+  ASSERT_FALSE((*gpu_engine)->kv().calibrating());
+  ASSERT_EQ(g.k.size(), c.k.size());
+  // The GPU sees bf16 keys and values, the CPU float32: the maxima agree to bf16 rounding.
+  for (size_t i = 0; i < g.k.size(); ++i) {
+    EXPECT_NEAR(g.k[i], c.k[i], 0.02 * c.k[i]) << i;
+    EXPECT_NEAR(g.v[i], c.v[i], 0.02 * c.v[i]) << i;
+  }
+  const std::vector<int32_t> second = Prompt(200, 2);
+  auto on_gpu = (*gpu_engine)->Logits(second);
+  auto on_cpu = (*cpu_engine)->Logits(second);
+  ASSERT_TRUE(on_gpu.ok() && on_cpu.ok());
+  const int64_t vocab = on_cpu->cols();
+  std::vector<double> errors;
+  int agree = 0;
+  for (int64_t r = 0; r < on_cpu->rows(); ++r) {
+    errors.push_back(Relative(on_gpu->row(r), on_cpu->row(r), vocab));
+    const float* a = on_gpu->row(r);
+    const float* b = on_cpu->row(r);
+    agree += std::max_element(a, a + vocab) - a == std::max_element(b, b + vocab) - b;
+  }
+  std::sort(errors.begin(), errors.end());
+  const double median = errors[errors.size() / 2];
+  std::cout << "fp8 KV, GPU against CPU: median row " << median << ", argmax " << agree << "/"
+            << on_cpu->rows() << "\n";
+  EXPECT_LT(median, 0.03);
+  EXPECT_GE(agree, on_cpu->rows() * 9 / 10);
+}
+
+// Decodes by RunStep (one token a step, through the graphs where they apply) past the threshold
+// and returns the last step's logits; `seq` stays held.
+std::vector<float> DecodePast(LocalEngine& engine, PagedKvCache::SequenceId seq,
+                              std::vector<int32_t>& tokens, int64_t until, int64_t threshold,
+                              bool& widened_on_time) {
+  const int64_t vocab = engine.config().vocab_size;
+  auto step = engine.RunStep(seq, tokens, 0);
+  EXPECT_TRUE(step.ok()) << step.status();
+  std::vector<float> last(step->logits(static_cast<int64_t>(tokens.size()) - 1),
+                          step->logits(static_cast<int64_t>(tokens.size()) - 1) + vocab);
+  widened_on_time = true;
+  for (int64_t pos = static_cast<int64_t>(tokens.size()); pos < until; ++pos) {
+    tokens.push_back(static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin()));
+    step = engine.RunStep(seq, {&tokens.back(), 1}, pos);
+    EXPECT_TRUE(step.ok()) << step.status();
+    if (!step.ok()) return last;
+    last.assign(step->logits(0), step->logits(0) + vocab);
+    widened_on_time &= engine.kv().wide(seq) == (pos + 1 > threshold);
+  }
+  return last;
+}
+
+TEST(CudaFp8KvTest, WidensOnTheDeviceAndKeepsDecoding) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t kThreshold = 80;
+  auto engine = LocalEngine::Create(Options("cuda", kThreshold));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE((*engine)->Logits(Prompt(40, 3)).ok());  // calibrates
+  ASSERT_FALSE((*engine)->kv().calibrating());
+
+  std::vector<int32_t> tokens = Prompt(50, 4);
+  const auto seq = (*engine)->AddSequence();
+  ASSERT_FALSE((*engine)->kv().wide(seq));
+  bool on_time = false;
+  const std::vector<float> last = DecodePast(**engine, seq, tokens, 120, kThreshold, on_time);
+  EXPECT_TRUE(on_time);
+  EXPECT_TRUE((*engine)->kv().wide(seq));
+
+  // A fresh pass over the same 120 tokens is 16-bit from the start; the converted sequence
+  // differs only by its first 80 tokens' E4M3 rounding.
+  auto whole = (*engine)->Logits(tokens);
+  ASSERT_TRUE(whole.ok());
+  const int64_t vocab = whole->cols();
+  const double error = Relative(last.data(), whole->row(119), vocab);
+  std::cout << "after widening on the device: last row " << error << " from a 16-bit pass\n";
+  EXPECT_LT(error, 0.05);
+  (*engine)->ReleaseSequence(seq);
+
+  // Greedy generation across the threshold: graphs (the conversion before a replay) and
+  // eager steps give the same tokens.
+  LocalEngineOptions eager_options = Options("cuda", kThreshold);
+  eager_options.cuda_graphs = false;
+  auto eager = LocalEngine::Create(eager_options);
+  ASSERT_TRUE(eager.ok());
+  ASSERT_TRUE((*eager)->Logits(Prompt(40, 3)).ok());  // the same calibration
+  GenerateOptions generate;
+  generate.max_new_tokens = 60;
+  generate.ignore_eos = true;
+  const std::vector<int32_t> prompt = Prompt(50, 5);
+  auto with_graphs = (*engine)->Generate(prompt, generate);
+  auto without = (*eager)->Generate(prompt, generate);
+  ASSERT_TRUE(with_graphs.ok()) << with_graphs.status();
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_EQ(*with_graphs, *without);
+}
+
+}  // namespace
+}  // namespace strata
