@@ -44,6 +44,10 @@ def config(name, r):
         words.append(f"{r['input_len']:,}-token prompts{shared}, {r['output_len']} generated")
         if name.endswith('-eager.json'):
             words.append('decode graphs off')
+    if '-kv-fp8' in name:
+        words.append('**FP8 keys and values** (calibrated on the warm-up request)')
+    elif '-kv-bf16' in name:
+        words.append('bf16 keys and values')
     if name.endswith('-before.json'):
         words.append('build before the redesign')
     if '8L' in name:
