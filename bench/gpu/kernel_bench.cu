@@ -202,6 +202,17 @@ void MultiTokenExpertTimes(cudaStream_t s, const char* shape, int num_experts, i
   }
 }
 
+// A zeroed workspace for cluster plans split over key-range groups (they leave it zeroed).
+uint8_t* ClusterWorkspace() {
+  static uint8_t* ws = [] {
+    const size_t bytes = size_t{64} << 20;
+    uint8_t* p = Alloc<uint8_t>(bytes);
+    CK(cudaMemset(p, 0, bytes));
+    return p;
+  }();
+  return ws;
+}
+
 // A block table of `blocks` scattered blocks.
 std::vector<int32_t> ScatteredTable(int blocks) {
   std::vector<int32_t> table(blocks);
@@ -342,10 +353,11 @@ void FusedDecodeChecksAndTimes(cudaStream_t s, int sm_count) {
     CK(cudaMemcpyAsync(k1, k, kv_dim * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
     CK(LaunchQkNormRope(q1, k1, 1, d_pos, rope, s));
     CK(LaunchPagedKvAppend(k1, kv_dim, v, kv_dim, tokens, layer(cache_a), s));
-    CK(LaunchPagedAttention(q1, tokens, layer(cache_a), p, plan, nullptr, out_a, s));
+    CK(LaunchPagedAttention(q1, tokens, layer(cache_a), p, plan, ClusterWorkspace(), out_a, s));
   };
   auto fused = [&](int) {
-    CK(LaunchPagedDecodeWithRope(q, k, v, kv_dim, tokens, layer(cache_b), p, rope, plan, out_b, s));
+    CK(LaunchPagedDecodeWithRope(q, k, v, kv_dim, tokens, layer(cache_b), p, rope, plan,
+                                 ClusterWorkspace(), out_b, s));
   };
   unfused(0);
   fused(0);
@@ -371,7 +383,7 @@ void FusedDecodeChecksAndTimes(cudaStream_t s, int sm_count) {
       TimeUs(s, 64,
              [&](int) {
                CK(LaunchPagedDecodeWithRope(q, k, v, kv_dim, tokens, layer(cache_b), p, rope,
-                                            before, out_b, s));
+                                            before, ClusterWorkspace(), out_b, s));
              }),
       4.0 * kContext * kv_dim);
 
@@ -397,7 +409,7 @@ void FusedDecodeChecksAndTimes(cudaStream_t s, int sm_count) {
     if (shape != nullptr) {
       CK(LaunchPagedDecodeWithRope(yq, yk, yv, kv_dim, chain_tokens,
                                    layer(chain_caches[i % chain_caches.size()]), p, rope, *shape,
-                                   out_b, s));
+                                   ClusterWorkspace(), out_b, s));
     }
     CK(LaunchGemv(wo.at(i), out_b, q_dim, 1, yo, OutType::kBf16, kHidden, s));
   };
@@ -419,9 +431,76 @@ void FusedDecodeChecksAndTimes(cudaStream_t s, int sm_count) {
   }
 }
 
+// Batch-1 decode attention at long contexts (`kernel_bench attention`): the cluster shapes,
+// including one query head a block, and the split kernel with 32 and 64 splits, over bf16 and
+// FP8 caches (FP8 times only: its codes are random bytes).
+void LongContextAttentionTimes(cudaStream_t s, int sm_count) {
+  constexpr int kBlock = 32, kMaxContext = 16384, kLayers = 8;
+  const int64_t kv_dim = kKvHeads * kHeadDim;
+  const int blocks = kMaxContext / kBlock;
+  const int32_t* d_table = Put(ScatteredTable(blocks));
+  std::vector<bf16*> caches;
+  for (int l = 0; l < kLayers; ++l)
+    caches.push_back(RandBf16(size_t{blocks} * 2 * kBlock * kv_dim, 1.0f));
+  const float* scales = Put(std::vector<float>(2 * kKvHeads, 0.01f));
+  const bf16* q = RandBf16(kHeads * kHeadDim, 2.0f);
+  bf16* out = Alloc<bf16>(kHeads * kHeadDim);
+  const int32_t* d_seq = Put(std::vector<int32_t>{0});
+  int32_t* d_pos = Alloc<int32_t>(1);
+  const PagedAttentionParams p = DecodeParams(kMaxContext);
+  const PagedAttentionPlan plan = PlanPagedAttention(1, p, sm_count);
+  const TokenBatch tokens{d_seq, d_pos, 1};
+  std::vector<PagedAttentionPlan> splits;
+  for (int n : {32, 64}) {
+    PagedAttentionPlan split;
+    split.num_splits = n;
+    split.split_len = kMaxContext / n;
+    split.workspace_bytes = size_t{kHeads} * n * (kHeadDim * 4 + 8);
+    splits.push_back(split);
+  }
+  uint8_t* ws = Alloc<uint8_t>(splits.back().workspace_bytes);
+  constexpr std::pair<int, int> kShapes[] = {{16, 8}, {16, 4}, {16, 2}, {16, 1}, {8, 1}};
+  for (bool fp8 : {false, true}) {
+    auto layer = [&](int l) {
+      PagedKvLayer kv = KvLayer(caches[l % kLayers], d_table, blocks, kBlock);
+      kv.fp8 = fp8;
+      kv.k_scale = scales;
+      kv.v_scale = scales + kKvHeads;
+      return kv;
+    };
+    for (int context : {2048, 8192, 16384}) {
+      const int32_t pos = context - 1;
+      CK(cudaMemcpy(d_pos, &pos, sizeof(pos), cudaMemcpyHostToDevice));
+      const double bytes = 2.0 * context * kv_dim * (fp8 ? 1 : 2);
+      char name[112];
+      for (const PagedAttentionPlan& split : splits) {
+        std::snprintf(name, sizeof(name), "long %s ctx %d: %d splits + merge", fp8 ? "fp8" : "bf16",
+                      context, split.num_splits);
+        Row(name, TimeUs(s, 64, [&](int i) {
+              CK(LaunchPagedAttention(q, tokens, layer(i), p, split, ws, out, s));
+            }), bytes);
+      }
+      for (const auto& [cluster_blocks, heads] : kShapes) {
+        for (int groups : {1, 8}) {
+          const PagedAttentionPlan shaped = ClusterDecodePlan(p, cluster_blocks, heads, 1, groups);
+          const bool planned = cluster_blocks == plan.num_splits &&
+                               heads == plan.heads_per_block && groups == plan.groups;
+          std::snprintf(name, sizeof(name), "long %s ctx %d: cluster %dx%d, %d groups%s",
+                        fp8 ? "fp8" : "bf16", context, cluster_blocks, heads, groups,
+                        planned ? " (planned)" : "");
+          Row(name, TimeUs(s, 64, [&](int i) {
+                CK(LaunchPagedAttention(q, tokens, layer(i), p, shaped, ClusterWorkspace(), out, s));
+              }), bytes);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
-// `kernel_bench experts`: the one-token expert rows only.
+// `kernel_bench experts`: the one-token expert rows only; `kernel_bench attention`: the
+// long-context decode attention rows only.
 int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -429,6 +508,10 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
   const bool experts_only = argc > 1 && std::string_view(argv[1]) == "experts";
+  if (argc > 1 && std::string_view(argv[1]) == "attention") {
+    LongContextAttentionTimes(s, prop.multiProcessorCount);
+    return failures ? 1 : 0;
+  }
   if (!experts_only) GemvChecksAndTimes(s);
   ExpertChecksAndTimes(s, false);
   ExpertChecksAndTimes(s, true);

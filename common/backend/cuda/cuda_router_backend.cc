@@ -157,6 +157,18 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
       host_[0], t, static_cast<size_t>(options_.max_sequences) * kv.num_blocks, 1));
   RETURN_IF_ERROR(
       Allocate(ffn_workspace_, ExpertWorkspaceBytes(options_.max_tokens, 1, h, ffn_intermediate)));
+  {
+    // Cluster decode plans (at most 2 x SMs tokens) share one workspace whose counters stay
+    // zero between launches.
+    PagedAttentionParams params;
+    params.num_heads = c.num_heads;
+    params.head_dim = c.head_dim;
+    const size_t bytes = ClusterDecodeWorkspaceBytes(
+        std::min<int64_t>(options_.max_tokens, 2 * int64_t{context_->num_sms()}), params);
+    RETURN_IF_ERROR(Allocate(cluster_workspace_, std::max<size_t>(bytes, 16)));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cluster_workspace_.data(), 0, cluster_workspace_.size(),
+                                         context_->stream()));
+  }
   ASSIGN_OR_RETURN(single_ids_, DeviceBuffer<int32_t>::FromHost(std::vector<int32_t>(t, 0).data(),
                                                                 t, context_->stream()));
   ASSIGN_OR_RETURN(single_weights_, DeviceBuffer<float>::FromHost(
@@ -480,10 +492,14 @@ absl::Status CudaRouterBackend::Attention(int layer) {
   const PagedAttentionPlan plan = PlanPagedAttention(n, params, context_->num_sms());
   // The fused decode needs every token's only new key to be its own (one token a sequence);
   // taken for small steps only, where it was measured.
+  if (plan.workspace_bytes > cluster_workspace_.size() && plan.cluster) {
+    return absl::InternalError("cuda backend: cluster decode workspace too small");
+  }
   if (plan.cluster && n <= kGemvMaxTokens && one_token_per_sequence_ && !observe_kv_) {
     // Decode: q/k norm + rope and the cache append happen inside the attention kernel.
     CUDA_RETURN_IF_ERROR(LaunchPagedDecodeWithRope(q_.data(), k_.data(), v_.data(), kv_dim, tokens,
-                                                   cache, params, rope, plan, attn_.data(),
+                                                   cache, params, rope, plan,
+                                                   cluster_workspace_.data(), attn_.data(),
                                                    stream));
   } else {
     CUDA_RETURN_IF_ERROR(
@@ -496,8 +512,9 @@ absl::Status CudaRouterBackend::Attention(int layer) {
     }
     CUDA_RETURN_IF_ERROR(
         LaunchPagedKvAppend(k_.data(), kv_dim, v_.data(), kv_dim, tokens, cache, stream));
-    DeviceBuffer<uint8_t>& workspace =
-        graph_mode_ ? graph_attention_workspace_ : attention_workspace_;
+    DeviceBuffer<uint8_t>& workspace = plan.cluster  ? cluster_workspace_
+                                       : graph_mode_ ? graph_attention_workspace_
+                                                     : attention_workspace_;
     if (plan.workspace_bytes > workspace.size()) {
       if (graph_mode_) return absl::InternalError("cuda backend: graph workspace too small");
       RETURN_IF_ERROR(Allocate(attention_workspace_, plan.workspace_bytes));

@@ -163,6 +163,7 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   DeviceBuffer<int32_t> single_ids_;         // zeros: every token to expert 0
   DeviceBuffer<float> single_weights_;       // ones
   DeviceBuffer<uint8_t> ffn_workspace_, attention_workspace_;
+  DeviceBuffer<uint8_t> cluster_workspace_;  // cluster decode plans', zeroed once
   HostInputs host_[kInputSlots];
   // Graph mode: the decode step's greedy tokens (argmax on the device) and, on demand, its rows.
   DeviceBuffer<int32_t> greedy_;

@@ -307,6 +307,39 @@ constexpr int kDecodeThreads = kMaxGroup * kWarpSize;
 constexpr int kDecodeTile = kWarpSize;
 constexpr int kMaxDecodeBlocks = 16;  // the largest cluster Hopper allows (non-portable)
 
+// Long contexts: each token's keys also split over up to `groups` clusters (each a share of
+// kBlocks shares), as many as give every block at least kGroupKeys keys. A cluster writes its
+// partial sums to the workspace; the last of a token's clusters to finish (a counter per
+// (token, head), left at zero) merges them. groups 1: no workspace.
+constexpr int kGroupKeys = 128;
+constexpr int kMaxGroups = 8;
+struct DecodeGroups {
+  int groups = 1;
+  float* acc = nullptr;           // [token][head][group][kD]
+  float2* ml = nullptr;           // [token][head][group]: (max, sum), log2 units
+  unsigned* counters = nullptr;  // [token][head]
+};
+
+// Workspace bytes of `groups` groups for n tokens: partial sums, then the counters.
+size_t DecodeGroupsBytes(int64_t n, int num_heads, int head_dim, int groups) {
+  if (groups <= 1) return 0;
+  const size_t parts = static_cast<size_t>(n) * num_heads * groups;
+  return parts * (head_dim * sizeof(float) + sizeof(float2)) +
+         static_cast<size_t>(n) * num_heads * sizeof(unsigned);
+}
+
+DecodeGroups MakeDecodeGroups(void* workspace, int64_t n, int num_heads, int head_dim,
+                              int groups) {
+  DecodeGroups g;
+  g.groups = groups;
+  if (groups <= 1) return g;
+  const size_t parts = static_cast<size_t>(n) * num_heads * groups;
+  g.acc = static_cast<float*>(workspace);
+  g.ml = reinterpret_cast<float2*>(g.acc + parts * head_dim);
+  g.counters = reinterpret_cast<unsigned*>(g.ml + parts);
+  return g;
+}
+
 // The step's raw k and v rows and the q/k norm and rotary embedding, for the fused decode.
 struct DecodeRope {
   const bf16* k = nullptr;
@@ -383,7 +416,7 @@ __device__ __forceinline__ void Bf16x8ToFloat(const uint4& raw, float (&f)[8]) {
 template <int kD, bool kFused, int kBlocks>
 __global__ void __launch_bounds__(kDecodeThreads)
     PagedDecodeKernel(const bf16* __restrict__ q, TokenBatch tokens, PagedKvLayer kv,
-                      PagedAttentionParams p, Shape shape, DecodeRope fuse,
+                      PagedAttentionParams p, Shape shape, DecodeRope fuse, DecodeGroups split,
                       bf16* __restrict__ out) {
   PdlLaunchDependents();
   static_assert(kMaxGroup <= kBlocks, "block r of a cluster merges head r of its chunk");
@@ -403,7 +436,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
   const int g = tid / kWarpSize;  // this warp's query head within the chunk
-  const int64_t t = blockIdx.x / kBlocks;
+  const int64_t cluster_id = blockIdx.x / kBlocks;
+  const int64_t t = cluster_id / split.groups;
+  const int group = static_cast<int>(cluster_id % split.groups);
   const int kv_head = blockIdx.y / shape.head_chunks;
   const int chunk = blockIdx.y % shape.head_chunks;
   const int head0 = kv_head * shape.group + chunk * shape.chunk_heads;
@@ -417,8 +452,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int32_t* table = kv.block_tables + int64_t{tokens.seq[t]} * kv.max_blocks_per_seq;
   const int64_t kv_dim = int64_t{kv.num_kv_heads} * kD;
   const int first = p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
-  const int share = (pos + 1 - first + kBlocks - 1) / kBlocks;
-  const int begin = first + rank * share;
+  // This token's keys in active_groups x kBlocks shares; clusters of groups past those exit.
+  const int len = pos + 1 - first;
+  const int active_groups =
+      min(split.groups, max(1, (len + kBlocks * kGroupKeys - 1) / (kBlocks * kGroupKeys)));
+  if (group >= active_groups) return;  // the whole cluster: no cluster.sync is owed
+  const int part = group * kBlocks + rank;
+  const int share = (len + active_groups * kBlocks - 1) / (active_groups * kBlocks);
+  const int begin = first + part * share;
   const int end = min(pos + 1, begin + share);
 
   // The block table entries of this block's keys, read once (a share of up to kMaxTable
@@ -486,7 +527,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
         q_s[g][lane + i * kWarpSize + kD / 2] = b[i] * q_scale;
       }
     }
-    if (g == 0 && share > 0 && rank == (pos - first) / share) {
+    if (g == 0 && share > 0 && part == (pos - first) / share) {
       // This block's share ends with the token's own key.
       const int64_t row = t * fuse.kv_stride + int64_t{kv_head} * kD;
       float a[kPairs], b[kPairs];
@@ -615,26 +656,66 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   cluster.sync();  // every block's partial sums are visible to the cluster
 
-  // Block r merges head r of the chunk over the cluster's blocks, the sink included.
-  if (rank < num_g && tid < kD) {
+  // Block r merges head r of the chunk over the cluster's blocks, the sink included (one
+  // group), or into the group's partial sums for the last group to finish to merge.
+  if (rank < num_g) {  // uniform in the block
     const int head = head0 + rank;
-    float2 ml[kBlocks];
-    float mx = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
+    const bool final = active_groups == 1;
+    const float sink = p.sinks != nullptr && final ? p.sinks[head] * kLog2e : -INFINITY;
+    if (tid < kD) {
+      float2 ml[kBlocks];
+      float mx = sink;
 #pragma unroll
-    for (int b = 0; b < kBlocks; ++b) {
-      ml[b] = *cluster.map_shared_rank(&ml_s[rank], b);
-      mx = fmaxf(mx, ml[b].x);
-    }
-    float denom = p.sinks != nullptr ? exp2f(p.sinks[head] * kLog2e - mx) : 0.0f;
-    float value = 0.0f;
+      for (int b = 0; b < kBlocks; ++b) {
+        ml[b] = *cluster.map_shared_rank(&ml_s[rank], b);
+        mx = fmaxf(mx, ml[b].x);
+      }
+      float denom = sink != -INFINITY ? exp2f(sink - mx) : 0.0f;
+      float value = 0.0f;
 #pragma unroll
-    for (int b = 0; b < kBlocks; ++b) {
-      if (ml[b].x == -INFINITY) continue;  // a block with no keys
-      const float w = exp2f(ml[b].x - mx);
-      denom += ml[b].y * w;
-      value += *cluster.map_shared_rank(&o_s[rank][tid], b) * w;
+      for (int b = 0; b < kBlocks; ++b) {
+        if (ml[b].x == -INFINITY) continue;  // a block with no keys
+        const float w = exp2f(ml[b].x - mx);
+        denom += ml[b].y * w;
+        value += *cluster.map_shared_rank(&o_s[rank][tid], b) * w;
+      }
+      if (final) {
+        out[t * p.out_stride + int64_t{head} * kD + tid] = __float2bfloat16(value / denom);
+      } else {
+        const int64_t at = (t * p.num_heads + head) * split.groups + group;
+        split.acc[at * kD + tid] = value;
+        if (tid == 0) split.ml[at] = make_float2(mx, denom);
+      }
     }
-    out[t * p.out_stride + int64_t{head} * kD + tid] = __float2bfloat16(value / denom);
+    if (!final) {
+      __shared__ bool last;
+      __threadfence();  // this group's partial, before the count says it is there
+      __syncthreads();
+      unsigned* counter = split.counters + t * p.num_heads + head;
+      if (tid == 0) last = atomicAdd(counter, 1u) == static_cast<unsigned>(active_groups - 1);
+      __syncthreads();
+      if (last) {
+        __threadfence();  // the other groups' partials
+        if (tid < kD) {
+          const int64_t at0 = (t * p.num_heads + head) * split.groups;
+          float mx = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
+          for (int gr = 0; gr < active_groups; ++gr) {
+            mx = fmaxf(mx, __ldcg(&split.ml[at0 + gr].x));
+          }
+          float denom = p.sinks != nullptr ? exp2f(p.sinks[head] * kLog2e - mx) : 0.0f;
+          float value = 0.0f;
+          for (int gr = 0; gr < active_groups; ++gr) {
+            const float2 ml = __ldcg(&split.ml[at0 + gr]);
+            if (ml.x == -INFINITY) continue;
+            const float w = exp2f(ml.x - mx);
+            denom += ml.y * w;
+            value += __ldcg(&split.acc[(at0 + gr) * kD + tid]) * w;
+          }
+          out[t * p.out_stride + int64_t{head} * kD + tid] = __float2bfloat16(value / denom);
+        }
+        if (tid == 0) *counter = 0;  // for the next launch (graph replays reuse the workspace)
+      }
+    }
   }
   cluster.sync();  // the other blocks' shared memory was read: now they may exit
 }
@@ -650,25 +731,29 @@ cudaError_t AllowLargeClusters() {
 template <int kD, bool kFused, int kBlocks>
 cudaError_t LaunchDecodeClusters(const bf16* q, const TokenBatch& tokens, const PagedKvLayer& kv,
                                  const PagedAttentionParams& p, const Shape& shape,
-                                 const DecodeRope& fuse, bf16* out, cudaStream_t stream) {
+                                 const DecodeRope& fuse, const DecodeGroups& split, bf16* out,
+                                 cudaStream_t stream) {
   // 16-block kernels were allowed their size by MaxDecodeClusterBlocks, which every such plan
   // passed (ClusterDecodePlan).
   constexpr auto kernel = PagedDecodeKernel<kD, kFused, kBlocks>;
-  const dim3 grid(static_cast<unsigned>(tokens.n * kBlocks),
+  const dim3 grid(static_cast<unsigned>(tokens.n * kBlocks * split.groups),
                   static_cast<unsigned>(p.num_kv_heads * shape.head_chunks));
   return LaunchPdlInClusters(kernel, grid, dim3(kDecodeThreads), kBlocks, 0, stream, q, tokens, kv,
-                             p, shape, fuse, out);
+                             p, shape, fuse, split, out);
 }
 
 template <int kD, bool kFused>
 cudaError_t LaunchDecodeForDim(const bf16* q, const TokenBatch& tokens, const PagedKvLayer& kv,
                                const PagedAttentionParams& p, const PagedAttentionPlan& plan,
-                               const DecodeRope& fuse, bf16* out, cudaStream_t stream) {
+                               const DecodeRope& fuse, void* workspace, bf16* out,
+                               cudaStream_t stream) {
   const Shape shape = MakeShape(p, plan.heads_per_block);
+  const DecodeGroups split =
+      MakeDecodeGroups(workspace, tokens.n, p.num_heads, kD, std::max(plan.groups, 1));
   if (plan.num_splits == 16) {
-    return LaunchDecodeClusters<kD, kFused, 16>(q, tokens, kv, p, shape, fuse, out, stream);
+    return LaunchDecodeClusters<kD, kFused, 16>(q, tokens, kv, p, shape, fuse, split, out, stream);
   }
-  return LaunchDecodeClusters<kD, kFused, 8>(q, tokens, kv, p, shape, fuse, out, stream);
+  return LaunchDecodeClusters<kD, kFused, 8>(q, tokens, kv, p, shape, fuse, split, out, stream);
 }
 
 template <int kD>
@@ -700,7 +785,7 @@ cudaError_t LaunchForDim(const bf16* q, const TokenBatch& tokens, const PagedKvL
 
 bool ValidClusterPlan(const PagedAttentionPlan& plan) {
   return (plan.num_splits == 8 || plan.num_splits == 16) && plan.heads_per_block >= 0 &&
-         plan.heads_per_block <= kMaxGroup;
+         plan.heads_per_block <= kMaxGroup && plan.groups >= 1 && plan.groups <= kMaxGroups;
 }
 
 bool ValidParams(const PagedAttentionParams& p) {
@@ -743,17 +828,24 @@ int MaxDecodeClusterBlocks() {
   return blocks;
 }
 
+size_t ClusterDecodeWorkspaceBytes(int64_t max_tokens, const PagedAttentionParams& params) {
+  return DecodeGroupsBytes(std::max<int64_t>(max_tokens, 1), params.num_heads, params.head_dim,
+                           kMaxGroups);
+}
+
 PagedAttentionPlan ClusterDecodePlan(const PagedAttentionParams& params, int blocks,
-                                     int heads_per_block) {
+                                     int heads_per_block, int64_t n, int groups) {
   PagedAttentionPlan plan;
   plan.cluster = true;
   plan.num_splits = blocks;
   plan.heads_per_block = heads_per_block;
-  if (!ValidParams(params) || params.head_dim > 128 || heads_per_block < 1 ||
+  plan.groups = groups;
+  if (!ValidParams(params) || params.head_dim > 128 || heads_per_block < 1 || n < 1 ||
       !ValidClusterPlan(plan) || blocks > MaxDecodeClusterBlocks()) {
     return PagedAttentionPlan();  // the one-split plan: no cluster
   }
   plan.split_len = static_cast<int>((params.max_context + blocks - 1) / blocks);
+  plan.workspace_bytes = DecodeGroupsBytes(n, params.num_heads, params.head_dim, groups);
   return plan;
 }
 
@@ -777,7 +869,12 @@ PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& par
            n * params.num_kv_heads * MakeShape(params, heads / 2).head_chunks * blocks <= sms) {
       heads /= 2;
     }
-    return ClusterDecodePlan(params, blocks, heads);
+    // Contexts longer than a cluster's blocks walk in kGroupKeys each also split over more
+    // clusters (as many as the token's own length asks for, at run time).
+    const int64_t groups = std::clamp<int64_t>(
+        (params.max_context + int64_t{blocks} * kGroupKeys - 1) / (int64_t{blocks} * kGroupKeys),
+        1, kMaxGroups);
+    return ClusterDecodePlan(params, blocks, heads, n, static_cast<int>(groups));
   }
   int64_t splits = 1;
   if (items < target_blocks) {
@@ -806,6 +903,7 @@ cudaError_t LaunchPagedAttention(const bf16* q, const TokenBatch& tokens, const 
       plan.num_splits > 65535 || plan.split_len <= 0 ||
       int64_t{plan.num_splits} * plan.split_len < p.max_context ||
       (plan.num_splits > 1 && !plan.cluster && workspace == nullptr) ||
+      (plan.cluster && plan.groups > 1 && workspace == nullptr) ||
       reinterpret_cast<uintptr_t>(kv.data) % 16 != 0 ||  // 16-byte key/value loads
       (kv.fp8 && (kv.k_scale == nullptr || kv.v_scale == nullptr)) ||
       reinterpret_cast<uintptr_t>(out) % 4 != 0 || p.out_stride % 2 != 0 ||  // bf16 pairs
@@ -819,9 +917,9 @@ cudaError_t LaunchPagedAttention(const bf16* q, const TokenBatch& tokens, const 
   if (p.scale == 0.0f) p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   if (plan.cluster) {
     if (p.head_dim == 64)
-      return LaunchDecodeForDim<64, false>(q, tokens, kv, p, plan, {}, out, stream);
+      return LaunchDecodeForDim<64, false>(q, tokens, kv, p, plan, {}, workspace, out, stream);
     if (p.head_dim == 128) {
-      return LaunchDecodeForDim<128, false>(q, tokens, kv, p, plan, {}, out, stream);
+      return LaunchDecodeForDim<128, false>(q, tokens, kv, p, plan, {}, workspace, out, stream);
     }
     return cudaErrorInvalidValue;
   }
@@ -839,13 +937,15 @@ cudaError_t LaunchPagedDecodeWithRope(const bf16* q, const bf16* k, const bf16* 
                                       int64_t kv_stride, const TokenBatch& tokens,
                                       const PagedKvLayer& kv, const PagedAttentionParams& params,
                                       const QkRopeParams& rope, const PagedAttentionPlan& plan,
-                                      bf16* out, cudaStream_t stream) {
+                                      void* workspace, bf16* out, cudaStream_t stream) {
   PagedAttentionParams p = params;
   if (!plan.cluster || !ValidParams(p) || kv.num_kv_heads != p.num_kv_heads ||
       kv.head_dim != p.head_dim || kv.block_size <= 0 || tokens.n < 0 || !ValidClusterPlan(plan) ||
       tokens.n * plan.num_splits > 0x7fffffff || rope.head_dim != p.head_dim ||
       rope.num_heads != p.num_heads || rope.num_kv_heads != p.num_kv_heads ||
       rope.inv_freq == nullptr || k == nullptr || v == nullptr ||
+      (plan.groups > 1 && workspace == nullptr) ||
+      reinterpret_cast<uintptr_t>(workspace) % 16 != 0 ||
       (kv.fp8 && (kv.k_scale == nullptr || kv.v_scale == nullptr)) ||
       reinterpret_cast<uintptr_t>(kv.data) % 16 != 0 ||
       int64_t{p.num_kv_heads} * MakeShape(p, plan.heads_per_block).head_chunks > 65535) {
@@ -859,10 +959,10 @@ cudaError_t LaunchPagedDecodeWithRope(const bf16* q, const bf16* k, const bf16* 
   fuse.kv_stride = kv_stride;
   fuse.rope = rope;
   if (p.head_dim == 64) {
-    return LaunchDecodeForDim<64, true>(q, tokens, kv, p, plan, fuse, out, stream);
+    return LaunchDecodeForDim<64, true>(q, tokens, kv, p, plan, fuse, workspace, out, stream);
   }
   if (p.head_dim == 128) {
-    return LaunchDecodeForDim<128, true>(q, tokens, kv, p, plan, fuse, out, stream);
+    return LaunchDecodeForDim<128, true>(q, tokens, kv, p, plan, fuse, workspace, out, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -35,17 +35,27 @@ struct PagedAttentionPlan {
   // head_dim <= 128.
   bool cluster = false;
   int heads_per_block = 0;  // cluster plans: query heads a chunk takes, at most 8 (0: 8)
+  // Cluster plans: long contexts split each token's keys over up to this many clusters (1 to
+  // 8; those a token's length needs at run time, 128 keys a block at least), merged by the
+  // last to finish through the workspace (workspace_bytes; zeroed before the first launch and
+  // left so). 1: no workspace.
+  int groups = 1;
 };
 
 // Splits the key range only when n * kv heads leaves SMs idle (for head_dim <= 128 through
 // the decode kernel's clusters). `num_sms` from the device.
 PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& params, int num_sms);
 
-// A cluster plan of `blocks` blocks a cluster (8 or 16) and at most `heads_per_block` query
-// heads a block (1 to 8), for tests and benchmarks; the one-split plan when the model's shape
-// or the device (MaxDecodeClusterBlocks) does not allow it.
+// A cluster plan of `blocks` blocks a cluster (8 or 16), at most `heads_per_block` query heads
+// a block (1 to 8) and up to `groups` clusters a token's keys (its workspace sized for n
+// tokens), for tests and benchmarks; the one-split plan when the model's shape or the device
+// (MaxDecodeClusterBlocks) does not allow it.
 PagedAttentionPlan ClusterDecodePlan(const PagedAttentionParams& params, int blocks,
-                                     int heads_per_block);
+                                     int heads_per_block, int64_t n = 1, int groups = 1);
+
+// The most workspace a cluster plan for up to `max_tokens` tokens takes (the key-range groups'
+// partial sums and counters): one buffer of it, zeroed once, serves every cluster launch.
+size_t ClusterDecodeWorkspaceBytes(int64_t max_tokens, const PagedAttentionParams& params);
 
 // 16 where this device runs the decode kernel in clusters of 16 blocks, else 8 (asked once).
 int MaxDecodeClusterBlocks();
@@ -53,7 +63,8 @@ int MaxDecodeClusterBlocks();
 // out[t][h] = softmax over keys j of (q[t][h] . k[j][h / group]) * scale, times v, for each
 // token t of `tokens` (its keys and value already appended to `kv`) and head h. `workspace`
 // holds plan.workspace_bytes (may be null when that is 0). The cache must be 16-byte aligned,
-// `out` 4-byte aligned with an even out_stride.
+// `out` 4-byte aligned with an even out_stride. A cluster plan with groups > 1 needs its
+// workspace zeroed before its first launch (the kernel leaves it so).
 cudaError_t LaunchPagedAttention(const bf16* q, const TokenBatch& tokens, const PagedKvLayer& kv,
                                  const PagedAttentionParams& params, const PagedAttentionPlan& plan,
                                  void* workspace, bf16* out, cudaStream_t stream);
@@ -67,7 +78,7 @@ cudaError_t LaunchPagedDecodeWithRope(const bf16* q, const bf16* k, const bf16* 
                                       int64_t kv_stride, const TokenBatch& tokens,
                                       const PagedKvLayer& kv, const PagedAttentionParams& params,
                                       const QkRopeParams& rope, const PagedAttentionPlan& plan,
-                                      bf16* out, cudaStream_t stream);
+                                      void* workspace, bf16* out, cudaStream_t stream);
 
 }  // namespace strata::gpu
 

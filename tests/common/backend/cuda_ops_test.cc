@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 #include <utility>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -391,6 +392,8 @@ TEST_F(PagedCacheTest, PagedAttention) {
       {128, 16, 32, 2, 0, false, {700}, 3},      // group 16: two head chunks
       {256, 16, 8, 2, 0, false, {33}, 33},       // head_dim 256, full prefill
       {128, 16, 28, 4, 0, false, {33, 700}, 1},  // group 7: uneven head chunks (4 + 3, ...)
+      {128, 16, 32, 4, 0, false, {1, 1100, 5000}, 1},  // long decode: keys over cluster groups
+      {64, 32, 64, 8, 0, true, {3000}, 1},             // groups with sinks
   };
   for (const AttentionCase& c : cases) {
     TestCache cache = MakeCache(c.block_size, c.kv_heads, c.head_dim, c.contexts);
@@ -480,27 +483,36 @@ TEST_F(PagedCacheTest, PagedAttention) {
         gpu::PlanPagedAttention(n, params, context().num_sms()),
         gpu::PlanPagedAttention(n, params, 1)};
     if (d <= 128) {
-      const std::pair<int, int> shapes[] = {{8, 8}, {16, 4}, {8, 2}, {16, 1}};
-      for (const auto& [blocks, heads] : shapes) {
+      // {blocks a cluster, heads a block, clusters a token's keys at most}
+      const std::tuple<int, int, int> shapes[] = {
+          {8, 8, 1}, {16, 4, 1}, {8, 2, 1}, {16, 1, 1}, {8, 4, 8}, {16, 2, 3}};
+      for (const auto& [blocks, heads, groups] : shapes) {
         if (blocks > gpu::MaxDecodeClusterBlocks()) continue;
-        plans.push_back(gpu::ClusterDecodePlan(params, blocks, heads));
+        plans.push_back(gpu::ClusterDecodePlan(params, blocks, heads, n, groups));
         ASSERT_TRUE(plans.back().cluster);
       }
     }
     for (const gpu::PagedAttentionPlan& plan : plans) {
-      uint8_t* ws = Poisoned<uint8_t>(std::max<size_t>(plan.workspace_bytes, 1));
+      // Cluster plans split over groups need their workspace zeroed (and leave it so: launched
+      // twice here); the split kernel's may hold anything.
+      uint8_t* ws = plan.cluster
+                        ? Put(std::vector<uint8_t>(std::max<size_t>(plan.workspace_bytes, 1), 0))
+                        : Poisoned<uint8_t>(std::max<size_t>(plan.workspace_bytes, 1));
       uint16_t* d_out = Poisoned<uint16_t>(n * q_dim);
       ASSERT_FALSE(HasFailure());
-      LAUNCH_OK(gpu::LaunchPagedAttention(
-          AsBf16(d_q), gpu::TokenBatch{.seq = d_seq, .pos = d_pos, .n = n}, cache.Layer(), params,
-          plan, ws, AsBf16(d_out), stream()));
+      for (int launch = 0; launch < (plan.groups > 1 ? 2 : 1); ++launch) {
+        LAUNCH_OK(gpu::LaunchPagedAttention(
+            AsBf16(d_q), gpu::TokenBatch{.seq = d_seq, .pos = d_pos, .n = n}, cache.Layer(),
+            params, plan, ws, AsBf16(d_out), stream()));
+      }
       std::string contexts;
       for (int64_t len : c.contexts) absl::StrAppend(&contexts, contexts.empty() ? "" : ",", len);
       ExpectClose("paged attention",
                   absl::StrCat("d=", d, " bs=", c.block_size, " h=", c.heads, "/", c.kv_heads,
                                " ctx=", contexts, " n=", n, c.window ? " win" : "",
                                c.sinks ? " sink" : "", " splits=", plan.num_splits,
-                               plan.cluster ? " cluster, heads " : "", plan.heads_per_block),
+                               plan.cluster ? " cluster, heads " : "", plan.heads_per_block,
+                               " groups ", plan.groups),
                   GetBf16(AsBf16(d_out), n * q_dim), ref, 1e-2);
     }
   }
@@ -552,8 +564,10 @@ TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
     const int large = gpu::MaxDecodeClusterBlocks();
     for (const gpu::PagedAttentionPlan& plan :
          {device_plan, gpu::ClusterDecodePlan(params, large, 2),
-          gpu::ClusterDecodePlan(params, large, 8), gpu::ClusterDecodePlan(params, 8, 4)}) {
+          gpu::ClusterDecodePlan(params, large, 8), gpu::ClusterDecodePlan(params, 8, 4),
+          gpu::ClusterDecodePlan(params, 8, 4, n, 3)}) {
       ASSERT_TRUE(plan.cluster);
+      uint8_t* ws = Put(std::vector<uint8_t>(std::max<size_t>(plan.workspace_bytes, 1), 0));
       TestCache b = a;
       b.data = Put(old);
       CUDA_ASSERT_OK(cudaMemcpy(a.data, old.data(), old.size() * 2, cudaMemcpyHostToDevice));
@@ -567,14 +581,14 @@ TEST_F(PagedCacheTest, FusedDecodeMatchesRopeAppendAttention) {
       LAUNCH_OK(gpu::LaunchQkNormRope(AsBf16(d_q_rot), AsBf16(d_k_rot), n, d_pos, rope, stream()));
       LAUNCH_OK(gpu::LaunchPagedKvAppend(AsBf16(d_k_rot), kv_dim, AsBf16(d_v), kv_dim, tokens,
                                          a.Layer(), stream()));
-      LAUNCH_OK(gpu::LaunchPagedAttention(AsBf16(d_q_rot), tokens, a.Layer(), params, plan, nullptr,
+      LAUNCH_OK(gpu::LaunchPagedAttention(AsBf16(d_q_rot), tokens, a.Layer(), params, plan, ws,
                                           AsBf16(d_out_a), stream()));
       LAUNCH_OK(gpu::LaunchPagedDecodeWithRope(AsBf16(d_q), AsBf16(d_k), AsBf16(d_v), kv_dim,
-                                               tokens, b.Layer(), params, rope, plan,
+                                               tokens, b.Layer(), params, rope, plan, ws,
                                                AsBf16(d_out_b), stream()));
       const std::string shape = absl::StrCat(
           "d=", d, " h=", c.heads, "/", c.kv_heads, c.window ? " win" : "", c.sinks ? " sink" : "",
-          " blocks ", plan.num_splits, " heads ", plan.heads_per_block);
+          " blocks ", plan.num_splits, " heads ", plan.heads_per_block, " groups ", plan.groups);
       // Two kernels may contract the rotation into FMAs differently: bf16 rounding flips only.
       ExpectClose("fused decode vs rope+append+attention", shape,
                   GetBf16(AsBf16(d_out_b), n * q_dim), GetBf16(AsBf16(d_out_a), n * q_dim), 1e-3);
@@ -656,15 +670,16 @@ TEST_F(PagedCacheTest, FusedDecodeWaitsForTheKernelThatWritesQkv) {
                           w_v = weight(wv, kv_dim);
 
   // The reference: the same decode on host copies of q, k and v.
+  uint8_t* ws = Put(std::vector<uint8_t>(std::max<size_t>(plan.workspace_bytes, 1), 0));
   LAUNCH_OK(gpu::LaunchPagedDecodeWithRope(AsBf16(Put(q)), AsBf16(Put(k)), AsBf16(Put(v)), kv_dim,
-                                           tokens, a.Layer(), params, rope, plan, AsBf16(d_out_a),
-                                           stream()));
+                                           tokens, a.Layer(), params, rope, plan, ws,
+                                           AsBf16(d_out_a), stream()));
   // The producer and the decode back to back, the decode free to launch early.
   const gpu::DeviceWeight* w[] = {&w_q, &w_k, &w_v};
   void* y[] = {yq, yk, yv};
   CUDA_ASSERT_OK(gpu::LaunchGemvMulti(w, y, 3, AsBf16(d_x), n, gpu::OutType::kBf16, stream()));
   LAUNCH_OK(gpu::LaunchPagedDecodeWithRope(AsBf16(yq), AsBf16(yk), AsBf16(yv), kv_dim, tokens,
-                                           b.Layer(), params, rope, plan, AsBf16(d_out_b),
+                                           b.Layer(), params, rope, plan, ws, AsBf16(d_out_b),
                                            stream()));
   EXPECT_EQ(Get(yq, n * q_dim), q) << "the producer copies q exactly";
   EXPECT_EQ(Get(yk, n * kv_dim), k) << "the producer copies k exactly";
