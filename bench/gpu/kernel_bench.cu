@@ -497,6 +497,25 @@ void LongContextAttentionTimes(cudaStream_t s, int sm_count) {
   }
 }
 
+// Compaction's cost (`kernel_bench attention`): moving blocks of a block-major bf16 cache of
+// qwen3-30b-a3b's shape (48 layers, block 32: 3 MiB a block, every layer), `moves` at once.
+void CompactionTimes(cudaStream_t s) {
+  constexpr int kLayers = 48, kBlock = 32, kBlocks = 2048;
+  const int64_t block_bytes = PagedKvBlockBytes(kBlock, kKvHeads * kHeadDim, false);
+  uint8_t* data = Alloc<uint8_t>(size_t(block_bytes) * kLayers * kBlocks);
+  for (int moves : {16, 256, 1024}) {
+    std::vector<KvMoveBlock> host;
+    for (int i = 0; i < moves; ++i) host.push_back({kBlocks - 1 - i, i, -1});
+    const KvMoveBlock* d_moves = Put(host);
+    char name[96];
+    std::snprintf(name, sizeof(name), "kv compaction: %d blocks moved (%.0f MiB)", moves,
+                  moves * double(block_bytes) * kLayers / (1 << 20));
+    Row(name, TimeUs(s, 8, [&](int) {
+          CK(LaunchKvCopyBlocks(data, block_bytes, kLayers, d_moves, moves, s));
+        }), 2.0 * moves * block_bytes * kLayers);
+  }
+}
+
 }  // namespace
 
 // `kernel_bench experts`: the one-token expert rows only; `kernel_bench attention`: the
@@ -510,6 +529,7 @@ int main(int argc, char** argv) {
   const bool experts_only = argc > 1 && std::string_view(argv[1]) == "experts";
   if (argc > 1 && std::string_view(argv[1]) == "attention") {
     LongContextAttentionTimes(s, prop.multiProcessorCount);
+    CompactionTimes(s);
     return failures ? 1 : 0;
   }
   if (!experts_only) GemvChecksAndTimes(s);

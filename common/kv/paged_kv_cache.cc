@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <cmath>
+#include <functional>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/ascii.h"
@@ -69,6 +70,7 @@ PagedKvCache::PagedKvCache(const KvCacheOptions& options) : options_(options) {
     v_amax_.assign(heads, 0.0f);
   }
   // Hand out low block ids first.
+  active_blocks_ = options.num_blocks;
   for (int b = options.num_blocks - 1; b >= 0; --b) free_.push_back(b);
   if (options.prefix_caching) {
     blocks_.resize(options.num_blocks);
@@ -222,45 +224,139 @@ absl::Status PagedKvCache::Widen(SequenceId seq) {
   }
   // Every new block is taken before an old one is released: a released block may be taken
   // again, and its data is still to be read.
-  std::vector<KvWidenMove> moves;
+  std::vector<KvBlockMove> moves;
   std::vector<int> wide_table;
   for (int src : table) {
-    KvWidenMove move;
+    KvBlockMove move;
     move.src = src;
-    move.k_unit = TakeBlock();
-    move.v_unit = TakeBlock();
+    move.dst = TakeBlock();
+    move.dst_v = TakeBlock();
     moves.push_back(move);
-    wide_table.push_back(move.k_unit);
-    wide_table.push_back(move.v_unit);
+    wide_table.push_back(move.dst);
+    wide_table.push_back(move.dst_v);
   }
-  if (options_.host_storage) ConvertOnHost(moves);
+  if (options_.host_storage) MoveOnHost(moves);
   for (auto b = table.rbegin(); b != table.rend(); ++b) ReleaseBlock(*b);
   table = std::move(wide_table);
   wide_.insert(seq);
   committed_blocks_[seq] = 0;  // registered again under the wide blocks' hashes
-  if (!options_.host_storage) {
-    widen_moves_.insert(widen_moves_.end(), moves.begin(), moves.end());
-  }
+  if (!options_.host_storage) moves_.insert(moves_.end(), moves.begin(), moves.end());
   return absl::OkStatus();
 }
 
-std::vector<KvWidenMove> PagedKvCache::TakeWidenMoves() {
-  std::vector<KvWidenMove> moves;
-  moves.swap(widen_moves_);
+std::vector<KvBlockMove> PagedKvCache::TakeMoves() {
+  std::vector<KvBlockMove> moves;
+  moves.swap(moves_);
   return moves;
 }
 
-void PagedKvCache::ConvertOnHost(absl::Span<const KvWidenMove> moves) {
+int64_t PagedKvCache::blocks_in_use() const {
+  absl::flat_hash_set<int> used;
+  for (const auto& [seq, table] : tables_) used.insert(table.begin(), table.end());
+  return static_cast<int64_t>(used.size());
+}
+
+absl::StatusOr<int64_t> PagedKvCache::Resize(int num_blocks) {
+  if (num_blocks < 1 || num_blocks > options_.num_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("kv cache: ", num_blocks,
+                                                   " blocks; between 1 and the ",
+                                                   options_.num_blocks, " allocated"));
+  }
+  if (num_blocks >= active_blocks_) {
+    for (int b = active_blocks_; b < num_blocks; ++b) free_.insert(free_.begin(), b);
+    active_blocks_ = num_blocks;
+    return 0;
+  }
+  const int64_t in_use = blocks_in_use();
+  if (in_use > num_blocks) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "kv cache: ", in_use, " blocks are in use; the pool cannot shrink to ", num_blocks));
+  }
+  // Cached blocks nobody holds past the end are dropped; below it they may make room.
+  auto unregister = [&](int b) {
+    BlockState& block = blocks_[b];
+    idle_cached_.erase(block.idle);
+    cached_.erase(block.hash);
+    block = BlockState();
+    --prefix_stats_.cached_blocks;
+    ++prefix_stats_.evictions;
+  };
+  if (options_.prefix_caching) {
+    std::vector<int> past;
+    for (int b : idle_cached_) {
+      if (b >= num_blocks) past.push_back(b);
+    }
+    for (int b : past) unregister(b);
+  }
+  std::vector<int> free_below;
+  for (int b : free_) {
+    if (b < num_blocks) free_below.push_back(b);
+  }
+  // Lowest first from the back.
+  std::sort(free_below.begin(), free_below.end(), std::greater<int>());
+  absl::flat_hash_map<int, int> moved;  // old block -> new
+  std::vector<KvBlockMove> moves;
+  for (auto& [seq, table] : tables_) {
+    for (int& b : table) {
+      if (b < num_blocks) continue;
+      if (auto it = moved.find(b); it != moved.end()) {  // a shared block, moved already
+        b = it->second;
+        continue;
+      }
+      if (free_below.empty()) {
+        // in_use <= num_blocks: an idle cached block below the end is there to take.
+        const int victim = idle_cached_.front();
+        unregister(victim);
+        free_below.push_back(victim);
+      }
+      const int dst = free_below.back();
+      free_below.pop_back();
+      if (options_.prefix_caching) {
+        BlockState& from = blocks_[b];
+        if (from.registered) {
+          cached_[from.hash] = dst;
+          std::copy_n(cached_tokens_.begin() + int64_t{b} * options_.block_size,
+                      options_.block_size, cached_tokens_.begin() + int64_t{dst} * options_.block_size);
+        }
+        blocks_[dst] = from;
+        from = BlockState();
+      }
+      moves.push_back({b, dst, -1});
+      moved[b] = dst;
+      b = dst;
+    }
+  }
+  free_ = std::move(free_below);
+  active_blocks_ = num_blocks;
+  if (options_.host_storage) {
+    MoveOnHost(moves);
+  } else {
+    moves_.insert(moves_.end(), moves.begin(), moves.end());
+  }
+  return static_cast<int64_t>(moves.size());
+}
+
+void PagedKvCache::MoveOnHost(absl::Span<const KvBlockMove> moves) {
   const int64_t bs = options_.block_size;
   const int64_t kv_dim = slot_floats_;
   const int d = options_.head_dim;
+  const int64_t span = int64_t{options_.num_layers} * block_floats_;  // a block, every layer
+  for (const KvBlockMove& m : moves) {
+    if (m.dst_v >= 0) continue;
+    if (options_.fp8) {
+      std::copy_n(bytes_.begin() + m.src * span, span, bytes_.begin() + m.dst * span);
+    } else {
+      std::copy_n(storage_.begin() + m.src * span, span, storage_.begin() + m.dst * span);
+    }
+  }
   for (int layer = 0; layer < options_.num_layers; ++layer) {
     const float* ks = scales_.k.data() + int64_t{layer} * options_.num_kv_heads;
     const float* vs = scales_.v.data() + int64_t{layer} * options_.num_kv_heads;
-    for (const KvWidenMove& m : moves) {
+    for (const KvBlockMove& m : moves) {
+      if (m.dst_v < 0) continue;
       const uint8_t* src = unit_data(layer, m.src);
-      uint16_t* k = reinterpret_cast<uint16_t*>(unit_data(layer, m.k_unit));
-      uint16_t* v = reinterpret_cast<uint16_t*>(unit_data(layer, m.v_unit));
+      uint16_t* k = reinterpret_cast<uint16_t*>(unit_data(layer, m.dst));
+      uint16_t* v = reinterpret_cast<uint16_t*>(unit_data(layer, m.dst_v));
       for (int64_t i = 0; i < bs * kv_dim; ++i) {
         const int head = static_cast<int>(i % kv_dim) / d;
         k[i] = FloatToBf16(Fp8E4M3ToFloat(src[i]) * ks[head]);
@@ -325,7 +421,7 @@ absl::Status PagedKvCache::Reserve(SequenceId seq, int64_t num_tokens) {
   if (missing > free_blocks()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("kv cache: ", missing, " more blocks needed for ", num_tokens, " tokens, ",
-                     free_blocks(), " free of ", options_.num_blocks));
+                     free_blocks(), " free of ", active_blocks_));
   }
   for (int64_t i = 0; i < missing; ++i) table.push_back(TakeBlock());
   return absl::OkStatus();

@@ -29,7 +29,7 @@ const char* KvDtypeName(KvDtype dtype);
 
 struct KvCacheOptions {
   int block_size = 32;  // token slots per block
-  int num_blocks = 0;   // blocks in the pool, shared by all sequences
+  int num_blocks = 0;   // blocks allocated; the pool's at start (Resize changes it within)
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
@@ -63,11 +63,13 @@ struct KvScales {
 // larger, and E4M3's relative precision does not depend on where in its range a value falls.
 inline constexpr float kKvScaleHeadroom = 2.0f;
 
-// One FP8 block of a sequence turned 16-bit: its keys into k_unit, its values into v_unit.
-struct KvWidenMove {
+// A block's data to move where a device backend keeps the blocks (every layer's): a copy of
+// block src into dst (compaction), or, when dst_v >= 0, an FP8 block of a sequence turned
+// 16-bit: its keys decoded into dst, its values into dst_v (Widen).
+struct KvBlockMove {
   int src = 0;
-  int k_unit = 0;
-  int v_unit = 0;
+  int dst = 0;
+  int dst_v = -1;
 };
 
 // What prefix caching found: tokens of the prompts looked up, those found in the cache.
@@ -98,11 +100,25 @@ class PagedKvCache {
   bool NeedsWiden(SequenceId seq, int64_t num_tokens) const;
   // Converts the sequence's blocks to 16-bit: new blocks are taken (RESOURCE_EXHAUSTED, with
   // nothing changed, when the pool lacks them) and the old ones released. Host storage is
-  // converted here; a device backend converts the moves TakeWidenMoves hands it, in stream
-  // order before its next step writes.
+  // converted here; a device backend applies the moves TakeMoves hands it, in their order and
+  // in stream order before its next step writes.
   absl::Status Widen(SequenceId seq);
-  std::vector<KvWidenMove> TakeWidenMoves();
-  bool has_widen_moves() const { return !widen_moves_.empty(); }
+
+  // Compaction: makes the pool `num_blocks` blocks (1 to the allocated options().num_blocks).
+  // Growing adds free blocks. Shrinking first moves every block in use at or past the new end
+  // into a free one below it (evicting cached blocks nobody holds there when it must) and
+  // drops the cached blocks past it, so that the blocks past the end hold nothing: with the
+  // blocks stored block-major (every layer of a block together), one contiguous range of the
+  // storage. FAILED_PRECONDITION, with nothing changed, when the blocks in use do not fit.
+  // Returns the blocks moved. Host storage is copied here; a device backend copies the moves.
+  absl::StatusOr<int64_t> Resize(int num_blocks);
+  int active_blocks() const { return active_blocks_; }
+  // Blocks in use by sequences now (each shared block once).
+  int64_t blocks_in_use() const;
+
+  // The data moves Widen and Resize left for a device backend, in order.
+  std::vector<KvBlockMove> TakeMoves();
+  bool has_moves() const { return !moves_.empty(); }
 
   // FP8 scales. Until they are set, the cache is calibrating: backends report the largest
   // key and value magnitudes they write (ObserveKvRange, [num_layers][num_kv_heads] each).
@@ -140,7 +156,7 @@ class PagedKvCache {
     return (num_tokens + options_.block_size - 1) / options_.block_size * (wide ? 2 : 1);
   }
   // Token slots in the whole pool.
-  int64_t pool_tokens() const { return int64_t{options_.num_blocks} * options_.block_size; }
+  int64_t pool_tokens() const { return int64_t{active_blocks_} * options_.block_size; }
   // Blocks a sequence may take: unused ones and cached ones nobody holds.
   int free_blocks() const { return static_cast<int>(free_.size() + idle_cached_.size()); }
   int num_sequences() const { return static_cast<int>(tables_.size()); }
@@ -173,9 +189,10 @@ class PagedKvCache {
     return Slot(layer, seq, position, 1);
   }
   // The key (kv = 0) or value (kv = 1) slots of one block at `layer`:
-  // [block_size][num_kv_heads * head_dim]. Lets attention walk a block table directly.
+  // [block_size][num_kv_heads * head_dim]. Lets attention walk a block table directly. The
+  // storage is block-major: [block][layer][k|v][slot][kv_head][head_dim].
   float* block_data(int layer, int block, int kv) {
-    return storage_.data() + (int64_t{layer} * options_.num_blocks + block) * block_floats_ +
+    return storage_.data() + (int64_t{block} * options_.num_layers + layer) * block_floats_ +
            int64_t{kv} * options_.block_size * slot_floats_;
   }
 
@@ -193,11 +210,11 @@ class PagedKvCache {
   // per logical block, its 1 or 2 pool blocks.
   std::vector<int> FindPrefix(absl::Span<const int32_t> tokens, bool wide) const;
   uint8_t* unit_data(int layer, int block) {
-    return bytes_.data() + (int64_t{layer} * options_.num_blocks + block) * block_floats_;
+    return bytes_.data() + (int64_t{block} * options_.num_layers + layer) * block_floats_;
   }
   void ReleaseBlock(int b);
-  // Host storage: the moves' FP8 blocks into their 16-bit ones.
-  void ConvertOnHost(absl::Span<const KvWidenMove> moves);
+  // Host storage: the moves' FP8 blocks into their 16-bit ones, or copies.
+  void MoveOnHost(absl::Span<const KvBlockMove> moves);
 
   struct BlockState {
     int refs = 0;
@@ -210,10 +227,11 @@ class PagedKvCache {
   KvCacheOptions options_;
   int64_t slot_floats_ = 0;     // floats per token slot (kv heads x head dim)
   int64_t block_floats_ = 0;    // floats per block per layer, keys and values
-  std::vector<float> storage_;  // [layer][block][k|v][slot][kv_head][head_dim]
-  std::vector<uint8_t> bytes_;  // FP8 host storage: [layer][block][block_floats_ bytes]
+  std::vector<float> storage_;  // [block][layer][k|v][slot][kv_head][head_dim]
+  std::vector<uint8_t> bytes_;  // FP8 host storage: [block][layer][block_floats_ bytes]
   absl::flat_hash_set<SequenceId> wide_;
-  std::vector<KvWidenMove> widen_moves_;
+  std::vector<KvBlockMove> moves_;
+  int active_blocks_ = 0;
   KvScales scales_;
   bool scales_ready_ = false;
   std::vector<float> k_amax_, v_amax_;

@@ -12,7 +12,7 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
   response->set_waiting_requests(static_cast<uint32_t>(s.waiting));
   response->set_running_requests(static_cast<uint32_t>(s.running));
   response->set_free_kv_blocks(static_cast<uint32_t>(s.free_kv_blocks));
-  response->set_total_kv_blocks(static_cast<uint32_t>(kv_.options().num_blocks));
+  response->set_total_kv_blocks(static_cast<uint32_t>(scheduler_.kv_pool_blocks()));
   response->set_steps(static_cast<uint64_t>(s.steps));
   response->set_preemptions(static_cast<uint64_t>(s.preemptions));
   response->set_graph_steps(static_cast<uint64_t>(s.graph_steps));
@@ -70,6 +70,24 @@ grpc::ServerUnaryReactor* AdminService::SetHotRatio(grpc::CallbackServerContext*
   response->set_hot_ratio(hot_ratio_->current());
   response->set_automatic(hot_ratio_->automatic());
   reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::ResizeKvCache(grpc::CallbackServerContext* context,
+                                                      const v1::ResizeKvCacheRequest* request,
+                                                      v1::ResizeKvCacheResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  // Finished from the engine thread once the resize ran between steps.
+  scheduler_.ResizeKv(static_cast<int>(std::min<uint32_t>(request->blocks(), 1u << 30)),
+                              [reactor, response](absl::StatusOr<Scheduler::KvResize> result) {
+                                if (result.ok()) {
+                                  response->set_blocks(static_cast<uint32_t>(result->blocks));
+                                  response->set_moved_blocks(
+                                      static_cast<uint32_t>(result->moved_blocks));
+                                  response->set_millis(result->millis);
+                                }
+                                reactor->Finish(ToGrpcStatus(result.status()));
+                              });
   return reactor;
 }
 

@@ -13,7 +13,7 @@ namespace strata {
 class AdminService final : public v1::Admin::CallbackService {
  public:
   // `experts` and `hot_ratio` are null when the router runs the experts itself.
-  AdminService(const Scheduler& scheduler, const PagedKvCache& kv, const StepRunner& runner,
+  AdminService(Scheduler& scheduler, const PagedKvCache& kv, const StepRunner& runner,
                const RemoteExpertBackend* experts, HotRatioControl* hot_ratio)
       : scheduler_(scheduler), kv_(kv), runner_(runner), experts_(experts), hot_ratio_(hot_ratio) {}
 
@@ -23,9 +23,12 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* SetHotRatio(grpc::CallbackServerContext* context,
                                         const v1::SetHotRatioRequest* request,
                                         v1::SetHotRatioResponse* response) override;
+  grpc::ServerUnaryReactor* ResizeKvCache(grpc::CallbackServerContext* context,
+                                          const v1::ResizeKvCacheRequest* request,
+                                          v1::ResizeKvCacheResponse* response) override;
 
  private:
-  const Scheduler& scheduler_;
+  Scheduler& scheduler_;
   const PagedKvCache& kv_;
   const StepRunner& runner_;
   const RemoteExpertBackend* experts_;

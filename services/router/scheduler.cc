@@ -48,6 +48,7 @@ Scheduler::Scheduler(const ModelConfig& config, StepRunner& runner, PagedKvCache
                      const Tokenizer* tokenizer, SchedulerOptions options)
     : config_(config), runner_(runner), kv_(kv), tokenizer_(tokenizer), options_(options) {
   free_kv_blocks_.store(kv.free_blocks());
+  kv_pool_blocks_.store(kv.active_blocks());
   max_context_tokens_ = std::min(config.max_position_embeddings, kv.pool_tokens());
   if (options.max_context_tokens > 0) {
     max_context_tokens_ = std::min(max_context_tokens_, options.max_context_tokens);
@@ -181,7 +182,7 @@ void Scheduler::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] {
         return stopping_ || !incoming_.empty() || !cancelled_.empty() || !running_.empty() ||
-               !waiting_.empty() || ahead_.has_value();
+               !waiting_.empty() || ahead_.has_value() || kv_resize_.has_value();
       });
       while (!incoming_.empty()) {
         waiting_.push_back(std::move(incoming_.front()));
@@ -192,6 +193,7 @@ void Scheduler::Loop() {
       }
     }
     ApplyCancellations();
+    if (!ahead_) ApplyKvResize();
     if (stopping_ && running_.empty() && waiting_.empty() && !ahead_) break;
     Admit();
     // A step that ran with sequences still running leaves its outbox to the next step.
@@ -267,7 +269,7 @@ void Scheduler::Admit() {
   // theirs, keeping 1% of the pool for their decodes; otherwise it and those behind it wait.
   // Admitting it anyway only has the step preempt it, or a running sequence, again, each time
   // throwing computed keys away (a Mixtral benchmark run preempted 53884 times in 8901 steps).
-  int64_t available = kv_.free_blocks() - std::max(1, kv_.options().num_blocks / 100);
+  int64_t available = kv_.free_blocks() - std::max(1, kv_.active_blocks() / 100);
   for (const auto& seq : running_) {
     const int64_t held = seq->has_kv ? kv_.blocks_held(seq->kv_seq) : 0;
     const bool wide =
@@ -448,7 +450,56 @@ void Scheduler::Computed(Sequence* seq, int64_t count) {
   kv_.CommitPrefix(seq->kv_seq, seq->tokens, seq->computed);
 }
 
-bool Scheduler::MayLaunchAhead() const { return options_.overlap_decode_steps && waiting_.empty(); }
+bool Scheduler::MayLaunchAhead() const {
+  return options_.overlap_decode_steps && waiting_.empty() && !kv_resize_pending_.load();
+}
+
+void Scheduler::ResizeKv(int blocks, std::function<void(absl::StatusOr<KvResize>)> done) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (kv_resize_.has_value()) {
+    lock.unlock();
+    done(absl::FailedPreconditionError("a KV pool resize is already under way"));
+    return;
+  }
+  kv_resize_ = PendingResize{blocks, std::move(done)};
+  kv_resize_pending_.store(true);
+  lock.unlock();
+  cv_.notify_all();
+}
+
+void Scheduler::ApplyKvResize() {
+  std::optional<PendingResize> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending.swap(kv_resize_);
+  }
+  if (!pending) return;
+  kv_resize_pending_.store(false);
+  // The pool must hold one sequence of the longest context (16-bit in an FP8 pool), or a
+  // request of that length could never be admitted.
+  const int64_t floor = kv_.BlocksFor(max_context_tokens_, kv_.options().fp8);
+  if (pending->blocks < floor) {
+    pending->done(absl::FailedPreconditionError(absl::StrCat(
+        "a KV pool of ", pending->blocks, " blocks cannot hold one sequence of the longest context (",
+        max_context_tokens_, " tokens: ", floor, " blocks)")));
+    return;
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<int64_t> moved = kv_.Resize(pending->blocks);
+  if (!moved.ok()) {
+    pending->done(moved.status());
+    return;
+  }
+  KvResize result;
+  result.blocks = kv_.active_blocks();
+  result.moved_blocks = *moved;
+  result.millis = absl::ToDoubleMilliseconds(absl::Now() - start);
+  kv_pool_blocks_.store(result.blocks);
+  free_kv_blocks_.store(kv_.free_blocks());
+  Log(LogLevel::kInfo, absl::StrCat("KV pool resized to ", result.blocks, " blocks (",
+                                    result.moved_blocks, " moved, ", result.millis, " ms)"));
+  pending->done(result);
+}
 
 bool Scheduler::ReserveAhead(const LaunchedRows& in_flight) {
   const size_t n = in_flight.rows.size();

@@ -68,7 +68,17 @@ class Scheduler {
   int64_t max_context_tokens() const { return max_context_tokens_; }
   // Token slots in the KV pool, and its blocks.
   int64_t kv_pool_tokens() const { return kv_.pool_tokens(); }
-  int kv_pool_blocks() const { return kv_.options().num_blocks; }
+  int kv_pool_blocks() const { return kv_pool_blocks_.load(); }
+
+  // Resizes the KV pool between steps (PagedKvCache::Resize: shrinking moves the blocks in use
+  // below the new end). FAILED_PRECONDITION for a pool too small for one sequence of the
+  // longest context, or for the blocks in use. `done` runs on the engine thread.
+  struct KvResize {
+    int blocks = 0;           // the pool's now
+    int64_t moved_blocks = 0;
+    double millis = 0;        // the engine thread's time on it (device copies go with the next step)
+  };
+  void ResizeKv(int blocks, std::function<void(absl::StatusOr<KvResize>)> done);
   struct Stats {
     int waiting = 0;
     int running = 0;
@@ -125,6 +135,8 @@ class Scheduler {
   // `count` more of the sequence's tokens have their keys and values in the cache.
   void Computed(Sequence* seq, int64_t count);
   void ApplyCancellations();
+  // A resize asked for, once nothing is in flight.
+  void ApplyKvResize();
   // What goes to the clients (tokens, scores, finishes) waits in the outbox, in order, until
   // the next step's GPU work is under way: a streamed write can cost the GPU more idle time
   // than the step's own host work. Flushed during the next replay, before an eager step, and
@@ -144,6 +156,13 @@ class Scheduler {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Sequence>> incoming_;
+  struct PendingResize {
+    int blocks;
+    std::function<void(absl::StatusOr<KvResize>)> done;
+  };
+  std::optional<PendingResize> kv_resize_;  // under mu_
+  std::atomic<bool> kv_resize_pending_{false};
+  std::atomic<int> kv_pool_blocks_{0};
   absl::flat_hash_set<Ticket> cancelled_;
   bool stopping_ = false;
   bool draining_ = false;

@@ -153,4 +153,22 @@ absl::Status RunSetHotRatio(const std::string& server, const std::string& value,
   return absl::OkStatus();
 }
 
+absl::Status RunResizeKvCache(const std::string& server, int blocks, std::ostream& out) {
+  if (blocks <= 0) return absl::InvalidArgumentError("--kv-blocks must be positive");
+  auto stub = v1::Admin::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::ResizeKvCacheRequest request;
+  request.set_blocks(static_cast<uint32_t>(blocks));
+  v1::ResizeKvCacheResponse response;
+  const grpc::Status status = stub->ResizeKvCache(&context, request, &response);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        absl::StrCat(server, ": ", status.error_message()));
+  }
+  out << "{\"blocks\": " << response.blocks() << ", \"moved_blocks\": " << response.moved_blocks()
+      << ", \"millis\": " << response.millis() << "}\n";
+  return absl::OkStatus();
+}
+
 }  // namespace strata

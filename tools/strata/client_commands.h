@@ -30,6 +30,8 @@ absl::Status RunRemoteGenerate(const RemoteGenerateOptions& options, std::ostrea
 absl::Status RunStats(const std::string& server, std::ostream& out);
 // Admin.SetHotRatio: `value` is a number in [0, 1] or "auto"; prints what is in effect.
 absl::Status RunSetHotRatio(const std::string& server, const std::string& value, std::ostream& out);
+// `strata kv-resize`: Admin.ResizeKvCache; prints the pool's blocks, those moved and the time.
+absl::Status RunResizeKvCache(const std::string& server, int blocks, std::ostream& out);
 
 }  // namespace strata
 

@@ -90,6 +90,7 @@ ABSL_FLAG(std::vector<std::string>, concurrency, {"1"}, "bench: requests per rou
 ABSL_FLAG(std::string, out, "",
           "bench: JSON results file (bench/results/README.md); make-model, quantize: the model "
           "directory; plan: the plan file");
+ABSL_FLAG(int, kv_blocks, 0, "kv-resize: the router's KV pool in blocks");
 ABSL_FLAG(std::string, hot_ratio, "auto",
           "hot-ratio: share of each worker's experts kept resident, or auto (by context length)");
 ABSL_FLAG(std::string, calibration, "",
@@ -165,6 +166,11 @@ const std::vector<Command>& Commands() {
        "--server HOST:PORT --hot-ratio (R | auto)",
        "set the workers' hot ratio now",
        {"server", "hot-ratio", "log-level"}},
+      {"kv-resize",
+       "--server HOST:PORT --kv-blocks N",
+       "resize the router's KV pool between steps (shrinking compacts the blocks in use below "
+       "the new end), as JSON",
+       {"server", "kv-blocks", "log-level"}},
       {"plan", "--model DIR --calibration FILE.jsonl --workers N --out plan.json",
        "count expert activations, place experts so every worker's load is equal",
        With({"model", "calibration", "workers", "out"}, kEngineFlags)},
@@ -322,6 +328,12 @@ absl::Status Run(const std::string& command, const std::vector<std::string>& sto
       return absl::InvalidArgumentError("--server is required");
     return strata::RunSetHotRatio(absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_hot_ratio),
                                   std::cout);
+  }
+  if (command == "kv-resize") {
+    if (absl::GetFlag(FLAGS_server).empty())
+      return absl::InvalidArgumentError("--server is required");
+    return strata::RunResizeKvCache(absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_kv_blocks),
+                                    std::cout);
   }
   if (command == "bench") return Bench();
   if (command == "eval") {

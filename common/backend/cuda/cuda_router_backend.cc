@@ -117,9 +117,11 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
 
   block_size_ = kv.block_size;
   kv_fp8_ = kv.fp8;
-  // An FP8 block is 2 * block_size * kv_dim bytes: half a bf16 one.
-  kv_layer_elements_ = int64_t{kv.num_blocks} * (kv.fp8 ? 1 : 2) * kv.block_size * kv_dim;
-  RETURN_IF_ERROR(Allocate(kv_storage_, static_cast<size_t>(kv_layer_elements_ * c.num_layers)));
+  // Block-major: every layer of a block together, so that the blocks past a shrunk pool's end
+  // (PagedKvCache::Resize) are one range. An FP8 block is half a bf16 one.
+  kv_block_bytes_ = PagedKvBlockBytes(kv.block_size, kv_dim, kv.fp8);
+  RETURN_IF_ERROR(Allocate(kv_storage_, static_cast<size_t>(kv_block_bytes_ / 2 * c.num_layers *
+                                                            kv.num_blocks)));
   if (kv.fp8) {
     const size_t entries = static_cast<size_t>(c.num_layers) * 2 * c.num_kv_heads;
     ASSIGN_OR_RETURN(kv_scales_, DeviceBuffer<float>::FromHost(
@@ -283,7 +285,7 @@ void CudaRouterBackend::WriteTableRow(const PagedKvCache& kv, PagedKvCache::Sequ
 }
 
 absl::Status CudaRouterBackend::SyncKv(PagedKvCache& kv) {
-  if (!kv_fp8_) return absl::OkStatus();
+  if (!kv_fp8_) return ApplyKvMoves(kv);
   cudaStream_t stream = context_->stream();
   if (kv.scales_ready() && !kv_scales_uploaded_) {
     const ModelConfig& c = config_;
@@ -300,22 +302,38 @@ absl::Status CudaRouterBackend::SyncKv(PagedKvCache& kv) {
                                          stream));
     kv_scales_uploaded_ = true;
   }
-  if (!kv.has_widen_moves()) return absl::OkStatus();
-  widen_host_.clear();
-  for (const KvWidenMove& m : kv.TakeWidenMoves()) {
-    widen_host_.push_back({m.src, m.k_unit, m.v_unit});
+  return ApplyKvMoves(kv);
+}
+
+absl::Status CudaRouterBackend::ApplyKvMoves(PagedKvCache& kv) {
+  if (!kv.has_moves()) return absl::OkStatus();
+  moves_host_.clear();
+  for (const KvBlockMove& m : kv.TakeMoves()) moves_host_.push_back({m.src, m.dst, m.dst_v});
+  if (kv_moves_.size() < moves_host_.size()) {
+    RETURN_IF_ERROR(Allocate(kv_moves_, moves_host_.size()));
   }
-  if (widen_moves_.size() < widen_host_.size()) {
-    RETURN_IF_ERROR(Allocate(widen_moves_, widen_host_.size()));
-  }
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(widen_moves_.data(), widen_host_.data(),
-                                       widen_host_.size() * sizeof(KvWidenBlock),
+  cudaStream_t stream = context_->stream();
+  // Pageable memory: the call returns once the data is staged.
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kv_moves_.data(), moves_host_.data(),
+                                       moves_host_.size() * sizeof(KvMoveBlock),
                                        cudaMemcpyHostToDevice, stream));
-  CUDA_RETURN_IF_ERROR(LaunchKvWiden(reinterpret_cast<uint8_t*>(kv_storage_.data()),
-                                     kv_layer_elements_ * static_cast<int64_t>(sizeof(bf16)),
-                                     config_.num_layers, block_size_, config_.num_kv_heads,
-                                     config_.head_dim, kv_scales_.data(), widen_moves_.data(),
-                                     static_cast<int>(widen_host_.size()), stream));
+  uint8_t* data = reinterpret_cast<uint8_t*>(kv_storage_.data());
+  // Runs of one kind, in order: a later move may read what an earlier one wrote.
+  for (size_t begin = 0; begin < moves_host_.size();) {
+    const bool widen = moves_host_[begin].dst_v >= 0;
+    size_t end = begin;
+    while (end < moves_host_.size() && (moves_host_[end].dst_v >= 0) == widen) ++end;
+    const int count = static_cast<int>(end - begin);
+    if (widen) {
+      CUDA_RETURN_IF_ERROR(LaunchKvWiden(data, config_.num_layers, block_size_,
+                                         config_.num_kv_heads, config_.head_dim, kv_scales_.data(),
+                                         kv_moves_.data() + begin, count, stream));
+    } else {
+      CUDA_RETURN_IF_ERROR(LaunchKvCopyBlocks(data, kv_block_bytes_, config_.num_layers,
+                                              kv_moves_.data() + begin, count, stream));
+    }
+    begin = end;
+  }
   return absl::OkStatus();
 }
 
@@ -467,7 +485,8 @@ absl::Status CudaRouterBackend::Attention(int layer) {
   rope.eps = static_cast<float>(c.rms_norm_eps);
 
   PagedKvLayer cache;
-  cache.data = kv_storage_.data() + layer * kv_layer_elements_;
+  cache.data = kv_storage_.data() + layer * (kv_block_bytes_ / 2);
+  cache.block_stride = kv_block_bytes_ * c.num_layers;
   cache.block_tables = block_tables_.data();
   cache.max_blocks_per_seq = max_blocks_per_seq_;
   cache.block_size = block_size_;

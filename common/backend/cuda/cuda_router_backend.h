@@ -134,10 +134,10 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   const float* inv_freq_ = nullptr;
   float attention_scaling_ = 1.0f;
 
-  // The paged KV cache: [layer][block][k|v][slot][kv_head][head_dim] bf16, or E4M3 codes
-  // (kv_fp8_: blocks half the bytes; wide rows as PagedKvLayer says).
+  // The paged KV cache, block-major: [block][layer][k|v][slot][kv_head][head_dim] bf16, or
+  // E4M3 codes (kv_fp8_: blocks half the bytes; wide rows as PagedKvLayer says).
   DeviceBuffer<bf16> kv_storage_;
-  int64_t kv_layer_elements_ = 0;  // bf16 elements a layer takes
+  int64_t kv_block_bytes_ = 0;  // one layer's block
   int block_size_ = 0;
   bool kv_fp8_ = false;
   DeviceBuffer<float> kv_scales_;  // [layer][k|v][kv_head]
@@ -145,11 +145,13 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   bool kv_scales_uploaded_ = false;
   bool observe_kv_ = false;         // this step notes its keys' and values' magnitudes
   int64_t observed_tokens_ = 0;     // since the last ReportKvRange
-  DeviceBuffer<KvWidenBlock> widen_moves_;
-  std::vector<KvWidenBlock> widen_host_;
-  // Before a step: the cache's scales to the device once they are set, and its pending
-  // conversions of sequences to 16-bit (eager steps and replays, never while capturing).
+  DeviceBuffer<KvMoveBlock> kv_moves_;
+  std::vector<KvMoveBlock> moves_host_;
+  // Before a step: the cache's scales to the device once they are set, and its pending block
+  // moves (conversions to 16-bit, compaction), on the stream before the step's kernels (eager
+  // steps and replays, never while capturing).
   absl::Status SyncKv(PagedKvCache& kv);
+  absl::Status ApplyKvMoves(PagedKvCache& kv);
   // A row of the block tables as the kernels read it (wide rows marked).
   void WriteTableRow(const PagedKvCache& kv, PagedKvCache::SequenceId seq, int32_t* row,
                      int width) const;

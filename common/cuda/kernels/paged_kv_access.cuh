@@ -28,17 +28,18 @@ __device__ __forceinline__ KvSlotPtrs KvSlotFromEntries(const PagedKvLayer& kv, 
                                                         int64_t elem, int64_t kv_dim) {
   const int64_t bs = kv.block_size;
   uint8_t* base = reinterpret_cast<uint8_t*>(kv.data);
+  const int64_t stride =
+      kv.block_stride > 0 ? kv.block_stride : PagedKvBlockBytes(kv.block_size, kv_dim, kv.fp8);
   if (!kv.fp8) {
-    uint8_t* k = base + (PagedKvOffset(e0, 0, slot, kv.block_size, kv_dim) + elem) * 2;
+    uint8_t* k = base + int64_t{e0} * stride + (slot * kv_dim + elem) * 2;
     return {k, k + bs * kv_dim * 2};
   }
-  const int64_t block_bytes = 2 * bs * kv_dim;
   if (wide) {
     const int64_t offset = (slot * kv_dim + elem) * 2;
-    return {base + (-int64_t{e0} - 1) * block_bytes + offset,
-            base + (-int64_t{e1} - 1) * block_bytes + offset};
+    return {base + (-int64_t{e0} - 1) * stride + offset,
+            base + (-int64_t{e1} - 1) * stride + offset};
   }
-  uint8_t* k = base + int64_t{e0} * block_bytes + slot * kv_dim + elem;
+  uint8_t* k = base + int64_t{e0} * stride + slot * kv_dim + elem;
   return {k, k + bs * kv_dim};
 }
 

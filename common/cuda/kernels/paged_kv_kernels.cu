@@ -73,17 +73,16 @@ __global__ void __launch_bounds__(kThreads)
 
 // One block per (move, layer): the FP8 block's codes times the layer's scales, as bf16.
 __global__ void __launch_bounds__(kThreads)
-    KvWidenKernel(uint8_t* data, int64_t layer_bytes, int block_size, int num_kv_heads,
-                  int head_dim, const float* __restrict__ scales,
-                  const KvWidenBlock* __restrict__ moves) {
-  const KvWidenBlock m = moves[blockIdx.x];
+    KvWidenKernel(uint8_t* data, int num_layers, int block_size, int num_kv_heads, int head_dim,
+                  const float* __restrict__ scales, const KvMoveBlock* __restrict__ moves) {
+  const KvMoveBlock m = moves[blockIdx.x];
   const int layer = blockIdx.y;
   const int64_t kv_dim = int64_t{num_kv_heads} * head_dim;
-  const int64_t block_bytes = 2 * block_size * kv_dim;
-  uint8_t* base = data + layer * layer_bytes;
-  const uint8_t* src = base + m.src * block_bytes;
-  bf16* k_dst = reinterpret_cast<bf16*>(base + m.k_block * block_bytes);
-  bf16* v_dst = reinterpret_cast<bf16*>(base + m.v_block * block_bytes);
+  const int64_t block_bytes = PagedKvBlockBytes(block_size, kv_dim, true);
+  auto at = [&](int32_t block) { return data + (int64_t{block} * num_layers + layer) * block_bytes; };
+  const uint8_t* src = at(m.src);
+  bf16* k_dst = reinterpret_cast<bf16*>(at(m.dst));
+  bf16* v_dst = reinterpret_cast<bf16*>(at(m.dst_v));
   const float* k_scale = scales + int64_t{layer} * 2 * num_kv_heads;
   const float* v_scale = k_scale + num_kv_heads;
   const int64_t n = int64_t{block_size} * kv_dim;
@@ -92,6 +91,16 @@ __global__ void __launch_bounds__(kThreads)
     k_dst[i] = __float2bfloat16(E4M3ToFloat(src[i]) * k_scale[head]);
     v_dst[i] = __float2bfloat16(E4M3ToFloat(src[n + i]) * v_scale[head]);
   }
+}
+
+// One block per move: every layer of block src (one contiguous span) into dst, 16 bytes at a
+// time.
+__global__ void __launch_bounds__(kThreads)
+    KvCopyBlocksKernel(uint8_t* data, int64_t span, const KvMoveBlock* __restrict__ moves) {
+  const KvMoveBlock m = moves[blockIdx.x];
+  const uint4* src = reinterpret_cast<const uint4*>(data + int64_t{m.src} * span);
+  uint4* dst = reinterpret_cast<uint4*>(data + int64_t{m.dst} * span);
+  for (int64_t i = threadIdx.x; i < span / 16; i += kThreads) dst[i] = src[i];
 }
 
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -133,16 +142,27 @@ cudaError_t LaunchKvAbsMax(const bf16* k, int64_t k_stride, const bf16* v, int64
   return cudaGetLastError();
 }
 
-cudaError_t LaunchKvWiden(uint8_t* data, int64_t layer_bytes, int num_layers, int block_size,
-                          int num_kv_heads, int head_dim, const float* scales,
-                          const KvWidenBlock* moves, int num_moves, cudaStream_t stream) {
+cudaError_t LaunchKvCopyBlocks(uint8_t* data, int64_t block_bytes, int num_layers,
+                               const KvMoveBlock* moves, int num_moves, cudaStream_t stream) {
+  const int64_t span = block_bytes * num_layers;
+  if (num_moves < 0 || num_layers <= 0 || block_bytes <= 0 || span % 16 != 0 || !Aligned(data)) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_moves == 0) return cudaSuccess;
+  KvCopyBlocksKernel<<<static_cast<unsigned>(num_moves), kThreads, 0, stream>>>(data, span, moves);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchKvWiden(uint8_t* data, int num_layers, int block_size, int num_kv_heads,
+                          int head_dim, const float* scales, const KvMoveBlock* moves,
+                          int num_moves, cudaStream_t stream) {
   if (num_moves < 0 || num_layers <= 0 || num_layers > 65535 || block_size <= 0 ||
       num_kv_heads <= 0 || head_dim <= 0 || scales == nullptr) {
     return cudaErrorInvalidValue;
   }
   if (num_moves == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(num_moves), static_cast<unsigned>(num_layers));
-  KvWidenKernel<<<grid, kThreads, 0, stream>>>(data, layer_bytes, block_size, num_kv_heads,
+  KvWidenKernel<<<grid, kThreads, 0, stream>>>(data, num_layers, block_size, num_kv_heads,
                                                head_dim, scales, moves);
   return cudaGetLastError();
 }

@@ -23,7 +23,15 @@ struct PagedKvLayer {
   bool fp8 = false;
   const float* k_scale = nullptr;  // [num_kv_heads] device, this layer's (fp8)
   const float* v_scale = nullptr;
+  // Bytes from one block of this layer to the next: 0 when the layer's blocks lie together;
+  // num_layers x a block when every layer of a block does (block-major storage).
+  int64_t block_stride = 0;
 };
+
+// Bytes one layer's block takes: keys and values of block_size slots.
+inline constexpr int64_t PagedKvBlockBytes(int block_size, int64_t kv_dim, bool fp8) {
+  return 2 * block_size * kv_dim * (fp8 ? 1 : 2);
+}
 
 // The table entry a wide row of an FP8 cache stores for `block`, and back.
 inline constexpr int32_t WideKvEntry(int32_t block) { return -block - 1; }
@@ -58,16 +66,20 @@ cudaError_t LaunchKvAbsMax(const bf16* k, int64_t k_stride, const bf16* v, int64
                            int64_t n, int num_kv_heads, int head_dim, float* amax,
                            cudaStream_t stream);
 
-// One FP8 block of a sequence turned 16-bit (PagedKvCache::Widen), every layer: the codes of
-// block src times the layer's scales into bf16 blocks k_block and v_block.
-struct KvWidenBlock {
-  int32_t src, k_block, v_block;
+// A block move in block-major storage (every layer of a block together, data + block *
+// num_layers * block_bytes): src copied to dst, or, when dst_v >= 0, the FP8 block of a
+// sequence turned 16-bit (PagedKvCache::Widen): its codes times each layer's scales into bf16
+// blocks dst (keys) and dst_v (values).
+struct KvMoveBlock {
+  int32_t src, dst, dst_v;
 };
-// data: every layer's blocks, layer_bytes apart; scales: [layers][2][num_kv_heads] (keys, then
-// values); moves: device array.
-cudaError_t LaunchKvWiden(uint8_t* data, int64_t layer_bytes, int num_layers, int block_size,
-                          int num_kv_heads, int head_dim, const float* scales,
-                          const KvWidenBlock* moves, int num_moves, cudaStream_t stream);
+// Copies (dst_v < 0); block_bytes: one layer's block.
+cudaError_t LaunchKvCopyBlocks(uint8_t* data, int64_t block_bytes, int num_layers,
+                               const KvMoveBlock* moves, int num_moves, cudaStream_t stream);
+// Widenings of an FP8 cache; scales: [layers][2][num_kv_heads] (keys, then values).
+cudaError_t LaunchKvWiden(uint8_t* data, int num_layers, int block_size, int num_kv_heads,
+                          int head_dim, const float* scales, const KvMoveBlock* moves,
+                          int num_moves, cudaStream_t stream);
 
 }  // namespace strata::gpu
 

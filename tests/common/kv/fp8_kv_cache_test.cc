@@ -123,7 +123,7 @@ TEST(Fp8KvCacheTest, WidenConvertsCodesToBf16AndFreesTheOldBlocks) {
   EXPECT_EQ(kv->blocks_held(seq), 4);
   EXPECT_EQ(kv->capacity(seq), 8);
   EXPECT_EQ(kv->free_blocks(), 2);  // 6 - 4: the two FP8 blocks went back
-  EXPECT_FALSE(kv->has_widen_moves());  // host storage converts in place
+  EXPECT_FALSE(kv->has_moves());  // host storage converts in place
   size_t at = 0;
   for (int layer = 0; layer < kLayers; ++layer) {
     for (int64_t pos = 0; pos < 8; ++pos) {
@@ -168,20 +168,20 @@ TEST(Fp8KvCacheTest, DeviceStorageHandsOutTheMoves) {
   ASSERT_TRUE(kv->Reserve(seq, 6).ok());
   const std::vector<int> old = kv->block_table(seq);
   ASSERT_TRUE(kv->Widen(seq).ok());
-  ASSERT_TRUE(kv->has_widen_moves());
-  const std::vector<KvWidenMove> moves = kv->TakeWidenMoves();
-  EXPECT_FALSE(kv->has_widen_moves());
+  ASSERT_TRUE(kv->has_moves());
+  const std::vector<KvBlockMove> moves = kv->TakeMoves();
+  EXPECT_FALSE(kv->has_moves());
   ASSERT_EQ(moves.size(), 2u);
   const std::vector<int>& table = kv->block_table(seq);
   ASSERT_EQ(table.size(), 4u);
   for (size_t i = 0; i < moves.size(); ++i) {
     EXPECT_EQ(moves[i].src, old[i]);
-    EXPECT_EQ(moves[i].k_unit, table[2 * i]);
-    EXPECT_EQ(moves[i].v_unit, table[2 * i + 1]);
+    EXPECT_EQ(moves[i].dst, table[2 * i]);
+    EXPECT_EQ(moves[i].dst_v, table[2 * i + 1]);
     // A destination is never a block still to be read.
     for (int src : old) {
-      EXPECT_NE(moves[i].k_unit, src);
-      EXPECT_NE(moves[i].v_unit, src);
+      EXPECT_NE(moves[i].dst, src);
+      EXPECT_NE(moves[i].dst_v, src);
     }
   }
 }

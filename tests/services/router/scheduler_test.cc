@@ -2,6 +2,7 @@
 // mix, through chunked prefill, preemption and cancellation.
 #include "services/router/scheduler.h"
 
+#include <future>
 #include <memory>
 #include <random>
 
@@ -20,11 +21,12 @@ const std::string kModelDir = std::string(STRATA_TEST_DATA_DIR) + "/oracles/qwen
 // A scheduler over the CPU backends with a KV pool of `num_blocks` blocks of 4 tokens.
 class SchedulerHarness {
  public:
-  SchedulerHarness(int num_blocks, SchedulerOptions options) {
+  SchedulerHarness(int num_blocks, SchedulerOptions options, bool prefix_caching = false) {
     ModelStackOptions stack;
     stack.num_threads = 2;
     stack.kv_block_size = 4;
     stack.kv_blocks = num_blocks;
+    stack.prefix_caching = prefix_caching;
     stack_ = *ModelStack::Create(kModelDir, stack);
     runner_ = CreateStepRunner(stack_->config(), stack_->router(), *stack_->experts(), stack_->kv(),
                                StepRunnerOptions{});
@@ -170,6 +172,53 @@ TEST(SchedulerTest, DecodesOutgrowingThePoolPreemptAndKeepTheTokens) {
   ExpectTokensOfOneAtATime(harness, SizedRequests(4, 17, /*prompt_len=*/4, /*max_new_tokens=*/40));
   EXPECT_GT(harness.scheduler().stats().preemptions, 0);
   EXPECT_EQ(harness.kv().free_blocks(), 20);
+}
+
+// Compaction while requests decode: cached blocks fill the low end, the running requests get
+// blocks past the new end, and shrinking the pool moves them below it (evicting cached ones)
+// without changing a token. Too small a pool is refused.
+TEST(SchedulerTest, ResizingThePoolWhileRequestsRunKeepsTheirTokens) {
+  SchedulerHarness harness(/*num_blocks=*/256,
+                           {.max_batch_tokens = 64, .max_running = 4, .max_context_tokens = 256},
+                           /*prefix_caching=*/true);
+  auto resize = [&](int blocks) {
+    std::promise<absl::StatusOr<Scheduler::KvResize>> promise;
+    harness.scheduler().ResizeKv(
+        blocks, [&](absl::StatusOr<Scheduler::KvResize> r) { promise.set_value(std::move(r)); });
+    return promise.get_future().get();
+  };
+  // 60 blocks of a finished prompt stay cached at the low end.
+  RequestSpec pad = SizedRequests(1, 3, 240, 1)[0];
+  for (size_t i = 0; i < pad.prompt.size(); ++i) pad.prompt[i] = 3 + static_cast<int32_t>(i);
+  auto pad_sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(harness.scheduler().Submit(pad, pad_sink).ok());
+  ASSERT_TRUE(pad_sink->Wait());
+
+  std::vector<RequestSpec> specs = {SizedRequests(1, 11, 120, 30)[0],
+                                    SizedRequests(1, 12, 80, 30)[0]};
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const RequestSpec& spec : specs) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(harness.scheduler().Submit(spec, sinks.back()).ok());
+  }
+  while (sinks[0]->tokens().size() < 2 || sinks[1]->tokens().size() < 2) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const absl::StatusOr<Scheduler::KvResize> shrunk = resize(70);
+  ASSERT_TRUE(shrunk.ok()) << shrunk.status();
+  EXPECT_EQ(shrunk->blocks, 70);
+  EXPECT_GT(shrunk->moved_blocks, 0);
+  EXPECT_EQ(harness.scheduler().kv_pool_blocks(), 70);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->Wait());
+    EXPECT_EQ(sinks[i]->tokens(), RunAlone(specs[i])) << "request " << i;
+  }
+  // One 256-token sequence takes 64 blocks: 63 is refused.
+  EXPECT_EQ(resize(63).status().code(), absl::StatusCode::kFailedPrecondition);
+  const absl::StatusOr<Scheduler::KvResize> grown = resize(256);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_EQ(grown->moved_blocks, 0);
+  ExpectTokensOfOneAtATime(harness, MixedRequests(6, 21));
 }
 
 TEST(SchedulerTest, CancelFreesBlocks) {
