@@ -147,5 +147,54 @@ TEST(CudaFp8KvTest, WidensOnTheDeviceAndKeepsDecoding) {
   EXPECT_EQ(*with_graphs, *without);
 }
 
+// Compaction on the device: a sequence whose blocks sit past a shrunk pool's end is moved
+// below it (a copy kernel before the next step) and decodes exactly as without the move, with a
+// bf16 and an FP8 cache.
+TEST(CudaKvCompactionTest, MovedBlocksDecodeAsBefore) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  for (const KvDtype dtype : {KvDtype::kAuto, KvDtype::kFp8}) {
+    LocalEngineOptions options = Options("cuda", 0);
+    options.kv_dtype = dtype;
+    options.kv_cache_bytes = int64_t{256} << 20;
+    auto moved = LocalEngine::Create(options);
+    auto still = LocalEngine::Create(options);
+    ASSERT_TRUE(moved.ok() && still.ok());
+    for (auto* engine : {&*moved, &*still}) {
+      ASSERT_TRUE((*engine)->Logits(Prompt(40, 3)).ok());  // calibrates an FP8 cache
+    }
+    PagedKvCache& kv = (*moved)->kv();
+    // A pad sequence takes the low blocks, so the measured one lands past them.
+    const auto pad = (*moved)->AddSequence();
+    ASSERT_TRUE((*moved)->RunStep(pad, Prompt(300, 6), 0).ok());
+    std::vector<int32_t> tokens = Prompt(100, 7);
+    const auto seq = (*moved)->AddSequence();
+    const auto ref = (*still)->AddSequence();
+    ASSERT_TRUE((*moved)->RunStep(seq, tokens, 0).ok());
+    ASSERT_TRUE((*still)->RunStep(ref, tokens, 0).ok());
+    (*moved)->ReleaseSequence(pad);
+    const int keep = static_cast<int>(kv.blocks_held(seq)) + 2;
+    int past = 0;
+    for (int b : kv.block_table(seq)) past += b >= keep;
+    ASSERT_GT(past, 0);
+    auto resized = kv.Resize(keep);
+    ASSERT_TRUE(resized.ok()) << resized.status();
+    EXPECT_EQ(*resized, past);
+    for (int b : kv.block_table(seq)) EXPECT_LT(b, keep);
+    // Decode on both, token by token (graph replays where they apply).
+    for (int64_t pos = 100; pos < 120; ++pos) {
+      tokens.push_back(static_cast<int32_t>(pos % 50 + 20));
+      auto a = (*moved)->RunStep(seq, {&tokens.back(), 1}, pos);
+      auto b = (*still)->RunStep(ref, {&tokens.back(), 1}, pos);
+      ASSERT_TRUE(a.ok() && b.ok());
+      const int64_t vocab = (*moved)->config().vocab_size;
+      ASSERT_EQ(std::vector<float>(a->logits(0), a->logits(0) + vocab),
+                std::vector<float>(b->logits(0), b->logits(0) + vocab))
+          << KvDtypeName(dtype) << " position " << pos;
+    }
+    (*moved)->ReleaseSequence(seq);
+    (*still)->ReleaseSequence(ref);
+  }
+}
+
 }  // namespace
 }  // namespace strata
