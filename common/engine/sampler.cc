@@ -44,6 +44,58 @@ int64_t ArgMax(const float* values, int64_t n) {
 
 int32_t Sampler::Sample(const float* logits, int64_t vocab) {
   if (greedy()) return static_cast<int32_t>(ArgMax(logits, vocab));
+  double total = 0.0;
+  const int64_t keep = Candidates(logits, vocab, total);
+  if (total <= 0.0) return 0;  // nothing drawable
+  return Draw(keep, total);
+}
+
+bool Sampler::AcceptDraft(const float* logits, int64_t vocab, int32_t draft,
+                          int32_t& replacement) {
+  if (greedy()) {
+    replacement = static_cast<int32_t>(ArgMax(logits, vocab));
+    return replacement == draft;
+  }
+  double total = 0.0;
+  const int64_t keep = Candidates(logits, vocab, total);
+  if (total <= 0.0) {
+    replacement = 0;
+    return false;
+  }
+  double p_draft = 0.0;
+  int64_t at = -1;
+  for (int64_t i = 0; i < keep; ++i) {
+    if (candidates_[i].second == draft) {
+      p_draft = candidates_[i].first / total;
+      at = i;
+      break;
+    }
+  }
+  if (std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < p_draft) return true;
+  // The residual max(0, p - q) with q one-hot at the draft: p without the draft.
+  if (at >= 0) {
+    total -= candidates_[at].first;
+    candidates_[at].first = 0.0f;
+  }
+  replacement = total > 0.0 ? Draw(keep, total) : candidates_[0].second;
+  return false;
+}
+
+int32_t Sampler::Draw(int64_t keep, double total) {
+  const double draw = std::uniform_real_distribution<double>(0.0, total)(rng_);
+  double running = 0.0;
+  for (int64_t i = 0; i < keep; ++i) {
+    running += candidates_[i].first;
+    if (draw < running) return candidates_[i].second;
+  }
+  // Rounding: the last candidate with weight.
+  for (int64_t i = keep - 1; i > 0; --i) {
+    if (candidates_[i].first > 0.0f) return candidates_[i].second;
+  }
+  return candidates_[0].second;
+}
+
+int64_t Sampler::Candidates(const float* logits, int64_t vocab, double& total) {
   candidates_.resize(vocab);
   for (int64_t i = 0; i < vocab; ++i) {
     // A NaN logit is never drawn (and would break the ordering below).
@@ -63,8 +115,8 @@ int32_t Sampler::Sample(const float* logits, int64_t vocab) {
   // Softmax over the kept candidates (exp is monotonic: the order by logit holds).
   float max_logit = candidates_[0].first;
   for (int64_t i = 1; i < keep; ++i) max_logit = std::max(max_logit, candidates_[i].first);
-  if (max_logit == -std::numeric_limits<float>::infinity()) return 0;  // nothing drawable
-  double total = 0.0;
+  total = 0.0;
+  if (max_logit == -std::numeric_limits<float>::infinity()) return keep;  // nothing drawable
   for (int64_t i = 0; i < keep; ++i) {
     candidates_[i].first = std::exp(candidates_[i].first - max_logit);
     total += candidates_[i].first;
@@ -92,13 +144,7 @@ int32_t Sampler::Sample(const float* logits, int64_t vocab) {
     total = 0.0;
     for (int64_t i = 0; i < keep; ++i) total += candidates_[i].first;
   }
-  const double draw = std::uniform_real_distribution<double>(0.0, total)(rng_);
-  double running = 0.0;
-  for (int64_t i = 0; i < keep; ++i) {
-    running += candidates_[i].first;
-    if (draw < running) return candidates_[i].second;
-  }
-  return candidates_[keep - 1].second;
+  return keep;
 }
 
 }  // namespace strata

@@ -110,5 +110,44 @@ TEST(SamplerTest, RejectsBadParameters) {
   EXPECT_TRUE(ValidateSamplingParams({.temperature = 0.7f, .top_k = 40, .top_p = 0.9f}).ok());
 }
 
+// Speculative decoding's rejection sampling with a certain draft: whatever the draft, the token
+// that results (the draft if accepted, else the replacement) is distributed as Sample's.
+TEST(SamplerTest, DraftAcceptanceKeepsTheDistribution) {
+  const std::vector<float> logits = {2.0f, 1.0f, 0.5f, -1.0f, 1.5f};
+  const SamplingParams params{.temperature = 0.8f, .top_k = 4, .top_p = 0.95f, .seed = 7};
+  constexpr int kDraws = 200000;
+  std::vector<double> want(logits.size(), 0.0);
+  {
+    Sampler sampler(params);
+    for (int i = 0; i < kDraws; ++i) ++want[sampler.Sample(logits.data(), 5)];
+  }
+  for (int32_t draft : {0, 1, 3, 4}) {  // likely, less likely, cut by top-k, in between
+    Sampler sampler({.temperature = 0.8f, .top_k = 4, .top_p = 0.95f, .seed = 100u + draft});
+    std::vector<double> got(logits.size(), 0.0);
+    int accepted = 0;
+    for (int i = 0; i < kDraws; ++i) {
+      int32_t replacement = -1;
+      if (sampler.AcceptDraft(logits.data(), 5, draft, replacement)) {
+        ++got[draft];
+        ++accepted;
+      } else {
+        ASSERT_NE(replacement, draft);
+        ++got[replacement];
+      }
+    }
+    for (size_t t = 0; t < logits.size(); ++t) {
+      EXPECT_NEAR(got[t] / kDraws, want[t] / kDraws, 0.006) << "draft " << draft << " token " << t;
+    }
+    // Accepted as often as the draft would have been drawn.
+    EXPECT_NEAR(static_cast<double>(accepted) / kDraws, want[draft] / kDraws, 0.006);
+  }
+  // Greedy: accepted exactly when it is the argmax, else replaced by it.
+  Sampler greedy({});
+  int32_t replacement = -1;
+  EXPECT_TRUE(greedy.AcceptDraft(logits.data(), 5, 0, replacement));
+  EXPECT_FALSE(greedy.AcceptDraft(logits.data(), 5, 4, replacement));
+  EXPECT_EQ(replacement, 0);
+}
+
 }  // namespace
 }  // namespace strata
