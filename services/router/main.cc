@@ -44,6 +44,10 @@ ABSL_FLAG(int64_t, kv_cache_fp16_above_tokens, 2048,
 ABSL_FLAG(int64_t, kv_cache_calibration_tokens, 512,
           "With --kv-cache-dtype fp8: tokens whose keys and values set the scales (sequences "
           "stay 16-bit until then)");
+ABSL_FLAG(int, speculative_tokens, 0,
+          "Speculative decoding by prompt lookup: tokens drafted a step at most (0: off); "
+          "drafting turns itself off while it is slower than plain steps");
+ABSL_FLAG(int, speculative_ngram, 3, "Prompt lookup: the longest suffix of a sequence looked up");
 ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");
 ABSL_FLAG(int, max_batch_tokens, 512, "Tokens per forward step (decodes + prefill chunks)");
 ABSL_FLAG(int, max_running, 64, "Sequences in the running batch");
@@ -102,6 +106,15 @@ int main(int argc, char** argv) {
   options.kv_dtype = *kv_dtype;
   options.kv_fp16_above_tokens = absl::GetFlag(FLAGS_kv_cache_fp16_above_tokens);
   options.kv_calibration_tokens = absl::GetFlag(FLAGS_kv_cache_calibration_tokens);
+  options.scheduler.speculation.max_draft_tokens = absl::GetFlag(FLAGS_speculative_tokens);
+  options.scheduler.speculation.ngram_max = absl::GetFlag(FLAGS_speculative_ngram);
+  if (options.scheduler.speculation.max_draft_tokens < 0 ||
+      options.scheduler.speculation.max_draft_tokens > 16 ||
+      options.scheduler.speculation.ngram_max < 1) {
+    std::cerr << "strata-router: --speculative-tokens must be in [0, 16] and --speculative-ngram "
+                 "at least 1\n";
+    return 2;
+  }
   options.router_temperature = static_cast<float>(absl::GetFlag(FLAGS_router_temperature));
   options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.scheduler.max_running = absl::GetFlag(FLAGS_max_running);

@@ -160,6 +160,8 @@ RouterSnapshot RouterServer::Snapshot() const {
   r.prefix_queried_tokens = s.prefix_queried_tokens;
   r.prefix_hit_tokens = s.prefix_hit_tokens;
   r.prefix_cached_blocks = s.prefix_cached_blocks;
+  r.draft_tokens = s.draft_tokens;
+  r.accepted_draft_tokens = s.accepted_draft_tokens;
   if (coordinator_ != nullptr) r.worker_restarts = coordinator_->restarts();
   const PrefetchCounters& p = runner_->prefetch();
   r.prefetch_predicted = p.predicted.load();

@@ -41,6 +41,7 @@ struct Scheduler::Sequence {
   std::unique_ptr<OutputText> text;
   std::vector<float> scores;  // score_only: log-probabilities of prompt tokens 1..n-1
   int generated = 0;
+  int draft_length = 0;  // speculation: tokens drafted a step now (NextDraftLength)
   Clock::time_point submitted, first_token, last_token;
 };
 
@@ -55,6 +56,7 @@ Scheduler::Scheduler(const ModelConfig& config, StepRunner& runner, PagedKvCache
   }
   options_.max_batch_tokens = std::max(options_.max_batch_tokens, 1);
   options_.max_running = std::max(options_.max_running, 1);
+  speculation_ = SpeculationControl(options_.speculation);
 }
 
 Scheduler::~Scheduler() {
@@ -114,6 +116,7 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
   SamplingParams sampling = seq->spec.sampling;
   if (sampling.seed == 0 && sampling.temperature > 0.0f) sampling.seed = std::random_device()();
   seq->sampler = std::make_unique<Sampler>(sampling);
+  seq->draft_length = options_.speculation.max_draft_tokens;
   seq->text = std::make_unique<OutputText>(tokenizer_, seq->spec.stop);
   seq->submitted = Clock::now();
   Ticket ticket;
@@ -165,6 +168,11 @@ Scheduler::Stats Scheduler::stats() const {
   s.prefix_queried_tokens = prefix_queried_tokens_.load();
   s.prefix_hit_tokens = prefix_hit_tokens_.load();
   s.prefix_cached_blocks = prefix_cached_blocks_.load();
+  s.draft_tokens = draft_tokens_.load();
+  s.accepted_draft_tokens = accepted_draft_tokens_.load();
+  s.draft_steps = draft_steps_.load();
+  s.speculation_turned_off = speculation_turned_off_.load();
+  s.kv_scales_ready = kv_scales_ready_.load();
   s.preemptions = preemptions_.load();
   s.steps_ahead = steps_ahead_.load();
   const StepRunnerStats runner = runner_.stats();
@@ -199,6 +207,7 @@ void Scheduler::Loop() {
     // A step that ran with sequences still running leaves its outbox to the next step.
     const bool calibrating = kv_.calibrating();
     if (!Step() || running_.empty()) FlushOutbox();
+    kv_scales_ready_.store(kv_.scales_ready());
     if (calibrating && !kv_.calibrating()) {
       Log(LogLevel::kInfo, absl::StrCat("KV cache: FP8 scales set from the keys and values of ",
                                         kv_.observed_tokens(), " tokens"));
@@ -320,19 +329,25 @@ bool Scheduler::Step() {
   if (running_.empty()) return false;
   struct Planned {
     Sequence* seq;
-    int64_t count;
+    int64_t count;                // positions computed this step (with the draft's)
+    std::vector<int32_t> draft;   // a decode row's drafted tokens, after its own
   };
   std::vector<Planned> plan;
   int64_t budget = options_.max_batch_tokens;
-  // Decodes first (one token each, latency-critical), then prefill chunks in admission order.
+  const bool drafting = speculation_.DraftThisStep();
+  // Decodes first (one token each and their drafts, latency-critical), then prefill chunks in
+  // admission order.
   for (int pass = 0; pass < 2; ++pass) {
     for (auto& owned : running_) {
       Sequence* seq = owned.get();
       const int64_t remaining = static_cast<int64_t>(seq->tokens.size()) - seq->computed;
       const bool is_decode = remaining == 1;
       if ((pass == 0) != is_decode || budget == 0) continue;
-      plan.push_back({seq, std::min(remaining, budget)});
-      budget -= plan.back().count;
+      std::vector<int32_t> draft;
+      if (is_decode && drafting) draft = Draft(*seq, budget - 1);
+      const int64_t count = std::min(remaining, budget) + static_cast<int64_t>(draft.size());
+      plan.push_back({seq, count, std::move(draft)});
+      budget -= count;
     }
   }
   // Reserve KV; when the pool is short (decodes outgrew it), preempt the latest arrivals.
@@ -367,7 +382,10 @@ bool Scheduler::Step() {
   if (plan.empty()) return false;
 
   StepPlan step;
-  std::vector<Sequence*> sampled;  // the first sampled.size() logit rows
+  std::vector<Sequence*> sampled;  // the first logit rows: one each, more with a draft
+  std::vector<int64_t> first_row;  // sampled[r]'s first logit row
+  std::vector<const std::vector<int32_t>*> drafts;  // sampled[r]'s draft
+  int64_t sampled_rows = 0;
   struct ScoreRow {
     Sequence* seq;
     int32_t target;  // the token whose log-probability the row gives
@@ -376,9 +394,10 @@ bool Scheduler::Step() {
   std::vector<int64_t> score_rows;
   for (const Planned& p : plan) {
     const int64_t length = static_cast<int64_t>(p.seq->tokens.size());
+    const int64_t own = p.count - static_cast<int64_t>(p.draft.size());
     for (int64_t j = 0; j < p.count; ++j) {
       const int64_t position = p.seq->computed + j;
-      step.ids.push_back(p.seq->tokens[position]);
+      step.ids.push_back(j < own ? p.seq->tokens[position] : p.draft[j - own]);
       step.batch.sequence.push_back(p.seq->kv_seq);
       step.batch.position.push_back(position);
       if (p.seq->spec.score_only && position + 1 < length) {
@@ -386,21 +405,23 @@ bool Scheduler::Step() {
         scored.push_back({p.seq, p.seq->tokens[position + 1]});
       }
     }
-    if (!p.seq->spec.score_only && p.seq->computed + p.count == length) {
-      step.logit_rows.push_back(static_cast<int64_t>(step.ids.size()) - 1);
+    if (!p.seq->spec.score_only && p.seq->computed + own == length) {
+      // A drafted row's logits come back for its own token and every drafted one.
+      const bool host = !p.seq->sampler->greedy() || p.seq->spec.logprobs || !p.draft.empty();
+      first_row.push_back(sampled_rows);
+      for (int64_t j = own - 1; j < p.count; ++j) {
+        step.logit_rows.push_back(static_cast<int64_t>(step.ids.size()) - p.count + j);
+        if (host) step.host_rows.push_back(sampled_rows);
+        ++sampled_rows;
+      }
       sampled.push_back(p.seq);
+      drafts.push_back(&p.draft);
     }
   }
   step.logit_rows.insert(step.logit_rows.end(), score_rows.begin(), score_rows.end());
-  // The logits rows cross to the host only for the rows that sample or score; the others need
-  // their greedy token.
-  for (size_t r = 0; r < sampled.size(); ++r) {
-    if (!sampled[r]->sampler->greedy() || sampled[r]->spec.logprobs) {
-      step.host_rows.push_back(static_cast<int64_t>(r));
-    }
-  }
+  // The score rows' logits come to the host too; the other rows need their greedy token only.
   for (size_t r = 0; r < scored.size(); ++r) {
-    step.host_rows.push_back(static_cast<int64_t>(sampled.size() + r));
+    step.host_rows.push_back(sampled_rows + static_cast<int64_t>(r));
   }
   LaunchedRows rows;
   if (scored.empty() && step.ids.size() == sampled.size()) {  // decodes only
@@ -409,7 +430,9 @@ bool Scheduler::Step() {
     rows.positions.assign(step.batch.position.begin(), step.batch.position.end());
     step.launch_next = ReserveAhead(rows);
   }
+  const Clock::time_point started = Clock::now();
   absl::StatusOr<StepResult> result = runner_.Run(step, [this] { WhileRunning(); });
+  const double seconds = MillisBetween(started, Clock::now()) / 1e3;
   if (!result.ok()) {
     for (const Planned& p : plan) Finish(p.seq, FinishReason::kError, result.status());
     return true;
@@ -420,9 +443,10 @@ bool Scheduler::Step() {
     ahead_ = std::move(rows);
   }
   const int64_t vocab = config_.vocab_size;
-  for (const Planned& p : plan) Computed(p.seq, p.count);
+  // A draft's positions count once verified (VerifyDraft).
+  for (const Planned& p : plan) Computed(p.seq, p.count - static_cast<int64_t>(p.draft.size()));
   for (size_t r = 0; r < scored.size(); ++r) {
-    const float* row = result->logits(static_cast<int64_t>(sampled.size() + r));
+    const float* row = result->logits(sampled_rows + static_cast<int64_t>(r));
     scored[r].seq->scores.push_back(LogSoftmaxAt(row, vocab, scored[r].target));
   }
   for (const Planned& p : plan) {
@@ -431,16 +455,33 @@ bool Scheduler::Step() {
       Finish(p.seq, FinishReason::kLength);
     }
   }
+  bool any_draft = false;
+  int64_t tokens = 0;
   for (size_t r = 0; r < sampled.size(); ++r) {
+    if (!drafts[r]->empty()) {
+      any_draft = true;
+      tokens += VerifyDraft(sampled[r], *result, first_row[r], *drafts[r]);
+      continue;
+    }
+    const int64_t row = first_row[r];
     Sampler& sampler = *sampled[r]->sampler;
     const int32_t token = result->greedy != nullptr && sampler.greedy()
-                              ? result->greedy[r]
-                              : sampler.Sample(result->logits(static_cast<int64_t>(r)), vocab);
+                              ? result->greedy[row]
+                              : sampler.Sample(result->logits(row), vocab);
     const float logprob =
-        sampled[r]->spec.logprobs
-            ? LogSoftmaxAt(result->logits(static_cast<int64_t>(r)), vocab, token)
-            : 0.0f;
+        sampled[r]->spec.logprobs ? LogSoftmaxAt(result->logits(row), vocab, token) : 0.0f;
     HandleToken(sampled[r], token, logprob);
+    ++tokens;
+  }
+  if (any_draft) draft_steps_.fetch_add(1);
+  // Whether drafting pays, from decode-only steps.
+  if (scored.empty() && static_cast<int64_t>(sampled.size()) == static_cast<int64_t>(plan.size())) {
+    bool decode_only = true;
+    for (const Planned& p : plan) decode_only &= p.count == 1 + std::ssize(p.draft);
+    if (decode_only) {
+      speculation_.RecordStep(any_draft, seconds, tokens);
+      speculation_turned_off_.store(speculation_.times_turned_off());
+    }
   }
   return true;
 }
@@ -451,7 +492,52 @@ void Scheduler::Computed(Sequence* seq, int64_t count) {
 }
 
 bool Scheduler::MayLaunchAhead() const {
-  return options_.overlap_decode_steps && waiting_.empty() && !kv_resize_pending_.load();
+  // Drafting needs every step planned here (a step launched ahead has no drafts).
+  return options_.overlap_decode_steps && waiting_.empty() && !kv_resize_pending_.load() &&
+         !speculation_.active();
+}
+
+std::vector<int32_t> Scheduler::Draft(const Sequence& seq, int64_t room) const {
+  const SpeculationOptions& o = options_.speculation;
+  if (seq.spec.score_only || seq.spec.logprobs || seq.draft_length <= 0) return {};
+  // The draft's tokens and the one after them must stay within the request and the context.
+  const int64_t max_tokens = std::min<int64_t>(
+      {seq.draft_length, room, seq.spec.max_new_tokens - seq.generated - 1,
+       max_context_tokens_ - static_cast<int64_t>(seq.tokens.size()) - 1});
+  if (max_tokens <= 0) return {};
+  return NgramDraft(seq.tokens, o.ngram_min, o.ngram_max, static_cast<int>(max_tokens));
+}
+
+int64_t Scheduler::VerifyDraft(Sequence* seq, const StepResult& result, int64_t first_row,
+                               const std::vector<int32_t>& draft) {
+  const int64_t vocab = config_.vocab_size;
+  Sampler& sampler = *seq->sampler;
+  const int drafted = static_cast<int>(draft.size());
+  int accepted = 0;
+  int64_t handed = 0;
+  draft_tokens_.fetch_add(drafted);
+  for (int i = 0; i <= drafted; ++i) {
+    const float* logits = result.logits(first_row + i);
+    int32_t token = 0;
+    bool stands = false;
+    if (i < drafted) {
+      stands = sampler.AcceptDraft(logits, vocab, draft[i], token);
+      if (stands) token = draft[i];
+    } else {
+      token = sampler.Sample(logits, vocab);  // every draft stood: one more from the last row
+    }
+    accepted += stands;
+    const bool last = i == drafted || !stands;
+    if (last) {
+      seq->draft_length = NextDraftLength(seq->draft_length, drafted, accepted,
+                                          options_.speculation.max_draft_tokens);
+    }
+    ++handed;
+    if (!HandleToken(seq, token) || last) break;  // ended (`seq` is gone), or verified
+    Computed(seq, 1);  // the accepted draft's keys and values, written by this step, stand
+  }
+  accepted_draft_tokens_.fetch_add(accepted);
+  return handed;
 }
 
 void Scheduler::ResizeKv(int blocks, std::function<void(absl::StatusOr<KvResize>)> done) {
@@ -531,6 +617,7 @@ bool Scheduler::ReserveAhead(const LaunchedRows& in_flight) {
 bool Scheduler::StepAhead() {
   LaunchedRows current = std::move(*ahead_);
   ahead_.reset();
+  speculation_.DraftThisStep();  // counts the step (a cooldown runs out in chains too)
   const bool next = ReserveAhead(current);
   absl::StatusOr<StepResult> result = runner_.Collect(next, [this] { WhileRunning(); });
   if (!result.ok()) {
@@ -563,7 +650,7 @@ bool Scheduler::StepAhead() {
   return true;
 }
 
-void Scheduler::HandleToken(Sequence* seq, int32_t token, float logprob) {
+bool Scheduler::HandleToken(Sequence* seq, int32_t token, float logprob) {
   const Clock::time_point now = Clock::now();
   const bool first = seq->generated == 0;
   metrics_.AddToken(first, MillisBetween(first ? seq->submitted : seq->last_token, now) / 1e3);
@@ -589,7 +676,10 @@ void Scheduler::HandleToken(Sequence* seq, int32_t token, float logprob) {
     Finish(seq, FinishReason::kEos);
   } else if (at_length) {
     Finish(seq, FinishReason::kLength);
+  } else {
+    return true;
   }
+  return false;
 }
 
 void Scheduler::Finish(Sequence* seq, FinishReason reason, const absl::Status& status) {

@@ -24,6 +24,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/request.h"
 #include "services/router/request_metrics.h"
+#include "services/router/speculation.h"
 
 namespace strata {
 
@@ -41,6 +42,9 @@ struct SchedulerOptions {
   // ends at the first step (end of sequence, a stop string, a cancel) costs its row of the
   // second.
   bool overlap_decode_steps = true;
+  // Prompt-lookup speculation (off unless max_draft_tokens > 0): greedy and sampled decode
+  // rows without logprobs draft tokens, verified in the step (exact for sampling).
+  SpeculationOptions speculation;
 };
 
 class Scheduler {
@@ -94,6 +98,13 @@ class Scheduler {
     int64_t prefix_queried_tokens = 0;
     int64_t prefix_hit_tokens = 0;
     int64_t prefix_cached_blocks = 0;
+    // Speculation: tokens drafted, those accepted, steps that verified drafts, and how often
+    // drafting was turned off for not paying.
+    int64_t draft_tokens = 0;
+    int64_t accepted_draft_tokens = 0;
+    int64_t draft_steps = 0;
+    int64_t speculation_turned_off = 0;
+    bool kv_scales_ready = false;  // an FP8 cache's scales are set
   };
   Stats stats() const;
   // Finished requests' totals (any thread).
@@ -130,8 +141,15 @@ class Scheduler {
   // Counts a finished request and logs its line (info); `decode_ms`: first token to last.
   void Report(const Sequence& seq, FinishReason reason, const RequestUsage& usage,
               double decode_ms);
-  // `logprob`: the token's log-probability, for a sequence that asked for it.
-  void HandleToken(Sequence* seq, int32_t token, float logprob = 0.0f);
+  // `logprob`: the token's log-probability, for a sequence that asked for it. False when the
+  // token ended the sequence (then freed: `seq` must not be used again).
+  bool HandleToken(Sequence* seq, int32_t token, float logprob = 0.0f);
+  // A decode row's draft for this step (empty: none), at most `room` tokens.
+  std::vector<int32_t> Draft(const Sequence& seq, int64_t room) const;
+  // Verifies `draft` against the logit rows from `first_row` (one more than the draft) and
+  // hands out the tokens that stand; returns them.
+  int64_t VerifyDraft(Sequence* seq, const StepResult& result, int64_t first_row,
+                      const std::vector<int32_t>& draft);
   // `count` more of the sequence's tokens have their keys and values in the cache.
   void Computed(Sequence* seq, int64_t count);
   void ApplyCancellations();
@@ -171,6 +189,10 @@ class Scheduler {
   std::atomic<int> running_count_{0};
   std::atomic<int64_t> preemptions_{0};
   std::atomic<int64_t> steps_ahead_{0};
+  SpeculationControl speculation_{SpeculationOptions{}};  // set from options_ at construction
+  std::atomic<int64_t> draft_tokens_{0}, accepted_draft_tokens_{0}, draft_steps_{0};
+  std::atomic<int64_t> speculation_turned_off_{0};
+  std::atomic<bool> kv_scales_ready_{false};
   std::atomic<int> free_kv_blocks_{0};  // as of the engine thread's last step
   std::atomic<int64_t> prefix_queried_tokens_{0};
   std::atomic<int64_t> prefix_hit_tokens_{0};

@@ -186,6 +186,15 @@ const std::map<std::string, Key>& Keys() {
            .Help("with fp8: the scales come from the keys and values of the first this many "
                  "tokens (16-bit until then)")
            .To(kRouter)},
+      {"speculative.draft_tokens",
+       KeyOf<int>("speculative-tokens", &ClusterConfig::speculative_tokens,
+                  [](const int& v) { return Must(v >= 0 && v <= 16, "must be in [0, 16]"); })
+           .Help("speculative decoding by prompt lookup: tokens drafted a step at most; 0: off")
+           .To(kRouter)},
+      {"speculative.ngram",
+       KeyOf<int>("speculative-ngram", &ClusterConfig::speculative_ngram, Positive<int>)
+           .Help("prompt lookup: the longest suffix of a sequence looked up")
+           .To(kRouter)},
       {"max_batch_tokens",
        KeyOf<int>("max-batch-tokens", &ClusterConfig::max_batch_tokens, Positive<int>)
            .Help("tokens per forward step (decodes and prefill chunks)")

@@ -58,6 +58,10 @@ std::string RenderMetrics(const ServingMetrics& s, const RequestMetrics& request
             static_cast<double>(r.prefix_hit_tokens));
   w.Gauge("strata_prefix_cache_blocks", "Full KV blocks registered in the prefix cache",
           static_cast<double>(r.prefix_cached_blocks));
+  w.Counter("strata_draft_tokens_total", "Tokens drafted by prompt lookup (speculative decoding)",
+            static_cast<double>(r.draft_tokens));
+  w.Counter("strata_accepted_draft_tokens_total", "Drafted tokens the model's step accepted",
+            static_cast<double>(r.accepted_draft_tokens));
   w.Counter("strata_worker_restarts_total",
             "Workers that registered again after their first registration",
             static_cast<double>(r.worker_restarts));

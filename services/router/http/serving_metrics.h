@@ -36,6 +36,8 @@ struct RouterSnapshot {
   int64_t prefix_queried_tokens = 0;  // prompt tokens looked up in the prefix cache
   int64_t prefix_hit_tokens = 0;      // of those, found cached
   int64_t prefix_cached_blocks = 0;
+  int64_t draft_tokens = 0;           // speculation: drafted
+  int64_t accepted_draft_tokens = 0;  // and accepted
   int64_t worker_restarts = 0;
   int64_t reroutes = 0;
   uint64_t prefetch_predicted = 0;

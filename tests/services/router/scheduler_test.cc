@@ -221,6 +221,55 @@ TEST(SchedulerTest, ResizingThePoolWhileRequestsRunKeepsTheirTokens) {
   ExpectTokensOfOneAtATime(harness, MixedRequests(6, 21));
 }
 
+// Speculation by prompt lookup: greedy rows give exactly their tokens without it, drafts are
+// made and accepted (the oracle model's greedy output repeats itself), sampled rows run to their
+// length (their distribution is Sampler::AcceptDraft's test), and a second run gives the greedy
+// rows the same tokens.
+TEST(SchedulerTest, PromptLookupSpeculationKeepsGreedyTokens) {
+  SchedulerOptions options{.max_batch_tokens = 48, .max_running = 8};
+  options.speculation.max_draft_tokens = 4;
+  SchedulerHarness harness(/*num_blocks=*/512, options);
+  std::vector<RequestSpec> specs = SizedRequests(6, 31, 24, 40);
+  for (int i = 0; i < 6; ++i) {
+    for (size_t j = 0; j < specs[i].prompt.size(); ++j) {
+      specs[i].prompt[j] = 10 + static_cast<int32_t>((j * (i + 1)) % 7);  // repetitive
+    }
+    if (i % 2 == 1) specs[i].sampling = {};  // MixedRequests samples some: these are greedy
+  }
+  specs[0].sampling = {};
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const RequestSpec& spec : specs) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(harness.scheduler().Submit(spec, sinks.back()).ok());
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->Wait());
+    EXPECT_EQ(sinks[i]->tokens().size(), 40u) << "request " << i;
+    if (specs[i].sampling.temperature == 0.0f) {
+      EXPECT_EQ(sinks[i]->tokens(), RunAlone(specs[i])) << "request " << i;
+    }
+  }
+  const Scheduler::Stats stats = harness.scheduler().stats();
+  EXPECT_GT(stats.draft_tokens, 0);
+  EXPECT_GT(stats.accepted_draft_tokens, 0);
+  EXPECT_LE(stats.accepted_draft_tokens, stats.draft_tokens);
+  EXPECT_GT(stats.draft_steps, 0);
+  EXPECT_EQ(harness.kv().free_blocks(), 512);
+
+  // The same requests again, one at a time (other drafts, other batches).
+  SchedulerHarness again(/*num_blocks=*/512, options);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto sink = std::make_shared<CollectingSink>();
+    ASSERT_TRUE(again.scheduler().Submit(specs[i], sink).ok());
+    ASSERT_TRUE(sink->Wait());
+    if (specs[i].sampling.temperature > 0.0f) {
+      EXPECT_EQ(sink->tokens().size(), 40u);
+    } else {
+      EXPECT_EQ(sink->tokens(), sinks[i]->tokens()) << "request " << i;
+    }
+  }
+}
+
 TEST(SchedulerTest, CancelFreesBlocks) {
   SchedulerHarness harness(/*num_blocks=*/256, {.max_batch_tokens = 8});
   RequestSpec spec;
