@@ -93,14 +93,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One block per move: every layer of block src (one contiguous span) into dst, 16 bytes at a
-// time.
+// A block's span (every layer of it) is copied in pieces of this many bytes, one thread block
+// each, so that a few moves still spread over the GPU.
+constexpr int64_t kCopyPieceBytes = 64 << 10;
+
+// One block per (move, piece): that piece of block src's span into dst, 16 bytes at a time.
 __global__ void __launch_bounds__(kThreads)
     KvCopyBlocksKernel(uint8_t* data, int64_t span, const KvMoveBlock* __restrict__ moves) {
   const KvMoveBlock m = moves[blockIdx.x];
+  const int64_t begin = int64_t{blockIdx.y} * kCopyPieceBytes / 16;
+  const int64_t end = min(span, int64_t{blockIdx.y + 1} * kCopyPieceBytes) / 16;
   const uint4* src = reinterpret_cast<const uint4*>(data + int64_t{m.src} * span);
   uint4* dst = reinterpret_cast<uint4*>(data + int64_t{m.dst} * span);
-  for (int64_t i = threadIdx.x; i < span / 16; i += kThreads) dst[i] = src[i];
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) dst[i] = src[i];
 }
 
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -149,7 +154,10 @@ cudaError_t LaunchKvCopyBlocks(uint8_t* data, int64_t block_bytes, int num_layer
     return cudaErrorInvalidValue;
   }
   if (num_moves == 0) return cudaSuccess;
-  KvCopyBlocksKernel<<<static_cast<unsigned>(num_moves), kThreads, 0, stream>>>(data, span, moves);
+  const dim3 grid(static_cast<unsigned>(num_moves),
+                  static_cast<unsigned>((span + kCopyPieceBytes - 1) / kCopyPieceBytes));
+  if ((span + kCopyPieceBytes - 1) / kCopyPieceBytes > 65535) return cudaErrorInvalidValue;
+  KvCopyBlocksKernel<<<grid, kThreads, 0, stream>>>(data, span, moves);
   return cudaGetLastError();
 }
 
