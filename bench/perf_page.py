@@ -50,6 +50,8 @@ def config(name, r):
         words.append('bf16 keys and values')
     if name.endswith('-before.json'):
         words.append('build before the redesign')
+    if name.endswith('-before-groups.json'):
+        words.append('build before the decode attention split long contexts over clusters')
     if '8L' in name:
         words.append('8 of 26 layers')
     if '2gpu' in name:
