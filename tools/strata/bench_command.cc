@@ -11,6 +11,7 @@
 #include <fstream>
 #include <latch>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -71,13 +72,13 @@ absl::Status CheckOptions(const BenchOptions& o) {
   return absl::OkStatus();
 }
 
-// The server's preemption count (Admin.Stats), or -1 when it does not answer.
-int64_t ServerPreemptions(v1::Admin::Stub& admin, absl::Duration timeout) {
+// The server's counters (Admin.Stats), or nothing when it does not answer.
+std::optional<v1::StatsResponse> ServerStats(v1::Admin::Stub& admin, absl::Duration timeout) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
   v1::StatsResponse stats;
-  if (!admin.Stats(&context, v1::StatsRequest(), &stats).ok()) return -1;
-  return static_cast<int64_t>(stats.preemptions());
+  if (!admin.Stats(&context, v1::StatsRequest(), &stats).ok()) return std::nullopt;
+  return stats;
 }
 
 // Draws prompts of exactly `len` ids from [0, vocab) without the EOS ids, from one seeded
@@ -86,8 +87,10 @@ int64_t ServerPreemptions(v1::Admin::Stub& admin, absl::Duration timeout) {
 class PromptSource {
  public:
   PromptSource(uint64_t seed, double temperature, int shared_prefix,
-               const v1::ModelInfoResponse& info)
-      : temperature_(temperature),
+               const v1::ModelInfoResponse& info,
+               const std::vector<std::vector<int32_t>>& texts = {})
+      : texts_(texts),
+        temperature_(temperature),
         rng_(seed),
         vocab_(info.vocab_size()),
         eos_(info.eos_token_ids().begin(), info.eos_token_ids().end()) {
@@ -96,8 +99,17 @@ class PromptSource {
 
   v1::GenerateRequest Next(int len, int max_new_tokens) {
     v1::GenerateRequest r;
-    for (uint32_t id : prefix_) r.add_prompt_token_ids(id);
-    while (r.prompt_token_ids_size() < len) r.add_prompt_token_ids(NextId());
+    if (!texts_.empty()) {
+      const std::vector<int32_t>& text = texts_[next_text_++ % texts_.size()];
+      for (size_t i = 0; i < text.size() && static_cast<int>(i) < len; ++i) {
+        r.add_prompt_token_ids(static_cast<uint32_t>(text[i]));
+      }
+    }
+    for (uint32_t id : prefix_) {
+      if (!texts_.empty()) break;
+      r.add_prompt_token_ids(id);
+    }
+    while (texts_.empty() && r.prompt_token_ids_size() < len) r.add_prompt_token_ids(NextId());
     r.set_max_new_tokens(static_cast<uint32_t>(max_new_tokens));
     r.set_ignore_eos(true);
     r.mutable_sampling()->set_temperature(static_cast<float>(temperature_));
@@ -114,6 +126,8 @@ class PromptSource {
     }
   }
 
+  const std::vector<std::vector<int32_t>>& texts_;
+  size_t next_text_ = 0;
   double temperature_;
   std::mt19937_64 rng_;
   uint32_t vocab_;
@@ -302,6 +316,8 @@ BenchSummary Summarize(const ConcurrencyRun& run, int input_len) {
   s.server_ttft_ms = Median(server_ttft);
   s.server_decode_tok_s_mean = Mean(server_decode);
   s.server_preemptions = run.server_preemptions;
+  s.server_draft_tokens = run.server_draft_tokens;
+  s.server_accepted_draft_tokens = run.server_accepted_draft_tokens;
   s.distinct_tokens = Mean(distinct);
   return s;
 }
@@ -349,6 +365,12 @@ std::string BenchResultJson(const BenchOptions& o, const std::string& model, con
   row["server_ttft_ms"] = s.server_ttft_ms;
   row["server_decode_tok_s_mean"] = s.server_decode_tok_s_mean;
   if (s.server_preemptions >= 0) row["server_preemptions"] = s.server_preemptions;
+  if (s.server_draft_tokens > 0) {
+    row["server_draft_tokens"] = s.server_draft_tokens;
+    row["server_accepted_draft_tokens"] = s.server_accepted_draft_tokens;
+    row["draft_acceptance"] =
+        static_cast<double>(s.server_accepted_draft_tokens) / s.server_draft_tokens;
+  }
   row["temperature"] = o.temperature;
   row["distinct_output_tokens"] = s.distinct_tokens;
   return row.dump(1);
@@ -384,14 +406,14 @@ absl::StatusOr<BenchReport> RunBench(
   }
   BenchReport report;
   report.model = o.model_name.empty() ? info.model_type() : o.model_name;
-  PromptSource prompts(o.seed, o.temperature, o.shared_prefix, info);
+  PromptSource prompts(o.seed, o.temperature, o.shared_prefix, info, o.prompts);
   for (int c : o.concurrency) {
     ConcurrencyRun run;
     run.concurrency = c;
-    int64_t preempted_before = -1;
+    std::optional<v1::StatsResponse> before;
     for (int round = 0; round < o.warmup + o.runs; ++round) {
       const bool warmup = round < o.warmup;
-      if (round == o.warmup) preempted_before = ServerPreemptions(*admin, o.connect_timeout);
+      if (round == o.warmup) before = ServerStats(*admin, o.connect_timeout);
       const std::string name =
           absl::StrCat("concurrency ", c, ", ", warmup ? "warmup " : "", "round ",
                        warmup ? round + 1 : round - o.warmup + 1, "/", warmup ? o.warmup : o.runs);
@@ -407,9 +429,15 @@ absl::StatusOr<BenchReport> RunBench(
       run.requests.insert(run.requests.end(), timings.begin(), timings.end());
       run.round_throughput_tok_s.push_back(throughput);
     }
-    const int64_t preempted_after = ServerPreemptions(*admin, o.connect_timeout);
-    if (preempted_before >= 0 && preempted_after >= preempted_before) {
-      run.server_preemptions = preempted_after - preempted_before;
+    const std::optional<v1::StatsResponse> after = ServerStats(*admin, o.connect_timeout);
+    if (before && after) {
+      run.server_draft_tokens =
+          static_cast<int64_t>(after->draft_tokens() - before->draft_tokens());
+      run.server_accepted_draft_tokens =
+          static_cast<int64_t>(after->accepted_draft_tokens() - before->accepted_draft_tokens());
+    }
+    if (before && after && after->preemptions() >= before->preemptions()) {
+      run.server_preemptions = static_cast<int64_t>(after->preemptions() - before->preemptions());
       if (run.server_preemptions > 0) {
         progress << "strata bench: concurrency " << c << ": the server preempted "
                  << run.server_preemptions

@@ -34,6 +34,9 @@ struct BenchOptions {
   // Every prompt starts with the same this many ids (drawn once), the rest drawn per request:
   // the case of a shared system prompt or a document asked about again (prefix caching).
   int shared_prefix = 0;
+  // Prompts from text (--prompts, ReadCalibration), taken in turn and cut to input_len; empty:
+  // random ids.
+  std::vector<std::vector<int32_t>> prompts;
   std::string out;  // JSON file; see BenchOutputPath for several concurrencies
   // Labels recorded in the JSON, as hf-peer-bench.py records them.
   std::string model_name;        // empty: the server's model_type
@@ -69,6 +72,10 @@ struct ConcurrencyRun {
   // Sequences the server preempted for KV blocks during the measured rounds (its Admin.Stats
   // before and after them); -1 when it did not say.
   int64_t server_preemptions = -1;
+  // Speculative decoding during the measured rounds: tokens the server drafted and accepted
+  // (-1 when it did not say).
+  int64_t server_draft_tokens = -1;
+  int64_t server_accepted_draft_tokens = -1;
 };
 
 // The figures reported for one concurrency. Statistics follow hf-peer-bench.py: the median is
@@ -90,6 +97,8 @@ struct BenchSummary {
   double server_ttft_ms = 0;    // median of the server's Usage.time_to_first_token_ms
   double server_decode_tok_s_mean = 0;
   int64_t server_preemptions = -1;  // ConcurrencyRun's
+  int64_t server_draft_tokens = -1;
+  int64_t server_accepted_draft_tokens = -1;
   double distinct_tokens = 0;       // mean over the requests
 };
 

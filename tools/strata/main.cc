@@ -30,6 +30,7 @@
 #include "tools/strata/id_list.h"
 #include "tools/strata/make_model.h"
 #include "tools/strata/plan_command.h"
+#include "common/tokenizer/tokenizer.h"
 #include "tools/strata/quantize_command.h"
 #include "tools/strata/supervisor.h"
 
@@ -84,6 +85,9 @@ ABSL_FLAG(int, input_len, 128, "bench: prompt tokens per request (random ids, --
 ABSL_FLAG(int, shared_prefix, 0,
           "bench: leading prompt tokens every request shares (a repeated system prompt)");
 ABSL_FLAG(int, output_len, 512, "bench: tokens generated per request");
+ABSL_FLAG(std::string, prompts, "",
+          "bench: prompts from a JSON Lines file ({\"text\": ...} a line, encoded with --model's "
+          "tokenizer), taken in turn and cut to --input-len; default: random ids");
 ABSL_FLAG(int, runs, 10, "bench: measured rounds per concurrency");
 ABSL_FLAG(int, warmup, 1, "bench: unmeasured rounds per concurrency first");
 ABSL_FLAG(std::vector<std::string>, concurrency, {"1"}, "bench: requests per round, e.g. 1,8,32");
@@ -154,8 +158,8 @@ const std::vector<Command>& Commands() {
       {"bench",
        "--server HOST:PORT [--input-len 128] [--output-len 512] [--concurrency 1,8,32]",
        "serving benchmark of a cluster: a table, and bench/results JSON",
-       {"server", "input-len", "shared-prefix", "output-len", "runs", "warmup", "concurrency", "seed",
-        "temperature",
+       {"server", "input-len", "shared-prefix", "prompts", "output-len", "runs", "warmup",
+        "concurrency", "seed", "temperature",
         "out", "model", "model-name", "weights", "mode", "gpus", "machine", "commit", "note",
         "log-level"}},
       {"stats",
@@ -281,6 +285,14 @@ absl::Status Bench() {
   o.note = absl::GetFlag(FLAGS_note);
   o.commit = absl::GetFlag(FLAGS_commit);
   o.command = strata::CurrentCommandLine();
+  if (const std::string prompts = absl::GetFlag(FLAGS_prompts); !prompts.empty()) {
+    if (model.empty()) return absl::InvalidArgumentError("--prompts needs --model (its tokenizer)");
+    ASSIGN_OR_RETURN(std::unique_ptr<strata::Tokenizer> tokenizer,
+                     strata::Tokenizer::FromFile(model + "/tokenizer.json"));
+    ASSIGN_OR_RETURN(std::vector<strata::CalibrationPrompt> texts,
+                     strata::ReadCalibration(prompts, tokenizer.get()));
+    for (strata::CalibrationPrompt& t : texts) o.prompts.push_back(std::move(t.ids));
+  }
   return strata::RunBenchCommand(o, std::cout, std::cerr);
 }
 
