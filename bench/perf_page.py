@@ -33,7 +33,7 @@ def config(name, r):
     elif 'resident' in name:
         words.append('every expert resident')
     if 'sampled' in name or r.get('temperature', 0) > 0:
-        words.append('sampled (T=1)')
+        words.append(f"sampled (T={r.get('temperature') or 1:g})")
     elif 'zipf1' in name:
         words.append('greedy')
     if 'prefix-cache-' in name:
@@ -44,6 +44,14 @@ def config(name, r):
         words.append(f"{r['input_len']:,}-token prompts{shared}, {r['output_len']} generated")
         if name.endswith('-eager.json'):
             words.append('decode graphs off')
+    if '-text-prompts' in name:
+        words.append('held-out text prompts (--prompts), up to 128 tokens, 128 generated')
+    if '-speculation-off' in name:
+        words.append('no speculation')
+    elif '-speculation-' in name:
+        acc = r.get('draft_acceptance')
+        words.append('**prompt-lookup speculation, up to 4 tokens**' +
+                     (f' (acceptance {acc:.0%})' if acc is not None else ''))
     if '-kv-fp8' in name:
         words.append('**FP8 keys and values** (calibrated on the warm-up request)')
     elif '-kv-bf16' in name:
