@@ -20,9 +20,10 @@ struct SpeculationOptions {
   int probe_interval = 32;
 };
 
-// The tokens that followed the latest earlier occurrence of the last n tokens of `tokens`,
-// for the largest n in [ngram_min, ngram_max] that occurs, at most `max_tokens` of them; empty
-// when none does.
+// The tokens that followed an earlier occurrence of the last n tokens of `tokens`, for the
+// largest n in [ngram_min, ngram_max] that occurs: the latest occurrence followed by
+// `max_tokens` tokens, else the one followed by the most (at most `max_tokens` are taken);
+// empty when none occurs.
 std::vector<int32_t> NgramDraft(absl::Span<const int32_t> tokens, int ngram_min, int ngram_max,
                                 int max_tokens);
 
@@ -31,7 +32,8 @@ std::vector<int32_t> NgramDraft(absl::Span<const int32_t> tokens, int ngram_min,
 int NextDraftLength(int current, int drafted, int accepted, int max_draft_tokens);
 
 // Compares tokens a second of decode steps with drafts against steps without (moving
-// averages); drafting stops for probe_interval steps when it is the slower.
+// averages); drafting stops for probe_interval steps when it is the slower, twice as long each
+// time in a row.
 class SpeculationControl {
  public:
   explicit SpeculationControl(const SpeculationOptions& options) : options_(options) {}
@@ -51,6 +53,7 @@ class SpeculationControl {
   double draft_rate_ = 0, plain_rate_ = 0;  // tokens per second
   int draft_samples_ = 0, plain_samples_ = 0;
   int64_t turned_off_ = 0;
+  int losses_in_a_row_ = 0;
 };
 
 }  // namespace strata
