@@ -46,6 +46,8 @@ def config(name, r):
             words.append('decode graphs off')
     if '-text-prompts' in name:
         words.append('held-out text prompts (--prompts), up to 128 tokens, 128 generated')
+    if '-speculation-' in name and '-text-prompts' not in name:
+        words.append('128-token random prompts, 256 generated (the random model repeats one token)')
     if '-speculation-off' in name:
         words.append('no speculation')
     elif '-speculation-' in name:
