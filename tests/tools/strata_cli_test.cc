@@ -106,6 +106,12 @@ TEST(StrataCliTest, Errors) {
       {"up --model " + kModel + " --hot-ratio 2", "(--hot-ratio)"},
       {"up --model " + kModel + " --device tpu", "(--device)"},
       {"up --model " + kModel + " --router-device cuda:0", "needs workers on GPUs"},
+      {"up --model " + kModel + " --kv-cache-dtype int4",
+       "kv cache dtype \"int4\" is not one of auto, bf16, fp8"},
+      {"up --model " + kModel + " --speculative-tokens 40", "(--speculative-tokens)"},
+      {"eval --model " + kModel + " --text /dev/null --kv-cache-dtype fp4",
+       "is not one of auto, bf16, fp8"},
+      {"kv-resize --kv-blocks 10", "--server is required"},
   };
   for (const Case& c : cases) {
     const Result r = RunStrata(c.args);
@@ -119,7 +125,8 @@ TEST(StrataCliTest, HelpOfEveryCommand) {
   const Result all = RunStrata("--help");
   EXPECT_EQ(all.exit_code, 0) << all.out;
   const char* commands[] = {"generate", "up",        "logits", "eval",       "bench",
-                            "stats",    "hot-ratio", "plan",   "make-model", "quantize"};
+                            "stats",    "hot-ratio", "plan",   "make-model", "quantize",
+                            "kv-resize"};
   for (const char* command : commands) {
     EXPECT_THAT(all.out, HasSubstr(absl::StrCat("  ", command, " "))) << command;
     const Result r = RunStrata(absl::StrCat(command, " --help"));

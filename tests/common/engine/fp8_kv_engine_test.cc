@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/engine/local_engine.h"
+#include "common/engine/model_stack.h"
 #include "gtest/gtest.h"
 
 namespace strata {
@@ -139,6 +140,24 @@ TEST(Fp8KvEngineTest, ASequenceGrowingPastTheThresholdTurnsSixteenBit) {
             << ", coded throughout " << coded_error << "\n";
   EXPECT_LT(switched_error, coded_error);
   EXPECT_GT(switched_error, 0.0);  // its first 20 tokens did keep E4M3's rounding
+}
+
+// A pool that cannot hold one 16-bit sequence just past fp16_above_tokens is refused at start.
+TEST(Fp8KvEngineTest, AThresholdThatCannotFitIsAnError) {
+  ModelStackOptions options;
+  options.num_threads = 1;
+  options.kv_block_size = 32;
+  options.kv_blocks = 10;
+  options.kv_dtype = KvDtype::kFp8;
+  options.kv_fp16_above_tokens = 1000;
+  const std::string dir = Options(KvDtype::kFp8).model_dir;
+  auto stack = ModelStack::Create(dir, options);
+  ASSERT_FALSE(stack.ok());
+  EXPECT_NE(stack.status().message().find("kv_cache.fp16_above_tokens (1000) cannot fit"),
+            std::string::npos)
+      << stack.status();
+  options.kv_fp16_above_tokens = 100;  // 4 blocks, 16-bit: 8 of the 10
+  EXPECT_TRUE(ModelStack::Create(dir, options).ok());
 }
 
 }  // namespace
