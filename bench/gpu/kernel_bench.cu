@@ -476,21 +476,28 @@ void LongContextAttentionTimes(cudaStream_t s, int sm_count) {
       for (const PagedAttentionPlan& split : splits) {
         std::snprintf(name, sizeof(name), "long %s ctx %d: %d splits + merge", fp8 ? "fp8" : "bf16",
                       context, split.num_splits);
-        Row(name, TimeUs(s, 64, [&](int i) {
-              CK(LaunchPagedAttention(q, tokens, layer(i), p, split, ws, out, s));
-            }), bytes);
+        Row(name,
+            TimeUs(s, 64,
+                   [&](int i) {
+                     CK(LaunchPagedAttention(q, tokens, layer(i), p, split, ws, out, s));
+                   }),
+            bytes);
       }
       for (const auto& [cluster_blocks, heads] : kShapes) {
         for (int groups : {1, 8}) {
           const PagedAttentionPlan shaped = ClusterDecodePlan(p, cluster_blocks, heads, 1, groups);
-          const bool planned = cluster_blocks == plan.num_splits &&
-                               heads == plan.heads_per_block && groups == plan.groups;
+          const bool planned = cluster_blocks == plan.num_splits && heads == plan.heads_per_block &&
+                               groups == plan.groups;
           std::snprintf(name, sizeof(name), "long %s ctx %d: cluster %dx%d, %d groups%s",
                         fp8 ? "fp8" : "bf16", context, cluster_blocks, heads, groups,
                         planned ? " (planned)" : "");
-          Row(name, TimeUs(s, 64, [&](int i) {
-                CK(LaunchPagedAttention(q, tokens, layer(i), p, shaped, ClusterWorkspace(), out, s));
-              }), bytes);
+          Row(name,
+              TimeUs(s, 64,
+                     [&](int i) {
+                       CK(LaunchPagedAttention(q, tokens, layer(i), p, shaped, ClusterWorkspace(),
+                                               out, s));
+                     }),
+              bytes);
         }
       }
     }
@@ -510,9 +517,10 @@ void CompactionTimes(cudaStream_t s) {
     char name[96];
     std::snprintf(name, sizeof(name), "kv compaction: %d blocks moved (%.0f MiB)", moves,
                   moves * double(block_bytes) * kLayers / (1 << 20));
-    Row(name, TimeUs(s, 8, [&](int) {
-          CK(LaunchKvCopyBlocks(data, block_bytes, kLayers, d_moves, moves, s));
-        }), 2.0 * moves * block_bytes * kLayers);
+    Row(name,
+        TimeUs(s, 8,
+               [&](int) { CK(LaunchKvCopyBlocks(data, block_bytes, kLayers, d_moves, moves, s)); }),
+        2.0 * moves * block_bytes * kLayers);
   }
 }
 

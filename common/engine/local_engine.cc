@@ -85,8 +85,8 @@ absl::StatusOr<StepResult> LocalEngine::Step(PagedKvCache::SequenceId seq,
   for (int64_t i = 0; i < n; ++i) plan.batch.position[i] = start + i;
   plan.logit_rows = std::move(logit_rows);
   plan.host_rows = std::move(host_rows);
-  plan.launch_next = launch_next && !kv_->NeedsWiden(seq, start + n + 1) &&
-                     kv_->Reserve(seq, start + n + 1).ok();
+  plan.launch_next =
+      launch_next && !kv_->NeedsWiden(seq, start + n + 1) && kv_->Reserve(seq, start + n + 1).ok();
   return runner_->Run(plan, [] {});
 }
 

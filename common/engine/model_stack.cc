@@ -74,8 +74,8 @@ absl::Status ModelStack::CreateKv() {
     blocks = options_.kv_blocks;
   } else if (options_.kv_within_context) {
     // One sequence of the longest context, 16-bit (two blocks a block) in an FP8 cache.
-    blocks = std::min(blocks, (c.max_position_embeddings + kv.block_size - 1) / kv.block_size *
-                                  (kv.fp8 ? 2 : 1));
+    blocks = std::min(
+        blocks, (c.max_position_embeddings + kv.block_size - 1) / kv.block_size * (kv.fp8 ? 2 : 1));
   }
   if (blocks <= 0) {
     return absl::InvalidArgumentError(
@@ -88,10 +88,11 @@ absl::Status ModelStack::CreateKv() {
     // A sequence just past the threshold, 16-bit, must fit the pool.
     const int64_t wide_blocks = (kv.fp16_above_tokens + kv.block_size) / kv.block_size * 2;
     if (wide_blocks > kv.num_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "kv_cache.fp16_above_tokens (", kv.fp16_above_tokens, ") cannot fit: a 16-bit sequence of ",
-          kv.fp16_above_tokens + 1, " tokens takes ", wide_blocks, " blocks, the pool has ",
-          kv.num_blocks, " (", block_bytes, " bytes each); raise the KV memory or the threshold"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv_cache.fp16_above_tokens (", kv.fp16_above_tokens,
+                       ") cannot fit: a 16-bit sequence of ", kv.fp16_above_tokens + 1,
+                       " tokens takes ", wide_blocks, " blocks, the pool has ", kv.num_blocks, " (",
+                       block_bytes, " bytes each); raise the KV memory or the threshold"));
     }
   }
   ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(kv));

@@ -30,7 +30,7 @@ struct ModelStackOptions {
   bool prefix_caching = false;
   // FP8 keys and values (KvCacheOptions::fp8); auto and bf16 keep 16 bits or more.
   KvDtype kv_dtype = KvDtype::kAuto;
-  int64_t kv_fp16_above_tokens = 0;    // KvCacheOptions::fp16_above_tokens
+  int64_t kv_fp16_above_tokens = 0;     // KvCacheOptions::fp16_above_tokens
   int64_t kv_calibration_tokens = 512;  // KvCacheOptions::calibration_tokens
   int kv_blocks = 0;          // when positive, exactly this many blocks (tests), whatever the bytes
   int max_step_tokens = 512;  // GPU: tokens in one forward step (sizes the buffers)

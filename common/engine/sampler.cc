@@ -50,8 +50,7 @@ int32_t Sampler::Sample(const float* logits, int64_t vocab) {
   return Draw(keep, total);
 }
 
-bool Sampler::AcceptDraft(const float* logits, int64_t vocab, int32_t draft,
-                          int32_t& replacement) {
+bool Sampler::AcceptDraft(const float* logits, int64_t vocab, int32_t draft, int32_t& replacement) {
   if (greedy()) {
     replacement = static_cast<int32_t>(ArgMax(logits, vocab));
     return replacement == draft;

@@ -1,7 +1,6 @@
 #include "common/kv/paged_kv_cache.h"
 
 #include <algorithm>
-
 #include <cmath>
 #include <functional>
 
@@ -46,8 +45,7 @@ absl::StatusOr<PagedKvCache> PagedKvCache::Create(const KvCacheOptions& options)
   if (options.fp16_above_tokens < 0 || options.calibration_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "kv cache: fp16_above_tokens (", options.fp16_above_tokens,
-        ") must be 0 or more and calibration_tokens (", options.calibration_tokens,
-        ") positive"));
+        ") must be 0 or more and calibration_tokens (", options.calibration_tokens, ") positive"));
   }
   return PagedKvCache(options);
 }
@@ -165,9 +163,9 @@ void PagedKvCache::CommitPrefix(SequenceId seq, absl::Span<const int32_t> tokens
   const std::vector<int>& table = tables_.at(seq);
   const int per = wide(seq) ? 2 : 1;
   const int64_t bs = options_.block_size;
-  const int64_t full = std::min<int64_t>(
-      {std::min<int64_t>(computed, static_cast<int64_t>(tokens.size())) / bs,
-       static_cast<int64_t>(table.size()) / per});
+  const int64_t full =
+      std::min<int64_t>({std::min<int64_t>(computed, static_cast<int64_t>(tokens.size())) / bs,
+                         static_cast<int64_t>(table.size()) / per});
   int64_t& committed = committed_blocks_[seq];
   for (int64_t i = committed; i < full; ++i) {
     const uint64_t parent = i == 0 ? 0 : blocks_[table[(i - 1) * per]].hash;
@@ -218,9 +216,8 @@ absl::Status PagedKvCache::Widen(SequenceId seq) {
   std::vector<int>& table = it->second;
   const int64_t need = 2 * static_cast<int64_t>(table.size());
   if (need > free_blocks()) {
-    return absl::ResourceExhaustedError(absl::StrCat("kv cache: ", need,
-                                                     " blocks needed to widen a sequence, ",
-                                                     free_blocks(), " free"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "kv cache: ", need, " blocks needed to widen a sequence, ", free_blocks(), " free"));
   }
   // Every new block is taken before an old one is released: a released block may be taken
   // again, and its data is still to be read.
@@ -316,7 +313,8 @@ absl::StatusOr<int64_t> PagedKvCache::Resize(int num_blocks) {
         if (from.registered) {
           cached_[from.hash] = dst;
           std::copy_n(cached_tokens_.begin() + int64_t{b} * options_.block_size,
-                      options_.block_size, cached_tokens_.begin() + int64_t{dst} * options_.block_size);
+                      options_.block_size,
+                      cached_tokens_.begin() + int64_t{dst} * options_.block_size);
         }
         blocks_[dst] = from;
         from = BlockState();
@@ -400,8 +398,7 @@ void PagedKvCache::ObserveKvRange(absl::Span<const float> k_amax, absl::Span<con
   KvScales scales;
   auto scale = [](float amax) {
     // A head that never saw a value (or only zeros) keeps scale 1.
-    return amax > 0.0f && std::isfinite(amax) ? amax * kKvScaleHeadroom / kFp8E4M3MaxValue
-                                              : 1.0f;
+    return amax > 0.0f && std::isfinite(amax) ? amax * kKvScaleHeadroom / kFp8E4M3MaxValue : 1.0f;
   };
   for (size_t i = 0; i < k_amax_.size(); ++i) {
     scales.k.push_back(scale(k_amax_[i]));
@@ -452,8 +449,7 @@ void PagedKvCache::ReleaseBlock(int b) {
 }
 
 int64_t PagedKvCache::capacity(SequenceId seq) const {
-  return static_cast<int64_t>(tables_.at(seq).size()) / (wide(seq) ? 2 : 1) *
-         options_.block_size;
+  return static_cast<int64_t>(tables_.at(seq).size()) / (wide(seq) ? 2 : 1) * options_.block_size;
 }
 
 float* PagedKvCache::Slot(int layer, SequenceId seq, int64_t position, int kv) {

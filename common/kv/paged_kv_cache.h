@@ -218,9 +218,9 @@ class PagedKvCache {
 
   struct BlockState {
     int refs = 0;
-    bool registered = false;  // in cached_, its tokens in cached_tokens_
-    uint64_t hash = 0;        // valid for committed blocks (registered or not)
-    uint64_t parent = 0;      // the prefix's hash before it
+    bool registered = false;        // in cached_, its tokens in cached_tokens_
+    uint64_t hash = 0;              // valid for committed blocks (registered or not)
+    uint64_t parent = 0;            // the prefix's hash before it
     std::list<int>::iterator idle;  // in idle_cached_ while registered and unheld
   };
 

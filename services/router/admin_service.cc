@@ -85,15 +85,14 @@ grpc::ServerUnaryReactor* AdminService::ResizeKvCache(grpc::CallbackServerContex
   auto* reactor = context->DefaultReactor();
   // Finished from the engine thread once the resize ran between steps.
   scheduler_.ResizeKv(static_cast<int>(std::min<uint32_t>(request->blocks(), 1u << 30)),
-                              [reactor, response](absl::StatusOr<Scheduler::KvResize> result) {
-                                if (result.ok()) {
-                                  response->set_blocks(static_cast<uint32_t>(result->blocks));
-                                  response->set_moved_blocks(
-                                      static_cast<uint32_t>(result->moved_blocks));
-                                  response->set_millis(result->millis);
-                                }
-                                reactor->Finish(ToGrpcStatus(result.status()));
-                              });
+                      [reactor, response](absl::StatusOr<Scheduler::KvResize> result) {
+                        if (result.ok()) {
+                          response->set_blocks(static_cast<uint32_t>(result->blocks));
+                          response->set_moved_blocks(static_cast<uint32_t>(result->moved_blocks));
+                          response->set_millis(result->millis);
+                        }
+                        reactor->Finish(ToGrpcStatus(result.status()));
+                      });
   return reactor;
 }
 

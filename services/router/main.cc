@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
   options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_mb) << 20;
   options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
-  absl::StatusOr<strata::KvDtype> kv_dtype = strata::ParseKvDtype(absl::GetFlag(FLAGS_kv_cache_dtype));
+  absl::StatusOr<strata::KvDtype> kv_dtype =
+      strata::ParseKvDtype(absl::GetFlag(FLAGS_kv_cache_dtype));
   if (!kv_dtype.ok()) {
     std::cerr << "strata-router: --kv-cache-dtype: " << kv_dtype.status().message() << "\n";
     return 2;

@@ -129,8 +129,11 @@ absl::Status RouterServer::StartHttp() {
   service.model_name =
       std::filesystem::path(options_.model_dir).lexically_normal().filename().string();
   if (service.model_name.empty()) {
-    service.model_name =
-        std::filesystem::path(options_.model_dir).lexically_normal().parent_path().filename().string();
+    service.model_name = std::filesystem::path(options_.model_dir)
+                             .lexically_normal()
+                             .parent_path()
+                             .filename()
+                             .string();
   }
   service.snapshot = [this] { return Snapshot(); };
   service.ready = [this] { return ready(); };
@@ -138,7 +141,8 @@ absl::Status RouterServer::StartHttp() {
                                             tokenizer_.get(), std::move(chat_template));
   HttpServerOptions http = options_.http;
   http.host = options_.listen.substr(0, options_.listen.rfind(':'));
-  if (http.host.size() >= 2 && http.host.front() == '[') http.host = http.host.substr(1, http.host.size() - 2);
+  if (http.host.size() >= 2 && http.host.front() == '[')
+    http.host = http.host.substr(1, http.host.size() - 2);
   http.port = options_.http_port;
   ASSIGN_OR_RETURN(http_server_,
                    HttpServer::Start(http, [service = openai_.get()](const HttpRequest& request,

@@ -281,8 +281,7 @@ void Scheduler::Admit() {
   int64_t available = kv_.free_blocks() - std::max(1, kv_.active_blocks() / 100);
   for (const auto& seq : running_) {
     const int64_t held = seq->has_kv ? kv_.blocks_held(seq->kv_seq) : 0;
-    const bool wide =
-        seq->has_kv ? kv_.wide(seq->kv_seq) : kv_.WantsWide(std::ssize(seq->tokens));
+    const bool wide = seq->has_kv ? kv_.wide(seq->kv_seq) : kv_.WantsWide(std::ssize(seq->tokens));
     available -= std::max<int64_t>(0, kv_.BlocksFor(std::ssize(seq->tokens), wide) - held);
   }
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
@@ -329,8 +328,8 @@ bool Scheduler::Step() {
   if (running_.empty()) return false;
   struct Planned {
     Sequence* seq;
-    int64_t count;                // positions computed this step (with the draft's)
-    std::vector<int32_t> draft;   // a decode row's drafted tokens, after its own
+    int64_t count;               // positions computed this step (with the draft's)
+    std::vector<int32_t> draft;  // a decode row's drafted tokens, after its own
   };
   std::vector<Planned> plan;
   int64_t budget = options_.max_batch_tokens;
@@ -501,9 +500,9 @@ std::vector<int32_t> Scheduler::Draft(const Sequence& seq, int64_t room) const {
   const SpeculationOptions& o = options_.speculation;
   if (seq.spec.score_only || seq.spec.logprobs || seq.draft_length <= 0) return {};
   // The draft's tokens and the one after them must stay within the request and the context.
-  const int64_t max_tokens = std::min<int64_t>(
-      {seq.draft_length, room, seq.spec.max_new_tokens - seq.generated - 1,
-       max_context_tokens_ - static_cast<int64_t>(seq.tokens.size()) - 1});
+  const int64_t max_tokens =
+      std::min<int64_t>({seq.draft_length, room, seq.spec.max_new_tokens - seq.generated - 1,
+                         max_context_tokens_ - static_cast<int64_t>(seq.tokens.size()) - 1});
   if (max_tokens <= 0) return {};
   return NgramDraft(seq.tokens, o.ngram_min, o.ngram_max, static_cast<int>(max_tokens));
 }
@@ -565,9 +564,10 @@ void Scheduler::ApplyKvResize() {
   // request of that length could never be admitted.
   const int64_t floor = kv_.BlocksFor(max_context_tokens_, kv_.options().fp8);
   if (pending->blocks < floor) {
-    pending->done(absl::FailedPreconditionError(absl::StrCat(
-        "a KV pool of ", pending->blocks, " blocks cannot hold one sequence of the longest context (",
-        max_context_tokens_, " tokens: ", floor, " blocks)")));
+    pending->done(absl::FailedPreconditionError(
+        absl::StrCat("a KV pool of ", pending->blocks,
+                     " blocks cannot hold one sequence of the longest context (",
+                     max_context_tokens_, " tokens: ", floor, " blocks)")));
     return;
   }
   const absl::Time start = absl::Now();

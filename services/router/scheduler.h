@@ -78,9 +78,9 @@ class Scheduler {
   // below the new end). FAILED_PRECONDITION for a pool too small for one sequence of the
   // longest context, or for the blocks in use. `done` runs on the engine thread.
   struct KvResize {
-    int blocks = 0;           // the pool's now
+    int blocks = 0;  // the pool's now
     int64_t moved_blocks = 0;
-    double millis = 0;        // the engine thread's time on it (device copies go with the next step)
+    double millis = 0;  // the engine thread's time on it (device copies go with the next step)
   };
   void ResizeKv(int blocks, std::function<void(absl::StatusOr<KvResize>)> done);
   struct Stats {

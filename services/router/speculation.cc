@@ -24,7 +24,8 @@ std::vector<int32_t> NgramDraft(absl::Span<const int32_t> tokens, int ngram_min,
       if (count == max_tokens) break;
     }
     if (best_from >= 0) {
-      return std::vector<int32_t>(tokens.begin() + best_from, tokens.begin() + best_from + best_count);
+      return std::vector<int32_t>(tokens.begin() + best_from,
+                                  tokens.begin() + best_from + best_count);
     }
   }
   return {};

@@ -124,9 +124,8 @@ TEST(StrataCliTest, Errors) {
 TEST(StrataCliTest, HelpOfEveryCommand) {
   const Result all = RunStrata("--help");
   EXPECT_EQ(all.exit_code, 0) << all.out;
-  const char* commands[] = {"generate", "up",        "logits", "eval",       "bench",
-                            "stats",    "hot-ratio", "plan",   "make-model", "quantize",
-                            "kv-resize"};
+  const char* commands[] = {"generate",  "up",   "logits",     "eval",     "bench",    "stats",
+                            "hot-ratio", "plan", "make-model", "quantize", "kv-resize"};
   for (const char* command : commands) {
     EXPECT_THAT(all.out, HasSubstr(absl::StrCat("  ", command, " "))) << command;
     const Result r = RunStrata(absl::StrCat(command, " --help"));

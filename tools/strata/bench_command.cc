@@ -46,8 +46,8 @@ absl::Status CheckOptions(const BenchOptions& o) {
   if (o.server.empty()) return absl::InvalidArgumentError("--server HOST:PORT is required");
   if (o.input_len < 1) return absl::InvalidArgumentError("--input-len must be at least 1");
   if (o.shared_prefix < 0 || o.shared_prefix > o.input_len) {
-    return absl::InvalidArgumentError(absl::StrCat("--shared-prefix must be in [0, --input-len = ",
-                                                   o.input_len, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shared-prefix must be in [0, --input-len = ", o.input_len, "]"));
   }
   if (o.output_len < 2) {
     return absl::InvalidArgumentError(

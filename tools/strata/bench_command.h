@@ -99,7 +99,7 @@ struct BenchSummary {
   int64_t server_preemptions = -1;  // ConcurrencyRun's
   int64_t server_draft_tokens = -1;
   int64_t server_accepted_draft_tokens = -1;
-  double distinct_tokens = 0;       // mean over the requests
+  double distinct_tokens = 0;  // mean over the requests
 };
 
 struct BenchReport {

@@ -30,12 +30,12 @@ struct ClusterConfig {
   float router_temperature = 1.0f;
   int kv_block_size = 32;
   int64_t kv_memory_mb = 1024;
-  bool prefix_caching = true;  // requests sharing leading tokens share their KV blocks
-  std::string kv_dtype = "auto";     // auto, bf16 or fp8
+  bool prefix_caching = true;           // requests sharing leading tokens share their KV blocks
+  std::string kv_dtype = "auto";        // auto, bf16 or fp8
   int64_t kv_fp16_above_tokens = 2048;  // with fp8: longer contexts keep 16-bit KV; 0: never
   int64_t kv_calibration_tokens = 512;  // with fp8: tokens observed before the scales are set
-  int speculative_tokens = 0;  // prompt-lookup drafts a step at most; 0: no speculation
-  int speculative_ngram = 3;   // the longest suffix looked up
+  int speculative_tokens = 0;           // prompt-lookup drafts a step at most; 0: no speculation
+  int speculative_ngram = 3;            // the longest suffix looked up
   int max_batch_tokens = 512;
   int max_running = 64;
   int max_queued_requests = 256;

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/tokenizer/tokenizer.h"
 #include "common/util/flag_help.h"
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
@@ -30,7 +31,6 @@
 #include "tools/strata/id_list.h"
 #include "tools/strata/make_model.h"
 #include "tools/strata/plan_command.h"
-#include "common/tokenizer/tokenizer.h"
 #include "tools/strata/quantize_command.h"
 #include "tools/strata/supervisor.h"
 
@@ -158,10 +158,10 @@ const std::vector<Command>& Commands() {
       {"bench",
        "--server HOST:PORT [--input-len 128] [--output-len 512] [--concurrency 1,8,32]",
        "serving benchmark of a cluster: a table, and bench/results JSON",
-       {"server", "input-len", "shared-prefix", "prompts", "output-len", "runs", "warmup",
-        "concurrency", "seed", "temperature",
-        "out", "model", "model-name", "weights", "mode", "gpus", "machine", "commit", "note",
-        "log-level"}},
+       {"server", "input-len", "shared-prefix", "prompts", "output-len",
+        "runs",   "warmup",    "concurrency",   "seed",    "temperature",
+        "out",    "model",     "model-name",    "weights", "mode",
+        "gpus",   "machine",   "commit",        "note",    "log-level"}},
       {"stats",
        "--server HOST:PORT",
        "the router's counters, request totals and latency, its workers and their tiers, as JSON",

@@ -109,7 +109,8 @@ void CpuRouterBackend::WriteKv(int layer, PagedKvCache& kv) {
   const int64_t n = batch_.num_tokens();
   if (!kv.options().fp8) {
     for (int64_t t = 0; t < n; ++t) {
-      std::copy(k_.row(t), k_.row(t) + kv_dim, kv.key(layer, batch_.sequence[t], batch_.position[t]));
+      std::copy(k_.row(t), k_.row(t) + kv_dim,
+                kv.key(layer, batch_.sequence[t], batch_.position[t]));
       std::copy(v_.row(t), v_.row(t) + kv_dim,
                 kv.value(layer, batch_.sequence[t], batch_.position[t]));
     }

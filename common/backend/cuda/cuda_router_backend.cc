@@ -120,15 +120,16 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
   // Block-major: every layer of a block together, so that the blocks past a shrunk pool's end
   // (PagedKvCache::Resize) are one range. An FP8 block is half a bf16 one.
   kv_block_bytes_ = PagedKvBlockBytes(kv.block_size, kv_dim, kv.fp8);
-  RETURN_IF_ERROR(Allocate(kv_storage_, static_cast<size_t>(kv_block_bytes_ / 2 * c.num_layers *
-                                                            kv.num_blocks)));
+  RETURN_IF_ERROR(Allocate(
+      kv_storage_, static_cast<size_t>(kv_block_bytes_ / 2 * c.num_layers * kv.num_blocks)));
   if (kv.fp8) {
     const size_t entries = static_cast<size_t>(c.num_layers) * 2 * c.num_kv_heads;
-    ASSIGN_OR_RETURN(kv_scales_, DeviceBuffer<float>::FromHost(
-                                     std::vector<float>(entries, 1.0f).data(), entries,
-                                     context_->stream()));
-    ASSIGN_OR_RETURN(kv_amax_, DeviceBuffer<float>::FromHost(std::vector<float>(entries, 0.0f).data(),
-                                                             entries, context_->stream()));
+    ASSIGN_OR_RETURN(
+        kv_scales_, DeviceBuffer<float>::FromHost(std::vector<float>(entries, 1.0f).data(), entries,
+                                                  context_->stream()));
+    ASSIGN_OR_RETURN(
+        kv_amax_, DeviceBuffer<float>::FromHost(std::vector<float>(entries, 0.0f).data(), entries,
+                                                context_->stream()));
   }
 
   const size_t t = static_cast<size_t>(options_.max_tokens);
@@ -267,8 +268,7 @@ absl::Status CudaRouterBackend::WriteDecodeInputs(
     host.positions.data()[i] = positions[i];
     host.token_seq.data()[i] = static_cast<int32_t>(i);
     host.rows.data()[i] = static_cast<int32_t>(i);
-    WriteTableRow(kv, sequences[i], host.tables.data() + i * graph_max_blocks_,
-                  graph_max_blocks_);
+    WriteTableRow(kv, sequences[i], host.tables.data() + i * graph_max_blocks_, graph_max_blocks_);
   }
   return absl::OkStatus();
 }
@@ -516,18 +516,16 @@ absl::Status CudaRouterBackend::Attention(int layer) {
   }
   if (plan.cluster && n <= kGemvMaxTokens && one_token_per_sequence_ && !observe_kv_) {
     // Decode: q/k norm + rope and the cache append happen inside the attention kernel.
-    CUDA_RETURN_IF_ERROR(LaunchPagedDecodeWithRope(q_.data(), k_.data(), v_.data(), kv_dim, tokens,
-                                                   cache, params, rope, plan,
-                                                   cluster_workspace_.data(), attn_.data(),
-                                                   stream));
+    CUDA_RETURN_IF_ERROR(
+        LaunchPagedDecodeWithRope(q_.data(), k_.data(), v_.data(), kv_dim, tokens, cache, params,
+                                  rope, plan, cluster_workspace_.data(), attn_.data(), stream));
   } else {
     CUDA_RETURN_IF_ERROR(
         LaunchQkNormRope(q_.data(), k_.data(), n, positions_.data(), rope, stream));
     if (observe_kv_) {
-      CUDA_RETURN_IF_ERROR(LaunchKvAbsMax(k_.data(), kv_dim, v_.data(), kv_dim, n, c.num_kv_heads,
-                                          c.head_dim,
-                                          kv_amax_.data() + int64_t{layer} * 2 * c.num_kv_heads,
-                                          stream));
+      CUDA_RETURN_IF_ERROR(
+          LaunchKvAbsMax(k_.data(), kv_dim, v_.data(), kv_dim, n, c.num_kv_heads, c.head_dim,
+                         kv_amax_.data() + int64_t{layer} * 2 * c.num_kv_heads, stream));
     }
     CUDA_RETURN_IF_ERROR(
         LaunchPagedKvAppend(k_.data(), kv_dim, v_.data(), kv_dim, tokens, cache, stream));

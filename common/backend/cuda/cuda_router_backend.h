@@ -18,8 +18,8 @@
 #include "common/backend/rope.h"
 #include "common/cuda/cuda_context.h"
 #include "common/cuda/kernels/moe_gate_kernels.h"
-#include "common/cuda/kernels/paged_kv_kernels.h"
 #include "common/cuda/kernels/norm_gate_kernels.h"
+#include "common/cuda/kernels/paged_kv_kernels.h"
 #include "common/model/model_weights.h"
 
 namespace strata::gpu {
@@ -143,8 +143,8 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   DeviceBuffer<float> kv_scales_;  // [layer][k|v][kv_head]
   DeviceBuffer<float> kv_amax_;    // calibration: [layer][k|v][kv_head], reset by ReportKvRange
   bool kv_scales_uploaded_ = false;
-  bool observe_kv_ = false;         // this step notes its keys' and values' magnitudes
-  int64_t observed_tokens_ = 0;     // since the last ReportKvRange
+  bool observe_kv_ = false;      // this step notes its keys' and values' magnitudes
+  int64_t observed_tokens_ = 0;  // since the last ReportKvRange
   DeviceBuffer<KvMoveBlock> kv_moves_;
   std::vector<KvMoveBlock> moves_host_;
   // Before a step: the cache's scales to the device once they are set, and its pending block

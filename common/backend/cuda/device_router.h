@@ -10,8 +10,8 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/cuda/cuda_context.h"
-#include "common/kv/paged_kv_cache.h"
 #include "common/cuda/kernels/norm_gate_kernels.h"
+#include "common/kv/paged_kv_cache.h"
 
 namespace strata::gpu {
 

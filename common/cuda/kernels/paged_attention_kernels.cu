@@ -315,8 +315,8 @@ constexpr int kGroupKeys = 128;
 constexpr int kMaxGroups = 8;
 struct DecodeGroups {
   int groups = 1;
-  float* acc = nullptr;           // [token][head][group][kD]
-  float2* ml = nullptr;           // [token][head][group]: (max, sum), log2 units
+  float* acc = nullptr;          // [token][head][group][kD]
+  float2* ml = nullptr;          // [token][head][group]: (max, sum), log2 units
   unsigned* counters = nullptr;  // [token][head]
 };
 
@@ -328,8 +328,7 @@ size_t DecodeGroupsBytes(int64_t n, int num_heads, int head_dim, int groups) {
          static_cast<size_t>(n) * num_heads * sizeof(unsigned);
 }
 
-DecodeGroups MakeDecodeGroups(void* workspace, int64_t n, int num_heads, int head_dim,
-                              int groups) {
+DecodeGroups MakeDecodeGroups(void* workspace, int64_t n, int num_heads, int head_dim, int groups) {
   DecodeGroups g;
   g.groups = groups;
   if (groups <= 1) return g;
@@ -872,8 +871,8 @@ PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& par
     // Contexts longer than a cluster's blocks walk in kGroupKeys each also split over more
     // clusters (as many as the token's own length asks for, at run time).
     const int64_t groups = std::clamp<int64_t>(
-        (params.max_context + int64_t{blocks} * kGroupKeys - 1) / (int64_t{blocks} * kGroupKeys),
-        1, kMaxGroups);
+        (params.max_context + int64_t{blocks} * kGroupKeys - 1) / (int64_t{blocks} * kGroupKeys), 1,
+        kMaxGroups);
     return ClusterDecodePlan(params, blocks, heads, n, static_cast<int>(groups));
   }
   int64_t splits = 1;

@@ -79,7 +79,9 @@ __global__ void __launch_bounds__(kThreads)
   const int layer = blockIdx.y;
   const int64_t kv_dim = int64_t{num_kv_heads} * head_dim;
   const int64_t block_bytes = PagedKvBlockBytes(block_size, kv_dim, true);
-  auto at = [&](int32_t block) { return data + (int64_t{block} * num_layers + layer) * block_bytes; };
+  auto at = [&](int32_t block) {
+    return data + (int64_t{block} * num_layers + layer) * block_bytes;
+  };
   const uint8_t* src = at(m.src);
   bf16* k_dst = reinterpret_cast<bf16*>(at(m.dst));
   bf16* v_dst = reinterpret_cast<bf16*>(at(m.dst_v));
@@ -143,7 +145,7 @@ cudaError_t LaunchKvAbsMax(const bf16* k, int64_t k_stride, const bf16* v, int64
   }
   if (n == 0) return cudaSuccess;
   KvAbsMaxKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(k, k_stride, v, v_stride,
-                                                                     num_kv_heads, head_dim, amax);
+                                                                    num_kv_heads, head_dim, amax);
   return cudaGetLastError();
 }
 
@@ -170,8 +172,8 @@ cudaError_t LaunchKvWiden(uint8_t* data, int num_layers, int block_size, int num
   }
   if (num_moves == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(num_moves), static_cast<unsigned>(num_layers));
-  KvWidenKernel<<<grid, kThreads, 0, stream>>>(data, num_layers, block_size, num_kv_heads,
-                                               head_dim, scales, moves);
+  KvWidenKernel<<<grid, kThreads, 0, stream>>>(data, num_layers, block_size, num_kv_heads, head_dim,
+                                               scales, moves);
   return cudaGetLastError();
 }
 

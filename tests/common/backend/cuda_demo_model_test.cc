@@ -68,8 +68,7 @@ TEST_P(CudaDemoModelTest, HeldOutPerplexityAndArgmax) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Weights, CudaDemoModelTest,
-                         ::testing::Values("bf16", "fp8", "bf16/kv-fp8"),
-                         [](const auto& info) {
+                         ::testing::Values("bf16", "fp8", "bf16/kv-fp8"), [](const auto& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '/', '_');
                            std::replace(name.begin(), name.end(), '-', '_');

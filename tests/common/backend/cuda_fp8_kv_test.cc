@@ -93,7 +93,8 @@ std::vector<float> DecodePast(LocalEngine& engine, PagedKvCache::SequenceId seq,
                           step->logits(static_cast<int64_t>(tokens.size()) - 1) + vocab);
   widened_on_time = true;
   for (int64_t pos = static_cast<int64_t>(tokens.size()); pos < until; ++pos) {
-    tokens.push_back(static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin()));
+    tokens.push_back(
+        static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin()));
     step = engine.RunStep(seq, {&tokens.back(), 1}, pos);
     EXPECT_TRUE(step.ok()) << step.status();
     if (!step.ok()) return last;

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <utility>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -388,10 +388,10 @@ TEST_F(PagedCacheTest, PagedAttention) {
       {128, 32, 32, 4, 0, false, {1, 33, 700}, 40},  // chunked prefill
       {64, 16, 64, 8, 128, true, {1, 33, 700}, 1},   // gpt-oss: window + sinks
       {64, 32, 64, 8, 128, true, {33, 700}, 40},
-      {64, 32, 16, 16, 0, true, {33, 700}, 1},   // no GQA
-      {128, 16, 32, 2, 0, false, {700}, 3},      // group 16: two head chunks
-      {256, 16, 8, 2, 0, false, {33}, 33},       // head_dim 256, full prefill
-      {128, 16, 28, 4, 0, false, {33, 700}, 1},  // group 7: uneven head chunks (4 + 3, ...)
+      {64, 32, 16, 16, 0, true, {33, 700}, 1},         // no GQA
+      {128, 16, 32, 2, 0, false, {700}, 3},            // group 16: two head chunks
+      {256, 16, 8, 2, 0, false, {33}, 33},             // head_dim 256, full prefill
+      {128, 16, 28, 4, 0, false, {33, 700}, 1},        // group 7: uneven head chunks (4 + 3, ...)
       {128, 16, 32, 4, 0, false, {1, 1100, 5000}, 1},  // long decode: keys over cluster groups
       {64, 32, 64, 8, 0, true, {3000}, 1},             // groups with sinks
   };
@@ -484,8 +484,8 @@ TEST_F(PagedCacheTest, PagedAttention) {
         gpu::PlanPagedAttention(n, params, 1)};
     if (d <= 128) {
       // {blocks a cluster, heads a block, clusters a token's keys at most}
-      const std::tuple<int, int, int> shapes[] = {
-          {8, 8, 1}, {16, 4, 1}, {8, 2, 1}, {16, 1, 1}, {8, 4, 8}, {16, 2, 3}};
+      const std::tuple<int, int, int> shapes[] = {{8, 8, 1},  {16, 4, 1}, {8, 2, 1},
+                                                  {16, 1, 1}, {8, 4, 8},  {16, 2, 3}};
       for (const auto& [blocks, heads, groups] : shapes) {
         if (blocks > gpu::MaxDecodeClusterBlocks()) continue;
         plans.push_back(gpu::ClusterDecodePlan(params, blocks, heads, n, groups));
@@ -502,18 +502,18 @@ TEST_F(PagedCacheTest, PagedAttention) {
       ASSERT_FALSE(HasFailure());
       for (int launch = 0; launch < (plan.groups > 1 ? 2 : 1); ++launch) {
         LAUNCH_OK(gpu::LaunchPagedAttention(
-            AsBf16(d_q), gpu::TokenBatch{.seq = d_seq, .pos = d_pos, .n = n}, cache.Layer(),
-            params, plan, ws, AsBf16(d_out), stream()));
+            AsBf16(d_q), gpu::TokenBatch{.seq = d_seq, .pos = d_pos, .n = n}, cache.Layer(), params,
+            plan, ws, AsBf16(d_out), stream()));
       }
       std::string contexts;
       for (int64_t len : c.contexts) absl::StrAppend(&contexts, contexts.empty() ? "" : ",", len);
-      ExpectClose("paged attention",
-                  absl::StrCat("d=", d, " bs=", c.block_size, " h=", c.heads, "/", c.kv_heads,
-                               " ctx=", contexts, " n=", n, c.window ? " win" : "",
-                               c.sinks ? " sink" : "", " splits=", plan.num_splits,
-                               plan.cluster ? " cluster, heads " : "", plan.heads_per_block,
-                               " groups ", plan.groups),
-                  GetBf16(AsBf16(d_out), n * q_dim), ref, 1e-2);
+      ExpectClose(
+          "paged attention",
+          absl::StrCat("d=", d, " bs=", c.block_size, " h=", c.heads, "/", c.kv_heads,
+                       " ctx=", contexts, " n=", n, c.window ? " win" : "", c.sinks ? " sink" : "",
+                       " splits=", plan.num_splits, plan.cluster ? " cluster, heads " : "",
+                       plan.heads_per_block, " groups ", plan.groups),
+          GetBf16(AsBf16(d_out), n * q_dim), ref, 1e-2);
     }
   }
 }

@@ -77,8 +77,8 @@ TEST(Fp8KvEngineTest, CalibratesThenTracksTheFloatCache) {
   auto fp8_second = (*fp8)->Logits(second);
   ASSERT_TRUE(ref_second.ok() && fp8_second.ok());
   const Compare coded = CompareLogits(*fp8_second, *ref_second);
-  std::cout << "logits from the float32 cache: calibrating (bf16) " << bf16.relative
-            << ", E4M3 " << coded.relative << " (argmax " << coded.argmax_agree << ")\n";
+  std::cout << "logits from the float32 cache: calibrating (bf16) " << bf16.relative << ", E4M3 "
+            << coded.relative << " (argmax " << coded.argmax_agree << ")\n";
   EXPECT_GT(coded.relative, bf16.relative);  // the codes do change the keys and values
   EXPECT_LT(coded.relative, 0.12);  // the random net amplifies: a wrong kernel is ~100% off
   EXPECT_GE(coded.argmax_agree, 0.9);

@@ -123,7 +123,7 @@ TEST(Fp8KvCacheTest, WidenConvertsCodesToBf16AndFreesTheOldBlocks) {
   EXPECT_EQ(kv->blocks_held(seq), 4);
   EXPECT_EQ(kv->capacity(seq), 8);
   EXPECT_EQ(kv->free_blocks(), 2);  // 6 - 4: the two FP8 blocks went back
-  EXPECT_FALSE(kv->has_moves());  // host storage converts in place
+  EXPECT_FALSE(kv->has_moves());    // host storage converts in place
   size_t at = 0;
   for (int layer = 0; layer < kLayers; ++layer) {
     for (int64_t pos = 0; pos < 8; ++pos) {
