@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_expert_backend.h"
 #include "common/backend/cpu/cpu_router_backend.h"
+#include "common/model/checkpoint.h"
+#include "common/tensor/dtype.h"
 #if STRATA_HAVE_CUDA
 #include "common/backend/cuda/cuda_expert_backend.h"
 #include "common/backend/cuda/cuda_router_backend.h"
@@ -97,7 +99,41 @@ absl::Status ModelStack::CreateKv() {
   }
   ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(kv));
   kv_ = std::make_unique<PagedKvCache>(std::move(cache));
+  if (kv.fp8) RETURN_IF_ERROR(LoadKvScales());
   return absl::OkStatus();
+}
+
+absl::Status ModelStack::LoadKvScales() {
+  const Checkpoint& checkpoint = *model_->checkpoint;
+  const ModelConfig& c = model_->config;
+  KvScales scales;
+  int found = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    for (int which = 0; which < 2; ++which) {
+      const std::string name =
+          absl::StrCat("model.layers.", l, ".self_attn.", which == 0 ? "k_scale" : "v_scale");
+      if (!checkpoint.Has(name)) continue;
+      ++found;
+      absl::StatusOr<TensorRef> t = checkpoint.Get(name, {});
+      if (!t.ok()) t = checkpoint.Get(name, {1});
+      if (!t.ok()) t = checkpoint.Get(name, {c.num_kv_heads});
+      if (!t.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ": one scale for the layer or one per KV head (", c.num_kv_heads, ") expected"));
+      }
+      std::vector<float>& out = which == 0 ? scales.k : scales.v;
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        out.push_back(LoadAsFloat(t->data, t->dtype, t->numel() == 1 ? 0 : h));
+      }
+    }
+  }
+  if (found == 0) return absl::OkStatus();  // calibrated at run time
+  if (found != 2 * c.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the checkpoint has ", found, " of the ", 2 * c.num_layers,
+                     " self_attn.k_scale / v_scale tensors: FP8 keys and values need all or none"));
+  }
+  return kv_->SetScales(std::move(scales));
 }
 
 absl::Status ModelStack::CreateCpuBackends() {

@@ -67,6 +67,10 @@ class ModelStack {
 
  private:
   ModelStack() = default;
+  // An FP8 cache's scales from the checkpoint (`model.layers.N.self_attn.k_scale` / `v_scale`,
+  // one per layer or per KV head, as vLLM's FP8 checkpoints have them); without them the cache
+  // calibrates at run time.
+  absl::Status LoadKvScales();
   absl::Status CreateKv();
   absl::Status CreateCpuBackends();
   absl::Status CreateCudaBackends();

@@ -3,14 +3,20 @@
 // converted to 16-bit mid-generation.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/engine/local_engine.h"
 #include "common/engine/model_stack.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/safetensors_builder.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata {
 namespace {
@@ -158,6 +164,88 @@ TEST(Fp8KvEngineTest, AThresholdThatCannotFitIsAnError) {
       << stack.status();
   options.kv_fp16_above_tokens = 100;  // 4 blocks, 16-bit: 8 of the 10
   EXPECT_TRUE(ModelStack::Create(dir, options).ok());
+}
+
+// The oracle model with per-layer KV scales added as vLLM's FP8 checkpoints carry them (a
+// second shard and an index naming both): no calibration, the scales as written, broadcast to
+// the KV heads (or one per head). Some layers without them is an error.
+class CheckpointScalesTest : public ::testing::Test {
+ protected:
+  // Writes the model to dir_ with k_scale / v_scale for the first `layers` layers.
+  void WriteModel(int layers, bool per_head) {
+    namespace fs = std::filesystem;
+    const fs::path src = Options(KvDtype::kFp8).model_dir;
+    for (const char* f : {"config.json", "generation_config.json", "model.safetensors"}) {
+      fs::copy_file(src / f, fs::path(dir_.path()) / f, fs::copy_options::overwrite_existing);
+    }
+    // The original shard's tensor names, from its header.
+    std::ifstream in(src / "model.safetensors", std::ios::binary);
+    uint64_t header_len = 0;
+    in.read(reinterpret_cast<char*>(&header_len), 8);
+    std::string header(header_len, ' ');
+    in.read(header.data(), static_cast<std::streamsize>(header_len));
+    const nlohmann::json tensors = nlohmann::json::parse(header);
+    nlohmann::json index;
+    for (const auto& [name, value] : tensors.items()) {
+      if (name != "__metadata__") index["weight_map"][name] = "model.safetensors";
+    }
+    testing::SafetensorsBuilder scales;
+    for (int l = 0; l < layers; ++l) {
+      for (const char* kind : {"k_scale", "v_scale"}) {
+        const std::string name = absl::StrCat("model.layers.", l, ".self_attn.", kind);
+        const int n = per_head ? 2 : 1;
+        std::vector<uint8_t> bytes(4 * n);
+        for (int h = 0; h < n; ++h) {
+          const float v = 0.01f * (l + 1) * (kind[0] == 'k' ? 1 : 2) * (h + 1);
+          std::memcpy(bytes.data() + 4 * h, &v, 4);
+        }
+        scales.Add(name, "F32", per_head ? std::vector<int64_t>{n} : std::vector<int64_t>{},
+                   std::move(bytes));
+        index["weight_map"][name] = "kv_scales.safetensors";
+      }
+    }
+    std::ofstream(fs::path(dir_.path()) / "kv_scales.safetensors", std::ios::binary)
+        << scales.Build();
+    std::ofstream(fs::path(dir_.path()) / "model.safetensors.index.json") << index.dump();
+  }
+
+  absl::StatusOr<std::unique_ptr<LocalEngine>> Engine() {
+    LocalEngineOptions options = Options(KvDtype::kFp8);
+    options.model_dir = dir_.path();
+    return LocalEngine::Create(options);
+  }
+
+  testing::TempDir dir_;
+};
+
+TEST_F(CheckpointScalesTest, ReplaceCalibration) {
+  WriteModel(3, /*per_head=*/false);
+  auto engine = Engine();
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const PagedKvCache& kv = (*engine)->kv();
+  ASSERT_FALSE(kv.calibrating());
+  ASSERT_EQ(kv.scales().k.size(), 6u);  // 3 layers x 2 KV heads
+  EXPECT_FLOAT_EQ(kv.scales().k[0], 0.01f);
+  EXPECT_FLOAT_EQ(kv.scales().k[1], 0.01f);  // broadcast
+  EXPECT_FLOAT_EQ(kv.scales().v[4], 0.06f);
+  EXPECT_FALSE((*engine)->kv().WantsWide(10));  // coded from the first request
+  EXPECT_TRUE((*engine)->Logits(Prompt(20, 1)).ok());
+  EXPECT_EQ((*engine)->kv().observed_tokens(), 0);
+}
+
+TEST_F(CheckpointScalesTest, PerHeadScales) {
+  WriteModel(3, /*per_head=*/true);
+  auto engine = Engine();
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_FLOAT_EQ((*engine)->kv().scales().k[0], 0.01f);
+  EXPECT_FLOAT_EQ((*engine)->kv().scales().k[1], 0.02f);
+}
+
+TEST_F(CheckpointScalesTest, SomeLayersOnlyIsAnError) {
+  WriteModel(2, /*per_head=*/false);
+  auto engine = Engine();
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("4 of the 6"), std::string::npos) << engine.status();
 }
 
 }  // namespace
