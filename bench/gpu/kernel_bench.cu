@@ -213,6 +213,16 @@ uint8_t* ClusterWorkspace() {
   return ws;
 }
 
+// `count` caches of `blocks` random bf16 blocks of the benchmark's heads: rotating through
+// them makes the keys come from DRAM.
+std::vector<bf16*> RandomCaches(int count, int blocks, int block_size) {
+  std::vector<bf16*> caches;
+  for (int i = 0; i < count; ++i) {
+    caches.push_back(RandBf16(size_t{blocks} * 2 * block_size * kKvHeads * kHeadDim, 1.0f));
+  }
+  return caches;
+}
+
 // A block table of `blocks` scattered blocks.
 std::vector<int32_t> ScatteredTable(int blocks) {
   std::vector<int32_t> table(blocks);
@@ -258,9 +268,7 @@ void AttentionChecksAndTimes(cudaStream_t s, int sm_count) {
   const int64_t kv_dim = kKvHeads * kHeadDim;
   const int blocks = kMaxContext / kBlock;
   const int32_t* d_table = Put(ScatteredTable(blocks));
-  std::vector<bf16*> caches;
-  for (int l = 0; l < kLayers; ++l)
-    caches.push_back(RandBf16(size_t{blocks} * 2 * kBlock * kv_dim, 1.0f));
+  const std::vector<bf16*> caches = RandomCaches(kLayers, blocks, kBlock);
   const bf16* q = RandBf16(kHeads * kHeadDim, 2.0f);
   bf16* out = Alloc<bf16>(kHeads * kHeadDim);
   bf16* out2 = Alloc<bf16>(kHeads * kHeadDim);
@@ -439,9 +447,7 @@ void LongContextAttentionTimes(cudaStream_t s, int sm_count) {
   const int64_t kv_dim = kKvHeads * kHeadDim;
   const int blocks = kMaxContext / kBlock;
   const int32_t* d_table = Put(ScatteredTable(blocks));
-  std::vector<bf16*> caches;
-  for (int l = 0; l < kLayers; ++l)
-    caches.push_back(RandBf16(size_t{blocks} * 2 * kBlock * kv_dim, 1.0f));
+  const std::vector<bf16*> caches = RandomCaches(kLayers, blocks, kBlock);
   const float* scales = Put(std::vector<float>(2 * kKvHeads, 0.01f));
   const bf16* q = RandBf16(kHeads * kHeadDim, 2.0f);
   bf16* out = Alloc<bf16>(kHeads * kHeadDim);

@@ -176,9 +176,8 @@ class Renderer {
     return Value(out);
   }
 
-  absl::StatusOr<Value> Call(const Expr& e) {
-    Args args;
-    Kwargs kwargs;
+  // The arguments of a call, filter or test: e.items after the first, and the keywords.
+  absl::Status EvalArgs(const Expr& e, Args& args, Kwargs& kwargs) {
     for (size_t i = 1; i < e.items.size(); ++i) {
       ASSIGN_OR_RETURN(Value v, Eval(*e.items[i]));
       args.push_back(std::move(v));
@@ -187,6 +186,13 @@ class Renderer {
       ASSIGN_OR_RETURN(Value v, Eval(*expr));
       kwargs.emplace_back(key, std::move(v));
     }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Value> Call(const Expr& e) {
+    Args args;
+    Kwargs kwargs;
+    RETURN_IF_ERROR(EvalArgs(e, args, kwargs));
     const Expr& callee = *e.items[0];
     if (callee.kind == Expr::Kind::kAttribute) {
       ASSIGN_OR_RETURN(Value self, Eval(*callee.items[0]));
@@ -344,14 +350,7 @@ class Renderer {
         ASSIGN_OR_RETURN(Value subject, Eval(*e.items[0]));
         Args args;
         Kwargs kwargs;
-        for (size_t i = 1; i < e.items.size(); ++i) {
-          ASSIGN_OR_RETURN(Value v, Eval(*e.items[i]));
-          args.push_back(std::move(v));
-        }
-        for (const auto& [key, expr] : e.kwargs) {
-          ASSIGN_OR_RETURN(Value v, Eval(*expr));
-          kwargs.emplace_back(key, std::move(v));
-        }
+        RETURN_IF_ERROR(EvalArgs(e, args, kwargs));
         if (e.kind == Expr::Kind::kTest) {
           absl::StatusOr<bool> passed = ApplyTest(e.name, subject, args);
           if (!passed.ok()) return ErrorAt(e.line, passed.status().message());

@@ -260,7 +260,10 @@ absl::StatusOr<int64_t> PagedKvCache::Resize(int num_blocks) {
                                                    options_.num_blocks, " allocated"));
   }
   if (num_blocks >= active_blocks_) {
-    for (int b = active_blocks_; b < num_blocks; ++b) free_.insert(free_.begin(), b);
+    // Taken after the free blocks there are (free_ hands out from its back).
+    std::vector<int> grown;
+    for (int b = num_blocks - 1; b >= active_blocks_; --b) grown.push_back(b);
+    free_.insert(free_.begin(), grown.begin(), grown.end());
     active_blocks_ = num_blocks;
     return 0;
   }

@@ -136,10 +136,10 @@ absl::StatusOr<EvalResult> Evaluate(const EvalOptions& options) {
                     std::vector<int64_t>(engine->config().num_experts, 0));
     }
     const ModelConfig& config = engine->config();
-    if (engine->kv().calibrating()) {
-      // FP8 keys and values: the scales from a pass over the first window (not scored), so
-      // that every scored window is coded.
-      ASSIGN_OR_RETURN(Tensor unused, engine->Logits(windows.front()));
+    // FP8 keys and values: the scales from unscored passes over the leading windows, as many
+    // as calibration takes, so that every scored window is coded.
+    for (size_t w = 0; w < windows.size() && engine->kv().calibrating(); ++w) {
+      ASSIGN_OR_RETURN(Tensor unused, engine->Logits(windows[w]));
       result.kv_calibration_tokens = engine->kv().observed_tokens();
     }
     window_routing.assign(config.num_layers, {});

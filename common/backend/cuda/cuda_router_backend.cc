@@ -511,14 +511,22 @@ absl::Status CudaRouterBackend::Attention(int layer) {
   const PagedAttentionPlan plan = PlanPagedAttention(n, params, context_->num_sms());
   // The fused decode needs every token's only new key to be its own (one token a sequence);
   // taken for small steps only, where it was measured.
-  if (plan.workspace_bytes > cluster_workspace_.size() && plan.cluster) {
-    return absl::InternalError("cuda backend: cluster decode workspace too small");
+  // Cluster plans share one zeroed workspace and graphs theirs, both sized up front; an eager
+  // split plan grows its own.
+  DeviceBuffer<uint8_t>& workspace = plan.cluster  ? cluster_workspace_
+                                     : graph_mode_ ? graph_attention_workspace_
+                                                   : attention_workspace_;
+  if (plan.workspace_bytes > workspace.size()) {
+    if (plan.cluster || graph_mode_) {
+      return absl::InternalError("cuda backend: attention workspace too small");
+    }
+    RETURN_IF_ERROR(Allocate(attention_workspace_, plan.workspace_bytes));
   }
   if (plan.cluster && n <= kGemvMaxTokens && one_token_per_sequence_ && !observe_kv_) {
     // Decode: q/k norm + rope and the cache append happen inside the attention kernel.
     CUDA_RETURN_IF_ERROR(
         LaunchPagedDecodeWithRope(q_.data(), k_.data(), v_.data(), kv_dim, tokens, cache, params,
-                                  rope, plan, cluster_workspace_.data(), attn_.data(), stream));
+                                  rope, plan, workspace.data(), attn_.data(), stream));
   } else {
     CUDA_RETURN_IF_ERROR(
         LaunchQkNormRope(q_.data(), k_.data(), n, positions_.data(), rope, stream));
@@ -529,13 +537,6 @@ absl::Status CudaRouterBackend::Attention(int layer) {
     }
     CUDA_RETURN_IF_ERROR(
         LaunchPagedKvAppend(k_.data(), kv_dim, v_.data(), kv_dim, tokens, cache, stream));
-    DeviceBuffer<uint8_t>& workspace = plan.cluster  ? cluster_workspace_
-                                       : graph_mode_ ? graph_attention_workspace_
-                                                     : attention_workspace_;
-    if (plan.workspace_bytes > workspace.size()) {
-      if (graph_mode_) return absl::InternalError("cuda backend: graph workspace too small");
-      RETURN_IF_ERROR(Allocate(attention_workspace_, plan.workspace_bytes));
-    }
     CUDA_RETURN_IF_ERROR(LaunchPagedAttention(q_.data(), tokens, cache, params, plan,
                                               workspace.data(), attn_.data(), stream));
   }

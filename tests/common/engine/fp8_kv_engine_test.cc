@@ -75,7 +75,10 @@ TEST(Fp8KvEngineTest, CalibratesThenTracksTheFloatCache) {
   ASSERT_FALSE(kv.calibrating());
   const Compare bf16 = CompareLogits(*fp8_first, *ref_first);
   EXPECT_LT(bf16.relative, 0.01);
-  for (float s : kv.scales().k) EXPECT_GT(s, 0.0f);
+  for (float s : kv.scales().k) {
+    EXPECT_GT(s, 0.0f);
+    EXPECT_NE(s, 1.0f);  // 1 is what a head that saw nothing gets
+  }
 
   // Later prompts are coded in E4M3.
   const std::vector<int32_t> second = Prompt(40, 2);

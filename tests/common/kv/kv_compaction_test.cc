@@ -116,6 +116,7 @@ TEST(KvCompactionTest, SharedAndCachedBlocksStaySharedAndFindable) {
   EXPECT_EQ(kv->MatchPrefix(c, prompt), 6);
   ExpectMarked(*kv, c, 6, 300);
   EXPECT_EQ(kv->HeldPrefixBlocks(filler), 0);
+  EXPECT_EQ(kv->HeldPrefixBlocks(prompt), 3);  // c holds the moved blocks
 }
 
 TEST(KvCompactionTest, DeviceStorageHandsOutCopies) {
