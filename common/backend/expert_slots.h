@@ -75,6 +75,17 @@ class ExpertSlots {
   // Bytes one slot takes (weights in the backend's format, scales and biases included).
   virtual uint64_t slot_bytes() const = 0;
 
+  // Slots [0, n) of num_slots() are in use from here on; the memory of the others goes back
+  // (a GPU's to the device, where another process can take it: the router's KV pool) until a
+  // later call takes it again. Slots at or past n must be released first (FAILED_PRECONDITION
+  // otherwise). RESOURCE_EXHAUSTED, with the slots as they were, when the memory to grow into
+  // is not there.
+  virtual absl::Status SetUsableSlots(int n) {
+    if (n == num_slots()) return absl::OkStatus();
+    return absl::UnimplementedError("these expert slots cannot give memory back");
+  }
+  virtual int usable_slots() const { return num_slots(); }
+
   // Copies `weights` (host memory: the expert store's shared memory) into `slot` and binds
   // the slot to (layer, expert), unbinding whatever the slot held. May return before the copy
   // has finished: RunExperts is ordered after it (a GPU waits on the copy's event).

@@ -7,47 +7,27 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda/driver_api.h"
 #include "common/cuda/flag_poll_kernels.h"
 #include "common/util/tunables.h"
 
 namespace strata::gpu {
 namespace {
 
-// The driver functions, looked up through the runtime: linking libcuda itself would keep every
-// binary from starting on a machine without the NVIDIA driver (CPU-only hosts run them too).
 struct DriverApi {
   CUresult (*wait_value32)(CUstream, CUdeviceptr, cuuint32_t, unsigned int) = nullptr;
   CUresult (*memset_d32_async)(CUdeviceptr, unsigned int, size_t, CUstream) = nullptr;
   bool ok = false;
 };
 
-template <typename Fn>
-bool Find(const char* symbol, Fn* fn) {
-  void* address = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess ||
-      found != cudaDriverEntryPointSuccess || address == nullptr) {
-    cudaGetLastError();
-    return false;
-  }
-  *fn = reinterpret_cast<Fn>(address);
-  return true;
-}
-
 const DriverApi& Driver() {
   static const DriverApi api = [] {
     DriverApi a;
-    a.ok = Find("cuStreamWaitValue32", &a.wait_value32) &&
-           Find("cuMemsetD32Async", &a.memset_d32_async);
+    a.ok = FindDriverFunction("cuStreamWaitValue32", &a.wait_value32) &&
+           FindDriverFunction("cuMemsetD32Async", &a.memset_d32_async);
     return a;
   }();
   return api;
-}
-
-absl::Status DriverStatus(CUresult result, const char* call) {
-  if (result == CUDA_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, " failed with CUDA driver error ", result));
 }
 
 absl::Status Unavailable() {

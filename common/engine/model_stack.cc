@@ -85,15 +85,28 @@ absl::Status ModelStack::CreateKv() {
                      " bytes holds no block; one block needs ", block_bytes));
   }
   kv.num_blocks = static_cast<int>(std::min<int64_t>(blocks, int64_t{1} << 30));
+  if (options_.kv_growth_expert_share > 0.0f) {
+    // Room to grow into (KvCacheOptions::initial_blocks): addresses only until it is used. The
+    // experts as 16-bit, with a tenth more for the slots' scales and biases: no slot is larger.
+    int64_t moe_layers = 0;
+    for (bool moe : c.layer_is_moe) moe_layers += moe;
+    const double expert_bytes = 3.0 * c.hidden_size * c.moe_intermediate_size * 2 * 1.1;
+    const double growth =
+        options_.kv_growth_expert_share * moe_layers * c.num_experts * expert_bytes;
+    kv.initial_blocks = kv.num_blocks;
+    kv.num_blocks = static_cast<int>(std::min<int64_t>(
+        kv.num_blocks + static_cast<int64_t>(growth / block_bytes), int64_t{1} << 30));
+  }
   kv.prefix_caching = options_.prefix_caching;
   if (kv.fp8 && kv.fp16_above_tokens > 0 && kv.fp16_above_tokens < c.max_position_embeddings) {
     // A sequence just past the threshold, 16-bit, must fit the pool.
     const int64_t wide_blocks = (kv.fp16_above_tokens + kv.block_size) / kv.block_size * 2;
-    if (wide_blocks > kv.num_blocks) {
+    const int start_blocks = kv.initial_blocks > 0 ? kv.initial_blocks : kv.num_blocks;
+    if (wide_blocks > start_blocks) {
       return absl::InvalidArgumentError(
           absl::StrCat("kv_cache.fp16_above_tokens (", kv.fp16_above_tokens,
                        ") cannot fit: a 16-bit sequence of ", kv.fp16_above_tokens + 1,
-                       " tokens takes ", wide_blocks, " blocks, the pool has ", kv.num_blocks, " (",
+                       " tokens takes ", wide_blocks, " blocks, the pool has ", start_blocks, " (",
                        block_bytes, " bytes each); raise the KV memory or the threshold"));
     }
   }

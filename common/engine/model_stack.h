@@ -32,7 +32,10 @@ struct ModelStackOptions {
   KvDtype kv_dtype = KvDtype::kAuto;
   int64_t kv_fp16_above_tokens = 0;     // KvCacheOptions::fp16_above_tokens
   int64_t kv_calibration_tokens = 512;  // KvCacheOptions::calibration_tokens
-  int kv_blocks = 0;          // when positive, exactly this many blocks (tests), whatever the bytes
+  int kv_blocks = 0;  // when positive, exactly this many blocks (tests), whatever the bytes
+  // The pool may grow at run time (PagedKvCache::Resize), beyond the blocks it starts with, by
+  // this share of the model's expert bytes: memory lent by expert slots (docs/tiers.md).
+  float kv_growth_expert_share = 0.0f;
   int max_step_tokens = 512;  // GPU: tokens in one forward step (sizes the buffers)
   int max_sequences = 1;      // GPU: sequences in one step
   // Build an expert backend here; off when the experts run in worker processes.

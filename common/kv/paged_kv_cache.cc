@@ -42,6 +42,11 @@ absl::StatusOr<PagedKvCache> PagedKvCache::Create(const KvCacheOptions& options)
                                                    ") and num_blocks (", options.num_blocks,
                                                    ") must be positive"));
   }
+  if (options.initial_blocks < 0 || options.initial_blocks > options.num_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("kv cache: initial_blocks (",
+                                                   options.initial_blocks, ") must be within the ",
+                                                   options.num_blocks, " allocated"));
+  }
   if (options.fp16_above_tokens < 0 || options.calibration_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "kv cache: fp16_above_tokens (", options.fp16_above_tokens,
@@ -53,23 +58,15 @@ absl::StatusOr<PagedKvCache> PagedKvCache::Create(const KvCacheOptions& options)
 PagedKvCache::PagedKvCache(const KvCacheOptions& options) : options_(options) {
   slot_floats_ = int64_t{options.num_kv_heads} * options.head_dim;
   block_floats_ = 2 * options.block_size * slot_floats_;
-  if (options.host_storage) {
-    const size_t elements =
-        static_cast<size_t>(options.num_layers) * options.num_blocks * block_floats_;
-    if (options.fp8) {
-      bytes_.assign(elements, 0);
-    } else {
-      storage_.assign(elements, 0.0f);
-    }
-  }
+  active_blocks_ = options.initial_blocks > 0 ? options.initial_blocks : options.num_blocks;
+  ResizeHostStorage();
   if (options.fp8) {
     const size_t heads = static_cast<size_t>(options.num_layers) * options.num_kv_heads;
     k_amax_.assign(heads, 0.0f);
     v_amax_.assign(heads, 0.0f);
   }
   // Hand out low block ids first.
-  active_blocks_ = options.num_blocks;
-  for (int b = options.num_blocks - 1; b >= 0; --b) free_.push_back(b);
+  for (int b = active_blocks_ - 1; b >= 0; --b) free_.push_back(b);
   if (options.prefix_caching) {
     blocks_.resize(options.num_blocks);
     cached_tokens_.resize(static_cast<size_t>(options.num_blocks) * options.block_size);
@@ -265,6 +262,7 @@ absl::StatusOr<int64_t> PagedKvCache::Resize(int num_blocks) {
     for (int b = num_blocks - 1; b >= active_blocks_; --b) grown.push_back(b);
     free_.insert(free_.begin(), grown.begin(), grown.end());
     active_blocks_ = num_blocks;
+    ResizeHostStorage();
     return 0;
   }
   const int64_t in_use = blocks_in_use();
@@ -331,10 +329,24 @@ absl::StatusOr<int64_t> PagedKvCache::Resize(int num_blocks) {
   active_blocks_ = num_blocks;
   if (options_.host_storage) {
     MoveOnHost(moves);
+    ResizeHostStorage();
   } else {
     moves_.insert(moves_.end(), moves.begin(), moves.end());
   }
   return static_cast<int64_t>(moves.size());
+}
+
+void PagedKvCache::ResizeHostStorage() {
+  if (!options_.host_storage) return;
+  const size_t elements = static_cast<size_t>(options_.num_layers) * active_blocks_ * block_floats_;
+  // Block-major: the active blocks are the leading elements, kept as they are.
+  if (options_.fp8) {
+    bytes_.resize(elements, 0);
+    bytes_.shrink_to_fit();
+  } else {
+    storage_.resize(elements, 0.0f);
+    storage_.shrink_to_fit();
+  }
 }
 
 void PagedKvCache::MoveOnHost(absl::Span<const KvBlockMove> moves) {

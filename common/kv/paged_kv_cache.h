@@ -29,7 +29,10 @@ const char* KvDtypeName(KvDtype dtype);
 
 struct KvCacheOptions {
   int block_size = 32;  // token slots per block
-  int num_blocks = 0;   // blocks allocated; the pool's at start (Resize changes it within)
+  // The most blocks the pool can have (Resize changes it within); the pool's at start unless
+  // initial_blocks says fewer. Host storage holds the active blocks only.
+  int num_blocks = 0;
+  int initial_blocks = 0;  // 0: num_blocks
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
@@ -213,6 +216,8 @@ class PagedKvCache {
     return bytes_.data() + (int64_t{block} * options_.num_layers + layer) * block_floats_;
   }
   void ReleaseBlock(int b);
+  // Host storage sized to the active blocks.
+  void ResizeHostStorage();
   // Host storage: the moves' FP8 blocks into their 16-bit ones, or copies.
   void MoveOnHost(absl::Span<const KvBlockMove> moves);
 

@@ -1,5 +1,7 @@
 #include "common/placement/hot_ratio.h"
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -20,6 +22,12 @@ absl::StatusOr<std::optional<float>> ParseHotRatio(const std::string& text) {
         absl::StrCat("hot ratio \"", text, "\": auto or a number in [0, 1]"));
   }
   return ratio;
+}
+
+float HotRatioPolicy::Highest() const {
+  float highest = 0.0f;
+  for (const Step& step : steps) highest = std::max(highest, step.ratio);
+  return highest;
 }
 
 float HotRatioPolicy::For(int64_t context_tokens) const {

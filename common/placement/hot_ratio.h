@@ -29,6 +29,7 @@ struct HotRatioPolicy {
   std::vector<Step> steps = {{512, 0.35f}, {2048, 0.28f}, {0, kLongContextHotRatio}};
 
   float For(int64_t context_tokens) const;
+  float Highest() const;
   // "512:0.35,2048:0.28,0.20": ascending limits, ratios in [0, 1], a last plain ratio.
   static absl::StatusOr<HotRatioPolicy> Parse(const std::string& text);
   std::string ToString() const;

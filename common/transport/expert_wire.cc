@@ -19,7 +19,7 @@ struct RequestHeader {
   uint32_t hidden_size;
   uint32_t kind;
   float hot_ratio;
-  uint32_t reserved;
+  uint32_t lent_slots;
 };
 
 struct ResponseHeader {
@@ -35,7 +35,7 @@ struct ResponseHeader {
 
 constexpr uint32_t kOnDevice = 1;
 
-static_assert(sizeof(RequestHeader) == 40 && sizeof(ResponseHeader) == 112);
+static_assert(sizeof(RequestHeader) == 40 && sizeof(ResponseHeader) == 120);
 
 template <typename T>
 absl::Span<const T> ViewAt(absl::Span<const uint8_t> bytes, size_t offset, size_t count) {
@@ -98,7 +98,7 @@ void EncodeExpertRequest(const ExpertRequestView& r, absl::Span<uint8_t> out) {
                   r.hidden_size,
                   static_cast<uint32_t>(r.kind),
                   r.hot_ratio,
-                  0};
+                  r.lent_slots};
   uint8_t* p = out.data();
   std::memcpy(p, &h, sizeof(h));
   if (r.kind == ExpertMessageKind::kDeviceRun) return;
@@ -177,6 +177,7 @@ absl::StatusOr<ExpertRequestView> DecodeExpertRequest(absl::Span<const uint8_t> 
   if (h.magic != kRequestMagic) return absl::DataLossError("expert request: bad magic");
   ExpertRequestView r;
   r.hot_ratio = h.hot_ratio;
+  r.lent_slots = h.lent_slots;
   r.step = h.step;
   r.layer = h.layer;
   r.num_tokens = h.num_tokens;

@@ -26,6 +26,10 @@ struct TierCounters {
   uint32_t hot_slots = 0;
   uint32_t warm_slots = 0;
   uint64_t slot_bytes = 0;
+  // Slots whose memory the worker has given back to the router's KV pool (ExpertRequestView::
+  // lent_slots, as far as the worker could).
+  uint32_t lent_slots = 0;
+  uint32_t reserved = 0;
 };
 
 enum class ExpertMessageKind : uint32_t {
@@ -49,6 +53,9 @@ struct ExpertRequestView {
   ExpertMessageKind kind = ExpertMessageKind::kRun;
   // The share of its owned experts the worker keeps resident; negative leaves it unchanged.
   float hot_ratio = -1.0f;
+  // Slots whose memory the worker gives back for the router's KV pool (on the router's device:
+  // one budget for both); 0 takes it all back. Run and step requests only.
+  uint32_t lent_slots = 0;
   uint64_t step = 0;
   uint32_t layer = 0;
   uint32_t num_tokens = 0;

@@ -14,13 +14,13 @@ void TierCountersToProto(const TierCounters& c, v1::TierCounters& t) {
   t.set_hot_slots(c.hot_slots);
   t.set_warm_slots(c.warm_slots);
   t.set_slot_bytes(c.slot_bytes);
+  t.set_lent_slots(c.lent_slots);
 }
 
 TierCounters TierCountersFromProto(const v1::TierCounters& t) {
-  return TierCounters{t.hot_hits(),      t.warm_hits(),        t.misses(),
-                      t.bytes_copied(),  t.evictions(),        t.prefetch_loads(),
-                      t.prefetch_hits(), t.cpu_tier_experts(), t.hot_slots(),
-                      t.warm_slots(),    t.slot_bytes()};
+  return TierCounters{t.hot_hits(),  t.warm_hits(),      t.misses(),        t.bytes_copied(),
+                      t.evictions(), t.prefetch_loads(), t.prefetch_hits(), t.cpu_tier_experts(),
+                      t.hot_slots(), t.warm_slots(),     t.slot_bytes(),    t.lent_slots()};
 }
 
 }  // namespace strata

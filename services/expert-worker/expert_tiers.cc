@@ -99,7 +99,7 @@ absl::Status ExpertTiers::SetHotRatio(float hot_ratio) {
 absl::Status ExpertTiers::PickHotSet() {
   const std::vector<ExpertKey> ranked = Ranked();
   const int wanted = static_cast<int>(std::lround(hot_ratio_ * static_cast<double>(owned_.size())));
-  const int limit = slots_.num_slots() - std::max(options_.min_warm_slots, 1);
+  const int limit = slots_.usable_slots() - std::max(options_.min_warm_slots, 1);
   const int count = std::clamp(wanted, 0, std::max(limit, 0));
 
   absl::flat_hash_set<ExpertKey> next;
@@ -116,6 +116,10 @@ absl::Status ExpertTiers::PickHotSet() {
   hot_ = std::move(next);
   counters_.hot_slots = static_cast<uint32_t>(hot_.size());
   counters_.warm_slots = static_cast<uint32_t>(warm_capacity());
+  return FitWarmAndLoadHot();
+}
+
+absl::Status ExpertTiers::FitWarmAndLoadHot() {
   while (warm_->size() > warm_capacity()) {
     const std::optional<ExpertKey> victim = warm_->Victim();
     if (!victim) break;
@@ -125,6 +129,40 @@ absl::Status ExpertTiers::PickHotSet() {
     if (!slot_of_.contains(key)) RETURN_IF_ERROR(LoadInto(key, /*hot=*/true, hot_));
   }
   return absl::OkStatus();
+}
+
+absl::Status ExpertTiers::SetLentSlots(int lent) {
+  // The hot set and one layer step's worth of warm slots stay.
+  const int floor = static_cast<int>(hot_.size()) + std::max(options_.min_warm_slots, 1);
+  lent = std::clamp(lent, 0, std::max(slots_.num_slots() - floor, 0));
+  const int usable = slots_.num_slots() - lent;
+  const int before = slots_.usable_slots();
+  if (usable == before) return absl::OkStatus();
+  if (usable > before) {
+    if (absl::Status grown = slots_.SetUsableSlots(usable); !grown.ok()) {
+      // The memory is not back yet (another process holds it): stay as we are, asked again
+      // with the next request.
+      return absl::IsResourceExhausted(grown) ? absl::OkStatus() : grown;
+    }
+    for (int slot = usable - 1; slot >= before; --slot) free_slots_.push_back(slot);
+    // Lowest slot first from the back, as at the start.
+    std::sort(free_slots_.begin(), free_slots_.end(), std::greater<int>());
+  } else {
+    std::vector<ExpertKey> leaving;
+    for (const auto& [key, slot] : slot_of_) {
+      if (slot >= usable) leaving.push_back(key);
+    }
+    for (const ExpertKey& key : leaving) Evict(key);
+    free_slots_.erase(std::remove_if(free_slots_.begin(), free_slots_.end(),
+                                     [usable](int slot) { return slot >= usable; }),
+                      free_slots_.end());
+    RETURN_IF_ERROR(slots_.SetUsableSlots(usable));
+    // Hot experts that were in the slots given back come in again below.
+    RETURN_IF_ERROR(FitWarmAndLoadHot());
+  }
+  counters_.lent_slots = static_cast<uint32_t>(slots_.num_slots() - slots_.usable_slots());
+  counters_.warm_slots = static_cast<uint32_t>(warm_capacity());
+  return options_.warm_start ? FillFreeSlots() : absl::OkStatus();
 }
 
 absl::Status ExpertTiers::LoadInto(ExpertKey key, bool hot,

@@ -72,6 +72,13 @@ class ExpertTiers : public SlotResidency {
   // experts joining it are loaded now. A no-op when the ratio is unchanged.
   absl::Status SetHotRatio(float hot_ratio);
   float hot_ratio() const { return hot_ratio_; }
+  // Gives the memory of `lent` slots back (the router's KV pool takes it: docs/tiers.md), or
+  // takes it again when `lent` is lower: slots past the usable ones are emptied (a hot expert
+  // there is loaded again below them) and their memory released. Never more than leaves the
+  // hot set and min_warm_slots; lending less than asked is not an error (counters().lent_slots
+  // says what is lent), nor is memory that is not back yet when taking it again.
+  absl::Status SetLentSlots(int lent);
+  int lent_slots() const { return slots_.num_slots() - slots_.usable_slots(); }
 
   // Makes the distinct `experts` of `layer` resident, `tokens[i]` tokens using experts[i]:
   // hits are counted, misses copied into warm slots (never evicting a hot expert or one of
@@ -98,7 +105,7 @@ class ExpertTiers : public SlotResidency {
   ExpertTiers(const ModelConfig& config, ExpertSlots& slots, const ExpertWeightSource& store,
               ExpertTierOptions options);
 
-  int warm_capacity() const { return slots_.num_slots() - static_cast<int>(hot_.size()); }
+  int warm_capacity() const { return slots_.usable_slots() - static_cast<int>(hot_.size()); }
   absl::Status PickHotSet();
   // The owned experts, most wanted first: by calibration counts, or by the uses seen so far.
   std::vector<ExpertKey> Ranked() const;
@@ -107,6 +114,8 @@ class ExpertTiers : public SlotResidency {
   // looked at, so that nothing it needs is evicted after it was found.
   absl::Status RepickIfDue();
   absl::Status FillFreeSlots();
+  // Evicts warm experts past the warm share, then loads the hot experts not resident.
+  absl::Status FitWarmAndLoadHot();
   // Loads (layer, expert) into a free slot, evicting warm experts `protect` does not keep.
   absl::Status LoadInto(ExpertKey key, bool hot, const absl::flat_hash_set<ExpertKey>& protect);
   void Evict(ExpertKey key);

@@ -58,6 +58,7 @@ class ExchangeReactor : public grpc::ServerBidiReactor<v1::ExpertRequest, v1::Ex
     view.experts = absl::Span<const int32_t>(request_.experts().data(), n * k);
     view.weights = absl::Span<const float>(request_.weights().data(), n * k);
     view.hot_ratio = request_.has_hot_ratio() ? request_.hot_ratio() : -1.0f;
+    view.lent_slots = request_.lent_slots();
     std::lock_guard<std::mutex> lock(executor_mu_);
     const absl::Status status = executor_.Run(view);
     TierCountersToProto(executor_.counters(), *response_.mutable_tiers());

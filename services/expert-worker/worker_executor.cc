@@ -40,7 +40,7 @@ absl::Status WorkerExecutor::Run(const ExpertRequestView& request) {
     result_ = &executor_.partial();
     return absl::OkStatus();
   }
-  if (request.hot_ratio >= 0.0f) RETURN_IF_ERROR(tiers_->SetHotRatio(request.hot_ratio));
+  RETURN_IF_ERROR(ApplyMemory(request));
   // choose_cpu_ is empty without a CPU tier (SetCpuTier); Acquire clears cpu_ first.
   RETURN_IF_ERROR(
       tiers_->Acquire(static_cast<int>(request.layer), experts_, tokens_, choose_cpu_, &cpu_));
@@ -53,9 +53,15 @@ absl::Status WorkerExecutor::Run(const ExpertRequestView& request) {
   return RunOnCpuTier(request, cpu_);
 }
 
-absl::Status WorkerExecutor::ApplyHotRatio(float hot_ratio) {
-  if (tiers_ == nullptr || hot_ratio < 0.0f) return absl::OkStatus();
-  return tiers_->SetHotRatio(hot_ratio);
+absl::Status WorkerExecutor::ApplyMemory(const ExpertRequestView& request) {
+  if (tiers_ == nullptr) return absl::OkStatus();
+  const int lent = static_cast<int>(std::min<uint32_t>(request.lent_slots, 1u << 30));
+  // Slots taken back before a higher ratio's hot set needs them; given back after a lower
+  // ratio's has left them.
+  if (lent < tiers_->lent_slots()) RETURN_IF_ERROR(tiers_->SetLentSlots(lent));
+  if (request.hot_ratio >= 0.0f) RETURN_IF_ERROR(tiers_->SetHotRatio(request.hot_ratio));
+  if (lent > tiers_->lent_slots()) RETURN_IF_ERROR(tiers_->SetLentSlots(lent));
+  return absl::OkStatus();
 }
 
 absl::Status WorkerExecutor::Prefetch(const ExpertRequestView& request) {

@@ -24,13 +24,13 @@ class WorkerExecutor {
   void SetCpuTier(CpuTierClient* client, ColdPathChooser choose);
 
   // A kRun request: the weighted sum of its experts per token into partial(). Applies the
-  // request's hot ratio first. Not thread-safe: one request at a time.
+  // request's hot ratio and lent slots first. Not thread-safe: one request at a time.
   absl::Status Run(const ExpertRequestView& request);
   // A kPrefetch message: starts loading the predicted experts.
   absl::Status Prefetch(const ExpertRequestView& request);
-  // The router's hot ratio of a request the executor does not run itself (CUDA IPC runs on the
-  // device experts); negative: leave it.
-  absl::Status ApplyHotRatio(float hot_ratio);
+  // The router's hot ratio (negative: leave it) and the slots lent to its KV pool, of a
+  // request the executor does not run itself (CUDA IPC runs on the device experts).
+  absl::Status ApplyMemory(const ExpertRequestView& request);
 
   const Tensor& partial() const { return *result_; }
   TierCounters counters() const;

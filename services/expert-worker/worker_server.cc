@@ -316,7 +316,7 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
       if (ipc_link_ == nullptr) {
         status = absl::FailedPreconditionError("no CUDA IPC buffers");
       } else {
-        status = executor_->ApplyHotRatio(request->hot_ratio);
+        status = executor_->ApplyMemory(*request);
         if (status.ok()) status = step ? ipc_link_->RunStep(*request) : ipc_link_->Run(*request);
       }
     } else if (status.ok()) {
@@ -364,6 +364,8 @@ absl::Status WorkerServer::Run() {
         }
       }
       const absl::Time start = absl::Now();
+      // What the router's KV pool holds of this worker's memory goes before the hot set loads.
+      RETURN_IF_ERROR(tiers_->SetLentSlots(static_cast<int>(registration->lent_slots())));
       RETURN_IF_ERROR(tiers_->SetOwned(std::move(experts), registration->hot_ratio()));
 #if STRATA_HAVE_CUDA
       // The slots' first copies (the hot set, and on a GPU the warm start) land now, not

@@ -63,7 +63,12 @@ absl::Status CoordinatorService::Register(const v1::RegisterWorkerRequest& reque
     default:
       return absl::InvalidArgumentError("unknown transport");
   }
-  experts_.SetConnection(index, std::move(connection), request.tiered());
+  // The worker's memory is the router's: the same GPU, or both on this host's CPUs.
+  const bool shares_memory =
+      options_.cuda_ipc
+          ? !options_.router_gpu_uuid.empty() && request.gpu_uuid() == options_.router_gpu_uuid
+          : asked == v1::TRANSPORT_SHARED_MEMORY && request.device() == "cpu";
+  experts_.SetConnection(index, std::move(connection), request.tiered(), shares_memory);
   response.set_num_workers(experts_.num_workers());
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     if (!config_.layer_is_moe[layer]) continue;
@@ -82,6 +87,7 @@ absl::Status CoordinatorService::Register(const v1::RegisterWorkerRequest& reque
   }
   // Set before the coordinator serves (RouterServer::Start).
   response.set_hot_ratio(experts_.hot_ratio());
+  response.set_lent_slots(experts_.lent_slots(index));
   return absl::OkStatus();
 }
 

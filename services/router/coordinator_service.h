@@ -5,9 +5,9 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <set>
-#include <memory>
 #include <string>
 
 #include "common/placement/placement_plan.h"
@@ -29,6 +29,10 @@ struct CoordinatorOptions {
       v1::CudaIpcBuffers& buffers)>
       cuda_ipc;
   std::string router_device = "cpu";  // for messages
+  // The router's GPU (cudaDeviceProp::uuid bytes) when it runs on one: a CUDA IPC worker there
+  // shares its memory (RemoteExpertBackend::shares_memory). Empty for a CPU router, whose CPU
+  // workers on shared memory share the host's.
+  std::string router_gpu_uuid;
 };
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {

@@ -39,6 +39,7 @@ absl::Status GrpcExpertConnection::Send(const ExpertRequestView& r) {
   request_.mutable_experts()->Add(r.experts.begin(), r.experts.end());
   request_.mutable_weights()->Add(r.weights.begin(), r.weights.end());
   if (r.hot_ratio >= 0.0f) request_.set_hot_ratio(r.hot_ratio);
+  request_.set_lent_slots(r.lent_slots);
   if (!stream_->Write(request_)) {
     alive_.store(false);
     return absl::UnavailableError("expert worker stream closed");

@@ -217,6 +217,7 @@ absl::Status IpcExpertBackend::Exchange(
     request.top_k = static_cast<uint32_t>(k);
     request.hidden_size = static_cast<uint32_t>(h);
     request.hot_ratio = hot_ratio();
+    request.lent_slots = lent_slots(w);
     status = links[w]->Send(request);
     if (!status.ok()) {
       *failed = w;

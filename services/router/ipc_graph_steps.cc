@@ -69,6 +69,7 @@ absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
     request.top_k = static_cast<uint32_t>(std::max(c.top_k, 1));
     request.hidden_size = static_cast<uint32_t>(c.hidden_size);
     request.hot_ratio = hot_ratio();
+    request.lent_slots = lent_slots(w);
     request.layers = graph_layers_[w];
     status = link->Send(request);
     if (status.ok()) sent_.push_back(w);

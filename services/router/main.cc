@@ -41,6 +41,10 @@ ABSL_FLAG(std::string, kv_cache_dtype, "auto",
 ABSL_FLAG(int64_t, kv_cache_fp16_above_tokens, 2048,
           "With --kv-cache-dtype fp8: a sequence past this many tokens keeps 16-bit keys and "
           "values (converted when it grows past it); 0: never");
+ABSL_FLAG(bool, kv_cache_share_expert_memory, false,
+          "One memory budget for the KV pool and the expert slots of workers on this router's "
+          "device: as the hot ratio falls with context length, the slots of experts leaving the "
+          "hot set go to the KV pool, and come back as it rises");
 ABSL_FLAG(int64_t, kv_cache_calibration_tokens, 512,
           "With --kv-cache-dtype fp8: tokens whose keys and values set the scales (sequences "
           "stay 16-bit until then)");
@@ -107,6 +111,7 @@ int main(int argc, char** argv) {
   options.kv_dtype = *kv_dtype;
   options.kv_fp16_above_tokens = absl::GetFlag(FLAGS_kv_cache_fp16_above_tokens);
   options.kv_calibration_tokens = absl::GetFlag(FLAGS_kv_cache_calibration_tokens);
+  options.kv_share_expert_memory = absl::GetFlag(FLAGS_kv_cache_share_expert_memory);
   options.scheduler.speculation.max_draft_tokens = absl::GetFlag(FLAGS_speculative_tokens);
   options.scheduler.speculation.ngram_max = absl::GetFlag(FLAGS_speculative_ngram);
   if (options.scheduler.speculation.max_draft_tokens < 0 ||

@@ -17,9 +17,21 @@ RemoteExpertBackend::RemoteExpertBackend(const ModelConfig& config, PlacementPla
       connections_(placement_.num_workers),
       tiers_(placement_.num_workers),
       wants_prefetch_(placement_.num_workers, false),
+      shares_memory_(placement_.num_workers, false),
       was_usable_(placement_.num_workers, false),
       ever_usable_(placement_.num_workers, false),
-      staging_(placement_.num_workers) {}
+      staging_(placement_.num_workers) {
+  lent_slots_ = std::make_unique<std::atomic<uint32_t>[]>(num_workers_);
+  for (int w = 0; w < num_workers_; ++w) lent_slots_[w].store(0);
+}
+
+void RemoteExpertBackend::set_lent_slots(int index, uint32_t slots) {
+  if (index >= 0 && index < num_workers_) lent_slots_[index].store(slots);
+}
+
+uint32_t RemoteExpertBackend::lent_slots(int index) const {
+  return index >= 0 && index < num_workers_ ? lent_slots_[index].load() : 0;
+}
 
 TierCounters RemoteExpertBackend::tiers(int index) const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -32,12 +44,18 @@ std::vector<std::shared_ptr<ExpertConnection>> RemoteExpertBackend::Connections(
 }
 
 void RemoteExpertBackend::SetConnection(int index, std::shared_ptr<ExpertConnection> connection,
-                                        bool wants_prefetch) {
+                                        bool wants_prefetch, bool shares_memory) {
   std::lock_guard<std::mutex> lock(mu_);
   connections_.at(index) = std::move(connection);
   wants_prefetch_.at(index) = wants_prefetch;
+  shares_memory_.at(index) = shares_memory;
   tiered_workers_.store(
       static_cast<int>(std::count(wants_prefetch_.begin(), wants_prefetch_.end(), true)));
+}
+
+bool RemoteExpertBackend::shares_memory(int index) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index >= 0 && index < num_workers_ && shares_memory_[index];
 }
 
 bool RemoteExpertBackend::wants_prefetch() const {
@@ -198,6 +216,7 @@ absl::Status RemoteExpertBackend::Exchange(
     request.experts = s.experts;
     request.weights = s.weights;
     request.hot_ratio = hot_ratio_.load();
+    request.lent_slots = lent_slots(w);
     status = connections[w]->Send(request);
     sent[w] = status.ok();
     if (!status.ok()) *failed = w;

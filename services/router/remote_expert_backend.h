@@ -28,8 +28,11 @@ class RemoteExpertBackend : public ExpertBackend {
 
   // Installs (or replaces, after a restart) worker `index`'s connection; `wants_prefetch`: the
   // worker keeps only some experts resident and takes prefetch hints. Thread-safe.
+  // `shares_memory`: the worker's memory is the router's (the same GPU, or both on the host's
+  // CPUs), so it can lend slots to the KV pool.
   void SetConnection(int index, std::shared_ptr<ExpertConnection> connection,
-                     bool wants_prefetch = false);
+                     bool wants_prefetch = false, bool shares_memory = false);
+  bool shares_memory(int index) const;
   int num_connected() const;
   // Whether worker `index` is registered and its process alive.
   bool connected(int index) const;
@@ -45,6 +48,10 @@ class RemoteExpertBackend : public ExpertBackend {
   // The hot ratio every request carries to the workers (negative: leave theirs). Thread-safe.
   void set_hot_ratio(float ratio) { hot_ratio_.store(ratio); }
   float hot_ratio() const { return hot_ratio_.load(); }
+  // The slots worker `index` is asked to lend to the KV pool, carried by every request (a
+  // worker on the router's device sharing one budget with it; 0 otherwise). Thread-safe.
+  void set_lent_slots(int index, uint32_t slots);
+  uint32_t lent_slots(int index) const;
   // Worker `index`'s tier counters as of its last response. Thread-safe.
   TierCounters tiers(int index) const;
 
@@ -82,10 +89,12 @@ class RemoteExpertBackend : public ExpertBackend {
   uint64_t step_ = 0;
   std::atomic<int64_t> reroutes_{0};
   std::atomic<float> hot_ratio_{-1.0f};
-  std::vector<TierCounters> tiers_;                   // guarded by mu_
-  std::vector<bool> wants_prefetch_;                  // guarded by mu_
-  std::atomic<int> tiered_workers_{0};                // workers registered with wants_prefetch
-  std::vector<std::vector<int32_t>> prefetch_lists_;  // Prefetch's, by worker (engine thread)
+  std::unique_ptr<std::atomic<uint32_t>[]> lent_slots_;  // [worker]
+  std::vector<TierCounters> tiers_;                      // guarded by mu_
+  std::vector<bool> wants_prefetch_;                     // guarded by mu_
+  std::vector<bool> shares_memory_;                      // guarded by mu_
+  std::atomic<int> tiered_workers_{0};                   // workers registered with wants_prefetch
+  std::vector<std::vector<int32_t>> prefetch_lists_;     // Prefetch's, by worker (engine thread)
   // For logging transitions only (engine thread): a worker that never registered is not
   // "gone".
   std::vector<bool> was_usable_;

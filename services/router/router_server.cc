@@ -35,6 +35,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   stack.max_sequences = std::max(options.scheduler.max_running, 1);
   stack.local_experts = options.num_workers == 0;
   stack.expert_weights = options.expert_weights;
+  const bool lending = options.kv_share_expert_memory && options.num_workers > 0;
+  if (lending) stack.kv_growth_expert_share = options.hot_ratio_policy.Highest();
   ASSIGN_OR_RETURN(s->stack_, ModelStack::Create(options.model_dir, stack));
   const ModelConfig& c = s->stack_->config();
   const std::string tokenizer_path =
@@ -71,19 +73,31 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
     // A GPU router keeps its routing on the device: nothing to predict for the workers, which
     // hold every expert.
     forward_options.predict_next_experts = options.prefetch && s->stack_->device_index() < 0;
-    forward_options.on_batch = [remote = s->remote_.get(),
-                                control = s->hot_ratio_.get()](const BatchLayout& batch) {
+    if (lending) {
+      const PagedKvCache& kv = s->stack_->kv();
+      s->lending_ = std::make_unique<KvLending>(
+          KvLendingOptions{.top_ratio = options.hot_ratio_policy.Highest(),
+                           .base_blocks = kv.active_blocks(),
+                           .max_blocks = kv.options().num_blocks,
+                           .block_bytes = static_cast<uint64_t>(KvBlockBytes(kv.options()))});
+    }
+    forward_options.on_batch = [server = s.get()](const BatchLayout& batch) {
       int64_t longest = 0;
       for (int64_t p : batch.position) longest = std::max(longest, p + 1);
-      remote->set_hot_ratio(control->Update(longest));
+      const float ratio = server->hot_ratio_->Update(longest);
+      server->remote_->set_hot_ratio(ratio);
+      if (server->lending_ != nullptr) server->LendKvMemory(ratio);
     };
   }
   SchedulerOptions scheduler = options.scheduler;
   runner.cuda_graphs = options.cuda_graph_max_batch > 0;
   runner.graphs.max_sequences =
       std::min({options.cuda_graph_max_batch, stack.max_sequences, stack.max_step_tokens});
-  runner.graphs.max_context = static_cast<int>(std::min<int64_t>(
-      {int64_t{kDecodeGraphContext}, s->stack_->kv().pool_tokens(), c.max_position_embeddings}));
+  // The pool's largest (it may grow: KvLending), for the graphs' block tables.
+  const int64_t pool_tokens =
+      int64_t{s->stack_->kv().options().num_blocks} * s->stack_->kv().options().block_size;
+  runner.graphs.max_context = static_cast<int>(
+      std::min<int64_t>({int64_t{kDecodeGraphContext}, pool_tokens, c.max_position_embeddings}));
   // Clock stamps are read per step, with nothing behind it on the stream.
   if (!options.gpu_clock_stamps.empty()) scheduler.overlap_decode_steps = false;
   s->runner_ =
@@ -191,6 +205,13 @@ absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
                                                CoordinatorOptions& coordinator) {
   const ModelConfig& c = stack_->config();
   const RemoteExpertOptions remote{.timeout = options_.expert_timeout};
+  owned_experts_.assign(placement.num_workers, 0);
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    if (!c.layer_is_moe[layer]) continue;
+    for (int w = 0; w < placement.num_workers; ++w) {
+      owned_experts_[w] += static_cast<int>(placement.OwnedBy(layer, w).size());
+    }
+  }
   if (stack_->device_index() < 0) {
     remote_ = std::make_unique<RemoteExpertBackend>(c, std::move(placement), remote);
     return absl::OkStatus();
@@ -203,6 +224,9 @@ absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
                                             std::max(options_.scheduler.max_batch_tokens, 1)));
   if (!options_.gpu_clock_stamps.empty()) {
     RETURN_IF_ERROR(ipc->StampClocks(options_.gpu_clock_stamps));
+  }
+  if (absl::StatusOr<std::string> uuid = gpu::GpuUuid(stack_->device_index()); uuid.ok()) {
+    coordinator.router_gpu_uuid = *uuid;
   }
   coordinator.cuda_ipc = [ipc = ipc.get()](const v1::RegisterWorkerRequest& request,
                                            std::unique_ptr<ShmExpertConnection> channel,
@@ -217,6 +241,30 @@ absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
 #else
   return absl::UnimplementedError("this build has no CUDA backend (nvcc was not found)");
 #endif
+}
+
+void RouterServer::LendKvMemory(float ratio) {
+  const int n = remote_->num_workers();
+  std::vector<LendingWorker> workers(n);
+  for (int w = 0; w < n; ++w) {
+    const TierCounters t = remote_->tiers(w);
+    workers[w] = {.shares = remote_->shares_memory(w) && remote_->connected(w),
+                  .owned = owned_experts_[w],
+                  .slot_bytes = t.slot_bytes,
+                  .lent = t.lent_slots};
+  }
+  const std::optional<int> resize = lending_->Step(ratio, workers, stack_->kv().active_blocks());
+  for (int w = 0; w < n; ++w) remote_->set_lent_slots(w, lending_->asks()[w]);
+  if (!resize) return;
+  // Applied between steps, on this thread (Scheduler::ResizeKv).
+  scheduler_->ResizeKv(
+      *resize, [lending = lending_.get()](absl::StatusOr<Scheduler::KvResize> done) {
+        lending->ResizeDone(done.ok());
+        if (!done.ok() && !absl::IsFailedPrecondition(done.status())) {
+          Log(LogLevel::kWarning,
+              absl::StrCat("KV pool resize for lent expert memory: ", done.status().message()));
+        }
+      });
 }
 
 void RouterServer::MonitorWorkers() {

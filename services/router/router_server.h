@@ -21,6 +21,7 @@
 #include "services/router/generation_service.h"
 #include "services/router/http/http_server.h"
 #include "services/router/http/openai_service.h"
+#include "services/router/kv_lending.h"
 #include "services/router/remote_expert_backend.h"
 #include "services/router/scheduler.h"
 
@@ -46,6 +47,9 @@ struct RouterOptions {
   KvDtype kv_dtype = KvDtype::kAuto;
   int64_t kv_fp16_above_tokens = 2048;
   int64_t kv_calibration_tokens = 512;
+  // One memory budget for the KV pool and the expert slots of the workers on this router's
+  // device (KvLending): the pool grows into the slots they lend as the hot ratio falls.
+  bool kv_share_expert_memory = false;
   float router_temperature = 1.0f;
   SchedulerOptions scheduler;
   std::string channel_prefix = "strata";
@@ -93,6 +97,9 @@ class RouterServer {
   // Logs what was done since `reported` (over `span`), when anything was; updates `reported`.
   void ReportThroughput(absl::Duration span, RequestMetrics::Totals& reported);
   absl::Status StartHttp();
+  // Once a step (engine thread): what the workers on this device lend to the KV pool for the
+  // hot ratio `ratio`, and the pool's resize when their memory came or must go back.
+  void LendKvMemory(float ratio);
   RouterSnapshot Snapshot() const;
 
   // Builds remote_ (num_workers > 0) for the placement, on the stack's device.
@@ -103,6 +110,8 @@ class RouterServer {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<RemoteExpertBackend> remote_;  // num_workers > 0
   std::unique_ptr<HotRatioControl> hot_ratio_;
+  std::unique_ptr<KvLending> lending_;  // kv_share_expert_memory
+  std::vector<int> owned_experts_;      // (layer, expert) pairs, by worker
   std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<GenerationService> generation_;

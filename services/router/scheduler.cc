@@ -50,7 +50,11 @@ Scheduler::Scheduler(const ModelConfig& config, StepRunner& runner, PagedKvCache
     : config_(config), runner_(runner), kv_(kv), tokenizer_(tokenizer), options_(options) {
   free_kv_blocks_.store(kv.free_blocks());
   kv_pool_blocks_.store(kv.active_blocks());
-  max_context_tokens_ = std::min(config.max_position_embeddings, kv.pool_tokens());
+  // The pool's largest: it may grow into memory lent by the expert slots (KvLending) as the
+  // context lengthens.
+  start_blocks_ = kv.active_blocks();
+  max_context_tokens_ = std::min(config.max_position_embeddings,
+                                 int64_t{kv.options().num_blocks} * kv.options().block_size);
   if (options.max_context_tokens > 0) {
     max_context_tokens_ = std::min(max_context_tokens_, options.max_context_tokens);
   }
@@ -309,6 +313,14 @@ void Scheduler::Admit() {
   }
 }
 
+bool Scheduler::LoneSequenceStalled() {
+  if (kv_.active_blocks() != stall_pool_blocks_) {
+    stall_pool_blocks_ = kv_.active_blocks();
+    lone_stalls_ = 0;
+  }
+  return ++lone_stalls_ > kMaxLoneStalls;
+}
+
 void Scheduler::Preempt(Sequence* seq) {
   if (seq->has_kv) kv_.Release(seq->kv_seq);
   seq->has_kv = false;
@@ -363,6 +375,17 @@ bool Scheduler::Step() {
     if (reserved.ok()) reserved = kv_.Reserve(seq->kv_seq, target);
     if (reserved.ok()) {
       ++i;
+      continue;
+    }
+    if (running_.size() == 1 && LoneSequenceStalled()) {
+      // Alone and still short: the pool started below the longest context and has not grown
+      // into lent memory (KvLending) for it.
+      Finish(seq, FinishReason::kError,
+             absl::ResourceExhaustedError(absl::StrCat(
+                 "the KV pool (", kv_.active_blocks(), " blocks of ", kv_.options().block_size,
+                 " tokens) cannot hold this request's ", target,
+                 " tokens and has not grown for it; raise kv_cache.memory_mb")));
+      plan.erase(plan.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
     }
     // The victim may sit before or after `seq` in the plan; find `seq` again afterwards.
@@ -562,7 +585,8 @@ void Scheduler::ApplyKvResize() {
   kv_resize_pending_.store(false);
   // The pool must hold one sequence of the longest context (16-bit in an FP8 pool), or a
   // request of that length could never be admitted.
-  const int64_t floor = kv_.BlocksFor(max_context_tokens_, kv_.options().fp8);
+  const int64_t floor =
+      std::min<int64_t>(kv_.BlocksFor(max_context_tokens_, kv_.options().fp8), start_blocks_);
   if (pending->blocks < floor) {
     pending->done(absl::FailedPreconditionError(
         absl::StrCat("a KV pool of ", pending->blocks,

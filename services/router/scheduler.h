@@ -180,6 +180,13 @@ class Scheduler {
   };
   std::optional<PendingResize> kv_resize_;  // under mu_
   std::atomic<bool> kv_resize_pending_{false};
+  int start_blocks_ = 0;  // the pool's at start
+  // A sequence running alone that the pool cannot hold preempts itself and comes back, until
+  // the pool grows (memory lent to it) or this many times at one pool size.
+  static constexpr int kMaxLoneStalls = 64;
+  bool LoneSequenceStalled();
+  int lone_stalls_ = 0;
+  int stall_pool_blocks_ = -1;
   std::atomic<int> kv_pool_blocks_{0};
   absl::flat_hash_set<Ticket> cancelled_;
   bool stopping_ = false;

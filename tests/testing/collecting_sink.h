@@ -70,6 +70,10 @@ class CollectingSink : public ResponseSink {
     std::lock_guard<std::mutex> lock(mu_);
     return usage_;
   }
+  absl::Status status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
   // Token messages that came after the finish (there should be none).
   int late_messages() {
     std::lock_guard<std::mutex> lock(mu_);

@@ -137,7 +137,7 @@ TEST(ClusterConfigTest, CheckNamesTheKeyAndItsFlag) {
   EXPECT_THAT(message([](ClusterConfig& c) { c.cuda_graph_max_batch = 65; }),
               HasSubstr("must be in [0, 64]"));
   EXPECT_THAT(message([](ClusterConfig& c) { c.hot_ratio_policy = "x"; }),
-              HasSubstr("bad value for \"hot_ratio_policy\": "));
+              HasSubstr("bad value for \"hot_ratio_policy\" (--hot-ratio-policy): "));
   EXPECT_THAT(message([](ClusterConfig& c) { c.log_level = "loud"; }), HasSubstr("(--log-level)"));
   // A GPU router needs workers that share its buffers.
   EXPECT_THAT(message([](ClusterConfig& c) { c.router_device = "cuda:0"; }),

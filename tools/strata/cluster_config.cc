@@ -186,6 +186,12 @@ const std::map<std::string, Key>& Keys() {
            .Help("with fp8: the scales come from the keys and values of the first this many "
                  "tokens (16-bit until then)")
            .To(kRouter)},
+      {"kv_cache.share_expert_memory",
+       KeyOf<bool>("kv-cache-share-expert-memory", &ClusterConfig::kv_share_expert_memory)
+           .Help("one memory budget for the KV pool and the expert slots of workers on the "
+                 "router's device: as the hot ratio falls with context length, the slots of "
+                 "experts leaving the hot set go to the KV pool, and come back as it rises")
+           .To(kRouter)},
       {"speculative.draft_tokens",
        KeyOf<int>("speculative-tokens", &ClusterConfig::speculative_tokens,
                   [](const int& v) { return Must(v >= 0 && v <= 16, "must be in [0, 16]"); })
@@ -221,9 +227,12 @@ const std::map<std::string, Key>& Keys() {
                         .Help("share of each worker's experts pinned resident, or auto (by "
                               "context length, hot_ratio_policy)")
                         .To(kRouter)},
-      {"hot_ratio_policy", KeyOf<S>("", &ClusterConfig::hot_ratio_policy,
-                                    [](const S& v) { return HotRatioPolicy::Parse(v).status(); })
-                               .To(kRouter, "hot-ratio-policy")},
+      {"hot_ratio_policy",
+       KeyOf<S>("hot-ratio-policy", &ClusterConfig::hot_ratio_policy,
+                [](const S& v) { return HotRatioPolicy::Parse(v).status(); })
+           .Help("the automatic hot ratio by the longest context: limit:ratio steps, then the "
+                 "ratio beyond (512:0.35,2048:0.28,0.20)")
+           .To(kRouter)},
       {"cache_policy", KeyOf<S>("cache-policy", &ClusterConfig::cache_policy,
                                 [](const S& v) {
                                   return OneOf(v, {"lru", "lfu"});

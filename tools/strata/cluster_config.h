@@ -34,8 +34,11 @@ struct ClusterConfig {
   std::string kv_dtype = "auto";        // auto, bf16 or fp8
   int64_t kv_fp16_above_tokens = 2048;  // with fp8: longer contexts keep 16-bit KV; 0: never
   int64_t kv_calibration_tokens = 512;  // with fp8: tokens observed before the scales are set
-  int speculative_tokens = 0;           // prompt-lookup drafts a step at most; 0: no speculation
-  int speculative_ngram = 3;            // the longest suffix looked up
+  // The KV pool grows into the expert slots workers on the router's device lend as the hot
+  // ratio falls (one memory budget for both).
+  bool kv_share_expert_memory = false;
+  int speculative_tokens = 0;  // prompt-lookup drafts a step at most; 0: no speculation
+  int speculative_ngram = 3;   // the longest suffix looked up
   int max_batch_tokens = 512;
   int max_running = 64;
   int max_queued_requests = 256;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
 
 namespace strata {
 namespace {
@@ -78,14 +79,10 @@ absl::StatusOr<std::unique_ptr<CpuExpertSlots>> CpuExpertSlots::Create(const Mod
   if (num_slots < 0) return absl::InvalidArgumentError("negative slot count");
   std::unique_ptr<CpuExpertSlots> s(new CpuExpertSlots(config, dtype, biased));
   s->slot_bytes_ = LayoutOf(config, dtype, biased).total;
-  const uint64_t total = s->slot_bytes_ * static_cast<uint64_t>(num_slots);
-  s->memory_.reset(new (std::nothrow) uint8_t[total + kAlign]);
-  if (s->memory_ == nullptr && total > 0) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", total >> 20, " MiB of expert slots"));
-  }
   s->weights_.resize(num_slots);
   s->bound_.assign(num_slots, {-1, -1});
+  s->memory_.resize(num_slots);
+  RETURN_IF_ERROR(s->SetUsableSlots(num_slots));
   const ExpertWeightSource& bound = *s;  // private base: only the backend reads it
   s->backend_ = std::make_unique<CpuExpertBackend>(config, bound, pool);
   return s;
@@ -132,10 +129,14 @@ absl::Status CpuExpertSlots::Load(int slot, int layer, int expert, const FfnWeig
     return absl::AlreadyExistsError(absl::StrCat("expert slots: layer ", layer, " expert ", expert,
                                                  " is already in slot ", it->second));
   }
+  if (slot >= usable_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("expert slots: slot ", slot, " is past the ", usable_, " in use"));
+  }
   Release(slot);
   const SlotLayout l = LayoutOf(config_, dtype_, biased_);
-  uint8_t* base = reinterpret_cast<uint8_t*>(AlignUp(reinterpret_cast<uintptr_t>(memory_.get()))) +
-                  slot_bytes_ * slot;
+  uint8_t* base =
+      reinterpret_cast<uint8_t*>(AlignUp(reinterpret_cast<uintptr_t>(memory_[slot].get())));
   FfnWeights& w = weights_[slot];
   w = FfnWeights();
   w.gate = CopyMatrix(weights.gate, base);
@@ -149,6 +150,31 @@ absl::Status CpuExpertSlots::Load(int slot, int layer, int expert, const FfnWeig
   }
   bound_[slot] = {layer, expert};
   slot_of_[{layer, expert}] = slot;
+  return absl::OkStatus();
+}
+
+absl::Status CpuExpertSlots::SetUsableSlots(int n) {
+  if (n < 0 || n > num_slots()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert slots: ", n, " in use of ", num_slots()));
+  }
+  for (int slot = n; slot < usable_; ++slot) {
+    if (bound_[slot].first >= 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expert slots: slot ", slot, " still holds an expert"));
+    }
+  }
+  // One allocation a slot, so that a slot given back is memory the process gives back.
+  for (int slot = usable_; slot < n; ++slot) {
+    memory_[slot].reset(new (std::nothrow) uint8_t[slot_bytes_ + kAlign]);
+    if (memory_[slot] == nullptr) {
+      for (int s = usable_; s < slot; ++s) memory_[s].reset();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot allocate ", (n - usable_) * slot_bytes_ >> 20, " MiB of expert slots"));
+    }
+  }
+  for (int slot = n; slot < usable_; ++slot) memory_[slot].reset();
+  usable_ = n;
   return absl::OkStatus();
 }
 

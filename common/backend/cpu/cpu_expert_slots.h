@@ -27,6 +27,8 @@ class CpuExpertSlots : public ExpertSlots, private ExpertWeightSource {
 
   int num_slots() const override { return static_cast<int>(bound_.size()); }
   uint64_t slot_bytes() const override { return slot_bytes_; }
+  absl::Status SetUsableSlots(int n) override;
+  int usable_slots() const override { return usable_; }
   absl::Status Load(int slot, int layer, int expert, const FfnWeights& weights) override;
   void Release(int slot) override;
   ExpertBackend& backend() override { return *backend_; }
@@ -40,7 +42,8 @@ class CpuExpertSlots : public ExpertSlots, private ExpertWeightSource {
   DType dtype_;
   bool biased_;
   uint64_t slot_bytes_ = 0;
-  std::unique_ptr<uint8_t[]> memory_;
+  std::vector<std::unique_ptr<uint8_t[]>> memory_;  // [slot]; null past usable_
+  int usable_ = 0;
   std::vector<FfnWeights> weights_;         // [slot], pointing into memory_
   std::vector<std::pair<int, int>> bound_;  // [slot] -> (layer, expert); (-1, -1) free
   absl::flat_hash_map<std::pair<int, int>, int> slot_of_;

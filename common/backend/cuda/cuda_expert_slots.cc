@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include "common/cuda/cuda_context.h"
 #include "common/cuda/device_buffer.h"
 #include "common/cuda/kernels/grouped_expert_kernels.h"
+#include "common/cuda/virtual_device_memory.h"
 #include "common/util/status_macros.h"
 
 namespace strata::gpu {
@@ -60,6 +62,8 @@ class CudaExpertSlots : public ExpertSlots, public ExpertBackend, public DeviceE
   // ExpertSlots.
   int num_slots() const override { return options_.num_slots; }
   uint64_t slot_bytes() const override { return layout_.bytes; }
+  absl::Status SetUsableSlots(int n) override;
+  int usable_slots() const override { return usable_.load(); }
   absl::Status Load(int slot, int layer, int expert, const FfnWeights& weights) override;
   void Release(int slot) override;
   absl::Status SetCold(int layer, int expert, const FfnWeights& weights) override;
@@ -142,7 +146,9 @@ class CudaExpertSlots : public ExpertSlots, public ExpertBackend, public DeviceE
   const int device_;
   std::unique_ptr<CudaContext> context_;  // the compute stream
   cudaStream_t copy_ = nullptr;
-  DeviceBuffer<uint8_t> storage_;  // num_slots * layout_.bytes
+  // num_slots * layout_.bytes of addresses, backed for the first usable_ slots.
+  VirtualDeviceMemory storage_;
+  std::atomic<int> usable_{0};
   SlotResidency* residency_ = nullptr;
 
   std::mutex mu_;              // everything below
@@ -179,7 +185,9 @@ absl::Status CudaExpertSlots::Init() {
   const int e_count = config_.num_experts;
   ASSIGN_OR_RETURN(context_, CudaContext::Create({.device = device_, .cublas_workspace_bytes = 0}));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-  ASSIGN_OR_RETURN(storage_, DeviceBuffer<uint8_t>::Allocate(layout_.bytes * options_.num_slots));
+  const size_t all = layout_.bytes * options_.num_slots;
+  ASSIGN_OR_RETURN(storage_, VirtualDeviceMemory::Create(device_, all, all));
+  usable_.store(options_.num_slots);
   if (options_.format == WeightFormat::kFp8E4M3) {
     ASSIGN_OR_RETURN(device_staging_, DeviceBuffer<uint16_t>::Allocate(static_cast<size_t>(
                                           config_.hidden_size * config_.moe_intermediate_size)));
@@ -302,6 +310,10 @@ absl::Status CudaExpertSlots::Load(int slot, int layer, int expert, const FfnWei
   }
   RETURN_IF_ERROR(layout_.Check(weights));
   std::lock_guard<std::mutex> lock(mu_);
+  if (slot >= usable_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("expert slots: slot ", slot, " is past the ", usable_.load(), " in use"));
+  }
   Layer& l = layers_[layer];
   const int other = l.slot_of[expert];
   if (other >= 0 && other != slot) {
@@ -316,6 +328,36 @@ absl::Status CudaExpertSlots::Load(int slot, int layer, int expert, const FfnWei
   s.weights = weights;
   l.slot_of[expert] = slot;
   queued_.push_back(slot);
+  return absl::OkStatus();
+}
+
+absl::Status CudaExpertSlots::SetUsableSlots(int n) {
+  if (n < 0 || n > options_.num_slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert slots: ", n, " in use of ", options_.num_slots));
+  }
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  std::lock_guard<std::mutex> lock(mu_);
+  const int usable = usable_.load();
+  for (int slot = n; slot < usable; ++slot) {
+    if (slots_[slot].phase != Phase::kEmpty) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expert slots: slot ", slot, " still holds an expert"));
+    }
+  }
+  if (n > usable) {
+    RETURN_IF_ERROR(storage_.Commit(layout_.bytes * n));
+    usable_.store(n);
+    return absl::OkStatus();
+  }
+  if (n == usable) return absl::OkStatus();
+  // The tables stop pointing into the slots given back (their experts were released), then
+  // every launch queued so far and every copy into them must be done before the memory goes.
+  RETURN_IF_ERROR(UploadDirty());
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(context_->stream()));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_));
+  RETURN_IF_ERROR(storage_.Commit(layout_.bytes * n));
+  usable_.store(n);
   return absl::OkStatus();
 }
 

@@ -120,8 +120,12 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
   // Block-major: every layer of a block together, so that the blocks past a shrunk pool's end
   // (PagedKvCache::Resize) are one range. An FP8 block is half a bf16 one.
   kv_block_bytes_ = PagedKvBlockBytes(kv.block_size, kv_dim, kv.fp8);
-  RETURN_IF_ERROR(Allocate(
-      kv_storage_, static_cast<size_t>(kv_block_bytes_ / 2 * c.num_layers * kv.num_blocks)));
+  // Addresses for every block the pool may grow to; memory for the active ones (SyncKv
+  // follows Resize, so a shrunk pool's memory goes back to the device).
+  ASSIGN_OR_RETURN(kv_memory_,
+                   VirtualDeviceMemory::Create(
+                       context_->device(), KvBytes(kv.num_blocks),
+                       KvBytes(kv.initial_blocks > 0 ? kv.initial_blocks : kv.num_blocks)));
   if (kv.fp8) {
     const size_t entries = static_cast<size_t>(c.num_layers) * 2 * c.num_kv_heads;
     ASSIGN_OR_RETURN(
@@ -285,9 +289,11 @@ void CudaRouterBackend::WriteTableRow(const PagedKvCache& kv, PagedKvCache::Sequ
 }
 
 absl::Status CudaRouterBackend::SyncKv(PagedKvCache& kv) {
-  if (!kv_fp8_) return ApplyKvMoves(kv);
   cudaStream_t stream = context_->stream();
-  if (kv.scales_ready() && !kv_scales_uploaded_) {
+  const size_t wanted = KvBytes(kv.active_blocks());
+  // A grown pool's blocks are backed before anything is written there.
+  if (wanted > kv_memory_.committed()) RETURN_IF_ERROR(kv_memory_.Commit(wanted));
+  if (kv_fp8_ && kv.scales_ready() && !kv_scales_uploaded_) {
     const ModelConfig& c = config_;
     std::vector<float> scales(kv_scales_.size());
     for (int l = 0; l < c.num_layers; ++l) {
@@ -302,7 +308,14 @@ absl::Status CudaRouterBackend::SyncKv(PagedKvCache& kv) {
                                          stream));
     kv_scales_uploaded_ = true;
   }
-  return ApplyKvMoves(kv);
+  RETURN_IF_ERROR(ApplyKvMoves(kv));
+  if (wanted + kv_memory_.chunk_bytes() <= kv_memory_.committed()) {
+    // A shrunk pool: once the moves out of its tail and every step queued before have run,
+    // the tail's memory goes back to the device.
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    RETURN_IF_ERROR(kv_memory_.Commit(wanted));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaRouterBackend::ApplyKvMoves(PagedKvCache& kv) {
@@ -317,7 +330,7 @@ absl::Status CudaRouterBackend::ApplyKvMoves(PagedKvCache& kv) {
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kv_moves_.data(), moves_host_.data(),
                                        moves_host_.size() * sizeof(KvMoveBlock),
                                        cudaMemcpyHostToDevice, stream));
-  uint8_t* data = reinterpret_cast<uint8_t*>(kv_storage_.data());
+  uint8_t* data = kv_memory_.data();
   // Runs of one kind, in order: a later move may read what an earlier one wrote.
   for (size_t begin = 0; begin < moves_host_.size();) {
     const bool widen = moves_host_[begin].dst_v >= 0;
@@ -485,7 +498,7 @@ absl::Status CudaRouterBackend::Attention(int layer) {
   rope.eps = static_cast<float>(c.rms_norm_eps);
 
   PagedKvLayer cache;
-  cache.data = kv_storage_.data() + layer * (kv_block_bytes_ / 2);
+  cache.data = reinterpret_cast<bf16*>(kv_memory_.data()) + layer * (kv_block_bytes_ / 2);
   cache.block_stride = kv_block_bytes_ * c.num_layers;
   cache.block_tables = block_tables_.data();
   cache.max_blocks_per_seq = max_blocks_per_seq_;
@@ -524,9 +537,9 @@ absl::Status CudaRouterBackend::Attention(int layer) {
   }
   if (plan.cluster && n <= kGemvMaxTokens && one_token_per_sequence_ && !observe_kv_) {
     // Decode: q/k norm + rope and the cache append happen inside the attention kernel.
-    CUDA_RETURN_IF_ERROR(
-        LaunchPagedDecodeWithRope(q_.data(), k_.data(), v_.data(), kv_dim, tokens, cache, params,
-                                  rope, plan, workspace.data(), attn_.data(), stream));
+    CUDA_RETURN_IF_ERROR(LaunchPagedDecodeWithRope(q_.data(), k_.data(), v_.data(), kv_dim, tokens,
+                                                   cache, params, rope, plan, workspace.data(),
+                                                   attn_.data(), stream));
   } else {
     CUDA_RETURN_IF_ERROR(
         LaunchQkNormRope(q_.data(), k_.data(), n, positions_.data(), rope, stream));

@@ -20,6 +20,7 @@
 #include "common/cuda/kernels/moe_gate_kernels.h"
 #include "common/cuda/kernels/norm_gate_kernels.h"
 #include "common/cuda/kernels/paged_kv_kernels.h"
+#include "common/cuda/virtual_device_memory.h"
 #include "common/model/model_weights.h"
 
 namespace strata::gpu {
@@ -136,8 +137,11 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
 
   // The paged KV cache, block-major: [block][layer][k|v][slot][kv_head][head_dim] bf16, or
   // E4M3 codes (kv_fp8_: blocks half the bytes; wide rows as PagedKvLayer says).
-  DeviceBuffer<bf16> kv_storage_;
+  VirtualDeviceMemory kv_memory_;
   int64_t kv_block_bytes_ = 0;  // one layer's block
+  size_t KvBytes(int64_t blocks) const {
+    return static_cast<size_t>(kv_block_bytes_ * config_.num_layers * blocks);
+  }
   int block_size_ = 0;
   bool kv_fp8_ = false;
   DeviceBuffer<float> kv_scales_;  // [layer][k|v][kv_head]

@@ -183,6 +183,45 @@ TEST_F(CudaExpertSlotsTest, Bf16MatchesCpuAcrossReloads) {
   }
 }
 
+// Slots given back return their memory to the device (cudaMemGetInfo sees it free) and come
+// back on demand; the experts below stay bound and correct throughout, and a slot past the
+// usable ones refuses loads.
+TEST_F(CudaExpertSlotsTest, SlotsGivenBackFreeDeviceMemory) {
+  const Shape& s = kShapes[0];
+  std::unique_ptr<RandomExperts> model = MakeModel(s);
+  // Enough slots that their memory dwarfs the driver's chunk granularity.
+  const int n = static_cast<int>(std::max<uint64_t>(
+      64, (256ull << 20) / gpu::CudaExpertSlotBytes(model->config, gpu::WeightFormat::kBf16)));
+  auto made = gpu::CreateCudaExpertSlots(model->config, 0, {.max_tokens = 32, .num_slots = n});
+  ASSERT_TRUE(made.ok()) << made.status();
+  ExpertSlots& slots = **made;
+  LoadAll(slots, *model, {{0, 0, 0}, {1, 0, 1}, {2, 2, 2}, {n - 1, 0, 3}});
+  ExpectMatchesCpu(slots, *model, 0, {0, 1, 3}, "all slots");
+
+  EXPECT_TRUE(absl::IsFailedPrecondition(slots.SetUsableSlots(4)));  // slot n - 1 holds one
+  slots.Release(n - 1);
+  size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  STATUS_ASSERT_OK(slots.SetUsableSlots(4));
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  EXPECT_EQ(slots.usable_slots(), 4);
+  const uint64_t given = (n - 4) * slots.slot_bytes();
+  std::printf("%d slots of %llu bytes: %.1f MiB given back, %.1f MiB more free on the device\n", n,
+              static_cast<unsigned long long>(slots.slot_bytes()), given / 1048576.0,
+              (static_cast<double>(free_after) - free_before) / 1048576.0);
+  // Whole chunks only: up to one chunk (of at most 1/1024 of the slots, or 2 MiB) stays.
+  EXPECT_GE(free_after, free_before + given - std::max<uint64_t>(given / 512, 4 << 20));
+  ExpectMatchesCpu(slots, *model, 0, {0, 1}, "4 slots");
+  ExpectMatchesCpu(slots, *model, 2, {2}, "4 slots layer 2");
+  EXPECT_TRUE(absl::IsFailedPrecondition(slots.Load(5, 0, 5, *model->Find(0, 5))));
+  EXPECT_TRUE(absl::IsInvalidArgument(slots.SetUsableSlots(n + 1)));
+
+  STATUS_ASSERT_OK(slots.SetUsableSlots(n));
+  LoadAll(slots, *model, {{n - 1, 0, 5}, {n / 2, 2, 6}});
+  ExpectMatchesCpu(slots, *model, 0, {0, 1, 5}, "grown again");
+  ExpectMatchesCpu(slots, *model, 2, {2, 6}, "grown again layer 2");
+}
+
 // Slots in either format against CudaExpertBackend (all experts resident, same kernels, same
 // FP8 quantization): bit-identical or within 1e-3; both against the CPU over the bf16 weights.
 TEST_F(CudaExpertSlotsTest, MatchesCudaExpertBackend) {

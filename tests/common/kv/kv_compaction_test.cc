@@ -87,6 +87,31 @@ TEST(KvCompactionTest, ShrinkMovesLiveBlocksBelowTheEndAndKeepsTheirData) {
   ExpectMarked(*kv, b, 8, 1000);
 }
 
+// A pool that starts below its largest (initial_blocks): host storage holds the active blocks
+// only, growing keeps what they hold, and the blocks past the start come free as it grows.
+TEST(KvCompactionTest, APoolStartingSmallGrowsIntoItsRoom) {
+  KvCacheOptions o = Options(false);
+  o.initial_blocks = 4;
+  auto kv = PagedKvCache::Create(o);
+  ASSERT_TRUE(kv.ok());
+  EXPECT_EQ(kv->active_blocks(), 4);
+  EXPECT_EQ(kv->free_blocks(), 4);
+  const auto a = kv->AddSequence();
+  ASSERT_TRUE(kv->Reserve(a, 8).ok());
+  Mark(*kv, a, 8, 300);
+  const auto b = kv->AddSequence();
+  EXPECT_FALSE(kv->Reserve(b, 2).ok());  // the 4 blocks are a's
+  ASSERT_TRUE(kv->Resize(12).ok());
+  ASSERT_TRUE(kv->Reserve(b, 16).ok());
+  Mark(*kv, b, 16, 700);
+  ExpectMarked(*kv, a, 8, 300);
+  kv->Release(a);
+  ASSERT_TRUE(kv->Resize(8).ok());  // b's blocks move below 8
+  ExpectMarked(*kv, b, 16, 700);
+  o.initial_blocks = 13;
+  EXPECT_FALSE(PagedKvCache::Create(o).ok());
+}
+
 TEST(KvCompactionTest, SharedAndCachedBlocksStaySharedAndFindable) {
   auto kv = PagedKvCache::Create(Options(true));
   ASSERT_TRUE(kv.ok());

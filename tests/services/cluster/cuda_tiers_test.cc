@@ -167,6 +167,61 @@ TEST(CudaTiersTest, HotRatioChangesWhileRequestsRun) {
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
+// One budget for the KV pool on cuda:0 and the worker's slots there: a long context lowers the
+// hot ratio, the worker gives the slots of the experts leaving its hot set back to the device
+// and the pool grows into them; short contexts give them back. The tokens are those of the
+// resident cluster with the same pool (the graphs are planned for the pool's largest context).
+TEST(CudaTiersTest, LongContextsBorrowTheWorkersSlotsForTheKvPool) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::vector<uint32_t> long_prompt;
+  for (int j = 0; j < 600; ++j) long_prompt.push_back(static_cast<uint32_t>(100 + (j * 37) % 3000));
+  const std::vector<uint32_t> short_prompt = Prompts()[1];
+  // 4 MiB of bf16 KV: 32 blocks of 128 KiB. 20 MiB of slots: ~70 of 240 KiB; past 128 tokens
+  // the ratio goes from 0.35 to 0.20 and 0.15 x 128 owned = 19 slots are lent.
+  auto args = [](bool tiered) {
+    std::vector<std::string> a = Args("bf16", false);
+    a.insert(a.end(), {"--kv-cache-mb=4", "--hot-ratio-policy=128:0.35,0.2",
+                       "--kv-cache-share-expert-memory"});
+    if (tiered) a.push_back("--gpu-memory-budget=20MiB");
+    return a;
+  };
+  std::vector<uint32_t> want_long, want_short;
+  {
+    ClusterProcess resident(args(false));
+    ASSERT_FALSE(resident.address().empty());
+    want_long = GenerateGreedy(resident.address(), long_prompt, kNewTokens).tokens;
+    want_short = GenerateGreedy(resident.address(), short_prompt, kNewTokens).tokens;
+    EXPECT_EQ(RouterStats(resident.address()).kv_blocks_borrowed(), 0u);  // nothing to lend
+    EXPECT_EQ(resident.Stop(), 0);
+  }
+  ClusterProcess cluster(args(true));
+  ASSERT_FALSE(cluster.address().empty());
+  EXPECT_EQ(RouterStats(cluster.address()).total_kv_blocks(), 32u);
+  const Generated g = GenerateGreedy(cluster.address(), long_prompt, kNewTokens);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.tokens, want_long);
+  v1::StatsResponse stats = RouterStats(cluster.address());
+  PrintTiers("lent", stats);
+  ASSERT_EQ(stats.workers_size(), 1);
+  const v1::TierCounters& lent = stats.workers(0).tiers();
+  std::printf("KV pool %u blocks (%u borrowed); worker lent %u slots of %llu bytes\n",
+              stats.total_kv_blocks(), stats.kv_blocks_borrowed(), lent.lent_slots(),
+              static_cast<unsigned long long>(lent.slot_bytes()));
+  EXPECT_EQ(lent.lent_slots(), 19u);
+  EXPECT_EQ(stats.kv_blocks_borrowed(), uint64_t{lent.lent_slots()} * lent.slot_bytes() >> 17);
+  EXPECT_EQ(stats.total_kv_blocks(), 32u + stats.kv_blocks_borrowed());
+
+  for (int i = 0; i < 3; ++i) {
+    const Generated s = GenerateGreedy(cluster.address(), short_prompt, kNewTokens);
+    EXPECT_EQ(s.tokens, want_short);
+  }
+  stats = RouterStats(cluster.address());
+  EXPECT_EQ(stats.total_kv_blocks(), 32u);
+  EXPECT_EQ(stats.workers(0).tiers().lent_slots(), 0u);
+  EXPECT_GT(stats.graph_steps(), 0u);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
 // A tiered worker SIGKILLed while its steps run (replays in flight): the request ends
 // UNAVAILABLE (its only worker) or completes, never hangs; the restarted worker registers
 // again over CUDA IPC and serves the resident cluster's tokens.

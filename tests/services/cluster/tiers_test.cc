@@ -167,6 +167,47 @@ TEST(TiersTest, HotRatioChangesWhileRequestsRun) {
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
+// One budget for the KV pool and the workers' slots: a context past the policy's step lowers
+// the hot ratio, the workers lend the slots of the experts leaving their hot sets, and the pool
+// grows by them, so a prompt longer than the pool's start is served (the same tokens); short
+// contexts give the memory back to the workers.
+TEST(TiersTest, LongContextsBorrowExpertMemoryForTheKvPool) {
+  // 12 MiB a worker: 47 slots of 240 KiB. A 256 KiB block: 4 MiB of KV is 16 blocks, 512
+  // tokens. Past 128 tokens the ratio drops from 0.35 to 0.20: 64 owned x 0.15 = 10 slots lent
+  // by each worker (13 hot and 24 warm stay): 20 slots, 18 blocks.
+  ClusterProcess cluster({"--model=" + kModel, "--workers=2", "--threads=1",
+                          "--gpu-memory-budget=12MiB", "--kv-cache-mb=4", "--max-batch-tokens=128",
+                          "--hot-ratio-policy=128:0.35,0.2", "--kv-cache-share-expert-memory"});
+  ASSERT_FALSE(cluster.address().empty());
+  std::ifstream in(std::string(STRATA_TEST_DATA_DIR) + "/heldout/strata-demo-valid.ids.json");
+  const auto ids = nlohmann::json::parse(in).get<std::vector<uint32_t>>();
+  const std::vector<uint32_t> long_prompt(ids.begin(), ids.begin() + 600);
+  v1::StatsResponse stats = RouterStats(cluster.address());
+  EXPECT_EQ(stats.total_kv_blocks(), 16u);
+  EXPECT_EQ(Generate(cluster.address(), long_prompt, 40), InProcess(long_prompt, 40));
+  stats = RouterStats(cluster.address());
+  PrintTiers("lent", stats);
+  EXPECT_GT(stats.total_kv_blocks(), 16u);
+  EXPECT_EQ(stats.kv_blocks_borrowed(), stats.total_kv_blocks() - 16);
+  ASSERT_EQ(stats.workers_size(), 2);
+  uint64_t lent_bytes = 0;
+  for (const v1::WorkerStats& w : stats.workers()) {
+    EXPECT_EQ(w.tiers().lent_slots(), 10u);
+    lent_bytes += uint64_t{w.tiers().lent_slots()} * w.tiers().slot_bytes();
+  }
+  EXPECT_EQ(stats.kv_blocks_borrowed(), lent_bytes / (256 << 10));
+
+  // Short contexts: the pool shrinks back, then the workers take their slots again.
+  const std::vector<uint32_t> short_prompt(ids.begin() + 1000, ids.begin() + 1020);
+  for (int i = 0; i < 3; ++i) Generate(cluster.address(), short_prompt, 8);
+  stats = RouterStats(cluster.address());
+  EXPECT_EQ(stats.total_kv_blocks(), 16u);
+  EXPECT_EQ(stats.kv_blocks_borrowed(), 0u);
+  for (const v1::WorkerStats& w : stats.workers()) EXPECT_EQ(w.tiers().lent_slots(), 0u);
+  EXPECT_EQ(Generate(cluster.address(), short_prompt, 8), InProcess(short_prompt, 8));
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
 TEST(TiersTest, BudgetTooSmallStopsTheClusterWithAClearError) {
   const auto r =
       RunStrata("up --model " + kModel + " --workers 1 --threads 1 " + "--gpu-memory-budget 1MiB");

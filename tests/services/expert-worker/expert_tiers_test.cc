@@ -166,6 +166,55 @@ TEST_F(ExpertTiersTest, HotRatioChangesPinAndUnpin) {
   EXPECT_FALSE(tiers_->resident(1, 1));
 }
 
+// Slots lent to the KV pool go (their experts evicted, a hot one loaded again below them, the
+// slots' memory released), never past the hot set and the warm floor; taken back, they fill
+// again on demand.
+TEST_F(ExpertTiersTest, LentSlotsGoAndComeBack) {
+  Make(/*slots=*/10, WarmPolicy::kLfu, /*min_warm=*/2);
+  ASSERT_TRUE(tiers_->SetOwned(Owned(), 0.25f).ok());  // 4 hot: experts 0, 1 of both layers
+  for (int e = 2; e < 8; ++e) ASSERT_TRUE(Use(e % 2, {e}).ok());  // the 6 warm slots full
+  ASSERT_EQ(slots_->usable_slots(), 10);
+
+  // Lower the ratio first, as the worker does: 2 hot; then lend 5.
+  ASSERT_TRUE(tiers_->SetHotRatio(0.125f).ok());
+  ASSERT_TRUE(tiers_->SetLentSlots(5).ok());
+  EXPECT_EQ(tiers_->lent_slots(), 5);
+  EXPECT_EQ(slots_->usable_slots(), 5);
+  EXPECT_EQ(tiers_->counters().lent_slots, 5u);
+  EXPECT_EQ(tiers_->counters().warm_slots, 3u);
+  EXPECT_TRUE(tiers_->resident(0, 0) && tiers_->resident(1, 0));  // the hot set stays
+  // No slot past the usable ones holds anything: a load there would fail.
+  EXPECT_TRUE(absl::IsFailedPrecondition(slots_->Load(7, 0, 5, *store_.Find(0, 5))));
+
+  // Never below the hot set and the warm floor: 10 - 2 hot - 2 warm.
+  ASSERT_TRUE(tiers_->SetLentSlots(9).ok());
+  EXPECT_EQ(tiers_->lent_slots(), 6);
+  // Serving goes on in the 4 slots left.
+  for (int e = 0; e < kExperts; e += 2) ASSERT_TRUE(Use(1, {e, e + 1}).ok());
+
+  ASSERT_TRUE(tiers_->SetLentSlots(0).ok());
+  EXPECT_EQ(slots_->usable_slots(), 10);
+  EXPECT_EQ(tiers_->counters().lent_slots, 0u);
+  ASSERT_TRUE(tiers_->SetHotRatio(0.25f).ok());
+  EXPECT_EQ(tiers_->counters().warm_slots, 6u);
+  for (int e = 2; e < 8; ++e) ASSERT_TRUE(Use(e % 2, {e}).ok());
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_TRUE(tiers_->resident(l, 0) && tiers_->resident(l, 1));
+  }
+}
+
+// A hot expert sitting in a slot that is lent is loaded again into a lower one.
+TEST_F(ExpertTiersTest, AHotExpertInALentSlotMovesBelow) {
+  Make(/*slots=*/6, WarmPolicy::kLru, /*min_warm=*/2);
+  ASSERT_TRUE(tiers_->SetOwned(Owned(), 0.0f).ok());
+  for (int e = 5; e >= 0; --e) ASSERT_TRUE(Use(1, {e}).ok());  // (1, 0) lands in slot 5
+  ASSERT_TRUE(tiers_->SetHotRatio(0.0625f).ok());              // 1 hot: (1, 0), pinned there
+  ASSERT_TRUE(tiers_->SetLentSlots(3).ok());
+  EXPECT_EQ(slots_->usable_slots(), 3);
+  EXPECT_TRUE(tiers_->resident(1, 0));
+  EXPECT_FALSE(tiers_->resident(1, 1));  // slot 4: lent
+}
+
 // The CPU slots refuse what would corrupt them: a second slot for an expert (releasing one of
 // them would drop the other from the index) and weights of another shape (they would overrun
 // the slot), with the expert still found where it was loaded.

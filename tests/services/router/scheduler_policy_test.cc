@@ -43,10 +43,12 @@ std::vector<int32_t> Expected(const RequestSpec& spec) {
 
 class Harness {
  public:
-  Harness(int num_blocks, SchedulerOptions options, bool replays, bool prefix_caching = false)
+  Harness(int num_blocks, SchedulerOptions options, bool replays, bool prefix_caching = false,
+          int initial_blocks = 0)
       : config_(FakeConfig()),
         kv_(*PagedKvCache::Create({.block_size = 4,
                                    .num_blocks = num_blocks,
+                                   .initial_blocks = initial_blocks,
                                    .num_layers = 1,
                                    .num_kv_heads = 1,
                                    .head_dim = 1,
@@ -169,6 +171,23 @@ TEST(SchedulerPolicyTest, APoolTooSmallPreemptsAndKeepsTheTokens) {
   h.RunAndExpect({Greedy(4, 20), Greedy(4, 20, 11), Greedy(4, 20, 21)});
   EXPECT_GT(h.scheduler().stats().preemptions, 0);
   EXPECT_EQ(h.kv().free_blocks(), 12);
+}
+
+// A pool that starts below its largest (memory lent later): a request longer than it is taken,
+// and when the pool does not grow for it, ends with an error instead of preempting itself
+// forever; the pool's blocks all come back.
+TEST(SchedulerPolicyTest, ARequestThePoolNeverGrowsForEndsWithAnError) {
+  Harness h(/*num_blocks=*/64, {.max_batch_tokens = 8}, /*replays=*/false,
+            /*prefix_caching=*/false, /*initial_blocks=*/4);
+  EXPECT_EQ(h.scheduler().max_context_tokens(), 256);
+  auto sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(h.scheduler().Submit(Greedy(30, 4), sink).ok());  // 8 blocks
+  h.scheduler().Start();
+  ASSERT_TRUE(sink->Wait(10));
+  EXPECT_EQ(sink->reason(), FinishReason::kError);
+  EXPECT_TRUE(absl::IsResourceExhausted(sink->status())) << sink->status();
+  EXPECT_NE(sink->status().message().find("has not grown for it"), std::string::npos);
+  EXPECT_EQ(h.kv().free_blocks(), 4);
 }
 
 TEST(SchedulerPolicyTest, ARepeatedPromptStartsAfterItsCachedBlocks) {
