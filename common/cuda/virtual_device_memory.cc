@@ -98,8 +98,8 @@ absl::StatusOr<VirtualDeviceMemory> VirtualDeviceMemory::Create(int device, size
   memory.capacity_ =
       std::max<size_t>((capacity + memory.chunk_ - 1) / memory.chunk_, 1) * memory.chunk_;
   CUdeviceptr base = 0;
-  RETURN_IF_ERROR(
-      DriverStatus(v.reserve(&base, memory.capacity_, memory.chunk_, 0, 0), "cuMemAddressReserve"));
+  // The driver's alignment (a chunk need not be a power of two; mappings only need granules).
+  RETURN_IF_ERROR(DriverStatus(v.reserve(&base, memory.capacity_, 0, 0, 0), "cuMemAddressReserve"));
   memory.base_ = reinterpret_cast<uint8_t*>(base);
   RETURN_IF_ERROR(memory.Commit(committed));
   return memory;

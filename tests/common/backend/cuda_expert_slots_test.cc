@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_expert_backend.h"
 #include "common/backend/cuda/staged_expert_backend.h"
+#include "common/cuda/virtual_device_memory.h"
 #include "common/util/thread_pool.h"
 #include "tests/common/backend/cuda_test_util.h"
 
@@ -220,6 +221,38 @@ TEST_F(CudaExpertSlotsTest, SlotsGivenBackFreeDeviceMemory) {
   LoadAll(slots, *model, {{n - 1, 0, 5}, {n / 2, 2, 6}});
   ExpectMatchesCpu(slots, *model, 0, {0, 1, 5}, "grown again");
   ExpectMatchesCpu(slots, *model, 2, {2, 6}, "grown again layer 2");
+}
+
+// The memory under the slots (and the GPU KV pool): a range of any size, chunks that are not a
+// power of two, committed in and out with the device's free memory following.
+TEST(VirtualDeviceMemoryTest, CommitsAndReleasesChunksOfAnySize) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  // 6000 MiB of addresses: ~6 MiB chunks (the driver's 2 MiB granules, 1024 chunks at most).
+  auto made = gpu::VirtualDeviceMemory::Create(0, size_t{6000} << 20, 100 << 20);
+  ASSERT_TRUE(made.ok()) << made.status();
+  gpu::VirtualDeviceMemory memory = *std::move(made);
+  EXPECT_GE(memory.committed(), size_t{100} << 20);
+  EXPECT_LT(memory.committed(), (size_t{100} << 20) + memory.chunk_bytes());
+  ASSERT_EQ(cudaMemset(memory.data(), 1, memory.committed()), cudaSuccess);
+  size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  STATUS_ASSERT_OK(memory.Commit(size_t{1} << 30));
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  EXPECT_GE(free_before - free_after,
+            (size_t{1} << 30) - (size_t{100} << 20) - memory.chunk_bytes());
+  // What was written stays across growth.
+  uint8_t first = 0;
+  ASSERT_EQ(cudaMemcpy(&first, memory.data() + (50 << 20), 1, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(first, 1);
+  ASSERT_EQ(cudaMemset(memory.data(), 2, memory.committed()), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  STATUS_ASSERT_OK(memory.Commit(0));
+  EXPECT_EQ(memory.committed(), 0u);
+  size_t free_released = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_released, &total), cudaSuccess);
+  EXPECT_GE(free_released, free_before);
+  EXPECT_TRUE(absl::IsInvalidArgument(memory.Commit(memory.capacity() + 1)));
 }
 
 // Slots in either format against CudaExpertBackend (all experts resident, same kernels, same
