@@ -54,6 +54,13 @@ def config(name, r):
         acc = r.get('draft_acceptance')
         words.append('**prompt-lookup speculation, up to 4 tokens**' +
                      (f' (acceptance {acc:.0%})' if acc is not None else ''))
+    if '-kv1g-shared' in name:
+        words.append('**1 GiB KV pool at start, grown into the slots the worker lends** '
+                     '(`--kv-cache-share-expert-memory`; without it the 16k prompt is refused)')
+    elif name.endswith('-128-shared.json'):
+        words.append('shared KV/expert budget (nothing lent at 128 tokens)')
+    elif '-kv8g' in name:
+        words.append('8 GiB KV pool')
     if '-kv-fp8' in name:
         words.append('**FP8 keys and values** (calibrated on the warm-up request)')
     elif '-kv-bf16' in name:

@@ -174,10 +174,15 @@ int main(int argc, char** argv) {
   if (router.http_port() > 0) {
     strata::StatusLine(absl::StrCat("HTTP API on port ", router.http_port()));
   }
+  const std::string growth =
+      options.kv_share_expert_memory
+          ? absl::StrCat("; contexts up to ", router.scheduler().max_context_tokens(),
+                         " tokens as the workers lend it memory")
+          : "";
   strata::StatusLine(absl::StrCat("listening on ", router.address(), "; KV pool of ",
                                   router.scheduler().kv_pool_blocks(), " blocks (",
-                                  router.scheduler().kv_pool_tokens(), " tokens); waiting for ",
-                                  options.num_workers, " worker(s)"));
+                                  router.scheduler().kv_pool_tokens(), " tokens", growth,
+                                  "); waiting for ", options.num_workers, " worker(s)"));
   std::thread announcer([&] {
     while (!router.WaitReady(absl::Seconds(10))) {
       strata::StatusLine(

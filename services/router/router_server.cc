@@ -173,6 +173,9 @@ RouterSnapshot RouterServer::Snapshot() const {
   r.running = s.running;
   r.kv_blocks_free = s.free_kv_blocks;
   r.kv_blocks_total = scheduler_->kv_pool_blocks();
+  if (const int start = stack_->kv().options().initial_blocks; start > 0) {
+    r.kv_blocks_borrowed = std::max(0, r.kv_blocks_total - start);
+  }
   r.steps = s.steps;
   r.preemptions = s.preemptions;
   r.prefix_queried_tokens = s.prefix_queried_tokens;
@@ -195,7 +198,8 @@ RouterSnapshot RouterServer::Snapshot() const {
                            .warm_hits = t.warm_hits,
                            .misses = t.misses,
                            .prefetch_loads = t.prefetch_loads,
-                           .prefetch_hits = t.prefetch_hits});
+                           .prefetch_hits = t.prefetch_hits,
+                           .lent_slots = t.lent_slots});
     }
   }
   return r;

@@ -251,7 +251,7 @@ class OpenAiApiTest(unittest.TestCase):
         for name in ("strata_requests", "strata_prompt_tokens", "strata_generated_tokens",
                      "strata_time_to_first_token_seconds", "strata_inter_token_latency_seconds",
                      "strata_kv_blocks_capacity", "strata_kv_blocks_used", "strata_preemptions",
-                     "strata_prefix_cache_hit_tokens",
+                     "strata_prefix_cache_hit_tokens", "strata_kv_blocks_borrowed",
                      "strata_worker_restarts", "strata_worker_tier_hits",
                      "strata_worker_tier_misses", "strata_prefetch_predicted",
                      "strata_prefetch_correct"):

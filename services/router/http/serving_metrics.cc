@@ -47,6 +47,9 @@ std::string RenderMetrics(const ServingMetrics& s, const RequestMetrics& request
   w.Gauge("strata_kv_blocks_capacity", "Blocks of the paged KV cache", r.kv_blocks_total);
   w.Gauge("strata_kv_blocks_used", "KV-cache blocks held by sequences",
           r.kv_blocks_total - r.kv_blocks_free);
+  w.Gauge("strata_kv_blocks_borrowed",
+          "KV-cache blocks in memory the workers lent (kv_cache.share_expert_memory)",
+          r.kv_blocks_borrowed);
   w.Counter("strata_steps_total", "Forward steps run", static_cast<double>(r.steps));
   w.Counter("strata_preemptions_total", "Sequences preempted for KV blocks (later recomputed)",
             static_cast<double>(r.preemptions));
@@ -96,6 +99,10 @@ std::string RenderMetrics(const ServingMetrics& s, const RequestMetrics& request
   for (const auto& worker : r.workers) {
     w.Counter("strata_worker_prefetch_hits_total", "Prefetched experts then used",
               static_cast<double>(worker.prefetch_hits), {{"worker", absl::StrCat(worker.index)}});
+  }
+  for (const auto& worker : r.workers) {
+    w.Gauge("strata_worker_lent_slots", "Expert slots a worker lent to the KV pool",
+            worker.lent_slots, {{"worker", absl::StrCat(worker.index)}});
   }
   return w.text();
 }

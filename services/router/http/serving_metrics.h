@@ -31,6 +31,7 @@ struct RouterSnapshot {
   int running = 0;
   int kv_blocks_total = 0;
   int kv_blocks_free = 0;
+  int kv_blocks_borrowed = 0;  // of kv_blocks_total, in memory the workers lent
   int64_t steps = 0;
   int64_t preemptions = 0;
   int64_t prefix_queried_tokens = 0;  // prompt tokens looked up in the prefix cache
@@ -51,6 +52,7 @@ struct RouterSnapshot {
     uint64_t misses = 0;  // cold: copied in or computed by strata-cache
     uint64_t prefetch_loads = 0;
     uint64_t prefetch_hits = 0;
+    uint32_t lent_slots = 0;  // expert slots lent to the KV pool
   };
   std::vector<Worker> workers;
 };
