@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -265,6 +266,52 @@ TEST(QuantizeTest, CalibrationReportsBothPerplexities) {
   EXPECT_NEAR(ppl->quantized / ppl->original, 1.0, 0.05);
 }
 
+// KV-cache scales calibrated on prompts go into the quantized model: one scalar a layer for keys
+// and values, listed in an index made for the single-file checkpoint, the kv_cache_scheme set;
+// an FP8 KV cache loads them instead of calibrating.
+TEST(QuantizeTest, KvScalesFromCalibrationLoadInsteadOfCalibrating) {
+  TempDir tmp;
+  const std::string out = tmp.File("demo-fp8");
+  ASSERT_TRUE(Quantize(Options(kDemo, out)).ok());
+  LocalEngineOptions engine;
+  engine.num_threads = 2;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int p = 0; p < 3; ++p) {
+    prompts.emplace_back();
+    for (int i = 0; i < 40 + 10 * p; ++i) prompts.back().push_back(100 + (37 * i + p) % 8000);
+  }
+  auto scales = CalibrateKvScales(out, prompts, engine);
+  ASSERT_TRUE(scales.ok()) << scales.status();
+  ASSERT_EQ(scales->k.size(), 8u);
+  ASSERT_EQ(scales->v.size(), 8u);
+  for (size_t l = 0; l < 8; ++l) {
+    EXPECT_GT(scales->k[l], 0.0f);
+    EXPECT_NE(scales->k[l], 1.0f) << "layer " << l << " kept the placeholder";
+  }
+  ASSERT_TRUE(AddKvScales(out, *scales).ok());
+
+  const nlohmann::json config = ReadJson(out + "/config.json");
+  EXPECT_EQ(config.at("quantization_config").at("kv_cache_scheme").at("strategy"), "tensor");
+  const nlohmann::json index = ReadJson(out + "/model.safetensors.index.json");
+  EXPECT_EQ(index.at("weight_map").at("model.layers.3.self_attn.v_scale"), "kv_scales.safetensors");
+  EXPECT_EQ(index.at("weight_map").at("model.embed_tokens.weight"), "model.safetensors");
+
+  engine.model_dir = out;
+  engine.kv_dtype = KvDtype::kFp8;
+  engine.kv_fp16_above_tokens = 0;
+  auto loaded = LocalEngine::Create(engine);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_FALSE((*loaded)->kv().calibrating());
+  for (size_t l = 0; l < 8; ++l) {
+    EXPECT_FLOAT_EQ((*loaded)->kv().scales().k[l * 2], scales->k[l]);  // 2 KV heads, one scale
+    EXPECT_FLOAT_EQ((*loaded)->kv().scales().v[l * 2 + 1], scales->v[l]);
+  }
+  auto logits = (*loaded)->Logits(prompts[0]);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  // A model with scales already is not calibrated again.
+  EXPECT_TRUE(absl::IsFailedPrecondition(CalibrateKvScales(out, prompts, engine).status()));
+}
+
 TEST(QuantizeTest, Refusals) {
   TempDir tmp;
   // Missing model directory.
@@ -291,6 +338,14 @@ TEST(QuantizeTest, Refusals) {
   ASSERT_TRUE(Quantize(forced).ok());
   EXPECT_FALSE(fs::exists(busy + "/keep.txt"));
   EXPECT_TRUE(fs::exists(busy + "/model.safetensors"));
+
+  // KV scales come from calibration prompts only.
+  QuantizeCommandOptions no_prompts;
+  no_prompts.quantize = Options(kOracle, tmp.File("kv"));
+  no_prompts.kv_scales = true;
+  std::ostringstream ignored;
+  EXPECT_THAT(RunQuantizeCommand(no_prompts, ignored).message(), HasSubstr("--calibration"));
+  EXPECT_FALSE(fs::exists(tmp.File("kv")));
 
   // An architecture quantize does not know.
   const std::string llama = tmp.File("llama");

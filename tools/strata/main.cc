@@ -101,6 +101,9 @@ ABSL_FLAG(std::string, calibration, "",
           "plan, quantize: JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} a "
           "line (quantize: to compare perplexities)");
 ABSL_FLAG(int, samples, 512, "quantize: calibration prompts to score (the first N)");
+ABSL_FLAG(bool, kv_scales, false,
+          "quantize: with --calibration, also write FP8 KV-cache scales (k_scale, v_scale a "
+          "layer) from the keys' and values' largest magnitudes on the prompts");
 ABSL_FLAG(std::string, model_name, "", "bench: model recorded (default: --model's name)");
 ABSL_FLAG(std::string, weights, "bf16",
           "Expert weights on a GPU, bf16 or fp8 (bench: the weights recorded)");
@@ -182,10 +185,11 @@ const std::vector<Command>& Commands() {
        "--shape NAME --out DIR [--dtype bf16|fp8] [--skew zipf:S] [--layers L]",
        "a random-weight model in the Hugging Face format",
        {"shape", "out", "dtype", "skew", "seed", "layers", "force", "threads", "log-level"}},
-      {"quantize", "--model DIR --out DIR [--calibration FILE.jsonl --samples 512] [--force]",
+      {"quantize",
+       "--model DIR --out DIR [--calibration FILE.jsonl --samples 512 [--kv-scales]] [--force]",
        "FP8 E4M3 per-channel weights in the compressed-tensors layout; with --calibration, the "
-       "perplexity of both models on the prompts",
-       With({"model", "out", "calibration", "samples", "force"}, kEngineFlags)},
+       "perplexity of both models on the prompts (and with --kv-scales, FP8 KV-cache scales)",
+       With({"model", "out", "calibration", "samples", "kv-scales", "force"}, kEngineFlags)},
   };
   return *commands;
 }
@@ -388,6 +392,7 @@ absl::Status Run(const std::string& command, const std::vector<std::string>& sto
     options.quantize.progress = true;
     options.calibration_file = absl::GetFlag(FLAGS_calibration);
     options.samples = absl::GetFlag(FLAGS_samples);
+    options.kv_scales = absl::GetFlag(FLAGS_kv_scales);
     auto engine = EngineOptionsFromFlags();
     if (!engine.ok()) return engine.status();
     options.engine = *engine;
