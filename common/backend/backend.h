@@ -93,6 +93,15 @@ class RouterBackend {
   // gate without its attention), for prefetching that layer's experts; the step is unchanged.
   virtual absl::Status PredictRouting(int layer, float temperature, RoutingTable& predicted) = 0;
 
+  // A backend that predicts into device routing scores its guesses where they are, when the
+  // predicted layer's gate has run: picks predicted, those the gate then made, the gate's
+  // picks, since start, as of the last finished step. Zeros for a host backend (ForwardPass
+  // scores host predictions itself).
+  struct PredictionCounts {
+    uint64_t predicted = 0, correct = 0, actual = 0;
+  };
+  virtual PredictionCounts DevicePredictionCounts() const { return {}; }
+
   // logits[r] = lm_head(final_norm(residual[rows[r]])); `logits` is resized to
   // [rows.size(), vocab].
   virtual absl::Status Logits(absl::Span<const int64_t> rows, Tensor& logits) = 0;

@@ -49,8 +49,15 @@ class ForwardPass {
     if (options_.on_batch) options_.on_batch(batch);
   }
 
-  // Thread-safe to read while Run is going.
-  const PrefetchCounters& prefetch() const { return prefetch_; }
+  // The predictions scored so far, here (host routing) and by the router backend (device
+  // routing). Thread-safe to read while Run is going.
+  RouterBackend::PredictionCounts prefetch() const {
+    RouterBackend::PredictionCounts c = router_.DevicePredictionCounts();
+    c.predicted += prefetch_.predicted.load();
+    c.correct += prefetch_.correct.load();
+    c.actual += prefetch_.actual.load();
+    return c;
+  }
 
  private:
   const ModelConfig& config_;

@@ -86,7 +86,7 @@ class ForwardStepRunner : public StepRunner {
     return s;
   }
 
-  const PrefetchCounters& prefetch() const override { return forward_.prefetch(); }
+  RouterBackend::PredictionCounts prefetch() const override { return forward_.prefetch(); }
 
  private:
   absl::StatusOr<StepResult> Replay(const StepPlan& plan, absl::FunctionRef<void()> while_running) {

@@ -82,7 +82,7 @@ class StepRunner {
   virtual int64_t graph_context() const = 0;
 
   virtual StepRunnerStats stats() const = 0;
-  virtual const PrefetchCounters& prefetch() const = 0;
+  virtual RouterBackend::PredictionCounts prefetch() const = 0;
 };
 
 struct StepRunnerOptions {

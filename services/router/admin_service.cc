@@ -54,10 +54,10 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
     response->set_hot_ratio(hot_ratio_->current());
     response->set_hot_ratio_automatic(hot_ratio_->automatic());
   }
-  const PrefetchCounters& p = runner_.prefetch();
-  response->set_prefetch_predicted(p.predicted.load());
-  response->set_prefetch_correct(p.correct.load());
-  response->set_prefetch_actual(p.actual.load());
+  const RouterBackend::PredictionCounts p = runner_.prefetch();
+  response->set_prefetch_predicted(p.predicted);
+  response->set_prefetch_correct(p.correct);
+  response->set_prefetch_actual(p.actual);
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

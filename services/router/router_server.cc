@@ -70,9 +70,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   ForwardOptions& forward_options = runner.forward;
   forward_options.router_temperature = options.router_temperature;
   if (s->remote_ != nullptr) {
-    // A GPU router keeps its routing on the device: nothing to predict for the workers, which
-    // hold every expert.
-    forward_options.predict_next_experts = options.prefetch && s->stack_->device_index() < 0;
+    // Only while a worker keeps some experts cold (wants_prefetch). A GPU router predicts on
+    // the device, for its accuracy (eager steps; CudaRouterBackend::PredictRouting).
+    forward_options.predict_next_experts = options.prefetch;
     if (lending) {
       const PagedKvCache& kv = s->stack_->kv();
       s->lending_ = std::make_unique<KvLending>(
@@ -184,10 +184,10 @@ RouterSnapshot RouterServer::Snapshot() const {
   r.draft_tokens = s.draft_tokens;
   r.accepted_draft_tokens = s.accepted_draft_tokens;
   if (coordinator_ != nullptr) r.worker_restarts = coordinator_->restarts();
-  const PrefetchCounters& p = runner_->prefetch();
-  r.prefetch_predicted = p.predicted.load();
-  r.prefetch_correct = p.correct.load();
-  r.prefetch_actual = p.actual.load();
+  const RouterBackend::PredictionCounts p = runner_->prefetch();
+  r.prefetch_predicted = p.predicted;
+  r.prefetch_correct = p.correct;
+  r.prefetch_actual = p.actual;
   if (remote_ != nullptr) {
     r.reroutes = remote_->reroutes();
     for (int w = 0; w < remote_->num_workers(); ++w) {

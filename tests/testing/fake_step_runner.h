@@ -97,7 +97,7 @@ class FakeStepRunner : public StepRunner {
     s.steps = runs_ + collects_;
     return s;
   }
-  const PrefetchCounters& prefetch() const override { return prefetch_; }
+  RouterBackend::PredictionCounts prefetch() const override { return {}; }
 
   std::vector<StepPlan> plans() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -169,7 +169,6 @@ class FakeStepRunner : public StepRunner {
   std::vector<int32_t> greedy_;
   std::vector<float> logits_;
   std::string violation_;
-  PrefetchCounters prefetch_;
 };
 
 }  // namespace strata::testing

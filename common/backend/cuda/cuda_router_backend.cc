@@ -153,6 +153,13 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
   RETURN_IF_ERROR(Allocate(token_seq_, t));
   RETURN_IF_ERROR(Allocate(rows_, t));
   RETURN_IF_ERROR(Allocate(routing_ids_, t * std::max(c.top_k, 1)));
+  RETURN_IF_ERROR(Allocate(predict_normed_, t * h));
+  RETURN_IF_ERROR(Allocate(predicted_ids_, t * std::max(c.top_k, 1)));
+  RETURN_IF_ERROR(Allocate(predicted_weights_, t * std::max(c.top_k, 1)));
+  RETURN_IF_ERROR(Allocate(prediction_counts_, 3));
+  CUDA_RETURN_IF_ERROR(cudaMemset(prediction_counts_.data(), 0, 3 * sizeof(unsigned long long)));
+  ASSIGN_OR_RETURN(prediction_counts_host_, PinnedBuffer<unsigned long long>::Allocate(3));
+  std::fill_n(prediction_counts_host_.data(), 3, 0ull);
   RETURN_IF_ERROR(Allocate(routing_weights_, t * std::max(c.top_k, 1)));
   RETURN_IF_ERROR(Allocate(gate_blocks_done_, 1));
   CUDA_RETURN_IF_ERROR(
@@ -646,6 +653,12 @@ absl::Status CudaRouterBackend::PrepareFfn(int layer, float temperature, Tensor&
   routing.top_k = c.top_k;
   routing.device_expert = routing_ids_.data();
   routing.device_weight = routing_weights_.data();
+  if (predicted_layer_ == layer) {
+    CUDA_RETURN_IF_ERROR(LaunchScoreRoutingPrediction(predicted_ids_.data(), routing_ids_.data(), n,
+                                                      c.top_k, prediction_counts_.data(),
+                                                      context_->stream()));
+    predicted_layer_ = -1;
+  }
   return absl::OkStatus();
 }
 
@@ -681,7 +694,40 @@ absl::Status CudaRouterBackend::Combine(const Tensor& partial, const uint32_t* r
 
 absl::Status CudaRouterBackend::PredictRouting(int layer, float temperature,
                                                RoutingTable& predicted) {
-  return absl::UnimplementedError("cuda backend: no routing prediction on the device yet");
+  const ModelConfig& c = config_;
+  if (layer < 0 || layer >= c.num_layers || !c.layer_is_moe[layer]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("predict routing: layer ", layer, " routes nothing"));
+  }
+  predicted.expert.clear();
+  predicted.weight.clear();
+  predicted.top_k = c.top_k;
+  predicted.tokens = 0;
+  predicted.device_expert = nullptr;
+  predicted.device_weight = nullptr;
+  if (graph_mode_) return absl::OkStatus();
+  const int64_t n = step_tokens_;
+  cudaStream_t stream = context_->stream();
+  // hidden_ holds the residual after the layer before (Combine added its experts): `layer`'s
+  // post-attention norm and gate over it, without its attention.
+  CUDA_RETURN_IF_ERROR(LaunchRmsNorm(hidden_.data(), layers_[layer].post_norm, n, c.hidden_size,
+                                     static_cast<float>(c.rms_norm_eps), predict_normed_.data(),
+                                     stream));
+  RETURN_IF_ERROR(linear_.Run(layers_[layer].router, predict_normed_.data(), n, gate_logits_.data(),
+                              OutType::kF32));
+  CUDA_RETURN_IF_ERROR(LaunchMoeGate(gate_logits_.data(), n, GateParams(temperature),
+                                     predicted_ids_.data(), predicted_weights_.data(), stream));
+  predicted_layer_ = layer;
+  predicted.tokens = n;
+  predicted.device_expert = predicted_ids_.data();
+  predicted.device_weight = predicted_weights_.data();
+  return absl::OkStatus();
+}
+
+RouterBackend::PredictionCounts CudaRouterBackend::DevicePredictionCounts() const {
+  // Pinned memory the stream copies into after each step; read without waiting for it.
+  const volatile unsigned long long* c = prediction_counts_host_.data();
+  return {c[0], c[1], c[2]};
 }
 
 absl::Status CudaRouterBackend::Logits(absl::Span<const int64_t> rows, Tensor& logits) {
@@ -712,6 +758,10 @@ absl::Status CudaRouterBackend::Logits(absl::Span<const int64_t> rows, Tensor& l
                                          cudaMemcpyDeviceToHost, stream));
     return absl::OkStatus();
   }
+  // The prediction counts of this (eager) step, in the synchronize below.
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(prediction_counts_host_.data(), prediction_counts_.data(),
+                                       3 * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                                       stream));
   logits.Resize(r, config_.vocab_size);
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits.data(), logits_.data(),
                                        static_cast<size_t>(r * config_.vocab_size) * sizeof(float),

@@ -50,7 +50,12 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   absl::Status DenseFfn(int layer) override;
   absl::Status Combine(const Tensor& partial, const uint32_t* ready_flag) override;
   // Not yet on the device: UNIMPLEMENTED (a GPU router predicts nothing for its workers).
+  // Eager steps only (prefill, steps without graphs): the next layer's norm and gate on the
+  // residual into device routing, scored on the device once that layer's gate has run. A
+  // captured decode step predicts nothing (tokens 0): three launches a layer would cost every
+  // replay what the prediction saves only where copies happen.
   absl::Status PredictRouting(int layer, float temperature, RoutingTable& predicted) override;
+  PredictionCounts DevicePredictionCounts() const override;
   absl::Status Logits(absl::Span<const int64_t> rows, Tensor& logits) override;
   absl::Status ReportKvRange(PagedKvCache& kv) override;
   DeviceRouter* device_router() override { return this; }
@@ -163,6 +168,14 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   // Activations, sized for options_.max_tokens.
   DeviceBuffer<bf16> hidden_, normed_, q_, k_, v_, attn_, proj_, ffn_out_, gathered_;
   DeviceBuffer<float> gate_logits_, logits_;
+  // PredictRouting's: the next layer's normed residual, its predicted routing, and the running
+  // counts (predicted, correct, actual), copied to the host after every step.
+  DeviceBuffer<bf16> predict_normed_;
+  DeviceBuffer<int32_t> predicted_ids_;
+  DeviceBuffer<float> predicted_weights_;
+  DeviceBuffer<unsigned long long> prediction_counts_;
+  PinnedBuffer<unsigned long long> prediction_counts_host_;
+  int predicted_layer_ = -1;  // the layer predicted_ids_ guesses, until its gate runs
   DeviceBuffer<int32_t> ids_, positions_, token_seq_, block_tables_, routing_ids_, rows_;
   DeviceBuffer<float> routing_weights_;
   DeviceBuffer<uint32_t> gate_blocks_done_;  // LaunchAddNormGate's block counter

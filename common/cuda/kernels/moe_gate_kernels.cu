@@ -72,7 +72,43 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One thread a token; the block sums its tokens' counts before three atomics.
+__global__ void ScorePredictionKernel(const int32_t* predicted, const int32_t* actual, int64_t n,
+                                      int top_k, unsigned long long* counts) {
+  __shared__ unsigned long long sums[3];
+  if (threadIdx.x < 3) sums[threadIdx.x] = 0;
+  __syncthreads();
+  const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (t < n) {
+    unsigned long long guessed = 0, right = 0, picked = 0;
+    const int32_t* want = predicted + t * top_k;
+    const int32_t* got = actual + t * top_k;
+    for (int j = 0; j < top_k; ++j) {
+      guessed += want[j] >= 0;
+      picked += got[j] >= 0;
+      if (got[j] < 0) continue;
+      for (int i = 0; i < top_k; ++i) right += want[i] == got[j];
+    }
+    atomicAdd(&sums[0], guessed);
+    atomicAdd(&sums[1], right);
+    atomicAdd(&sums[2], picked);
+  }
+  __syncthreads();
+  if (threadIdx.x < 3) atomicAdd(&counts[threadIdx.x], sums[threadIdx.x]);
+}
+
 }  // namespace
+
+cudaError_t LaunchScoreRoutingPrediction(const int32_t* predicted, const int32_t* actual, int64_t n,
+                                         int top_k, unsigned long long* counts,
+                                         cudaStream_t stream) {
+  if (n < 0 || top_k < 1 || top_k > kMaxGateTopK) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  constexpr int kScoreThreads = 128;
+  ScorePredictionKernel<<<static_cast<unsigned>((n + kScoreThreads - 1) / kScoreThreads),
+                          kScoreThreads, 0, stream>>>(predicted, actual, n, top_k, counts);
+  return cudaGetLastError();
+}
 
 bool ValidMoeGateParams(const MoeGateParams& p) {
   return p.num_experts > 0 && p.num_experts <= kMaxGateExperts && p.top_k > 0 &&

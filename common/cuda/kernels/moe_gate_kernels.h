@@ -31,6 +31,13 @@ bool ValidMoeGateParams(const MoeGateParams& params);
 cudaError_t LaunchMoeGate(const float* logits, int64_t n, const MoeGateParams& params,
                           int32_t* expert_ids, float* weights, cudaStream_t stream);
 
+// How well `predicted` [n, top_k] guessed `actual` [n, top_k] (expert ids, -1 for none): adds
+// to counts[0] the predicted picks, to counts[1] those of them the token's actual picks hold,
+// to counts[2] the actual picks.
+cudaError_t LaunchScoreRoutingPrediction(const int32_t* predicted, const int32_t* actual, int64_t n,
+                                         int top_k, unsigned long long* counts,
+                                         cudaStream_t stream);
+
 }  // namespace strata::gpu
 
 #endif  // STRATA_COMMON_CUDA_KERNELS_MOE_GATE_KERNELS_H_

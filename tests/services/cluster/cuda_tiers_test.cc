@@ -112,6 +112,14 @@ TEST(CudaTiersTest, TieredWorkersGiveTheResidentTokensAndReplayTheirSteps) {
   EXPECT_GT(t.bytes_copied(), 0u);
   EXPECT_LT((t.hot_slots() + t.warm_slots()) * t.slot_bytes(), 12u << 20);
   EXPECT_GT(stats.graph_steps(), stats.steps() / 2);
+  // The next layer's experts predicted on the device (eager steps: the prefills), and scored.
+  std::printf("prefetch accuracy on the device: %.3f of %llu picks\n",
+              static_cast<double>(stats.prefetch_correct()) /
+                  std::max<uint64_t>(stats.prefetch_actual(), 1),
+              static_cast<unsigned long long>(stats.prefetch_actual()));
+  EXPECT_GT(stats.prefetch_actual(), 0u);
+  EXPECT_EQ(stats.prefetch_predicted(), stats.prefetch_actual());
+  EXPECT_GT(stats.prefetch_correct(), stats.prefetch_actual() / 2);
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
