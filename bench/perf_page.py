@@ -61,6 +61,10 @@ def config(name, r):
         words.append('shared KV/expert budget (nothing lent at 128 tokens)')
     elif '-kv8g' in name:
         words.append('8 GiB KV pool')
+    if name.endswith('-no-predict.json'):
+        words.append('next-layer prediction off (`--prefetch=false`)')
+    elif name.endswith('-predict.json'):
+        words.append('next-layer prediction on the device (eager steps; accuracy in the stats)')
     if '-kv-fp8' in name:
         words.append('**FP8 keys and values** (calibrated on the warm-up request)')
     elif '-kv-bf16' in name:
