@@ -52,7 +52,8 @@ def config(name, r):
         words.append('no speculation')
     elif '-speculation-' in name:
         acc = r.get('draft_acceptance')
-        words.append('**prompt-lookup speculation, up to 4 tokens**' +
+        kind = 'draft-model' if '-speculation-draft-' in name else 'prompt-lookup'
+        words.append(f'**{kind} speculation, up to 4 tokens**' +
                      (f' (acceptance {acc:.0%})' if acc is not None else ''))
     if '-kv1g-shared' in name:
         words.append('**1 GiB KV pool at start, grown into the slots the worker lends** '

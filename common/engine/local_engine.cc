@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
   stack.kv_dtype = options.kv_dtype;
   stack.kv_fp16_above_tokens = options.kv_fp16_above_tokens;
   stack.kv_calibration_tokens = options.kv_calibration_tokens;
-  stack.kv_within_context = true;
+  stack.kv_within_context = options.kv_within_context;
   stack.max_step_tokens = options.prefill_chunk_tokens;
   stack.max_sequences = 1;
   stack.expert_weights = options.expert_weights;
@@ -91,12 +91,15 @@ absl::StatusOr<StepResult> LocalEngine::Step(PagedKvCache::SequenceId seq,
 }
 
 absl::StatusOr<StepResult> LocalEngine::RunStep(PagedKvCache::SequenceId seq,
-                                                absl::Span<const int32_t> ids, int64_t start) {
+                                                absl::Span<const int32_t> ids, int64_t start,
+                                                bool last_row_only) {
   if (ids.empty() || start < 0 || start + std::ssize(ids) > max_sequence_tokens()) {
     return absl::InvalidArgumentError("a step needs tokens within the context");
   }
-  std::vector<int64_t> rows(ids.size());
-  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+  std::vector<int64_t> rows;
+  for (size_t i = last_row_only ? ids.size() - 1 : 0; i < ids.size(); ++i) {
+    rows.push_back(static_cast<int64_t>(i));
+  }
   return Step(seq, ids, start, rows, rows, false);
 }
 

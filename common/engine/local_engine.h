@@ -20,6 +20,9 @@ struct LocalEngineOptions {
   int kv_block_size = 32;                     // token slots per KV block
   int64_t kv_cache_bytes = int64_t{1} << 30;  // upper bound on the KV pool
   int prefill_chunk_tokens = 512;             // prompt tokens per forward step
+  // The pool holds one sequence of the model's context at most (one sequence at a time); off,
+  // kv_cache_bytes alone sizes it (sequences of one's own, RunStep).
+  bool kv_within_context = true;
   // FP8 keys and values (KvCacheOptions: fp8, fp16_above_tokens, calibration_tokens).
   KvDtype kv_dtype = KvDtype::kAuto;
   int64_t kv_fp16_above_tokens = 0;
@@ -66,12 +69,13 @@ class LocalEngine {
                                                 const GenerateOptions& options);
 
   // Steps a caller plans itself (benchmarks of step shapes, such as a speculative verify step
-  // of k tokens): a sequence of its own, one step of `ids` at positions [start, start +
-  // ids.size()) with every row's logits on the host, and the sequence's release.
+  // of k tokens; a draft model): a sequence of its own, one step of `ids` at positions [start,
+  // start + ids.size()) with every row's logits on the host (or the last row's only), and the
+  // sequence's release.
   PagedKvCache::SequenceId AddSequence() { return kv_->AddSequence(); }
   PagedKvCache& kv() { return *kv_; }
   absl::StatusOr<StepResult> RunStep(PagedKvCache::SequenceId seq, absl::Span<const int32_t> ids,
-                                     int64_t start);
+                                     int64_t start, bool last_row_only = false);
   void ReleaseSequence(PagedKvCache::SequenceId seq) { kv_->Release(seq); }
 
   const ModelConfig& config() const { return stack_->config(); }

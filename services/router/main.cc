@@ -52,6 +52,9 @@ ABSL_FLAG(int, speculative_tokens, 0,
           "Speculative decoding by prompt lookup: tokens drafted a step at most (0: off); "
           "drafting turns itself off while it is slower than plain steps");
 ABSL_FLAG(int, speculative_ngram, 3, "Prompt lookup: the longest suffix of a sequence looked up");
+ABSL_FLAG(std::string, speculative_draft_model, "",
+          "A small model of the same vocabulary whose greedy tokens are the drafts (run on this "
+          "process's CPU), instead of prompt lookup; with --speculative-tokens");
 ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");
 ABSL_FLAG(int, max_batch_tokens, 512, "Tokens per forward step (decodes + prefill chunks)");
 ABSL_FLAG(int, max_running, 64, "Sequences in the running batch");
@@ -114,6 +117,7 @@ int main(int argc, char** argv) {
   options.kv_share_expert_memory = absl::GetFlag(FLAGS_kv_cache_share_expert_memory);
   options.scheduler.speculation.max_draft_tokens = absl::GetFlag(FLAGS_speculative_tokens);
   options.scheduler.speculation.ngram_max = absl::GetFlag(FLAGS_speculative_ngram);
+  options.draft_model_dir = absl::GetFlag(FLAGS_speculative_draft_model);
   if (options.scheduler.speculation.max_draft_tokens < 0 ||
       options.scheduler.speculation.max_draft_tokens > 16 ||
       options.scheduler.speculation.ngram_max < 1) {

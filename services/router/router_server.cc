@@ -90,6 +90,15 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
     };
   }
   SchedulerOptions scheduler = options.scheduler;
+  if (!options.draft_model_dir.empty()) {
+    if (scheduler.speculation.max_draft_tokens <= 0) {
+      return absl::InvalidArgumentError(
+          "a speculative draft model drafts nothing without --speculative-tokens");
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<DraftModel> draft,
+                     DraftModel::Create({.model_dir = options.draft_model_dir}, c.vocab_size));
+    scheduler.speculation.draft_model = std::move(draft);
+  }
   runner.cuda_graphs = options.cuda_graph_max_batch > 0;
   runner.graphs.max_sequences =
       std::min({options.cuda_graph_max_batch, stack.max_sequences, stack.max_step_tokens});

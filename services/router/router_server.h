@@ -18,6 +18,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/admin_service.h"
 #include "services/router/coordinator_service.h"
+#include "services/router/draft_model.h"
 #include "services/router/generation_service.h"
 #include "services/router/http/http_server.h"
 #include "services/router/http/openai_service.h"
@@ -52,6 +53,8 @@ struct RouterOptions {
   bool kv_share_expert_memory = false;
   float router_temperature = 1.0f;
   SchedulerOptions scheduler;
+  // speculative.draft_model: drafts from this model (DraftModel) instead of prompt lookup.
+  std::string draft_model_dir;
   std::string channel_prefix = "strata";
   absl::Duration expert_timeout = absl::Seconds(60);
   // How often an info line sums up the requests and tokens since the last (when there were any).

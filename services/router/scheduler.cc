@@ -527,6 +527,9 @@ std::vector<int32_t> Scheduler::Draft(const Sequence& seq, int64_t room) const {
       std::min<int64_t>({seq.draft_length, room, seq.spec.max_new_tokens - seq.generated - 1,
                          max_context_tokens_ - static_cast<int64_t>(seq.tokens.size()) - 1});
   if (max_tokens <= 0) return {};
+  if (o.draft_model != nullptr) {
+    return o.draft_model->Draft(seq.ticket, seq.tokens, static_cast<int>(max_tokens));
+  }
   return NgramDraft(seq.tokens, o.ngram_min, o.ngram_max, static_cast<int>(max_tokens));
 }
 
@@ -709,6 +712,9 @@ bool Scheduler::HandleToken(Sequence* seq, int32_t token, float logprob) {
 void Scheduler::Finish(Sequence* seq, FinishReason reason, const absl::Status& status) {
   if (seq->has_kv) kv_.Release(seq->kv_seq);
   seq->has_kv = false;
+  if (options_.speculation.draft_model != nullptr) {
+    options_.speculation.draft_model->Forget(seq->ticket);
+  }
   RequestUsage usage;
   usage.prompt_tokens = static_cast<int>(seq->spec.prompt.size());
   usage.completion_tokens = seq->generated;

@@ -5,11 +5,24 @@
 #define STRATA_SERVICES_ROUTER_SPECULATION_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/types/span.h"
 
 namespace strata {
+
+// Drafts from a model instead of prompt lookup (DraftModel). Called on the engine thread only.
+class DraftSource {
+ public:
+  virtual ~DraftSource() = default;
+  // Up to `max_tokens` tokens to follow `tokens`, the whole sequence `key` (prompt and output so
+  // far; state from its earlier calls may be kept); empty when there are none.
+  virtual std::vector<int32_t> Draft(uint64_t key, absl::Span<const int32_t> tokens,
+                                     int max_tokens) = 0;
+  // Sequence `key` ended: whatever is kept for it goes.
+  virtual void Forget(uint64_t key) = 0;
+};
 
 struct SpeculationOptions {
   int max_draft_tokens = 0;  // k, tokens drafted a step at most; 0: no speculation
@@ -18,6 +31,8 @@ struct SpeculationOptions {
   // While drafting, one step in this many runs without drafts to measure the plain rate; after
   // drafting stopped paying, it stays off for this many steps before it is tried again.
   int probe_interval = 32;
+  // Drafts come from this model (speculative.draft_model) instead of prompt lookup.
+  std::shared_ptr<DraftSource> draft_model;
 };
 
 // The tokens that followed an earlier occurrence of the last n tokens of `tokens`, for the

@@ -201,6 +201,11 @@ const std::map<std::string, Key>& Keys() {
        KeyOf<int>("speculative-ngram", &ClusterConfig::speculative_ngram, Positive<int>)
            .Help("prompt lookup: the longest suffix of a sequence looked up")
            .To(kRouter)},
+      {"speculative.draft_model",
+       KeyOf<S>("speculative-draft-model", &ClusterConfig::speculative_draft_model)
+           .Help("a small model of the same vocabulary whose greedy tokens are the drafts (in "
+                 "the router's process, on its CPU), instead of prompt lookup")
+           .To(kRouter)},
       {"max_batch_tokens",
        KeyOf<int>("max-batch-tokens", &ClusterConfig::max_batch_tokens, Positive<int>)
            .Help("tokens per forward step (decodes and prefill chunks)")

@@ -37,8 +37,9 @@ struct ClusterConfig {
   // The KV pool grows into the expert slots workers on the router's device lend as the hot
   // ratio falls (one memory budget for both).
   bool kv_share_expert_memory = false;
-  int speculative_tokens = 0;  // prompt-lookup drafts a step at most; 0: no speculation
-  int speculative_ngram = 3;   // the longest suffix looked up
+  int speculative_tokens = 0;           // prompt-lookup drafts a step at most; 0: no speculation
+  int speculative_ngram = 3;            // the longest suffix looked up
+  std::string speculative_draft_model;  // drafts from this model instead of prompt lookup
   int max_batch_tokens = 512;
   int max_running = 64;
   int max_queued_requests = 256;

@@ -9,6 +9,7 @@
 #include "common/engine/local_engine.h"
 #include "common/engine/model_stack.h"
 #include "gtest/gtest.h"
+#include "services/router/draft_model.h"
 #include "tests/testing/collecting_sink.h"
 
 namespace strata {
@@ -259,6 +260,38 @@ TEST(SchedulerTest, PromptLookupSpeculationKeepsGreedyTokens) {
       EXPECT_EQ(sink->tokens(), sinks[i]->tokens()) << "request " << i;
     }
   }
+}
+
+// Drafts from a draft model (here the target model itself, so its greedy drafts are the target's
+// own greedy tokens): greedy rows keep their tokens, nearly every draft stands, and the draft's
+// state of each sequence goes when it ends.
+TEST(SchedulerTest, DraftModelSpeculationKeepsGreedyTokens) {
+  SchedulerOptions options{.max_batch_tokens = 48, .max_running = 8};
+  options.speculation.max_draft_tokens = 4;
+  auto draft = DraftModel::Create({.model_dir = kModelDir}, 4096);
+  EXPECT_TRUE(absl::IsInvalidArgument(draft.status())) << draft.status();  // another vocabulary
+  const int64_t vocab =
+      ModelStack::Create(kModelDir, {.kv_cache_bytes = 1 << 20}).value()->config().vocab_size;
+  draft = DraftModel::Create({.model_dir = kModelDir}, vocab);
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  std::shared_ptr<DraftModel> model = *std::move(draft);
+  options.speculation.draft_model = model;
+  SchedulerHarness harness(/*num_blocks=*/512, options);
+  std::vector<RequestSpec> specs = SizedRequests(4, 23, 24, 30);
+  for (RequestSpec& spec : specs) spec.sampling = {};
+  const std::vector<std::shared_ptr<CollectingSink>> sinks = SubmitAll(harness, specs);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->Wait());
+    EXPECT_EQ(sinks[i]->tokens(), RunAlone(specs[i])) << "request " << i;
+  }
+  const Scheduler::Stats stats = harness.scheduler().stats();
+  std::printf("draft model: %lld of %lld drafted tokens accepted in %lld steps\n",
+              static_cast<long long>(stats.accepted_draft_tokens),
+              static_cast<long long>(stats.draft_tokens),
+              static_cast<long long>(stats.draft_steps));
+  EXPECT_GT(stats.draft_tokens, 0);
+  EXPECT_GT(stats.accepted_draft_tokens, stats.draft_tokens * 9 / 10);
+  EXPECT_EQ(model->sequences(), 0);
 }
 
 TEST(SchedulerTest, CancelFreesBlocks) {
