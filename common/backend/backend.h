@@ -97,6 +97,13 @@ class RouterBackend {
   // predicted layer's gate has run: picks predicted, those the gate then made, the gate's
   // picks, since start, as of the last finished step. Zeros for a host backend (ForwardPass
   // scores host predictions itself).
+  // Resizes the KV pool (PagedKvCache::Resize) with the memory under it, between steps: a
+  // device backend maps a grown pool's memory first (RESOURCE_EXHAUSTED, nothing changed, when
+  // the device has not the memory) and gives a shrunk pool's tail back once its blocks moved.
+  virtual absl::StatusOr<int64_t> ResizeKv(PagedKvCache& kv, int blocks) {
+    return kv.Resize(blocks);
+  }
+
   struct PredictionCounts {
     uint64_t predicted = 0, correct = 0, actual = 0;
   };

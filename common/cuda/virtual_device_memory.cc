@@ -119,8 +119,11 @@ absl::Status VirtualDeviceMemory::Commit(size_t bytes) {
     chunks_.pop_back();
   }
   if (chunks_.size() == wanted) return absl::OkStatus();
-  const size_t first = chunks_.size();
   const CUmemAllocationProp prop = DeviceProp(device_);
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device_;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   while (chunks_.size() < wanted) {
     CUmemGenericAllocationHandle handle = 0;
     const CUresult created = v.create(&handle, chunk_, &prop, 0);
@@ -134,16 +137,14 @@ absl::Status VirtualDeviceMemory::Commit(size_t bytes) {
       v.release(handle);
       return mapped;
     }
+    // Each chunk usable as it is mapped: a failure further on leaves no chunk without access.
+    if (absl::Status opened = DriverStatus(v.set_access(at, chunk_, &access, 1), "cuMemSetAccess");
+        !opened.ok()) {
+      v.unmap(at, chunk_);
+      v.release(handle);
+      return opened;
+    }
     chunks_.push_back(handle);
-  }
-  if (chunks_.size() > first) {
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device_;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    RETURN_IF_ERROR(DriverStatus(v.set_access(Address(base_) + first * chunk_,
-                                              (chunks_.size() - first) * chunk_, &access, 1),
-                                 "cuMemSetAccess"));
   }
   if (chunks_.size() < wanted) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -19,7 +19,10 @@ class ForwardStepRunner : public StepRunner {
  public:
   ForwardStepRunner(const ModelConfig& config, RouterBackend& router, ExpertBackend& experts,
                     PagedKvCache& kv, StepRunnerOptions options)
-      : config_(config), kv_(kv), forward_(config, router, experts, options.forward) {
+      : config_(config),
+        kv_(kv),
+        router_(router),
+        forward_(config, router, experts, options.forward) {
     gpu::DeviceRouter* device = router.device_router();
     GraphStepExperts* graph_steps = experts.graph_steps();
     if (options.cuda_graphs && device != nullptr && graph_steps != nullptr) {
@@ -87,6 +90,10 @@ class ForwardStepRunner : public StepRunner {
   }
 
   RouterBackend::PredictionCounts prefetch() const override { return forward_.prefetch(); }
+  absl::StatusOr<int64_t> ResizeKv(PagedKvCache& kv, int blocks) override {
+    if (in_flight()) return absl::FailedPreconditionError("step runner: a step is in flight");
+    return router_.ResizeKv(kv, blocks);
+  }
 
  private:
   absl::StatusOr<StepResult> Replay(const StepPlan& plan, absl::FunctionRef<void()> while_running) {
@@ -140,6 +147,7 @@ class ForwardStepRunner : public StepRunner {
 
   const ModelConfig& config_;
   PagedKvCache& kv_;
+  RouterBackend& router_;
   ForwardPass forward_;
   std::unique_ptr<DecodeGraphs> graphs_;  // null: every step eager
   Tensor logits_;

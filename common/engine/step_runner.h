@@ -83,6 +83,12 @@ class StepRunner {
 
   virtual StepRunnerStats stats() const = 0;
   virtual RouterBackend::PredictionCounts prefetch() const = 0;
+
+  // Resizes the KV pool and the memory under it (RouterBackend::ResizeKv); nothing may be in
+  // flight.
+  virtual absl::StatusOr<int64_t> ResizeKv(PagedKvCache& kv, int blocks) {
+    return kv.Resize(blocks);
+  }
 };
 
 struct StepRunnerOptions {

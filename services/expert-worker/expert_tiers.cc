@@ -32,9 +32,9 @@ absl::StatusOr<std::unique_ptr<ExpertTiers>> ExpertTiers::Create(const ModelConf
     const int64_t halve = options.lfu_halve_every > 0 ? options.lfu_halve_every : 8LL * n;
     t->warm_ = std::make_unique<LfuAgingPolicy>(n, halve);
   }
-  for (int s = n - 1; s >= 0; --s) t->free_slots_.push_back(s);
+  for (int s = slots.usable_slots() - 1; s >= 0; --s) t->free_slots_.push_back(s);
   t->counters_.slot_bytes = slots.slot_bytes();
-  t->counters_.warm_slots = static_cast<uint32_t>(n);
+  t->counters_.warm_slots = static_cast<uint32_t>(slots.usable_slots());
   return t;
 }
 
@@ -98,7 +98,7 @@ absl::Status ExpertTiers::SetHotRatio(float hot_ratio) {
 
 absl::Status ExpertTiers::PickHotSet() {
   const std::vector<ExpertKey> ranked = Ranked();
-  const int wanted = static_cast<int>(std::lround(hot_ratio_ * static_cast<double>(owned_.size())));
+  const int wanted = HotWanted();
   const int limit = slots_.usable_slots() - std::max(options_.min_warm_slots, 1);
   const int count = std::clamp(wanted, 0, std::max(limit, 0));
 
@@ -147,16 +147,20 @@ absl::Status ExpertTiers::SetLentSlots(int lent) {
     for (int slot = usable - 1; slot >= before; --slot) free_slots_.push_back(slot);
     // Lowest slot first from the back, as at the start.
     std::sort(free_slots_.begin(), free_slots_.end(), std::greater<int>());
+    // A hot set the lent slots had capped grows back to its ratio.
+    if (hot_ratio_ >= 0.0f && static_cast<int>(hot_.size()) < HotWanted()) {
+      RETURN_IF_ERROR(PickHotSet());
+    }
   } else {
     std::vector<ExpertKey> leaving;
     for (const auto& [key, slot] : slot_of_) {
       if (slot >= usable) leaving.push_back(key);
     }
     for (const ExpertKey& key : leaving) Evict(key);
+    RETURN_IF_ERROR(slots_.SetUsableSlots(usable));
     free_slots_.erase(std::remove_if(free_slots_.begin(), free_slots_.end(),
                                      [usable](int slot) { return slot >= usable; }),
                       free_slots_.end());
-    RETURN_IF_ERROR(slots_.SetUsableSlots(usable));
     // Hot experts that were in the slots given back come in again below.
     RETURN_IF_ERROR(FitWarmAndLoadHot());
   }

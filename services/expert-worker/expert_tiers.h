@@ -12,6 +12,7 @@
 #ifndef STRATA_SERVICES_EXPERT_WORKER_EXPERT_TIERS_H_
 #define STRATA_SERVICES_EXPERT_WORKER_EXPERT_TIERS_H_
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -105,6 +106,10 @@ class ExpertTiers : public SlotResidency {
   ExpertTiers(const ModelConfig& config, ExpertSlots& slots, const ExpertWeightSource& store,
               ExpertTierOptions options);
 
+  // The hot set the ratio asks for, before the slots cap it.
+  int HotWanted() const {
+    return static_cast<int>(std::lround(hot_ratio_ * static_cast<double>(owned_.size())));
+  }
   int warm_capacity() const { return slots_.usable_slots() - static_cast<int>(hot_.size()); }
   absl::Status PickHotSet();
   // The owned experts, most wanted first: by calibration counts, or by the uses seen so far.

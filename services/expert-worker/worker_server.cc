@@ -178,6 +178,7 @@ absl::Status WorkerServer::CreateTiers() {
     cuda.format = gpu::WeightFormatNamed(options_.expert_weights);
     cuda.max_tokens = options_.max_tokens_per_step;
     cuda.num_slots = num_slots;
+    cuda.usable_slots = 0;  // backed at registration, less what the router's KV pool holds
     ASSIGN_OR_RETURN(
         slots_, gpu::CreateCudaExpertSlots(config_, std::atoi(options_.device.c_str() + 5), cuda));
     // Pinned and mapped: loads run at PCIe speed and cold experts are read in place.

@@ -89,6 +89,12 @@ grpc::ServerUnaryReactor* AdminService::ResizeKvCache(grpc::CallbackServerContex
                                                       const v1::ResizeKvCacheRequest* request,
                                                       v1::ResizeKvCacheResponse* response) {
   auto* reactor = context->DefaultReactor();
+  if (kv_.options().initial_blocks > 0) {
+    // The pool follows the memory the workers lend; a size set here would be undone at once.
+    reactor->Finish(ToGrpcStatus(absl::FailedPreconditionError(
+        "the KV pool's size follows the memory the workers lend (kv_cache.share_expert_memory)")));
+    return reactor;
+  }
   // Finished from the engine thread once the resize ran between steps.
   scheduler_.ResizeKv(static_cast<int>(std::min<uint32_t>(request->blocks(), 1u << 30)),
                       [reactor, response](absl::StatusOr<Scheduler::KvResize> result) {

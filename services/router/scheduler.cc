@@ -313,9 +313,11 @@ void Scheduler::Admit() {
   }
 }
 
-bool Scheduler::LoneSequenceStalled() {
-  if (kv_.active_blocks() != stall_pool_blocks_) {
+bool Scheduler::LoneSequenceStalled(Ticket ticket) {
+  // Counted afresh for another sequence, or once the pool has grown or shrunk.
+  if (kv_.active_blocks() != stall_pool_blocks_ || ticket != stall_ticket_) {
     stall_pool_blocks_ = kv_.active_blocks();
+    stall_ticket_ = ticket;
     lone_stalls_ = 0;
   }
   return ++lone_stalls_ > kMaxLoneStalls;
@@ -377,7 +379,7 @@ bool Scheduler::Step() {
       ++i;
       continue;
     }
-    if (running_.size() == 1 && LoneSequenceStalled()) {
+    if (running_.size() == 1 && LoneSequenceStalled(seq->ticket)) {
       // Alone and still short: the pool started below the longest context and has not grown
       // into lent memory (KvLending) for it.
       Finish(seq, FinishReason::kError,
@@ -598,7 +600,7 @@ void Scheduler::ApplyKvResize() {
     return;
   }
   const absl::Time start = absl::Now();
-  absl::StatusOr<int64_t> moved = kv_.Resize(pending->blocks);
+  absl::StatusOr<int64_t> moved = runner_.ResizeKv(kv_, pending->blocks);
   if (!moved.ok()) {
     pending->done(moved.status());
     return;

@@ -184,8 +184,9 @@ class Scheduler {
   // A sequence running alone that the pool cannot hold preempts itself and comes back, until
   // the pool grows (memory lent to it) or this many times at one pool size.
   static constexpr int kMaxLoneStalls = 64;
-  bool LoneSequenceStalled();
+  bool LoneSequenceStalled(Ticket ticket);
   int lone_stalls_ = 0;
+  Ticket stall_ticket_ = 0;
   int stall_pool_blocks_ = -1;
   std::atomic<int> kv_pool_blocks_{0};
   absl::flat_hash_set<Ticket> cancelled_;

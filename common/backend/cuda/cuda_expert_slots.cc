@@ -185,9 +185,13 @@ absl::Status CudaExpertSlots::Init() {
   const int e_count = config_.num_experts;
   ASSIGN_OR_RETURN(context_, CudaContext::Create({.device = device_, .cublas_workspace_bytes = 0}));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-  const size_t all = layout_.bytes * options_.num_slots;
-  ASSIGN_OR_RETURN(storage_, VirtualDeviceMemory::Create(device_, all, all));
-  usable_.store(options_.num_slots);
+  const int usable = options_.usable_slots < 0
+                         ? options_.num_slots
+                         : std::min(options_.usable_slots, options_.num_slots);
+  ASSIGN_OR_RETURN(storage_,
+                   VirtualDeviceMemory::Create(device_, layout_.bytes * options_.num_slots,
+                                               layout_.bytes * usable));
+  usable_.store(usable);
   if (options_.format == WeightFormat::kFp8E4M3) {
     ASSIGN_OR_RETURN(device_staging_, DeviceBuffer<uint16_t>::Allocate(static_cast<size_t>(
                                           config_.hidden_size * config_.moe_intermediate_size)));

@@ -25,6 +25,10 @@ struct CudaExpertSlotOptions {
   WeightFormat format = WeightFormat::kBf16;
   int max_tokens = 512;  // per RunExperts call
   int num_slots = 0;
+  // Slots backed by device memory at creation (ExpertSlots::SetUsableSlots); -1: all. A worker
+  // starts with none and takes what its registration leaves it (memory lent to the router's KV
+  // pool stays there when the worker starts again).
+  int usable_slots = -1;
 };
 
 // Device bytes of one slot for `config`'s experts in `format` (what ExpertSlots::slot_bytes

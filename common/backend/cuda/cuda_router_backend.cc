@@ -422,6 +422,7 @@ absl::Status CudaRouterBackend::Embed(absl::Span<const int32_t> ids) {
   step_tokens_ = n;
   current_layer_ = 0;
   pending_post_norm_ = -1;
+  predicted_layer_ = -1;  // a prediction of a step that failed scores nothing
   return absl::OkStatus();
 }
 
@@ -722,6 +723,23 @@ absl::Status CudaRouterBackend::PredictRouting(int layer, float temperature,
   predicted.device_expert = predicted_ids_.data();
   predicted.device_weight = predicted_weights_.data();
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CudaRouterBackend::ResizeKv(PagedKvCache& kv, int blocks) {
+  if (blocks < 1 || blocks > kv.options().num_blocks) return kv.Resize(blocks);  // its error
+  // Growing: the memory is mapped before a block of it is handed out.
+  const size_t wanted = KvBytes(blocks);
+  if (wanted > kv_memory_.committed()) {
+    if (absl::Status grown = kv_memory_.Commit(wanted); !grown.ok()) {
+      kv_memory_.Commit(KvBytes(kv.active_blocks())).IgnoreError();  // back as it was
+      return grown;
+    }
+  }
+  ASSIGN_OR_RETURN(const int64_t moved, kv.Resize(blocks));
+  // Shrinking: the moves run, then the tail goes back to the device (SyncKv), before anyone is
+  // told the memory is free.
+  RETURN_IF_ERROR(SyncKv(kv));
+  return moved;
 }
 
 RouterBackend::PredictionCounts CudaRouterBackend::DevicePredictionCounts() const {

@@ -56,6 +56,7 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   // replay what the prediction saves only where copies happen.
   absl::Status PredictRouting(int layer, float temperature, RoutingTable& predicted) override;
   PredictionCounts DevicePredictionCounts() const override;
+  absl::StatusOr<int64_t> ResizeKv(PagedKvCache& kv, int blocks) override;
   absl::Status Logits(absl::Span<const int64_t> rows, Tensor& logits) override;
   absl::Status ReportKvRange(PagedKvCache& kv) override;
   DeviceRouter* device_router() override { return this; }
