@@ -103,6 +103,18 @@ absl::StatusOr<StepResult> LocalEngine::RunStep(PagedKvCache::SequenceId seq,
   return Step(seq, ids, start, rows, rows, false);
 }
 
+absl::StatusOr<StepResult> LocalEngine::RunChunked(PagedKvCache::SequenceId seq,
+                                                   absl::Span<const int32_t> ids, int64_t start) {
+  if (ids.empty()) return absl::InvalidArgumentError("a step needs tokens");
+  const int64_t chunk = options_.prefill_chunk_tokens;
+  StepResult last;
+  for (int64_t at = 0; at < std::ssize(ids); at += chunk) {
+    ASSIGN_OR_RETURN(last, RunStep(seq, ids.subspan(at, chunk), start + at,
+                                   /*last_row_only=*/true));
+  }
+  return last;
+}
+
 absl::StatusOr<Tensor> LocalEngine::Logits(absl::Span<const int32_t> ids) {
   RETURN_IF_ERROR(ValidatePrompt(ids, 0));
   const int64_t n = static_cast<int64_t>(ids.size());

@@ -77,6 +77,10 @@ class LocalEngine {
   absl::StatusOr<StepResult> RunStep(PagedKvCache::SequenceId seq, absl::Span<const int32_t> ids,
                                      int64_t start, bool last_row_only = false);
   void ReleaseSequence(PagedKvCache::SequenceId seq) { kv_->Release(seq); }
+  // `ids` at [start, ...) of `seq` in steps of at most prefill_chunk_tokens, the last row's
+  // logits only: the last step's result (its row 0).
+  absl::StatusOr<StepResult> RunChunked(PagedKvCache::SequenceId seq, absl::Span<const int32_t> ids,
+                                        int64_t start);
 
   const ModelConfig& config() const { return stack_->config(); }
   // Longest sequence the KV pool and the model's context allow.

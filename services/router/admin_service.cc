@@ -15,10 +15,7 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
   response->set_running_requests(static_cast<uint32_t>(s.running));
   response->set_free_kv_blocks(static_cast<uint32_t>(s.free_kv_blocks));
   response->set_total_kv_blocks(static_cast<uint32_t>(scheduler_.kv_pool_blocks()));
-  if (kv_.options().initial_blocks > 0) {
-    response->set_kv_blocks_borrowed(static_cast<uint32_t>(
-        std::max<int64_t>(0, scheduler_.kv_pool_blocks() - kv_.options().initial_blocks)));
-  }
+  response->set_kv_blocks_borrowed(static_cast<uint32_t>(scheduler_.kv_borrowed_blocks()));
   response->set_steps(static_cast<uint64_t>(s.steps));
   response->set_preemptions(static_cast<uint64_t>(s.preemptions));
   response->set_graph_steps(static_cast<uint64_t>(s.graph_steps));

@@ -9,8 +9,6 @@
 namespace strata {
 namespace {
 
-constexpr int64_t kChunk = 512;  // catch-up tokens a draft step at most
-
 int32_t Argmax(const float* row, int64_t vocab) {
   return static_cast<int32_t>(std::max_element(row, row + vocab) - row);
 }
@@ -24,7 +22,7 @@ absl::StatusOr<std::unique_ptr<DraftModel>> DraftModel::Create(const DraftModelO
   engine.num_threads = options.num_threads;
   engine.kv_cache_bytes = options.kv_cache_bytes;
   engine.kv_within_context = false;
-  engine.prefill_chunk_tokens = static_cast<int>(kChunk);
+  engine.prefill_chunk_tokens = 512;  // catch-up tokens a draft step at most
   ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> made, LocalEngine::Create(engine));
   if (made->config().vocab_size != vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -70,16 +68,9 @@ void DraftModel::Forget(uint64_t key) {
 
 absl::StatusOr<int32_t> DraftModel::Next(State& state, absl::Span<const int32_t> ids,
                                          int64_t start) {
-  const int64_t vocab = engine_->config().vocab_size;
-  int32_t next = -1;
-  for (int64_t at = 0; at < std::ssize(ids); at += kChunk) {
-    const absl::Span<const int32_t> part = ids.subspan(at, kChunk);
-    ASSIGN_OR_RETURN(const StepResult step,
-                     engine_->RunStep(state.seq, part, start + at, /*last_row_only=*/true));
-    state.computed.insert(state.computed.end(), part.begin(), part.end());
-    next = Argmax(step.logits(0), vocab);
-  }
-  return next;
+  ASSIGN_OR_RETURN(const StepResult step, engine_->RunChunked(state.seq, ids, start));
+  state.computed.insert(state.computed.end(), ids.begin(), ids.end());
+  return Argmax(step.logits(0), engine_->config().vocab_size);
 }
 
 absl::StatusOr<std::vector<int32_t>> DraftModel::Propose(State& state,

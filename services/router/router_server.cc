@@ -182,9 +182,7 @@ RouterSnapshot RouterServer::Snapshot() const {
   r.running = s.running;
   r.kv_blocks_free = s.free_kv_blocks;
   r.kv_blocks_total = scheduler_->kv_pool_blocks();
-  if (const int start = stack_->kv().options().initial_blocks; start > 0) {
-    r.kv_blocks_borrowed = std::max(0, r.kv_blocks_total - start);
-  }
+  r.kv_blocks_borrowed = scheduler_->kv_borrowed_blocks();
   r.steps = s.steps;
   r.preemptions = s.preemptions;
   r.prefix_queried_tokens = s.prefix_queried_tokens;

@@ -4,6 +4,7 @@
 #ifndef STRATA_SERVICES_ROUTER_SCHEDULER_H_
 #define STRATA_SERVICES_ROUTER_SCHEDULER_H_
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -73,6 +74,9 @@ class Scheduler {
   // Token slots in the KV pool, and its blocks.
   int64_t kv_pool_tokens() const { return kv_.pool_tokens(); }
   int kv_pool_blocks() const { return kv_pool_blocks_.load(); }
+  // Blocks the pool has beyond those it started with: memory the workers lent (KvLending); the
+  // pool grows past its start only so.
+  int kv_borrowed_blocks() const { return std::max(0, kv_pool_blocks_.load() - start_blocks_); }
 
   // Resizes the KV pool between steps (PagedKvCache::Resize: shrinking moves the blocks in use
   // below the new end). FAILED_PRECONDITION for a pool too small for one sequence of the

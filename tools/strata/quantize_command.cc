@@ -95,16 +95,11 @@ absl::StatusOr<KvScales> CalibrateKvScales(const std::string& dir,
   }
   // Steps of the last row's logits only: a window's keys and values are what is observed.
   const int64_t window = e->max_sequence_tokens();
-  constexpr int64_t kChunk = 512;
   for (const auto& prompt : prompts) {
     const absl::Span<const int32_t> ids(prompt);
     for (size_t start = 0; start < ids.size(); start += window) {
-      const absl::Span<const int32_t> part = ids.subspan(start, window);
       const PagedKvCache::SequenceId seq = e->AddSequence();
-      absl::Status ran = absl::OkStatus();
-      for (int64_t at = 0; at < std::ssize(part) && ran.ok(); at += kChunk) {
-        ran = e->RunStep(seq, part.subspan(at, kChunk), at, /*last_row_only=*/true).status();
-      }
+      const absl::Status ran = e->RunChunked(seq, ids.subspan(start, window), 0).status();
       e->ReleaseSequence(seq);
       RETURN_IF_ERROR(ran);
     }
