@@ -10,7 +10,7 @@
 //      back (both sides spinning) and 1 ms apart (the cache's thread asleep, as between the
 //      layers of a real step).
 //
-//   cold_path_bench [--hidden 2048 --intermediate 768] [--threads 0] [--model DIR]
+//   cold_path_bench [--hidden 2048 --intermediate 768] [--fp8] [--threads 0] [--model DIR]
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +34,8 @@ ABSL_FLAG(int64_t, hidden, 2048, "Expert input size (default: Qwen3-30B-A3B)");
 ABSL_FLAG(int64_t, intermediate, 768, "Expert intermediate size");
 ABSL_FLAG(int, threads, 0, "Threads for the experts and the parallel memcpy; 0: all");
 ABSL_FLAG(int64_t, memcpy_mib, 512, "Buffer size of the memcpy test");
+ABSL_FLAG(bool, fp8, false, "FP8 E4M3 experts with row scales instead of bf16");
+ABSL_FLAG(int, max_tokens, 256, "Largest token count measured");
 ABSL_FLAG(std::string, model, "", "Model for the CPU tier round trip (skipped without)");
 
 namespace strata {
@@ -72,22 +74,37 @@ void MemcpyBandwidth(int threads) {
               bytes / one / 1e9, threads, bytes / many / 1e9);
 }
 
-// `count` experts, each one contiguous bf16 gate, up and down, all in one layer.
+// `count` experts, each one contiguous gate, up and down, all in one layer: bf16, or FP8 E4M3
+// with float row scales (the store's FP8 layout).
 class SyntheticExperts : public ExpertWeightSource {
  public:
-  SyntheticExperts(int count, int64_t hidden, int64_t inter) {
+  SyntheticExperts(int count, int64_t hidden, int64_t inter, bool fp8) {
     const int64_t per = 3 * hidden * inter;
-    data_.resize(static_cast<size_t>(count) * per);
+    const int64_t width = fp8 ? 1 : 2;
+    data_.resize(static_cast<size_t>(count) * per * width);
+    scales_.assign(fp8 ? static_cast<size_t>(count) * (2 * inter + hidden) : 0, 1.0f / 256);
     std::mt19937 rng(1);
     std::uniform_int_distribution<uint16_t> mantissa(0, 0x7f);
-    // Small bf16 values (+-[2^-8, 2^-7)) so SiLU and the sums stay finite.
-    for (auto& v : data_) v = static_cast<uint16_t>(0x3b80 | mantissa(rng) | (rng() & 1) << 15);
+    for (int64_t i = 0; i < static_cast<int64_t>(data_.size()) / width; ++i) {
+      if (fp8) {
+        // Codes of magnitude [1, 2) (exponent field 7) with random sign and mantissa.
+        data_[i] = static_cast<uint8_t>(0x38 | (mantissa(rng) & 7) | (rng() & 1) << 7);
+      } else {
+        // Small bf16 values (+-[2^-8, 2^-7)) so SiLU and the sums stay finite.
+        const uint16_t v = static_cast<uint16_t>(0x3b80 | mantissa(rng) | (rng() & 1) << 15);
+        std::memcpy(&data_[2 * i], &v, 2);
+      }
+    }
+    const DType dtype = fp8 ? DType::kF8E4M3 : DType::kBF16;
     for (int e = 0; e < count; ++e) {
-      const uint16_t* base = data_.data() + e * per;
+      const uint8_t* base = data_.data() + e * per * width;
+      const float* scale = fp8 ? scales_.data() + e * (2 * inter + hidden) : nullptr;
       FfnWeights f;
-      f.gate = WeightMatrix{base, DType::kBF16, inter, hidden, hidden, 1};
-      f.up = WeightMatrix{base + hidden * inter, DType::kBF16, inter, hidden, hidden, 1};
-      f.down = WeightMatrix{base + 2 * hidden * inter, DType::kBF16, hidden, inter, inter, 1};
+      f.gate = WeightMatrix{base, dtype, inter, hidden, hidden, 1, scale};
+      f.up = WeightMatrix{base + hidden * inter * width, dtype, inter, hidden, hidden, 1,
+                          fp8 ? scale + inter : nullptr};
+      f.down = WeightMatrix{base + 2 * hidden * inter * width, dtype, hidden, inter, inter, 1,
+                            fp8 ? scale + 2 * inter : nullptr};
       experts_.push_back(f);
     }
   }
@@ -96,16 +113,18 @@ class SyntheticExperts : public ExpertWeightSource {
   }
 
  private:
-  std::vector<uint16_t> data_;
+  std::vector<uint8_t> data_;
+  std::vector<float> scales_;
   std::vector<FfnWeights> experts_;
 };
 
 void ExpertThroughput(int threads) {
   const int64_t h = absl::GetFlag(FLAGS_hidden), inter = absl::GetFlag(FLAGS_intermediate);
-  const double expert_bytes = 3.0 * h * inter * 2;
+  const bool fp8 = absl::GetFlag(FLAGS_fp8);
+  const double expert_bytes = 3.0 * h * inter * (fp8 ? 1 : 2);
   // Four times a 32 MiB last-level cache at least, so each call streams from DRAM.
   const int count = std::max(2, static_cast<int>(std::ceil(4.0 * (32 << 20) / expert_bytes)));
-  SyntheticExperts experts(count, h, inter);
+  SyntheticExperts experts(count, h, inter, fp8);
   ModelConfig config;
   config.hidden_size = h;
   config.moe_intermediate_size = inter;
@@ -116,9 +135,9 @@ void ExpertThroughput(int threads) {
   ThreadPool pool(threads);
   CpuExpertBackend backend(config, experts, pool);
   std::printf(
-      "CpuExpertBackend, one bf16 expert %lld x %lld (%.2f MiB), %d threads, "
+      "CpuExpertBackend, one %s expert %lld x %lld (%.2f MiB), %d threads, "
       "weights from DRAM (%d experts cycled):\n",
-      static_cast<long long>(h), static_cast<long long>(inter), expert_bytes / 1048576,
+      fp8 ? "FP8" : "bf16", static_cast<long long>(h), static_cast<long long>(inter), expert_bytes / 1048576,
       pool.num_threads(), count);
   std::vector<double> xs, ys;
   std::mt19937 rng(2);
@@ -126,6 +145,7 @@ void ExpertThroughput(int threads) {
   Tensor out;
   int next = 0;
   for (int64_t tokens : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
+    if (tokens > absl::GetFlag(FLAGS_max_tokens)) break;
     Tensor x = Tensor::Host(tokens, h);
     for (int64_t i = 0; i < x.size(); ++i) x.data()[i] = normal(rng);
     RoutingTable routing;
@@ -148,6 +168,7 @@ void ExpertThroughput(int threads) {
                 static_cast<long long>(tokens), t * 1e6, expert_bytes / t / 1e9,
                 tokens * 6.0 * h * inter / t / 1e9);
   }
+  if (xs.size() < 3) return;  // too few counts to fit
   // t = bytes / cpu_bytes_per_s + tokens * 6 h i / cpu_flops, least squares in relative
   // error (weights 1 / t^2) so that the small counts, where the CPU path can win, count as
   // much as the large ones.

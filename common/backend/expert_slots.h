@@ -52,6 +52,20 @@ struct ExpertUse {
   uint32_t count = 0;
 };
 
+// Computes some of an eager layer step's experts off the device while the device runs the
+// others: strata-cache's CPU tier, where the cold experts' weights already are.
+class HostExpertTier {
+ public:
+  virtual ~HostExpertTier() = default;
+  // Starts the experts `ids` names ([n, top_k], -1 for the slots left to the device) of
+  // `layer` on x ([n, hidden] float32) with the routing `weights` ([n, top_k]).
+  virtual absl::Status Submit(int layer, int64_t n, int top_k, absl::Span<const float> x,
+                              absl::Span<const int32_t> ids, absl::Span<const float> weights) = 0;
+  // Waits for the submitted experts' weighted sums, [n, hidden] float32. Any error means the
+  // tier is gone: the caller runs those experts itself and stops using it.
+  virtual absl::Status Collect(Tensor& partial) = 0;
+};
+
 // The tier manager's side of slots whose experts run on device arrays (a CUDA IPC worker,
 // ExpertSlots::device_experts()): the slots tell it what is about to run or what ran, and it
 // Loads and Releases in answer, on the same thread.
@@ -59,9 +73,15 @@ class SlotResidency {
  public:
   virtual ~SlotResidency() = default;
   // An eager layer step is about to run the distinct `experts` of `layer`, tokens[i] tokens
-  // using experts[i]: count the uses and load the misses (they run once loaded).
+  // using experts[i]: count the uses and load the misses (they run once loaded). With a host
+  // tier (`host` not null) the misses the cost model sends there are returned in `host`
+  // instead, and stay cold.
   virtual absl::Status BeforeLayer(int layer, absl::Span<const int> experts,
-                                   absl::Span<const int64_t> tokens) = 0;
+                                   absl::Span<const int64_t> tokens, std::vector<int>* host) = 0;
+  // Loads `experts` of `layer` without counting uses (the host tier failed for them), keeping
+  // `keep` resident too.
+  virtual absl::Status EnsureResident(int layer, absl::Span<const int> experts,
+                                      absl::Span<const int> keep) = 0;
   // Replayed steps that finished used `uses`, counted on the device, misses read in place
   // (cold_readable_in_place): count them and load the misses worth a slot.
   virtual absl::Status AfterReplays(absl::Span<const ExpertUse> uses) = 0;
@@ -110,6 +130,9 @@ class ExpertSlots {
   // `residency` (must outlive the slots, or be unset first) is told what runs there.
   virtual gpu::DeviceExperts* device_experts() { return nullptr; }
   virtual void SetResidency(SlotResidency* residency) {}
+  // Eager device runs send the misses BeforeLayer picks to `tier` (must outlive the slots, or
+  // be unset first); null: every miss is loaded. Slots that run no device arrays ignore it.
+  virtual void SetHostTier(HostExpertTier* tier) {}
 };
 
 }  // namespace strata

@@ -25,12 +25,26 @@ ColdPath ChooseColdPath(const ColdPathOptions& options, uint64_t expert_bytes, i
     case ColdPathOptions::kCpu:
       return ColdPath::kCpu;
     case ColdPathOptions::kAuto:
+    case ColdPathOptions::kSplit:
       break;
   }
   return CpuPathSeconds(options, expert_bytes, tokens, hidden, intermediate) <
                  CopyPathSeconds(options, expert_bytes)
              ? ColdPath::kCpu
              : ColdPath::kCopy;
+}
+
+ColdPath ColdPathSplit::Choose(int64_t tokens) {
+  const double copy = CopyPathSeconds(options_, bytes_);
+  const double cpu = CpuPathSeconds(options_, bytes_, tokens, hidden_, intermediate_);
+  ColdPath path = ChooseColdPath(options_, bytes_, tokens, hidden_, intermediate_);
+  if (options_.mode == ColdPathOptions::kAuto || options_.mode == ColdPathOptions::kSplit) {
+    // The end of the step either way; copy on a tie.
+    path = std::max(copy_s_, cpu_s_ + cpu) < std::max(copy_s_ + copy, cpu_s_) ? ColdPath::kCpu
+                                                                                : ColdPath::kCopy;
+  }
+  (path == ColdPath::kCpu ? cpu_s_ : copy_s_) += path == ColdPath::kCpu ? cpu : copy;
+  return path;
 }
 
 }  // namespace strata

@@ -33,8 +33,11 @@ enum class ColdPath { kCopy, kCpu };
 // requests below about 10 GB/s (a shared or older link, unpinned memory) or on a host whose
 // CPUs stream experts faster.
 struct ColdPathOptions {
-  // kCopy / kCpu force the path (configuration); kAuto compares the estimates.
-  enum Mode { kAuto, kCopy, kCpu } mode = kAuto;
+  // kCopy / kCpu force the path (configuration); kAuto compares the estimates. kSplit is kAuto
+  // that also applies on the CUDA IPC path, where using the CPU tier costs the decode graphs
+  // (a step that waits for the CPU runs eagerly); kAuto there keeps the graphs and reads cold
+  // experts in place.
+  enum Mode { kAuto, kCopy, kCpu, kSplit } mode = kAuto;
   // Host -> GPU copy bandwidth available to this worker: measured 48.6 GB/s on the H200 host
   // for one 9 MiB bf16 expert from the store's registered (pinned) segments by the CUDA expert
   // slots (41.3 GB/s into FP8 slots, quantized on the device). Lower it when GPUs share
@@ -63,6 +66,31 @@ double CpuPathSeconds(const ColdPathOptions& options, uint64_t expert_bytes, int
 // The forced path, or the cheaper estimate (copy on a tie: it also warms the slot).
 ColdPath ChooseColdPath(const ColdPathOptions& options, uint64_t expert_bytes, int64_t tokens,
                         int64_t hidden, int64_t intermediate);
+
+// One layer step's misses shared between the two paths, which run at once (the copies and the
+// GPU's work on one side, strata-cache's CPUs on the other): each miss goes to the path whose
+// running total it ends sooner (list scheduling), so that the step waits for the later of the
+// two totals rather than their sum. A lone miss goes where ChooseColdPath sends it; forced
+// modes ignore the totals. Not thread-safe.
+class ColdPathSplit {
+ public:
+  ColdPathSplit(const ColdPathOptions& options, uint64_t expert_bytes, int64_t hidden,
+                int64_t intermediate)
+      : options_(options), bytes_(expert_bytes), hidden_(hidden), intermediate_(intermediate) {}
+
+  // Before the first miss of a step.
+  void Start() { copy_s_ = cpu_s_ = 0.0; }
+  ColdPath Choose(int64_t tokens);
+  // The step's estimated seconds on each path so far.
+  double copy_seconds() const { return copy_s_; }
+  double cpu_seconds() const { return cpu_s_; }
+
+ private:
+  const ColdPathOptions options_;
+  const uint64_t bytes_;
+  const int64_t hidden_, intermediate_;
+  double copy_s_ = 0.0, cpu_s_ = 0.0;
+};
 
 }  // namespace strata
 

@@ -139,4 +139,21 @@ int CpuTierClient::outstanding() const {
   return static_cast<int>(pending_.size());
 }
 
+absl::Status CpuHostTier::Submit(int layer, int64_t n, int top_k, absl::Span<const float> x,
+                                 absl::Span<const int32_t> ids, absl::Span<const float> weights) {
+  ExpertRequestView request;
+  request.layer = static_cast<uint32_t>(layer);
+  request.num_tokens = static_cast<uint32_t>(n);
+  request.top_k = static_cast<uint32_t>(top_k);
+  request.hidden_size = static_cast<uint32_t>(hidden_);
+  request.hidden = x;
+  request.experts = ids;
+  request.weights = weights;
+  return client_.Submit(request);
+}
+
+absl::Status CpuHostTier::Collect(Tensor& partial) {
+  return client_.Collect(partial, absl::Seconds(30));
+}
+
 }  // namespace strata

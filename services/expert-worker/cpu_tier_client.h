@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/backend/expert_slots.h"
 #include "common/shm/channel.h"
 #include "common/tensor/tensor.h"
 #include "common/transport/expert_wire.h"
@@ -71,6 +72,21 @@ class CpuTierClient {
   const uint32_t hidden_size_;
   mutable std::mutex mu_;
   std::deque<Pending> pending_;  // guarded by mu_
+};
+
+// The CPU tier as the expert slots' host tier: eager device runs on the CUDA IPC path send
+// their CPU-tier experts through it.
+class CpuHostTier : public HostExpertTier {
+ public:
+  // `client` must outlive this.
+  CpuHostTier(CpuTierClient& client, int hidden_size) : client_(client), hidden_(hidden_size) {}
+  absl::Status Submit(int layer, int64_t n, int top_k, absl::Span<const float> x,
+                      absl::Span<const int32_t> ids, absl::Span<const float> weights) override;
+  absl::Status Collect(Tensor& partial) override;
+
+ private:
+  CpuTierClient& client_;
+  const int hidden_;
 };
 
 }  // namespace strata

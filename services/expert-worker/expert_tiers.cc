@@ -232,11 +232,14 @@ absl::Status ExpertTiers::Acquire(int layer, absl::Span<const int> experts,
   if (missing.empty()) return absl::OkStatus();  // the common case: no set to build
   absl::flat_hash_set<ExpertKey> protect;
   for (int e : experts) protect.insert({layer, e});
+  bool first = true;
   for (size_t i : missing) {
     ++counters_.misses;
     const ExpertKey key{layer, experts[i]};
     const bool hot = hot_.contains(key);
-    if (!hot && cpu_path && cpu_path(layer, experts[i], tokens[i])) {
+    const bool on_cpu = !hot && cpu_path && cpu_path(layer, experts[i], tokens[i], first);
+    if (!hot && cpu_path) first = false;
+    if (on_cpu) {
       cpu->push_back(experts[i]);
       ++counters_.cpu_tier_experts;
       continue;
@@ -259,9 +262,10 @@ absl::Status ExpertTiers::EnsureResident(int layer, absl::Span<const int> expert
 }
 
 absl::Status ExpertTiers::BeforeLayer(int layer, absl::Span<const int> experts,
-                                      absl::Span<const int64_t> tokens) {
+                                      absl::Span<const int64_t> tokens, std::vector<int>* host) {
   std::vector<int> cpu;
-  return Acquire(layer, experts, tokens, nullptr, &cpu);
+  if (host == nullptr) return Acquire(layer, experts, tokens, nullptr, &cpu);
+  return Acquire(layer, experts, tokens, host_chooser_, host);
 }
 
 absl::Status ExpertTiers::AfterReplays(absl::Span<const ExpertUse> uses) {

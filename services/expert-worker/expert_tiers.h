@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <functional>
+#include <utility>
 #include <memory>
 #include <vector>
 
@@ -54,8 +55,10 @@ struct OwnedExpert {
   uint64_t count = 0;  // calibration activations; 0 when unknown
 };
 
-// Whether a cold expert used by `tokens` tokens is computed on the CPU tier instead of copied.
-using ColdPathChooser = std::function<bool(int layer, int expert, int64_t tokens)>;
+// Whether a cold expert used by `tokens` tokens is computed on the CPU tier instead of copied;
+// `first`: the first miss of a layer step (a chooser that shares a step's misses between the
+// two paths starts its totals there).
+using ColdPathChooser = std::function<bool(int layer, int expert, int64_t tokens, bool first)>;
 
 class ExpertTiers : public SlotResidency {
  public:
@@ -88,15 +91,19 @@ class ExpertTiers : public SlotResidency {
                        const ColdPathChooser& cpu_path, std::vector<int>* cpu);
   // Copies `experts` of `layer` in without counting uses (the CPU tier failed for them),
   // keeping `keep` resident too.
-  absl::Status EnsureResident(int layer, absl::Span<const int> experts, absl::Span<const int> keep);
+  absl::Status EnsureResident(int layer, absl::Span<const int> experts,
+                              absl::Span<const int> keep) override;
   // Starts loading the predicted experts of `layer` that are not resident, into warm slots.
   absl::Status Prefetch(int layer, absl::Span<const int32_t> experts);
 
-  // SlotResidency. BeforeLayer is Acquire without a CPU tier. AfterReplays counts each use as a
-  // hot hit, a warm hit or a miss (read in place), and copies the misses the warm policy ranks
-  // above its victim into warm slots, max_promotions at most.
+  // The chooser BeforeLayer uses when its caller has a host tier (SetHostTier on the slots).
+  void SetHostTierChooser(ColdPathChooser choose) { host_chooser_ = std::move(choose); }
+
+  // SlotResidency. BeforeLayer is Acquire, with the host tier chooser when `host` is given.
+  // AfterReplays counts each use as a hot hit, a warm hit or a miss (read in place), and copies
+  // the misses the warm policy ranks above its victim into warm slots, max_promotions at most.
   absl::Status BeforeLayer(int layer, absl::Span<const int> experts,
-                           absl::Span<const int64_t> tokens) override;
+                           absl::Span<const int64_t> tokens, std::vector<int>* host) override;
   absl::Status AfterReplays(absl::Span<const ExpertUse> uses) override;
 
   bool resident(int layer, int expert) const { return slot_of_.contains({layer, expert}); }
@@ -138,6 +145,7 @@ class ExpertTiers : public SlotResidency {
   absl::flat_hash_set<ExpertKey> prefetched_;  // loaded by a prefetch, not used since
   float hot_ratio_ = -1.0f;
   bool calibrated_ = false;
+  ColdPathChooser host_chooser_;
   uint64_t total_uses_ = 0;
   uint64_t next_repick_ = 0;  // total_uses_ at which the hot set is picked again; 0: never
   TierCounters counters_;

@@ -27,7 +27,9 @@ ABSL_FLAG(std::string, gpu_memory_budget, "",
 ABSL_FLAG(std::string, cache_policy, "lfu", "Warm-slot replacement: lru or lfu (with aging)");
 ABSL_FLAG(std::string, cold_experts, "auto",
           "Experts in no slot: copy them in, have strata-cache compute them on its CPUs (cpu), "
-          "or let the cost model pick (auto)");
+          "let the cost model share them between the two (auto; on the CUDA IPC path cold "
+          "experts are then read in place and decode graphs kept), or share them on the CUDA "
+          "IPC path too, its steps eager (split)");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
 ABSL_FLAG(std::string, transport, "shm", "shm (same host) or grpc (router on another host)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "ExpertWorker address for --transport grpc");
@@ -84,8 +86,10 @@ int main(int argc, char** argv) {
     options.cold_path.mode = strata::ColdPathOptions::kCopy;
   } else if (cold == "cpu") {
     options.cold_path.mode = strata::ColdPathOptions::kCpu;
+  } else if (cold == "split") {
+    options.cold_path.mode = strata::ColdPathOptions::kSplit;
   } else if (cold != "auto") {
-    std::cerr << "strata-worker: --cold-experts must be auto, copy or cpu\n";
+    std::cerr << "strata-worker: --cold-experts must be auto, copy, cpu or split\n";
     return 2;
   }
   const std::string transport = absl::GetFlag(FLAGS_transport);

@@ -231,12 +231,25 @@ void WorkerServer::AttachCpuTier() {
     return;
   }
   cpu_tier_ = *std::move(client);
-  const uint64_t bytes = slots_->slot_bytes();
-  const ColdPathOptions cold = options_.cold_path;
-  const int64_t h = config_.hidden_size, inter = config_.moe_intermediate_size;
-  executor_->SetCpuTier(cpu_tier_.get(), [cold, bytes, h, inter](int, int, int64_t tokens) {
-    return ChooseColdPath(cold, bytes, tokens, h, inter) == ColdPath::kCpu;
-  });
+  // One split per path: each shares a layer step's misses between copies and the CPU tier.
+  const auto chooser = [this] {
+    auto split = std::make_shared<ColdPathSplit>(options_.cold_path, slots_->slot_bytes(),
+                                                 config_.hidden_size,
+                                                 config_.moe_intermediate_size);
+    return [split](int, int, int64_t tokens, bool first) {
+      if (first) split->Start();
+      return split->Choose(tokens) == ColdPath::kCpu;
+    };
+  };
+  executor_->SetCpuTier(cpu_tier_.get(), chooser());
+  // On the CUDA IPC path the CPU tier makes the steps eager (no_graph_steps at registration).
+  if (device_experts_ != nullptr && (options_.cold_path.mode == ColdPathOptions::kCpu ||
+                                     options_.cold_path.mode == ColdPathOptions::kSplit)) {
+    cpu_host_tier_ =
+        std::make_unique<CpuHostTier>(*cpu_tier_, static_cast<int>(config_.hidden_size));
+    tiers_->SetHostTierChooser(chooser());
+    slots_->SetHostTier(cpu_host_tier_.get());
+  }
   options_.log("CPU tier attached: strata-cache computes cold experts the cost model picks");
 }
 
@@ -268,7 +281,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
         device_experts_ != nullptr && options_.transport == v1::TRANSPORT_SHARED_MEMORY;
     request.set_transport(ipc ? v1::TRANSPORT_CUDA_IPC : options_.transport);
     if (ipc) request.set_gpu_uuid(gpu_uuid);
-    request.set_no_graph_steps(ipc && slots_ != nullptr && !slots_->cold_readable_in_place());
+    request.set_no_graph_steps(ipc && slots_ != nullptr &&
+                               (!slots_->cold_readable_in_place() || cpu_host_tier_ != nullptr));
     request.set_address(service_address_);
     request.set_tiered(tiers_ != nullptr);
     // A fresh channel per attempt: a restarted router is answered as soon as it listens,

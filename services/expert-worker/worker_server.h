@@ -80,6 +80,7 @@ class WorkerServer {
   std::unique_ptr<ExpertSlots> slots_;    // with one
   std::unique_ptr<ExpertTiers> tiers_;
   std::unique_ptr<CpuTierClient> cpu_tier_;
+  std::unique_ptr<CpuHostTier> cpu_host_tier_;  // the CPU tier on the CUDA IPC path, or null
   std::unique_ptr<WorkerExecutor> executor_;
   std::mutex executor_mu_;
   std::unique_ptr<ExpertWorkerService> service_;

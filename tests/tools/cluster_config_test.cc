@@ -158,14 +158,16 @@ TEST(ClusterConfigTest, RouterDevice) {
   c.router_device.clear();
   c.gpu_memory_budget = "8GiB";  // tiered workers on GPUs take CUDA IPC too
   EXPECT_EQ(*RouterDevice(c), "cuda:0");
-  c.cold_experts = "cpu";  // cold experts on strata-cache's CPUs need host activations
-  EXPECT_EQ(*RouterDevice(c), "cpu");
-  c.router_device = "cuda";
-  EXPECT_THAT(std::string(RouterDevice(c).status().message()), HasSubstr("CUDA IPC"));
+  c.cold_experts = "cpu";  // the workers hand strata-cache's CPUs the rows themselves
+  EXPECT_EQ(*RouterDevice(c), "cuda:0");
+  c.cold_experts = "split";
+  EXPECT_EQ(*RouterDevice(c), "cuda:0");
   c.cold_experts = "auto";
   c.gpu_memory_budget.clear();
   c.transport = "grpc";
-  EXPECT_FALSE(RouterDevice(c).ok());
+  c.router_device = "cuda";
+  EXPECT_THAT(std::string(RouterDevice(c).status().message()), HasSubstr("CUDA IPC"));
+  c.router_device.clear();
   c.transport = "shm";
   EXPECT_EQ(*RouterDevice(c), "cuda:0");
   c.router_device = "gpu0";

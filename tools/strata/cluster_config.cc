@@ -153,6 +153,10 @@ const std::map<std::string, Key>& Keys() {
       {"threads", KeyOf<int>("threads", &ClusterConfig::threads_per_process, NotNegative<int>)
                       .Help("CPU threads per process; 0: every hardware thread")
                       .To(kRouter | kWorker)},
+      {"cpu_tier_threads",
+       KeyOf<int>("cpu-tier-threads", &ClusterConfig::cpu_tier_threads, NotNegative<int>)
+           .Help("threads strata-cache computes cold experts on; 0: every hardware thread")
+           .To(kCache)},
       {"router_temperature",
        KeyOf<double>("router-temperature", &ClusterConfig::router_temperature, Positive<float>)
            .Help("softmax temperature of the MoE gate")
@@ -246,10 +250,11 @@ const std::map<std::string, Key>& Keys() {
                            .To(kWorker)},
       {"cold_experts", KeyOf<S>("cold-experts", &ClusterConfig::cold_experts,
                                 [](const S& v) {
-                                  return OneOf(v, {"auto", "copy", "cpu"});
+                                  return OneOf(v, {"auto", "copy", "cpu", "split"});
                                 })
-                           .Help("experts in no slot: copy, cpu (strata-cache computes them) or "
-                                 "auto")
+                           .Help("experts in no slot: copy, cpu (strata-cache computes them), "
+                                 "auto (the cost model shares them; on GPUs read in place with "
+                                 "decode graphs) or split (shared on GPUs too, steps eager)")
                            .To(kWorker)},
       {"expert_store", KeyOf<S>("expert-store", &ClusterConfig::expert_store,
                                 [](const S& v) {
@@ -313,9 +318,9 @@ absl::Status Apply(const YAML::Node& map, const std::string& prefix, const std::
 }  // namespace
 
 absl::StatusOr<std::string> RouterDevice(const ClusterConfig& c) {
-  // Tiered workers too: misses are copied in or read in place on their GPUs. Not when cold
-  // experts are forced onto strata-cache's CPUs, which takes host activations.
-  const bool ipc_workers = c.device == "cuda" && c.transport == "shm" && c.cold_experts != "cpu";
+  // Tiered workers too: misses are copied in, read in place on their GPUs, or computed by
+  // strata-cache's CPUs (the worker hands them the layer's rows itself).
+  const bool ipc_workers = c.device == "cuda" && c.transport == "shm";
   if (c.router_device.empty()) return ipc_workers ? std::string("cuda:0") : std::string("cpu");
   const absl::StatusOr<int> index = ParseDevice(c.router_device);
   if (!index.ok())
@@ -324,8 +329,8 @@ absl::StatusOr<std::string> RouterDevice(const ClusterConfig& c) {
   if (!ipc_workers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "router_device ", c.router_device,
-        " needs workers on GPUs of this host (device cuda, transport shm, cold_experts not "
-        "cpu): activations move between them by CUDA IPC"));
+        " needs workers on GPUs of this host (device cuda, transport shm): activations move "
+        "between them by CUDA IPC"));
   }
   return absl::StrCat("cuda:", *index);
 }

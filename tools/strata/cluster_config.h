@@ -27,6 +27,7 @@ struct ClusterConfig {
   std::string transport = "shm";  // shm or grpc between router and workers
   std::string log_level = "warning";
   int threads_per_process = 0;  // 0: every hardware thread
+  int cpu_tier_threads = 0;     // strata-cache's CPU tier; 0: every hardware thread
   float router_temperature = 1.0f;
   int kv_block_size = 32;
   int64_t kv_memory_mb = 1024;

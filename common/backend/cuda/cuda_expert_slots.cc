@@ -13,11 +13,13 @@
 #include "common/backend/cuda/cuda_weights.h"
 #include "common/backend/cuda/device_experts.h"
 #include "common/backend/cuda/host_regions.h"
+#include "common/backend/cuda/host_tier_split.h"
 #include "common/backend/cuda/staged_expert_backend.h"
 #include "common/cuda/cuda_context.h"
 #include "common/cuda/device_buffer.h"
 #include "common/cuda/kernels/grouped_expert_kernels.h"
 #include "common/cuda/virtual_device_memory.h"
+#include "common/util/process.h"
 #include "common/util/status_macros.h"
 
 namespace strata::gpu {
@@ -71,6 +73,7 @@ class CudaExpertSlots : public ExpertSlots, public ExpertBackend, public DeviceE
   ExpertBackend& backend() override { return *this; }
   DeviceExperts* device_experts() override { return this; }
   void SetResidency(SlotResidency* residency) override { residency_ = residency; }
+  void SetHostTier(HostExpertTier* tier) override { host_tier_ = tier; }
 
   // ExpertBackend: host activations staged through pinned buffers.
   absl::Status RunExperts(int layer, const Tensor& x, const RoutingTable& routing,
@@ -138,6 +141,12 @@ class CudaExpertSlots : public ExpertSlots, public ExpertBackend, public DeviceE
   absl::Status QueueUsesRead();
   // The distinct experts of [count] device ids, and the tokens of each (reads the ids).
   absl::Status ReadExperts(const int32_t* ids, int64_t count);
+  // The grouped expert kernels on the compute stream, with mu_ held.
+  absl::Status Launch(int layer, const bf16* x, const int32_t* ids, const float* weights,
+                      int64_t n, int top_k, bf16* out, const GridSignal& signal, bool capturing);
+  // An eager run whose PrepareLayer sent some experts to the host tier.
+  absl::Status RunSplit(int layer, const bf16* x, const int32_t* ids, const float* weights,
+                        int64_t n, int top_k, bf16* out);
 
   const ModelConfig& config_;
   const CudaExpertSlotOptions options_;
@@ -179,6 +188,14 @@ class CudaExpertSlots : public ExpertSlots, public ExpertBackend, public DeviceE
   std::vector<int> used_experts_;
   std::vector<int64_t> used_tokens_;
   std::vector<int> position_;  // per expert; -1 between calls
+  // The host tier (null: none) and the experts BeforeLayer sent there for the eager run of
+  // host_layer_ (-1: none pending), marked by id in on_host_.
+  HostExpertTier* host_tier_ = nullptr;
+  std::unique_ptr<HostTierSplit> split_;
+  int host_layer_ = -1;
+  std::vector<int> host_experts_;
+  std::vector<char> on_host_;
+  int64_t host_slots_ = 0;  // n * top_k of the routing in ids_host_
 };
 
 absl::Status CudaExpertSlots::Init() {
@@ -559,16 +576,57 @@ absl::Status CudaExpertSlots::RunExpertsInto(int layer, const bf16* x, const int
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
   const bool capturing = capture != cudaStreamCaptureStatusNone;
+  // Eager runs raise no signal: the link records an event after them.
+  const bool split = !capturing && signal.count == 0 && host_layer_ == layer &&
+                     host_slots_ == n * top_k && host_tier_ != nullptr;
+  host_layer_ = -1;
+  if (split) return RunSplit(layer, x, ids, weights, n, top_k, out);
   std::lock_guard<std::mutex> lock(mu_);
   // A replay reads the tables as PrepareReplay left them; an eager run brings them up to date.
   if (!capturing) RETURN_IF_ERROR(Sync(/*wait=*/true));
+  return Launch(layer, x, ids, weights, n, top_k, out, signal, capturing);
+}
+
+absl::Status CudaExpertSlots::Launch(int layer, const bf16* x, const int32_t* ids,
+                                     const float* weights, int64_t n, int top_k, bf16* out,
+                                     const GridSignal& signal, bool capturing) {
   const Layer& l = layers_[layer];
   const ExpertWorkspace ws =
       CarveExpertWorkspace(workspace_.data(), n, top_k, layout_.hidden, layout_.intermediate);
   CUDA_RETURN_IF_ERROR(LaunchGroupedExperts(x, ids, weights, n, top_k,
                                             capturing ? l.counted : l.table,
-                                            ExpertGluParams(config_), ws, out, stream, signal));
+                                            ExpertGluParams(config_), ws, out, context_->stream(),
+                                            signal));
   return absl::OkStatus();
+}
+
+absl::Status CudaExpertSlots::RunSplit(int layer, const bf16* x, const int32_t* ids,
+                                       const float* weights, int64_t n, int top_k, bf16* out) {
+  cudaStream_t stream = context_->stream();
+  for (int e : host_experts_) on_host_[e] = 1;
+  absl::StatusOr<const int32_t*> device_ids =
+      split_->Begin(layer, absl::MakeConstSpan(ids_host_.data(), n * top_k), on_host_, x, weights,
+                    n, top_k, *host_tier_, stream);
+  for (int e : host_experts_) on_host_[e] = 0;
+  absl::Status status = device_ids.status();
+  if (status.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      RETURN_IF_ERROR(Sync(/*wait=*/true));
+      RETURN_IF_ERROR(Launch(layer, x, *device_ids, weights, n, top_k, out, {}, false));
+    }
+    status = split_->Finish(out, n, *host_tier_, stream);
+    if (status.ok()) return absl::OkStatus();
+  }
+  // The host tier failed or went away: load those experts and run the whole layer here, from
+  // now on without it (a late answer would put its channel out of step).
+  Log(LogLevel::kWarning, absl::StrCat("CPU tier failed (", status.message(),
+                                       "); its experts are loaded into slots instead"));
+  host_tier_ = nullptr;
+  RETURN_IF_ERROR(residency_->EnsureResident(layer, host_experts_, used_experts_));
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(Sync(/*wait=*/true));
+  return Launch(layer, x, ids, weights, n, top_k, out, {}, false);
 }
 
 absl::Status CudaExpertSlots::ReadExperts(const int32_t* ids, int64_t count) {
@@ -590,7 +648,19 @@ absl::Status CudaExpertSlots::PrepareLayer(int layer, const int32_t* ids, int64_
   }
   RETURN_IF_ERROR(ReadExperts(ids, n * top_k));
   // Loads and releases come back here (mu_ is not held); RunExpertsInto then syncs.
-  return residency_->BeforeLayer(layer, used_experts_, used_tokens_);
+  host_layer_ = -1;
+  if (host_tier_ == nullptr) return residency_->BeforeLayer(layer, used_experts_, used_tokens_,
+                                                            nullptr);
+  RETURN_IF_ERROR(residency_->BeforeLayer(layer, used_experts_, used_tokens_, &host_experts_));
+  if (host_experts_.empty()) return absl::OkStatus();
+  if (split_ == nullptr) {
+    ASSIGN_OR_RETURN(split_, HostTierSplit::Create(options_.max_tokens, std::max(config_.top_k, 1),
+                                                   config_.hidden_size));
+    on_host_.assign(config_.num_experts, 0);
+  }
+  host_layer_ = layer;
+  host_slots_ = n * top_k;
+  return absl::OkStatus();
 }
 
 void CudaExpertSlots::CollectUses(std::vector<ExpertUse>& uses) {

@@ -49,6 +49,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void __launch_bounds__(kThreads)
+    AddFloatKernel(bf16* __restrict__ y, const float* __restrict__ x, int64_t total) {
+  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * kThreads) {
+    y[i] = __float2bfloat16(__bfloat162float(y[i]) + x[i]);
+  }
+}
+
 unsigned GridFor(int64_t total) {
   const int64_t blocks = (total + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
@@ -67,6 +75,13 @@ cudaError_t LaunchAddBias(void* y, OutType y_type, const bf16* bias, int64_t n, 
   } else {
     AddBiasKernel<<<GridFor(total), kThreads, 0, stream>>>(static_cast<bf16*>(y), bias, total, out);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddFloat(bf16* y, const float* x, int64_t count, cudaStream_t stream) {
+  if (count < 0) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  AddFloatKernel<<<GridFor(count), kThreads, 0, stream>>>(y, x, count);
   return cudaGetLastError();
 }
 

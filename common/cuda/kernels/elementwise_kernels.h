@@ -1,5 +1,5 @@
-// Small per-element kernels: bias add after a GEMM, FP8 weight dequantization, and the
-// shared expert's sigmoid-gated add (Qwen2-MoE).
+// Small per-element kernels: bias add after a GEMM, a float add into bf16, FP8 weight
+// dequantization, and the shared expert's sigmoid-gated add (Qwen2-MoE).
 #ifndef STRATA_COMMON_CUDA_KERNELS_ELEMENTWISE_KERNELS_H_
 #define STRATA_COMMON_CUDA_KERNELS_ELEMENTWISE_KERNELS_H_
 
@@ -10,6 +10,9 @@ namespace strata::gpu {
 // y[t][o] += bias[o] for y [n, out] row-major, bf16 or float by y_type.
 cudaError_t LaunchAddBias(void* y, OutType y_type, const bf16* bias, int64_t n, int64_t out,
                           cudaStream_t stream);
+
+// y[i] += x[i] for i < count (a host tier's float partial sums into the device's bf16 ones).
+cudaError_t LaunchAddFloat(bf16* y, const float* x, int64_t count, cudaStream_t stream);
 
 // w[o][i] = scale[o] * fp8[o][i] as bf16, for [out, in] row-major.
 cudaError_t LaunchDequantizeFp8(const uint8_t* fp8, const float* scale, int64_t out, int64_t in,

@@ -2,15 +2,18 @@
 // cold experts read in place from registered host memory give the same bits as resident ones;
 // a replayed graph keeps reading the tables as loads land between replays (queued, copied
 // behind the replays, bound once copied); replays count their uses for the tier manager; eager
-// runs ask the tier manager first. The reference is CudaExpertBackend over the same weights
-// with every expert resident. Skips without a GPU.
+// runs ask the tier manager first, and share cold experts with a host tier when it says so.
+// The reference is CudaExpertBackend over the same weights with every expert resident. Skips
+// without a GPU.
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "common/backend/cpu/cpu_expert_backend.h"
 #include "common/backend/cuda/cuda_expert_backend.h"
 #include "common/backend/cuda/cuda_expert_slots.h"
 #include "common/backend/cuda/device_experts.h"
@@ -82,8 +85,20 @@ class MappedStore : public ExpertWeightSource {
 class RecordingResidency : public SlotResidency {
  public:
   absl::Status BeforeLayer(int layer, absl::Span<const int> experts,
-                           absl::Span<const int64_t> tokens) override {
+                           absl::Span<const int64_t> tokens, std::vector<int>* host) override {
     before.assign(experts.begin(), experts.end());
+    offered_host = host != nullptr;
+    if (host != nullptr) {
+      host->clear();
+      for (int e : experts) {
+        if (std::count(to_host.begin(), to_host.end(), e) > 0) host->push_back(e);
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status EnsureResident(int layer, absl::Span<const int> experts,
+                              absl::Span<const int> keep) override {
+    made_resident.assign(experts.begin(), experts.end());
     return absl::OkStatus();
   }
   absl::Status AfterReplays(absl::Span<const ExpertUse> uses) override {
@@ -92,6 +107,44 @@ class RecordingResidency : public SlotResidency {
   }
   std::vector<int> before;
   std::vector<uint32_t> counts = std::vector<uint32_t>(kExperts, 0);
+  std::vector<int> to_host;  // misses BeforeLayer sends to a host tier when it may
+  bool offered_host = false;
+  std::vector<int> made_resident;
+};
+
+// strata-cache's CPU tier in miniature: the CPU backend over the same store, or a tier that
+// fails its answers.
+class CpuHostTier : public HostExpertTier {
+ public:
+  CpuHostTier(const ModelConfig& config, const ExpertWeightSource& store)
+      : backend_(config, store, pool_), hidden_(config.hidden_size) {}
+  absl::Status Submit(int layer, int64_t n, int top_k, absl::Span<const float> x,
+                      absl::Span<const int32_t> ids, absl::Span<const float> weights) override {
+    ++submitted;
+    x_ = Tensor::Host(n, hidden_);
+    std::copy(x.begin(), x.end(), x_.data());
+    routing_.Resize(n, top_k);
+    std::copy(ids.begin(), ids.end(), routing_.expert.begin());
+    std::copy(weights.begin(), weights.end(), routing_.weight.begin());
+    seen_ids.assign(ids.begin(), ids.end());
+    layer_ = layer;
+    return absl::OkStatus();
+  }
+  absl::Status Collect(Tensor& partial) override {
+    if (fail) return absl::UnavailableError("the cache went away");
+    return backend_.RunExperts(layer_, x_, routing_, partial);
+  }
+  int submitted = 0;
+  bool fail = false;
+  std::vector<int32_t> seen_ids;
+
+ private:
+  ThreadPool pool_{2};
+  CpuExpertBackend backend_;
+  const int64_t hidden_;
+  Tensor x_;
+  RoutingTable routing_;
+  int layer_ = 0;
 };
 
 class CudaTieredSlotsTest : public CudaOpsTest {
@@ -248,6 +301,47 @@ TEST_F(CudaTieredSlotsTest, AnEagerLayerTellsTheTierManagerItsExpertsFirst) {
   STATUS_ASSERT_OK(device_->AfterReply());
   for (uint32_t c : residency.counts) EXPECT_EQ(c, 0u);
   slots_->SetResidency(nullptr);
+}
+
+// Cold experts sent to a host tier: the device runs the others meanwhile and adds the host's
+// float sums into its bf16 output (one rounding more than the resident run, so compared
+// within bf16's precision); a host tier that fails has its experts loaded and the layer run
+// whole on the device (the resident bits), and is not offered again.
+TEST_F(CudaTieredSlotsTest, AnEagerLayerSharesColdExpertsWithAHostTier) {
+  for (const bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "fp8" : "bf16");
+    Build(fp8);
+    ASSERT_FALSE(HasFailure());
+    RecordingResidency residency;
+    residency.to_host = {1, 4};
+    CpuHostTier host(config_, *store_);
+    slots_->SetResidency(&residency);
+    slots_->SetHostTier(&host);
+    STATUS_ASSERT_OK(device_->PrepareLayer(0, ids_, kTokens, kTopK));
+    EXPECT_TRUE(residency.offered_host);
+    STATUS_ASSERT_OK(
+        device_->RunExpertsInto(0, AsBf16(x_), ids_, weights_, kTokens, kTopK, AsBf16(out_)));
+    EXPECT_EQ(host.submitted, 1);
+    EXPECT_EQ(host.seen_ids, (std::vector<int32_t>{-1, 1, -1, -1, 4, -1}));
+    const std::vector<uint16_t> got = Got(), want = Want();
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float g = Bf16ToFloat(got[i]), w = Bf16ToFloat(want[i]);
+      ASSERT_NEAR(g, w, 0.02f * std::max(1.0f, std::fabs(w))) << "element " << i;
+    }
+    // The host tier fails: its experts are made resident and the whole layer runs here.
+    host.fail = true;
+    STATUS_ASSERT_OK(device_->PrepareLayer(0, ids_, kTokens, kTopK));
+    STATUS_ASSERT_OK(
+        device_->RunExpertsInto(0, AsBf16(x_), ids_, weights_, kTokens, kTopK, AsBf16(out_)));
+    EXPECT_EQ(Got(), Want());
+    std::sort(residency.made_resident.begin(), residency.made_resident.end());
+    EXPECT_EQ(residency.made_resident, (std::vector<int>{1, 4}));
+    STATUS_ASSERT_OK(device_->PrepareLayer(0, ids_, kTokens, kTopK));
+    EXPECT_FALSE(residency.offered_host);
+    EXPECT_EQ(host.submitted, 2);
+    slots_->SetHostTier(nullptr);
+    slots_->SetResidency(nullptr);
+  }
 }
 
 }  // namespace

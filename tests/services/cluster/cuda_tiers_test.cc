@@ -140,6 +140,37 @@ TEST(CudaTiersTest, Fp8SlotsOverABf16StoreRunEagerlyWithTheResidentTokens) {
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
+// Cold experts on strata-cache's CPUs with the router on the GPU (`--cold-experts cpu`): the
+// worker runs its layers eagerly, hands the CPU tier the rows of its cold experts and adds the
+// CPU's float sums into its bf16 output, one rounding more than the resident cluster's, so the
+// tokens are compared over a prefix (the demo model's greedy choices rarely sit that close).
+TEST(CudaTiersTest, ColdExpertsOnTheCpuTierThroughCudaIpc) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const auto want = Resident("bf16", /*eager=*/true);
+  std::vector<std::string> args = Args("bf16", true);
+  args.push_back("--cold-experts=cpu");
+  ClusterProcess cluster(args);
+  ASSERT_FALSE(cluster.address().empty());
+  const auto got = OneAtATime(cluster.address());
+  size_t same = 0, total = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size());
+    size_t prefix = 0;
+    while (prefix < got[i].size() && got[i][prefix] == want[i][prefix]) ++prefix;
+    EXPECT_GE(prefix, 16u) << "prompt " << i;
+    same += prefix;
+    total += want[i].size();
+  }
+  std::printf("CPU tier through CUDA IPC: %zu of %zu tokens before the first difference\n", same,
+              total);
+  const v1::StatsResponse stats = RouterStats(cluster.address());
+  PrintTiers("tiered bf16, cold experts on the CPU tier", stats);
+  EXPECT_EQ(stats.graph_steps(), 0u);
+  ASSERT_EQ(stats.workers_size(), 1);
+  EXPECT_GT(stats.workers(0).tiers().cpu_tier_experts(), 0u);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
 TEST(CudaTiersTest, HotRatioChangesWhileRequestsRun) {
   if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   const auto want = Resident("bf16");

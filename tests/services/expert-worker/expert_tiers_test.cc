@@ -92,6 +92,32 @@ class ExpertTiersTest : public ::testing::Test {
   std::unique_ptr<ExpertTiers> tiers_;
 };
 
+// A host tier's chooser sees a step's misses in order, the first flagged; what it picks stays
+// cold (counted as CPU-tier experts), the rest are loaded. Without a host the chooser is not
+// asked.
+TEST_F(ExpertTiersTest, BeforeLayerSendsTheChoosersPicksToTheHostTier) {
+  Make(/*slots=*/6);
+  ASSERT_TRUE(tiers_->SetOwned(Owned(), 0.25f).ok());  // experts 0 and 1 hot in each layer
+  std::vector<std::pair<int, bool>> asked;
+  tiers_->SetHostTierChooser([&](int layer, int expert, int64_t tokens, bool first) {
+    asked.push_back({expert, first});
+    return expert == 3;
+  });
+  const std::vector<int> experts = {0, 2, 3};
+  const std::vector<int64_t> tokens = {1, 1, 1};
+  std::vector<int> host;
+  ASSERT_TRUE(tiers_->BeforeLayer(0, experts, tokens, &host).ok());
+  EXPECT_EQ(host, std::vector<int>{3});
+  EXPECT_EQ(asked, (std::vector<std::pair<int, bool>>{{2, true}, {3, false}}));
+  EXPECT_TRUE(tiers_->resident(0, 2));
+  EXPECT_FALSE(tiers_->resident(0, 3));
+  EXPECT_EQ(tiers_->counters().cpu_tier_experts, 1u);
+  asked.clear();
+  ASSERT_TRUE(tiers_->BeforeLayer(0, std::vector<int>{3}, std::vector<int64_t>{1}, nullptr).ok());
+  EXPECT_TRUE(asked.empty());
+  EXPECT_TRUE(tiers_->resident(0, 3));
+}
+
 TEST_F(ExpertTiersTest, TooFewSlotsIsAClearError) {
   auto s = CpuExpertSlots::Create(config_, 1, DType::kBF16, false, pool_);
   ASSERT_TRUE(s.ok());
