@@ -7,8 +7,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
 #include "strata/v1/cluster.grpc.pb.h"
 
 namespace strata {
@@ -154,6 +156,37 @@ absl::Status CpuHostTier::Submit(int layer, int64_t n, int top_k, absl::Span<con
 
 absl::Status CpuHostTier::Collect(Tensor& partial) {
   return client_.Collect(partial, absl::Seconds(30));
+}
+
+absl::StatusOr<double> TimeOneTokenExperts(CpuTierClient& client,
+                                           absl::Span<const std::pair<int, int>> experts,
+                                           int top_k, int hidden_size) {
+  if (experts.size() < 2 || top_k <= 0) {
+    return absl::InvalidArgumentError("CPU tier timing: two experts at least");
+  }
+  std::vector<float> hidden(hidden_size, 0.01f), weights(top_k, 0.0f);
+  std::vector<int32_t> ids(top_k, -1);
+  weights[0] = 1.0f;
+  ExpertRequestView request;
+  request.num_tokens = 1;
+  request.top_k = static_cast<uint32_t>(top_k);
+  request.hidden_size = static_cast<uint32_t>(hidden_size);
+  request.hidden = hidden;
+  request.experts = ids;
+  request.weights = weights;
+  Tensor partial;
+  std::vector<double> seconds;
+  for (const auto& [layer, expert] : experts) {
+    request.layer = static_cast<uint32_t>(layer);
+    ids[0] = expert;
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(client.Submit(request));
+    RETURN_IF_ERROR(client.Collect(partial, absl::Seconds(30)));
+    seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  seconds.erase(seconds.begin());  // the first also woke the channel
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
 }
 
 }  // namespace strata

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -73,6 +74,13 @@ class CpuTierClient {
   mutable std::mutex mu_;
   std::deque<Pending> pending_;  // guarded by mu_
 };
+
+// Seconds the CPU tier takes for one token of one expert, from a few requests for distinct
+// (layer, expert) pairs `experts` names (so that each reads its weights from memory, not from
+// a cache), the median after one to warm the channel. For the cost model's CPU figures.
+absl::StatusOr<double> TimeOneTokenExperts(CpuTierClient& client,
+                                           absl::Span<const std::pair<int, int>> experts,
+                                           int top_k, int hidden_size);
 
 // The CPU tier as the expert slots' host tier: eager device runs on the CUDA IPC path send
 // their CPU-tier experts through it.

@@ -231,6 +231,7 @@ void WorkerServer::AttachCpuTier() {
     return;
   }
   cpu_tier_ = *std::move(client);
+  CalibrateCpuTier();
   // One split per path: each shares a layer step's misses between copies and the CPU tier.
   const auto chooser = [this] {
     auto split = std::make_shared<ColdPathSplit>(options_.cold_path, slots_->slot_bytes(),
@@ -251,6 +252,37 @@ void WorkerServer::AttachCpuTier() {
     slots_->SetHostTier(cpu_host_tier_.get());
   }
   options_.log("CPU tier attached: strata-cache computes cold experts the cost model picks");
+}
+
+void WorkerServer::CalibrateCpuTier() {
+  // A few one-token requests for distinct (layer, expert) pairs, each read from memory.
+  std::vector<int> moe;
+  for (int l = 0; l < config_.num_layers; ++l) {
+    if (config_.layer_is_moe[l]) moe.push_back(l);
+  }
+  std::vector<std::pair<int, int>> probe;
+  const int pairs = static_cast<int>(moe.size()) * config_.num_experts;
+  for (int i = 0; i < std::min(pairs, 5); ++i) {
+    probe.push_back({moe[i % moe.size()], static_cast<int>(i / moe.size())});
+  }
+  const absl::StatusOr<double> one =
+      TimeOneTokenExperts(*cpu_tier_, probe, config_.top_k, static_cast<int>(config_.hidden_size));
+  ColdPathOptions& cold = options_.cold_path;
+  const double bytes = static_cast<double>(slots_->slot_bytes());
+  const double compute = 6.0 * static_cast<double>(config_.hidden_size) *
+                         static_cast<double>(config_.moe_intermediate_size) / cold.cpu_flops;
+  if (!one.ok() || *one - cold.cpu_overhead_s - compute <= 0.0) {
+    options_.log(absl::StrCat("CPU tier not timed (",
+                              one.ok() ? "too fast to tell" : one.status().message(),
+                              "); the cost model keeps its default figures"));
+    return;
+  }
+  // The cost model's streaming term from the measurement, the other two as they are.
+  cold.cpu_bytes_per_s = bytes / (*one - cold.cpu_overhead_s - compute);
+  options_.log(absl::StrFormat(
+      "CPU tier: one token of one expert (%.2f MiB) in %.2f ms; the cost model streams %.1f GB/s "
+      "on it against %.1f GB/s copied",
+      bytes / 1048576.0, *one * 1e3, cold.cpu_bytes_per_s / 1e9, cold.copy_bytes_per_s / 1e9));
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
