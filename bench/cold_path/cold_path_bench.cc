@@ -137,8 +137,8 @@ void ExpertThroughput(int threads) {
   std::printf(
       "CpuExpertBackend, one %s expert %lld x %lld (%.2f MiB), %d threads, "
       "weights from DRAM (%d experts cycled):\n",
-      fp8 ? "FP8" : "bf16", static_cast<long long>(h), static_cast<long long>(inter), expert_bytes / 1048576,
-      pool.num_threads(), count);
+      fp8 ? "FP8" : "bf16", static_cast<long long>(h), static_cast<long long>(inter),
+      expert_bytes / 1048576, pool.num_threads(), count);
   std::vector<double> xs, ys;
   std::mt19937 rng(2);
   std::normal_distribution<float> normal;

@@ -41,7 +41,7 @@ ColdPath ColdPathSplit::Choose(int64_t tokens) {
   if (options_.mode == ColdPathOptions::kAuto || options_.mode == ColdPathOptions::kSplit) {
     // The end of the step either way; copy on a tie.
     path = std::max(copy_s_, cpu_s_ + cpu) < std::max(copy_s_ + copy, cpu_s_) ? ColdPath::kCpu
-                                                                                : ColdPath::kCopy;
+                                                                              : ColdPath::kCopy;
   }
   (path == ColdPath::kCpu ? cpu_s_ : copy_s_) += path == ColdPath::kCpu ? cpu : copy;
   return path;

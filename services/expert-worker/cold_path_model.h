@@ -25,13 +25,15 @@ namespace strata {
 
 enum class ColdPath { kCopy, kCpu };
 
-// Defaults: see each field. The CPU figures are this repository's CPU backend as measured by
-// bench/cold_path/cold_path_bench.cc on a 2-core AMD EPYC VM (generic x86-64 build), for the
-// Qwen3-30B-A3B expert shape (2048 x 768 bf16, 9 MiB): 0.84 ms for one token, +0.5 ms per
-// further token, 130 ms for 256. Measure the serving host the same way and override.
-// With these defaults kAuto always copies over a 48.6 GB/s link; the CPU wins one-token
-// requests below about 10 GB/s (a shared or older link, unpinned memory) or on a host whose
-// CPUs stream experts faster.
+// Defaults: see each field. A worker replaces the two CPU rates with its own timing of the CPU
+// tier once attached (WorkerServer::CalibrateCpuTier: one expert for 1 and for 8 tokens). The
+// defaults are this repository's CPU backend as measured by bench/cold_path/cold_path_bench.cc
+// on a 2-core Intel Xeon VM, for the Qwen3-30B-A3B expert shape (2048 x 768 bf16, 9 MiB):
+// 0.96 ms for one token, +0.16 ms per further token, 11.9 ms for 64
+// (bench/profiles/cold-path-cpu-simd-2core.txt). With these defaults kAuto copies a lone miss
+// over a 48.6 GB/s link; the CPU wins one-token requests below about 10 GB/s (a shared or
+// older link, unpinned memory) or on a host whose CPUs stream experts faster, and takes a
+// share of a step's misses either way (ColdPathSplit).
 struct ColdPathOptions {
   // kCopy / kCpu force the path (configuration); kAuto compares the estimates. kSplit is kAuto
   // that also applies on the CUDA IPC path, where using the CPU tier costs the decode graphs
@@ -45,10 +47,10 @@ struct ColdPathOptions {
   // (about 12 GB/s for one thread on the VM above).
   double copy_bytes_per_s = 48.6e9;
   // The fit of the measurements above: time = bytes / cpu_bytes_per_s (streaming and
-  // converting the weights, 0.38 ms) + tokens * 6 * hidden * intermediate / cpu_flops
-  // (0.54 ms per token), within about 10% from 1 to 256 tokens.
-  double cpu_bytes_per_s = 2.5e10;
-  double cpu_flops = 1.75e10;
+  // converting the weights, 0.78 ms) + tokens * 6 * hidden * intermediate / cpu_flops
+  // (0.16 ms per token), within about 10% from 1 to 64 tokens.
+  double cpu_bytes_per_s = 1.2e10;
+  double cpu_flops = 5.8e10;
   // Fixed cost of one CPU-tier request, measured there as a one-token request with no expert
   // through CacheServer and CpuTierClient: 2 us back to back (both sides spinning), 35-40 us
   // with requests 1 ms apart (the cache's thread asleep, as between a worker's layers);

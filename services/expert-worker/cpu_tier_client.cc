@@ -158,17 +158,18 @@ absl::Status CpuHostTier::Collect(Tensor& partial) {
   return client_.Collect(partial, absl::Seconds(30));
 }
 
-absl::StatusOr<double> TimeOneTokenExperts(CpuTierClient& client,
-                                           absl::Span<const std::pair<int, int>> experts,
-                                           int top_k, int hidden_size) {
-  if (experts.size() < 2 || top_k <= 0) {
-    return absl::InvalidArgumentError("CPU tier timing: two experts at least");
+absl::StatusOr<double> TimeCpuTierExpert(CpuTierClient& client,
+                                         absl::Span<const std::pair<int, int>> experts, int tokens,
+                                         int top_k, int hidden_size) {
+  if (experts.size() < 2 || top_k <= 0 || tokens <= 0) {
+    return absl::InvalidArgumentError("CPU tier timing: two experts and a token at least");
   }
-  std::vector<float> hidden(hidden_size, 0.01f), weights(top_k, 0.0f);
-  std::vector<int32_t> ids(top_k, -1);
-  weights[0] = 1.0f;
+  std::vector<float> hidden(static_cast<size_t>(tokens) * hidden_size, 0.01f);
+  std::vector<float> weights(static_cast<size_t>(tokens) * top_k, 0.0f);
+  std::vector<int32_t> ids(static_cast<size_t>(tokens) * top_k, -1);
+  for (int t = 0; t < tokens; ++t) weights[t * top_k] = 1.0f;
   ExpertRequestView request;
-  request.num_tokens = 1;
+  request.num_tokens = static_cast<uint32_t>(tokens);
   request.top_k = static_cast<uint32_t>(top_k);
   request.hidden_size = static_cast<uint32_t>(hidden_size);
   request.hidden = hidden;
@@ -178,7 +179,7 @@ absl::StatusOr<double> TimeOneTokenExperts(CpuTierClient& client,
   std::vector<double> seconds;
   for (const auto& [layer, expert] : experts) {
     request.layer = static_cast<uint32_t>(layer);
-    ids[0] = expert;
+    for (int t = 0; t < tokens; ++t) ids[t * top_k] = expert;
     const absl::Time start = absl::Now();
     RETURN_IF_ERROR(client.Submit(request));
     RETURN_IF_ERROR(client.Collect(partial, absl::Seconds(30)));

@@ -75,12 +75,13 @@ class CpuTierClient {
   std::deque<Pending> pending_;  // guarded by mu_
 };
 
-// Seconds the CPU tier takes for one token of one expert, from a few requests for distinct
-// (layer, expert) pairs `experts` names (so that each reads its weights from memory, not from
-// a cache), the median after one to warm the channel. For the cost model's CPU figures.
-absl::StatusOr<double> TimeOneTokenExperts(CpuTierClient& client,
-                                           absl::Span<const std::pair<int, int>> experts,
-                                           int top_k, int hidden_size);
+// Seconds the CPU tier takes for `tokens` tokens of one expert, from a few requests for
+// distinct (layer, expert) pairs `experts` names (so that each reads its weights from memory,
+// not from a cache), the median after one to warm the channel. For the cost model's CPU
+// figures.
+absl::StatusOr<double> TimeCpuTierExpert(CpuTierClient& client,
+                                         absl::Span<const std::pair<int, int>> experts, int tokens,
+                                         int top_k, int hidden_size);
 
 // The CPU tier as the expert slots' host tier: eager device runs on the CUDA IPC path send
 // their CPU-tier experts through it.

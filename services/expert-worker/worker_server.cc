@@ -234,9 +234,9 @@ void WorkerServer::AttachCpuTier() {
   CalibrateCpuTier();
   // One split per path: each shares a layer step's misses between copies and the CPU tier.
   const auto chooser = [this] {
-    auto split = std::make_shared<ColdPathSplit>(options_.cold_path, slots_->slot_bytes(),
-                                                 config_.hidden_size,
-                                                 config_.moe_intermediate_size);
+    auto split =
+        std::make_shared<ColdPathSplit>(options_.cold_path, slots_->slot_bytes(),
+                                        config_.hidden_size, config_.moe_intermediate_size);
     return [split](int, int, int64_t tokens, bool first) {
       if (first) split->Start();
       return split->Choose(tokens) == ColdPath::kCpu;
@@ -255,34 +255,45 @@ void WorkerServer::AttachCpuTier() {
 }
 
 void WorkerServer::CalibrateCpuTier() {
-  // A few one-token requests for distinct (layer, expert) pairs, each read from memory.
+  // Requests of 1 and of 8 tokens, each for (layer, expert) pairs of its own, read from memory.
   std::vector<int> moe;
   for (int l = 0; l < config_.num_layers; ++l) {
     if (config_.layer_is_moe[l]) moe.push_back(l);
   }
-  std::vector<std::pair<int, int>> probe;
+  std::vector<std::pair<int, int>> probe[2];
   const int pairs = static_cast<int>(moe.size()) * config_.num_experts;
-  for (int i = 0; i < std::min(pairs, 5); ++i) {
-    probe.push_back({moe[i % moe.size()], static_cast<int>(i / moe.size())});
+  for (int i = 0; i < std::min(pairs, 10); ++i) {
+    probe[i % 2].push_back({moe[i % moe.size()], static_cast<int>(i / moe.size())});
   }
-  const absl::StatusOr<double> one =
-      TimeOneTokenExperts(*cpu_tier_, probe, config_.top_k, static_cast<int>(config_.hidden_size));
+  const int hidden = static_cast<int>(config_.hidden_size), k = config_.top_k;
+  const absl::StatusOr<double> one = TimeCpuTierExpert(*cpu_tier_, probe[0], 1, k, hidden);
+  const absl::StatusOr<double> many = TimeCpuTierExpert(*cpu_tier_, probe[1], 8, k, hidden);
   ColdPathOptions& cold = options_.cold_path;
   const double bytes = static_cast<double>(slots_->slot_bytes());
-  const double compute = 6.0 * static_cast<double>(config_.hidden_size) *
-                         static_cast<double>(config_.moe_intermediate_size) / cold.cpu_flops;
-  if (!one.ok() || *one - cold.cpu_overhead_s - compute <= 0.0) {
+  const double flop = 6.0 * static_cast<double>(config_.hidden_size) *
+                      static_cast<double>(config_.moe_intermediate_size);
+  // The model's two terms from the two timings: 7 tokens more cost 7 x flop / cpu_flops.
+  if (!one.ok() || !many.ok() || *many <= *one) {
     options_.log(absl::StrCat("CPU tier not timed (",
-                              one.ok() ? "too fast to tell" : one.status().message(),
+                              !one.ok()   ? one.status().message()
+                              : many.ok() ? "no spread"
+                                          : many.status().message(),
                               "); the cost model keeps its default figures"));
     return;
   }
-  // The cost model's streaming term from the measurement, the other two as they are.
-  cold.cpu_bytes_per_s = bytes / (*one - cold.cpu_overhead_s - compute);
+  const double flops = 7.0 * flop / (*many - *one);
+  const double stream = *one - cold.cpu_overhead_s - flop / flops;
+  if (stream <= 0.0) {
+    options_.log("CPU tier not timed (too fast to tell); the cost model keeps its defaults");
+    return;
+  }
+  cold.cpu_flops = flops;
+  cold.cpu_bytes_per_s = bytes / stream;
   options_.log(absl::StrFormat(
-      "CPU tier: one token of one expert (%.2f MiB) in %.2f ms; the cost model streams %.1f GB/s "
-      "on it against %.1f GB/s copied",
-      bytes / 1048576.0, *one * 1e3, cold.cpu_bytes_per_s / 1e9, cold.copy_bytes_per_s / 1e9));
+      "CPU tier: one expert (%.2f MiB) in %.2f ms for one token, %.2f ms for 8; the cost model "
+      "streams %.1f GB/s and computes %.0f GFLOP/s on it, against %.1f GB/s copied",
+      bytes / 1048576.0, *one * 1e3, *many * 1e3, cold.cpu_bytes_per_s / 1e9, flops / 1e9,
+      cold.copy_bytes_per_s / 1e9));
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {

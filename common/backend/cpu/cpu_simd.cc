@@ -15,8 +15,7 @@ bool Available() {
   return available;
 }
 
-__attribute__((target("avx2,f16c"))) void Bf16ToFloat(const uint16_t* src, int64_t n,
-                                                      float* row) {
+__attribute__((target("avx2,f16c"))) void Bf16ToFloat(const uint16_t* src, int64_t n, float* row) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
@@ -29,8 +28,8 @@ __attribute__((target("avx2,f16c"))) void Bf16ToFloat(const uint16_t* src, int64
 // E4M3 as a half with the same exponent and mantissa bits: sign to bit 15, the other seven
 // bits to 13..7. Its value is the code's times 2^-8 (the biases 7 and 15 differ by 8;
 // subnormals map onto subnormals), so times 256 it is the code's value exactly.
-__attribute__((target("avx2,f16c"))) void Fp8E4M3ToFloat(const uint8_t* src, int64_t n,
-                                                         float scale, float* row) {
+__attribute__((target("avx2,f16c"))) void Fp8E4M3ToFloat(const uint8_t* src, int64_t n, float scale,
+                                                         float* row) {
   const __m128i sign_mask = _mm_set1_epi16(0x80);
   const __m128i rest_mask = _mm_set1_epi16(0x7f);
   const __m256 unbias = _mm256_set1_ps(256.0f);
@@ -39,9 +38,8 @@ __attribute__((target("avx2,f16c"))) void Fp8E4M3ToFloat(const uint8_t* src, int
   for (; i + 8 <= n; i += 8) {
     const __m128i codes =
         _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
-    const __m128i half =
-        _mm_or_si128(_mm_slli_epi16(_mm_and_si128(codes, sign_mask), 8),
-                     _mm_slli_epi16(_mm_and_si128(codes, rest_mask), 7));
+    const __m128i half = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(codes, sign_mask), 8),
+                                      _mm_slli_epi16(_mm_and_si128(codes, rest_mask), 7));
     // Two roundings as the portable loop: the code's value (exact), then times the scale.
     const __m256 value = _mm256_mul_ps(_mm256_cvtph_ps(half), unbias);
     _mm256_storeu_ps(row + i, _mm256_mul_ps(value, scales));

@@ -142,8 +142,8 @@ class CudaExpertSlots : public ExpertSlots, public ExpertBackend, public DeviceE
   // The distinct experts of [count] device ids, and the tokens of each (reads the ids).
   absl::Status ReadExperts(const int32_t* ids, int64_t count);
   // The grouped expert kernels on the compute stream, with mu_ held.
-  absl::Status Launch(int layer, const bf16* x, const int32_t* ids, const float* weights,
-                      int64_t n, int top_k, bf16* out, const GridSignal& signal, bool capturing);
+  absl::Status Launch(int layer, const bf16* x, const int32_t* ids, const float* weights, int64_t n,
+                      int top_k, bf16* out, const GridSignal& signal, bool capturing);
   // An eager run whose PrepareLayer sent some experts to the host tier.
   absl::Status RunSplit(int layer, const bf16* x, const int32_t* ids, const float* weights,
                         int64_t n, int top_k, bf16* out);
@@ -593,10 +593,9 @@ absl::Status CudaExpertSlots::Launch(int layer, const bf16* x, const int32_t* id
   const Layer& l = layers_[layer];
   const ExpertWorkspace ws =
       CarveExpertWorkspace(workspace_.data(), n, top_k, layout_.hidden, layout_.intermediate);
-  CUDA_RETURN_IF_ERROR(LaunchGroupedExperts(x, ids, weights, n, top_k,
-                                            capturing ? l.counted : l.table,
-                                            ExpertGluParams(config_), ws, out, context_->stream(),
-                                            signal));
+  CUDA_RETURN_IF_ERROR(
+      LaunchGroupedExperts(x, ids, weights, n, top_k, capturing ? l.counted : l.table,
+                           ExpertGluParams(config_), ws, out, context_->stream(), signal));
   return absl::OkStatus();
 }
 
@@ -649,8 +648,8 @@ absl::Status CudaExpertSlots::PrepareLayer(int layer, const int32_t* ids, int64_
   RETURN_IF_ERROR(ReadExperts(ids, n * top_k));
   // Loads and releases come back here (mu_ is not held); RunExpertsInto then syncs.
   host_layer_ = -1;
-  if (host_tier_ == nullptr) return residency_->BeforeLayer(layer, used_experts_, used_tokens_,
-                                                            nullptr);
+  if (host_tier_ == nullptr)
+    return residency_->BeforeLayer(layer, used_experts_, used_tokens_, nullptr);
   RETURN_IF_ERROR(residency_->BeforeLayer(layer, used_experts_, used_tokens_, &host_experts_));
   if (host_experts_.empty()) return absl::OkStatus();
   if (split_ == nullptr) {

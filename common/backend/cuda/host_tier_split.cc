@@ -28,10 +28,9 @@ absl::StatusOr<std::unique_ptr<HostTierSplit>> HostTierSplit::Create(int max_tok
 }
 
 absl::StatusOr<const int32_t*> HostTierSplit::Begin(int layer, absl::Span<const int32_t> ids,
-                                                    const std::vector<char>& on_host,
-                                                    const bf16* x, const float* weights,
-                                                    int64_t n, int top_k, HostExpertTier& tier,
-                                                    cudaStream_t stream) {
+                                                    const std::vector<char>& on_host, const bf16* x,
+                                                    const float* weights, int64_t n, int top_k,
+                                                    HostExpertTier& tier, cudaStream_t stream) {
   const size_t slots = static_cast<size_t>(n) * top_k;
   if (ids.size() != slots || slots > device_ids_.size() ||
       static_cast<size_t>(n * hidden_) > x_host_.size()) {

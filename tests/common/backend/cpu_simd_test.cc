@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "common/tensor/dtype.h"
+#include "gtest/gtest.h"
 
 namespace strata::cpu {
 namespace {

@@ -68,11 +68,11 @@ TEST(ColdPathModelTest, DefaultsCopyOnAFastLink) {
   const ColdPathOptions o;
   EXPECT_EQ(o.mode, ColdPathOptions::kAuto);
   EXPECT_EQ(ChooseColdPath(o, kBytes, 1, kHidden, kInter), ColdPath::kCopy);
-  // On a 5 GB/s link the CPU wins a decode token, but not four.
+  // On a 5 GB/s link the CPU wins a decode token, but not sixteen.
   ColdPathOptions slow_link = o;
   slow_link.copy_bytes_per_s = 5e9;
   EXPECT_EQ(ChooseColdPath(slow_link, kBytes, 1, kHidden, kInter), ColdPath::kCpu);
-  EXPECT_EQ(ChooseColdPath(slow_link, kBytes, 4, kHidden, kInter), ColdPath::kCopy);
+  EXPECT_EQ(ChooseColdPath(slow_link, kBytes, 16, kHidden, kInter), ColdPath::kCopy);
 }
 
 // The default figures make one miss a copy (9 MiB at 48.6 GB/s: 0.19 ms, the CPU 0.96 ms), but
