@@ -62,8 +62,10 @@ class HostExpertTier {
   virtual absl::Status Submit(int layer, int64_t n, int top_k, absl::Span<const float> x,
                               absl::Span<const int32_t> ids, absl::Span<const float> weights) = 0;
   // Waits for the submitted experts' weighted sums, [n, hidden] float32. Any error means the
-  // tier is gone: the caller runs those experts itself and stops using it.
+  // tier is gone: the caller runs those experts itself, Abandons it and stops using it.
   virtual absl::Status Collect(Tensor& partial) = 0;
+  // No answer outstanding will be collected: the tier must not be used again by anyone.
+  virtual void Abandon() = 0;
 };
 
 // The tier manager's side of slots whose experts run on device arrays (a CUDA IPC worker,

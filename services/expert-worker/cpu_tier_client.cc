@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<CpuTierClient>> CpuTierClient::Connect(
 }
 
 absl::Status CpuTierClient::Submit(const ExpertRequestView& request) {
+  if (abandoned()) return absl::UnavailableError("CPU tier: the channel was given up");
   if (request.kind != ExpertMessageKind::kRun) {
     return absl::InvalidArgumentError("CPU tier: only run requests");
   }
@@ -98,6 +99,7 @@ absl::Status CpuTierClient::Submit(const ExpertRequestView& request) {
 }
 
 absl::Status CpuTierClient::Collect(Tensor& partial, absl::Duration timeout) {
+  if (abandoned()) return absl::UnavailableError("CPU tier: the channel was given up");
   Pending expected;
   {
     std::lock_guard<std::mutex> lock(mu_);

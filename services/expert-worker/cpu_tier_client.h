@@ -11,6 +11,7 @@
 #ifndef STRATA_SERVICES_EXPERT_WORKER_CPU_TIER_CLIENT_H_
 #define STRATA_SERVICES_EXPERT_WORKER_CPU_TIER_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -52,6 +53,11 @@ class CpuTierClient {
 
   // Whether strata-cache's end is attached and its process runs.
   bool Alive() const;
+  // Gives the channel up after a request whose answer will not be collected (a timeout, an
+  // error between Submit and Collect): a late answer would be taken for the next request's.
+  // Every later Submit and Collect fails with UNAVAILABLE.
+  void Abandon() { abandoned_.store(true); }
+  bool abandoned() const { return abandoned_.load(); }
   // Requests submitted and not collected yet.
   int outstanding() const;
   const std::string& channel_name() const { return name_; }
@@ -73,6 +79,7 @@ class CpuTierClient {
   const uint32_t hidden_size_;
   mutable std::mutex mu_;
   std::deque<Pending> pending_;  // guarded by mu_
+  std::atomic<bool> abandoned_{false};
 };
 
 // Seconds the CPU tier takes for `tokens` tokens of one expert, from a few requests for
@@ -92,6 +99,7 @@ class CpuHostTier : public HostExpertTier {
   absl::Status Submit(int layer, int64_t n, int top_k, absl::Span<const float> x,
                       absl::Span<const int32_t> ids, absl::Span<const float> weights) override;
   absl::Status Collect(Tensor& partial) override;
+  void Abandon() override { client_.Abandon(); }
 
  private:
   CpuTierClient& client_;

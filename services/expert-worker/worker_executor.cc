@@ -106,7 +106,9 @@ absl::Status WorkerExecutor::RunOnCpuTier(const ExpertRequestView& request,
   // strata-cache failed or went away: copy those experts in and run them here from now on.
   Log(LogLevel::kWarning,
       absl::StrCat("CPU tier failed (", status.message(), "); copying its experts instead"));
-  // A late response would put the channel out of step: stop using it altogether.
+  // A late response would put the channel out of step: stop using it altogether (the GPU
+  // path's host tier shares it).
+  cpu_tier_->Abandon();
   SetCpuTier(nullptr, nullptr);
   const int layer = static_cast<int>(request.layer);
   RETURN_IF_ERROR(tiers_->EnsureResident(layer, cpu, experts_));

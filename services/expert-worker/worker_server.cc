@@ -52,6 +52,11 @@ absl::StatusOr<T> RetryUntil(const std::function<absl::StatusOr<T>()>& attempt,
 
 WorkerServer::~WorkerServer() {
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  // The slots outlive what they were handed.
+  if (slots_ != nullptr) {
+    slots_->SetHostTier(nullptr);
+    slots_->SetResidency(nullptr);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerOptions& options) {
@@ -219,7 +224,8 @@ absl::Status WorkerServer::CreateTiers() {
 void WorkerServer::AttachCpuTier() {
   // On a CPU worker the CPU tier only adds a hop: it is used when forced.
   if (options_.cold_path.mode == ColdPathOptions::kCopy ||
-      (options_.device == "cpu" && options_.cold_path.mode == ColdPathOptions::kAuto)) {
+      (options_.device == "cpu" && (options_.cold_path.mode == ColdPathOptions::kAuto ||
+                                    options_.cold_path.mode == ColdPathOptions::kSplit))) {
     return;
   }
   auto client = CpuTierClient::Connect(
@@ -231,7 +237,13 @@ void WorkerServer::AttachCpuTier() {
     return;
   }
   cpu_tier_ = *std::move(client);
-  CalibrateCpuTier();
+  if (absl::Status timed = CalibrateCpuTier(); !timed.ok()) {
+    Log(LogLevel::kWarning,
+        absl::StrCat("no CPU tier (", timed.message(), "); cold experts are copied"));
+    cpu_tier_->Abandon();
+    cpu_tier_.reset();
+    return;
+  }
   // One split per path: each shares a layer step's misses between copies and the CPU tier.
   const auto chooser = [this] {
     auto split =
@@ -254,7 +266,7 @@ void WorkerServer::AttachCpuTier() {
   options_.log("CPU tier attached: strata-cache computes cold experts the cost model picks");
 }
 
-void WorkerServer::CalibrateCpuTier() {
+absl::Status WorkerServer::CalibrateCpuTier() {
   // Requests of 1 and of 8 tokens, each for (layer, expert) pairs of its own, read from memory.
   std::vector<int> moe;
   for (int l = 0; l < config_.num_layers; ++l) {
@@ -272,20 +284,20 @@ void WorkerServer::CalibrateCpuTier() {
   const double bytes = static_cast<double>(slots_->slot_bytes());
   const double flop = 6.0 * static_cast<double>(config_.hidden_size) *
                       static_cast<double>(config_.moe_intermediate_size);
-  // The model's two terms from the two timings: 7 tokens more cost 7 x flop / cpu_flops.
-  if (!one.ok() || !many.ok() || *many <= *one) {
-    options_.log(absl::StrCat("CPU tier not timed (",
-                              !one.ok()   ? one.status().message()
-                              : many.ok() ? "no spread"
-                                          : many.status().message(),
-                              "); the cost model keeps its default figures"));
-    return;
-  }
-  const double flops = 7.0 * flop / (*many - *one);
-  const double stream = *one - cold.cpu_overhead_s - flop / flops;
-  if (stream <= 0.0) {
-    options_.log("CPU tier not timed (too fast to tell); the cost model keeps its defaults");
-    return;
+  // A request that failed or timed out leaves the channel out of step: no CPU tier then.
+  RETURN_IF_ERROR(one.status());
+  RETURN_IF_ERROR(many.status());
+  // The model's two terms from the two timings: 7 tokens more cost 7 x flop / cpu_flops. The
+  // probes ran back to back (the cache's thread awake), so no fixed cost is taken off.
+  const double flops = *many > *one ? 7.0 * flop / (*many - *one) : 0.0;
+  const double stream = flops > 0.0 ? *one - flop / flops : 0.0;
+  // Timings a fixed cost or a cache dominates say nothing about streaming from memory.
+  if (flops <= 0.0 || stream < 0.25 * *one) {
+    options_.log(absl::StrFormat(
+        "CPU tier: one expert in %.3f ms for one token, %.3f ms for 8: too close to tell its "
+        "rates apart; the cost model keeps its defaults",
+        *one * 1e3, *many * 1e3));
+    return absl::OkStatus();
   }
   cold.cpu_flops = flops;
   cold.cpu_bytes_per_s = bytes / stream;
@@ -294,6 +306,7 @@ void WorkerServer::CalibrateCpuTier() {
       "streams %.1f GB/s and computes %.0f GFLOP/s on it, against %.1f GB/s copied",
       bytes / 1048576.0, *one * 1e3, *many * 1e3, cold.cpu_bytes_per_s / 1e9, flops / 1e9,
       cold.copy_bytes_per_s / 1e9));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
@@ -325,7 +338,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
     request.set_transport(ipc ? v1::TRANSPORT_CUDA_IPC : options_.transport);
     if (ipc) request.set_gpu_uuid(gpu_uuid);
     request.set_no_graph_steps(ipc && slots_ != nullptr &&
-                               (!slots_->cold_readable_in_place() || cpu_host_tier_ != nullptr));
+                               (!slots_->cold_readable_in_place() ||
+                                (cpu_host_tier_ != nullptr && !cpu_tier_->abandoned())));
     request.set_address(service_address_);
     request.set_tiered(tiers_ != nullptr);
     // A fresh channel per attempt: a restarted router is answered as soon as it listens,

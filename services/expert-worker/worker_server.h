@@ -65,8 +65,9 @@ class WorkerServer {
   // Attaches strata-cache's CPU tier unless misses are always copied; logs and goes on
   // without it when the cache cannot take it.
   void AttachCpuTier();
-  // Times the CPU tier once attached and sets the cost model's CPU streaming rate from it.
-  void CalibrateCpuTier();
+  // Times the CPU tier once attached and sets the cost model's CPU rates from it; an error
+  // when a timing request failed (the tier is then not used).
+  absl::Status CalibrateCpuTier();
   // Serves one router incarnation over a shared-memory channel; returns when it is gone.
   absl::Status ServeChannel(const std::string& name);
 

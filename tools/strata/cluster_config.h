@@ -50,7 +50,7 @@ struct ClusterConfig {
   std::string hot_ratio = "auto";  // a number in [0, 1], or auto (hot_ratio_policy)
   std::string hot_ratio_policy = HotRatioPolicy().ToString();
   std::string cache_policy = "lfu";   // warm slots: lru or lfu
-  std::string cold_experts = "auto";  // copy, cpu (strata-cache computes them) or auto
+  std::string cold_experts = "auto";  // copy, cpu (strata-cache computes them), auto or split
   // strata-cache: copy the experts into NUMA-local shared memory, or map the checkpoint's
   // files in place (in-place: no second copy in memory).
   std::string expert_store = "copy";
@@ -93,7 +93,7 @@ std::vector<std::string> ClusterConfigFlags();
 
 // Where the router runs: router_device when set; otherwise cuda:0 for GPU workers that talk
 // shared memory, with or without a memory budget (activations then stay on the GPUs, by CUDA
-// IPC), unless cold experts are forced onto strata-cache's CPUs; cpu for everything else.
+// IPC; a worker hands strata-cache's CPU tier its rows itself); cpu for everything else.
 // INVALID_ARGUMENT when a GPU router is asked for with workers that cannot share its device
 // buffers.
 absl::StatusOr<std::string> RouterDevice(const ClusterConfig& config);

@@ -609,10 +609,19 @@ absl::Status CudaExpertSlots::RunSplit(int layer, const bf16* x, const int32_t* 
   for (int e : host_experts_) on_host_[e] = 0;
   absl::Status status = device_ids.status();
   if (status.ok()) {
+    absl::Status launched;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      RETURN_IF_ERROR(Sync(/*wait=*/true));
-      RETURN_IF_ERROR(Launch(layer, x, *device_ids, weights, n, top_k, out, {}, false));
+      launched = Sync(/*wait=*/true);
+      if (launched.ok()) {
+        launched = Launch(layer, x, *device_ids, weights, n, top_k, out, {}, false);
+      }
+    }
+    if (!launched.ok()) {
+      // The host's answer to this layer will not be collected.
+      host_tier_->Abandon();
+      host_tier_ = nullptr;
+      return launched;
     }
     status = split_->Finish(out, n, *host_tier_, stream);
     if (status.ok()) return absl::OkStatus();
@@ -621,6 +630,7 @@ absl::Status CudaExpertSlots::RunSplit(int layer, const bf16* x, const int32_t* 
   // now on without it (a late answer would put its channel out of step).
   Log(LogLevel::kWarning, absl::StrCat("CPU tier failed (", status.message(),
                                        "); its experts are loaded into slots instead"));
+  host_tier_->Abandon();
   host_tier_ = nullptr;
   RETURN_IF_ERROR(residency_->EnsureResident(layer, host_experts_, used_experts_));
   std::lock_guard<std::mutex> lock(mu_);

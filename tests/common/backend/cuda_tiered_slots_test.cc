@@ -134,6 +134,8 @@ class CpuHostTier : public HostExpertTier {
     if (fail) return absl::UnavailableError("the cache went away");
     return backend_.RunExperts(layer_, x_, routing_, partial);
   }
+  void Abandon() override { abandoned = true; }
+  bool abandoned = false;
   int submitted = 0;
   bool fail = false;
   std::vector<int32_t> seen_ids;
@@ -339,6 +341,7 @@ TEST_F(CudaTieredSlotsTest, AnEagerLayerSharesColdExpertsWithAHostTier) {
     STATUS_ASSERT_OK(device_->PrepareLayer(0, ids_, kTokens, kTopK));
     EXPECT_FALSE(residency.offered_host);
     EXPECT_EQ(host.submitted, 2);
+    EXPECT_TRUE(host.abandoned);
     slots_->SetHostTier(nullptr);
     slots_->SetResidency(nullptr);
   }
