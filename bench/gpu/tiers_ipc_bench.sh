@@ -47,7 +47,7 @@ tar czf "$final/logs.tgz" -C "$out" . 2>/dev/null
 python3 - "$final" "$OUT_LEN" "$RUNS" "$@" <<'PY' | tee -a "$sum"
 import json, os, sys
 final, out_len, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-print('run | decode tok/s mean | P5 | P95 | TTFT ms | distinct tokens | steps replayed | hot | warm | cold | MB copied / token')
+print('run | decode tok/s mean | P5 | P95 | TTFT ms | distinct tokens | steps replayed | hot | warm | cold | MB copied / token | CPU-tier experts / token')
 for spec in sys.argv[4:]:
     name = spec.split('|')[0]
     try:
@@ -68,7 +68,8 @@ for spec in sys.argv[4:]:
           f"{r['decode_tok_s_p95']:.1f} | {r['ttft_ms']:.1f} | "
           f"{r.get('distinct_output_tokens', 0):.2f} | {replayed} | "
           f"{t.get('hot_hits', 0)/uses:.3f} | {t.get('warm_hits', 0)/uses:.3f} | "
-          f"{t.get('misses', 0)/uses:.3f} | {t.get('bytes_copied', 0)/tokens/1e6:.1f}")
+          f"{t.get('misses', 0)/uses:.3f} | {t.get('bytes_copied', 0)/tokens/1e6:.1f} | "
+          f"{t.get('cpu_tier_experts', 0)/tokens:.1f}")
 PY
 cat "$sum"
 echo "total $((SECONDS - start)) s"
