@@ -66,6 +66,13 @@ def config(name, r):
         words.append('next-layer prediction off (`--prefetch=false`)')
     elif name.endswith('-predict.json'):
         words.append('next-layer prediction on the device (eager steps; accuracy in the stats)')
+    if '-cold-cpu' in name:
+        words.append("**cold experts on strata-cache's CPUs** (`--cold-experts cpu`, eager steps)")
+    elif '-cold-split' in name:
+        words.append('**cold experts shared between copies and the CPUs** '
+                     '(`--cold-experts split`, eager steps)')
+    elif '-cold-in-place' in name:
+        words.append('cold experts read in place (decode graphs)')
     if '-kv-fp8' in name:
         words.append('**FP8 keys and values** (calibrated on the warm-up request)')
     elif '-kv-bf16' in name:
