@@ -663,8 +663,18 @@ absl::Status CudaExpertSlots::PrepareLayer(int layer, const int32_t* ids, int64_
   RETURN_IF_ERROR(residency_->BeforeLayer(layer, used_experts_, used_tokens_, &host_experts_));
   if (host_experts_.empty()) return absl::OkStatus();
   if (split_ == nullptr) {
-    ASSIGN_OR_RETURN(split_, HostTierSplit::Create(options_.max_tokens, std::max(config_.top_k, 1),
-                                                   config_.hidden_size));
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    absl::StatusOr<std::unique_ptr<HostTierSplit>> split =
+        HostTierSplit::Create(options_.max_tokens, std::max(config_.top_k, 1), config_.hidden_size);
+    if (!split.ok()) {
+      // No buffers for the host's share: those experts are loaded and run here instead.
+      Log(LogLevel::kWarning, absl::StrCat("CPU tier unusable on this GPU (",
+                                           split.status().message(), "); copying instead"));
+      host_tier_->Abandon();
+      host_tier_ = nullptr;
+      return residency_->EnsureResident(layer, host_experts_, used_experts_);
+    }
+    split_ = *std::move(split);
     on_host_.assign(config_.num_experts, 0);
   }
   host_layer_ = layer;
