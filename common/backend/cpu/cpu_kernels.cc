@@ -44,7 +44,10 @@ void LoadRow(const WeightMatrix& w, int64_t o, float* row) {
 }  // namespace
 
 float Dot(const float* a, const float* b, int64_t n) {
-  if (simd::Available()) return simd::Dot(a, b, n);
+  return simd::Available() ? simd::Dot(a, b, n) : PortableDot(a, b, n);
+}
+
+float PortableDot(const float* a, const float* b, int64_t n) {
   // Eight independent partial sums let the compiler vectorize without reassociation flags.
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;

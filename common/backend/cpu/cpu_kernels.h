@@ -27,6 +27,9 @@ void Ffn(ThreadPool& pool, const ModelConfig& config, const FfnWeights& ffn, con
          int64_t n, float* scratch, float* out);
 
 float Dot(const float* a, const float* b, int64_t n);
+// Dot without SIMD: eight lane sums over blocks of eight, reduced pairwise, then the tail in
+// order (the order simd::Dot keeps).
+float PortableDot(const float* a, const float* b, int64_t n);
 
 }  // namespace strata::cpu
 

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "common/backend/cpu/cpu_kernels.h"
 #include "common/tensor/dtype.h"
 #include "gtest/gtest.h"
 
@@ -17,17 +18,6 @@ uint32_t Bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
   return u;
-}
-
-float PortableDot(const float* a, const float* b, int64_t n) {
-  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) s[k] += a[i + k] * b[i + k];
-  }
-  float total = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-  for (; i < n; ++i) total += a[i] * b[i];
-  return total;
 }
 
 class CpuSimdTest : public ::testing::Test {
