@@ -143,17 +143,28 @@ int CpuTierClient::outstanding() const {
   return static_cast<int>(pending_.size());
 }
 
-absl::Status CpuHostTier::Submit(int layer, int64_t n, int top_k, absl::Span<const float> x,
-                                 absl::Span<const int32_t> ids, absl::Span<const float> weights) {
+namespace {
+
+// A kRun request of n tokens over the caller's arrays.
+ExpertRequestView RunRequest(int layer, int64_t n, int top_k, int hidden_size,
+                             absl::Span<const float> x, absl::Span<const int32_t> ids,
+                             absl::Span<const float> weights) {
   ExpertRequestView request;
   request.layer = static_cast<uint32_t>(layer);
   request.num_tokens = static_cast<uint32_t>(n);
   request.top_k = static_cast<uint32_t>(top_k);
-  request.hidden_size = static_cast<uint32_t>(hidden_);
+  request.hidden_size = static_cast<uint32_t>(hidden_size);
   request.hidden = x;
   request.experts = ids;
   request.weights = weights;
-  return client_.Submit(request);
+  return request;
+}
+
+}  // namespace
+
+absl::Status CpuHostTier::Submit(int layer, int64_t n, int top_k, absl::Span<const float> x,
+                                 absl::Span<const int32_t> ids, absl::Span<const float> weights) {
+  return client_.Submit(RunRequest(layer, n, top_k, hidden_, x, ids, weights));
 }
 
 absl::Status CpuHostTier::Collect(Tensor& partial) {
@@ -170,13 +181,7 @@ absl::StatusOr<double> TimeCpuTierExpert(CpuTierClient& client,
   std::vector<float> weights(static_cast<size_t>(tokens) * top_k, 0.0f);
   std::vector<int32_t> ids(static_cast<size_t>(tokens) * top_k, -1);
   for (int t = 0; t < tokens; ++t) weights[t * top_k] = 1.0f;
-  ExpertRequestView request;
-  request.num_tokens = static_cast<uint32_t>(tokens);
-  request.top_k = static_cast<uint32_t>(top_k);
-  request.hidden_size = static_cast<uint32_t>(hidden_size);
-  request.hidden = hidden;
-  request.experts = ids;
-  request.weights = weights;
+  ExpertRequestView request = RunRequest(0, tokens, top_k, hidden_size, hidden, ids, weights);
   Tensor partial;
   std::vector<double> seconds;
   for (const auto& [layer, expert] : experts) {
