@@ -37,14 +37,25 @@ ColdPath ChooseColdPath(const ColdPathOptions& options, uint64_t expert_bytes, i
 ColdPath ColdPathSplit::Choose(int64_t tokens) {
   const double copy = CopyPathSeconds(options_, bytes_);
   const double cpu = CpuPathSeconds(options_, bytes_, tokens, hidden_, intermediate_);
-  ColdPath path = ChooseColdPath(options_, bytes_, tokens, hidden_, intermediate_);
-  if (options_.mode == ColdPathOptions::kAuto || options_.mode == ColdPathOptions::kSplit) {
-    // The end of the step either way; copy on a tie.
-    path = std::max(copy_s_, cpu_s_ + cpu) < std::max(copy_s_ + copy, cpu_s_) ? ColdPath::kCpu
-                                                                              : ColdPath::kCopy;
-  }
-  (path == ColdPath::kCpu ? cpu_s_ : copy_s_) += path == ColdPath::kCpu ? cpu : copy;
-  return path;
+  const bool forced =
+      options_.mode == ColdPathOptions::kCopy || options_.mode == ColdPathOptions::kCpu;
+  // Unforced: where the step ends sooner (copy on a tie).
+  const bool on_cpu = forced ? options_.mode == ColdPathOptions::kCpu
+                             : std::max(copy_s_, cpu_s_ + cpu) < std::max(copy_s_ + copy, cpu_s_);
+  (on_cpu ? cpu_s_ : copy_s_) += on_cpu ? cpu : copy;
+  return on_cpu ? ColdPath::kCpu : ColdPath::kCopy;
+}
+
+bool FitCpuRates(double one_token_s, double eight_tokens_s, uint64_t expert_bytes, int64_t hidden,
+                 int64_t intermediate, ColdPathOptions& options) {
+  if (!(eight_tokens_s > one_token_s) || !(one_token_s > 0.0)) return false;
+  const double flop = 6.0 * static_cast<double>(hidden) * static_cast<double>(intermediate);
+  const double flops = 7.0 * flop / (eight_tokens_s - one_token_s);
+  const double stream = one_token_s - flop / flops;
+  if (stream < 0.25 * one_token_s) return false;
+  options.cpu_flops = flops;
+  options.cpu_bytes_per_s = static_cast<double>(expert_bytes) / stream;
+  return true;
 }
 
 }  // namespace strata

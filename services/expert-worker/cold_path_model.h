@@ -69,6 +69,15 @@ double CpuPathSeconds(const ColdPathOptions& options, uint64_t expert_bytes, int
 ColdPath ChooseColdPath(const ColdPathOptions& options, uint64_t expert_bytes, int64_t tokens,
                         int64_t hidden, int64_t intermediate);
 
+// Sets options' cpu_flops and cpu_bytes_per_s from the CPU tier's seconds for one expert of
+// `expert_bytes` at 1 and at 8 tokens: 7 tokens more cost 7 x 6 x hidden x intermediate /
+// cpu_flops, the rest of the one-token time is streaming (requests back to back, the cache's
+// thread awake: no fixed cost taken off). False, leaving options as they were, when the two
+// times are too close to tell the terms apart (a fixed cost or a cache dominates: streaming
+// under a quarter of the one-token time).
+bool FitCpuRates(double one_token_s, double eight_tokens_s, uint64_t expert_bytes, int64_t hidden,
+                 int64_t intermediate, ColdPathOptions& options);
+
 // One layer step's misses shared between the two paths, which run at once (the copies and the
 // GPU's work on one side, strata-cache's CPUs on the other): each miss goes to the path whose
 // running total it ends sooner (list scheduling), so that the step waits for the later of the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
@@ -232,14 +233,12 @@ absl::Status ExpertTiers::Acquire(int layer, absl::Span<const int> experts,
   if (missing.empty()) return absl::OkStatus();  // the common case: no set to build
   absl::flat_hash_set<ExpertKey> protect;
   for (int e : experts) protect.insert({layer, e});
-  bool first = true;
+  bool first = true;  // the chooser has not been asked yet in this step
   for (size_t i : missing) {
     ++counters_.misses;
     const ExpertKey key{layer, experts[i]};
     const bool hot = hot_.contains(key);
-    const bool on_cpu = !hot && cpu_path && cpu_path(layer, experts[i], tokens[i], first);
-    if (!hot && cpu_path) first = false;
-    if (on_cpu) {
+    if (!hot && cpu_path && cpu_path(layer, experts[i], tokens[i], std::exchange(first, false))) {
       cpu->push_back(experts[i]);
       ++counters_.cpu_tier_experts;
       continue;

@@ -278,33 +278,22 @@ absl::Status WorkerServer::CalibrateCpuTier() {
     probe[i % 2].push_back({moe[i % moe.size()], static_cast<int>(i / moe.size())});
   }
   const int hidden = static_cast<int>(config_.hidden_size), k = config_.top_k;
-  const absl::StatusOr<double> one = TimeCpuTierExpert(*cpu_tier_, probe[0], 1, k, hidden);
-  const absl::StatusOr<double> many = TimeCpuTierExpert(*cpu_tier_, probe[1], 8, k, hidden);
-  ColdPathOptions& cold = options_.cold_path;
-  const double bytes = static_cast<double>(slots_->slot_bytes());
-  const double flop = 6.0 * static_cast<double>(config_.hidden_size) *
-                      static_cast<double>(config_.moe_intermediate_size);
   // A request that failed or timed out leaves the channel out of step: no CPU tier then.
-  RETURN_IF_ERROR(one.status());
-  RETURN_IF_ERROR(many.status());
-  // The model's two terms from the two timings: 7 tokens more cost 7 x flop / cpu_flops. The
-  // probes ran back to back (the cache's thread awake), so no fixed cost is taken off.
-  const double flops = *many > *one ? 7.0 * flop / (*many - *one) : 0.0;
-  const double stream = flops > 0.0 ? *one - flop / flops : 0.0;
-  // Timings a fixed cost or a cache dominates say nothing about streaming from memory.
-  if (flops <= 0.0 || stream < 0.25 * *one) {
+  ASSIGN_OR_RETURN(const double one, TimeCpuTierExpert(*cpu_tier_, probe[0], 1, k, hidden));
+  ASSIGN_OR_RETURN(const double many, TimeCpuTierExpert(*cpu_tier_, probe[1], 8, k, hidden));
+  ColdPathOptions& cold = options_.cold_path;
+  const uint64_t bytes = slots_->slot_bytes();
+  if (!FitCpuRates(one, many, bytes, config_.hidden_size, config_.moe_intermediate_size, cold)) {
     options_.log(absl::StrFormat(
         "CPU tier: one expert in %.3f ms for one token, %.3f ms for 8: too close to tell its "
         "rates apart; the cost model keeps its defaults",
-        *one * 1e3, *many * 1e3));
+        one * 1e3, many * 1e3));
     return absl::OkStatus();
   }
-  cold.cpu_flops = flops;
-  cold.cpu_bytes_per_s = bytes / stream;
   options_.log(absl::StrFormat(
       "CPU tier: one expert (%.2f MiB) in %.2f ms for one token, %.2f ms for 8; the cost model "
       "streams %.1f GB/s and computes %.0f GFLOP/s on it, against %.1f GB/s copied",
-      bytes / 1048576.0, *one * 1e3, *many * 1e3, cold.cpu_bytes_per_s / 1e9, flops / 1e9,
+      bytes / 1048576.0, one * 1e3, many * 1e3, cold.cpu_bytes_per_s / 1e9, cold.cpu_flops / 1e9,
       cold.copy_bytes_per_s / 1e9));
   return absl::OkStatus();
 }

@@ -75,7 +75,7 @@ TEST(ColdPathModelTest, DefaultsCopyOnAFastLink) {
   EXPECT_EQ(ChooseColdPath(slow_link, kBytes, 16, kHidden, kInter), ColdPath::kCopy);
 }
 
-// The default figures make one miss a copy (9 MiB at 48.6 GB/s: 0.19 ms, the CPU 0.96 ms), but
+// The default figures make one miss a copy (9 MiB at 48.6 GB/s: 0.19 ms, the CPU 0.99 ms), but
 // with misses enough the CPU takes some, as both paths run at once.
 TEST(ColdPathModelTest, SplitSharesAStepsMissesBetweenThePaths) {
   ColdPathOptions o;
@@ -117,6 +117,25 @@ TEST(ColdPathModelTest, SplitHonoursForcedModes) {
   EXPECT_EQ(split.Choose(1), ColdPath::kCpu);
   EXPECT_EQ(split.Choose(1), ColdPath::kCpu);
   EXPECT_EQ(split.Choose(1), ColdPath::kCopy);
+}
+
+// The fit recovers the rates timings were made with, and refuses timings it cannot separate.
+TEST(ColdPathModelTest, FitCpuRatesRecoversTheRatesOfTwoTimings) {
+  const double flop = 6.0 * kHidden * kInter;
+  const double bytes_per_s = 40e9, flops = 200e9;
+  const double one = kBytes / bytes_per_s + flop / flops;
+  const double eight = kBytes / bytes_per_s + 8 * flop / flops;
+  ColdPathOptions o;
+  ASSERT_TRUE(FitCpuRates(one, eight, kBytes, kHidden, kInter, o));
+  EXPECT_NEAR(o.cpu_bytes_per_s, bytes_per_s, bytes_per_s * 1e-9);
+  EXPECT_NEAR(o.cpu_flops, flops, flops * 1e-9);
+  // No spread, or one dominated by compute (streaming under a quarter): defaults kept.
+  const ColdPathOptions defaults;
+  ColdPathOptions same = defaults;
+  EXPECT_FALSE(FitCpuRates(one, one, kBytes, kHidden, kInter, same));
+  EXPECT_FALSE(FitCpuRates(1e-3, 8e-3, kBytes, kHidden, kInter, same));
+  EXPECT_EQ(same.cpu_bytes_per_s, defaults.cpu_bytes_per_s);
+  EXPECT_EQ(same.cpu_flops, defaults.cpu_flops);
 }
 
 }  // namespace
