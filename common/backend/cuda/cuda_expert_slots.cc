@@ -144,6 +144,8 @@ class CudaExpertSlots : public ExpertSlots, public ExpertBackend, public DeviceE
   // The grouped expert kernels on the compute stream, with mu_ held.
   absl::Status Launch(int layer, const bf16* x, const int32_t* ids, const float* weights, int64_t n,
                       int top_k, bf16* out, const GridSignal& signal, bool capturing);
+  // Logs why, abandons the host tier and stops using it (its experts are loaded from here on).
+  void DropHostTier(const absl::Status& why);
   // An eager run whose PrepareLayer sent some experts to the host tier.
   absl::Status RunSplit(int layer, const bf16* x, const int32_t* ids, const float* weights,
                         int64_t n, int top_k, bf16* out);
@@ -189,12 +191,11 @@ class CudaExpertSlots : public ExpertSlots, public ExpertBackend, public DeviceE
   std::vector<int64_t> used_tokens_;
   std::vector<int> position_;  // per expert; -1 between calls
   // The host tier (null: none) and the experts BeforeLayer sent there for the eager run of
-  // host_layer_ (-1: none pending), marked by id in on_host_.
+  // host_layer_ (-1: none pending).
   HostExpertTier* host_tier_ = nullptr;
   std::unique_ptr<HostTierSplit> split_;
   int host_layer_ = -1;
   std::vector<int> host_experts_;
-  std::vector<char> on_host_;
   int64_t host_slots_ = 0;  // n * top_k of the routing in ids_host_
 };
 
@@ -599,14 +600,19 @@ absl::Status CudaExpertSlots::Launch(int layer, const bf16* x, const int32_t* id
   return absl::OkStatus();
 }
 
+void CudaExpertSlots::DropHostTier(const absl::Status& why) {
+  Log(LogLevel::kWarning, absl::StrCat("CPU tier failed (", why.message(),
+                                       "); its experts are loaded into slots instead"));
+  host_tier_->Abandon();
+  host_tier_ = nullptr;
+}
+
 absl::Status CudaExpertSlots::RunSplit(int layer, const bf16* x, const int32_t* ids,
                                        const float* weights, int64_t n, int top_k, bf16* out) {
   cudaStream_t stream = context_->stream();
-  for (int e : host_experts_) on_host_[e] = 1;
   absl::StatusOr<const int32_t*> device_ids =
-      split_->Begin(layer, absl::MakeConstSpan(ids_host_.data(), n * top_k), on_host_, x, weights,
-                    n, top_k, *host_tier_, stream);
-  for (int e : host_experts_) on_host_[e] = 0;
+      split_->Begin(layer, absl::MakeConstSpan(ids_host_.data(), n * top_k), host_experts_, x,
+                    weights, n, top_k, *host_tier_, stream);
   absl::Status status = device_ids.status();
   if (status.ok()) {
     absl::Status launched;
@@ -618,20 +624,14 @@ absl::Status CudaExpertSlots::RunSplit(int layer, const bf16* x, const int32_t* 
       }
     }
     if (!launched.ok()) {
-      // The host's answer to this layer will not be collected.
-      host_tier_->Abandon();
-      host_tier_ = nullptr;
+      DropHostTier(launched);  // its answer to this layer will not be collected
       return launched;
     }
     status = split_->Finish(out, n, *host_tier_, stream);
     if (status.ok()) return absl::OkStatus();
   }
-  // The host tier failed or went away: load those experts and run the whole layer here, from
-  // now on without it (a late answer would put its channel out of step).
-  Log(LogLevel::kWarning, absl::StrCat("CPU tier failed (", status.message(),
-                                       "); its experts are loaded into slots instead"));
-  host_tier_->Abandon();
-  host_tier_ = nullptr;
+  // The host tier failed or went away: load those experts and run the whole layer here.
+  DropHostTier(status);
   RETURN_IF_ERROR(residency_->EnsureResident(layer, host_experts_, used_experts_));
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Sync(/*wait=*/true));
@@ -664,18 +664,13 @@ absl::Status CudaExpertSlots::PrepareLayer(int layer, const int32_t* ids, int64_
   if (host_experts_.empty()) return absl::OkStatus();
   if (split_ == nullptr) {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    absl::StatusOr<std::unique_ptr<HostTierSplit>> split =
-        HostTierSplit::Create(options_.max_tokens, std::max(config_.top_k, 1), config_.hidden_size);
-    if (!split.ok()) {
-      // No buffers for the host's share: those experts are loaded and run here instead.
-      Log(LogLevel::kWarning, absl::StrCat("CPU tier unusable on this GPU (",
-                                           split.status().message(), "); copying instead"));
-      host_tier_->Abandon();
-      host_tier_ = nullptr;
+    absl::StatusOr<std::unique_ptr<HostTierSplit>> split = HostTierSplit::Create(
+        options_.max_tokens, std::max(config_.top_k, 1), config_.hidden_size, config_.num_experts);
+    if (!split.ok()) {  // no buffers for the host's share
+      DropHostTier(split.status());
       return residency_->EnsureResident(layer, host_experts_, used_experts_);
     }
     split_ = *std::move(split);
-    on_host_.assign(config_.num_experts, 0);
   }
   host_layer_ = layer;
   host_slots_ = n * top_k;

@@ -24,18 +24,18 @@ namespace strata::gpu {
 
 class HostTierSplit {
  public:
-  // Buffers for steps of up to max_tokens x top_k.
+  // Buffers for steps of up to max_tokens x top_k, over experts [0, num_experts).
   static absl::StatusOr<std::unique_ptr<HostTierSplit>> Create(int max_tokens, int top_k,
-                                                               int64_t hidden);
+                                                               int64_t hidden, int num_experts);
 
-  // `ids` is the step's routing already on the host ([n, top_k]); `on_host[e]` marks the
-  // experts the host tier computes. With the stream ordered after whatever wrote x and
+  // `ids` is the step's routing already on the host ([n, top_k]); `host_experts` the experts
+  // the host tier computes. With the stream ordered after whatever wrote x and
   // weights (device, [n, hidden] bf16 and [n, top_k]): reads them back (synchronizing the
   // stream), submits the host tier's share to `tier`, and returns the device copy of the
   // routing with those slots -1, for the device's launch on the same stream. An error from
   // the tier is returned as is (nothing is outstanding then).
   absl::StatusOr<const int32_t*> Begin(int layer, absl::Span<const int32_t> ids,
-                                       const std::vector<char>& on_host, const bf16* x,
+                                       absl::Span<const int> host_experts, const bf16* x,
                                        const float* weights, int64_t n, int top_k,
                                        HostExpertTier& tier, cudaStream_t stream);
   // Waits for the host tier's sums and queues out[n, hidden] += them on `stream`. An error
@@ -43,7 +43,8 @@ class HostTierSplit {
   absl::Status Finish(bf16* out, int64_t n, HostExpertTier& tier, cudaStream_t stream);
 
  private:
-  HostTierSplit(int64_t hidden) : hidden_(hidden) {}
+  HostTierSplit(int64_t hidden, int num_experts)
+      : hidden_(hidden), on_host_(static_cast<size_t>(num_experts), 0) {}
 
   const int64_t hidden_;
   PinnedBuffer<bf16> x_host_;
@@ -52,6 +53,7 @@ class HostTierSplit {
   DeviceBuffer<int32_t> device_ids_;
   PinnedBuffer<float> sums_host_;
   DeviceBuffer<float> sums_;
+  std::vector<char> on_host_;  // by expert id: the host tier's, during Begin only
   std::vector<float> x_float_;
   std::vector<int32_t> host_ids_;
   Tensor partial_;
