@@ -78,6 +78,60 @@ TEST(BenchStatisticsTest, SummaryUsesTheMedianTtftForPrefill) {
   EXPECT_DOUBLE_EQ(s.throughput_tok_s, 40);
 }
 
+v1::WorkerStats* AddWorker(v1::StatsResponse& stats, uint32_t index, uint64_t hot,
+                           uint64_t misses) {
+  v1::WorkerStats* w = stats.add_workers();
+  w->set_index(index);
+  w->mutable_tiers()->set_hot_hits(hot);
+  w->mutable_tiers()->set_misses(misses);
+  return w;
+}
+
+// The tiers' figures of a record: the measured rounds' counters (after minus before), summed over
+// the workers, a restarted worker's from zero, and one that joined during the rounds from zero.
+TEST(BenchCountersTest, TierFiguresAreTheRoundsCountersSummedOverTheWorkers) {
+  v1::StatsResponse before, after;
+  before.set_generated_tokens(100);
+  after.set_generated_tokens(164);
+  before.set_steps(10);
+  after.set_steps(74);
+  after.set_graph_steps(48);
+  after.set_prefetch_actual(40);
+  after.set_prefetch_correct(30);
+  AddWorker(before, 0, 10, 5)->mutable_tiers()->set_bytes_copied(1000);
+  v1::WorkerStats* w0 = AddWorker(after, 0, 50, 25);
+  w0->mutable_tiers()->set_bytes_copied(5000);
+  w0->mutable_tiers()->set_warm_hits(8);
+  AddWorker(before, 1, 100, 0);
+  AddWorker(after, 1, 20, 4)->mutable_tiers()->set_cpu_tier_experts(16);  // restarted
+  AddWorker(after, 2, 6, 0);
+  const ServerCounters c = CounterDeltas(before, after);
+  EXPECT_EQ(c.generated_tokens, 64u);
+  EXPECT_EQ(c.hot_hits, 40u + 20u + 6u);
+  EXPECT_EQ(c.warm_hits, 8u);
+  EXPECT_EQ(c.misses, 20u + 4u);
+  EXPECT_EQ(c.bytes_copied, 4000u);
+  EXPECT_EQ(c.cpu_tier_experts, 16u);
+
+  BenchSummary s;
+  s.server = c;
+  const nlohmann::json j =
+      nlohmann::json::parse(BenchResultJson(BenchOptions(), "m", s, absl::UnixEpoch()));
+  const nlohmann::json& t = j["tiers"];
+  EXPECT_DOUBLE_EQ(t["hot_hit_rate"].get<double>(), 66.0 / 98);
+  EXPECT_DOUBLE_EQ(t["miss_rate"].get<double>(), 24.0 / 98);
+  EXPECT_DOUBLE_EQ(t["expert_uses_per_token"].get<double>(), 98.0 / 64);
+  EXPECT_DOUBLE_EQ(t["bytes_copied_per_token"].get<double>(), 4000.0 / 64);
+  EXPECT_DOUBLE_EQ(t["cpu_tier_experts_per_token"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(j["prefetch_accuracy"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(j["graph_steps_fraction"].get<double>(), 0.75);
+
+  // No Stats answer, or no expert counted: no tier figures.
+  s.server = ServerCounters();
+  EXPECT_FALSE(nlohmann::json::parse(BenchResultJson(BenchOptions(), "m", s, absl::UnixEpoch()))
+                   .contains("tiers"));
+}
+
 TEST(BenchOutputPathTest, AppendsTheConcurrencyOnlyWhenThereAreSeveral) {
   EXPECT_EQ(BenchOutputPath("bench/results/x.json", 8, false), "bench/results/x.json");
   EXPECT_EQ(BenchOutputPath("bench/results/x.json", 8, true), "bench/results/x-c8.json");

@@ -290,6 +290,32 @@ std::string CurrentCommandLine() {
   return line;
 }
 
+ServerCounters CounterDeltas(const v1::StatsResponse& before, const v1::StatsResponse& after) {
+  auto delta = [](uint64_t b, uint64_t a) { return a >= b ? a - b : a; };
+  ServerCounters c;
+  c.known = true;
+  c.generated_tokens = delta(before.generated_tokens(), after.generated_tokens());
+  c.steps = delta(before.steps(), after.steps());
+  c.graph_steps = delta(before.graph_steps(), after.graph_steps());
+  c.prefetch_correct = delta(before.prefetch_correct(), after.prefetch_correct());
+  c.prefetch_actual = delta(before.prefetch_actual(), after.prefetch_actual());
+  for (const v1::WorkerStats& w : after.workers()) {
+    v1::TierCounters b;  // zeros for a worker that registered during the rounds
+    for (const v1::WorkerStats& w0 : before.workers()) {
+      if (w0.index() == w.index()) b = w0.tiers();
+    }
+    const v1::TierCounters& a = w.tiers();
+    c.hot_hits += delta(b.hot_hits(), a.hot_hits());
+    c.warm_hits += delta(b.warm_hits(), a.warm_hits());
+    c.misses += delta(b.misses(), a.misses());
+    c.bytes_copied += delta(b.bytes_copied(), a.bytes_copied());
+    c.cpu_tier_experts += delta(b.cpu_tier_experts(), a.cpu_tier_experts());
+    c.prefetch_loads += delta(b.prefetch_loads(), a.prefetch_loads());
+    c.prefetch_hits += delta(b.prefetch_hits(), a.prefetch_hits());
+  }
+  return c;
+}
+
 BenchSummary Summarize(const ConcurrencyRun& run, int input_len) {
   std::vector<double> ttft, prefill, decode, server_ttft, server_decode, distinct;
   for (const RequestTiming& t : run.requests) {
@@ -319,6 +345,7 @@ BenchSummary Summarize(const ConcurrencyRun& run, int input_len) {
   s.server_draft_tokens = run.server_draft_tokens;
   s.server_accepted_draft_tokens = run.server_accepted_draft_tokens;
   s.distinct_tokens = Mean(distinct);
+  s.server = run.server;
   return s;
 }
 
@@ -373,6 +400,27 @@ std::string BenchResultJson(const BenchOptions& o, const std::string& model, con
   }
   row["temperature"] = o.temperature;
   row["distinct_output_tokens"] = s.distinct_tokens;
+  const ServerCounters& c = s.server;
+  if (c.known && c.steps > 0) {
+    row["graph_steps_fraction"] = static_cast<double>(c.graph_steps) / c.steps;
+  }
+  const uint64_t uses = c.hot_hits + c.warm_hits + c.misses;
+  if (c.known && uses > 0) {
+    const double tokens = std::max<double>(c.generated_tokens, 1);
+    nlohmann::ordered_json tiers;
+    tiers["hot_hit_rate"] = static_cast<double>(c.hot_hits) / uses;
+    tiers["warm_hit_rate"] = static_cast<double>(c.warm_hits) / uses;
+    tiers["miss_rate"] = static_cast<double>(c.misses) / uses;
+    tiers["expert_uses_per_token"] = uses / tokens;
+    tiers["bytes_copied_per_token"] = c.bytes_copied / tokens;
+    tiers["cpu_tier_experts_per_token"] = c.cpu_tier_experts / tokens;
+    tiers["prefetch_loads"] = c.prefetch_loads;
+    tiers["prefetch_hits"] = c.prefetch_hits;
+    row["tiers"] = tiers;
+  }
+  if (c.known && c.prefetch_actual > 0) {
+    row["prefetch_accuracy"] = static_cast<double>(c.prefetch_correct) / c.prefetch_actual;
+  }
   return row.dump(1);
 }
 
@@ -431,6 +479,7 @@ absl::StatusOr<BenchReport> RunBench(
     }
     const std::optional<v1::StatsResponse> after = ServerStats(*admin, o.connect_timeout);
     if (before && after) {
+      run.server = CounterDeltas(*before, *after);
       run.server_draft_tokens =
           static_cast<int64_t>(after->draft_tokens() - before->draft_tokens());
       run.server_accepted_draft_tokens =

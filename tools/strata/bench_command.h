@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "strata/v1/cluster.pb.h"
 
 namespace strata {
 
@@ -64,6 +65,26 @@ struct RequestTiming {
   double server_decode_tok_s = 0;
 };
 
+// What the cluster's Admin.Stats counted during the measured rounds (after minus before; a
+// worker whose counters went back, restarted, counts from zero), summed over the workers: the
+// expert tiers, the next-layer prediction and the decode graph replays.
+struct ServerCounters {
+  bool known = false;  // both Stats calls answered
+  uint64_t generated_tokens = 0;
+  uint64_t steps = 0;
+  uint64_t graph_steps = 0;
+  uint64_t hot_hits = 0;
+  uint64_t warm_hits = 0;
+  uint64_t misses = 0;
+  uint64_t bytes_copied = 0;
+  uint64_t cpu_tier_experts = 0;
+  uint64_t prefetch_loads = 0;
+  uint64_t prefetch_hits = 0;
+  uint64_t prefetch_correct = 0;
+  uint64_t prefetch_actual = 0;
+};
+ServerCounters CounterDeltas(const v1::StatsResponse& before, const v1::StatsResponse& after);
+
 // The recorded rounds of one concurrency.
 struct ConcurrencyRun {
   int concurrency = 1;
@@ -76,6 +97,7 @@ struct ConcurrencyRun {
   // (-1 when it did not say).
   int64_t server_draft_tokens = -1;
   int64_t server_accepted_draft_tokens = -1;
+  ServerCounters server;
 };
 
 // The figures reported for one concurrency. Statistics follow hf-peer-bench.py: the median is
@@ -100,6 +122,7 @@ struct BenchSummary {
   int64_t server_draft_tokens = -1;
   int64_t server_accepted_draft_tokens = -1;
   double distinct_tokens = 0;  // mean over the requests
+  ServerCounters server;       // ConcurrencyRun's
 };
 
 struct BenchReport {

@@ -23,6 +23,7 @@
 #include "tests/testing/health_client.h"
 #include "tests/testing/oracles.h"
 #include "tests/testing/poll.h"
+#include "tests/testing/tied_tokens.h"
 #include "tools/strata/eval_command.h"
 
 namespace strata {
@@ -31,6 +32,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::strata::testing::ChildWithArgs;
 using ::strata::testing::ClusterProcess;
+using ::strata::testing::ExpectSameOrTied;
 using ::strata::testing::FirstTokens;
 using ::strata::testing::GenerateAsync;
 using ::strata::testing::Generated;
@@ -170,48 +172,6 @@ TEST(CudaClusterTest, DemoPerplexityMatchesInProcess) {
   EXPECT_NEAR(remote.perplexity, local.perplexity, 1e-3 * local.perplexity);
 }
 
-// log p(token | prefix) by the cluster's Score RPC; NaN when the call fails.
-float LastTokenLogprob(const std::string& address, std::vector<uint32_t> prefix, uint32_t token) {
-  prefix.push_back(token);
-  v1::ScoreRequest request;
-  request.mutable_token_ids()->Add(prefix.begin(), prefix.end());
-  v1::ScoreResponse response;
-  grpc::ClientContext context;
-  const grpc::Status status =
-      strata::testing::GenerationStub(address)->Score(&context, request, &response);
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  if (!status.ok() || response.logprobs_size() == 0) return NAN;
-  return response.logprobs(response.logprobs_size() - 1);
-}
-
-// Expects each sequence of `got` to equal `want`'s, or to part ways only where two tokens all
-// but tie: a cluster on `model` scores both after the common prefix (the prompt, then the
-// tokens the two share) within `tie_nats` of each other (a wrong step picks a token far from
-// the top).
-void ExpectSameOrTied(const std::string& model, const std::vector<std::vector<uint32_t>>& prompts,
-                      const std::vector<std::vector<uint32_t>>& got,
-                      const std::vector<std::vector<uint32_t>>& want, float tie_nats) {
-  ASSERT_EQ(got.size(), prompts.size());
-  ASSERT_EQ(want.size(), prompts.size());
-  std::unique_ptr<ClusterProcess> scorer;  // started only for a divergence
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const auto [g, w] = std::mismatch(got[i].begin(), got[i].end(), want[i].begin(), want[i].end());
-    if (g == got[i].end() && w == want[i].end()) continue;
-    if (g == got[i].end() || w == want[i].end()) {
-      ADD_FAILURE() << "sequence " << i << ": one run's tokens are a prefix of the other's";
-      continue;
-    }
-    if (scorer == nullptr) scorer = std::make_unique<ClusterProcess>(GpuClusterArgs(model));
-    std::vector<uint32_t> prefix = prompts[i];
-    prefix.insert(prefix.end(), got[i].begin(), g);
-    const float lp_got = LastTokenLogprob(scorer->address(), prefix, *g);
-    const float lp_want = LastTokenLogprob(scorer->address(), prefix, *w);
-    EXPECT_LE(std::fabs(lp_got - lp_want), tie_nats)
-        << "sequence " << i << " parts ways at token " << (g - got[i].begin()) << ": " << *g
-        << " (logprob " << lp_got << ") against " << *w << " (logprob " << lp_want << ")";
-  }
-}
-
 // The demo model's prompts of these tests: sequence i has 12 + i tokens.
 std::vector<uint32_t> DemoPrompt(int i) {
   std::vector<uint32_t> prompt;
@@ -269,7 +229,7 @@ TEST(CudaClusterTest, GraphStepsGiveTheEagerTokens) {
   for (int i = 0; i < kSequences; ++i) {
     EXPECT_EQ(replayed[i].size(), static_cast<size_t>(kNewTokens - 2 * i));
   }
-  ExpectSameOrTied(model, prompts, replayed, eager, 0.1f);
+  ExpectSameOrTied(GpuClusterArgs(model), prompts, replayed, eager, 0.1f);
   EXPECT_EQ(eager_graph_steps, 0);
   EXPECT_GT(graph_steps, steps / 2);
 }
@@ -335,9 +295,10 @@ TEST(CudaClusterTest, OverlappedStepsGiveTheTokensOfStepsOneByOne) {
   for (int i = 0; i < kSequences; ++i) {
     EXPECT_EQ(ahead[i + 1].size(), one_by_one[i + 1].size()) << "sequence " << i;
   }
-  ExpectSameOrTied(
-      model, prompts, std::vector<std::vector<uint32_t>>(ahead.begin() + 1, ahead.end()),
-      std::vector<std::vector<uint32_t>>(one_by_one.begin() + 1, one_by_one.end()), 0.1f);
+  ExpectSameOrTied(GpuClusterArgs(model), prompts,
+                   std::vector<std::vector<uint32_t>>(ahead.begin() + 1, ahead.end()),
+                   std::vector<std::vector<uint32_t>>(one_by_one.begin() + 1, one_by_one.end()),
+                   0.1f);
 }
 
 // A worker killed in the middle of generation: with a second worker the request completes

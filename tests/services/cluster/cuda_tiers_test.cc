@@ -19,12 +19,14 @@
 #include "tests/testing/generate_client.h"
 #include "tests/testing/health_client.h"
 #include "tests/testing/poll.h"
+#include "tests/testing/tied_tokens.h"
 
 namespace strata {
 namespace {
 
 using ::strata::testing::ChildWithArgs;
 using ::strata::testing::ClusterProcess;
+using ::strata::testing::ExpectSameOrTied;
 using ::strata::testing::FirstTokens;
 using ::strata::testing::Generated;
 using ::strata::testing::GenerateGreedy;
@@ -69,12 +71,17 @@ std::vector<std::vector<uint32_t>> OneAtATime(const std::string& address) {
   return out;
 }
 
-// The resident cluster's tokens; `eager`: with every step run without graphs (attention is then
-// planned for each step's context, not the graphs', which changes the last bits).
-std::vector<std::vector<uint32_t>> Resident(const std::string& weights, bool eager = false) {
+// The resident cluster; `eager`: with every step run without graphs (attention is then planned
+// for each step's context, not the graphs', which changes the last bits).
+std::vector<std::string> ResidentArgs(const std::string& weights, bool eager) {
   std::vector<std::string> args = Args(weights, false);
   if (eager) args.push_back("--cuda-graph-max-batch=0");
-  ClusterProcess cluster(args);
+  return args;
+}
+
+// The resident cluster's tokens.
+std::vector<std::vector<uint32_t>> Resident(const std::string& weights, bool eager = false) {
+  ClusterProcess cluster(ResidentArgs(weights, eager));
   EXPECT_FALSE(cluster.address().empty());
   auto tokens = OneAtATime(cluster.address());
   EXPECT_EQ(cluster.Stop(), 0);
@@ -142,8 +149,9 @@ TEST(CudaTiersTest, Fp8SlotsOverABf16StoreRunEagerlyWithTheResidentTokens) {
 
 // Cold experts on strata-cache's CPUs with the router on the GPU (`--cold-experts cpu`): the
 // worker runs its layers eagerly, hands the CPU tier the rows of its cold experts and adds the
-// CPU's float sums into its bf16 output, one rounding more than the resident cluster's, so the
-// tokens are compared over a prefix (the demo model's greedy choices rarely sit that close).
+// CPU's float sums into its bf16 output, one rounding more than the resident cluster's (and the
+// CPU's own order of sums), so a greedy sequence may part from the resident one where two tokens
+// all but tie, as the resident cluster scores them (ExpectSameOrTied).
 TEST(CudaTiersTest, ColdExpertsOnTheCpuTierThroughCudaIpc) {
   if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   const auto want = Resident("bf16", /*eager=*/true);
@@ -152,23 +160,15 @@ TEST(CudaTiersTest, ColdExpertsOnTheCpuTierThroughCudaIpc) {
   ClusterProcess cluster(args);
   ASSERT_FALSE(cluster.address().empty());
   const auto got = OneAtATime(cluster.address());
-  size_t same = 0, total = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(got[i].size(), want[i].size());
-    size_t prefix = 0;
-    while (prefix < got[i].size() && got[i][prefix] == want[i][prefix]) ++prefix;
-    EXPECT_GE(prefix, 16u) << "prompt " << i;
-    same += prefix;
-    total += want[i].size();
-  }
-  std::printf("CPU tier through CUDA IPC: %zu of %zu tokens before the first difference\n", same,
-              total);
   const v1::StatsResponse stats = RouterStats(cluster.address());
   PrintTiers("tiered bf16, cold experts on the CPU tier", stats);
   EXPECT_EQ(stats.graph_steps(), 0u);
   ASSERT_EQ(stats.workers_size(), 1);
   EXPECT_GT(stats.workers(0).tiers().cpu_tier_experts(), 0u);
   EXPECT_EQ(cluster.Stop(), 0);
+  const size_t shared = ExpectSameOrTied(ResidentArgs("bf16", true), Prompts(), got, want, 0.1f);
+  std::printf("CPU tier through CUDA IPC: %zu of %d tokens before the first difference\n", shared,
+              kNewTokens * static_cast<int>(want.size()));
 }
 
 TEST(CudaTiersTest, HotRatioChangesWhileRequestsRun) {
