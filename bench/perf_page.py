@@ -92,6 +92,16 @@ def config(name, r):
     return ', '.join(words)
 
 
+def tiers(r):
+    """Expert uses by tier and bytes copied a token, where `strata bench` recorded them."""
+    t = r.get('tiers')
+    if not t:
+        return ''
+    cpu = t.get('cpu_tier_experts_per_token', 0)
+    return (f"{t['hot_hit_rate']:.0%} / {t['warm_hit_rate']:.0%} / {t['miss_rate']:.0%}, "
+            f"{t['bytes_copied_per_token'] / 1e6:.0f} MB" + (f", {cpu:.1f} on CPU" if cpu else ''))
+
+
 rows = []
 for path in sorted(glob.glob(os.path.join(a.results, '*.json'))):
     r = json.load(open(path))
@@ -105,7 +115,7 @@ for path in sorted(glob.glob(os.path.join(a.results, '*.json'))):
         'ttft': r.get('ttft_ms', 0), 'tput': r.get('throughput_tok_s'),
         'date': r.get('date', ''), 'machine': r.get('machine', ''),
         'commit': r.get('commit') or added_in(path), 'command': r.get('command', ''),
-        'config': config(name, r)})
+        'config': config(name, r), 'tiers': tiers(r)})
 order = {'cluster': 0, 'in-process': 1, 'transformers': 2}
 rows.sort(key=lambda x: (x['model'], x['weights'], order.get(x['mode'], 3), x['config'], x['c']))
 
@@ -120,14 +130,14 @@ lines = [
     'Earlier figures, and how each was reached: `docs/archive/`, `bench/archive/results/`. Rooflines',
     'on the H200 (4.3 TB/s): qwen3-30b-a3b about 700 tok/s bf16, 1290 FP8; mixtral-8x7b 168 / 333.',
     '',
-    '| model | weights | mode | configuration | c | decode tok/s | throughput | TTFT ms | date | commit | # |',
-    '|---|---|---|---|---|---|---|---|---|---|---|',
+    '| model | weights | mode | configuration | c | decode tok/s | throughput | TTFT ms | expert uses hot / warm / cold, copied a token | date | commit | # |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|',
 ]
 for i, r in enumerate(rows, 1):
     tput = f"{r['tput']:.1f}" if r['tput'] else ''
     lines.append(f"| {r['model']} | {r['weights']} | {r['mode']} | {r['config']} | {r['c']} | "
                  f"**{r['decode']:.1f}** ({r['p5']:.1f}-{r['p95']:.1f}) | {tput} | "
-                 f"{r['ttft']:.1f} | {r['date']} | {r['commit']} | {i} |")
+                 f"{r['ttft']:.1f} | {r['tiers']} | {r['date']} | {r['commit']} | {i} |")
 lines += ['',
           '**Reading the tier rows.** The Zipf(1.0) models are random weights whose gates favour',
           'experts by a Zipf law (`strata make-model --skew zipf:1.0`; its sidecar gives the',
