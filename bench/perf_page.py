@@ -87,6 +87,8 @@ def config(name, r):
         words.append('2 GPUs')
     if '-2w-' in name:
         words.append('2 workers on 1 GPU')
+    if r.get('machine') and 'H200' not in r['machine']:
+        words.append(f"**on {r['machine'].split(' (')[0]}**")
     if r.get('output_len', 512) != 512 and not any('generated' in w for w in words):
         words.append(f"{r['output_len']} generated")
     return ', '.join(words)

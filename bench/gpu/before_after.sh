@@ -4,6 +4,7 @@
 # binaries given (e.g. .device/base before a change, .device/bin after), bf16 then FP8 experts,
 # the folders interleaved. JSON records in OUT_DIR as strata-SHAPE-LAYERSL-TAG-WEIGHTS.json.
 #   bench/gpu/before_after.sh OUT_DIR LAYERS DIR...
+source "$(dirname "${BASH_SOURCE[0]}")/machine.sh"
 set -uo pipefail
 out=$1 layers=$2
 shift 2
@@ -16,7 +17,7 @@ for w in bf16 fp8; do
   for dir in "$@"; do
     tag=$(basename "$dir")
     "$dir/decode_bench" --model "$model" --model-name "$name" --weights "$w" --runs 5 \
-      --machine "NVIDIA H200 (1 GPU)" --out "$out/strata-$name-$tag-$w.json" \
+      --machine "$(machine_name 1)" --out "$out/strata-$name-$tag-$w.json" \
       2>"$out/decode-$name-$tag-$w.log" | tail -1 | sed "s/^/$tag: /"
   done
 done

@@ -19,6 +19,7 @@
 # UP_ARGS adds flags to `strata up` (e.g. UP_ARGS=--overlap-steps=false), recorded with the
 # figures as the switches are.
 #   bash bench/gpu/cluster_full_bench.sh OUT_DIR STAGES [RUNS]
+source "$(dirname "${BASH_SOURCE[0]}")/machine.sh"
 set -uo pipefail
 final=$1 stages=$2 runs=${3:-3}
 checkpoint_dtype=${CHECKPOINT_DTYPE:-bf16} expert_store=${EXPERT_STORE:-copy}
@@ -32,7 +33,7 @@ B=${BIN_DIR:-$root/.device-ipc/bin}  # BIN_DIR: another build's binaries (an A/B
 gpus=$(nvidia-smi -L | wc -l)
 sum=$final/summary.txt
 start=$SECONDS
-machine="NVIDIA H200 ($gpus GPU)"
+machine="$(machine_name "$gpus")"
 # The switches an A/B run sets in the environment, recorded with each figure.
 env_note=$(env | grep -E '^(STRATA_[A-Z0-9_]+|CHECKPOINT_DTYPE|EXPERT_STORE|UP_ARGS)=' | sort | tr '\n' ' ' | sed 's/ $//')
 read -r -a up_args <<<"${UP_ARGS:-}"

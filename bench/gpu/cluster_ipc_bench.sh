@@ -18,6 +18,7 @@
 # the bundle, the oracles and the demo model (models/ and tests/data/oracles/ moved aside for
 # the call, to stay under 64 MiB).
 #   bash bench/gpu/cluster_ipc_bench.sh OUT_DIR [tests,bench,engine,verify,ppl]
+source "$(dirname "${BASH_SOURCE[0]}")/machine.sh"
 set -uo pipefail
 final=$1 stages=${2:-tests,bench}
 out=/tmp/ipc-work
@@ -81,7 +82,7 @@ if has bench; then
     note "$tag: READY after $((SECONDS - start)) s"
     timeout 120 "$B/strata" bench --server "$addr" --model $M --model-name $name \
       --input-len 128 --output-len 512 --runs 3 --concurrency 1,8 --weights bf16 \
-      --mode cluster --gpus "$g" --machine "NVIDIA H200" \
+      --mode cluster --gpus "$g" --machine "$(machine_name "$g")" \
       --out "$out/strata-$name-bf16-cluster$4.json" >"$out/bench-$tag.txt" 2>&1
     note "$tag bench: exit $?"
     "$B/strata" stats --server "$addr" >"$out/stats-$tag.json" 2>&1
@@ -89,7 +90,7 @@ if has bench; then
   }
   bench cluster-1w 1 1 ""
   timeout 60 "$B/decode_bench" --model $M --model-name $name --weights bf16 --runs 3 \
-    --machine "NVIDIA H200 (1 GPU)" --out "$out/inprocess-$name-bf16-graphs.json" \
+    --machine "$(machine_name 1)" --out "$out/inprocess-$name-bf16-graphs.json" \
     >"$out/decode_bench.txt" 2>&1
   note "decode_bench: exit $?"
   if [ "$gpus" -ge 2 ] && (( SECONDS - start < 150 )); then bench cluster-2w 2 2 "-2gpu"; fi

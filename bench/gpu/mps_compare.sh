@@ -4,6 +4,7 @@
 # concurrency 8 (128 in / 256 out, 2 runs), and decode_bench in process on the same weights.
 # Binaries in .device/bin, libraries in .device/lib. Writes bench JSON to $OUT.
 #   bash bench/gpu/mps_compare.sh
+source "$(dirname "${BASH_SOURCE[0]}")/machine.sh"
 set -u
 export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64
 B=.device/bin
@@ -17,7 +18,7 @@ bench() {  # mode
   [ -z "$addr" ] && { echo "$1: no READY"; tail -3 $OUT/up-$1.log; kill $up; return; }
   $B/strata bench --server $addr --input-len 128 --output-len 256 --runs 2 --warmup 1 \
     --concurrency 1,8 --model-name qwen3-30b-a3b-16L --weights bf16 --gpus 1 \
-    --machine "NVIDIA H200 (1 GPU)" --out $OUT/cluster-$1.json 2>&1 | tail -4
+    --machine "$(machine_name 1)" --out $OUT/cluster-$1.json 2>&1 | tail -4
   kill -TERM $up; wait $up
 }
 echo "== without MPS"; bench nomps
@@ -25,5 +26,5 @@ nvidia-cuda-mps-control -d && sleep 1
 echo "== with MPS"; bench mps
 echo quit | nvidia-cuda-mps-control
 $B/decode_bench --model $M --model-name qwen3-30b-a3b-16L --weights bf16 --runs 2 --output-len 256 \
-  --machine "NVIDIA H200 (1 GPU)" --out $OUT/in-process.json 2>/dev/null | tail -1
+  --machine "$(machine_name 1)" --out $OUT/in-process.json 2>/dev/null | tail -1
 rm -rf $M

@@ -6,6 +6,7 @@
 # the uses seen in a warm-up (no calibration plan for random weights).
 # Expects strata binaries in .device/bin and their libraries in .device/lib.
 #   bash bench/gpu/tiers_bench.sh
+source "$(dirname "${BASH_SOURCE[0]}")/machine.sh"
 set -u
 export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64
 B=.device/bin
@@ -23,7 +24,7 @@ run() {  # name, extra up flags..., then hot ratio to set after warm-up (or "-")
   $B/strata bench --server $addr --input-len 128 --output-len 64 --runs 1 --warmup 0 > /dev/null 2>&1
   [ "$ratio" != "-" ] && $B/strata hot-ratio --server $addr --hot-ratio $ratio
   $B/strata bench --server $addr --input-len 128 --output-len 256 --runs 3 --warmup 1 \
-    --model-name qwen3-30b-a3b-8layers --weights bf16 --gpus 1 --machine "NVIDIA H200" \
+    --model-name qwen3-30b-a3b-8layers --weights bf16 --gpus 1 --machine "$(machine_name 1)" \
     --out $OUT/tiers-$name.json 2>&1 | tail -3
   $B/strata stats --server $addr > $OUT/stats-$name.json
   kill -TERM $up; wait $up

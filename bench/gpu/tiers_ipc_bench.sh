@@ -10,6 +10,7 @@
 # bench` runs, e.g. --temperature 1). Logs and JSON go
 # to OUT_DIR; a table is printed last.
 #   bash bench/gpu/tiers_ipc_bench.sh OUT_DIR 'run1' 'run2' ...
+source "$(dirname "${BASH_SOURCE[0]}")/machine.sh"
 set -uo pipefail
 final=$1; shift
 out=/tmp/tiers-work
@@ -36,7 +37,7 @@ for spec in "$@"; do
   "$B/strata" stats --server "$addr" >"$final/stats-$name-before.json" 2>&1
   timeout 500 "$B/strata" bench --server "$addr" --model "$dir" --model-name "$(basename "$dir")" \
     --input-len 128 --output-len "$OUT_LEN" --runs "$RUNS" --warmup 0 --concurrency 1 "${bench_args[@]}" \
-    --weights "$weights" --mode cluster --gpus 1 --machine "NVIDIA H200 (1 GPU)" \
+    --weights "$weights" --mode cluster --gpus 1 --machine "$(machine_name 1)" \
     --note "$name: $flags $bench_flags" --commit "$(cat "$root/$bin/../COMMIT" 2>/dev/null)" \
     --out "$final/$name.json" >"$out/bench-$name.txt" 2>&1
   note "$name bench: exit $? after $((SECONDS - t0)) s"
