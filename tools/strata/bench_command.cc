@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -240,6 +241,27 @@ std::string Row(const BenchSummary& s) {
       s.decode_tok_s_mean, s.decode_tok_s_p5, s.decode_tok_s_p50, s.decode_tok_s_p95,
       s.throughput_tok_s);
   return line;
+}
+
+// The expert tiers' figures of one concurrency, in words; empty without tiers.
+std::string TierLine(const BenchSummary& s) {
+  const ServerCounters& c = s.server;
+  const uint64_t uses = c.hot_hits + c.warm_hits + c.misses;
+  if (!c.known || uses == 0) return "";
+  const double tokens = std::max<double>(c.generated_tokens, 1);
+  std::string line = absl::StrFormat(
+      "concurrency %d: expert uses %.1f%% hot, %.1f%% warm, %.1f%% cold; %.1f MB copied a token",
+      s.concurrency, 100.0 * c.hot_hits / uses, 100.0 * c.warm_hits / uses, 100.0 * c.misses / uses,
+      c.bytes_copied / tokens / 1e6);
+  if (c.cpu_tier_experts > 0) {
+    absl::StrAppendFormat(&line, ", %.1f experts a token on the CPU tier",
+                          c.cpu_tier_experts / tokens);
+  }
+  if (c.prefetch_actual > 0) {
+    absl::StrAppendFormat(&line, "; next-layer prediction %.1f%% correct",
+                          100.0 * c.prefetch_correct / c.prefetch_actual);
+  }
+  return line + "\n";
 }
 
 }  // namespace
@@ -539,6 +561,7 @@ absl::Status RunBenchCommand(const BenchOptions& o, std::ostream& out, std::ostr
          "|----------:|-----------:|-----------:|-----------------:|\n";
   for (const BenchSummary& s : summaries) out << Row(s);
   out << "\n";
+  for (const BenchSummary& s : summaries) out << TierLine(s);
   for (const std::string& row : rows) out << nlohmann::ordered_json::parse(row).dump() << "\n";
   return absl::OkStatus();
 }
