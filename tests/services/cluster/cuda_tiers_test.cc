@@ -20,6 +20,7 @@
 #include "tests/testing/health_client.h"
 #include "tests/testing/poll.h"
 #include "tests/testing/tied_tokens.h"
+#include "tests/testing/tier_stats.h"
 
 namespace strata {
 namespace {
@@ -33,6 +34,7 @@ using ::strata::testing::GenerateGreedy;
 using ::strata::testing::GenerateGreedyAsync;
 using ::strata::testing::KillChild;
 using ::strata::testing::PollUntil;
+using ::strata::testing::PrintTiers;
 using ::strata::testing::RouterStats;
 using ::strata::testing::Serving;
 
@@ -86,20 +88,6 @@ std::vector<std::vector<uint32_t>> Resident(const std::string& weights, bool eag
   auto tokens = OneAtATime(cluster.address());
   EXPECT_EQ(cluster.Stop(), 0);
   return tokens;
-}
-
-void PrintTiers(const std::string& label, const v1::StatsResponse& stats) {
-  for (const v1::WorkerStats& w : stats.workers()) {
-    const v1::TierCounters& t = w.tiers();
-    const double uses = std::max<double>(t.hot_hits() + t.warm_hits() + t.misses(), 1);
-    std::printf(
-        "%s: %llu of %llu steps replayed; hot %u + warm %u slots; hot %.3f warm %.3f "
-        "cold %.3f of %.0f uses; %.1f MiB copied, %llu evictions\n",
-        label.c_str(), static_cast<unsigned long long>(stats.graph_steps()),
-        static_cast<unsigned long long>(stats.steps()), t.hot_slots(), t.warm_slots(),
-        t.hot_hits() / uses, t.warm_hits() / uses, t.misses() / uses, uses,
-        t.bytes_copied() / 1048576.0, static_cast<unsigned long long>(t.evictions()));
-  }
 }
 
 // bf16 slots over the bf16 store: misses are read in place, so decode steps replay graphs.

@@ -15,6 +15,7 @@
 #include "tests/testing/cluster_process.h"
 #include "tests/testing/generate_client.h"
 #include "tests/testing/run_strata.h"
+#include "tests/testing/tier_stats.h"
 
 namespace strata {
 namespace {
@@ -23,6 +24,7 @@ using ::strata::testing::ClusterProcess;
 using ::strata::testing::FirstTokens;
 using ::strata::testing::Generated;
 using ::strata::testing::GenerateGreedyAsync;
+using ::strata::testing::PrintTiers;
 using ::strata::testing::RouterStats;
 using ::strata::testing::RunStrata;
 
@@ -62,25 +64,6 @@ std::vector<uint32_t> Generate(const std::string& address, const std::vector<uin
   const auto g = ::strata::testing::GenerateGreedy(address, prompt, n);
   EXPECT_TRUE(g.status.ok()) << g.status.error_message();
   return g.tokens;
-}
-
-void PrintTiers(const std::string& label, const v1::StatsResponse& stats) {
-  for (const v1::WorkerStats& w : stats.workers()) {
-    const v1::TierCounters& t = w.tiers();
-    const double uses = static_cast<double>(t.hot_hits() + t.warm_hits() + t.misses());
-    std::printf(
-        "%s worker %u: hot %u + warm %u slots; hit rate hot %.3f warm %.3f, cold %.3f; "
-        "prefetch loads %llu hits %llu; cpu tier %llu; %.1f MiB copied\n",
-        label.c_str(), w.index(), t.hot_slots(), t.warm_slots(), t.hot_hits() / uses,
-        t.warm_hits() / uses, t.misses() / uses,
-        static_cast<unsigned long long>(t.prefetch_loads()),
-        static_cast<unsigned long long>(t.prefetch_hits()),
-        static_cast<unsigned long long>(t.cpu_tier_experts()), t.bytes_copied() / 1048576.0);
-  }
-  std::printf("%s prefetch accuracy: %.3f of %llu picks\n", label.c_str(),
-              static_cast<double>(stats.prefetch_correct()) /
-                  std::max<uint64_t>(stats.prefetch_actual(), 1),
-              static_cast<unsigned long long>(stats.prefetch_actual()));
 }
 
 TEST(TiersTest, ModelLargerThanTheBudgetGivesTheSameTokens) {
