@@ -1,13 +1,12 @@
 #include "common/chat/chat_template.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/chat/jinja_builtins.h"
 #include "common/chat/jinja_parser.h"
 #include "common/chat/jinja_render.h"
+#include "common/util/read_file.h"
 #include "common/util/status_macros.h"
 
 namespace strata {
@@ -39,11 +38,10 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(const std::string& source,
 
 absl::StatusOr<ChatTemplate> ChatTemplate::FromModelDir(const std::string& model_dir) {
   const std::filesystem::path path = std::filesystem::path(model_dir) / "tokenizer_config.json";
-  std::ifstream in(path);
-  if (!in) return ChatTemplate();
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json config = nlohmann::json::parse(text.str(), nullptr, false);
+  absl::StatusOr<std::string> text = ReadFileToString(path.string());
+  if (absl::IsNotFound(text.status())) return ChatTemplate();  // a model without one
+  if (!text.ok()) return text.status();
+  const nlohmann::json config = nlohmann::json::parse(*text, nullptr, false);
   if (config.is_discarded() || !config.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not a JSON object"));
   }

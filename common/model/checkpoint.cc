@@ -1,13 +1,12 @@
 #include "common/model/checkpoint.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/util/read_file.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -16,14 +15,6 @@ namespace {
 
 std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 // Shard names come from the index: keep them inside the model directory.
@@ -65,7 +56,7 @@ absl::StatusOr<CheckpointFiles> ListCheckpointFiles(const std::string& dir) {
   std::error_code ec;
   if (fs::exists(index_path, ec)) {
     files.indexed = true;
-    ASSIGN_OR_RETURN(std::string text, ReadSmallFile(index_path.string()));
+    ASSIGN_OR_RETURN(std::string text, ReadFileToString(index_path.string()));
     nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": not a JSON object"));

@@ -1,11 +1,10 @@
 #include "common/model/model_config.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/util/read_file.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -212,14 +211,6 @@ absl::Status ParseEosIds(const Json* eos, std::vector<int>& out, absl::string_vi
   return add(*eos);
 }
 
-absl::StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 }  // namespace
 
 absl::string_view ArchitectureName(Architecture arch) {
@@ -350,12 +341,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   namespace fs = std::filesystem;
   const std::string path = (fs::path(model_dir) / "config.json").string();
-  ASSIGN_OR_RETURN(std::string text, ReadText(path));
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(text, path));
   const std::string generation_path = (fs::path(model_dir) / "generation_config.json").string();
   std::error_code ec;
   if (fs::exists(generation_path, ec)) {
-    ASSIGN_OR_RETURN(std::string generation_text, ReadText(generation_path));
+    ASSIGN_OR_RETURN(std::string generation_text, ReadFileToString(generation_path));
     const Json generation = Json::parse(generation_text, nullptr, false);
     if (generation.is_discarded() || !generation.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(generation_path, ": not a JSON object"));

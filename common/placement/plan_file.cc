@@ -2,10 +2,11 @@
 
 #include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/placement/placement_stats.h"
+#include "common/util/read_file.h"
+#include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace strata {
@@ -130,11 +131,8 @@ absl::Status SavePlan(const std::string& path, const PlanFile& file) {
 }
 
 absl::StatusOr<PlanFile> ReadPlan(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  const Json json = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
+  const Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
   }

@@ -1,7 +1,5 @@
 #include "common/tokenizer/tokenizer.h"
 
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +12,7 @@
 #include "common/tokenizer/post_processor.h"
 #include "common/tokenizer/pre_tokenizers.h"
 #include "common/tokenizer/utf8.h"
+#include "common/util/read_file.h"
 #include "common/util/status_macros.h"
 
 namespace strata {
@@ -44,12 +43,8 @@ Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open tokenizer file"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
-  return FromJson(text.str(), path);
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
+  return FromJson(text, path);
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view json_text,

@@ -5,13 +5,13 @@
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <type_traits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/util/file_stamp.h"
+#include "common/util/read_file.h"
+#include "common/util/status_macros.h"
 #include "services/expert-store/fast_hash.h"
 
 namespace strata {
@@ -50,11 +50,8 @@ absl::StatusOr<ModelIdentity> IdentifyModel(const std::string& dir) {
   const fs::path canonical = fs::weakly_canonical(dir, ec);
   id.dir = ec ? dir : canonical.string();
 
-  std::ifstream config(fs::path(dir) / "config.json", std::ios::binary);
-  if (!config) return absl::NotFoundError(absl::StrCat("cannot read ", dir, "/config.json"));
-  std::stringstream text;
-  text << config.rdbuf();
-  const std::string bytes = text.str();
+  ASSIGN_OR_RETURN(const std::string bytes,
+                   ReadFileToString((fs::path(dir) / "config.json").string()));
   id.config_checksum = FastHash64(bytes.data(), bytes.size());
 
   // The checkpoint's weights are not read; a rewritten file changes its size or mtime.

@@ -5,13 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <future>
-#include <sstream>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/util/read_file.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "strata/v1/generation.grpc.pb.h"
@@ -64,14 +63,6 @@ absl::StatusOr<double> ScoreRemotely(const std::string& server,
   return nll;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 }  // namespace
 
 double WindowNll(const Tensor& logits, absl::Span<const int32_t> ids) {
@@ -91,7 +82,7 @@ absl::StatusOr<EvalResult> Evaluate(const EvalOptions& options) {
   const std::string tokenizer_path =
       (std::filesystem::path(options.engine.model_dir) / "tokenizer.json").string();
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::FromFile(tokenizer_path));
-  ASSIGN_OR_RETURN(std::string text, ReadFile(options.text_file));
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(options.text_file));
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(text, false));
   const auto windows = Windows(ids, options.window);
   if (windows.empty()) {

@@ -8,9 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -26,6 +24,7 @@
 #include "common/model/safetensors_writer.h"
 #include "common/tensor/dtype.h"
 #include "common/util/process.h"
+#include "common/util/read_file.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "tools/strata/quantize_rules.h"
@@ -48,16 +47,8 @@ constexpr const char* kCopiedFiles[] = {"generation_config.json",
                                         "chat_template.jinja",
                                         "chat_template.json"};
 
-absl::StatusOr<std::string> ReadTextFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 absl::StatusOr<OrderedJson> ReadJsonObject(const fs::path& path) {
-  ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path.string()));
   OrderedJson json = OrderedJson::parse(text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not a JSON object"));
