@@ -73,11 +73,18 @@ bool Busy(const RequestMetrics::Totals& before, const RequestMetrics::Totals& no
 std::string ThroughputLine(const RequestMetrics::Totals& before, const RequestMetrics::Totals& now,
                            double seconds, const ThroughputState& state) {
   const double span = seconds > 0 ? seconds : 1;
-  return absl::StrFormat(
+  std::string line = absl::StrFormat(
       "last %.0f s: %d requests finished, %.1f generated tok/s; %d running, %d queued, KV "
       "blocks %d/%d used",
       seconds, now.requests - before.requests, (now.tokens_so_far - before.tokens_so_far) / span,
       state.running, state.queued, state.used_kv_blocks, state.total_kv_blocks);
+  const ExpertUses& u = state.expert_uses;
+  const double uses = static_cast<double>(u.hot + u.warm + u.cold);
+  if (uses > 0) {
+    absl::StrAppendFormat(&line, "; expert uses %.1f%% hot, %.1f%% warm, %.1f%% cold",
+                          100 * u.hot / uses, 100 * u.warm / uses, 100 * u.cold / uses);
+  }
+  return line;
 }
 
 }  // namespace strata

@@ -59,11 +59,18 @@ std::string FinishedRequestLine(const std::string& id, FinishReason reason,
 
 // What the router did between two Totals `seconds` apart, and its state now; whether there was
 // anything to say is Busy's.
+// Expert uses the tiered workers counted over the span (hits by tier and misses), summed.
+struct ExpertUses {
+  uint64_t hot = 0;
+  uint64_t warm = 0;
+  uint64_t cold = 0;
+};
 struct ThroughputState {
   int running = 0;
   int queued = 0;
   int used_kv_blocks = 0;
   int total_kv_blocks = 0;
+  ExpertUses expert_uses;  // all zero without tiers: the line leaves them out
 };
 bool Busy(const RequestMetrics::Totals& before, const RequestMetrics::Totals& now,
           const ThroughputState& state);

@@ -281,6 +281,7 @@ void RouterServer::LendKvMemory(float ratio) {
 void RouterServer::MonitorWorkers() {
   absl::Time last_report = absl::Now();
   RequestMetrics::Totals reported = scheduler_->metrics().totals();
+  ExpertUses reported_uses = WorkerExpertUses();
   while (!stopping_.load()) {
     const bool all = remote_ == nullptr || remote_->num_connected() == remote_->num_workers();
     if (all != ready_.load()) {
@@ -288,22 +289,46 @@ void RouterServer::MonitorWorkers() {
       server_->GetHealthCheckService()->SetServingStatus(all);
     }
     if (absl::Now() - last_report >= options_.throughput_log_interval) {
-      ReportThroughput(absl::Now() - last_report, reported);
+      ReportThroughput(absl::Now() - last_report, reported, reported_uses);
       last_report = absl::Now();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 
-void RouterServer::ReportThroughput(absl::Duration span, RequestMetrics::Totals& reported) {
+ExpertUses RouterServer::WorkerExpertUses() const {
+  ExpertUses uses;
+  if (remote_ == nullptr) return uses;
+  for (int w = 0; w < remote_->num_workers(); ++w) {
+    const TierCounters t = remote_->tiers(w);
+    uses.hot += t.hot_hits;
+    uses.warm += t.warm_hits;
+    uses.cold += t.misses;
+  }
+  return uses;
+}
+
+void RouterServer::ReportThroughput(absl::Duration span, RequestMetrics::Totals& reported,
+                                    ExpertUses& reported_uses) {
   const RequestMetrics::Totals now = scheduler_->metrics().totals();
   const Scheduler::Stats s = scheduler_->stats();
-  const ThroughputState state{s.running, s.waiting, scheduler_->kv_pool_blocks() - s.free_kv_blocks,
-                              scheduler_->kv_pool_blocks()};
+  const ExpertUses uses = WorkerExpertUses();
+  // A restarted worker counts from zero again: the span then counts from there.
+  auto since = [](uint64_t before, uint64_t after) {
+    return after >= before ? after - before : after;
+  };
+  const ThroughputState state{
+      s.running,
+      s.waiting,
+      scheduler_->kv_pool_blocks() - s.free_kv_blocks,
+      scheduler_->kv_pool_blocks(),
+      {since(reported_uses.hot, uses.hot), since(reported_uses.warm, uses.warm),
+       since(reported_uses.cold, uses.cold)}};
   if (Busy(reported, now, state)) {
     Log(LogLevel::kInfo, ThroughputLine(reported, now, absl::ToDoubleSeconds(span), state));
   }
   reported = now;
+  reported_uses = uses;
 }
 
 bool RouterServer::WaitReady(absl::Duration timeout) {

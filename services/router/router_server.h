@@ -97,8 +97,12 @@ class RouterServer {
  private:
   RouterServer() = default;
   void MonitorWorkers();
-  // Logs what was done since `reported` (over `span`), when anything was; updates `reported`.
-  void ReportThroughput(absl::Duration span, RequestMetrics::Totals& reported);
+  // Logs what was done since `reported` and `reported_uses` (over `span`), when anything was;
+  // updates both.
+  void ReportThroughput(absl::Duration span, RequestMetrics::Totals& reported,
+                        ExpertUses& reported_uses);
+  // The tiered workers' expert uses since they started, summed (zero without tiers).
+  ExpertUses WorkerExpertUses() const;
   absl::Status StartHttp();
   // Once a step (engine thread): what the workers on this device lend to the KV pool for the
   // hot ratio `ratio`, and the pool's resize when their memory came or must go back.

@@ -51,6 +51,13 @@ TEST(RequestMetricsTest, ThroughputLineOnlyWhenBusy) {
   EXPECT_EQ(line,
             "last 10 s: 4 requests finished, 20.0 generated tok/s; 2 running, 1 queued, KV "
             "blocks 7/64 used");
+  // Tiered workers: their expert uses over the span.
+  EXPECT_EQ(ThroughputLine(before, now, 10.0,
+                           {.used_kv_blocks = 7,
+                            .total_kv_blocks = 64,
+                            .expert_uses = {.hot = 50, .warm = 30, .cold = 20}}),
+            "last 10 s: 4 requests finished, 20.0 generated tok/s; 0 running, 0 queued, KV "
+            "blocks 7/64 used; expert uses 50.0% hot, 30.0% warm, 20.0% cold");
 }
 
 }  // namespace
