@@ -12,23 +12,16 @@ namespace {
 // Row o of W as float32, times its row scale when it has one (as WeightMatrix::At).
 void LoadRow(const WeightMatrix& w, int64_t o, float* row) {
   const int64_t base = o * w.out_stride;
-  if (w.in_stride == 1 && simd::Available()) {
-    if (w.dtype == DType::kBF16 && w.scale == nullptr) {
-      simd::Bf16ToFloat(static_cast<const uint16_t*>(w.data) + base, w.in, row);
-      return;
-    }
-    if (w.dtype == DType::kF8E4M3) {
-      simd::Fp8E4M3ToFloat(static_cast<const uint8_t*>(w.data) + base, w.in,
-                           w.scale != nullptr ? w.scale[o] : 1.0f, row);
-      return;
-    }
+  if (w.in_stride == 1 && w.dtype == DType::kF8E4M3 && simd::Available()) {
+    simd::Fp8E4M3ToFloat(static_cast<const uint8_t*>(w.data) + base, w.in,
+                         w.scale != nullptr ? w.scale[o] : 1.0f, row);
+    return;
   }
   if (w.in_stride == 1 && w.dtype == DType::kF32) {
     const float* src = static_cast<const float*>(w.data) + base;
     std::copy(src, src + w.in, row);
   } else if (w.in_stride == 1 && w.dtype == DType::kBF16) {
-    const uint16_t* src = static_cast<const uint16_t*>(w.data) + base;
-    for (int64_t i = 0; i < w.in; ++i) row[i] = Bf16ToFloat(src[i]);
+    Bf16RowToFloat(static_cast<const uint16_t*>(w.data) + base, w.in, row);
   } else if (w.dtype == DType::kF8E4M3) {
     const uint8_t* src = static_cast<const uint8_t*>(w.data) + base;
     for (int64_t i = 0; i < w.in; ++i) row[i] = Fp8E4M3ToFloat(src[i * w.in_stride]);
@@ -45,6 +38,14 @@ void LoadRow(const WeightMatrix& w, int64_t o, float* row) {
 
 float Dot(const float* a, const float* b, int64_t n) {
   return simd::Available() ? simd::Dot(a, b, n) : PortableDot(a, b, n);
+}
+
+void Bf16RowToFloat(const uint16_t* src, int64_t n, float* row) {
+  if (simd::Available()) {
+    simd::Bf16ToFloat(src, n, row);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) row[i] = Bf16ToFloat(src[i]);
 }
 
 float PortableDot(const float* a, const float* b, int64_t n) {

@@ -27,6 +27,8 @@ void Ffn(ThreadPool& pool, const ModelConfig& config, const FfnWeights& ffn, con
          int64_t n, float* scratch, float* out);
 
 float Dot(const float* a, const float* b, int64_t n);
+// row[i] = bf16 bits src[i] as float32 (exact either way; AVX2 where the CPU has it).
+void Bf16RowToFloat(const uint16_t* src, int64_t n, float* row);
 // Dot without SIMD: eight lane sums over blocks of eight, reduced pairwise, then the tail in
 // order (the order simd::Dot keeps).
 float PortableDot(const float* a, const float* b, int64_t n);

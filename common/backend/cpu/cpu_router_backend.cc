@@ -195,8 +195,7 @@ void CpuRouterBackend::AttendHead(int layer, PagedKvCache& kv, int64_t t, int he
     const PagedKvCache::Fp8Slot slot = kv.fp8_slot(layer, table, wide, j);
     const uint8_t* p = which == 0 ? slot.key : slot.value;
     if (wide) {
-      const uint16_t* b = reinterpret_cast<const uint16_t*>(p) + kv_offset;
-      for (int i = 0; i < d; ++i) row[i] = Bf16ToFloat(b[i]);
+      cpu::Bf16RowToFloat(reinterpret_cast<const uint16_t*>(p) + kv_offset, d, row.data());
     } else {
       const float s = which == 0 ? k_scale : v_scale;
       for (int i = 0; i < d; ++i) row[i] = Fp8E4M3ToFloat(p[kv_offset + i]) * s;

@@ -3,10 +3,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/backend/cpu/cpu_simd.h"
+#include "common/backend/cpu/cpu_kernels.h"
 #include "common/cuda/cuda_status.h"
 #include "common/cuda/kernels/elementwise_kernels.h"
-#include "common/tensor/dtype.h"
 #include "common/util/status_macros.h"
 
 namespace strata::gpu {
@@ -59,11 +58,7 @@ absl::StatusOr<const int32_t*> HostTierSplit::Begin(int layer, absl::Span<const 
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   x_float_.resize(static_cast<size_t>(n * hidden_));
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(x_host_.data());
-  if (cpu::simd::Available()) {  // a prefill step's rows are megabytes
-    cpu::simd::Bf16ToFloat(bits, n * hidden_, x_float_.data());
-  } else {
-    for (size_t i = 0; i < x_float_.size(); ++i) x_float_[i] = Bf16ToFloat(bits[i]);
-  }
+  cpu::Bf16RowToFloat(bits, n * hidden_, x_float_.data());  // a prefill's rows are megabytes
   RETURN_IF_ERROR(tier.Submit(layer, n, top_k, x_float_, host_ids_,
                               absl::MakeConstSpan(weights_host_.data(), slots)));
   return device_ids_.data();

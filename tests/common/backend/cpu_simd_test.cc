@@ -53,6 +53,10 @@ TEST_F(CpuSimdTest, Bf16ConvertsExactly) {
   std::vector<float> row(bits.size());
   simd::Bf16ToFloat(bits.data(), static_cast<int64_t>(bits.size()), row.data());
   for (size_t i = 0; i < bits.size(); ++i) ASSERT_EQ(Bits(row[i]), Bits(Bf16ToFloat(bits[i])));
+  // The backend's row conversion, which picks this loop here.
+  std::vector<float> backend(bits.size());
+  Bf16RowToFloat(bits.data(), static_cast<int64_t>(bits.size()), backend.data());
+  for (size_t i = 0; i < bits.size(); ++i) ASSERT_EQ(Bits(backend[i]), Bits(row[i]));
 }
 
 TEST_F(CpuSimdTest, DotAddsInThePortableOrder) {
