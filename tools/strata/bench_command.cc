@@ -245,21 +245,18 @@ std::string Row(const BenchSummary& s) {
 
 // The expert tiers' figures of one concurrency, in words; empty without tiers.
 std::string TierLine(const BenchSummary& s) {
-  const ServerCounters& c = s.server;
-  const uint64_t uses = c.hot_hits + c.warm_hits + c.misses;
-  if (!c.known || uses == 0) return "";
-  const double tokens = std::max<double>(c.generated_tokens, 1);
+  const std::optional<TierFigures> t = TierFiguresOf(s.server);
+  if (!t) return "";
   std::string line = absl::StrFormat(
       "concurrency %d: expert uses %.1f%% hot, %.1f%% warm, %.1f%% cold; %.1f MB copied a token",
-      s.concurrency, 100.0 * c.hot_hits / uses, 100.0 * c.warm_hits / uses, 100.0 * c.misses / uses,
-      c.bytes_copied / tokens / 1e6);
-  if (c.cpu_tier_experts > 0) {
+      s.concurrency, 100 * t->hot_hit_rate, 100 * t->warm_hit_rate, 100 * t->miss_rate,
+      t->bytes_copied_per_token / 1e6);
+  if (t->cpu_tier_experts_per_token > 0) {
     absl::StrAppendFormat(&line, ", %.1f experts a token on the CPU tier",
-                          c.cpu_tier_experts / tokens);
+                          t->cpu_tier_experts_per_token);
   }
-  if (c.prefetch_actual > 0) {
-    absl::StrAppendFormat(&line, "; next-layer prediction %.1f%% correct",
-                          100.0 * c.prefetch_correct / c.prefetch_actual);
+  if (const std::optional<double> accuracy = PrefetchAccuracyOf(s.server)) {
+    absl::StrAppendFormat(&line, "; next-layer prediction %.1f%% correct", 100 * *accuracy);
   }
   return line + "\n";
 }
@@ -336,6 +333,23 @@ ServerCounters CounterDeltas(const v1::StatsResponse& before, const v1::StatsRes
     c.prefetch_hits += delta(b.prefetch_hits(), a.prefetch_hits());
   }
   return c;
+}
+
+std::optional<TierFigures> TierFiguresOf(const ServerCounters& c) {
+  const double uses = static_cast<double>(c.hot_hits + c.warm_hits + c.misses);
+  if (!c.known || uses == 0) return std::nullopt;
+  const double tokens = std::max<double>(static_cast<double>(c.generated_tokens), 1);
+  return TierFigures{.hot_hit_rate = c.hot_hits / uses,
+                     .warm_hit_rate = c.warm_hits / uses,
+                     .miss_rate = c.misses / uses,
+                     .expert_uses_per_token = uses / tokens,
+                     .bytes_copied_per_token = c.bytes_copied / tokens,
+                     .cpu_tier_experts_per_token = c.cpu_tier_experts / tokens};
+}
+
+std::optional<double> PrefetchAccuracyOf(const ServerCounters& c) {
+  if (!c.known || c.prefetch_actual == 0) return std::nullopt;
+  return static_cast<double>(c.prefetch_correct) / static_cast<double>(c.prefetch_actual);
 }
 
 BenchSummary Summarize(const ConcurrencyRun& run, int input_len) {
@@ -426,22 +440,20 @@ std::string BenchResultJson(const BenchOptions& o, const std::string& model, con
   if (c.known && c.steps > 0) {
     row["graph_steps_fraction"] = static_cast<double>(c.graph_steps) / c.steps;
   }
-  const uint64_t uses = c.hot_hits + c.warm_hits + c.misses;
-  if (c.known && uses > 0) {
-    const double tokens = std::max<double>(c.generated_tokens, 1);
+  if (const std::optional<TierFigures> t = TierFiguresOf(c)) {
     nlohmann::ordered_json tiers;
-    tiers["hot_hit_rate"] = static_cast<double>(c.hot_hits) / uses;
-    tiers["warm_hit_rate"] = static_cast<double>(c.warm_hits) / uses;
-    tiers["miss_rate"] = static_cast<double>(c.misses) / uses;
-    tiers["expert_uses_per_token"] = uses / tokens;
-    tiers["bytes_copied_per_token"] = c.bytes_copied / tokens;
-    tiers["cpu_tier_experts_per_token"] = c.cpu_tier_experts / tokens;
+    tiers["hot_hit_rate"] = t->hot_hit_rate;
+    tiers["warm_hit_rate"] = t->warm_hit_rate;
+    tiers["miss_rate"] = t->miss_rate;
+    tiers["expert_uses_per_token"] = t->expert_uses_per_token;
+    tiers["bytes_copied_per_token"] = t->bytes_copied_per_token;
+    tiers["cpu_tier_experts_per_token"] = t->cpu_tier_experts_per_token;
     tiers["prefetch_loads"] = c.prefetch_loads;
     tiers["prefetch_hits"] = c.prefetch_hits;
     row["tiers"] = tiers;
   }
-  if (c.known && c.prefetch_actual > 0) {
-    row["prefetch_accuracy"] = static_cast<double>(c.prefetch_correct) / c.prefetch_actual;
+  if (const std::optional<double> accuracy = PrefetchAccuracyOf(c)) {
+    row["prefetch_accuracy"] = *accuracy;
   }
   return row.dump(1);
 }

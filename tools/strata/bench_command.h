@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -84,6 +85,20 @@ struct ServerCounters {
   uint64_t prefetch_actual = 0;
 };
 ServerCounters CounterDeltas(const v1::StatsResponse& before, const v1::StatsResponse& after);
+
+// The tiers' figures of ServerCounters: shares of the expert uses, and per generated token.
+struct TierFigures {
+  double hot_hit_rate = 0;
+  double warm_hit_rate = 0;
+  double miss_rate = 0;
+  double expert_uses_per_token = 0;
+  double bytes_copied_per_token = 0;
+  double cpu_tier_experts_per_token = 0;
+};
+// Empty when no expert use was counted (no tiers, or a Stats call unanswered).
+std::optional<TierFigures> TierFiguresOf(const ServerCounters& c);
+// Correct next-layer picks / picks in layers that had a prediction; empty without predictions.
+std::optional<double> PrefetchAccuracyOf(const ServerCounters& c);
 
 // The recorded rounds of one concurrency.
 struct ConcurrencyRun {
