@@ -208,7 +208,8 @@ TEST_F(BenchClusterTest, CountsEveryRequestsTokens) {
       EXPECT_GT(t.decode_tok_s, 0);
       EXPECT_GT(t.server_ttft_ms, 0);
     }
-    EXPECT_EQ(run.server_preemptions, 0);
+    EXPECT_TRUE(run.server.known);
+    EXPECT_EQ(run.server.preemptions, 0u);
   }
   EXPECT_THAT(progress.str(), HasSubstr("concurrency 4, warmup round 1/1"));
 }

@@ -314,6 +314,9 @@ ServerCounters CounterDeltas(const v1::StatsResponse& before, const v1::StatsRes
   ServerCounters c;
   c.known = true;
   c.generated_tokens = delta(before.generated_tokens(), after.generated_tokens());
+  c.preemptions = delta(before.preemptions(), after.preemptions());
+  c.draft_tokens = delta(before.draft_tokens(), after.draft_tokens());
+  c.accepted_draft_tokens = delta(before.accepted_draft_tokens(), after.accepted_draft_tokens());
   c.steps = delta(before.steps(), after.steps());
   c.graph_steps = delta(before.graph_steps(), after.graph_steps());
   c.prefetch_correct = delta(before.prefetch_correct(), after.prefetch_correct());
@@ -377,9 +380,6 @@ BenchSummary Summarize(const ConcurrencyRun& run, int input_len) {
   s.throughput_tok_s = Mean(run.round_throughput_tok_s);
   s.server_ttft_ms = Median(server_ttft);
   s.server_decode_tok_s_mean = Mean(server_decode);
-  s.server_preemptions = run.server_preemptions;
-  s.server_draft_tokens = run.server_draft_tokens;
-  s.server_accepted_draft_tokens = run.server_accepted_draft_tokens;
   s.distinct_tokens = Mean(distinct);
   s.server = run.server;
   return s;
@@ -427,16 +427,15 @@ std::string BenchResultJson(const BenchOptions& o, const std::string& model, con
   if (o.shared_prefix > 0) row["shared_prefix"] = o.shared_prefix;
   row["server_ttft_ms"] = s.server_ttft_ms;
   row["server_decode_tok_s_mean"] = s.server_decode_tok_s_mean;
-  if (s.server_preemptions >= 0) row["server_preemptions"] = s.server_preemptions;
-  if (s.server_draft_tokens > 0) {
-    row["server_draft_tokens"] = s.server_draft_tokens;
-    row["server_accepted_draft_tokens"] = s.server_accepted_draft_tokens;
-    row["draft_acceptance"] =
-        static_cast<double>(s.server_accepted_draft_tokens) / s.server_draft_tokens;
+  const ServerCounters& c = s.server;
+  if (c.known) row["server_preemptions"] = c.preemptions;
+  if (c.known && c.draft_tokens > 0) {
+    row["server_draft_tokens"] = c.draft_tokens;
+    row["server_accepted_draft_tokens"] = c.accepted_draft_tokens;
+    row["draft_acceptance"] = static_cast<double>(c.accepted_draft_tokens) / c.draft_tokens;
   }
   row["temperature"] = o.temperature;
   row["distinct_output_tokens"] = s.distinct_tokens;
-  const ServerCounters& c = s.server;
   if (c.known && c.steps > 0) {
     row["graph_steps_fraction"] = static_cast<double>(c.graph_steps) / c.steps;
   }
@@ -512,22 +511,13 @@ absl::StatusOr<BenchReport> RunBench(
       run.round_throughput_tok_s.push_back(throughput);
     }
     const std::optional<v1::StatsResponse> after = ServerStats(*admin, o.connect_timeout);
-    if (before && after) {
-      run.server = CounterDeltas(*before, *after);
-      run.server_draft_tokens =
-          static_cast<int64_t>(after->draft_tokens() - before->draft_tokens());
-      run.server_accepted_draft_tokens =
-          static_cast<int64_t>(after->accepted_draft_tokens() - before->accepted_draft_tokens());
-    }
-    if (before && after && after->preemptions() >= before->preemptions()) {
-      run.server_preemptions = static_cast<int64_t>(after->preemptions() - before->preemptions());
-      if (run.server_preemptions > 0) {
-        progress << "strata bench: concurrency " << c << ": the server preempted "
-                 << run.server_preemptions
-                 << " sequences for KV blocks during the measured rounds, so these figures "
-                    "include recomputation (a larger --kv-cache-mb avoids it)"
-                 << std::endl;
-      }
+    if (before && after) run.server = CounterDeltas(*before, *after);
+    if (run.server.preemptions > 0) {
+      progress << "strata bench: concurrency " << c << ": the server preempted "
+               << run.server.preemptions
+               << " sequences for KV blocks during the measured rounds, so these figures "
+                  "include recomputation (a larger --kv-cache-mb avoids it)"
+               << std::endl;
     }
     if (on_run) RETURN_IF_ERROR(on_run(report.model, run));
     report.runs.push_back(std::move(run));

@@ -72,6 +72,10 @@ struct RequestTiming {
 struct ServerCounters {
   bool known = false;  // both Stats calls answered
   uint64_t generated_tokens = 0;
+  uint64_t preemptions = 0;  // sequences preempted for KV blocks (and recomputed)
+  // Speculative decoding: tokens drafted, and drafted tokens accepted.
+  uint64_t draft_tokens = 0;
+  uint64_t accepted_draft_tokens = 0;
   uint64_t steps = 0;
   uint64_t graph_steps = 0;
   uint64_t hot_hits = 0;
@@ -105,13 +109,7 @@ struct ConcurrencyRun {
   int concurrency = 1;
   std::vector<RequestTiming> requests;         // runs x concurrency
   std::vector<double> round_throughput_tok_s;  // generated tokens / round wall time, per round
-  // Sequences the server preempted for KV blocks during the measured rounds (its Admin.Stats
-  // before and after them); -1 when it did not say.
-  int64_t server_preemptions = -1;
-  // Speculative decoding during the measured rounds: tokens the server drafted and accepted
-  // (-1 when it did not say).
-  int64_t server_draft_tokens = -1;
-  int64_t server_accepted_draft_tokens = -1;
+  // What the server counted during the measured rounds (its Admin.Stats before and after).
   ServerCounters server;
 };
 
@@ -133,9 +131,6 @@ struct BenchSummary {
   double throughput_tok_s = 0;  // mean over rounds of all generated tokens / round wall time
   double server_ttft_ms = 0;    // median of the server's Usage.time_to_first_token_ms
   double server_decode_tok_s_mean = 0;
-  int64_t server_preemptions = -1;  // ConcurrencyRun's
-  int64_t server_draft_tokens = -1;
-  int64_t server_accepted_draft_tokens = -1;
   double distinct_tokens = 0;  // mean over the requests
   ServerCounters server;       // ConcurrencyRun's
 };
