@@ -1,6 +1,7 @@
 #include "common/engine/step_runner.h"
 
 #include <atomic>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,12 +23,13 @@ class ForwardStepRunner : public StepRunner {
       : config_(config),
         kv_(kv),
         router_(router),
-        forward_(config, router, experts, options.forward) {
+        forward_(config, router, experts, options.forward),
+        replay_or_eager_(options.replay_or_eager) {
     gpu::DeviceRouter* device = router.device_router();
-    GraphStepExperts* graph_steps = experts.graph_steps();
-    if (options.cuda_graphs && device != nullptr && graph_steps != nullptr) {
-      graphs_ = std::make_unique<DecodeGraphs>(forward_, *device, experts, *graph_steps, kv,
-                                               options.graphs);
+    graph_steps_experts_ = experts.graph_steps();
+    if (options.cuda_graphs && device != nullptr && graph_steps_experts_ != nullptr) {
+      graphs_ = std::make_unique<DecodeGraphs>(forward_, *device, experts, *graph_steps_experts_,
+                                               kv, options.graphs);
     }
   }
 
@@ -39,10 +41,14 @@ class ForwardStepRunner : public StepRunner {
       return absl::FailedPreconditionError("step runner: a step launched ahead is not collected");
     }
     steps_.fetch_add(1, std::memory_order_relaxed);
-    if (graphs_ != nullptr && graphs_->Fits(plan.batch, plan.logit_rows)) {
+    const bool fits = graphs_ != nullptr && graphs_->Fits(plan.batch, plan.logit_rows);
+    const int64_t tokens = plan.batch.num_tokens();
+    const bool decided_eager = std::exchange(eager_next_tokens_, std::nullopt) == tokens;
+    if (fits && !decided_eager && ChooseReplay(tokens)) {
       absl::StatusOr<StepResult> replayed = Replay(plan, while_running);
       if (replayed.ok()) {
         graph_steps_.fetch_add(1, std::memory_order_relaxed);
+        replay_or_eager_.Ended(true, tokens, true, ReplayOrEager::Clock::now());
         return replayed;
       }
       // The step runs eagerly instead (rewriting whatever keys and values the replay wrote);
@@ -53,7 +59,9 @@ class ForwardStepRunner : public StepRunner {
                        off ? "); CUDA graphs off until the workers change"
                            : "); running it without the graph"));
     }
-    return RunEagerly(plan, while_running);
+    absl::StatusOr<StepResult> eager = RunEagerly(plan, while_running);
+    replay_or_eager_.Ended(fits && eager.ok(), tokens, false, ReplayOrEager::Clock::now());
+    return eager;
   }
 
   absl::StatusOr<StepResult> Collect(bool launch_next,
@@ -67,6 +75,7 @@ class ForwardStepRunner : public StepRunner {
     ASSIGN_OR_RETURN(const int32_t* greedy, graphs_->Wait());
     steps_.fetch_add(1, std::memory_order_relaxed);
     graph_steps_.fetch_add(1, std::memory_order_relaxed);
+    replay_or_eager_.Ended(true, collected_tokens_, true, ReplayOrEager::Clock::now());
     result.greedy = greedy;
     result.replayed = true;
     result.vocab = config_.vocab_size;
@@ -86,6 +95,7 @@ class ForwardStepRunner : public StepRunner {
     s.steps = steps_.load(std::memory_order_relaxed);
     s.graph_steps = graph_steps_.load(std::memory_order_relaxed);
     if (graphs_ != nullptr) s.graph_timing = graphs_->timing();
+    s.replay_or_eager = replay_or_eager_.counts();
     return s;
   }
 
@@ -101,6 +111,7 @@ class ForwardStepRunner : public StepRunner {
     if (graphs_->NeedsCapture(plan.batch.num_tokens())) while_running();
     RETURN_IF_ERROR(graphs_->Launch(plan.ids, plan.batch));
     last_launched_ = plan.batch;
+    collected_tokens_ = plan.batch.num_tokens();
     StepResult result;
     if (plan.launch_next && plan.host_rows.empty()) {
       ASSIGN_OR_RETURN(result.next_in_flight, LaunchNext());
@@ -123,10 +134,19 @@ class ForwardStepRunner : public StepRunner {
     rows_.resize(next.position.size());
     for (size_t i = 0; i < rows_.size(); ++i) rows_[i] = static_cast<int64_t>(i);
     if (!graphs_->Fits(next, rows_)) return false;
+    // The next step is decided here; Run takes the decision when it did not launch.
+    if (!ChooseReplay(next.num_tokens())) {
+      eager_next_tokens_ = next.num_tokens();
+      return false;
+    }
     previous_tokens_.assign(rows_.size(), kTokenOfPreviousStep);
     RETURN_IF_ERROR(graphs_->Launch(previous_tokens_, next));
     last_launched_ = std::move(next);
     return true;
+  }
+
+  bool ChooseReplay(int64_t tokens) {
+    return replay_or_eager_.Replay(tokens, graph_steps_experts_->host_read_bytes());
   }
 
   absl::StatusOr<StepResult> RunEagerly(const StepPlan& plan,
@@ -149,7 +169,13 @@ class ForwardStepRunner : public StepRunner {
   PagedKvCache& kv_;
   RouterBackend& router_;
   ForwardPass forward_;
+  GraphStepExperts* graph_steps_experts_ = nullptr;
   std::unique_ptr<DecodeGraphs> graphs_;  // null: every step eager
+  ReplayOrEager replay_or_eager_;
+  // The tokens of the decode step LaunchNext decided to run eagerly, for the Run that comes
+  // for it.
+  std::optional<int64_t> eager_next_tokens_;
+  int64_t collected_tokens_ = 0;  // the tokens of the replays in flight
   Tensor logits_;
   BatchLayout last_launched_;  // the newest replay launched
   std::vector<int64_t> rows_;

@@ -15,6 +15,7 @@
 #include "common/backend/backend.h"
 #include "common/engine/decode_graphs.h"
 #include "common/engine/forward_pass.h"
+#include "common/engine/replay_or_eager.h"
 #include "common/kv/paged_kv_cache.h"
 
 namespace strata {
@@ -52,6 +53,8 @@ struct StepRunnerStats {
   int64_t steps = 0;
   int64_t graph_steps = 0;  // replayed, not run eagerly
   DecodeGraphs::Timing graph_timing;
+  // Decode steps that fit a graph timed eagerly against replays (ReplayOrEager).
+  ReplayOrEager::Counts replay_or_eager;
 };
 
 class StepRunner {
@@ -97,6 +100,8 @@ struct StepRunnerOptions {
   // backend's work can be captured (else ignored).
   bool cuda_graphs = true;
   DecodeGraphOptions graphs;
+  // Which way a decode step that fits a graph runs, where replays read experts from the host.
+  ReplayOrEagerOptions replay_or_eager;
 };
 
 // A runner over `router` and `experts` (which, with `config` and `kv`, must outlive it).

@@ -56,6 +56,17 @@ absl::StatusOr<Tunables> ParseTunables(const std::function<const char*(const cha
   if (const char* dir = lookup("STRATA_GPU_CLOCK_STAMPS"); dir != nullptr) {
     t.gpu_clock_stamps = dir;
   }
+  if (const char* trials = lookup("STRATA_STEP_TRIALS"); trials != nullptr && *trials != 0) {
+    const absl::string_view v = trials;
+    if (v == "off") {
+      t.step_trials = Tunables::StepTrials::kOff;
+    } else if (v == "always") {
+      t.step_trials = Tunables::StepTrials::kAlways;
+    } else if (v != "auto") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "STRATA_STEP_TRIALS=\"", v, "\": use off, auto or always (or leave it unset)"));
+    }
+  }
   return t;
 }
 
@@ -90,6 +101,10 @@ std::string DescribeTunables(const Tunables& t) {
   }
   if (t.gpu_clock_stamps != d.gpu_clock_stamps) {
     changed.push_back(absl::StrCat("STRATA_GPU_CLOCK_STAMPS=", t.gpu_clock_stamps));
+  }
+  if (t.step_trials != d.step_trials) {
+    changed.push_back(t.step_trials == Tunables::StepTrials::kOff ? "STRATA_STEP_TRIALS=off"
+                                                                  : "STRATA_STEP_TRIALS=always");
   }
   return changed.empty() ? "defaults" : absl::StrJoin(changed, " ");
 }

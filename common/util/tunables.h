@@ -7,6 +7,9 @@
 //                                 under MPS (default: a polling kernel under MPS)
 //   STRATA_SIGNAL_SCOPE=system    flags between processes on one GPU raised at system scope
 //   STRATA_GPU_CLOCK_STAMPS=DIR   router and workers append per-layer GPU clock stamps there
+//   STRATA_STEP_TRIALS=off|always decode steps that fit a graph always replay it (off), or are
+//                                 timed eagerly against replays whatever the replays read
+//                                 from the host (always; default: only while they read much)
 #ifndef STRATA_COMMON_UTIL_TUNABLES_H_
 #define STRATA_COMMON_UTIL_TUNABLES_H_
 
@@ -22,6 +25,7 @@ struct Tunables {
   bool flag_wait_memop = false;
   bool system_scope_signals = false;
   std::string gpu_clock_stamps;  // empty: none
+  enum class StepTrials { kAuto, kOff, kAlways } step_trials = StepTrials::kAuto;
 
   bool operator==(const Tunables&) const = default;
 };

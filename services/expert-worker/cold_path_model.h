@@ -35,10 +35,10 @@ enum class ColdPath { kCopy, kCpu };
 // older link, unpinned memory) or on a host whose CPUs stream experts faster, and takes a
 // share of a step's misses either way (ColdPathSplit).
 struct ColdPathOptions {
-  // kCopy / kCpu force the path (configuration); kAuto compares the estimates. kSplit is kAuto
-  // that also applies on the CUDA IPC path, where using the CPU tier costs the decode graphs
-  // (a step that waits for the CPU runs eagerly); kAuto there keeps the graphs and reads cold
-  // experts in place.
+  // kCopy / kCpu force the path (configuration); kAuto compares the estimates. On the CUDA IPC
+  // path a step that waits for the CPU cannot be a graph replay: there kAuto applies to eager
+  // steps, while replayed decode steps read cold experts in place (the router times the two
+  // and keeps the faster, ReplayOrEager); kSplit is kAuto with every step eager.
   enum Mode { kAuto, kCopy, kCpu, kSplit } mode = kAuto;
   // Host -> GPU copy bandwidth available to this worker: measured 48.6 GB/s on the H200 host
   // for one 9 MiB bf16 expert from the store's registered (pinned) segments by the CUDA expert

@@ -27,9 +27,9 @@ ABSL_FLAG(std::string, gpu_memory_budget, "",
 ABSL_FLAG(std::string, cache_policy, "lfu", "Warm-slot replacement: lru or lfu (with aging)");
 ABSL_FLAG(std::string, cold_experts, "auto",
           "Experts in no slot: copy them in, have strata-cache compute them on its CPUs (cpu), "
-          "let the cost model share them between the two (auto; on the CUDA IPC path cold "
-          "experts are then read in place and decode graphs kept), or share them on the CUDA "
-          "IPC path too, its steps eager (split)");
+          "let the cost model share them between the two (auto; on the CUDA IPC path replayed "
+          "decode steps read them in place, eager ones share them, and the router keeps the "
+          "faster), or share them with every step eager on the CUDA IPC path too (split)");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
 ABSL_FLAG(std::string, transport, "shm", "shm (same host) or grpc (router on another host)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "ExpertWorker address for --transport grpc");

@@ -255,9 +255,10 @@ void WorkerServer::AttachCpuTier() {
     };
   };
   executor_->SetCpuTier(cpu_tier_.get(), chooser());
-  // On the CUDA IPC path the CPU tier makes the steps eager (no_graph_steps at registration).
-  if (device_experts_ != nullptr && (options_.cold_path.mode == ColdPathOptions::kCpu ||
-                                     options_.cold_path.mode == ColdPathOptions::kSplit)) {
+  // On the CUDA IPC path the CPU tier takes part in eager steps only: with kCpu and kSplit
+  // every step is eager (no_graph_steps at registration); with kAuto, decode steps replay
+  // graphs that read cold experts in place unless the router finds eager steps faster.
+  if (device_experts_ != nullptr) {
     cpu_host_tier_ =
         std::make_unique<CpuHostTier>(*cpu_tier_, static_cast<int>(config_.hidden_size));
     tiers_->SetHostTierChooser(chooser());
@@ -326,9 +327,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
         device_experts_ != nullptr && options_.transport == v1::TRANSPORT_SHARED_MEMORY;
     request.set_transport(ipc ? v1::TRANSPORT_CUDA_IPC : options_.transport);
     if (ipc) request.set_gpu_uuid(gpu_uuid);
+    const bool eager_cpu_tier = cpu_host_tier_ != nullptr && !cpu_tier_->abandoned() &&
+                                (options_.cold_path.mode == ColdPathOptions::kCpu ||
+                                 options_.cold_path.mode == ColdPathOptions::kSplit);
     request.set_no_graph_steps(ipc && slots_ != nullptr &&
-                               (!slots_->cold_readable_in_place() ||
-                                (cpu_host_tier_ != nullptr && !cpu_tier_->abandoned())));
+                               (!slots_->cold_readable_in_place() || eager_cpu_tier));
     request.set_address(service_address_);
     request.set_tiered(tiers_ != nullptr);
     // A fresh channel per attempt: a restarted router is answered as soon as it listens,

@@ -22,6 +22,9 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
   response->set_graph_replay_us(s.graph_replay_us);
   response->set_graph_between_us(s.graph_between_us);
   response->set_graph_overlapped_steps(static_cast<uint64_t>(s.overlapped_steps));
+  response->set_eager_step_trials(static_cast<uint64_t>(s.replay_or_eager.trials));
+  response->set_eager_step_switches(static_cast<uint64_t>(s.replay_or_eager.switches));
+  response->set_eager_steps_preferred(s.replay_or_eager.eager);
   response->set_prefix_cache_queried_tokens(static_cast<uint64_t>(s.prefix_queried_tokens));
   response->set_prefix_cache_hit_tokens(static_cast<uint64_t>(s.prefix_hit_tokens));
   response->set_prefix_cache_blocks(static_cast<uint64_t>(s.prefix_cached_blocks));

@@ -39,6 +39,15 @@ uint64_t IpcExpertBackend::graph_version() const {
   return any ? (version | 1) : 0;
 }
 
+uint64_t IpcExpertBackend::host_read_bytes() const {
+  uint64_t bytes = 0;
+  for (int w = 0; w < num_workers(); ++w) {
+    const TierCounters t = tiers(w);
+    bytes += t.misses * t.slot_bytes;
+  }
+  return bytes;
+}
+
 absl::Status IpcExpertBackend::BeginGraphStep(int64_t tokens) {
   const ModelConfig& c = config();
   const std::vector<std::shared_ptr<ExpertConnection>> connections = Connections();

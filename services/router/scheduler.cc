@@ -185,6 +185,7 @@ Scheduler::Stats Scheduler::stats() const {
   s.overlapped_steps = runner.graph_timing.overlapped;
   s.graph_replay_us = runner.graph_timing.mean_replay_us();
   s.graph_between_us = runner.graph_timing.mean_between_us();
+  s.replay_or_eager = runner.replay_or_eager;
   return s;
 }
 

@@ -98,6 +98,7 @@ class Scheduler {
     double graph_replay_us = 0;    // mean; DecodeGraphs::Timing
     double graph_between_us = 0;   // mean
     int64_t steps_ahead = 0;       // steps asked for behind the one before (launch_next)
+    ReplayOrEager::Counts replay_or_eager;
     // Prefix caching: prompt tokens looked up, and found with their keys and values cached.
     int64_t prefix_queried_tokens = 0;
     int64_t prefix_hit_tokens = 0;

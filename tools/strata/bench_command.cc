@@ -321,6 +321,8 @@ ServerCounters CounterDeltas(const v1::StatsResponse& before, const v1::StatsRes
   c.graph_steps = delta(before.graph_steps(), after.graph_steps());
   c.prefetch_correct = delta(before.prefetch_correct(), after.prefetch_correct());
   c.prefetch_actual = delta(before.prefetch_actual(), after.prefetch_actual());
+  c.eager_step_trials = delta(before.eager_step_trials(), after.eager_step_trials());
+  c.eager_steps_preferred = after.eager_steps_preferred();
   for (const v1::WorkerStats& w : after.workers()) {
     v1::TierCounters b;  // zeros for a worker that registered during the rounds
     for (const v1::WorkerStats& w0 : before.workers()) {
@@ -438,6 +440,10 @@ std::string BenchResultJson(const BenchOptions& o, const std::string& model, con
   row["distinct_output_tokens"] = s.distinct_tokens;
   if (c.known && c.steps > 0) {
     row["graph_steps_fraction"] = static_cast<double>(c.graph_steps) / c.steps;
+  }
+  if (c.known && (c.eager_step_trials > 0 || c.eager_steps_preferred)) {
+    row["eager_step_trials"] = c.eager_step_trials;
+    row["eager_steps_preferred"] = c.eager_steps_preferred;
   }
   if (const std::optional<TierFigures> t = TierFiguresOf(c)) {
     nlohmann::ordered_json tiers;

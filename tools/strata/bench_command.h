@@ -87,6 +87,9 @@ struct ServerCounters {
   uint64_t prefetch_hits = 0;
   uint64_t prefetch_correct = 0;
   uint64_t prefetch_actual = 0;
+  // Decode steps timed eagerly against replays over the rounds, and the faster way at the end.
+  uint64_t eager_step_trials = 0;
+  bool eager_steps_preferred = false;
 };
 ServerCounters CounterDeltas(const v1::StatsResponse& before, const v1::StatsResponse& after);
 

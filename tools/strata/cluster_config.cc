@@ -253,8 +253,9 @@ const std::map<std::string, Key>& Keys() {
                                   return OneOf(v, {"auto", "copy", "cpu", "split"});
                                 })
                            .Help("experts in no slot: copy, cpu (strata-cache computes them), "
-                                 "auto (the cost model shares them; on GPUs read in place with "
-                                 "decode graphs) or split (shared on GPUs too, steps eager)")
+                                 "auto (the cost model shares them; on GPUs decode graphs read "
+                                 "them in place, eager steps share them, the router keeps the "
+                                 "faster) or split (shared on GPUs too, every step eager)")
                            .To(kWorker)},
       {"expert_store", KeyOf<S>("expert-store", &ClusterConfig::expert_store,
                                 [](const S& v) {

@@ -30,22 +30,27 @@ TEST(TunablesTest, EveryVariableIsRead) {
   auto t = ParseFrom({{"STRATA_MMA_EXPERTS", "0"},
                       {"STRATA_FLAG_WAIT", "memop"},
                       {"STRATA_SIGNAL_SCOPE", "system"},
-                      {"STRATA_GPU_CLOCK_STAMPS", "/tmp/stamps"}});
+                      {"STRATA_GPU_CLOCK_STAMPS", "/tmp/stamps"},
+                      {"STRATA_STEP_TRIALS", "always"}});
   ASSERT_TRUE(t.ok());
   EXPECT_FALSE(t->tensor_core_experts);
+  EXPECT_EQ(t->step_trials, Tunables::StepTrials::kAlways);
   EXPECT_TRUE(t->flag_wait_memop);
   EXPECT_TRUE(t->system_scope_signals);
   EXPECT_EQ(t->gpu_clock_stamps, "/tmp/stamps");
   EXPECT_EQ(DescribeTunables(*t),
             "STRATA_MMA_EXPERTS=0 STRATA_FLAG_WAIT=memop STRATA_SIGNAL_SCOPE=system "
-            "STRATA_GPU_CLOCK_STAMPS=/tmp/stamps");
+            "STRATA_GPU_CLOCK_STAMPS=/tmp/stamps STRATA_STEP_TRIALS=always");
+  EXPECT_EQ(DescribeTunables(*ParseFrom({{"STRATA_STEP_TRIALS", "off"}})),
+            "STRATA_STEP_TRIALS=off");
 }
 
 TEST(TunablesTest, TheDefaultsSpelledOutAreAccepted) {
   auto t = ParseFrom({{"STRATA_MMA_EXPERTS", "1"},
                       {"STRATA_FLAG_WAIT", "poll"},
                       {"STRATA_SIGNAL_SCOPE", "device"},
-                      {"STRATA_GPU_CLOCK_STAMPS", ""}});
+                      {"STRATA_GPU_CLOCK_STAMPS", ""},
+                      {"STRATA_STEP_TRIALS", "auto"}});
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(*t, Tunables());
 }
@@ -57,6 +62,8 @@ TEST(TunablesTest, ABadValueNamesTheVariableAndWhatItTakes) {
   EXPECT_THAT(t.status().message(), HasSubstr("STRATA_FLAG_WAIT=\"spin\""));
   EXPECT_THAT(t.status().message(), HasSubstr("memop or poll"));
   EXPECT_FALSE(ParseFrom({{"STRATA_MMA_EXPERTS", "off"}}).ok());
+  EXPECT_THAT(ParseFrom({{"STRATA_STEP_TRIALS", "on"}}).status().message(),
+              HasSubstr("off, auto or always"));
 }
 
 TEST(TunablesTest, TestsCanReplaceTheProcessTunables) {

@@ -5,6 +5,7 @@
 // request at a time (so that both run the same steps: the same kernels over the same bytes give
 // the same bits). Skips without a GPU.
 #include <grpcpp/grpcpp.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <future>
@@ -39,16 +40,27 @@ using ::strata::testing::RouterStats;
 using ::strata::testing::Serving;
 
 const std::string kModel = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
+// Decode steps replay whenever they fit a graph (the default times eager steps against replays
+// that read much from the host, which would change the tokens' last bits): the clusters here
+// run the resident cluster's steps; one test turns the trials on for itself.
+const bool kReplaysOnly = [] { return ::setenv("STRATA_STEP_TRIALS", "off", 1) == 0; }();
 // 8 MoE layers x 16 experts of 240 KiB (bf16): 30 MiB. 12 MiB holds 43 slots after the step
 // buffers, a third of them.
 constexpr char kBudget[] = "--gpu-memory-budget=12MiB";
 constexpr int kNewTokens = 32;
 
-std::vector<std::string> Args(const std::string& weights, bool tiered) {
+// `cold`: the tiered worker's --cold-experts; copy by default, so that eager steps (the
+// prefills) copy their misses in as the resident cluster has them, rather than share them with
+// the CPU tier (one rounding more).
+std::vector<std::string> Args(const std::string& weights, bool tiered,
+                              const std::string& cold = "copy") {
   std::vector<std::string> args = {
       "--model=" + kModel, "--device=cuda",    "--workers=1",          "--threads=2",
       "--max-running=8",   "--kv-cache-mb=64", "--weights=" + weights, "--max-batch-tokens=256"};
-  if (tiered) args.push_back(kBudget);
+  if (tiered) {
+    args.push_back(kBudget);
+    args.push_back("--cold-experts=" + cold);
+  }
   return args;
 }
 
@@ -143,9 +155,7 @@ TEST(CudaTiersTest, Fp8SlotsOverABf16StoreRunEagerlyWithTheResidentTokens) {
 TEST(CudaTiersTest, ColdExpertsOnTheCpuTierThroughCudaIpc) {
   if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   const auto want = Resident("bf16", /*eager=*/true);
-  std::vector<std::string> args = Args("bf16", true);
-  args.push_back("--cold-experts=cpu");
-  ClusterProcess cluster(args);
+  ClusterProcess cluster(Args("bf16", true, "cpu"));
   ASSERT_FALSE(cluster.address().empty());
   const auto got = OneAtATime(cluster.address());
   const v1::StatsResponse stats = RouterStats(cluster.address());
@@ -157,6 +167,39 @@ TEST(CudaTiersTest, ColdExpertsOnTheCpuTierThroughCudaIpc) {
   const size_t shared = ExpectSameOrTied(ResidentArgs("bf16", true), Prompts(), got, want, 0.1f);
   std::printf("CPU tier through CUDA IPC: %zu of %d tokens before the first difference\n", shared,
               kNewTokens * static_cast<int>(want.size()));
+}
+
+// The default (`--cold-experts auto`): replayed decode steps read cold experts in place, eager
+// ones share them between copies and the CPU tier, and the router times the two ways now and
+// then (here whatever the replays read: STRATA_STEP_TRIALS=always) and keeps the faster. Tokens
+// as the resident cluster's, but where eager steps (attention planned for the step's context,
+// the CPU's float sums) part from it at a tie.
+TEST(CudaTiersTest, AutoColdExpertsTimeEagerStepsAgainstReplays) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ASSERT_TRUE(kReplaysOnly);
+  const auto want = Resident("bf16");
+  ASSERT_EQ(::setenv("STRATA_STEP_TRIALS", "always", 1), 0);
+  ClusterProcess cluster(Args("bf16", true, "auto"));
+  ASSERT_EQ(::setenv("STRATA_STEP_TRIALS", "off", 1), 0);
+  ASSERT_FALSE(cluster.address().empty());
+  const auto got = OneAtATime(cluster.address());
+  const v1::StatsResponse stats = RouterStats(cluster.address());
+  PrintTiers("tiered bf16, eager steps timed against replays", stats);
+  std::printf(
+      "%llu trials, %llu switches, eager preferred at the end: %d; %llu of %llu steps "
+      "replayed\n",
+      static_cast<unsigned long long>(stats.eager_step_trials()),
+      static_cast<unsigned long long>(stats.eager_step_switches()), stats.eager_steps_preferred(),
+      static_cast<unsigned long long>(stats.graph_steps()),
+      static_cast<unsigned long long>(stats.steps()));
+  // 4 x 31 decode steps of one token: the first trial after 32, the second 72 later.
+  EXPECT_GE(stats.eager_step_trials(), 1u);
+  EXPECT_GT(stats.graph_steps(), 0u);
+  EXPECT_LT(stats.graph_steps(), stats.steps());
+  EXPECT_EQ(cluster.Stop(), 0);
+  const size_t shared = ExpectSameOrTied(ResidentArgs("bf16", false), Prompts(), got, want, 0.1f);
+  std::printf("eager steps timed against replays: %zu of %d tokens before the first difference\n",
+              shared, kNewTokens * static_cast<int>(want.size()));
 }
 
 TEST(CudaTiersTest, HotRatioChangesWhileRequestsRun) {

@@ -1,0 +1,119 @@
+#include "common/engine/replay_or_eager.h"
+
+#include <chrono>
+
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+using Clock = ReplayOrEager::Clock;
+
+// Decode steps of `tokens` tokens back to back, each taking the given time by the way it runs,
+// with replays reading `host_bytes_per_replay` from the host. Returns the steps run eagerly.
+struct Steps {
+  ReplayOrEager& chooser;
+  Clock::time_point now = Clock::time_point() + std::chrono::hours(1);
+  uint64_t host_bytes = 0;
+
+  int Run(int steps, double replay_ms, double eager_ms, uint64_t host_bytes_per_replay,
+          int64_t tokens = 1) {
+    int eager = 0;
+    for (int i = 0; i < steps; ++i) {
+      const bool replay = chooser.Replay(tokens, host_bytes);
+      if (replay) host_bytes += host_bytes_per_replay;
+      eager += replay ? 0 : 1;
+      now += std::chrono::microseconds(static_cast<int64_t>((replay ? replay_ms : eager_ms) * 1e3));
+      chooser.Ended(true, tokens, replay, now);
+    }
+    return eager;
+  }
+};
+
+// 60 MB a step over the host link: about 1.1 ms at 55 GB/s, well over a tenth of 10 ms.
+constexpr uint64_t kManyHostReads = 60'000'000;
+
+TEST(ReplayOrEagerTest, EagerStepsTakeOverWhereTheyAreFaster) {
+  ReplayOrEager chooser({});
+  Steps steps{chooser};
+  steps.Run(40, 10.0, 6.0, kManyHostReads);  // the first trial comes after 32 steps
+  EXPECT_EQ(chooser.counts().trials, 1);
+  EXPECT_EQ(chooser.counts().switches, 1);
+  EXPECT_TRUE(chooser.counts().eager);
+  // From then on nearly every step is eager: replays are tried again now and then.
+  const int eager = steps.Run(1000, 10.0, 6.0, kManyHostReads);
+  EXPECT_GT(eager, 950);
+  EXPECT_LT(eager, 1000);
+  EXPECT_TRUE(chooser.counts().eager);
+  EXPECT_EQ(chooser.counts().switches, 1);
+}
+
+TEST(ReplayOrEagerTest, ReplaysComeBackWhenTheyBecomeFaster) {
+  ReplayOrEager chooser({});
+  Steps steps{chooser};
+  steps.Run(100, 10.0, 6.0, kManyHostReads);
+  ASSERT_TRUE(chooser.counts().eager);
+  steps.Run(200, 4.0, 6.0, kManyHostReads);  // e.g. the misses went away
+  EXPECT_FALSE(chooser.counts().eager);
+  EXPECT_EQ(chooser.counts().switches, 2);
+}
+
+TEST(ReplayOrEagerTest, FasterReplaysAreTriedLessAndLessOften) {
+  ReplayOrEager chooser({});
+  Steps steps{chooser};
+  const int eager = steps.Run(20000, 6.0, 10.0, kManyHostReads);
+  EXPECT_FALSE(chooser.counts().eager);
+  EXPECT_EQ(chooser.counts().switches, 0);
+  // Trials after 32, 64, ..., 4096 replays, then every 4096: starting at steps 32, 104, 240,
+  // ..., 16424 (10 in 20,000 steps), 8 steps each.
+  EXPECT_EQ(chooser.counts().trials, 10);
+  EXPECT_EQ(eager, 10 * 8);
+}
+
+TEST(ReplayOrEagerTest, ReplaysReadingLittleFromTheHostAreNotTried) {
+  ReplayOrEager chooser({});
+  Steps steps{chooser};
+  // 1 MB a step: 18 us of a 10 ms step, below a tenth, though eager steps would be faster.
+  EXPECT_EQ(steps.Run(5000, 10.0, 6.0, 1'000'000), 0);
+  EXPECT_EQ(chooser.counts().trials, 0);
+  // Unless told to try them whatever they read.
+  ReplayOrEager always({.always = true});
+  Steps forced{always};
+  forced.Run(100, 10.0, 6.0, 0);
+  EXPECT_TRUE(always.counts().eager);
+}
+
+TEST(ReplayOrEagerTest, AChangeOfTokenCountStartsTheTimingAgain) {
+  ReplayOrEager chooser({});
+  Steps steps{chooser};
+  // The batch changes every 3 steps: too few steps of one size to time, so no trial.
+  for (int i = 0; i < 200; ++i) steps.Run(3, 10.0, 6.0, kManyHostReads, 1 + i % 2);
+  EXPECT_EQ(chooser.counts().trials, 0);
+  // A step that does not fit a graph (a prefill) breaks the timing too: the step after it is
+  // not timed against it.
+  steps.Run(40, 10.0, 6.0, kManyHostReads, 4);
+  EXPECT_EQ(chooser.counts().trials, 1);
+}
+
+TEST(ReplayOrEagerTest, TheFirstStepAfterAChangeIsNotTimed) {
+  ReplayOrEager chooser({});
+  Steps steps{chooser};
+  steps.Run(31, 10.0, 6.0, kManyHostReads);
+  // The trial's first eager step pays for the change (e.g. the workers' first eager layer):
+  // left out, the rest are faster.
+  ASSERT_FALSE(chooser.Replay(1, steps.host_bytes));
+  steps.now += std::chrono::milliseconds(50);
+  chooser.Ended(true, 1, false, steps.now);
+  steps.Run(7, 10.0, 6.0, kManyHostReads);
+  EXPECT_TRUE(chooser.counts().eager);
+}
+
+TEST(ReplayOrEagerTest, OffAlwaysReplays) {
+  ReplayOrEager chooser({.enabled = false});
+  Steps steps{chooser};
+  EXPECT_EQ(steps.Run(1000, 10.0, 1.0, kManyHostReads), 0);
+  EXPECT_EQ(chooser.counts().trials, 0);
+}
+
+}  // namespace
+}  // namespace strata
