@@ -33,7 +33,7 @@ struct ReplayOrEagerOptions {
   bool enabled = true;
   int first_interval = 32;
   int max_interval = 4096;
-  int trial_steps = 8;  // the first of them untimed
+  int trial_steps = 5;  // the first of them untimed
   double margin = 0.03;
   // PCIe 5 x16's useful peak: the host reads' time is underestimated, never over.
   double host_link_bytes_per_s = 55e9;

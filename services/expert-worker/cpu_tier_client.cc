@@ -184,15 +184,19 @@ absl::StatusOr<double> TimeCpuTierExpert(CpuTierClient& client,
   ExpertRequestView request = RunRequest(0, tokens, top_k, hidden_size, hidden, ids, weights);
   Tensor partial;
   std::vector<double> seconds;
-  for (const auto& [layer, expert] : experts) {
-    request.layer = static_cast<uint32_t>(layer);
-    for (int t = 0; t < tokens; ++t) ids[t * top_k] = expert;
-    const absl::Time start = absl::Now();
-    RETURN_IF_ERROR(client.Submit(request));
-    RETURN_IF_ERROR(client.Collect(partial, absl::Seconds(30)));
-    seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  // Two passes, the second timed: the first read of an expert also maps its pages into
+  // strata-cache (a fault per page), which a serving CPU tier has long done for the experts it
+  // computes; the others read in between have evicted it from the CPU's caches.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const auto& [layer, expert] : experts) {
+      request.layer = static_cast<uint32_t>(layer);
+      for (int t = 0; t < tokens; ++t) ids[t * top_k] = expert;
+      const absl::Time start = absl::Now();
+      RETURN_IF_ERROR(client.Submit(request));
+      RETURN_IF_ERROR(client.Collect(partial, absl::Seconds(30)));
+      if (pass == 1) seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    }
   }
-  seconds.erase(seconds.begin());  // the first also woke the channel
   std::sort(seconds.begin(), seconds.end());
   return seconds[seconds.size() / 2];
 }

@@ -82,10 +82,10 @@ class CpuTierClient {
   std::atomic<bool> abandoned_{false};
 };
 
-// Seconds the CPU tier takes for `tokens` tokens of one expert, from a few requests for
-// distinct (layer, expert) pairs `experts` names (so that each reads its weights from memory,
-// not from a cache), the median after one to warm the channel. For the cost model's CPU
-// figures.
+// Seconds the CPU tier takes for `tokens` tokens of one expert: the median of requests for
+// the distinct (layer, expert) pairs `experts` names, each timed the second time round (its
+// pages mapped, the others read in between: name enough bytes to leave the CPU's caches). For
+// the cost model's CPU figures.
 absl::StatusOr<double> TimeCpuTierExpert(CpuTierClient& client,
                                          absl::Span<const std::pair<int, int>> experts, int tokens,
                                          int top_k, int hidden_size);

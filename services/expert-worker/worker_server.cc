@@ -268,14 +268,17 @@ void WorkerServer::AttachCpuTier() {
 }
 
 absl::Status WorkerServer::CalibrateCpuTier() {
-  // Requests of 1 and of 8 tokens, each for (layer, expert) pairs of its own, read from memory.
+  // Requests of 1 and of 8 tokens, each for (layer, expert) pairs of its own, read from memory:
+  // at least 5 pairs each, and 256 MiB (past any CPU's last-level cache).
   std::vector<int> moe;
   for (int l = 0; l < config_.num_layers; ++l) {
     if (config_.layer_is_moe[l]) moe.push_back(l);
   }
   std::vector<std::pair<int, int>> probe[2];
   const int pairs = static_cast<int>(moe.size()) * config_.num_experts;
-  for (int i = 0; i < std::min(pairs, 10); ++i) {
+  const uint64_t per_probe = (uint64_t{256} << 20) / std::max<uint64_t>(slots_->slot_bytes(), 1);
+  const int probes = static_cast<int>(std::min<uint64_t>(std::max<uint64_t>(per_probe, 5), 64));
+  for (int i = 0; i < std::min(pairs, 2 * probes); ++i) {
     probe[i % 2].push_back({moe[i % moe.size()], static_cast<int>(i / moe.size())});
   }
   const int hidden = static_cast<int>(config_.hidden_size), k = config_.top_k;

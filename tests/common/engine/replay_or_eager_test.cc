@@ -64,10 +64,10 @@ TEST(ReplayOrEagerTest, FasterReplaysAreTriedLessAndLessOften) {
   const int eager = steps.Run(20000, 6.0, 10.0, kManyHostReads);
   EXPECT_FALSE(chooser.counts().eager);
   EXPECT_EQ(chooser.counts().switches, 0);
-  // Trials after 32, 64, ..., 4096 replays, then every 4096: starting at steps 32, 104, 240,
-  // ..., 16424 (10 in 20,000 steps), 8 steps each.
+  // Trials after 32, 64, ..., 4096 replays, then every 4096: starting at steps 32, 101, 234,
+  // ..., 16394 (10 in 20,000 steps), 5 steps each.
   EXPECT_EQ(chooser.counts().trials, 10);
-  EXPECT_EQ(eager, 10 * 8);
+  EXPECT_EQ(eager, 10 * 5);
 }
 
 TEST(ReplayOrEagerTest, ReplaysReadingLittleFromTheHostAreNotTried) {
@@ -104,7 +104,7 @@ TEST(ReplayOrEagerTest, TheFirstStepAfterAChangeIsNotTimed) {
   ASSERT_FALSE(chooser.Replay(1, steps.host_bytes));
   steps.now += std::chrono::milliseconds(50);
   chooser.Ended(true, 1, false, steps.now);
-  steps.Run(7, 10.0, 6.0, kManyHostReads);
+  steps.Run(4, 10.0, 6.0, kManyHostReads);
   EXPECT_TRUE(chooser.counts().eager);
 }
 
