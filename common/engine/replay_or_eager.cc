@@ -93,14 +93,14 @@ void ReplayOrEager::Ended(bool fits, int64_t tokens, bool replayed, Clock::time_
 void ReplayOrEager::Decide() {
   trial_open_ = false;
   trials_.fetch_add(1, std::memory_order_relaxed);
+  // Every verdict doubles the interval, a switch too: a trial can be misled by what the other
+  // way left behind (eager steps copy their misses into slots, so the replays right after them
+  // miss less), and a switch made on it is undone by a later trial at the same growing cost.
+  interval_ = std::min(interval_ * 2, std::max(options_.max_interval, 1));
   const double mine = samples_[prefer_replay_].Mean();
   const double theirs = samples_[!prefer_replay_].Mean();
-  if (theirs >= mine * (1 - options_.margin)) {
-    interval_ = std::min(interval_ * 2, std::max(options_.max_interval, 1));
-    return;
-  }
+  if (theirs >= mine * (1 - options_.margin)) return;
   prefer_replay_ = !prefer_replay_;
-  interval_ = std::max(options_.first_interval, 1);
   switches_.fetch_add(1, std::memory_order_relaxed);
   eager_.store(!prefer_replay_, std::memory_order_relaxed);
   Log(LogLevel::kInfo,

@@ -12,7 +12,7 @@
 // the same token count run the same way (the caller's host work between steps counts on both
 // sides; the first step after a change of either is not timed). After `interval` steps of the
 // preferred way come `trial_steps` the other way; the other way is taken when its mean is
-// below the preferred way's recent mean by `margin`, else the interval doubles (up to
+// below the preferred way's recent mean by `margin`; either way the interval doubles (up to
 // max_interval). Replays are put on trial only while they read enough from host memory to
 // matter: the bytes the expert backend reports read from the host per step, at
 // `host_link_bytes_per_s`, at least `host_share` of a step's time. Single-threaded (the
