@@ -34,11 +34,11 @@ class GraphStepExperts {
   // captured exchanges differ from eager ones (flags on the device instead of messages)
   // records the step being captured then.
   virtual void SetGraphCapture(bool capturing) {}
-  // Bytes of expert weights the replays have read from host memory in place, since start: the
-  // experts a tiered worker holds in no GPU slot (0 when every expert is resident). An eager
-  // step may serve those uses better (the worker copies them in first, or shares them with the
-  // CPU tier): the step runner times the two ways while this grows (ReplayOrEager).
-  virtual uint64_t host_read_bytes() const { return 0; }
+  // Bytes of the experts used while in no GPU slot (a tiered worker's misses), since start; 0
+  // when every expert is resident. A replay reads those in place from host memory; an eager
+  // step may serve them better (the worker copies them in first, or shares them with the CPU
+  // tier): the step runner tries eager steps while this grows fast (ReplayOrEager).
+  virtual uint64_t missed_expert_bytes() const { return 0; }
 };
 
 }  // namespace strata

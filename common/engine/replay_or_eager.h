@@ -5,18 +5,21 @@
 // eager step the workers copy them into slots first or share them with the CPU tier. Which is
 // faster depends on the host and on how many uses miss (mixtral-8x7b FP8 under 24 GiB: eager
 // steps sharing the misses 64% faster on an H100 host, 5% on an H200 host; qwen3-30b-a3b under
-// 24 GiB, where almost nothing misses: replays, by far). So the runner runs a few steps the
-// other way now and then, and keeps the faster.
+// 24 GiB, where almost nothing misses: replays, by far). So where replays miss much, the runner
+// tries a few eager steps now and then, and keeps the faster way.
 //
-// A step's time is from the end of the step before it to its own end, both decode steps of
-// the same token count run the same way (the caller's host work between steps counts on both
-// sides; the first step after a change of either is not timed). After `interval` steps of the
-// preferred way come `trial_steps` the other way; the other way is taken when its mean is
-// below the preferred way's recent mean by `margin`; either way the interval doubles (up to
-// max_interval). Replays are put on trial only while they read enough from host memory to
-// matter: the bytes the expert backend reports read from the host per step, at
-// `host_link_bytes_per_s`, at least `host_share` of a step's time. Single-threaded (the
-// engine thread) but for counts().
+// Each token count (batch size) chooses for itself. A step's time is from the end of the step
+// before it to its own end, both decode steps of that token count run the same way (the
+// caller's host work between steps counts on both sides; the first step after a change of
+// either is not timed). Every `interval` steps of a token count its expert misses are looked
+// at: the bytes the expert backend reports missed per step (all token counts together) at
+// `host_link_bytes_per_s`, against the mean step. While replaying, misses of at least
+// `host_share` of a step put eager steps on trial: `trial_steps` of them, taken when their mean
+// is below the replays' recent mean by `margin`; either way the interval doubles (up to
+// max_interval). While running eagerly, replays come back once the misses fall below that
+// share. Replays are not put on trial against eager steps by timing: right after eager steps,
+// which copy their misses into slots, replays miss less than they will a few steps on, and
+// such a trial would favour them. Single-threaded (the engine thread) but for counts().
 #ifndef STRATA_COMMON_ENGINE_REPLAY_OR_EAGER_H_
 #define STRATA_COMMON_ENGINE_REPLAY_OR_EAGER_H_
 
@@ -24,6 +27,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -38,7 +42,7 @@ struct ReplayOrEagerOptions {
   // PCIe 5 x16's useful peak: the host reads' time is underestimated, never over.
   double host_link_bytes_per_s = 55e9;
   double host_share = 0.1;
-  // Put replays on trial whatever they read from the host (tests, measurements).
+  // Put eager steps on trial whatever the misses (tests, measurements).
   bool always = false;
 };
 
@@ -49,16 +53,16 @@ class ReplayOrEager {
   explicit ReplayOrEager(ReplayOrEagerOptions options);
 
   // For the next step of `tokens` tokens that fits a graph, in launch order: replay it?
-  // `host_bytes`: the expert backend's bytes read from host memory by replays, so far.
-  bool Replay(int64_t tokens, uint64_t host_bytes);
+  // `missed_bytes`: the expert backend's bytes of experts missed (in no GPU slot), so far.
+  bool Replay(int64_t tokens, uint64_t missed_bytes);
   // A step ended at `now`, in launch order: `fits` whether it fit a graph (a step that did not
   // breaks the timing), `replayed` how it ran.
   void Ended(bool fits, int64_t tokens, bool replayed, Clock::time_point now);
 
   struct Counts {
     int64_t trials = 0;    // decided (not cut short)
-    int64_t switches = 0;  // of the preferred way
-    bool eager = false;    // the preferred way now
+    int64_t switches = 0;  // of a token count's way, either way
+    bool eager = false;    // some token count runs eagerly now
   };
   Counts counts() const;  // thread-safe
 
@@ -67,24 +71,32 @@ class ReplayOrEager {
     std::deque<double> seconds;  // the newest last
     double Mean() const;
   };
-  void Reset(int64_t tokens);
-  bool WorthTrial(uint64_t host_bytes);
-  void Decide();
+  // One token count's choice.
+  struct Way {
+    bool replay = true;
+    int since_check = 0;  // steps decided since the last look at the misses
+    int interval = 0;
+    int trial_left = 0;       // eager steps still to decide
+    bool trial_open = false;  // eager steps decided, not yet judged
+    Samples samples[2];       // [replayed]
+    uint64_t missed_at = 0;   // missed bytes and steps_ at the last look
+    int64_t steps_at = 0;
+  };
+  // The seconds the misses since the way's last look take over the host link per step, as a
+  // share of its preferred mean step.
+  double MissShare(Way& way, uint64_t missed_bytes);
+  void Switch(Way& way, int64_t tokens, const char* why);
+  void Decide(Way& way, int64_t tokens);
 
   const ReplayOrEagerOptions options_;
-  bool prefer_replay_ = true;
-  int64_t tokens_ = -1;
-  int since_trial_ = 0;  // preferred steps decided since the last trial (or check)
-  int interval_;
-  int trial_left_ = 0;       // steps still to decide the other way
-  bool trial_open_ = false;  // decided the other way, not yet judged
-  uint64_t host_bytes_at_ = 0;
-  bool host_bytes_known_ = false;
-  Samples samples_[2];  // [replayed]
+  std::map<int64_t, Way> ways_;
+  int64_t tokens_ = -1;  // of the last step decided
+  int64_t steps_ = 0;    // decided, of every token count
   std::optional<Clock::time_point> last_end_;
+  int64_t last_tokens_ = -1;
   bool last_replayed_ = false;
   std::atomic<int64_t> trials_{0}, switches_{0};
-  std::atomic<bool> eager_{false};
+  std::atomic<int> eager_ways_{0};
 };
 
 }  // namespace strata

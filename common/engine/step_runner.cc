@@ -146,7 +146,7 @@ class ForwardStepRunner : public StepRunner {
   }
 
   bool ChooseReplay(int64_t tokens) {
-    return replay_or_eager_.Replay(tokens, graph_steps_experts_->host_read_bytes());
+    return replay_or_eager_.Replay(tokens, graph_steps_experts_->missed_expert_bytes());
   }
 
   absl::StatusOr<StepResult> RunEagerly(const StepPlan& plan,

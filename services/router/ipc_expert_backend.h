@@ -79,8 +79,8 @@ class IpcExpertBackend : public RemoteExpertBackend,
   void AbortGraphStep() override;
   void SetGraphCapture(bool capturing) override;
   // The tiered workers' misses (their counters as of their last answers) times their slots'
-  // bytes: a replay reads those experts in place; an eager step copies them first.
-  uint64_t host_read_bytes() const override;
+  // bytes.
+  uint64_t missed_expert_bytes() const override;
 
   // In a capture without clock stamps: the layer's split and input flags, for the router's gate
   // kernel to do (its Exchange then launches no split kernel). Engine thread.

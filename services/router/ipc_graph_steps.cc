@@ -39,7 +39,7 @@ uint64_t IpcExpertBackend::graph_version() const {
   return any ? (version | 1) : 0;
 }
 
-uint64_t IpcExpertBackend::host_read_bytes() const {
+uint64_t IpcExpertBackend::missed_expert_bytes() const {
   uint64_t bytes = 0;
   for (int w = 0; w < num_workers(); ++w) {
     const TierCounters t = tiers(w);

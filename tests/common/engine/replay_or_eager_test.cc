@@ -9,19 +9,19 @@ namespace {
 
 using Clock = ReplayOrEager::Clock;
 
-// Decode steps of `tokens` tokens back to back, each taking the given time by the way it runs,
-// with replays reading `host_bytes_per_replay` from the host. Returns the steps run eagerly.
+// Decode steps of `tokens` tokens back to back, each taking the given time by the way it runs
+// and missing `missed_per_step` bytes of experts. Returns the steps run eagerly.
 struct Steps {
   ReplayOrEager& chooser;
   Clock::time_point now = Clock::time_point() + std::chrono::hours(1);
-  uint64_t host_bytes = 0;
+  uint64_t missed = 0;
 
-  int Run(int steps, double replay_ms, double eager_ms, uint64_t host_bytes_per_replay,
+  int Run(int steps, double replay_ms, double eager_ms, uint64_t missed_per_step,
           int64_t tokens = 1) {
     int eager = 0;
     for (int i = 0; i < steps; ++i) {
-      const bool replay = chooser.Replay(tokens, host_bytes);
-      if (replay) host_bytes += host_bytes_per_replay;
+      const bool replay = chooser.Replay(tokens, missed);
+      missed += missed_per_step;
       eager += replay ? 0 : 1;
       now += std::chrono::microseconds(static_cast<int64_t>((replay ? replay_ms : eager_ms) * 1e3));
       chooser.Ended(true, tokens, replay, now);
@@ -40,22 +40,35 @@ TEST(ReplayOrEagerTest, EagerStepsTakeOverWhereTheyAreFaster) {
   EXPECT_EQ(chooser.counts().trials, 1);
   EXPECT_EQ(chooser.counts().switches, 1);
   EXPECT_TRUE(chooser.counts().eager);
-  // From then on nearly every step is eager: replays are tried again now and then.
-  const int eager = steps.Run(1000, 10.0, 6.0, kManyHostReads);
-  EXPECT_GT(eager, 950);
-  EXPECT_LT(eager, 1000);
+  // From then on every step is eager while the misses last.
+  EXPECT_EQ(steps.Run(1000, 10.0, 6.0, kManyHostReads), 1000);
   EXPECT_TRUE(chooser.counts().eager);
   EXPECT_EQ(chooser.counts().switches, 1);
 }
 
-TEST(ReplayOrEagerTest, ReplaysComeBackWhenTheyBecomeFaster) {
+TEST(ReplayOrEagerTest, ReplaysComeBackWhenTheMissesGo) {
   ReplayOrEager chooser({});
   Steps steps{chooser};
   steps.Run(100, 10.0, 6.0, kManyHostReads);
   ASSERT_TRUE(chooser.counts().eager);
-  steps.Run(200, 4.0, 6.0, kManyHostReads);  // e.g. the misses went away
+  // 100 KB a step: eager steps would still be faster (their time is kept), but the reason for
+  // them is gone: back to replays at the next look, 32 steps on.
+  EXPECT_LE(steps.Run(200, 10.0, 6.0, 100'000), 32);
   EXPECT_FALSE(chooser.counts().eager);
   EXPECT_EQ(chooser.counts().switches, 2);
+}
+
+TEST(ReplayOrEagerTest, EachBatchSizeChoosesItsOwnWay) {
+  ReplayOrEager chooser({});
+  Steps steps{chooser};
+  int eager_ones = 0, eager_fours = 0;
+  for (int i = 0; i < 10; ++i) {
+    eager_ones += steps.Run(100, 10.0, 6.0, kManyHostReads, 1);   // eager faster
+    eager_fours += steps.Run(100, 6.0, 10.0, kManyHostReads, 4);  // replays faster
+  }
+  EXPECT_GT(eager_ones, 900);
+  EXPECT_LT(eager_fours, 100);
+  EXPECT_TRUE(chooser.counts().eager);
 }
 
 TEST(ReplayOrEagerTest, FasterReplaysAreTriedLessAndLessOften) {
@@ -70,17 +83,19 @@ TEST(ReplayOrEagerTest, FasterReplaysAreTriedLessAndLessOften) {
   EXPECT_EQ(eager, 10 * 5);
 }
 
-TEST(ReplayOrEagerTest, ReplaysReadingLittleFromTheHostAreNotTried) {
+TEST(ReplayOrEagerTest, EagerStepsAreNotTriedWhereReplaysMissLittle) {
   ReplayOrEager chooser({});
   Steps steps{chooser};
   // 1 MB a step: 18 us of a 10 ms step, below a tenth, though eager steps would be faster.
   EXPECT_EQ(steps.Run(5000, 10.0, 6.0, 1'000'000), 0);
   EXPECT_EQ(chooser.counts().trials, 0);
-  // Unless told to try them whatever they read.
+  // Unless told to try them whatever the misses: taken after 37 steps, left at the next look
+  // (the misses gave no reason for them).
   ReplayOrEager always({.always = true});
   Steps forced{always};
-  forced.Run(100, 10.0, 6.0, 0);
-  EXPECT_TRUE(always.counts().eager);
+  EXPECT_EQ(forced.Run(100, 10.0, 6.0, 0), 5 + 32);
+  EXPECT_EQ(always.counts().trials, 1);
+  EXPECT_EQ(always.counts().switches, 2);
 }
 
 TEST(ReplayOrEagerTest, AChangeOfTokenCountStartsTheTimingAgain) {
@@ -101,7 +116,7 @@ TEST(ReplayOrEagerTest, TheFirstStepAfterAChangeIsNotTimed) {
   steps.Run(31, 10.0, 6.0, kManyHostReads);
   // The trial's first eager step pays for the change (e.g. the workers' first eager layer):
   // left out, the rest are faster.
-  ASSERT_FALSE(chooser.Replay(1, steps.host_bytes));
+  ASSERT_FALSE(chooser.Replay(1, steps.missed));
   steps.now += std::chrono::milliseconds(50);
   chooser.Ended(true, 1, false, steps.now);
   steps.Run(4, 10.0, 6.0, kManyHostReads);
