@@ -73,6 +73,10 @@ def config(name, r):
                      '(`--cold-experts split`, eager steps)')
     elif '-cold-in-place' in name:
         words.append('cold experts read in place (decode graphs)')
+    elif '-cold-auto' in name:
+        words.append('cold experts `auto`: decode graphs reading them in place, or eager steps '
+                     'sharing them between copies and the CPUs where timed faster'
+                     + (' (eager chosen)' if r.get('eager_steps_preferred') else ''))
     if '-kv-fp8' in name:
         words.append('**FP8 keys and values** (calibrated on the warm-up request)')
     elif '-kv-bf16' in name:

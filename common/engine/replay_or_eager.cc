@@ -109,8 +109,8 @@ void ReplayOrEager::Switch(Way& way, int64_t tokens, const char* why) {
   way.interval = std::max(options_.first_interval, 1);
   switches_.fetch_add(1, std::memory_order_relaxed);
   eager_ways_.fetch_add(way.replay ? -1 : 1, std::memory_order_relaxed);
-  Log(LogLevel::kInfo, absl::StrFormat("decode steps of %d token(s) run %s from now on: %s", tokens,
-                                       way.replay ? "by graph replay" : "eagerly", why));
+  StatusLine(absl::StrFormat("decode steps of %d token(s) run %s from now on: %s", tokens,
+                             way.replay ? "by graph replay" : "eagerly", why));
 }
 
 void ReplayOrEager::Decide(Way& way, int64_t tokens) {
