@@ -57,14 +57,8 @@ absl::Status ForwardPass::PredictNext(int layer) {
   // The next layer's gate sees norm(hidden + its attention); without the attention yet, this
   // layer's output is the best guess, and the copies overlap that attention.
   RETURN_IF_ERROR(router_.PredictRouting(next, options_.router_temperature, predicted_));
-  if (predicted_.tokens == 0) return absl::OkStatus();
-  // Device routing is scored by the backend (DevicePredictionCounts); sent only when asked.
-  if (predicted_.on_device()) {
-    if (!options_.prefetch_device_predictions) return absl::OkStatus();
-    RETURN_IF_ERROR(router_.ReadPredictedRouting(predicted_on_host_));
-    experts_.Prefetch(next, predicted_on_host_);
-    return absl::OkStatus();
-  }
+  // Device routing is scored by the backend (DevicePredictionCounts); none is sent.
+  if (predicted_.on_device() || predicted_.tokens == 0) return absl::OkStatus();
   experts_.Prefetch(next, predicted_);
   predicted_layer_ = next;
   return absl::OkStatus();

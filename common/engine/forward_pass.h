@@ -21,10 +21,6 @@ struct ForwardOptions {
   // predict its experts, and hand them to ExpertBackend::Prefetch before the next attention
   // (only while the expert backend wants_prefetch()).
   bool predict_next_experts = false;
-  // A router backend that predicts on the device: read the prediction to the host and hand it
-  // to ExpertBackend::Prefetch too (eager steps only: decode graphs predict nothing). Costs a
-  // wait for the layer's work before the next attention is queued.
-  bool prefetch_device_predictions = false;
 };
 
 // How well the next layer's experts were predicted: per (token, slot), over layers that had a
@@ -74,7 +70,7 @@ class ForwardPass {
   void ScorePrediction(const RoutingTable& actual);
 
   Tensor ffn_input_, expert_out_;
-  RoutingTable routing_, predicted_, predicted_on_host_;
+  RoutingTable routing_, predicted_;
   int predicted_layer_ = -1;
   PrefetchCounters prefetch_;
 };

@@ -31,9 +31,6 @@ class CudaIpcConnection : public ExpertConnection {
                        absl::Duration timeout) override {
     return channel_->Receive(consume, timeout);
   }
-  absl::Status Prefetch(uint32_t layer, absl::Span<const int32_t> experts) override {
-    return channel_->Prefetch(layer, experts);
-  }
   bool Alive() const override { return channel_->Alive(); }
   // Closes the channel: the worker sees the router gone and registers again.
   void Close() { channel_->Close(); }

@@ -74,9 +74,6 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
     // Only while a worker keeps some experts cold (wants_prefetch). A GPU router predicts on
     // the device, for its accuracy (eager steps; CudaRouterBackend::PredictRouting).
     forward_options.predict_next_experts = options.prefetch;
-    // Eager steps hand the device's prediction to the workers too: their copies then start
-    // before the next layer's attention rather than at its request.
-    forward_options.prefetch_device_predictions = options.prefetch;
     if (lending) {
       const PagedKvCache& kv = s->stack_->kv();
       s->lending_ = std::make_unique<KvLending>(

@@ -144,9 +144,6 @@ TEST(CudaTiersTest, Fp8SlotsOverABf16StoreRunEagerlyWithTheResidentTokens) {
   EXPECT_EQ(stats.graph_steps(), 0u);
   ASSERT_EQ(stats.workers_size(), 1);
   EXPECT_GT(stats.workers(0).tiers().misses(), 0u);
-  // Eager steps hand the router's device prediction to the worker, which loads ahead.
-  EXPECT_GT(stats.workers(0).tiers().prefetch_loads(), 0u);
-  EXPECT_GT(stats.workers(0).tiers().prefetch_hits(), 0u);
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
