@@ -34,14 +34,14 @@ for spec in "$@"; do
   note "$name: READY in $((SECONDS - t0)) s"
   timeout 300 "$B/strata" bench --server "$addr" --input-len 128 --output-len "$OUT_LEN" \
     --runs 1 --warmup 0 --concurrency 1 "${bench_args[@]}" >"$out/warmup-$name.txt" 2>&1
-  "$B/strata" stats --server "$addr" >"$final/stats-$name-before.json" 2>&1
+  "$B/strata" stats --server "$addr" >"$final/stats-$name-before.json" 2>>"$out/stats-$name.err"
   timeout 500 "$B/strata" bench --server "$addr" --model "$dir" --model-name "$(basename "$dir")" \
     --input-len 128 --output-len "$OUT_LEN" --runs "$RUNS" --warmup 0 --concurrency 1 "${bench_args[@]}" \
     --weights "$weights" --mode cluster --gpus 1 --machine "$(machine_name 1)" \
     --note "$name: $flags $bench_flags" --commit "$(cat "$root/$bin/../COMMIT" 2>/dev/null)" \
     --out "$final/$name.json" >"$out/bench-$name.txt" 2>&1
   note "$name bench: exit $? after $((SECONDS - t0)) s"
-  "$B/strata" stats --server "$addr" >"$final/stats-$name.json" 2>&1
+  "$B/strata" stats --server "$addr" >"$final/stats-$name.json" 2>>"$out/stats-$name.err"
   down "$name"
 done
 tar czf "$final/logs.tgz" -C "$out" . 2>/dev/null
