@@ -98,7 +98,7 @@ for stage in ${stages//,/ }; do
       >"$out/bench-$name.txt" 2>&1
     note "$name bench: exit $? after $((SECONDS - t0)) s"
     grep -E "^\| *[0-9]" "$out/bench-$name.txt" | tee -a "$sum"
-    "$B/strata" stats --server "$addr" >"$out/stats-$name.json" 2>&1
+    "$B/strata" stats --server "$addr" >"$out/stats-$name.json" 2>>"$out/stats-$name.err"
     grep -o '"steps":"[0-9]*"\|"graph_steps":"[0-9]*"\|"graph_overlapped_steps":"[0-9]*"\|"graph_[a-z]*_us":[0-9.]*' "$out/stats-$name.json" | tr '\n' ' ' | tee -a "$sum"; echo | tee -a "$sum"
   fi
   down $name

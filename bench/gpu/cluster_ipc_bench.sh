@@ -85,7 +85,7 @@ if has bench; then
       --mode cluster --gpus "$g" --machine "$(machine_name "$g")" \
       --out "$out/strata-$name-bf16-cluster$4.json" >"$out/bench-$tag.txt" 2>&1
     note "$tag bench: exit $?"
-    "$B/strata" stats --server "$addr" >"$out/stats-$tag.json" 2>&1
+    "$B/strata" stats --server "$addr" >"$out/stats-$tag.json" 2>>"$out/stats-$tag.err"
     down "$tag"
   }
   bench cluster-1w 1 1 ""
