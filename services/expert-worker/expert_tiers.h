@@ -96,8 +96,13 @@ class ExpertTiers : public SlotResidency {
   // Starts loading the predicted experts of `layer` that are not resident, into warm slots.
   absl::Status Prefetch(int layer, absl::Span<const int32_t> experts);
 
-  // The chooser BeforeLayer uses when its caller has a host tier (SetHostTier on the slots).
-  void SetHostTierChooser(ColdPathChooser choose) { host_chooser_ = std::move(choose); }
+  // Hands the slots `tier` for their eager layer steps (ExpertSlots::SetHostTier) and keeps
+  // `choose`, which picks the misses BeforeLayer sends there; null detaches both. `tier` must
+  // outlive its attachment.
+  void AttachHostTier(HostExpertTier* tier, ColdPathChooser choose) {
+    slots_.SetHostTier(tier);
+    host_chooser_ = tier != nullptr ? std::move(choose) : nullptr;
+  }
 
   // SlotResidency. BeforeLayer is Acquire, with the host tier chooser when `host` is given.
   // AfterReplays counts each use as a hot hit, a warm hit or a miss (read in place), and copies

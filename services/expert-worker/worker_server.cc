@@ -53,10 +53,8 @@ absl::StatusOr<T> RetryUntil(const std::function<absl::StatusOr<T>()>& attempt,
 WorkerServer::~WorkerServer() {
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   // The slots outlive what they were handed.
-  if (slots_ != nullptr) {
-    slots_->SetHostTier(nullptr);
-    slots_->SetResidency(nullptr);
-  }
+  if (tiers_ != nullptr) tiers_->AttachHostTier(nullptr, nullptr);
+  if (slots_ != nullptr) slots_->SetResidency(nullptr);
 }
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerOptions& options) {
@@ -261,8 +259,7 @@ void WorkerServer::AttachCpuTier() {
   if (device_experts_ != nullptr) {
     cpu_host_tier_ =
         std::make_unique<CpuHostTier>(*cpu_tier_, static_cast<int>(config_.hidden_size));
-    tiers_->SetHostTierChooser(chooser());
-    slots_->SetHostTier(cpu_host_tier_.get());
+    tiers_->AttachHostTier(cpu_host_tier_.get(), chooser());
   }
   options_.log("CPU tier attached: strata-cache computes cold experts the cost model picks");
 }

@@ -92,6 +92,17 @@ class ExpertTiersTest : public ::testing::Test {
   std::unique_ptr<ExpertTiers> tiers_;
 };
 
+// A host tier the slots are handed and never use (CPU slots run every expert themselves).
+class UnusedHostTier : public HostExpertTier {
+ public:
+  absl::Status Submit(int, int64_t, int, absl::Span<const float>, absl::Span<const int32_t>,
+                      absl::Span<const float>) override {
+    return absl::UnimplementedError("unused");
+  }
+  absl::Status Collect(Tensor&) override { return absl::UnimplementedError("unused"); }
+  void Abandon() override {}
+};
+
 // A host tier's chooser sees a step's misses in order, the first flagged; what it picks stays
 // cold (counted as CPU-tier experts), the rest are loaded. Without a host the chooser is not
 // asked.
@@ -99,7 +110,8 @@ TEST_F(ExpertTiersTest, BeforeLayerSendsTheChoosersPicksToTheHostTier) {
   Make(/*slots=*/6);
   ASSERT_TRUE(tiers_->SetOwned(Owned(), 0.25f).ok());  // experts 0 and 1 hot in each layer
   std::vector<std::pair<int, bool>> asked;
-  tiers_->SetHostTierChooser([&](int layer, int expert, int64_t tokens, bool first) {
+  UnusedHostTier host_tier;
+  tiers_->AttachHostTier(&host_tier, [&](int layer, int expert, int64_t tokens, bool first) {
     asked.push_back({expert, first});
     return expert == 3;
   });
@@ -116,6 +128,12 @@ TEST_F(ExpertTiersTest, BeforeLayerSendsTheChoosersPicksToTheHostTier) {
   ASSERT_TRUE(tiers_->BeforeLayer(0, std::vector<int>{3}, std::vector<int64_t>{1}, nullptr).ok());
   EXPECT_TRUE(asked.empty());
   EXPECT_TRUE(tiers_->resident(0, 3));
+  // Detached, the chooser goes with the tier: a miss is loaded.
+  tiers_->AttachHostTier(nullptr, nullptr);
+  ASSERT_TRUE(tiers_->BeforeLayer(1, std::vector<int>{3}, std::vector<int64_t>{1}, &host).ok());
+  EXPECT_TRUE(host.empty());
+  EXPECT_TRUE(asked.empty());
+  EXPECT_TRUE(tiers_->resident(1, 3));
 }
 
 TEST_F(ExpertTiersTest, TooFewSlotsIsAClearError) {
