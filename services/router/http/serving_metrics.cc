@@ -51,6 +51,17 @@ std::string RenderMetrics(const ServingMetrics& s, const RequestMetrics& request
           "KV-cache blocks in memory the workers lent (kv_cache.share_expert_memory)",
           r.kv_blocks_borrowed);
   w.Counter("strata_steps_total", "Forward steps run", static_cast<double>(r.steps));
+  w.Counter("strata_graph_steps_total", "Forward steps run by CUDA graph replay",
+            static_cast<double>(r.graph_steps));
+  w.Counter("strata_eager_step_trials_total",
+            "Decode steps of a batch size timed eagerly against replays, trials decided",
+            static_cast<double>(r.eager_step_trials));
+  w.Counter("strata_eager_step_switches_total",
+            "Changes of the way a batch size's decode steps run (replayed or eager)",
+            static_cast<double>(r.eager_step_switches));
+  w.Gauge("strata_eager_steps_preferred",
+          "Whether some batch size's decode steps run eagerly, found faster than replays",
+          r.eager_steps_preferred ? 1 : 0);
   w.Counter("strata_preemptions_total", "Sequences preempted for KV blocks (later recomputed)",
             static_cast<double>(r.preemptions));
   w.Counter("strata_prefix_cache_queried_tokens_total",

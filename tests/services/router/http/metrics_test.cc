@@ -42,6 +42,10 @@ TEST(MetricsTest, ServingPageHasEveryFamilyOnce) {
   RouterSnapshot router;
   router.kv_blocks_total = 10;
   router.kv_blocks_free = 4;
+  router.steps = 9;
+  router.graph_steps = 7;
+  router.eager_step_trials = 2;
+  router.eager_steps_preferred = true;
   router.workers.push_back(
       {.index = 0, .connected = true, .hot_hits = 5, .warm_hits = 2, .misses = 1});
   router.workers.push_back({.index = 1});
@@ -55,6 +59,10 @@ TEST(MetricsTest, ServingPageHasEveryFamilyOnce) {
   EXPECT_NE(page.find("strata_worker_tier_hits_total{worker=\"0\",tier=\"warm\"} 2\n"),
             std::string::npos);
   EXPECT_NE(page.find("strata_worker_tier_misses_total{worker=\"1\"} 0\n"), std::string::npos);
+  EXPECT_NE(page.find("strata_graph_steps_total 7\n"), std::string::npos);
+  EXPECT_NE(page.find("strata_eager_step_trials_total 2\n"), std::string::npos);
+  EXPECT_NE(page.find("strata_eager_step_switches_total 0\n"), std::string::npos);
+  EXPECT_NE(page.find("strata_eager_steps_preferred 1\n"), std::string::npos);
   // Each family's TYPE line appears once.
   size_t types = 0, pos = 0;
   while ((pos = page.find("# TYPE strata_worker_tier_hits_total", pos)) != std::string::npos) {
