@@ -125,6 +125,18 @@ TEST(BenchCountersTest, TierFiguresAreTheRoundsCountersSummedOverTheWorkers) {
   EXPECT_DOUBLE_EQ(t["cpu_tier_experts_per_token"].get<double>(), 0.25);
   EXPECT_DOUBLE_EQ(j["prefetch_accuracy"].get<double>(), 0.75);
   EXPECT_DOUBLE_EQ(j["graph_steps_fraction"].get<double>(), 0.75);
+  // No eager-step trial in the rounds: no such fields.
+  EXPECT_FALSE(j.contains("eager_step_trials"));
+
+  // Eager steps tried during the rounds and preferred at their end.
+  before.set_eager_step_trials(1);
+  after.set_eager_step_trials(3);
+  after.set_eager_steps_preferred(true);
+  s.server = CounterDeltas(before, after);
+  const nlohmann::json e =
+      nlohmann::json::parse(BenchResultJson(BenchOptions(), "m", s, absl::UnixEpoch()));
+  EXPECT_EQ(e["eager_step_trials"].get<uint64_t>(), 2u);
+  EXPECT_TRUE(e["eager_steps_preferred"].get<bool>());
 
   // No Stats answer, or no expert counted: no tier figures.
   s.server = ServerCounters();

@@ -258,6 +258,12 @@ std::string TierLine(const BenchSummary& s) {
   if (const std::optional<double> accuracy = PrefetchAccuracyOf(s.server)) {
     absl::StrAppendFormat(&line, "; next-layer prediction %.1f%% correct", 100 * *accuracy);
   }
+  const ServerCounters& c = s.server;
+  if (c.steps > 0 && (c.eager_step_trials > 0 || c.eager_steps_preferred)) {
+    absl::StrAppendFormat(&line, "; %.0f%% of steps replayed, eager steps %s",
+                          100.0 * c.graph_steps / c.steps,
+                          c.eager_steps_preferred ? "preferred" : "tried, replays kept");
+  }
   return line + "\n";
 }
 
