@@ -1,7 +1,9 @@
 // One forward step at a time for whoever plans the steps (the router's Scheduler, LocalEngine):
 // eagerly through ForwardPass, or by CUDA graph replay (DecodeGraphs) when the step fits a
 // graph, with the next greedy decode step launched behind it when the caller asks, so that the
-// GPU goes from one step to the next without waiting for the host. Failed replays and aborted
+// GPU goes from one step to the next without waiting for the host. Where tiered workers miss
+// much, a decode step that fits a graph may run eagerly instead, timed against replays
+// (ReplayOrEager). Failed replays and aborted
 // steps run again eagerly here: the caller sees one answer per step, and plans only.
 #ifndef STRATA_COMMON_ENGINE_STEP_RUNNER_H_
 #define STRATA_COMMON_ENGINE_STEP_RUNNER_H_
