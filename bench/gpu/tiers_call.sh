@@ -4,8 +4,9 @@
 # plan's lines in order:
 #   model SHAPE DTYPE LAYERS   make-model SHAPE (Zipf(1.0)-skewed routing; LAYERS 0: all) into
 #                              /dev/shm, unless there; later runs use it
-#   run NAME|BIN_DIR|WEIGHTS|UP FLAGS|BENCH FLAGS   one cluster (tiers_ipc_bench.sh), the
-#                              checkpoint mapped in place
+#   run NAME|BIN_DIR|WEIGHTS|UP FLAGS|BENCH FLAGS|ENV   one cluster (tiers_ipc_bench.sh), the
+#                              checkpoint mapped in place; ENV: VAR=VALUE words for its
+#                              processes (optional)
 #   drop                       deletes the current model (the next may not fit beside it)
 #   budget SECONDS             skips the rest once the call has run this long
 # Unpacks .device-ipc/bundle.tar.xz, .device-ipc/oracles.tar.xz, .device-base/base-bin.tar.xz.
@@ -48,10 +49,11 @@ while read -r word rest; do
     drop) rm -rf "$dir" ;;
     run)
       if (( SECONDS - start >= limit )); then echo "skipped: $rest" | tee -a "$sum"; continue; fi
-      IFS='|' read -r name bin weights flags bench_flags <<<"$rest"
+      IFS='|' read -r name bin weights flags bench_flags env_words <<<"$rest"
       n=$((n + 1))
       bash bench/gpu/tiers_ipc_bench.sh "$out/$n-$name" \
-        "$name|$bin|$dir|$weights|--expert-store in-place $flags|$bench_flags" >"$out/$n-$name.txt" 2>&1
+        "$name|$bin|$dir|$weights|--expert-store in-place $flags|$bench_flags|$env_words" \
+        >"$out/$n-$name.txt" 2>&1
       tail -1 "$out/$n-$name/summary.txt" 2>/dev/null | sed 's/^/  /'
       grep -E "^$name \|" "$out/$n-$name/summary.txt" | tee -a "$sum" ;;
   esac

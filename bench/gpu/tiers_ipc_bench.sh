@@ -4,11 +4,12 @@
 # out): a warm-up round, `strata stats`, RUNS measured runs, `strata stats` again. Decode tok/s
 # and TTFT of the measured runs; hit rates per tier and bytes copied per generated token over
 # them (the difference of the two stats). One cluster per run, each
-#   NAME|BIN_DIR|MODEL_DIR|WEIGHTS|UP FLAGS|BENCH FLAGS
+#   NAME|BIN_DIR|MODEL_DIR|WEIGHTS|UP FLAGS|BENCH FLAGS|ENV
 # (BIN_DIR: the strata binaries to run, e.g. a base build for a before/after; UP FLAGS go to
 # `strata up`, e.g. --gpu-memory-budget 24GiB --workers 2 --gpus 1; BENCH FLAGS to both `strata
-# bench` runs, e.g. --temperature 1). Logs and JSON go
-# to OUT_DIR; a table is printed last.
+# bench` runs, e.g. --temperature 1; ENV: VAR=VALUE words set for the cluster and the benches,
+# e.g. STRATA_STEP_TRIALS=off, and named in the record's note). Logs and JSON go to OUT_DIR; a
+# table is printed last.
 #   bash bench/gpu/tiers_ipc_bench.sh OUT_DIR 'run1' 'run2' ...
 source "$(dirname "${BASH_SOURCE[0]}")/machine.sh"
 set -uo pipefail
@@ -22,7 +23,9 @@ OUT_LEN=${OUT_LEN:-512} RUNS=${RUNS:-3}
 B=$root/.device-ipc/bin  # cluster_lib's `up` runs $B/strata
 UP_WAIT_S=600 source "$root/bench/gpu/cluster_lib.sh"
 for spec in "$@"; do
-  IFS='|' read -r name bin dir weights flags bench_flags <<<"$spec"
+  IFS='|' read -r name bin dir weights flags bench_flags env_words <<<"$spec"
+  read -r -a env_vars <<<"${env_words:-}"
+  for v in "${env_vars[@]}"; do export "${v?}"; done
   B=$root/$bin
   export LD_LIBRARY_PATH=$root/.device-ipc/lib:/usr/local/cuda/lib64
   read -r -a up_flags <<<"$flags"
@@ -38,11 +41,12 @@ for spec in "$@"; do
   timeout 500 "$B/strata" bench --server "$addr" --model "$dir" --model-name "$(basename "$dir")" \
     --input-len 128 --output-len "$OUT_LEN" --runs "$RUNS" --warmup 0 --concurrency 1 "${bench_args[@]}" \
     --weights "$weights" --mode cluster --gpus 1 --machine "$(machine_name 1)" \
-    --note "$name: $flags $bench_flags" --commit "$(cat "$root/$bin/../COMMIT" 2>/dev/null)" \
+    --note "$name: ${env_words:+$env_words }$flags $bench_flags" --commit "$(cat "$root/$bin/../COMMIT" 2>/dev/null)" \
     --out "$final/$name.json" >"$out/bench-$name.txt" 2>&1
   note "$name bench: exit $? after $((SECONDS - t0)) s"
   "$B/strata" stats --server "$addr" >"$final/stats-$name.json" 2>>"$out/stats-$name.err"
   down "$name"
+  for v in "${env_vars[@]}"; do unset "${v%%=*}"; done
 done
 tar czf "$final/logs.tgz" -C "$out" . 2>/dev/null
 python3 - "$final" "$OUT_LEN" "$RUNS" "$@" <<'PY' | tee -a "$sum"
