@@ -34,14 +34,14 @@ double ReplayOrEager::MissShare(Way& way, uint64_t missed_bytes) {
          step_s;
 }
 
-bool ReplayOrEager::Replay(int64_t tokens, uint64_t missed_bytes) {
-  if (!options_.enabled) return true;
+bool ReplayOrEager::Replay(int64_t tokens, absl::FunctionRef<uint64_t()> missed_bytes) {
+  if (options_.trials == Tunables::StepTrials::kOff) return true;
   ++steps_;
   auto [it, added] = ways_.try_emplace(tokens);
   Way& way = it->second;
   if (added) {
     way.interval = std::max(options_.first_interval, 1);
-    way.missed_at = missed_bytes;
+    way.missed_at = missed_bytes();
     way.steps_at = steps_;
   }
   if (tokens != tokens_) {
@@ -63,12 +63,12 @@ bool ReplayOrEager::Replay(int64_t tokens, uint64_t missed_bytes) {
     return way.replay;
   }
   way.since_check = 0;
-  const bool misses = MissShare(way, missed_bytes) >= options_.host_share;
+  const bool misses = MissShare(way, missed_bytes()) >= options_.host_share;
   if (!way.replay) {
     if (!misses) Switch(way, tokens, "the misses fell");
     return way.replay;
   }
-  if (!misses && !options_.always) return true;
+  if (!misses && options_.trials != Tunables::StepTrials::kAlways) return true;
   way.samples[0].seconds.clear();
   way.trial_left = std::max(options_.trial_steps, 2) - 1;
   way.trial_open = true;
@@ -76,7 +76,7 @@ bool ReplayOrEager::Replay(int64_t tokens, uint64_t missed_bytes) {
 }
 
 void ReplayOrEager::Ended(bool fits, int64_t tokens, bool replayed, Clock::time_point now) {
-  if (!options_.enabled) return;
+  if (options_.trials == Tunables::StepTrials::kOff) return;
   if (!fits) {
     last_end_.reset();  // the next step's time would include this one
     return;

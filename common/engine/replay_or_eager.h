@@ -31,10 +31,15 @@
 #include <optional>
 #include <string>
 
+#include "absl/functional/function_ref.h"
+#include "common/util/tunables.h"
+
 namespace strata {
 
 struct ReplayOrEagerOptions {
-  bool enabled = true;
+  // kAuto: eager steps tried where replays miss much (below); kOff: every step that fits a
+  // graph replays it; kAlways: eager steps tried whatever the misses (tests, measurements).
+  Tunables::StepTrials trials = Tunables::StepTrials::kAuto;
   int first_interval = 32;
   int max_interval = 4096;
   int trial_steps = 5;  // the first of them untimed
@@ -42,8 +47,6 @@ struct ReplayOrEagerOptions {
   // PCIe 5 x16's useful peak: the host reads' time is underestimated, never over.
   double host_link_bytes_per_s = 55e9;
   double host_share = 0.1;
-  // Put eager steps on trial whatever the misses (tests, measurements).
-  bool always = false;
 };
 
 class ReplayOrEager {
@@ -53,8 +56,9 @@ class ReplayOrEager {
   explicit ReplayOrEager(ReplayOrEagerOptions options);
 
   // For the next step of `tokens` tokens that fits a graph, in launch order: replay it?
-  // `missed_bytes`: the expert backend's bytes of experts missed (in no GPU slot), so far.
-  bool Replay(int64_t tokens, uint64_t missed_bytes);
+  // `missed_bytes`: the expert backend's bytes of experts missed (in no GPU slot) so far, asked
+  // only when the misses are looked at (every `interval` steps, not every step).
+  bool Replay(int64_t tokens, absl::FunctionRef<uint64_t()> missed_bytes);
   // A step ended at `now`, in launch order: `fits` whether it fit a graph (a step that did not
   // breaks the timing), `replayed` how it ran.
   void Ended(bool fits, int64_t tokens, bool replayed, Clock::time_point now);

@@ -75,7 +75,8 @@ class ForwardStepRunner : public StepRunner {
     ASSIGN_OR_RETURN(const int32_t* greedy, graphs_->Wait());
     steps_.fetch_add(1, std::memory_order_relaxed);
     graph_steps_.fetch_add(1, std::memory_order_relaxed);
-    replay_or_eager_.Ended(true, collected_tokens_, true, ReplayOrEager::Clock::now());
+    // Launched ahead, a replay keeps the rows of the one before it.
+    replay_or_eager_.Ended(true, last_launched_.num_tokens(), true, ReplayOrEager::Clock::now());
     result.greedy = greedy;
     result.replayed = true;
     result.vocab = config_.vocab_size;
@@ -111,7 +112,6 @@ class ForwardStepRunner : public StepRunner {
     if (graphs_->NeedsCapture(plan.batch.num_tokens())) while_running();
     RETURN_IF_ERROR(graphs_->Launch(plan.ids, plan.batch));
     last_launched_ = plan.batch;
-    collected_tokens_ = plan.batch.num_tokens();
     StepResult result;
     if (plan.launch_next && plan.host_rows.empty()) {
       ASSIGN_OR_RETURN(result.next_in_flight, LaunchNext());
@@ -146,7 +146,8 @@ class ForwardStepRunner : public StepRunner {
   }
 
   bool ChooseReplay(int64_t tokens) {
-    return replay_or_eager_.Replay(tokens, graph_steps_experts_->missed_expert_bytes());
+    return replay_or_eager_.Replay(tokens,
+                                   [this] { return graph_steps_experts_->missed_expert_bytes(); });
   }
 
   absl::StatusOr<StepResult> RunEagerly(const StepPlan& plan,
@@ -175,7 +176,6 @@ class ForwardStepRunner : public StepRunner {
   // The tokens of the decode step LaunchNext decided to run eagerly, for the Run that comes
   // for it.
   std::optional<int64_t> eager_next_tokens_;
-  int64_t collected_tokens_ = 0;  // the tokens of the replays in flight
   Tensor logits_;
   BatchLayout last_launched_;  // the newest replay launched
   std::vector<int64_t> rows_;

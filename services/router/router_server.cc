@@ -101,8 +101,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
     scheduler.speculation.draft_model = std::move(draft);
   }
   runner.cuda_graphs = options.cuda_graph_max_batch > 0;
-  runner.replay_or_eager.enabled = GetTunables().step_trials != Tunables::StepTrials::kOff;
-  runner.replay_or_eager.always = GetTunables().step_trials == Tunables::StepTrials::kAlways;
+  runner.replay_or_eager.trials = GetTunables().step_trials;
   runner.graphs.max_sequences =
       std::min({options.cuda_graph_max_batch, stack.max_sequences, stack.max_step_tokens});
   // The pool's largest (it may grow: KvLending), for the graphs' block tables.

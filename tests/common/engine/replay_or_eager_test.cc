@@ -20,7 +20,7 @@ struct Steps {
           int64_t tokens = 1) {
     int eager = 0;
     for (int i = 0; i < steps; ++i) {
-      const bool replay = chooser.Replay(tokens, missed);
+      const bool replay = chooser.Replay(tokens, [&] { return missed; });
       missed += missed_per_step;
       eager += replay ? 0 : 1;
       now += std::chrono::microseconds(static_cast<int64_t>((replay ? replay_ms : eager_ms) * 1e3));
@@ -91,7 +91,7 @@ TEST(ReplayOrEagerTest, EagerStepsAreNotTriedWhereReplaysMissLittle) {
   EXPECT_EQ(chooser.counts().trials, 0);
   // Unless told to try them whatever the misses: taken after 37 steps, left at the next look
   // (the misses gave no reason for them).
-  ReplayOrEager always({.always = true});
+  ReplayOrEager always({.trials = Tunables::StepTrials::kAlways});
   Steps forced{always};
   EXPECT_EQ(forced.Run(100, 10.0, 6.0, 0), 5 + 32);
   EXPECT_EQ(always.counts().trials, 1);
@@ -116,15 +116,31 @@ TEST(ReplayOrEagerTest, TheFirstStepAfterAChangeIsNotTimed) {
   steps.Run(31, 10.0, 6.0, kManyHostReads);
   // The trial's first eager step pays for the change (e.g. the workers' first eager layer):
   // left out, the rest are faster.
-  ASSERT_FALSE(chooser.Replay(1, steps.missed));
+  ASSERT_FALSE(chooser.Replay(1, [&] { return steps.missed; }));
   steps.now += std::chrono::milliseconds(50);
   chooser.Ended(true, 1, false, steps.now);
   steps.Run(4, 10.0, 6.0, kManyHostReads);
   EXPECT_TRUE(chooser.counts().eager);
 }
 
+TEST(ReplayOrEagerTest, TheMissesAreAskedOnlyAtALook) {
+  ReplayOrEager chooser({});
+  int asked = 0;
+  auto now = Clock::time_point() + std::chrono::hours(1);
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(chooser.Replay(1, [&] {
+      ++asked;
+      return uint64_t{0};
+    }));
+    now += std::chrono::milliseconds(10);
+    chooser.Ended(true, 1, true, now);
+  }
+  // Once when the batch size is first seen, then every 32 steps: not once a step.
+  EXPECT_EQ(asked, 1 + 1000 / 32);
+}
+
 TEST(ReplayOrEagerTest, OffAlwaysReplays) {
-  ReplayOrEager chooser({.enabled = false});
+  ReplayOrEager chooser({.trials = Tunables::StepTrials::kOff});
   Steps steps{chooser};
   EXPECT_EQ(steps.Run(1000, 10.0, 1.0, kManyHostReads), 0);
   EXPECT_EQ(chooser.counts().trials, 0);
