@@ -34,8 +34,8 @@ class GraphStepExperts {
   // captured exchanges differ from eager ones (flags on the device instead of messages)
   // records the step being captured then.
   virtual void SetGraphCapture(bool capturing) {}
-  // Bytes of the experts used or predicted while in no GPU slot (a tiered worker's misses and
-  // prefetch loads), since start; 0 when every expert is resident. A replay reads those in place from host memory; an eager
+  // Bytes of the experts used while in no GPU slot (a tiered worker's misses), since start; 0
+  // when every expert is resident. A replay reads those in place from host memory; an eager
   // step may serve them better (the worker copies them in first, or shares them with the CPU
   // tier): the step runner tries eager steps while this grows fast (ReplayOrEager).
   virtual uint64_t missed_expert_bytes() const { return 0; }

@@ -78,8 +78,8 @@ class IpcExpertBackend : public RemoteExpertBackend,
   absl::Status AwaitGraphStep() override;
   void AbortGraphStep() override;
   void SetGraphCapture(bool capturing) override;
-  // The tiered workers' misses and prefetch loads (their counters as of their last answers)
-  // times their slots' bytes.
+  // The tiered workers' misses (their counters as of their last answers) times their slots'
+  // bytes.
   uint64_t missed_expert_bytes() const override;
 
   // In a capture without clock stamps: the layer's split and input flags, for the router's gate

@@ -43,9 +43,7 @@ uint64_t IpcExpertBackend::missed_expert_bytes() const {
   uint64_t bytes = 0;
   for (int w = 0; w < num_workers(); ++w) {
     const TierCounters t = tiers(w);
-    // A prefetched expert is loaded before its use, which then counts as a hit (no prefetch
-    // hints go over CUDA IPC today; counted should they).
-    bytes += (t.misses + t.prefetch_loads) * t.slot_bytes;
+    bytes += t.misses * t.slot_bytes;
   }
   return bytes;
 }

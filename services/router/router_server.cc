@@ -187,9 +187,7 @@ RouterSnapshot RouterServer::Snapshot() const {
   r.kv_blocks_borrowed = scheduler_->kv_borrowed_blocks();
   r.steps = s.steps;
   r.graph_steps = s.graph_steps;
-  r.eager_step_trials = s.replay_or_eager.trials;
-  r.eager_step_switches = s.replay_or_eager.switches;
-  r.eager_steps_preferred = s.replay_or_eager.eager;
+  r.replay_or_eager = s.replay_or_eager;
   r.preemptions = s.preemptions;
   r.prefix_queried_tokens = s.prefix_queried_tokens;
   r.prefix_hit_tokens = s.prefix_hit_tokens;

@@ -243,6 +243,12 @@ std::string Row(const BenchSummary& s) {
   return line;
 }
 
+// Whether the router timed eager decode steps against replays during the rounds, or ran them
+// eagerly at their end (ReplayOrEager): the record and the tier line say so only then.
+bool EagerStepsTried(const ServerCounters& c) {
+  return c.known && (c.eager_step_trials > 0 || c.eager_steps_preferred);
+}
+
 // The expert tiers' figures of one concurrency, in words; empty without tiers.
 std::string TierLine(const BenchSummary& s) {
   const std::optional<TierFigures> t = TierFiguresOf(s.server);
@@ -259,7 +265,7 @@ std::string TierLine(const BenchSummary& s) {
     absl::StrAppendFormat(&line, "; next-layer prediction %.1f%% correct", 100 * *accuracy);
   }
   const ServerCounters& c = s.server;
-  if (c.steps > 0 && (c.eager_step_trials > 0 || c.eager_steps_preferred)) {
+  if (c.steps > 0 && EagerStepsTried(c)) {
     absl::StrAppendFormat(&line, "; %.0f%% of steps replayed, eager steps %s",
                           100.0 * c.graph_steps / c.steps,
                           c.eager_steps_preferred ? "preferred" : "tried, replays kept");
@@ -447,7 +453,7 @@ std::string BenchResultJson(const BenchOptions& o, const std::string& model, con
   if (c.known && c.steps > 0) {
     row["graph_steps_fraction"] = static_cast<double>(c.graph_steps) / c.steps;
   }
-  if (c.known && (c.eager_step_trials > 0 || c.eager_steps_preferred)) {
+  if (EagerStepsTried(c)) {
     row["eager_step_trials"] = c.eager_step_trials;
     row["eager_steps_preferred"] = c.eager_steps_preferred;
   }

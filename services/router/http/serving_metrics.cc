@@ -55,13 +55,13 @@ std::string RenderMetrics(const ServingMetrics& s, const RequestMetrics& request
             static_cast<double>(r.graph_steps));
   w.Counter("strata_eager_step_trials_total",
             "Decode steps of a batch size timed eagerly against replays, trials decided",
-            static_cast<double>(r.eager_step_trials));
+            static_cast<double>(r.replay_or_eager.trials));
   w.Counter("strata_eager_step_switches_total",
             "Changes of the way a batch size's decode steps run (replayed or eager)",
-            static_cast<double>(r.eager_step_switches));
+            static_cast<double>(r.replay_or_eager.switches));
   w.Gauge("strata_eager_steps_preferred",
           "Whether some batch size's decode steps run eagerly, found faster than replays",
-          r.eager_steps_preferred ? 1 : 0);
+          r.replay_or_eager.eager ? 1 : 0);
   w.Counter("strata_preemptions_total", "Sequences preempted for KV blocks (later recomputed)",
             static_cast<double>(r.preemptions));
   w.Counter("strata_prefix_cache_queried_tokens_total",

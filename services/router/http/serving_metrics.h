@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/engine/replay_or_eager.h"
 #include "services/router/http/metrics.h"
 #include "services/router/request_metrics.h"
 
@@ -34,10 +35,7 @@ struct RouterSnapshot {
   int kv_blocks_borrowed = 0;  // of kv_blocks_total, in memory the workers lent
   int64_t steps = 0;
   int64_t graph_steps = 0;  // of steps, replayed as CUDA graphs
-  // Decode steps timed eagerly against replays (ReplayOrEager), and the way changes.
-  int64_t eager_step_trials = 0;
-  int64_t eager_step_switches = 0;
-  bool eager_steps_preferred = false;
+  ReplayOrEager::Counts replay_or_eager;
   int64_t preemptions = 0;
   int64_t prefix_queried_tokens = 0;  // prompt tokens looked up in the prefix cache
   int64_t prefix_hit_tokens = 0;      // of those, found cached

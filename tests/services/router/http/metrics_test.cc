@@ -44,8 +44,7 @@ TEST(MetricsTest, ServingPageHasEveryFamilyOnce) {
   router.kv_blocks_free = 4;
   router.steps = 9;
   router.graph_steps = 7;
-  router.eager_step_trials = 2;
-  router.eager_steps_preferred = true;
+  router.replay_or_eager = {.trials = 2, .eager = true};
   router.workers.push_back(
       {.index = 0, .connected = true, .hot_hits = 5, .warm_hits = 2, .misses = 1});
   router.workers.push_back({.index = 1});
