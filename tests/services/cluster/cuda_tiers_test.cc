@@ -195,7 +195,10 @@ TEST(CudaTiersTest, AutoColdExpertsTimeEagerStepsAgainstReplays) {
   // 4 x 31 decode steps of one token: the first trial (5 steps) after 32, the second 69 later.
   EXPECT_GE(stats.eager_step_trials(), 1u);
   EXPECT_GT(stats.graph_steps(), 0u);
-  EXPECT_LT(stats.graph_steps(), stats.steps());
+  // Every decided trial ran its 5 decode steps eagerly, besides the 4 prefills (on the H100:
+  // 2 trials, 114 of 128 steps replayed).
+  EXPECT_GE(stats.steps() - stats.graph_steps(),
+            Prompts().size() + 5 * stats.eager_step_trials());
   EXPECT_EQ(cluster.Stop(), 0);
   const size_t shared = ExpectSameOrTied(ResidentArgs("bf16", false), Prompts(), got, want, 0.1f);
   std::printf("eager steps timed against replays: %zu of %d tokens before the first difference\n",
