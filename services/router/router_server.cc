@@ -12,6 +12,7 @@
 #include "services/router/ipc_expert_backend.h"
 #endif
 #include "common/placement/plan_file.h"
+#include "common/util/counter_since.h"
 #include "common/util/grpc_listen.h"
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
@@ -317,17 +318,13 @@ void RouterServer::ReportThroughput(absl::Duration span, RequestMetrics::Totals&
   const RequestMetrics::Totals now = scheduler_->metrics().totals();
   const Scheduler::Stats s = scheduler_->stats();
   const ExpertUses uses = WorkerExpertUses();
-  // A restarted worker counts from zero again: the span then counts from there.
-  auto since = [](uint64_t before, uint64_t after) {
-    return after >= before ? after - before : after;
-  };
   const ThroughputState state{
       s.running,
       s.waiting,
       scheduler_->kv_pool_blocks() - s.free_kv_blocks,
       scheduler_->kv_pool_blocks(),
-      {since(reported_uses.hot, uses.hot), since(reported_uses.warm, uses.warm),
-       since(reported_uses.cold, uses.cold)}};
+      {CounterSince(reported_uses.hot, uses.hot), CounterSince(reported_uses.warm, uses.warm),
+       CounterSince(reported_uses.cold, uses.cold)}};
   if (Busy(reported, now, state)) {
     Log(LogLevel::kInfo, ThroughputLine(reported, now, absl::ToDoubleSeconds(span), state));
   }

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "common/util/counter_since.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "strata/v1/cluster.grpc.pb.h"
@@ -322,18 +323,18 @@ std::string CurrentCommandLine() {
 }
 
 ServerCounters CounterDeltas(const v1::StatsResponse& before, const v1::StatsResponse& after) {
-  auto delta = [](uint64_t b, uint64_t a) { return a >= b ? a - b : a; };
   ServerCounters c;
   c.known = true;
-  c.generated_tokens = delta(before.generated_tokens(), after.generated_tokens());
-  c.preemptions = delta(before.preemptions(), after.preemptions());
-  c.draft_tokens = delta(before.draft_tokens(), after.draft_tokens());
-  c.accepted_draft_tokens = delta(before.accepted_draft_tokens(), after.accepted_draft_tokens());
-  c.steps = delta(before.steps(), after.steps());
-  c.graph_steps = delta(before.graph_steps(), after.graph_steps());
-  c.prefetch_correct = delta(before.prefetch_correct(), after.prefetch_correct());
-  c.prefetch_actual = delta(before.prefetch_actual(), after.prefetch_actual());
-  c.eager_step_trials = delta(before.eager_step_trials(), after.eager_step_trials());
+  c.generated_tokens = CounterSince(before.generated_tokens(), after.generated_tokens());
+  c.preemptions = CounterSince(before.preemptions(), after.preemptions());
+  c.draft_tokens = CounterSince(before.draft_tokens(), after.draft_tokens());
+  c.accepted_draft_tokens =
+      CounterSince(before.accepted_draft_tokens(), after.accepted_draft_tokens());
+  c.steps = CounterSince(before.steps(), after.steps());
+  c.graph_steps = CounterSince(before.graph_steps(), after.graph_steps());
+  c.prefetch_correct = CounterSince(before.prefetch_correct(), after.prefetch_correct());
+  c.prefetch_actual = CounterSince(before.prefetch_actual(), after.prefetch_actual());
+  c.eager_step_trials = CounterSince(before.eager_step_trials(), after.eager_step_trials());
   c.eager_steps_preferred = after.eager_steps_preferred();
   for (const v1::WorkerStats& w : after.workers()) {
     v1::TierCounters b;  // zeros for a worker that registered during the rounds
@@ -341,13 +342,13 @@ ServerCounters CounterDeltas(const v1::StatsResponse& before, const v1::StatsRes
       if (w0.index() == w.index()) b = w0.tiers();
     }
     const v1::TierCounters& a = w.tiers();
-    c.hot_hits += delta(b.hot_hits(), a.hot_hits());
-    c.warm_hits += delta(b.warm_hits(), a.warm_hits());
-    c.misses += delta(b.misses(), a.misses());
-    c.bytes_copied += delta(b.bytes_copied(), a.bytes_copied());
-    c.cpu_tier_experts += delta(b.cpu_tier_experts(), a.cpu_tier_experts());
-    c.prefetch_loads += delta(b.prefetch_loads(), a.prefetch_loads());
-    c.prefetch_hits += delta(b.prefetch_hits(), a.prefetch_hits());
+    c.hot_hits += CounterSince(b.hot_hits(), a.hot_hits());
+    c.warm_hits += CounterSince(b.warm_hits(), a.warm_hits());
+    c.misses += CounterSince(b.misses(), a.misses());
+    c.bytes_copied += CounterSince(b.bytes_copied(), a.bytes_copied());
+    c.cpu_tier_experts += CounterSince(b.cpu_tier_experts(), a.cpu_tier_experts());
+    c.prefetch_loads += CounterSince(b.prefetch_loads(), a.prefetch_loads());
+    c.prefetch_hits += CounterSince(b.prefetch_hits(), a.prefetch_hits());
   }
   return c;
 }
