@@ -66,7 +66,7 @@ for spec in sys.argv[4:]:
         for k, v in w.get('tiers', {}).items():
             t[k] = t.get(k, 0) + float(v) - float(w0.get('tiers', {}).get(k, 0))
     uses = max(t.get('hot_hits', 0) + t.get('warm_hits', 0) + t.get('misses', 0), 1)
-    tokens = runs * out_len
+    tokens = runs * out_len * int(r.get('concurrency', 1))  # every request of a round generates
     replayed = (f"{int(s.get('graph_steps', 0)) - int(s0.get('graph_steps', 0))}/"
                 f"{int(s.get('steps', 0)) - int(s0.get('steps', 0))}")
     print(f"{name} | {r['decode_tok_s_mean']:.1f} | {r['decode_tok_s_p5']:.1f} | "
