@@ -532,8 +532,9 @@ void CompactionTimes(cudaStream_t s) {
 
 }  // namespace
 
-// `kernel_bench experts`: the one-token expert rows only; `kernel_bench attention`: the
-// long-context decode attention rows only.
+// `kernel_bench experts`: the one-token expert rows only; `kernel_bench grouped`: the rows of
+// several tokens' experts only; `kernel_bench attention`: the long-context decode attention rows
+// only.
 int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -542,6 +543,14 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
   const bool experts_only = argc > 1 && std::string_view(argv[1]) == "experts";
+  if (argc > 1 && std::string_view(argv[1]) == "grouped") {  // several tokens' experts only
+    MultiTokenExpertTimes(s, "qwen3", kExperts, kTopK, kHidden, kInter, false);
+    MultiTokenExpertTimes(s, "qwen3", kExperts, kTopK, kHidden, kInter, true);
+    MultiTokenExpertTimes(s, "mixtral", 8, 2, 4096, 14336, false);
+    MultiTokenExpertTimes(s, "mixtral", 8, 2, 4096, 14336, true);
+    std::printf("%s: %d check(s) failed\n", failures ? "FAILED" : "PASSED", failures);
+    return failures ? 1 : 0;
+  }
   if (argc > 1 && std::string_view(argv[1]) == "attention") {
     LongContextAttentionTimes(s, prop.multiProcessorCount);
     CompactionTimes(s);

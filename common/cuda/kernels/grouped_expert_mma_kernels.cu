@@ -3,11 +3,12 @@
 // The MMA m16n8k16 takes A (16 weight rows x 16 k) and B (16 k x 8 tokens) in fragments: lane
 // (g = lane / 4, t = lane % 4) holds k = {2t, 2t + 1, 2t + 8, 2t + 9} of rows g and g + 8 (A)
 // and of token g (B). The order of k within a dot product is free, as long as both operands
-// use the same one: here a lane owns 16 consecutive columns, [16 t, 16 t + 16), of each
-// 64-wide slab, and the slab's k-step s gives the lane's logical k {2t, 2t + 1} to columns
-// 16 t + 4 s + {0, 1} and {2t + 8, 2t + 9} to 16 t + 4 s + {2, 3}. Each lane then loads
-// one 16-byte vector of FP8 (two of bf16) per row and two per token, with no shuffles and no
-// shared memory; four lanes read 64 contiguous bytes of a row.
+// use the same one: here a lane owns W consecutive columns, [W t, W t + W), of each 4W-wide
+// slab (W = 16, or 32 for FP8 where the dim allows), and the slab's k-step s gives the lane's
+// logical k {2t, 2t + 1} to columns W t + 4 s + {0, 1} and {2t + 8, 2t + 9} to
+// W t + 4 s + {2, 3}. Each lane then loads W elements per row and per token in 16-byte
+// vectors, with no shuffles and no shared memory; four lanes read 4W contiguous elements of a
+// row (128 bytes of bf16, or of FP8 in wide slabs).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -21,33 +22,32 @@ namespace {
 
 constexpr int kWarps = 4;  // warps a block, each on its own 16 rows
 constexpr int kRows = 16;  // a warp's rows: the MMA's M
-constexpr int kSlab = static_cast<int>(kMmaExpertSlab);
 
-// A lane's 16 consecutive elements of one row: 16 bytes of FP8 or 32 of bf16.
-template <typename WT>
+// A lane's kWide consecutive elements of one row (16 or 32): kWide x sizeof(WT) bytes.
+template <typename WT, int kWide>
 struct Piece {
-  uint4 v[sizeof(WT)];
+  uint4 v[kWide * sizeof(WT) / 16];
 };
 
-template <typename WT>
-__device__ __forceinline__ void LoadPiece(Piece<WT>& p, const WT* src) {
+template <typename WT, int kWide>
+__device__ __forceinline__ void LoadPiece(Piece<WT, kWide>& p, const WT* src) {
   const uint4* s = reinterpret_cast<const uint4*>(src);
 #pragma unroll
-  for (int i = 0; i < static_cast<int>(sizeof(WT)); ++i) p.v[i] = __ldg(s + i);
+  for (int i = 0; i < static_cast<int>(kWide * sizeof(WT) / 16); ++i) p.v[i] = __ldg(s + i);
 }
 
 __device__ __forceinline__ uint32_t Component(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Elements 2j and 2j + 1 of a piece (j in 0..7, known at compile time) as bf16x2. E4M3 is
-// exact in bf16; the row's scale is applied to the sum.
-template <typename WT>
-__device__ __forceinline__ uint32_t Word(const Piece<WT>& p, int j) {
+// Elements 2j and 2j + 1 of a piece (j < kWide / 2, known at compile time) as bf16x2. E4M3
+// is exact in bf16; the row's scale is applied to the sum.
+template <typename WT, int kWide>
+__device__ __forceinline__ uint32_t Word(const Piece<WT, kWide>& p, int j) {
   if constexpr (sizeof(WT) == 2) {
     return Component(p.v[j / 4], j % 4);
   } else {
-    const uint32_t four = Component(p.v[0], j / 2);
+    const uint32_t four = Component(p.v[j / 8], (j / 2) % 4);
     const auto two = static_cast<__nv_fp8x2_storage_t>(j % 2 ? four >> 16 : four & 0xffffu);
     const __half2 h(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3));
     const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
@@ -66,18 +66,21 @@ __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
 
 // The warp's dot products over k_len inputs: rows[m][0] and rows[m][1] are this lane's rows
 // g and g + 8 of matrix m, tokens[n] its token g of tile n (8 tokens a tile). acc[m][n][i]
-// gets row g + 8 (i / 2), token 8 n + 2 t + i % 2. Slabs are loaded kStages - 1 ahead of use.
-template <typename WT, int kMats, int kNt>
+// gets row g + 8 (i / 2), token 8 n + 2 t + i % 2. A slab is 4 x kWide inputs (kWide / 4
+// MMA k-steps); slabs are loaded kStages - 1 ahead of use. Wide FP8 slabs (kWide 32) make each
+// row's load 128 contiguous bytes, as bf16's are: 64-byte pieces left DRAM at ~60% of its rate.
+template <typename WT, int kMats, int kNt, int kWide>
 __device__ __forceinline__ void WarpDots(const WT* const (&rows)[kMats][2],
                                          const bf16* const (&tokens)[kNt], int64_t k_len,
                                          float (&acc)[kMats][kNt][4]) {
-  constexpr int kStages = sizeof(WT) == 1 ? 3 : 2;
+  constexpr int kStages = sizeof(WT) == 1 && kWide == 16 ? 3 : 2;
+  constexpr int kSlab = 4 * kWide;
   struct Stage {
-    Piece<WT> a[kMats][2];
-    Piece<bf16> b[kNt];
+    Piece<WT, kWide> a[kMats][2];
+    Piece<bf16, kWide> b[kNt];
   };
   Stage st[kStages];
-  const int64_t col = 16 * (threadIdx.x % 4);
+  const int64_t col = kWide * (threadIdx.x % 4);
   auto load = [&](Stage& s, int64_t slab) {
     const int64_t k0 = slab * kSlab + col;
 #pragma unroll
@@ -90,7 +93,7 @@ __device__ __forceinline__ void WarpDots(const WT* const (&rows)[kMats][2],
   };
   auto compute = [&](const Stage& s) {
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
+    for (int ks = 0; ks < kWide / 4; ++ks) {
       uint32_t b[kNt][2];
 #pragma unroll
       for (int n = 0; n < kNt; ++n) {
@@ -131,7 +134,7 @@ __device__ __forceinline__ Item ItemAt(const ExpertWorkspace& ws) {
 }
 
 // Grid: (row tiles of the intermediate dim, work items). h[slot] = act(gate . x, up . x).
-template <typename WT, int kNt>
+template <typename WT, int kNt, int kWide>
 __global__ void __launch_bounds__(kWarps* kWarpSize)
     ExpertGateUpMmaKernel(const bf16* __restrict__ x, int top_k, ExpertWeightTable w, GluParams act,
                           ExpertWorkspace ws) {
@@ -152,7 +155,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
     tokens[n] = x + int64_t{slot / top_k} * hidden;
   }
   float acc[2][kNt][4] = {};
-  WarpDots<WT, 2, kNt>(rows, tokens, hidden, acc);
+  WarpDots<WT, 2, kNt, kWide>(rows, tokens, hidden, acc);
   const bool gate_biased = w.gate_bias != nullptr && w.gate_bias[it.expert] != nullptr;
   const bool up_biased = w.up_bias != nullptr && w.up_bias[it.expert] != nullptr;
 #pragma unroll
@@ -175,25 +178,52 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
   }
 }
 
-// Grid: (row tiles of the hidden dim, work items). y[slot] = down . h[slot] + bias.
-template <typename WT, int kNt>
+// Grid: (row tiles of the hidden dim, work items). y[slot] = down . h[slot] + bias. With
+// kSplitK a block's warps share 16 rows and each sums a quarter of the intermediate dim (the
+// four partial sums meet in shared memory): four times the warps on the same bytes, for
+// shapes whose down matrices are few and long (mixtral: 4,096 rows x 14,336).
+template <typename WT, int kNt, int kWide, bool kSplitK>
 __global__ void __launch_bounds__(kWarps* kWarpSize)
     ExpertDownMmaKernel(ExpertWeightTable w, ExpertWorkspace ws) {
   const Item it = ItemAt(ws);
-  const int64_t r0 = (int64_t{blockIdx.x} * kWarps + threadIdx.x / kWarpSize) * kRows;
-  if (it.count == 0 || r0 >= w.hidden) return;
+  const int warp = threadIdx.x / kWarpSize;
+  const int64_t r0 = (kSplitK ? int64_t{blockIdx.x} : int64_t{blockIdx.x} * kWarps + warp) * kRows;
+  if (it.count == 0 || r0 >= w.hidden) return;  // the same for a whole block under kSplitK
   const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int64_t inter = w.intermediate;
+  const int64_t k_len = kSplitK ? inter / kWarps : inter;
+  const int64_t k0 = kSplitK ? warp * k_len : 0;
   const WT* down = static_cast<const WT*>(w.down[it.expert]);
-  const WT* rows[1][2] = {{down + (r0 + g) * inter, down + (r0 + g + 8) * inter}};
+  const WT* rows[1][2] = {{down + (r0 + g) * inter + k0, down + (r0 + g + 8) * inter + k0}};
   const bf16* tokens[kNt];
 #pragma unroll
   for (int n = 0; n < kNt; ++n) {
-    tokens[n] = ws.h + int64_t{ws.sorted_slots[it.first + min(g + 8 * n, it.count - 1)]} * inter;
+    const int slot = ws.sorted_slots[it.first + min(g + 8 * n, it.count - 1)];
+    tokens[n] = ws.h + int64_t{slot} * inter + k0;
   }
   float acc[1][kNt][4] = {};
-  WarpDots<WT, 1, kNt>(rows, tokens, inter, acc);
+  WarpDots<WT, 1, kNt, kWide>(rows, tokens, k_len, acc);
+  if constexpr (kSplitK) {
+    __shared__ float parts[kWarps - 1][kNt][4][kWarpSize];
+    if (warp > 0) {
+#pragma unroll
+      for (int n = 0; n < kNt; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) parts[warp - 1][n][i][lane] = acc[0][n][i];
+      }
+    }
+    __syncthreads();
+    if (warp > 0) return;
+#pragma unroll
+    for (int q = 0; q < kWarps - 1; ++q) {
+#pragma unroll
+      for (int n = 0; n < kNt; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[0][n][i] += parts[q][n][i][lane];
+      }
+    }
+  }
   const bool biased = w.down_bias != nullptr && w.down_bias[it.expert] != nullptr;
 #pragma unroll
   for (int n = 0; n < kNt; ++n) {
@@ -220,6 +250,33 @@ dim3 GridFor(int64_t rows, int64_t max_work) {
   return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(max_work));
 }
 
+// Wide slabs for FP8 weights where the summed dim holds whole ones (bf16 rows already load 128
+// bytes a piece).
+bool WideSlabs(const ExpertWeightTable& w, int64_t k_len) {
+  return w.format == WeightFormat::kFp8E4M3 && k_len % (4 * 32) == 0;
+}
+
+template <int kNt, int kWide>
+void GateUpAs(bool fp8, dim3 grid, dim3 block, const bf16* x, int top_k,
+              const ExpertWeightTable& w, const GluParams& act, const ExpertWorkspace& ws,
+              cudaStream_t stream) {
+  if (fp8) {
+    ExpertGateUpMmaKernel<uint8_t, kNt, kWide><<<grid, block, 0, stream>>>(x, top_k, w, act, ws);
+  } else {
+    ExpertGateUpMmaKernel<bf16, kNt, 16><<<grid, block, 0, stream>>>(x, top_k, w, act, ws);
+  }
+}
+
+template <int kNt, int kWide, bool kSplitK>
+void DownAs(bool fp8, dim3 grid, dim3 block, const ExpertWeightTable& w,
+            const ExpertWorkspace& ws, cudaStream_t stream) {
+  if (fp8) {
+    ExpertDownMmaKernel<uint8_t, kNt, kWide, kSplitK><<<grid, block, 0, stream>>>(w, ws);
+  } else {
+    ExpertDownMmaKernel<bf16, kNt, 16, kSplitK><<<grid, block, 0, stream>>>(w, ws);
+  }
+}
+
 }  // namespace
 
 bool MmaExpertShapesFit(const ExpertWeightTable& w) {
@@ -237,14 +294,13 @@ cudaError_t LaunchExpertGateUpMma(const bf16* x, int top_k, int chunk, int64_t m
   const dim3 grid = GridFor(w.intermediate, max_work);
   const dim3 block(kWarps * kWarpSize);
   const bool fp8 = w.format == WeightFormat::kFp8E4M3;
-  if (fp8 && chunk == 8) {
-    ExpertGateUpMmaKernel<uint8_t, 1><<<grid, block, 0, stream>>>(x, top_k, w, act, ws);
-  } else if (fp8) {
-    ExpertGateUpMmaKernel<uint8_t, 2><<<grid, block, 0, stream>>>(x, top_k, w, act, ws);
-  } else if (chunk == 8) {
-    ExpertGateUpMmaKernel<bf16, 1><<<grid, block, 0, stream>>>(x, top_k, w, act, ws);
+  const bool wide = WideSlabs(w, w.hidden);
+  if (chunk == 8) {
+    wide ? GateUpAs<1, 32>(fp8, grid, block, x, top_k, w, act, ws, stream)
+         : GateUpAs<1, 16>(fp8, grid, block, x, top_k, w, act, ws, stream);
   } else {
-    ExpertGateUpMmaKernel<bf16, 2><<<grid, block, 0, stream>>>(x, top_k, w, act, ws);
+    wide ? GateUpAs<2, 32>(fp8, grid, block, x, top_k, w, act, ws, stream)
+         : GateUpAs<2, 16>(fp8, grid, block, x, top_k, w, act, ws, stream);
   }
   return cudaGetLastError();
 }
@@ -254,17 +310,25 @@ cudaError_t LaunchExpertDownMma(int chunk, int64_t max_work, const ExpertWeightT
   if (!MmaExpertShapesFit(w) || !LaunchFits(chunk, max_work, w.hidden)) {
     return cudaErrorInvalidValue;
   }
-  const dim3 grid = GridFor(w.hidden, max_work);
-  const dim3 block(kWarps * kWarpSize);
   const bool fp8 = w.format == WeightFormat::kFp8E4M3;
-  if (fp8 && chunk == 8) {
-    ExpertDownMmaKernel<uint8_t, 1><<<grid, block, 0, stream>>>(w, ws);
-  } else if (fp8) {
-    ExpertDownMmaKernel<uint8_t, 2><<<grid, block, 0, stream>>>(w, ws);
-  } else if (chunk == 8) {
-    ExpertDownMmaKernel<bf16, 1><<<grid, block, 0, stream>>>(w, ws);
+  const bool wide = WideSlabs(w, w.intermediate / kWarps);
+  const bool split = w.intermediate % (kWarps * 4 * (wide ? 32 : 16)) == 0;
+  const dim3 grid = split ? dim3(static_cast<unsigned>(w.hidden / kRows),
+                                 static_cast<unsigned>(max_work))
+                          : GridFor(w.hidden, max_work);
+  const dim3 block(kWarps * kWarpSize);
+  if (chunk == 8) {
+    if (split) {
+      wide ? DownAs<1, 32, true>(fp8, grid, block, w, ws, stream)
+           : DownAs<1, 16, true>(fp8, grid, block, w, ws, stream);
+    } else {
+      DownAs<1, 16, false>(fp8, grid, block, w, ws, stream);
+    }
+  } else if (split) {
+    wide ? DownAs<2, 32, true>(fp8, grid, block, w, ws, stream)
+         : DownAs<2, 16, true>(fp8, grid, block, w, ws, stream);
   } else {
-    ExpertDownMmaKernel<bf16, 2><<<grid, block, 0, stream>>>(w, ws);
+    DownAs<2, 16, false>(fp8, grid, block, w, ws, stream);
   }
   return cudaGetLastError();
 }
