@@ -1,5 +1,6 @@
 #include "common/cuda/kernels/gemv_core.cuh"
 #include "common/cuda/kernels/gemv_kernels.h"
+#include "common/cuda/kernels/mma_dots.cuh"
 
 namespace strata::gpu {
 namespace {
@@ -74,6 +75,125 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<kNT, WT>)
   });
 }
 
+// Two tokens or more on the tensor cores: a warp takes 16 rows of a segment against every
+// token at once (mma_dots.cuh), reading each weight once, where the CUDA-core kernel above
+// spent 2.8x its one-token time on 8 tokens (FP8 q/k/v, H100). With kSplitK the block's four
+// warps share 16 rows and each sums a quarter of in_dim (partials meet in shared memory): for
+// launches of few rows (the MoE gate's 128, an o projection), four times the warps. Rows of
+// every segment a multiple of 16, in_dim of 64 (128 for wide FP8 slabs; x4 under kSplitK).
+constexpr int kMmaWarps = 4;
+constexpr int kMmaRows = 16;
+constexpr int64_t kMmaSplitBelowTiles = 1024;  // row tiles of 16 under which k is split
+
+template <typename WT, int kNt, int kWide, bool kSplitK, typename OutT>
+__global__ void __launch_bounds__(kMmaWarps* kWarpSize)
+    GemvMmaKernel(const __grid_constant__ GemvSegments segs, int64_t in_dim,
+                  const bf16* __restrict__ x, int64_t x_stride, int n) {
+  int s = 0;
+#pragma unroll
+  for (int i = 1; i < kGemvMaxSegments; ++i) {
+    if (i < segs.count && blockIdx.x >= segs.seg[i].first_block) s = i;
+  }
+  const GemvSegment& seg = segs.seg[s];
+  const int warp = threadIdx.x / kWarpSize;
+  const int64_t tile = int64_t{blockIdx.x} - seg.first_block;
+  const int64_t r0 = (kSplitK ? tile : tile * kMmaWarps + warp) * kMmaRows;
+  PdlLaunchDependents();
+  PdlWait();
+  if (r0 >= seg.out) return;  // the same for a whole block under kSplitK
+  const int lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t k_len = kSplitK ? in_dim / kMmaWarps : in_dim;
+  const int64_t k0 = kSplitK ? warp * k_len : 0;
+  const WT* w = static_cast<const WT*>(seg.w);
+  const WT* rows[1][2] = {{w + (r0 + g) * in_dim + k0, w + (r0 + g + 8) * in_dim + k0}};
+  const bf16* tokens[kNt];
+#pragma unroll
+  for (int k = 0; k < kNt; ++k) tokens[k] = x + min(g + 8 * k, n - 1) * x_stride + k0;
+  float acc[1][kNt][4] = {};
+  WarpDots<WT, 1, kNt, kWide>(rows, tokens, k_len, acc);
+  if constexpr (kSplitK) {
+    __shared__ float parts[kMmaWarps - 1][kNt][4][kWarpSize];
+    if (warp > 0) {
+#pragma unroll
+      for (int k = 0; k < kNt; ++k) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) parts[warp - 1][k][i][lane] = acc[0][k][i];
+      }
+    }
+    __syncthreads();
+    if (warp > 0) return;
+#pragma unroll
+    for (int q = 0; q < kMmaWarps - 1; ++q) {
+#pragma unroll
+      for (int k = 0; k < kNt; ++k) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[0][k][i] += parts[q][k][i][lane];
+      }
+    }
+  }
+  OutT* y = static_cast<OutT*>(seg.y);
+#pragma unroll
+  for (int k = 0; k < kNt; ++k) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tok = 8 * k + 2 * t + i % 2;
+      if (tok >= n) continue;
+      const int64_t row = r0 + g + 8 * (i / 2);
+      float v = acc[0][k][i];
+      if (seg.scale != nullptr) v *= seg.scale[row];
+      if (seg.bias != nullptr) v += __bfloat162float(seg.bias[row]);
+      StoreOut(y + tok * seg.y_stride + row, v);
+    }
+  }
+}
+
+bool MmaFits(const GemvSegments& segs, int64_t in_dim) {
+  if (in_dim % 64 != 0) return false;
+  for (int i = 0; i < segs.count; ++i) {
+    if (segs.seg[i].out % kMmaRows != 0) return false;
+  }
+  return true;
+}
+
+template <typename WT, int kNt, int kWide, bool kSplitK, typename OutT>
+cudaError_t LaunchMma(GemvSegments segs, int64_t in_dim, const bf16* x, int64_t x_stride, int n,
+                      cudaStream_t stream) {
+  int64_t blocks = 0;
+  for (int i = 0; i < segs.count; ++i) {
+    segs.seg[i].first_block = blocks;
+    const int64_t tiles = segs.seg[i].out / kMmaRows;
+    blocks += kSplitK ? tiles : (tiles + kMmaWarps - 1) / kMmaWarps;
+  }
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  return LaunchPdl(GemvMmaKernel<WT, kNt, kWide, kSplitK, OutT>,
+                   dim3(static_cast<unsigned>(blocks)), dim3(kMmaWarps * kWarpSize), 0, stream,
+                   segs, in_dim, x, x_stride, n);
+}
+
+template <typename WT, int kNt, typename OutT>
+cudaError_t LaunchMmaShaped(const GemvSegments& segs, int64_t in_dim, const bf16* x,
+                            int64_t x_stride, int n, cudaStream_t stream) {
+  int64_t tiles = 0;
+  for (int i = 0; i < segs.count; ++i) tiles += segs.seg[i].out / kMmaRows;
+  const int64_t slab = sizeof(WT) == 1 && in_dim % 128 == 0 ? 128 : 64;
+  const bool split = tiles < kMmaSplitBelowTiles && in_dim % (kMmaWarps * slab) == 0;
+  const bool wide = sizeof(WT) == 1 && in_dim % ((split ? kMmaWarps : 1) * 128) == 0;
+  if (split) {
+    return wide ? LaunchMma<WT, kNt, 32, true, OutT>(segs, in_dim, x, x_stride, n, stream)
+                : LaunchMma<WT, kNt, 16, true, OutT>(segs, in_dim, x, x_stride, n, stream);
+  }
+  return wide ? LaunchMma<WT, kNt, 32, false, OutT>(segs, in_dim, x, x_stride, n, stream)
+              : LaunchMma<WT, kNt, 16, false, OutT>(segs, in_dim, x, x_stride, n, stream);
+}
+
+template <typename WT, typename OutT>
+cudaError_t LaunchMmaFor(const GemvSegments& segs, int64_t in_dim, const bf16* x,
+                         int64_t x_stride, int n, cudaStream_t stream) {
+  return n <= 8 ? LaunchMmaShaped<WT, 1, OutT>(segs, in_dim, x, x_stride, n, stream)
+                : LaunchMmaShaped<WT, 2, OutT>(segs, in_dim, x, x_stride, n, stream);
+}
+
 // Blocks per segment and the threads per row group, from the segments' shapes.
 template <typename WT, int kE, int kNT, typename OutT>
 cudaError_t LaunchTyped(GemvSegments segs, int64_t in_dim, const bf16* x, int64_t x_stride, int n,
@@ -103,6 +223,7 @@ cudaError_t LaunchForWeight(const GemvSegments& segs, int64_t in_dim, const bf16
   for (int i = 0; i < segs.count; ++i) vec = vec && Aligned16(segs.seg[i].w);
   if (!vec) return LaunchTyped<WT, 1, kGemvMaxTokens, OutT>(segs, in_dim, x, x_stride, n, stream);
   if (n == 1) return LaunchTyped<WT, kE, 1, OutT>(segs, in_dim, x, x_stride, n, stream);
+  if (MmaFits(segs, in_dim)) return LaunchMmaFor<WT, OutT>(segs, in_dim, x, x_stride, n, stream);
   if (n == 2) return LaunchTyped<WT, kE, 2, OutT>(segs, in_dim, x, x_stride, n, stream);
   if (n <= 4) return LaunchTyped<WT, kE, 4, OutT>(segs, in_dim, x, x_stride, n, stream);
   if (n <= 8) return LaunchTyped<WT, kE, 8, OutT>(segs, in_dim, x, x_stride, n, stream);

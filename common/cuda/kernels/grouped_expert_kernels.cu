@@ -2,6 +2,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "common/cuda/grid_signal.cuh"
 #include "common/cuda/kernels/expert_activation.cuh"
@@ -405,19 +406,51 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<1, WT>)
   SignalGridDone(signal);
 }
 
-// One block per token: the weighted sum of its valid slots, in slot order.
-__global__ void __launch_bounds__(256)
+// out[t] = the weighted sum of token t's valid slots' rows of y, in slot order. A thread owns
+// kVec consecutive elements of one token (grid: tokens x element tiles) and issues its slots'
+// loads before it sums: one block per token looping over slots one load at a time was bound by
+// load latency (29 us for 8 tokens of 2048 on an H100, as long as for 128).
+constexpr int kCombineThreads = 128;
+constexpr int kCombineSlotsAtOnce = 8;
+
+template <int kVec>
+__global__ void __launch_bounds__(kCombineThreads)
     ExpertCombineKernel(const int32_t* __restrict__ expert_ids, const float* __restrict__ weights,
                         int top_k, int num_experts, int64_t hidden, const float* __restrict__ y,
                         bf16* __restrict__ out, GridSignal signal) {
+  using Vec = std::conditional_t<kVec == 4, float4, float>;
   const int64_t t = blockIdx.x;
-  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
-    float sum = 0.0f;
-    for (int s = 0; s < top_k; ++s) {
-      const int64_t slot = t * top_k + s;
-      if (ValidExpert(expert_ids[slot], num_experts)) sum += weights[slot] * y[slot * hidden + j];
+  const int64_t j = (int64_t{blockIdx.y} * kCombineThreads + threadIdx.x) * kVec;
+  if (j < hidden) {
+    float sum[kVec] = {};
+    for (int s0 = 0; s0 < top_k; s0 += kCombineSlotsAtOnce) {
+      Vec v[kCombineSlotsAtOnce];
+      float wt[kCombineSlotsAtOnce];
+      bool valid[kCombineSlotsAtOnce];
+#pragma unroll
+      for (int u = 0; u < kCombineSlotsAtOnce; ++u) {
+        const int64_t slot = t * top_k + s0 + u;
+        valid[u] = s0 + u < top_k && ValidExpert(expert_ids[slot], num_experts);
+        if (valid[u]) {
+          wt[u] = weights[slot];
+          v[u] = *reinterpret_cast<const Vec*>(y + slot * hidden + j);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kCombineSlotsAtOnce; ++u) {
+        if (!valid[u]) continue;
+        if constexpr (kVec == 4) {
+          sum[0] += wt[u] * v[u].x;
+          sum[1] += wt[u] * v[u].y;
+          sum[2] += wt[u] * v[u].z;
+          sum[3] += wt[u] * v[u].w;
+        } else {
+          sum[0] += wt[u] * v[u];
+        }
+      }
     }
-    out[t * hidden + j] = __float2bfloat16(sum);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) out[t * hidden + j + i] = __float2bfloat16(sum[i]);
   }
   SignalGridDone(signal);
 }
@@ -662,8 +695,20 @@ cudaError_t LaunchExpertCombine(const int32_t* expert_ids, const float* weights,
     return cudaErrorInvalidValue;
   }
   if (n == 0) return cudaSuccess;
-  ExpertCombineKernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(
-      expert_ids, weights, top_k, num_experts, hidden, ws.y, out, signal);
+  // Four floats a thread where every row starts 16-byte aligned (ws.y is; out needs 8 bytes).
+  const bool vec = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(ws.y) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  const int64_t per_block = kCombineThreads * (vec ? 4 : 1);
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((hidden + per_block - 1) / per_block));
+  if (vec) {
+    ExpertCombineKernel<4><<<grid, kCombineThreads, 0, stream>>>(expert_ids, weights, top_k,
+                                                                 num_experts, hidden, ws.y, out,
+                                                                 signal);
+  } else {
+    ExpertCombineKernel<1><<<grid, kCombineThreads, 0, stream>>>(expert_ids, weights, top_k,
+                                                                 num_experts, hidden, ws.y, out,
+                                                                 signal);
+  }
   return cudaGetLastError();
 }
 
