@@ -482,9 +482,9 @@ absl::Status CudaRouterBackend::Attention(int layer) {
   cudaStream_t stream = context_->stream();
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
-  if (n <= kGemvMaxTokens && lw.q.format == lw.k.format && lw.q.format == lw.v.format) {
-    // A few tokens: q, k and v in one GEMV launch (the k and v matrices alone are too small
-    // to keep the GPU's memory busy).
+  if (linear_.GemvTakes(lw.q, n) && lw.q.format == lw.k.format && lw.q.format == lw.v.format) {
+    // A few tokens: q, k and v in one GEMV launch per 16 tokens (the k and v matrices alone
+    // are too small to keep the GPU's memory busy).
     const DeviceWeight* w[] = {&lw.q, &lw.k, &lw.v};
     void* y[] = {q_.data(), k_.data(), v_.data()};
     CUDA_RETURN_IF_ERROR(LaunchGemvMulti(w, y, 3, normed_.data(), n, OutType::kBf16, stream));

@@ -24,7 +24,7 @@ absl::Status LinearRunner::Run(const DeviceWeight& w, const bf16* x, int64_t n, 
   }
   if (n == 0) return absl::OkStatus();
   cudaStream_t stream = context_->stream();
-  if (n <= options_.gemv_max_tokens) {
+  if (GemvTakes(w, n)) {
     CUDA_RETURN_IF_ERROR(LaunchGemv(w, x, w.in, n, y, y_type, w.out, stream));
     return absl::OkStatus();
   }

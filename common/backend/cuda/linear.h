@@ -1,6 +1,8 @@
 // y = W x (+ bias) on the device, choosing the kernel by token count: the GEMV kernel for a
 // few tokens (memory-bound), cuBLASLt for many (compute-bound). FP8 weights on the cuBLASLt
-// path are dequantized to bf16 scratch first (cuBLASLt on Hopper has no fp8 x bf16 product).
+// path are dequantized to bf16 scratch first (cuBLASLt on Hopper has no fp8 x bf16 product),
+// three more bytes a weight moved, so FP8 keeps the GEMV kernel (tensor cores, 16 tokens a
+// launch, the later launches reading the weights from L2 where they fit) up to more tokens.
 #ifndef STRATA_COMMON_BACKEND_CUDA_LINEAR_H_
 #define STRATA_COMMON_BACKEND_CUDA_LINEAR_H_
 
@@ -15,7 +17,8 @@
 namespace strata::gpu {
 
 struct LinearOptions {
-  int gemv_max_tokens = 16;  // up to this many tokens take the GEMV kernel
+  int gemv_max_tokens = 16;       // up to this many tokens take the GEMV kernel
+  int fp8_gemv_max_tokens = 64;   // the same for FP8 weights
 };
 
 class LinearRunner {
@@ -23,6 +26,13 @@ class LinearRunner {
   // `context` must outlive this object; work goes on context->stream().
   explicit LinearRunner(CudaContext* context, LinearOptions options = {})
       : context_(context), options_(options), gemm_(context) {}
+
+  // Whether Run takes the GEMV kernel for n tokens of w (callers that launch GEMVs of several
+  // matrices at once ask first).
+  bool GemvTakes(const DeviceWeight& w, int64_t n) const {
+    return n <= (w.format == WeightFormat::kFp8E4M3 ? options_.fp8_gemv_max_tokens
+                                                     : options_.gemv_max_tokens);
+  }
 
   // y[n, w.out] = x[n, w.in] W^T + bias, packed row-major; y bf16 or float by y_type.
   absl::Status Run(const DeviceWeight& w, const bf16* x, int64_t n, void* y, OutType y_type);
