@@ -128,6 +128,10 @@ TEST_F(CudaOpsTest, Linear) {
       {17, 768, 2048, false, gpu::OutType::kBf16},  // cuBLASLt
       {64, 2048, 768, true, gpu::OutType::kF32},   {300, 512, 256, true, gpu::OutType::kBf16},
       {33, 100, 100, false, gpu::OutType::kF32},
+      // Tensor-core GEMV: the MoE gate's shape (k split over warps, FP8 in 128-byte pieces),
+      // two tokens of a q projection, eight of an o projection with its k split.
+      {8, 128, 2048, false, gpu::OutType::kF32},   {2, 4096, 2048, true, gpu::OutType::kBf16},
+      {8, 2048, 4096, false, gpu::OutType::kBf16},
   };
   gpu::LinearRunner runner(&context());
   for (const LinearCase& c : cases) {
@@ -159,10 +163,10 @@ TEST_F(CudaOpsTest, Linear) {
     const uint16_t* d_bias = Put(bias);
     ASSERT_FALSE(HasFailure());
     const bool f32 = c.out_type == gpu::OutType::kF32;
-    const std::string path = c.n <= 16 ? "gemv" : "cublaslt";
     const std::string shape = absl::StrCat("n=", c.n, " out=", c.out, " in=", c.in,
                                            c.bias ? " bias" : "", f32 ? " f32" : " bf16");
     for (bool fp8 : {false, true}) {
+      const std::string path = c.n <= (fp8 ? 64 : 16) ? "gemv" : "cublaslt";
       const gpu::DeviceWeight weight{
           .data = fp8 ? static_cast<const void*>(d_q) : d_w,
           .format = fp8 ? gpu::WeightFormat::kFp8E4M3 : gpu::WeightFormat::kBf16,
