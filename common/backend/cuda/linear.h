@@ -13,6 +13,7 @@
 #include "common/cuda/cuda_context.h"
 #include "common/cuda/cuda_types.h"
 #include "common/cuda/device_buffer.h"
+#include "common/cuda/kernels/gemv_kernels.h"
 
 namespace strata::gpu {
 
@@ -28,10 +29,11 @@ class LinearRunner {
       : context_(context), options_(options), gemm_(context) {}
 
   // Whether Run takes the GEMV kernel for n tokens of w (callers that launch GEMVs of several
-  // matrices at once ask first).
+  // matrices at once ask first): FP8 past gemv_max_tokens only where the tensor cores take it.
   bool GemvTakes(const DeviceWeight& w, int64_t n) const {
-    return n <= (w.format == WeightFormat::kFp8E4M3 ? options_.fp8_gemv_max_tokens
-                                                     : options_.gemv_max_tokens);
+    if (n <= options_.gemv_max_tokens) return true;
+    return w.format == WeightFormat::kFp8E4M3 && n <= options_.fp8_gemv_max_tokens &&
+           GemvTensorCoresFit(w.out, w.in);
   }
 
   // y[n, w.out] = x[n, w.in] W^T + bias, packed row-major; y bf16 or float by y_type.

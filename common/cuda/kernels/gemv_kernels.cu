@@ -149,9 +149,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
 }
 
 bool MmaFits(const GemvSegments& segs, int64_t in_dim) {
-  if (in_dim % 64 != 0) return false;
   for (int i = 0; i < segs.count; ++i) {
-    if (segs.seg[i].out % kMmaRows != 0) return false;
+    if (!GemvTensorCoresFit(segs.seg[i].out, in_dim)) return false;
   }
   return true;
 }
@@ -179,12 +178,14 @@ cudaError_t LaunchMmaShaped(const GemvSegments& segs, int64_t in_dim, const bf16
   const int64_t slab = sizeof(WT) == 1 && in_dim % 128 == 0 ? 128 : 64;
   const bool split = tiles < kMmaSplitBelowTiles && in_dim % (kMmaWarps * slab) == 0;
   const bool wide = sizeof(WT) == 1 && in_dim % ((split ? kMmaWarps : 1) * 128) == 0;
-  if (split) {
-    return wide ? LaunchMma<WT, kNt, 32, true, OutT>(segs, in_dim, x, x_stride, n, stream)
-                : LaunchMma<WT, kNt, 16, true, OutT>(segs, in_dim, x, x_stride, n, stream);
+  if constexpr (sizeof(WT) == 1) {  // bf16 rows load 128 bytes a piece already
+    if (wide) {
+      return split ? LaunchMma<WT, kNt, 32, true, OutT>(segs, in_dim, x, x_stride, n, stream)
+                   : LaunchMma<WT, kNt, 32, false, OutT>(segs, in_dim, x, x_stride, n, stream);
+    }
   }
-  return wide ? LaunchMma<WT, kNt, 32, false, OutT>(segs, in_dim, x, x_stride, n, stream)
-              : LaunchMma<WT, kNt, 16, false, OutT>(segs, in_dim, x, x_stride, n, stream);
+  return split ? LaunchMma<WT, kNt, 16, true, OutT>(segs, in_dim, x, x_stride, n, stream)
+               : LaunchMma<WT, kNt, 16, false, OutT>(segs, in_dim, x, x_stride, n, stream);
 }
 
 template <typename WT, typename OutT>
@@ -274,6 +275,8 @@ GemvSegment SegmentOf(const DeviceWeight& w, void* y, int64_t y_stride) {
 }
 
 }  // namespace
+
+bool GemvTensorCoresFit(int64_t out, int64_t in) { return out % 16 == 0 && in % 64 == 0; }
 
 cudaError_t LaunchGemv(const DeviceWeight& w, const bf16* x, int64_t x_stride, int64_t n, void* y,
                        OutType y_type, int64_t y_stride, cudaStream_t stream) {

@@ -11,6 +11,10 @@ namespace strata::gpu {
 // Tokens one launch handles; LaunchGemv loops over groups of this many.
 inline constexpr int kGemvMaxTokens = 16;
 
+// Whether 2-16 tokens of an [out, in] matrix run on the tensor cores (rows a multiple of 16,
+// in of 64; 16-byte aligned rows and x as for the vector path), not the CUDA-core kernel.
+bool GemvTensorCoresFit(int64_t out, int64_t in);
+
 // y[t][o] = scale[o] * (w[o] . x[t]) + bias[o] for t < n, o < w.out. x rows are x_stride
 // elements apart, y rows y_stride; y is bf16 or float by y_type. The 16-byte path needs w.in a
 // multiple of the vector width and aligned rows; other shapes take a scalar path.

@@ -695,10 +695,11 @@ cudaError_t LaunchExpertCombine(const int32_t* expert_ids, const float* weights,
     return cudaErrorInvalidValue;
   }
   if (n == 0) return cudaSuccess;
-  // Four floats a thread where every row starts 16-byte aligned (ws.y is; out needs 8 bytes).
-  const bool vec = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(ws.y) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  // Four floats a thread where every row of y starts 16-byte aligned (out is stored a bf16 at
+  // a time).
+  const bool vec = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(ws.y) % 16 == 0;
   const int64_t per_block = kCombineThreads * (vec ? 4 : 1);
+  if ((hidden + per_block - 1) / per_block > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((hidden + per_block - 1) / per_block));
   if (vec) {
     ExpertCombineKernel<4><<<grid, kCombineThreads, 0, stream>>>(expert_ids, weights, top_k,

@@ -166,7 +166,6 @@ TEST_F(CudaOpsTest, Linear) {
     const std::string shape = absl::StrCat("n=", c.n, " out=", c.out, " in=", c.in,
                                            c.bias ? " bias" : "", f32 ? " f32" : " bf16");
     for (bool fp8 : {false, true}) {
-      const std::string path = c.n <= (fp8 ? 64 : 16) ? "gemv" : "cublaslt";
       const gpu::DeviceWeight weight{
           .data = fp8 ? static_cast<const void*>(d_q) : d_w,
           .format = fp8 ? gpu::WeightFormat::kFp8E4M3 : gpu::WeightFormat::kBf16,
@@ -174,6 +173,7 @@ TEST_F(CudaOpsTest, Linear) {
           .in = c.in,
           .scale = fp8 ? d_scales : nullptr,
           .bias = c.bias ? AsBf16(d_bias) : nullptr};
+      const std::string path = runner.GemvTakes(weight, c.n) ? "gemv" : "cublaslt";
       void* d_y = f32 ? static_cast<void*>(Poisoned<float>(c.n * c.out))
                       : static_cast<void*>(Poisoned<uint16_t>(c.n * c.out));
       ASSERT_FALSE(HasFailure());
