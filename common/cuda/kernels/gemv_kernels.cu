@@ -81,8 +81,6 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<kNT, WT>)
 // warps share 16 rows and each sums a quarter of in_dim (partials meet in shared memory): for
 // launches of few rows (the MoE gate's 128, an o projection), four times the warps. Rows of
 // every segment a multiple of 16, in_dim of 64 (128 for wide FP8 slabs; x4 under kSplitK).
-constexpr int kMmaWarps = 4;
-constexpr int kMmaRows = 16;
 constexpr int64_t kMmaSplitBelowTiles = 1024;  // row tiles of 16 under which k is split
 
 template <typename WT, int kNt, int kWide, bool kSplitK, typename OutT>
@@ -113,24 +111,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
   float acc[1][kNt][4] = {};
   WarpDots<WT, 1, kNt, kWide>(rows, tokens, k_len, acc);
   if constexpr (kSplitK) {
-    __shared__ float parts[kMmaWarps - 1][kNt][4][kWarpSize];
-    if (warp > 0) {
-#pragma unroll
-      for (int k = 0; k < kNt; ++k) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) parts[warp - 1][k][i][lane] = acc[0][k][i];
-      }
-    }
-    __syncthreads();
-    if (warp > 0) return;
-#pragma unroll
-    for (int q = 0; q < kMmaWarps - 1; ++q) {
-#pragma unroll
-      for (int k = 0; k < kNt; ++k) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[0][k][i] += parts[q][k][i][lane];
-      }
-    }
+    if (!SumSplitK(acc)) return;
   }
   OutT* y = static_cast<OutT*>(seg.y);
 #pragma unroll
@@ -175,11 +156,11 @@ cudaError_t LaunchMmaShaped(const GemvSegments& segs, int64_t in_dim, const bf16
                             int64_t x_stride, int n, cudaStream_t stream) {
   int64_t tiles = 0;
   for (int i = 0; i < segs.count; ++i) tiles += segs.seg[i].out / kMmaRows;
-  const int64_t slab = sizeof(WT) == 1 && in_dim % 128 == 0 ? 128 : 64;
+  constexpr bool kFp8 = sizeof(WT) == 1;
+  const int64_t slab = WideFp8Slabs(kFp8, in_dim) ? kMmaWideSlab : kMmaSlab;
   const bool split = tiles < kMmaSplitBelowTiles && in_dim % (kMmaWarps * slab) == 0;
-  const bool wide = sizeof(WT) == 1 && in_dim % ((split ? kMmaWarps : 1) * 128) == 0;
-  if constexpr (sizeof(WT) == 1) {  // bf16 rows load 128 bytes a piece already
-    if (wide) {
+  if constexpr (kFp8) {
+    if (WideFp8Slabs(kFp8, split ? in_dim / kMmaWarps : in_dim)) {
       return split ? LaunchMma<WT, kNt, 32, true, OutT>(segs, in_dim, x, x_stride, n, stream)
                    : LaunchMma<WT, kNt, 32, false, OutT>(segs, in_dim, x, x_stride, n, stream);
     }
@@ -276,7 +257,9 @@ GemvSegment SegmentOf(const DeviceWeight& w, void* y, int64_t y_stride) {
 
 }  // namespace
 
-bool GemvTensorCoresFit(int64_t out, int64_t in) { return out % 16 == 0 && in % 64 == 0; }
+bool GemvTensorCoresFit(int64_t out, int64_t in) {
+  return out % kMmaRows == 0 && in % kMmaSlab == 0;
+}
 
 cudaError_t LaunchGemv(const DeviceWeight& w, const bf16* x, int64_t x_stride, int64_t n, void* y,
                        OutType y_type, int64_t y_stride, cudaStream_t stream) {

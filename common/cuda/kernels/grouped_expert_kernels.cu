@@ -699,17 +699,11 @@ cudaError_t LaunchExpertCombine(const int32_t* expert_ids, const float* weights,
   // a time).
   const bool vec = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(ws.y) % 16 == 0;
   const int64_t per_block = kCombineThreads * (vec ? 4 : 1);
-  if ((hidden + per_block - 1) / per_block > 65535) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((hidden + per_block - 1) / per_block));
-  if (vec) {
-    ExpertCombineKernel<4><<<grid, kCombineThreads, 0, stream>>>(expert_ids, weights, top_k,
-                                                                 num_experts, hidden, ws.y, out,
-                                                                 signal);
-  } else {
-    ExpertCombineKernel<1><<<grid, kCombineThreads, 0, stream>>>(expert_ids, weights, top_k,
-                                                                 num_experts, hidden, ws.y, out,
-                                                                 signal);
-  }
+  const int64_t tiles = (hidden + per_block - 1) / per_block;
+  if (tiles > 65535) return cudaErrorInvalidValue;
+  auto* kernel = vec ? ExpertCombineKernel<4> : ExpertCombineKernel<1>;
+  kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(tiles)), kCombineThreads, 0,
+           stream>>>(expert_ids, weights, top_k, num_experts, hidden, ws.y, out, signal);
   return cudaGetLastError();
 }
 

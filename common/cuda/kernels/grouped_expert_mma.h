@@ -15,12 +15,9 @@
 
 namespace strata::gpu {
 
-// Input elements a warp loads per row per step: 64 (four MMA k-steps); both dims must be
-// multiples of it, and of the MMA's 16 rows.
-inline constexpr int64_t kMmaExpertSlab = 64;
-
-// Whether the tensor-core kernels can take this table's shapes (x and h rows 16-byte aligned
-// follow from the dims; the caller checks x's base).
+// Whether the tensor-core kernels can take this table's shapes: both dims multiples of the
+// 64-element slab a warp loads a row at a time (hence of the MMA's 16 rows); x and h rows
+// 16-byte aligned follow from the dims (the caller checks x's base).
 bool MmaExpertShapesFit(const ExpertWeightTable& w);
 
 // Work items of up to `chunk` tokens (8 or 16); max_work as the plan's bound.

@@ -12,8 +12,6 @@
 namespace strata::gpu {
 namespace {
 
-constexpr int kWarps = 4;  // warps a block, each on its own 16 rows
-constexpr int kRows = 16;  // a warp's rows: the MMA's M
 
 // The work item of block row y: expert, first sorted slot, token count (0 past the plan's).
 struct Item {
@@ -27,11 +25,11 @@ __device__ __forceinline__ Item ItemAt(const ExpertWorkspace& ws) {
 
 // Grid: (row tiles of the intermediate dim, work items). h[slot] = act(gate . x, up . x).
 template <typename WT, int kNt, int kWide>
-__global__ void __launch_bounds__(kWarps* kWarpSize)
+__global__ void __launch_bounds__(kMmaWarps* kWarpSize)
     ExpertGateUpMmaKernel(const bf16* __restrict__ x, int top_k, ExpertWeightTable w, GluParams act,
                           ExpertWorkspace ws) {
   const Item it = ItemAt(ws);
-  const int64_t r0 = (int64_t{blockIdx.x} * kWarps + threadIdx.x / kWarpSize) * kRows;
+  const int64_t r0 = (int64_t{blockIdx.x} * kMmaWarps + threadIdx.x / kWarpSize) * kMmaRows;
   if (it.count == 0 || r0 >= w.intermediate) return;  // the same for a whole warp
   const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
@@ -75,16 +73,16 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 // four partial sums meet in shared memory): four times the warps on the same bytes, for
 // shapes whose down matrices are few and long (mixtral: 4,096 rows x 14,336).
 template <typename WT, int kNt, int kWide, bool kSplitK>
-__global__ void __launch_bounds__(kWarps* kWarpSize)
+__global__ void __launch_bounds__(kMmaWarps* kWarpSize)
     ExpertDownMmaKernel(ExpertWeightTable w, ExpertWorkspace ws) {
   const Item it = ItemAt(ws);
   const int warp = threadIdx.x / kWarpSize;
-  const int64_t r0 = (kSplitK ? int64_t{blockIdx.x} : int64_t{blockIdx.x} * kWarps + warp) * kRows;
+  const int64_t r0 = (kSplitK ? int64_t{blockIdx.x} : int64_t{blockIdx.x} * kMmaWarps + warp) * kMmaRows;
   if (it.count == 0 || r0 >= w.hidden) return;  // the same for a whole block under kSplitK
   const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int64_t inter = w.intermediate;
-  const int64_t k_len = kSplitK ? inter / kWarps : inter;
+  const int64_t k_len = kSplitK ? inter / kMmaWarps : inter;
   const int64_t k0 = kSplitK ? warp * k_len : 0;
   const WT* down = static_cast<const WT*>(w.down[it.expert]);
   const WT* rows[1][2] = {{down + (r0 + g) * inter + k0, down + (r0 + g + 8) * inter + k0}};
@@ -97,24 +95,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
   float acc[1][kNt][4] = {};
   WarpDots<WT, 1, kNt, kWide>(rows, tokens, k_len, acc);
   if constexpr (kSplitK) {
-    __shared__ float parts[kWarps - 1][kNt][4][kWarpSize];
-    if (warp > 0) {
-#pragma unroll
-      for (int n = 0; n < kNt; ++n) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) parts[warp - 1][n][i][lane] = acc[0][n][i];
-      }
-    }
-    __syncthreads();
-    if (warp > 0) return;
-#pragma unroll
-    for (int q = 0; q < kWarps - 1; ++q) {
-#pragma unroll
-      for (int n = 0; n < kNt; ++n) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[0][n][i] += parts[q][n][i][lane];
-      }
-    }
+    if (!SumSplitK(acc)) return;
   }
   const bool biased = w.down_bias != nullptr && w.down_bias[it.expert] != nullptr;
 #pragma unroll
@@ -134,18 +115,12 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 
 bool LaunchFits(int chunk, int64_t max_work, int64_t rows) {
   return (chunk == 8 || chunk == 16) && max_work > 0 && max_work <= 65535 &&
-         rows / kRows <= int64_t{0x7fffffff} * kWarps;
+         rows / kMmaRows <= int64_t{0x7fffffff} * kMmaWarps;
 }
 
 dim3 GridFor(int64_t rows, int64_t max_work) {
-  const int64_t tiles = (rows / kRows + kWarps - 1) / kWarps;
+  const int64_t tiles = (rows / kMmaRows + kMmaWarps - 1) / kMmaWarps;
   return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(max_work));
-}
-
-// Wide slabs for FP8 weights where the summed dim holds whole ones (bf16 rows already load 128
-// bytes a piece).
-bool WideSlabs(const ExpertWeightTable& w, int64_t k_len) {
-  return w.format == WeightFormat::kFp8E4M3 && k_len % (4 * 32) == 0;
 }
 
 template <int kNt, int kWide>
@@ -172,8 +147,8 @@ void DownAs(bool fp8, dim3 grid, dim3 block, const ExpertWeightTable& w,
 }  // namespace
 
 bool MmaExpertShapesFit(const ExpertWeightTable& w) {
-  return w.hidden > 0 && w.intermediate > 0 && w.hidden % kMmaExpertSlab == 0 &&
-         w.intermediate % kMmaExpertSlab == 0;
+  return w.hidden > 0 && w.intermediate > 0 && w.hidden % kMmaSlab == 0 &&
+         w.intermediate % kMmaSlab == 0;
 }
 
 cudaError_t LaunchExpertGateUpMma(const bf16* x, int top_k, int chunk, int64_t max_work,
@@ -184,9 +159,9 @@ cudaError_t LaunchExpertGateUpMma(const bf16* x, int top_k, int chunk, int64_t m
     return cudaErrorInvalidValue;
   }
   const dim3 grid = GridFor(w.intermediate, max_work);
-  const dim3 block(kWarps * kWarpSize);
+  const dim3 block(kMmaWarps * kWarpSize);
   const bool fp8 = w.format == WeightFormat::kFp8E4M3;
-  const bool wide = WideSlabs(w, w.hidden);
+  const bool wide = WideFp8Slabs(fp8, w.hidden);
   if (chunk == 8) {
     wide ? GateUpAs<1, 32>(fp8, grid, block, x, top_k, w, act, ws, stream)
          : GateUpAs<1, 16>(fp8, grid, block, x, top_k, w, act, ws, stream);
@@ -203,12 +178,12 @@ cudaError_t LaunchExpertDownMma(int chunk, int64_t max_work, const ExpertWeightT
     return cudaErrorInvalidValue;
   }
   const bool fp8 = w.format == WeightFormat::kFp8E4M3;
-  const bool wide = WideSlabs(w, w.intermediate / kWarps);
-  const bool split = w.intermediate % (kWarps * 4 * (wide ? 32 : 16)) == 0;
-  const dim3 grid = split ? dim3(static_cast<unsigned>(w.hidden / kRows),
+  const bool wide = WideFp8Slabs(fp8, w.intermediate / kMmaWarps);
+  const bool split = w.intermediate % (kMmaWarps * (wide ? kMmaWideSlab : kMmaSlab)) == 0;
+  const dim3 grid = split ? dim3(static_cast<unsigned>(w.hidden / kMmaRows),
                                  static_cast<unsigned>(max_work))
                           : GridFor(w.hidden, max_work);
-  const dim3 block(kWarps * kWarpSize);
+  const dim3 block(kMmaWarps * kWarpSize);
   if (chunk == 8) {
     if (split) {
       wide ? DownAs<1, 32, true>(fp8, grid, block, w, ws, stream)

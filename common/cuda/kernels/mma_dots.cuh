@@ -23,6 +23,20 @@
 
 namespace strata::gpu {
 
+// The blocks of the kernels over WarpDots: four warps, each on 16 rows (the MMA's M), or under
+// a split of the summed dim all four on the same 16 rows (SumSplitK).
+inline constexpr int kMmaWarps = 4;
+inline constexpr int kMmaRows = 16;
+// Slab widths (4 x kWide elements): 64, or 128 for wide FP8 pieces.
+inline constexpr int kMmaSlab = 4 * 16;
+inline constexpr int kMmaWideSlab = 4 * 32;
+
+// Whether a warp summing k_per_warp inputs of FP8 weights takes them in wide (32-element,
+// 128-byte) pieces: where whole wide slabs cover it. bf16 rows load 128 bytes a piece already.
+inline bool WideFp8Slabs(bool fp8, int64_t k_per_warp) {
+  return fp8 && k_per_warp % kMmaWideSlab == 0;
+}
+
 // A lane's kWide consecutive elements of one row (16 or 32): kWide x sizeof(WT) bytes.
 template <typename WT, int kWide>
 struct Piece {
@@ -121,6 +135,40 @@ __device__ __forceinline__ void WarpDots(const WT* const (&rows)[kMats][2],
       if (s + j < slabs) compute(st[j]);
     }
   }
+}
+
+// Under a split of the summed dim, each of the block's kMmaWarps warps summed a quarter for the
+// same 16 rows: the other warps hand warp 0 their sums through shared memory and it adds them
+// in warp order. Every thread of the block must call it; true for warp 0, which goes on to
+// store the rows.
+template <int kMats, int kNt>
+__device__ __forceinline__ bool SumSplitK(float (&acc)[kMats][kNt][4]) {
+  __shared__ float parts[kMmaWarps - 1][kMats][kNt][4][kWarpSize];
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  if (warp > 0) {
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+      for (int n = 0; n < kNt; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) parts[warp - 1][m][n][i][lane] = acc[m][n][i];
+      }
+    }
+  }
+  __syncthreads();
+  if (warp > 0) return false;
+#pragma unroll
+  for (int q = 0; q < kMmaWarps - 1; ++q) {
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+      for (int n = 0; n < kNt; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[m][n][i] += parts[q][m][n][i][lane];
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace strata::gpu
