@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine: clusters of GPU workers with and without a memory budget (router on
-# cuda:0, CUDA IPC, MPS, decode graphs on both sides), `strata bench` batch 1 (128 in / OUT_LEN
-# out): a warm-up round, `strata stats`, RUNS measured runs, `strata stats` again. Decode tok/s
-# and TTFT of the measured runs; hit rates per tier and bytes copied per generated token over
-# them (the difference of the two stats). One cluster per run, each
+# cuda:0, CUDA IPC, MPS, decode graphs on both sides), `strata bench` (128 in / OUT_LEN out,
+# batch 1 unless BENCH FLAGS say): a warm-up round, `strata stats`, RUNS measured runs, `strata
+# stats` again. Decode tok/s, TTFT, hit rates per tier and bytes copied per generated token of
+# the measured runs as the bench record has them; steps replayed from the two stats. One
+# cluster per run, each
 #   NAME|BIN_DIR|MODEL_DIR|WEIGHTS|UP FLAGS|BENCH FLAGS|ENV
 # (BIN_DIR: the strata binaries to run, e.g. a base build for a before/after; UP FLAGS go to
 # `strata up`, e.g. --gpu-memory-budget 24GiB --workers 2 --gpus 1; BENCH FLAGS to both `strata
@@ -49,11 +50,13 @@ for spec in "$@"; do
   for v in "${env_vars[@]}"; do unset "${v%%=*}"; done
 done
 tar czf "$final/logs.tgz" -C "$out" . 2>/dev/null
-python3 - "$final" "$OUT_LEN" "$RUNS" "$@" <<'PY' | tee -a "$sum"
-import json, os, sys
-final, out_len, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+python3 - "$final" "$@" <<'PY' | tee -a "$sum"
+# Tier figures as `strata bench` recorded them (from its own Stats readings around the rounds);
+# the replayed steps from the two readings here.
+import json, sys
+final = sys.argv[1]
 print('run | decode tok/s mean | P5 | P95 | TTFT ms | distinct tokens | steps replayed | hot | warm | cold | MB copied / token | CPU-tier experts / token')
-for spec in sys.argv[4:]:
+for spec in sys.argv[2:]:
     name = spec.split('|')[0]
     try:
         b = json.load(open(f"{final}/{name}.json")); s = json.load(open(f"{final}/stats-{name}.json"))
@@ -61,20 +64,15 @@ for spec in sys.argv[4:]:
     except Exception as e:
         print(f'{name} | missing ({e})'); continue
     r = b['results'][0] if 'results' in b else b
-    t = {}  # summed over the workers
-    for w, w0 in zip(s['workers'], s0['workers']):
-        for k, v in w.get('tiers', {}).items():
-            t[k] = t.get(k, 0) + float(v) - float(w0.get('tiers', {}).get(k, 0))
-    uses = max(t.get('hot_hits', 0) + t.get('warm_hits', 0) + t.get('misses', 0), 1)
-    tokens = runs * out_len * int(r.get('concurrency', 1))  # every request of a round generates
+    t = r.get('tiers', {})
     replayed = (f"{int(s.get('graph_steps', 0)) - int(s0.get('graph_steps', 0))}/"
                 f"{int(s.get('steps', 0)) - int(s0.get('steps', 0))}")
     print(f"{name} | {r['decode_tok_s_mean']:.1f} | {r['decode_tok_s_p5']:.1f} | "
           f"{r['decode_tok_s_p95']:.1f} | {r['ttft_ms']:.1f} | "
           f"{r.get('distinct_output_tokens', 0):.2f} | {replayed} | "
-          f"{t.get('hot_hits', 0)/uses:.3f} | {t.get('warm_hits', 0)/uses:.3f} | "
-          f"{t.get('misses', 0)/uses:.3f} | {t.get('bytes_copied', 0)/tokens/1e6:.1f} | "
-          f"{t.get('cpu_tier_experts', 0)/tokens:.1f}")
+          f"{t.get('hot_hit_rate', 0):.3f} | {t.get('warm_hit_rate', 0):.3f} | "
+          f"{t.get('miss_rate', 0):.3f} | {t.get('bytes_copied_per_token', 0) / 1e6:.1f} | "
+          f"{t.get('cpu_tier_experts_per_token', 0):.1f}")
 PY
 cat "$sum"
 echo "total $((SECONDS - start)) s"
