@@ -1,6 +1,8 @@
 #include "common/model/model_config.h"
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -12,6 +14,22 @@ namespace strata {
 namespace {
 
 using Json = nlohmann::json;
+
+// Upper bounds of config.json values, far above every released model (DeepSeek-V3: 61 layers,
+// hidden 7168, 256 experts, vocab 129280; Llama 3.1 405B: 126 layers, hidden 16384) and low
+// enough that nothing sized from them overflows or allocates absurdly before the checkpoint is
+// compared with them.
+constexpr int64_t kMaxConfigInt = int64_t{1} << 40;
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxHeads = 1024;
+constexpr int64_t kMaxHeadDim = 1024;
+constexpr int64_t kMaxHidden = int64_t{1} << 17;
+constexpr int64_t kMaxIntermediate = int64_t{1} << 20;
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr int64_t kMaxExperts = int64_t{1} << 14;
+constexpr int64_t kMaxTopK = 256;
+constexpr int64_t kMaxPositions = int64_t{1} << 24;
+constexpr int64_t kMaxTokenId = std::numeric_limits<int32_t>::max();
 
 // Typed access to config keys with errors that name the file and the key.
 class ConfigReader {
@@ -32,18 +50,24 @@ class ConfigReader {
     return absl::InvalidArgumentError(absl::StrCat(file_name_, ": \"", key, "\" ", what));
   }
 
+  // An integer in [min, max], read as 64 bits: a value that would not fit the field it goes to
+  // (or would size an allocation past reason) is an error naming the key, never a narrowing.
   absl::StatusOr<int64_t> Int(absl::string_view key, std::optional<int64_t> fallback = {},
-                              int64_t min = 1) const {
+                              int64_t min = 1, int64_t max = kMaxConfigInt) const {
     const Json* v = Find(key);
     if (v == nullptr) {
       if (fallback) return *fallback;
       return Error(key, "is missing");
     }
     if (!v->is_number_integer()) return Error(key, "must be an integer");
+    // nlohmann keeps integers above INT64_MAX as unsigned: those are out of range too.
+    if (v->is_number_unsigned() &&
+        v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Error(key, absl::StrCat("must be at most ", max, ", got ", v->get<uint64_t>()));
+    }
     const int64_t value = v->get<int64_t>();
     if (value < min) return Error(key, absl::StrCat("must be at least ", min, ", got ", value));
-    if (value > (int64_t{1} << 40))
-      return Error(key, absl::StrCat("is implausibly large: ", value));
+    if (value > max) return Error(key, absl::StrCat("must be at most ", max, ", got ", value));
     return value;
   }
 
@@ -54,7 +78,21 @@ class ConfigReader {
       return Error(key, "is missing");
     }
     if (!v->is_number()) return Error(key, "must be a number");
-    return v->get<double>();
+    const double value = v->get<double>();
+    if (!std::isfinite(value)) return Error(key, "must be finite");
+    return value;
+  }
+
+  // A finite number greater than `above` (and below `below`, when given).
+  absl::StatusOr<double> NumberAbove(absl::string_view key, double above,
+                                     std::optional<double> fallback = {},
+                                     std::optional<double> below = {}) const {
+    ASSIGN_OR_RETURN(const double value, Number(key, fallback));
+    if (!(value > above)) return Error(key, absl::StrCat("must be greater than ", above, ", got ", value));
+    if (below && !(value < *below)) {
+      return Error(key, absl::StrCat("must be less than ", *below, ", got ", value));
+    }
+    return value;
   }
 
   absl::StatusOr<bool> Bool(absl::string_view key, bool fallback) const {
@@ -87,11 +125,10 @@ absl::StatusOr<RopeConfig> ParseRope(const ConfigReader& config, absl::string_vi
   }
   const Json empty = Json::object();
   const ConfigReader rope_reader(params ? *params : empty, file_name);
-  ASSIGN_OR_RETURN(rope.theta, config.Number("rope_theta", 10000.0));
+  ASSIGN_OR_RETURN(rope.theta, config.NumberAbove("rope_theta", 0.0, 10000.0));
   if (rope_reader.Has("rope_theta")) {
-    ASSIGN_OR_RETURN(rope.theta, rope_reader.Number("rope_theta"));
+    ASSIGN_OR_RETURN(rope.theta, rope_reader.NumberAbove("rope_theta", 0.0));
   }
-  if (rope.theta <= 0) return config.Error("rope_theta", "must be positive");
   std::string type = "default";
   if (rope_reader.Has("rope_type")) {
     ASSIGN_OR_RETURN(type, rope_reader.String("rope_type"));
@@ -108,7 +145,7 @@ absl::StatusOr<RopeConfig> ParseRope(const ConfigReader& config, absl::string_vi
                         absl::StrCat("\"", type, "\" is not supported (default, yarn)"));
   }
   rope.type = RopeConfig::Type::kYarn;
-  ASSIGN_OR_RETURN(rope.factor, rope_reader.Number("factor"));
+  ASSIGN_OR_RETURN(rope.factor, rope_reader.NumberAbove("factor", 0.0));
   ASSIGN_OR_RETURN(double max_pos, config.Number("max_position_embeddings"));
   ASSIGN_OR_RETURN(rope.original_max_position_embeddings,
                    rope_reader.Number("original_max_position_embeddings", max_pos));
@@ -132,7 +169,7 @@ absl::StatusOr<RopeConfig> ParseRope(const ConfigReader& config, absl::string_vi
 
 // Layers that run a dense MLP instead of experts (Qwen2-MoE and Qwen3-MoE rule).
 absl::Status ParseSparseLayers(const ConfigReader& config, ModelConfig& model) {
-  ASSIGN_OR_RETURN(int64_t step, config.Int("decoder_sparse_step", 1));
+  ASSIGN_OR_RETURN(int64_t step, config.Int("decoder_sparse_step", 1, 1, kMaxLayers));
   std::vector<bool> mlp_only(model.num_layers, false);
   if (const Json* list = config.Find("mlp_only_layers")) {
     if (!list->is_array()) return config.Error("mlp_only_layers", "must be a list of layer ids");
@@ -154,7 +191,7 @@ absl::Status ParseSlidingWindow(const ConfigReader& config, ModelConfig& model) 
   model.sliding_window.assign(model.num_layers, 0);
   int64_t window = 0;
   if (config.Has("sliding_window")) {
-    ASSIGN_OR_RETURN(window, config.Int("sliding_window", {}, 0));
+    ASSIGN_OR_RETURN(window, config.Int("sliding_window", {}, 0, kMaxPositions));
   }
   switch (model.arch) {
     case Architecture::kMixtral:
@@ -197,9 +234,10 @@ absl::Status ParseEosIds(const Json* eos, std::vector<int>& out, absl::string_vi
   if (eos == nullptr) return absl::OkStatus();
   out.clear();
   auto add = [&](const Json& v) -> absl::Status {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(file_name, ": \"eos_token_id\" must be a non-negative integer or a list"));
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > kMaxTokenId) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file_name, ": \"eos_token_id\" must be a token id (an integer in [0, 2^31)) or a list "
+                     "of them"));
     }
     out.push_back(static_cast<int>(v.get<int64_t>()));
     return absl::OkStatus();
@@ -250,11 +288,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
                                                    "(qwen3_moe, mixtral, qwen2_moe, gpt_oss)"));
   }
 
-  ASSIGN_OR_RETURN(model.vocab_size, config.Int("vocab_size"));
-  ASSIGN_OR_RETURN(model.hidden_size, config.Int("hidden_size"));
-  ASSIGN_OR_RETURN(int64_t layers, config.Int("num_hidden_layers"));
-  ASSIGN_OR_RETURN(int64_t heads, config.Int("num_attention_heads"));
-  ASSIGN_OR_RETURN(int64_t kv_heads, config.Int("num_key_value_heads", heads));
+  ASSIGN_OR_RETURN(model.vocab_size, config.Int("vocab_size", {}, 1, kMaxVocab));
+  ASSIGN_OR_RETURN(model.hidden_size, config.Int("hidden_size", {}, 1, kMaxHidden));
+  ASSIGN_OR_RETURN(int64_t layers, config.Int("num_hidden_layers", {}, 1, kMaxLayers));
+  ASSIGN_OR_RETURN(int64_t heads, config.Int("num_attention_heads", {}, 1, kMaxHeads));
+  ASSIGN_OR_RETURN(int64_t kv_heads, config.Int("num_key_value_heads", heads, 1, heads));
   model.num_layers = static_cast<int>(layers);
   model.num_heads = static_cast<int>(heads);
   model.num_kv_heads = static_cast<int>(kv_heads);
@@ -262,17 +300,22 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
     return config.Error("num_key_value_heads", "must divide num_attention_heads");
   }
   if (config.Has("head_dim")) {
-    ASSIGN_OR_RETURN(int64_t head_dim, config.Int("head_dim"));
+    ASSIGN_OR_RETURN(int64_t head_dim, config.Int("head_dim", {}, 1, kMaxHeadDim));
     model.head_dim = static_cast<int>(head_dim);
   } else {
     if (model.hidden_size % heads != 0) {
       return config.Error("num_attention_heads", "must divide hidden_size when head_dim is unset");
     }
+    if (model.hidden_size / heads > kMaxHeadDim) {
+      return config.Error("num_attention_heads",
+                          absl::StrCat("gives heads of ", model.hidden_size / heads,
+                                       " dimensions; at most ", kMaxHeadDim, " are supported"));
+    }
     model.head_dim = static_cast<int>(model.hidden_size / heads);
   }
   if (model.head_dim % 2 != 0) return config.Error("head_dim", "must be even for RoPE");
-  ASSIGN_OR_RETURN(model.rms_norm_eps, config.Number("rms_norm_eps", 1e-6));
-  ASSIGN_OR_RETURN(model.max_position_embeddings, config.Int("max_position_embeddings"));
+  ASSIGN_OR_RETURN(model.rms_norm_eps, config.NumberAbove("rms_norm_eps", 0.0, 1e-6, 1.0));
+  ASSIGN_OR_RETURN(model.max_position_embeddings, config.Int("max_position_embeddings", {}, 1, kMaxPositions));
   ASSIGN_OR_RETURN(model.rope, ParseRope(config, file_name));
   ASSIGN_OR_RETURN(model.tie_word_embeddings, config.Bool("tie_word_embeddings", false));
   RETURN_IF_ERROR(ParseEosIds(config.Find("eos_token_id"), model.eos_token_ids, file_name));
@@ -285,10 +328,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   switch (model.arch) {
     case Architecture::kQwen3Moe:
     case Architecture::kQwen2Moe: {
-      ASSIGN_OR_RETURN(int64_t experts, config.Int(experts_key));
+      ASSIGN_OR_RETURN(int64_t experts, config.Int(experts_key, {}, 1, kMaxExperts));
       model.num_experts = static_cast<int>(experts);
-      ASSIGN_OR_RETURN(model.moe_intermediate_size, config.Int("moe_intermediate_size"));
-      ASSIGN_OR_RETURN(model.dense_intermediate_size, config.Int("intermediate_size"));
+      ASSIGN_OR_RETURN(model.moe_intermediate_size, config.Int("moe_intermediate_size", {}, 1, kMaxIntermediate));
+      ASSIGN_OR_RETURN(model.dense_intermediate_size, config.Int("intermediate_size", {}, 1, kMaxIntermediate));
       ASSIGN_OR_RETURN(model.norm_topk_prob, config.Bool("norm_topk_prob", false));
       RETURN_IF_ERROR(ParseSparseLayers(config, model));
       if (model.arch == Architecture::kQwen3Moe) {
@@ -298,28 +341,28 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
       } else {
         ASSIGN_OR_RETURN(model.qkv_bias, config.Bool("qkv_bias", true));
         ASSIGN_OR_RETURN(model.shared_expert_intermediate_size,
-                         config.Int("shared_expert_intermediate_size", 0, 0));
+                         config.Int("shared_expert_intermediate_size", 0, 0, kMaxIntermediate));
       }
       break;
     }
     case Architecture::kMixtral: {
-      ASSIGN_OR_RETURN(int64_t experts, config.Int(experts_key));
+      ASSIGN_OR_RETURN(int64_t experts, config.Int(experts_key, {}, 1, kMaxExperts));
       model.num_experts = static_cast<int>(experts);
-      ASSIGN_OR_RETURN(model.moe_intermediate_size, config.Int("intermediate_size"));
+      ASSIGN_OR_RETURN(model.moe_intermediate_size, config.Int("intermediate_size", {}, 1, kMaxIntermediate));
       model.norm_topk_prob = true;
       model.layer_is_moe.assign(model.num_layers, true);
       break;
     }
     case Architecture::kGptOss: {
-      ASSIGN_OR_RETURN(int64_t experts, config.Int(experts_key));
+      ASSIGN_OR_RETURN(int64_t experts, config.Int(experts_key, {}, 1, kMaxExperts));
       model.num_experts = static_cast<int>(experts);
-      ASSIGN_OR_RETURN(model.moe_intermediate_size, config.Int("intermediate_size"));
+      ASSIGN_OR_RETURN(model.moe_intermediate_size, config.Int("intermediate_size", {}, 1, kMaxIntermediate));
       model.router_scoring = RouterScoring::kTopKThenSoftmax;
       model.router_bias = true;
       model.expert_bias = true;
       model.attention_sinks = true;
       model.activation = ExpertActivation::kClampedSwiGlu;
-      ASSIGN_OR_RETURN(double limit, config.Number("swiglu_limit", 7.0));
+      ASSIGN_OR_RETURN(double limit, config.NumberAbove("swiglu_limit", 0.0, 7.0));
       model.swiglu_limit = static_cast<float>(limit);
       ASSIGN_OR_RETURN(model.qkv_bias, config.Bool("attention_bias", true));
       model.o_bias = model.qkv_bias;
@@ -329,7 +372,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   }
   const char* top_k_key =
       config.Has("num_experts_per_tok") ? "num_experts_per_tok" : "experts_per_token";
-  ASSIGN_OR_RETURN(int64_t top_k, config.Int(top_k_key));
+  ASSIGN_OR_RETURN(int64_t top_k, config.Int(top_k_key, {}, 1, kMaxTopK));
   model.top_k = static_cast<int>(top_k);
   if (model.top_k > model.num_experts) {
     return config.Error(top_k_key, "exceeds the number of experts");

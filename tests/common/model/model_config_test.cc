@@ -103,7 +103,8 @@ INSTANTIATE_TEST_SUITE_P(
         std::make_pair(R"({"hidden_size": "big"})", "\"hidden_size\" must be an integer"),
         std::make_pair(R"({"hidden_size": 0})", "\"hidden_size\" must be at least 1"),
         std::make_pair(R"({"num_hidden_layers": null})", "\"num_hidden_layers\" is missing"),
-        std::make_pair(R"({"num_key_value_heads": 3})", "must divide num_attention_heads"),
+        std::make_pair(R"({"num_attention_heads": 4, "num_key_value_heads": 3})",
+                       "must divide num_attention_heads"),
         std::make_pair(R"({"num_experts_per_tok": 5})", "exceeds the number of experts"),
         std::make_pair(R"({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1.0}})",
                        "\"dynamic\" is not supported"),
@@ -114,7 +115,37 @@ INSTANTIATE_TEST_SUITE_P(
         std::make_pair(R"({"mlp_only_layers": [7]})", "outside [0, num_hidden_layers)"),
         std::make_pair(R"({"hidden_act": "gelu"})", "\"hidden_act\" other than"),
         std::make_pair(R"({"eos_token_id": "x"})", "eos_token_id"),
-        std::make_pair(R"({"head_dim": 7})", "must be even")));
+        std::make_pair(R"({"head_dim": 7})", "must be even"),
+        // Values that would overflow the field they go to, or size absurd allocations, are
+        // refused as 64-bit numbers before anything narrows or allocates them.
+        std::make_pair(R"({"num_hidden_layers": 1000000000})",
+                       "\"num_hidden_layers\" must be at most 1024, got 1000000000"),
+        std::make_pair(R"({"num_hidden_layers": 1099511627776})",
+                       "\"num_hidden_layers\" must be at most 1024"),
+        std::make_pair(R"({"num_hidden_layers": 4294967304})",
+                       "\"num_hidden_layers\" must be at most 1024, got 4294967304"),
+        std::make_pair(R"({"num_hidden_layers": 18446744073709551615})",
+                       "\"num_hidden_layers\" must be at most 1024"),
+        std::make_pair(R"({"vocab_size": 100000000000})", "\"vocab_size\" must be at most"),
+        std::make_pair(R"({"hidden_size": 4294967296})", "\"hidden_size\" must be at most"),
+        std::make_pair(R"({"num_attention_heads": 4294967298})",
+                       "\"num_attention_heads\" must be at most"),
+        std::make_pair(R"({"num_key_value_heads": 4})",
+                       "\"num_key_value_heads\" must be at most 2, got 4"),
+        std::make_pair(R"({"num_experts": 4294967300})", "\"num_experts\" must be at most"),
+        std::make_pair(R"({"moe_intermediate_size": -8})",
+                       "\"moe_intermediate_size\" must be at least 1"),
+        std::make_pair(R"({"max_position_embeddings": 1099511627776})",
+                       "\"max_position_embeddings\" must be at most"),
+        std::make_pair(R"({"head_dim": 1099511627776})", "\"head_dim\" must be at most"),
+        std::make_pair(R"({"hidden_size": 65536, "num_attention_heads": 2})",
+                       "gives heads of 32768 dimensions"),
+        std::make_pair(R"({"rms_norm_eps": -1})", "\"rms_norm_eps\" must be greater than 0"),
+        std::make_pair(R"({"rms_norm_eps": 0})", "\"rms_norm_eps\" must be greater than 0"),
+        std::make_pair(R"({"rms_norm_eps": 2.5})", "\"rms_norm_eps\" must be less than 1"),
+        std::make_pair(R"({"rope_theta": -10000})", "\"rope_theta\" must be greater than 0"),
+        std::make_pair(R"({"eos_token_id": 4294967296})", "eos_token_id"),
+        std::make_pair(R"({"eos_token_id": [1, -2]})", "eos_token_id")));
 
 TEST(ModelConfigTest, NotJson) {
   auto c = ParseModelConfig("{oops", "config.json");
