@@ -51,6 +51,8 @@ class PeerMonitor : public ShmWaitObserver {
   void Beat() { self_->heartbeat.fetch_add(1, std::memory_order_relaxed); }
   pid_t peer_pid() const { return peer_->pid.load(std::memory_order_acquire); }
   void MarkDetached() { self_->state.store(kDetached, std::memory_order_release); }
+  // Whether a peer ever started to attach (it removes the channel's name when it does).
+  bool PeerCame() const { return peer_->state.load(std::memory_order_acquire) != kEmpty; }
 
   absl::Status OnIdleSlice() override {
     Beat();
@@ -92,11 +94,15 @@ class PeerMonitor : public ShmWaitObserver {
     }
     const absl::Duration still = absl::FromChrono(now - last_change_);
     if (still > heartbeat_timeout_) {
-      return absl::UnavailableError(absl::StrCat(
-          "shm channel peer process ", pid, ": no heartbeat for ", absl::FormatDuration(still)));
+      stalled_.store(true);
+      return absl::UnavailableError(absl::StrCat("shm channel peer process ", pid,
+                                                 " stopped answering: no heartbeat for ",
+                                                 absl::FormatDuration(still)));
     }
     return absl::OkStatus();
   }
+
+  bool stalled() const { return stalled_.load(); }
 
  private:
   Party* const self_;
@@ -108,6 +114,7 @@ class PeerMonitor : public ShmWaitObserver {
   bool alive_seen_ = false;
   std::chrono::steady_clock::time_point alive_at_;
   bool seen_ = false;
+  std::atomic<bool> stalled_{false};  // sticky: the heartbeat stood still too long once
   uint64_t last_beat_ = 0;
   std::chrono::steady_clock::time_point last_change_;
 };
@@ -208,6 +215,11 @@ ShmChannel::~ShmChannel() { Detach(); }
 
 void ShmChannel::Detach() {
   if (monitor_ == nullptr) return;  // moved from
+  // The opener removed the name when it attached; a name of the same spelling now would be
+  // someone else's segment.
+  if (creator_ && monitor_->PeerCame()) {
+    segment_.set_remove_on_destroy(false);
+  }
   Close();
   monitor_->MarkDetached();
   monitor_.reset();
@@ -263,6 +275,9 @@ absl::StatusOr<ShmChannel> ShmChannel::Open(const std::string& name,
             absl::StrCat("shm channel '", name, "' already has (or had) a peer"));
       }
       Claim(self);
+      // Paired for good: the name is no longer needed, and without it nothing can leak even if
+      // both sides are killed (the creator leaves it alone once a peer came: Detach).
+      SharedSegment::Remove(name).IgnoreError();
       return ShmChannel(*std::move(segment), *header, std::move(request), std::move(response),
                         /*creator=*/false, options.wait_slice, options.heartbeat_timeout);
     }
@@ -289,6 +304,8 @@ absl::Status ShmChannel::WaitForPeer(absl::Duration timeout) {
 }
 
 pid_t ShmChannel::peer_pid() const { return monitor_->peer_pid(); }
+
+bool ShmChannel::PeerStalled() const { return monitor_->stalled(); }
 
 void ShmChannel::Heartbeat() { monitor_->Beat(); }
 

@@ -13,9 +13,10 @@
 // detached peer ends the wait with UNAVAILABLE, so even an unbounded Peek notices a
 // SIGKILLed worker within about one slice (50 ms by default).
 //
-// A channel pairs one creator with one opener, once: a second Open fails, also after the
-// first opener died (make a new channel for a restarted worker). Handles are not fork-safe;
-// a forked child opens the channel by name.
+// A channel pairs one creator with one opener, once: the opener removes the name as it
+// attaches, so a second Open finds nothing, also after the first opener died (make a new
+// channel for a restarted worker), and nothing is left in /dev/shm whatever happens to either
+// side. Handles are not fork-safe; a forked child opens the channel by name.
 #ifndef STRATA_COMMON_SHM_CHANNEL_H_
 #define STRATA_COMMON_SHM_CHANNEL_H_
 
@@ -45,7 +46,8 @@ struct ShmChannelOptions {
   uint32_t spin_us = 50;
   // This side only: the longest futex sleep between liveness checks, and (if finite) how
   // long the peer's heartbeat may stand still before the peer counts as dead. A peer beats
-  // while it waits on a ring; one that computes for longer must call Heartbeat() itself.
+  // while it waits on a ring; one that computes for longer must call Heartbeat() itself (the
+  // expert worker beats for every message it handles and while its computation progresses).
   absl::Duration wait_slice = absl::Milliseconds(50);
   absl::Duration heartbeat_timeout = absl::InfiniteDuration();
 };
@@ -63,7 +65,8 @@ class ShmChannel {
   static absl::StatusOr<ShmChannel> Create(const std::string& name,
                                            const ShmChannelOptions& options = {});
   // NOT_FOUND / UNAVAILABLE if the creator is not done by the deadline; FAILED_PRECONDITION
-  // if the channel already had an opener; DATA_LOSS if it is not a channel.
+  // if the channel already had an opener; DATA_LOSS if it is not a channel; PERMISSION_DENIED
+  // if another user made it (SharedSegment::Open).
   static absl::StatusOr<ShmChannel> Open(const std::string& name,
                                          const ShmChannelOpenOptions& options = {});
 
@@ -92,6 +95,9 @@ class ShmChannel {
   absl::Status WaitForPeer(absl::Duration timeout);
   // The peer's pid, 0 before it attached.
   pid_t peer_pid() const;
+  // Whether PeerStatus ever found the peer's heartbeat standing still past heartbeat_timeout
+  // while its process ran (stopped, stuck, or swapped out, rather than dead).
+  bool PeerStalled() const;
   // Advances this side's heartbeat (ring waits do it on their own while sleeping).
   void Heartbeat();
   // Closes both rings: the peer drains what was committed, then gets CANCELLED.

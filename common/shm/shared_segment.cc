@@ -1,6 +1,9 @@
 #include "common/shm/shared_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,7 +11,9 @@
 #include <exception>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "boost/interprocess/exceptions.hpp"
 #include "boost/interprocess/mapped_region.hpp"
 #include "boost/interprocess/permissions.hpp"
@@ -76,6 +81,22 @@ absl::Status FromBoost(const bip::interprocess_exception& e, const std::string& 
   }
 }
 
+// Whether the object behind `fd` is this user's own, as Create makes them: a regular file of
+// this effective uid that no other user may read or write. On the descriptor, not the path.
+absl::Status CheckOwn(int fd, const std::string& name) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    return absl::InternalError(absl::StrCat("shm '", name, "': fstat: ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "shm '%s' belongs to uid %d with mode %04o, not to this user (uid %d) with mode 0600: "
+        "another user made it; not using it",
+        name, st.st_uid, st.st_mode & 07777, ::geteuid()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckAligned(const void* base, const std::string& name) {
   if (reinterpret_cast<uintptr_t>(base) % kPageBytes != 0) {
     return absl::InternalError(absl::StrCat("shm '", name, "': mapping is not page aligned"));
@@ -131,21 +152,28 @@ void SharedSegment::Reset() {
   size_ = 0;
 }
 
-absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name, size_t bytes) {
+absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name, size_t bytes,
+                                                    bool reserve) {
   if (absl::Status s = ValidateName(name); !s.ok()) return s;
   if (bytes == 0) return absl::InvalidArgumentError("shared segment of 0 bytes");
   bool created = false;
   try {
     bip::permissions perms;
     perms.set_permissions(0600);  // activations are nobody else's business
+    // create_only is O_CREAT | O_EXCL: a name someone else created first is ALREADY_EXISTS.
     bip::shared_memory_object shm(bip::create_only, name.c_str(), bip::read_write, perms);
     created = true;
+    const int fd = shm.get_mapping_handle().handle;
+    ::fchmod(fd, 0600);  // whatever the umask
+    if (absl::Status own = CheckOwn(fd, name); !own.ok()) {
+      bip::shared_memory_object::remove(name.c_str());
+      return own;
+    }
     shm.truncate(static_cast<bip::offset_t>(bytes));
     // ftruncate leaves tmpfs sparse; reserving now turns "/dev/shm full" into an error
     // here instead of a SIGBUS in the middle of a forward pass. Filesystems without
     // fallocate (EOPNOTSUPP) keep the old behaviour.
-    const int err =
-        ::posix_fallocate(shm.get_mapping_handle().handle, 0, static_cast<off_t>(bytes));
+    const int err = reserve ? ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)) : 0;
     if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
       bip::shared_memory_object::remove(name.c_str());
       return absl::ResourceExhaustedError(
@@ -171,6 +199,7 @@ absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& name, bool 
   try {
     const bip::mode_t mode = read_only ? bip::read_only : bip::read_write;
     bip::shared_memory_object shm(bip::open_only, name.c_str(), mode);
+    if (absl::Status own = CheckOwn(shm.get_mapping_handle().handle, name); !own.ok()) return own;
     bip::offset_t size = 0;
     if (!shm.get_size(size)) {
       return absl::InternalError(absl::StrCat("shm '", name, "': cannot stat"));
@@ -191,14 +220,40 @@ absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& name, bool 
 
 absl::Status SharedSegment::Remove(const std::string& name) {
   if (absl::Status s = ValidateName(name); !s.ok()) return s;
-  errno = 0;
-  // Boost's remove() is a bare shm_unlink that reports only a bool; errno says why.
-  if (bip::shared_memory_object::remove(name.c_str())) return absl::OkStatus();
+  // Only this user's own: checked on a descriptor of the very object, which no other user can
+  // swap for another under the name (/dev/shm is sticky: only the owner unlinks or renames).
+  const int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string message = absl::StrCat("shm '", name, "': remove: ", std::strerror(err));
+    if (err == ENOENT) return absl::NotFoundError(message);
+    if (err == EACCES || err == EPERM || err == ELOOP) return absl::PermissionDeniedError(message);
+    return absl::InternalError(message);
+  }
+  const absl::Status own = CheckOwn(fd, name);
+  ::close(fd);
+  if (!own.ok()) return own;
+  if (::shm_unlink(("/" + name).c_str()) == 0) return absl::OkStatus();
   const int err = errno;
   const std::string message = absl::StrCat("shm '", name, "': remove: ", std::strerror(err));
   if (err == ENOENT) return absl::NotFoundError(message);
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
   return absl::InternalError(message);
+}
+
+std::vector<std::string> SharedSegment::ListOwned(const std::string& prefix) {
+  std::vector<std::string> names;
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return names;
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (!absl::StartsWith(name, prefix)) continue;
+    struct stat st {};
+    if (::fstatat(::dirfd(dir), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (S_ISREG(st.st_mode) && st.st_uid == ::geteuid()) names.push_back(name);
+  }
+  ::closedir(dir);
+  return names;
 }
 
 absl::Status SharedSegment::Unlink() {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -18,18 +19,29 @@ namespace strata {
 // Move-only; unmaps on destruction. The creator also removes the name on destruction unless
 // told otherwise, so a crashed test or a clean shutdown does not leave /dev/shm litter (a
 // SIGKILLed creator still leaks it; callers pick unique names and may Remove() stale ones).
+//
+// Trust: /dev/shm is shared by every local user. A segment is created exclusively (O_EXCL)
+// with mode 0600, and one is opened or removed only after fstat on the opened descriptor shows
+// it is a regular file of this process's effective uid that nobody else may read or write, so
+// a segment planted under an expected name by another user is refused, never used.
 class SharedSegment {
  public:
   // Names are shm_open names without the leading slash: 1..200 characters, no '/'.
   // Creates a new segment of `bytes` (> 0) zeroed bytes, mode 0600; ALREADY_EXISTS if the
-  // name is taken, RESOURCE_EXHAUSTED if /dev/shm cannot back it (memory is reserved up
-  // front so a full /dev/shm fails here rather than with SIGBUS on first touch).
-  static absl::StatusOr<SharedSegment> Create(const std::string& name, size_t bytes);
+  // name is taken, RESOURCE_EXHAUSTED if /dev/shm cannot back it. With `reserve` the memory is
+  // reserved up front so a full /dev/shm fails here rather than with SIGBUS on first touch;
+  // without it the pages come on first touch (a caller that binds them to a NUMA node first).
+  static absl::StatusOr<SharedSegment> Create(const std::string& name, size_t bytes,
+                                              bool reserve = true);
   // Maps an existing segment whole. NOT_FOUND if absent, UNAVAILABLE if its creator has not
-  // sized it yet (retry).
+  // sized it yet (retry), PERMISSION_DENIED if it is not this user's own (see above).
   static absl::StatusOr<SharedSegment> Open(const std::string& name, bool read_only = false);
-  // Removes a name; mappings stay valid until unmapped. NOT_FOUND if there was none.
+  // Removes a name; mappings stay valid until unmapped. NOT_FOUND if there was none,
+  // PERMISSION_DENIED (and nothing removed) if it is not this user's own.
   static absl::Status Remove(const std::string& name);
+  // The names of this user's own segments that start with `prefix` (a directory listing of
+  // /dev/shm; others' segments are left out).
+  static std::vector<std::string> ListOwned(const std::string& prefix);
 
   SharedSegment(SharedSegment&& other) noexcept;
   SharedSegment& operator=(SharedSegment&& other) noexcept;

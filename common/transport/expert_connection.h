@@ -26,6 +26,16 @@ class ExpertConnection {
   }
   // False once the worker is known to be gone.
   virtual bool Alive() const = 0;
+  // Why the worker is gone (OK while Alive()).
+  virtual absl::Status PeerStatus() const {
+    return Alive() ? absl::OkStatus() : absl::UnavailableError("the expert worker is gone");
+  }
+  // Whether the worker was found stopped answering while its process still ran (a stopped,
+  // stuck or swapped-out worker), rather than exited.
+  virtual bool Stalled() const { return false; }
+  // Stops using the connection for good (a worker declared failed): the worker sees it end
+  // and registers again with a new one, never picking up this one where it stopped.
+  virtual void Abandon() {}
 };
 
 }  // namespace strata

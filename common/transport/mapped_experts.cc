@@ -1,9 +1,11 @@
 #include "common/transport/mapped_experts.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "boost/interprocess/file_mapping.hpp"
 #include "boost/interprocess/mapped_region.hpp"
-#include "boost/interprocess/shared_memory_object.hpp"
+#include "common/shm/shared_segment.h"
 #include "common/util/file_stamp.h"
 #include "common/util/status_macros.h"
 
@@ -11,10 +13,15 @@ namespace strata {
 namespace bip = boost::interprocess;
 
 struct MappedExperts::Mapping {
-  bip::shared_memory_object object;  // a store's shared memory
-  bip::file_mapping file;            // or a checkpoint file mapped in place
+  std::optional<SharedSegment> segment;  // a store's shared memory, read-only
+  bip::file_mapping file;                // or a checkpoint file mapped in place
   bip::mapped_region region;
   bool in_place = false;
+
+  const uint8_t* data() const {
+    return segment ? segment->data() : static_cast<const uint8_t*>(region.get_address());
+  }
+  size_t size() const { return segment ? segment->size() : region.get_size(); }
 };
 
 absl::Status MappedExperts::CheckFileUnchanged(const v1::SharedSegmentInfo& segment) {
@@ -37,16 +44,21 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
     for (const auto& segment : layout.segments()) {
       auto m = std::make_unique<Mapping>();
       if (segment.file_path().empty()) {
-        m->object =
-            bip::shared_memory_object(bip::open_only, segment.name().c_str(), bip::read_only);
-        m->region = bip::mapped_region(m->object, bip::read_only);
+        // This user's own segment only (SharedSegment::Open checks the owner and the mode).
+        absl::StatusOr<SharedSegment> shared =
+            SharedSegment::Open(segment.name(), /*read_only=*/true);
+        if (!shared.ok()) {
+          return absl::Status(shared.status().code(), absl::StrCat("cannot map the expert store: ",
+                                                                   shared.status().message()));
+        }
+        m->segment = *std::move(shared);
       } else {
         RETURN_IF_ERROR(CheckFileUnchanged(segment));
         m->file = bip::file_mapping(segment.file_path().c_str(), bip::read_only);
         m->region = bip::mapped_region(m->file, bip::read_only);
         m->in_place = true;
       }
-      if (m->region.get_size() < segment.bytes()) {
+      if (m->size() < segment.bytes()) {
         return absl::FailedPreconditionError(
             absl::StrCat("expert segment ", segment.name(), " is smaller than its layout says"));
       }
@@ -93,13 +105,13 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
     auto dtype = ParseDType(t.dtype());
     if (!dtype.ok())
       return absl::FailedPreconditionError(where + std::string(dtype.status().message()));
-    const auto& region = mapped->mappings_[t.segment()]->region;
+    const Mapping& region = *mapped->mappings_[t.segment()];
     int64_t elements = 1;
     for (int64_t d : t.shape()) elements *= d;
-    if (t.offset() + elements * DTypeSize(*dtype) > region.get_size()) {
+    if (t.offset() + elements * DTypeSize(*dtype) > region.size()) {
       return absl::FailedPreconditionError(where + "runs past its segment");
     }
-    const void* data = static_cast<const uint8_t*>(region.get_address()) + t.offset();
+    const void* data = region.data() + t.offset();
     FfnWeights& f = mapped->experts_[t.layer()][t.expert()];
     auto matrix = [&](WeightMatrix& m, int64_t out, int64_t in) -> absl::Status {
       if (t.shape_size() != 2 || t.shape(0) != out || t.shape(1) != in) {
@@ -166,7 +178,7 @@ std::vector<absl::Span<const uint8_t>> MappedExperts::segments() const {
   std::vector<absl::Span<const uint8_t>> out;
   for (const auto& m : mappings_) {
     if (m->in_place) continue;
-    out.emplace_back(static_cast<const uint8_t*>(m->region.get_address()), m->region.get_size());
+    out.emplace_back(m->data(), m->size());
   }
   return out;
 }
@@ -175,7 +187,7 @@ std::vector<absl::Span<const uint8_t>> MappedExperts::files() const {
   std::vector<absl::Span<const uint8_t>> out;
   for (const auto& m : mappings_) {
     if (!m->in_place) continue;
-    out.emplace_back(static_cast<const uint8_t*>(m->region.get_address()), m->region.get_size());
+    out.emplace_back(m->data(), m->size());
   }
   return out;
 }

@@ -2,10 +2,12 @@
 
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace strata {
@@ -40,6 +42,23 @@ bool PortInUse(std::string host, const std::string& port) {
 
 absl::StatusOr<ListeningServer> StartListening(grpc::ServerBuilder& builder,
                                                const std::string& listen) {
+  if (absl::StartsWith(listen, "unix:")) {
+    const std::string path = listen.substr(5);
+    if (path.empty() || path.size() > 100) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot listen on ", listen, ": a socket path of 1..100 characters"));
+    }
+    builder.AddListeningPort(listen, grpc::InsecureServerCredentials());
+    ListeningServer result;
+    result.server = builder.BuildAndStart();
+    if (result.server == nullptr) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+    }
+    // Its directory keeps others out already; the socket itself says so too.
+    ::chmod(path.c_str(), 0600);
+    result.address = listen;
+    return result;
+  }
   const size_t colon = listen.rfind(':');
   if (colon == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("cannot listen on ", listen, ": not HOST:PORT"));

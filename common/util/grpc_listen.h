@@ -14,12 +14,13 @@ namespace strata {
 
 struct ListeningServer {
   std::unique_ptr<grpc::Server> server;
-  std::string address;  // HOST:PORT, the port the one bound when 0 was asked for
+  std::string address;  // HOST:PORT, the port the one bound when 0 was asked for; or unix:PATH
 };
 
-// Adds `listen` (HOST:PORT, port 0 picks a free one) to `builder` with port reuse off and
-// starts the server. UNAVAILABLE "cannot listen on HOST:PORT: port in use" when another socket
-// holds the port, and "cannot listen on HOST:PORT" for anything else.
+// Adds `listen` (HOST:PORT, port 0 picks a free one; or unix:PATH, a socket of mode 0600) to
+// `builder` with port reuse off and starts the server. UNAVAILABLE "cannot listen on HOST:PORT:
+// port in use" when another socket holds the port, and "cannot listen on HOST:PORT" for anything
+// else.
 absl::StatusOr<ListeningServer> StartListening(grpc::ServerBuilder& builder,
                                                const std::string& listen);
 

@@ -4,12 +4,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/util/grpc_listen.h"
+#include "common/util/grpc_status.h"
 #include "common/util/status_macros.h"
 
 namespace strata {
 
 absl::StatusOr<std::unique_ptr<CacheServer>> CacheServer::Start(const CacheOptions& options) {
+  RETURN_IF_ERROR(CheckInternalListener("strata-cache", options.listen, options.token));
   std::unique_ptr<CacheServer> s(new CacheServer());
+  s->token_ = options.token;
   ASSIGN_OR_RETURN(s->model_, LoadModel(options.model_dir));
   ASSIGN_OR_RETURN(s->store_, options.reattach ? ExpertStore::Attach(*s->model_, options.store)
                                                : ExpertStore::Build(*s->model_, options.store));
@@ -33,9 +36,10 @@ CacheServer::~CacheServer() {
 grpc::ServerUnaryReactor* CacheServer::GetLayout(grpc::CallbackServerContext* context,
                                                  const v1::GetLayoutRequest* request,
                                                  v1::ExpertLayout* response) {
-  *response = store_->layout();
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  const absl::Status allowed = token_.Check(*context);
+  if (allowed.ok()) *response = store_->layout();
+  reactor->Finish(ToGrpcStatus(allowed));
   return reactor;
 }
 
@@ -43,11 +47,12 @@ grpc::ServerUnaryReactor* CacheServer::AttachCompute(grpc::CallbackServerContext
                                                      const v1::AttachComputeRequest* request,
                                                      v1::AttachComputeResponse* response) {
   // Quick: the worker created the channel before asking; serving runs on a thread of its own.
-  const absl::Status status =
-      cpu_tier_->Attach(request->channel_name(), static_cast<pid_t>(request->pid()));
+  absl::Status status = token_.Check(*context);
+  if (status.ok()) {
+    status = cpu_tier_->Attach(request->channel_name(), static_cast<pid_t>(request->pid()));
+  }
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(
-      grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message())));
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 

@@ -1,5 +1,5 @@
 // strata-cache: builds the expert store in shared memory and serves its layout
-// (strata.v1.ExpertStore) to the workers.
+// (strata.v1.ExpertStore) to the workers, every call checked for the cluster token.
 #ifndef STRATA_SERVICES_EXPERT_STORE_CACHE_SERVER_H_
 #define STRATA_SERVICES_EXPERT_STORE_CACHE_SERVER_H_
 
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/cluster/cluster_token.h"
 #include "services/expert-store/cpu_tier_service.h"
 #include "services/expert-store/expert_store.h"
 #include "strata/v1/cluster.grpc.pb.h"
@@ -17,7 +18,8 @@ namespace strata {
 
 struct CacheOptions {
   std::string model_dir;
-  std::string listen = "127.0.0.1:0";
+  std::string listen = "127.0.0.1:0";  // unix:PATH, or HOST:PORT with a token
+  ClusterToken token;
   ExpertStoreOptions store;
   // Adopt the store a killed strata-cache left under store.segment_prefix when it checks out.
   bool reattach = true;
@@ -48,6 +50,7 @@ class CacheServer final : public v1::ExpertStore::CallbackService {
   std::unique_ptr<CpuTierService> cpu_tier_;  // after store_: its threads read the store
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
+  ClusterToken token_;
 };
 
 }  // namespace strata

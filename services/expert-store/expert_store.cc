@@ -12,8 +12,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "boost/interprocess/mapped_region.hpp"
-#include "boost/interprocess/shared_memory_object.hpp"
 #include "common/shm/process_liveness.h"
 #include "common/util/file_stamp.h"
 #include "common/util/status_macros.h"
@@ -21,7 +19,6 @@
 #include "services/expert-store/store_meta.h"
 
 namespace strata {
-namespace bip = boost::interprocess;
 
 namespace {
 
@@ -114,9 +111,16 @@ void AddTensorInfo(int layer, int e, const TensorSource& t, int segment, uint64_
   if (t.in > 0) info->add_shape(t.in);
 }
 
+// The name of the store's segment for NUMA node `node`: a new generation, new names, so a
+// rebuilt store never meets a name left by an earlier one.
+std::string SegmentName(const std::string& prefix, uint64_t generation, int node) {
+  return absl::StrFormat("%s-experts-%016x-%d", prefix, generation, node);
+}
+
 // Where every expert tensor of `model` goes: expert e of every layer on node e % num_nodes.
-// Everything of the layout but the generation and the model directory.
-v1::ExpertLayout PlanLayout(const Model& model, const ExpertStoreOptions& options) {
+// Everything of the layout but the model directory.
+v1::ExpertLayout PlanLayout(const Model& model, const ExpertStoreOptions& options,
+                            uint64_t generation) {
   const bool numa = options.bind_numa && numa_available() >= 0;
   const int num_nodes = numa ? std::max(1, numa_num_configured_nodes()) : 1;
   v1::ExpertLayout layout;
@@ -133,24 +137,25 @@ v1::ExpertLayout PlanLayout(const Model& model, const ExpertStoreOptions& option
   }
   for (int node = 0; node < num_nodes; ++node) {
     v1::SharedSegmentInfo* info = layout.add_segments();
-    info->set_name(absl::StrCat(options.segment_prefix, "-experts-", node));
+    info->set_name(SegmentName(options.segment_prefix, generation, node));
     info->set_bytes(std::max<uint64_t>(segment_bytes[node], 4096));
     info->set_numa_node(numa ? node : -1);
   }
+  layout.set_generation(generation);
   return layout;
 }
 
-// The meta of the store under `name`: NotFound when there is none, DataLoss when it is not a
-// complete one.
+// The meta of the store under `name`: NotFound when there is none, PermissionDenied when it is
+// not this user's own (SharedSegment), DataLoss when it is not a complete one.
 absl::StatusOr<StoreMeta> ReadMeta(const std::string& name) {
-  try {
-    bip::shared_memory_object object(bip::open_only, name.c_str(), bip::read_only);
-    bip::mapped_region region(object, bip::read_only);
-    return DecodeMeta(region.get_address(), region.get_size());
-  } catch (const bip::interprocess_exception& e) {
-    if (e.get_error_code() == bip::not_found_error) return absl::NotFoundError(name);
-    return absl::DataLossError(absl::StrCat("cannot map ", name, ": ", e.what()));
+  absl::StatusOr<SharedSegment> segment = SharedSegment::Open(name, /*read_only=*/true);
+  if (absl::IsNotFound(segment.status()) || absl::IsPermissionDenied(segment.status())) {
+    return segment.status();
   }
+  if (!segment.ok()) {
+    return absl::DataLossError(absl::StrCat("cannot map ", name, ": ", segment.status().message()));
+  }
+  return DecodeMeta(segment->data(), segment->size());
 }
 
 // Two strata-cache processes must never share a store: each removes it when it stops.
@@ -164,15 +169,20 @@ absl::Status CheckOwnerGone(const StoreMeta& meta, const std::string& prefix) {
 }
 
 // Removes the store a gone strata-cache left under `prefix` (its segments, then its meta);
-// FailedPrecondition when its owner still runs.
+// FailedPrecondition when its owner still runs. The segments are this user's own found under
+// the prefix, never names read from the meta.
 absl::Status RemoveGoneStore(const std::string& prefix) {
   const std::string meta_name = MetaName(prefix);
-  if (absl::StatusOr<StoreMeta> old = ReadMeta(meta_name); old.ok()) {
-    RETURN_IF_ERROR(CheckOwnerGone(*old, prefix));
-    for (const auto& s : old->layout.segments())
-      bip::shared_memory_object::remove(s.name().c_str());
+  absl::StatusOr<StoreMeta> old = ReadMeta(meta_name);
+  if (absl::IsPermissionDenied(old.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the expert store name is taken: ", old.status().message()));
   }
-  bip::shared_memory_object::remove(meta_name.c_str());
+  if (old.ok()) RETURN_IF_ERROR(CheckOwnerGone(*old, prefix));
+  for (const std::string& name : SharedSegment::ListOwned(prefix + "-experts-")) {
+    if (name != meta_name) SharedSegment::Remove(name).IgnoreError();
+  }
+  SharedSegment::Remove(meta_name).IgnoreError();
   return absl::OkStatus();
 }
 
@@ -233,13 +243,6 @@ std::string LayoutMismatch(const v1::ExpertLayout& have, const v1::ExpertLayout&
 
 }  // namespace
 
-struct ExpertStore::Segment {
-  std::string name;
-  bip::shared_memory_object object;
-  bip::mapped_region region;
-  ~Segment() { bip::shared_memory_object::remove(name.c_str()); }
-};
-
 // The meta goes first, so that a stop cut short never leaves a store that looks complete.
 ExpertStore::~ExpertStore() { meta_.reset(); }
 
@@ -253,29 +256,21 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Build(const Model& mod
   ASSIGN_OR_RETURN(const ModelIdentity identity, IdentifyModel(model.dir));
 
   std::unique_ptr<ExpertStore> store(new ExpertStore());
-  store->layout_ = PlanLayout(model, options);
   std::random_device rd;
   uint64_t generation = 0;
   while (generation == 0) generation = (static_cast<uint64_t>(rd()) << 32) | rd();
-  store->layout_.set_generation(generation);
+  store->layout_ = PlanLayout(model, options, generation);
   store->layout_.set_model_dir(model.dir);
-  try {
-    for (const v1::SharedSegmentInfo& info : store->layout_.segments()) {
-      auto segment = std::make_unique<Segment>();
-      segment->name = info.name();
-      bip::shared_memory_object::remove(segment->name.c_str());  // a stale one from a crash
-      segment->object =
-          bip::shared_memory_object(bip::create_only, segment->name.c_str(), bip::read_write);
-      segment->object.truncate(static_cast<bip::offset_t>(info.bytes()));
-      segment->region = bip::mapped_region(segment->object, bip::read_write);
-      // Bind before the first write so the pages are allocated on the node.
-      if (info.numa_node() >= 0) {
-        numa_tonode_memory(segment->region.get_address(), info.bytes(), info.numa_node());
-      }
-      store->segments_.push_back(std::move(segment));
+  for (const v1::SharedSegmentInfo& info : store->layout_.segments()) {
+    // Not reserved: the pages come on first touch, after they are bound to the node.
+    absl::StatusOr<SharedSegment> segment =
+        SharedSegment::Create(info.name(), info.bytes(), /*reserve=*/false);
+    if (!segment.ok()) {
+      return absl::Status(segment.status().code(),
+                          absl::StrCat("expert store: ", segment.status().message()));
     }
-  } catch (const bip::interprocess_exception& e) {
-    return absl::InternalError(absl::StrCat("expert store: shared memory: ", e.what()));
+    if (info.numa_node() >= 0) numa_tonode_memory(segment->data(), info.bytes(), info.numa_node());
+    store->segments_.push_back(*std::move(segment));
   }
 
   // Copy, tensor by tensor, in layout order.
@@ -286,7 +281,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Build(const Model& mod
     for (const FfnWeights& expert : experts) {
       for (const TensorSource& t : ExpertTensors(expert)) {
         const v1::ExpertTensorInfo& info = store->layout_.tensors(index++);
-        auto* base = static_cast<uint8_t*>(store->segments_[info.segment()]->region.get_address());
+        uint8_t* base = store->segments_[info.segment()].data();
         CopyContiguous(t, base + info.offset());
         store->bytes_copied_ += TensorBytes(t);
       }
@@ -303,23 +298,18 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Build(const Model& mod
   meta.owner_pid = ::getpid();
   meta.owner_start_time = ProcessStartTime(::getpid());
   for (int i = 0; i < store->layout_.segments_size(); ++i) {
-    meta.segment_checksums.push_back(ChunkedChecksum(store->segments_[i]->region.get_address(),
-                                                     store->layout_.segments(i).bytes(),
-                                                     ChecksumThreads()));
+    meta.segment_checksums.push_back(ChunkedChecksum(
+        store->segments_[i].data(), store->layout_.segments(i).bytes(), ChecksumThreads()));
   }
   const double checksum_ms = MillisecondsSince(checksum_start);
   const std::string encoded = EncodeMeta(meta);
-  try {
-    store->meta_ = std::make_unique<Segment>();
-    store->meta_->name = meta_name;
-    store->meta_->object =
-        bip::shared_memory_object(bip::create_only, meta_name.c_str(), bip::read_write);
-    store->meta_->object.truncate(static_cast<bip::offset_t>(encoded.size()));
-    store->meta_->region = bip::mapped_region(store->meta_->object, bip::read_write);
-  } catch (const bip::interprocess_exception& e) {
-    return absl::InternalError(absl::StrCat("expert store: meta segment: ", e.what()));
+  absl::StatusOr<SharedSegment> meta_segment = SharedSegment::Create(meta_name, encoded.size());
+  if (!meta_segment.ok()) {
+    return absl::Status(meta_segment.status().code(),
+                        absl::StrCat("expert store meta: ", meta_segment.status().message()));
   }
-  CommitMeta(encoded, store->meta_->region.get_address());
+  store->meta_ = std::make_unique<SharedSegment>(*std::move(meta_segment));
+  CommitMeta(encoded, store->meta_->data());
   Say(options,
       absl::StrFormat("built %d segment(s), generation %016x: copied %.1f MiB from the "
                       "checkpoint in %.0f ms (checksums %.0f ms)",
@@ -335,6 +325,10 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Attach(
   const std::string meta_name = MetaName(options.segment_prefix);
   absl::StatusOr<StoreMeta> meta = ReadMeta(meta_name);
   if (absl::IsNotFound(meta.status())) return Build(model, options);
+  if (absl::IsPermissionDenied(meta.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the expert store name is taken: ", meta.status().message()));
+  }
   if (meta.ok()) RETURN_IF_ERROR(CheckOwnerGone(*meta, options.segment_prefix));
 
   // Why the store found cannot be adopted; empty once adopted.
@@ -346,37 +340,39 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Attach(
   } else {
     ASSIGN_OR_RETURN(const ModelIdentity identity, IdentifyModel(model.dir));
     why = ModelMismatch(meta->model, identity);
-    if (why.empty()) why = LayoutMismatch(meta->layout, PlanLayout(model, options));
-  }
-  try {
-    // Read-only: nothing writes the data once it is built.
-    for (int i = 0; why.empty() && i < meta->layout.segments_size(); ++i) {
-      const v1::SharedSegmentInfo& info = meta->layout.segments(i);
-      auto segment = std::make_unique<Segment>();
-      segment->name = info.name();
-      segment->object =
-          bip::shared_memory_object(bip::open_only, info.name().c_str(), bip::read_only);
-      // Not MAP_POPULATE: the checksum threads fault the pages in, in parallel (faster).
-      segment->region = bip::mapped_region(segment->object, bip::read_only);
-      store->segments_.push_back(std::move(segment));  // owned from here: removed on mismatch
-      if (store->segments_.back()->region.get_size() < info.bytes()) {
-        why = absl::StrCat("segment ", info.name(), " is shorter than its layout says");
-      } else if (ChunkedChecksum(store->segments_.back()->region.get_address(), info.bytes(),
-                                 ChecksumThreads()) != meta->segment_checksums[i]) {
-        why = absl::StrCat("the data of segment ", info.name(), " does not match its checksum");
-      }
-      checked += info.bytes();
-    }
+    // The names too: only segments this store would have made under its prefix are opened.
     if (why.empty()) {
-      store->meta_ = std::make_unique<Segment>();
-      store->meta_->name = meta_name;
-      store->meta_->object =
-          bip::shared_memory_object(bip::open_only, meta_name.c_str(), bip::read_write);
-      store->meta_->region = bip::mapped_region(store->meta_->object, bip::read_write);
-      SetMetaOwner(store->meta_->region.get_address(), ::getpid(), ProcessStartTime(::getpid()));
+      why = LayoutMismatch(meta->layout, PlanLayout(model, options, meta->generation));
     }
-  } catch (const bip::interprocess_exception& e) {
-    why = absl::StrCat("cannot map it: ", e.what());
+  }
+  // Read-only: nothing writes the data once it is built.
+  for (int i = 0; why.empty() && i < meta->layout.segments_size(); ++i) {
+    const v1::SharedSegmentInfo& info = meta->layout.segments(i);
+    // Not MAP_POPULATE: the checksum threads fault the pages in, in parallel (faster).
+    absl::StatusOr<SharedSegment> segment = SharedSegment::Open(info.name(), /*read_only=*/true);
+    if (!segment.ok()) {
+      why = absl::StrCat("cannot map it: ", segment.status().message());
+      break;
+    }
+    segment->set_remove_on_destroy(true);  // owned from here: removed on mismatch
+    store->segments_.push_back(*std::move(segment));
+    if (store->segments_.back().size() < info.bytes()) {
+      why = absl::StrCat("segment ", info.name(), " is shorter than its layout says");
+    } else if (ChunkedChecksum(store->segments_.back().data(), info.bytes(), ChecksumThreads()) !=
+               meta->segment_checksums[i]) {
+      why = absl::StrCat("the data of segment ", info.name(), " does not match its checksum");
+    }
+    checked += info.bytes();
+  }
+  if (why.empty()) {
+    absl::StatusOr<SharedSegment> meta_segment = SharedSegment::Open(meta_name);
+    if (meta_segment.ok()) {
+      meta_segment->set_remove_on_destroy(true);
+      store->meta_ = std::make_unique<SharedSegment>(*std::move(meta_segment));
+      SetMetaOwner(store->meta_->data(), ::getpid(), ProcessStartTime(::getpid()));
+    } else {
+      why = absl::StrCat("cannot map its meta: ", meta_segment.status().message());
+    }
   }
   if (!why.empty()) {
     Say(options, absl::StrCat("not re-attaching to the expert store \"", options.segment_prefix,

@@ -14,12 +14,16 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/model_weights.h"
+#include "common/shm/shared_segment.h"
 #include "strata/v1/cluster.pb.h"
 
 namespace strata {
 
 struct ExpertStoreOptions {
-  // Segments are named <prefix>-experts-<node>, the meta <prefix>-experts-meta.
+  // Segments are named <prefix>-experts-<generation>-<node>, the meta <prefix>-experts-meta;
+  // all of them mode 0600, and only this user's own are re-attached to or removed. The prefix
+  // carries a random component per cluster (`strata up`) so that another local user cannot
+  // create the names first.
   std::string segment_prefix = "strata";
   bool bind_numa = true;  // bind each segment's pages to its node
   // Map the checkpoint's expert tensors where they are (the workers map its files read-only)
@@ -56,12 +60,11 @@ class ExpertStore {
   uint64_t bytes_copied() const { return bytes_copied_; }  // from the checkpoint
 
  private:
-  struct Segment;
   ExpertStore() = default;
 
   v1::ExpertLayout layout_;
-  std::vector<std::unique_ptr<Segment>> segments_;
-  std::unique_ptr<Segment> meta_;
+  std::vector<SharedSegment> segments_;  // each removed with the store
+  std::unique_ptr<SharedSegment> meta_;
   bool reattached_ = false;
   uint64_t bytes_copied_ = 0;
 };

@@ -13,7 +13,12 @@
 #include "services/expert-store/cache_server.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
-ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address to serve ExpertStore on; port 0 picks one");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "Address to serve ExpertStore on: unix:PATH, or HOST:PORT (port 0 picks one; needs a "
+          "cluster token)");
+ABSL_FLAG(std::string, cluster_token_file, "",
+          "File holding the cluster token every call must carry (this user's, mode 0600); "
+          "empty: $STRATA_CLUSTER_TOKEN, or none");
 ABSL_FLAG(std::string, segment_prefix, "strata", "Shared-memory segment name prefix");
 ABSL_FLAG(bool, numa, true, "Bind each segment's pages to its NUMA node");
 ABSL_FLAG(std::string, expert_store, "copy",
@@ -41,6 +46,12 @@ int main(int argc, char** argv) {
   strata::CacheOptions options;
   options.model_dir = absl::GetFlag(FLAGS_model);
   options.listen = absl::GetFlag(FLAGS_listen);
+  auto token = strata::ClusterToken::FromFileOrEnvironment(absl::GetFlag(FLAGS_cluster_token_file));
+  if (!token.ok()) {
+    std::cerr << "strata-cache: " << token.status().message() << "\n";
+    return 2;
+  }
+  options.token = *std::move(token);
   options.store.segment_prefix = absl::GetFlag(FLAGS_segment_prefix);
   options.store.bind_numa = absl::GetFlag(FLAGS_numa);
   const std::string expert_store = absl::GetFlag(FLAGS_expert_store);

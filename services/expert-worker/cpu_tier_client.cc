@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cluster/secure_random.h"
 #include "common/util/status_macros.h"
 #include "strata/v1/cluster.grpc.pb.h"
 
@@ -25,18 +26,17 @@ constexpr absl::Duration kSubmitWait = absl::Seconds(10);
 
 absl::StatusOr<std::unique_ptr<CpuTierClient>> CpuTierClient::Connect(
     const std::string& cache_address, const std::string& channel_name_prefix, int max_tokens,
-    int top_k, int hidden_size) {
+    int top_k, int hidden_size, const ClusterToken& token) {
   if (max_tokens <= 0 || top_k <= 0 || hidden_size <= 0) {
     return absl::InvalidArgumentError("CPU tier: max_tokens, top_k and hidden_size must be > 0");
   }
-  // A channel pairs with one opener once: every connection gets a name of its own.
-  static std::atomic<int> counter{0};
-  const std::string name =
-      absl::StrCat(channel_name_prefix, "-", ::getpid(), "-", counter.fetch_add(1));
+  // A channel pairs with one opener once: every connection gets a name of its own, which no
+  // other local user can guess and take first.
+  ASSIGN_OR_RETURN(const std::string random, RandomHex(8));
+  const std::string name = absl::StrCat(channel_name_prefix, "-", random);
   ShmChannelOptions options;
   options.slots = 2;  // one layer in flight, plus room to queue the next
   options.slot_bytes = ExpertSlotBytes(max_tokens, top_k, hidden_size);
-  SharedSegment::Remove(name).IgnoreError();  // left by a crashed process with our pid
   auto channel = ShmChannel::Create(name, options);
   if (!channel.ok()) return channel.status();
 
@@ -44,6 +44,7 @@ absl::StatusOr<std::unique_ptr<CpuTierClient>> CpuTierClient::Connect(
       grpc::CreateChannel(cache_address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + kAttachDeadline);
+  token.Attach(context);
   v1::AttachComputeRequest request;
   request.set_channel_name(name);
   request.set_pid(static_cast<uint32_t>(::getpid()));
@@ -106,7 +107,16 @@ absl::Status CpuTierClient::Collect(Tensor& partial, absl::Duration timeout) {
     if (pending_.empty()) return absl::FailedPreconditionError("CPU tier: nothing submitted");
     expected = pending_.front();
   }
-  auto bytes = channel_.inbound().Peek(timeout);
+  // In slices: while the cache computes, each slice tells the waiting worker's liveness so.
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::StatusOr<absl::Span<const uint8_t>> bytes;
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    bytes = channel_.inbound().Peek(
+        std::max(absl::ZeroDuration(), std::min(left, absl::Milliseconds(100))));
+    if (!absl::IsDeadlineExceeded(bytes.status()) || left <= absl::Milliseconds(100)) break;
+    if (on_wait_) on_wait_();
+  }
   if (absl::IsDeadlineExceeded(bytes.status())) return bytes.status();
   if (!bytes.ok()) {
     return absl::UnavailableError(

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -22,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/backend/expert_slots.h"
+#include "common/cluster/cluster_token.h"
 #include "common/shm/channel.h"
 #include "common/tensor/tensor.h"
 #include "common/transport/expert_wire.h"
@@ -30,12 +32,13 @@ namespace strata {
 
 class CpuTierClient {
  public:
-  // Creates the channel "<channel_name_prefix>-<pid>-<n>" with slots for requests of up to
-  // `max_tokens` tokens and asks strata-cache at `cache_address` to serve it; returns once
-  // it does. The gRPC status of a refusal, UNAVAILABLE if the cache does not answer in time.
+  // Creates the channel "<channel_name_prefix>-<random>" with slots for requests of up to
+  // `max_tokens` tokens and asks strata-cache at `cache_address` to serve it (the call carries
+  // `token`); returns once it does. The gRPC status of a refusal, UNAVAILABLE if the cache
+  // does not answer in time.
   static absl::StatusOr<std::unique_ptr<CpuTierClient>> Connect(
       const std::string& cache_address, const std::string& channel_name_prefix, int max_tokens,
-      int top_k, int hidden_size);
+      int top_k, int hidden_size, const ClusterToken& token = ClusterToken());
   // Detaches: strata-cache ends its thread for this channel.
   ~CpuTierClient() = default;
 
@@ -60,6 +63,9 @@ class CpuTierClient {
   bool abandoned() const { return abandoned_.load(); }
   // Requests submitted and not collected yet.
   int outstanding() const;
+  // Called every 100 ms Collect waits on a live cache (a worker's liveness: it is waiting on
+  // work that progresses elsewhere). Set before use.
+  void set_on_wait(std::function<void()> on_wait) { on_wait_ = std::move(on_wait); }
   const std::string& channel_name() const { return name_; }
 
   // Submit and Collect may run on two different threads, but each on one at a time.
@@ -80,6 +86,7 @@ class CpuTierClient {
   mutable std::mutex mu_;
   std::deque<Pending> pending_;  // guarded by mu_
   std::atomic<bool> abandoned_{false};
+  std::function<void()> on_wait_;
 };
 
 // Seconds the CPU tier takes for `tokens` tokens of one expert: the median of requests for

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/transport/tier_counters_proto.h"
+#include "common/util/grpc_status.h"
 
 namespace strata {
 namespace {
@@ -11,8 +12,12 @@ namespace {
 // Read a request, run it, write the response, repeat: one request in flight per stream.
 class ExchangeReactor : public grpc::ServerBidiReactor<v1::ExpertRequest, v1::ExpertResponse> {
  public:
-  ExchangeReactor(WorkerExecutor& executor, std::mutex& executor_mu)
+  ExchangeReactor(WorkerExecutor& executor, std::mutex& executor_mu, const absl::Status& allowed)
       : executor_(executor), executor_mu_(executor_mu) {
+    if (!allowed.ok()) {
+      Finish(ToGrpcStatus(allowed));
+      return;
+    }
     StartRead(&request_);
   }
 
@@ -79,7 +84,7 @@ class ExchangeReactor : public grpc::ServerBidiReactor<v1::ExpertRequest, v1::Ex
 
 grpc::ServerBidiReactor<v1::ExpertRequest, v1::ExpertResponse>* ExpertWorkerService::Exchange(
     grpc::CallbackServerContext* context) {
-  return new ExchangeReactor(executor_, executor_mu_);
+  return new ExchangeReactor(executor_, executor_mu_, token_.Check(*context));
 }
 
 }  // namespace strata

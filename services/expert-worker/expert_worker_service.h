@@ -5,6 +5,7 @@
 
 #include <mutex>
 
+#include "common/cluster/cluster_token.h"
 #include "services/expert-worker/worker_executor.h"
 #include "strata/v1/cluster.grpc.pb.h"
 
@@ -12,9 +13,10 @@ namespace strata {
 
 class ExpertWorkerService final : public v1::ExpertWorker::CallbackService {
  public:
-  // Requests from all streams run one at a time on `executor`, under `executor_mu`.
-  ExpertWorkerService(WorkerExecutor& executor, std::mutex& executor_mu)
-      : executor_(executor), executor_mu_(executor_mu) {}
+  // Requests from all streams run one at a time on `executor`, under `executor_mu`. A stream
+  // without the cluster token is refused.
+  ExpertWorkerService(WorkerExecutor& executor, std::mutex& executor_mu, ClusterToken token)
+      : executor_(executor), executor_mu_(executor_mu), token_(std::move(token)) {}
 
   grpc::ServerBidiReactor<v1::ExpertRequest, v1::ExpertResponse>* Exchange(
       grpc::CallbackServerContext* context) override;
@@ -22,6 +24,7 @@ class ExpertWorkerService final : public v1::ExpertWorker::CallbackService {
  private:
   WorkerExecutor& executor_;
   std::mutex& executor_mu_;
+  const ClusterToken token_;
 };
 
 }  // namespace strata

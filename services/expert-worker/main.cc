@@ -1,4 +1,4 @@
-// strata-worker --model DIR --cache HOST:PORT --router HOST:PORT --index I [--device cpu]
+// strata-worker --model DIR --cache ADDRESS --router ADDRESS --index I [--device cpu]
 // Runs the experts the router sends it, reading their weights from strata-cache's shared
 // memory. Start order does not matter: it waits for the cache and the router.
 #include <atomic>
@@ -15,8 +15,15 @@
 #include "services/expert-worker/worker_server.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json is read)");
-ABSL_FLAG(std::string, cache, "", "strata-cache address");
-ABSL_FLAG(std::string, router, "", "strata-router address");
+ABSL_FLAG(std::string, cache, "", "strata-cache address: unix:PATH or HOST:PORT");
+ABSL_FLAG(std::string, router, "",
+          "strata-router's internal listener (Coordinator): unix:PATH or HOST:PORT");
+ABSL_FLAG(std::string, cluster_token_file, "",
+          "File holding the cluster token carried by every call to the router and the cache, "
+          "and required of the router's (this user's, mode 0600); empty: $STRATA_CLUSTER_TOKEN, "
+          "or none");
+ABSL_FLAG(std::string, channel_prefix, "strata",
+          "Prefix of the shared-memory channels this worker creates (its CPU tier's)");
 ABSL_FLAG(int, index, 0, "This worker's index, 0 .. workers - 1");
 ABSL_FLAG(std::string, device, "cpu", "Where experts run: cpu or cuda:N");
 ABSL_FLAG(std::string, weights, "bf16", "Expert weights on a GPU: bf16 or fp8");
@@ -39,7 +46,7 @@ int main(int argc, char** argv) {
   strata::BlockTerminationSignals();
   strata::ParseDaemonFlags(
       argc, argv, "strata-worker",
-      "strata-worker --model DIR --cache HOST:PORT --router HOST:PORT --index I [flags]: runs "
+      "strata-worker --model DIR --cache ADDRESS --router ADDRESS --index I [flags]: runs "
       "the experts\nthe router sends it, from strata-cache's shared memory",
       __FILE__);
   const int index = absl::GetFlag(FLAGS_index);
@@ -58,6 +65,13 @@ int main(int argc, char** argv) {
   options.max_tokens_per_step = absl::GetFlag(FLAGS_max_batch_tokens);
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.channel_prefix = absl::GetFlag(FLAGS_channel_prefix);
+  auto token = strata::ClusterToken::FromFileOrEnvironment(absl::GetFlag(FLAGS_cluster_token_file));
+  if (!token.ok()) {
+    std::cerr << "strata-worker: " << token.status().message() << "\n";
+    return 2;
+  }
+  options.token = *std::move(token);
   const auto tunables = strata::LoadAndLogTunables();
   if (!tunables.ok()) {
     std::cerr << "strata-worker: " << tunables.status().message() << "\n";

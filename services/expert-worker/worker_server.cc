@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <ctime>
 #include <random>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
@@ -25,6 +27,20 @@ namespace {
 
 // How long a CUDA IPC worker spins for the router's next message before it sleeps.
 constexpr absl::Duration kDeviceStepSpin = absl::Milliseconds(20);
+
+// The liveness pulse (WorkerServer::Pulse): how often it looks, the CPU time that counts as
+// progress in that time, and the longest one message may keep it beating.
+constexpr auto kPulseInterval = std::chrono::milliseconds(100);
+constexpr double kProgressCpuSeconds = 0.005;
+constexpr absl::Duration kMaxBusy = absl::Seconds(60);
+
+double ProcessCpuSeconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + t.tv_nsec * 1e-9;
+}
+
+int64_t NowNs() { return absl::ToUnixNanos(absl::Now()); }
 
 // Calls `attempt` until it succeeds or `stopping`, saying every few seconds what it waits for
 // (first after two seconds, so that a routine restart of a peer stays quiet).
@@ -51,6 +67,8 @@ absl::StatusOr<T> RetryUntil(const std::function<absl::StatusOr<T>()>& attempt,
 }  // namespace
 
 WorkerServer::~WorkerServer() {
+  stopping_.store(true);
+  if (pulse_.joinable()) pulse_.join();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   // The slots outlive what they were handed.
   if (tiers_ != nullptr) tiers_->AttachHostTier(nullptr, nullptr);
@@ -70,8 +88,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
       [&]() -> absl::StatusOr<v1::ExpertLayout> {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    options.token.Attach(context);
     v1::ExpertLayout layout;
     const grpc::Status s = cache->GetLayout(&context, v1::GetLayoutRequest(), &layout);
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("strata-cache refused this worker: ", s.error_message()));
+    }
     if (!s.ok()) return absl::UnavailableError(s.error_message());
     return layout;
   };
@@ -113,6 +136,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
     return absl::InvalidArgumentError("this build has no CUDA backend (nvcc was not found)");
 #endif
   }
+  w->pulse_ = std::thread([raw = w.get()] { raw->Pulse(); });
   if (w->tiers_ != nullptr) {
     w->executor_ = std::make_unique<WorkerExecutor>(w->config_, *w->tiers_, *w->slots_);
     w->AttachCpuTier();
@@ -120,10 +144,17 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
     w->executor_ = std::make_unique<WorkerExecutor>(w->config_, *w->backend_);
   }
   if (options.transport == v1::TRANSPORT_GRPC) {
-    w->service_ = std::make_unique<ExpertWorkerService>(*w->executor_, w->executor_mu_);
+    RETURN_IF_ERROR(
+        CheckInternalListener("the ExpertWorker service", options.listen, options.token));
+    w->service_ =
+        std::make_unique<ExpertWorkerService>(*w->executor_, w->executor_mu_, options.token);
     grpc::ServerBuilder builder;
     builder.RegisterService(w->service_.get());
     builder.SetMaxReceiveMessageSize(256 << 20);
+    // The router pings every second to tell a stopped worker from a slow one (keepalive).
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     ASSIGN_OR_RETURN(ListeningServer listening, StartListening(builder, options.listen));
     w->server_ = std::move(listening.server);
     w->service_address_ = std::move(listening.address);
@@ -227,14 +258,16 @@ void WorkerServer::AttachCpuTier() {
     return;
   }
   auto client = CpuTierClient::Connect(
-      options_.cache_address, absl::StrCat("strata-cpu-tier-w", options_.index, "-", ::getpid()),
-      options_.max_tokens_per_step, config_.top_k, static_cast<int>(config_.hidden_size));
+      options_.cache_address, absl::StrCat(options_.channel_prefix, "-cpu-w", options_.index),
+      options_.max_tokens_per_step, config_.top_k, static_cast<int>(config_.hidden_size),
+      options_.token);
   if (!client.ok()) {
     Log(LogLevel::kWarning,
         absl::StrCat("no CPU tier (", client.status().message(), "); cold experts are copied"));
     return;
   }
   cpu_tier_ = *std::move(client);
+  cpu_tier_->set_on_wait([this] { progress_.fetch_add(1); });
   if (absl::Status timed = CalibrateCpuTier(); !timed.ok()) {
     Log(LogLevel::kWarning,
         absl::StrCat("no CPU tier (", timed.message(), "); cold experts are copied"));
@@ -340,6 +373,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
         grpc::CreateChannel(options_.router_address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(15));
+    options_.token.Attach(context);
     v1::RegisterWorkerResponse response;
     const grpc::Status s = router->RegisterWorker(&context, request, &response);
     if (!s.ok()) {
@@ -359,11 +393,24 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
   // critical path of every step. Steps come every few milliseconds while decoding, so spin
   // through that gap; an idle worker still sleeps after it.
   if (ipc_link_ != nullptr) channel.inbound().set_spin(kDeviceStepSpin);
+  {
+    std::lock_guard<std::mutex> lock(beat_mu_);
+    beating_ = &channel;
+  }
+  absl::Cleanup stop_beating = [this] {
+    busy_since_ns_.store(0);
+    std::lock_guard<std::mutex> lock(beat_mu_);
+    beating_ = nullptr;
+  };
   std::string error;  // the text an error response points into
   while (!stopping_.load()) {
     auto request_bytes = channel.inbound().Peek(absl::Milliseconds(200));
     if (absl::IsDeadlineExceeded(request_bytes.status())) continue;
     if (!request_bytes.ok()) return request_bytes.status();  // the router is gone
+    // Every message handled is a heartbeat (a worker kept busy never waits long enough for
+    // the ring's idle beats); the pulse beats while it takes long.
+    channel.Heartbeat();
+    busy_since_ns_.store(NowNs());
     auto request = DecodeExpertRequest(*request_bytes);
     absl::Status status = request.status();
     const bool step = request.ok() && request->kind == ExpertMessageKind::kDeviceStep;
@@ -396,6 +443,8 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
     EncodeExpertResponse(response, slot);
     RETURN_IF_ERROR(channel.outbound().Commit(bytes));
     RETURN_IF_ERROR(channel.inbound().Pop());
+    busy_since_ns_.store(0);
+    channel.Heartbeat();
 #if STRATA_HAVE_CUDA
     // The tiers' bookkeeping of what finished steps used, off the router's path.
     if (on_device && device_experts_ != nullptr) {
@@ -406,6 +455,27 @@ absl::Status WorkerServer::ServeChannel(const std::string& name) {
 #endif
   }
   return absl::OkStatus();
+}
+
+void WorkerServer::Pulse() {
+  double cpu = ProcessCpuSeconds();
+  uint64_t progress = progress_.load();
+  while (!stopping_.load()) {
+    std::this_thread::sleep_for(kPulseInterval);
+    const double cpu_now = ProcessCpuSeconds();
+    const uint64_t progress_now = progress_.load();
+    const int64_t busy_since = busy_since_ns_.load();
+    const bool progressing = cpu_now - cpu >= kProgressCpuSeconds || progress_now != progress;
+    cpu = cpu_now;
+    progress = progress_now;
+    // Idle, the ring's waits beat; busy past kMaxBusy, something is stuck whatever it uses.
+    if (busy_since == 0 || !progressing ||
+        absl::FromUnixNanos(busy_since) + kMaxBusy < absl::Now()) {
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(beat_mu_);
+    if (beating_ != nullptr) beating_->Heartbeat();
+  }
 }
 
 absl::Status WorkerServer::Run() {

@@ -11,9 +11,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "common/backend/cpu/cpu_expert_backend.h"
+#include "common/cluster/cluster_token.h"
+#include "common/shm/channel.h"
 #include "common/transport/cuda_ipc/worker_link.h"
 #include "common/transport/mapped_experts.h"
 #include "common/util/thread_pool.h"
@@ -28,8 +31,11 @@ namespace strata {
 
 struct WorkerOptions {
   std::string model_dir;       // for config.json; weights come from the expert store
-  std::string cache_address;   // strata-cache
-  std::string router_address;  // strata-router
+  std::string cache_address;   // strata-cache: unix:PATH or HOST:PORT
+  std::string router_address;  // the router's internal listener: unix:PATH or HOST:PORT
+  ClusterToken token;          // carried by every call to them; required of the router's
+  // Names of the shared-memory channels this worker creates (its CPU tier's) start with it.
+  std::string channel_prefix = "strata";
   int index = 0;
   std::string device = "cpu";           // cpu or cuda:N
   std::string expert_weights = "bf16";  // on a GPU: bf16 or fp8
@@ -70,6 +76,11 @@ class WorkerServer {
   absl::Status CalibrateCpuTier();
   // Serves one router incarnation over a shared-memory channel; returns when it is gone.
   absl::Status ServeChannel(const std::string& name);
+  // The liveness pulse (a thread): while a message is being handled, beats the channel's
+  // heartbeat every 100 ms as long as the work progresses (this process uses CPU time, or the
+  // CPU tier it waits on answers in slices) and for at most kMaxBusy; a worker stopped or stuck
+  // in a call stops beating, and the router declares it failed.
+  void Pulse();
 
   WorkerOptions options_;
   ModelConfig config_;
@@ -91,6 +102,11 @@ class WorkerServer {
   std::string service_address_;
   uint64_t incarnation_ = 0;
   std::atomic<bool> stopping_{false};
+  std::mutex beat_mu_;
+  ShmChannel* beating_ = nullptr;          // the channel being served, guarded by beat_mu_
+  std::atomic<int64_t> busy_since_ns_{0};  // while a message is handled; 0 between messages
+  std::atomic<uint64_t> progress_{0};      // work progressing outside this process
+  std::thread pulse_;
 };
 
 }  // namespace strata

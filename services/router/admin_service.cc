@@ -10,6 +10,11 @@ namespace strata {
 grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* context,
                                               const v1::StatsRequest* request,
                                               v1::StatsResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  if (absl::Status allowed = token_.Check(*context); !allowed.ok()) {
+    reactor->Finish(ToGrpcStatus(allowed));
+    return reactor;
+  }
   const Scheduler::Stats s = scheduler_.stats();
   response->set_waiting_requests(static_cast<uint32_t>(s.waiting));
   response->set_running_requests(static_cast<uint32_t>(s.running));
@@ -48,6 +53,11 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
       worker->set_index(static_cast<uint32_t>(w));
       worker->set_connected(experts_->connected(w));
       TierCountersToProto(experts_->tiers(w), *worker->mutable_tiers());
+      if (const std::optional<WorkerFailure> failure = experts_->failure(w)) {
+        worker->set_failure(failure->reason);
+        worker->set_stalled(failure->stalled);
+        worker->set_failed_for_s(absl::ToDoubleSeconds(absl::Now() - failure->since));
+      }
     }
   }
   if (hot_ratio_ != nullptr) {
@@ -58,7 +68,6 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
   response->set_prefetch_predicted(p.predicted);
   response->set_prefetch_correct(p.correct);
   response->set_prefetch_actual(p.actual);
-  auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -67,6 +76,10 @@ grpc::ServerUnaryReactor* AdminService::SetHotRatio(grpc::CallbackServerContext*
                                                     const v1::SetHotRatioRequest* request,
                                                     v1::SetHotRatioResponse* response) {
   auto* reactor = context->DefaultReactor();
+  if (absl::Status allowed = token_.Check(*context); !allowed.ok()) {
+    reactor->Finish(ToGrpcStatus(allowed));
+    return reactor;
+  }
   if (hot_ratio_ == nullptr) {
     reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                  "this router runs its experts itself: there are no tiers"));
@@ -89,6 +102,10 @@ grpc::ServerUnaryReactor* AdminService::ResizeKvCache(grpc::CallbackServerContex
                                                       const v1::ResizeKvCacheRequest* request,
                                                       v1::ResizeKvCacheResponse* response) {
   auto* reactor = context->DefaultReactor();
+  if (absl::Status allowed = token_.Check(*context); !allowed.ok()) {
+    reactor->Finish(ToGrpcStatus(allowed));
+    return reactor;
+  }
   if (kv_.options().initial_blocks > 0) {
     // The pool follows the memory the workers lend; a size set here would be undone at once.
     reactor->Finish(ToGrpcStatus(absl::FailedPreconditionError(

@@ -1,7 +1,9 @@
-// strata.v1.Admin: a running router's counters (`strata stats`).
+// strata.v1.Admin: a running router's counters (`strata stats`), its hot ratio and KV pool size.
+// Served on the router's internal listener only, every call checked for the cluster token.
 #ifndef STRATA_SERVICES_ROUTER_ADMIN_SERVICE_H_
 #define STRATA_SERVICES_ROUTER_ADMIN_SERVICE_H_
 
+#include "common/cluster/cluster_token.h"
 #include "common/engine/step_runner.h"
 #include "common/placement/hot_ratio.h"
 #include "services/router/remote_expert_backend.h"
@@ -14,8 +16,13 @@ class AdminService final : public v1::Admin::CallbackService {
  public:
   // `experts` and `hot_ratio` are null when the router runs the experts itself.
   AdminService(Scheduler& scheduler, const PagedKvCache& kv, const StepRunner& runner,
-               const RemoteExpertBackend* experts, HotRatioControl* hot_ratio)
-      : scheduler_(scheduler), kv_(kv), runner_(runner), experts_(experts), hot_ratio_(hot_ratio) {}
+               const RemoteExpertBackend* experts, HotRatioControl* hot_ratio, ClusterToken token)
+      : scheduler_(scheduler),
+        kv_(kv),
+        runner_(runner),
+        experts_(experts),
+        hot_ratio_(hot_ratio),
+        token_(std::move(token)) {}
 
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
                                   const v1::StatsRequest* request,
@@ -33,6 +40,7 @@ class AdminService final : public v1::Admin::CallbackService {
   const StepRunner& runner_;
   const RemoteExpertBackend* experts_;
   HotRatioControl* hot_ratio_;
+  const ClusterToken token_;
 };
 
 }  // namespace strata

@@ -39,7 +39,8 @@ absl::Status CoordinatorService::Register(const v1::RegisterWorkerRequest& reque
       // Over CUDA IPC the channel carries only headers: slots for one token are plenty.
       auto shm = ShmExpertConnection::Create(name, ipc ? 1 : options_.max_tokens_per_step,
                                              config_.top_k, static_cast<int>(config_.hidden_size),
-                                             ipc ? kIpcSpinUs : kDefaultSpinUs);
+                                             ipc ? kIpcSpinUs : kDefaultSpinUs,
+                                             options_.heartbeat_timeout);
       if (!shm.ok()) return shm.status();
       response.set_channel_name(name);
       if (ipc) {
@@ -54,7 +55,7 @@ absl::Status CoordinatorService::Register(const v1::RegisterWorkerRequest& reque
       break;
     }
     case v1::TRANSPORT_GRPC: {
-      auto grpc_connection = GrpcExpertConnection::Connect(request.address());
+      auto grpc_connection = GrpcExpertConnection::Connect(request.address(), options_.token);
       if (!grpc_connection.ok()) return grpc_connection.status();
       connection = *std::move(grpc_connection);
       response.set_transport(v1::TRANSPORT_GRPC);
@@ -95,7 +96,8 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(
     grpc::CallbackServerContext* context, const v1::RegisterWorkerRequest* request,
     v1::RegisterWorkerResponse* response) {
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(Register(*request, *response)));
+  absl::Status allowed = options_.token.Check(*context);
+  reactor->Finish(ToGrpcStatus(allowed.ok() ? Register(*request, *response) : allowed));
   return reactor;
 }
 

@@ -1,5 +1,7 @@
 // strata.v1.Coordinator: expert workers register here; each gets a connection installed in
-// the router's RemoteExpertBackend and learns which experts it owns.
+// the router's RemoteExpertBackend and learns which experts it owns. Served on the router's
+// internal listener only; a registration without the cluster token is refused, so nothing but
+// the cluster's own workers can take experts over.
 #ifndef STRATA_SERVICES_ROUTER_COORDINATOR_SERVICE_H_
 #define STRATA_SERVICES_ROUTER_COORDINATOR_SERVICE_H_
 
@@ -10,6 +12,8 @@
 #include <set>
 #include <string>
 
+#include "absl/time/time.h"
+#include "common/cluster/cluster_token.h"
 #include "common/placement/placement_plan.h"
 #include "services/router/remote_expert_backend.h"
 #include "services/router/shm_expert_connection.h"
@@ -33,6 +37,10 @@ struct CoordinatorOptions {
   // shares its memory (RemoteExpertBackend::shares_memory). Empty for a CPU router, whose CPU
   // workers on shared memory share the host's.
   std::string router_gpu_uuid;
+  ClusterToken token;  // every registration must carry it
+  // A shared-memory worker whose heartbeat stands still this long is declared failed (its
+  // experts rerouted); workers beat for every message and while their computation progresses.
+  absl::Duration heartbeat_timeout = absl::Milliseconds(1500);
 };
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {

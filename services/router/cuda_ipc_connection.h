@@ -32,6 +32,9 @@ class CudaIpcConnection : public ExpertConnection {
     return channel_->Receive(consume, timeout);
   }
   bool Alive() const override { return channel_->Alive(); }
+  absl::Status PeerStatus() const override { return channel_->PeerStatus(); }
+  bool Stalled() const override { return channel_->Stalled(); }
+  void Abandon() override { Close(); }
   // Closes the channel: the worker sees the router gone and registers again.
   void Close() { channel_->Close(); }
 

@@ -190,11 +190,6 @@ class ScoreSink : public ResponseSink {
 
 }  // namespace
 
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
 GenerationService::GenerationService(const ModelConfig& config, Scheduler& scheduler,
                                      const Tokenizer* tokenizer, int num_workers)
     : config_(config), scheduler_(scheduler), tokenizer_(tokenizer), num_workers_(num_workers) {}

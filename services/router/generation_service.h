@@ -7,6 +7,7 @@
 
 #include "common/model/model_config.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/util/grpc_status.h"
 #include "services/router/scheduler.h"
 #include "strata/v1/generation.grpc.pb.h"
 
@@ -42,9 +43,6 @@ class GenerationService final : public v1::Generation::CallbackService {
   const Tokenizer* tokenizer_;
   int num_workers_;
 };
-
-// absl::Status -> grpc::Status, at the handler boundary only.
-grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace strata
 

@@ -8,17 +8,28 @@
 namespace strata {
 
 absl::StatusOr<std::unique_ptr<GrpcExpertConnection>> GrpcExpertConnection::Connect(
-    const std::string& address) {
+    const std::string& address, const ClusterToken& token) {
   std::unique_ptr<GrpcExpertConnection> c(new GrpcExpertConnection());
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
     return absl::UnavailableError(absl::StrCat("cannot reach expert worker at ", address));
   }
   c->stub_ = v1::ExpertWorker::NewStub(channel);
   c->context_ = std::make_unique<grpc::ClientContext>();
+  token.Attach(*c->context_);
   c->stream_ = c->stub_->Exchange(c->context_.get());
   if (!c->stream_) return absl::UnavailableError("cannot open the expert exchange stream");
   return c;
+}
+
+void GrpcExpertConnection::Abandon() {
+  alive_.store(false);
+  if (context_) context_->TryCancel();
 }
 
 GrpcExpertConnection::~GrpcExpertConnection() {

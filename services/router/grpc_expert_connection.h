@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/cluster/cluster_token.h"
 #include "common/transport/expert_connection.h"
 #include "strata/v1/cluster.grpc.pb.h"
 
@@ -14,13 +15,17 @@ namespace strata {
 
 class GrpcExpertConnection : public ExpertConnection {
  public:
-  static absl::StatusOr<std::unique_ptr<GrpcExpertConnection>> Connect(const std::string& address);
+  // The stream carries `token` (the worker checks it). HTTP/2 keepalive pings every second: a
+  // worker process that stops (or its host) ends the stream within about two seconds.
+  static absl::StatusOr<std::unique_ptr<GrpcExpertConnection>> Connect(const std::string& address,
+                                                                       const ClusterToken& token);
   ~GrpcExpertConnection() override;
 
   absl::Status Send(const ExpertRequestView& request) override;
   absl::Status Receive(absl::FunctionRef<void(const ExpertResponseView&)> consume,
                        absl::Duration timeout) override;
   bool Alive() const override { return alive_.load(); }
+  void Abandon() override;
 
  private:
   GrpcExpertConnection() = default;

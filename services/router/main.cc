@@ -1,14 +1,18 @@
-// strata-router --model DIR [--listen HOST:PORT] [--workers N] [--router-device cpu|cuda:N] ...
-// Serves strata.v1.Generation. Prints "LISTENING <host>:<port>" on stdout at once, and
+// strata-router --model DIR [--listen HOST:PORT] [--internal-listen ADDRESS] [--workers N] ...
+// Serves strata.v1.Generation on --listen and Coordinator/Admin on --internal-listen. Prints
+// "INTERNAL <address>" and "LISTENING <host>:<port>" on stdout at once, and
 // "READY <host>:<port>" once every worker has registered. SIGINT/SIGTERM drain in-flight requests
 // (up to --drain-timeout) and exit; the exit status is non-zero only when requests had to be cut
 // off.
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/cluster/runtime_dir.h"
 #include "common/engine/decode_graphs.h"
 #include "common/placement/hot_ratio.h"
 #include "common/util/flag_help.h"
@@ -17,7 +21,16 @@
 #include "services/router/router_server.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
-ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address to serve on; port 0 picks a free port");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "Client address (Generation, health, reflection); port 0 picks a free port");
+ABSL_FLAG(std::string, internal_listen, "",
+          "Coordinator and Admin: unix:PATH, or HOST:PORT (needs a cluster token); empty: a "
+          "Unix socket in a private directory of this process, printed as INTERNAL <address>");
+ABSL_FLAG(std::string, cluster_token_file, "",
+          "File holding the cluster token every internal call must carry (this user's, mode "
+          "0600); empty: $STRATA_CLUSTER_TOKEN, or none");
+ABSL_FLAG(int64_t, max_request_bytes, 8 << 20,
+          "Largest gRPC request and HTTP body a client may send, bytes");
 ABSL_FLAG(int, http_port, 0,
           "Port of the OpenAI-compatible HTTP API and Prometheus /metrics, on the --listen "
           "host; 0: off");
@@ -61,6 +74,9 @@ ABSL_FLAG(int, max_running, 64, "Sequences in the running batch");
 ABSL_FLAG(int, max_queued_requests, 256, "Waiting requests beyond this get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_context, 0, "Longest sequence; 0 uses the model's limit");
 ABSL_FLAG(double, drain_timeout_s, 30, "On SIGTERM, how long in-flight requests may finish");
+ABSL_FLAG(double, worker_liveness_timeout_s, 1.5,
+          "A worker on this host whose heartbeat stands still this long is declared failed and "
+          "its experts rerouted (workers beat for every message and while they compute)");
 ABSL_FLAG(std::string, hot_ratio, "auto",
           "Share of each worker's experts kept resident: a number in [0, 1], or auto to follow "
           "--hot-ratio-policy by context length");
@@ -131,6 +147,12 @@ int main(int argc, char** argv) {
   options.scheduler.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   options.scheduler.max_context_tokens = absl::GetFlag(FLAGS_max_context);
   options.channel_prefix = absl::GetFlag(FLAGS_channel_prefix);
+  const double liveness = absl::GetFlag(FLAGS_worker_liveness_timeout_s);
+  if (!(liveness >= 0.2 && liveness <= 3600)) {
+    std::cerr << "strata-router: --worker-liveness-timeout-s must be in [0.2, 3600]\n";
+    return 2;
+  }
+  options.worker_liveness_timeout = absl::Seconds(liveness);
   options.prefetch = absl::GetFlag(FLAGS_prefetch);
   options.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
   options.scheduler.overlap_decode_steps = absl::GetFlag(FLAGS_overlap_steps);
@@ -168,12 +190,41 @@ int main(int argc, char** argv) {
     std::cerr << "strata-router: --router-temperature must be positive\n";
     return 2;
   }
+  const int64_t max_request = absl::GetFlag(FLAGS_max_request_bytes);
+  if (max_request < 1024 || max_request > (int64_t{1} << 30)) {
+    std::cerr << "strata-router: --max-request-bytes must be in [1024, 2^30]\n";
+    return 2;
+  }
+  options.max_request_bytes = static_cast<int>(max_request);
+  options.http.max_body_bytes = static_cast<size_t>(max_request);
+  auto token = strata::ClusterToken::FromFileOrEnvironment(absl::GetFlag(FLAGS_cluster_token_file));
+  if (!token.ok()) {
+    std::cerr << "strata-router: " << token.status().message() << "\n";
+    return 2;
+  }
+  options.token = *std::move(token);
+  options.internal_listen = absl::GetFlag(FLAGS_internal_listen);
+  // Started by hand: a private directory of its own for the internal socket, removed at exit.
+  std::optional<strata::ClusterDir> own_dir;
+  absl::Cleanup remove_own_dir = [&] {
+    if (own_dir) strata::RemoveCluster(*own_dir);
+  };
+  if (options.internal_listen.empty()) {
+    auto dir = strata::CreateClusterDir();
+    if (!dir.ok()) {
+      std::cerr << "strata-router: " << dir.status().message() << "\n";
+      return 1;
+    }
+    own_dir = *std::move(dir);
+    options.internal_listen = own_dir->socket("router");
+  }
   auto server = strata::RouterServer::Start(options);
   if (!server.ok()) {
     std::cerr << "strata-router: " << server.status().message() << "\n";
     return 1;
   }
   strata::RouterServer& router = **server;
+  std::cout << "INTERNAL " << router.internal_address() << std::endl;
   std::cout << "LISTENING " << router.address() << std::endl;
   if (router.http_port() > 0) {
     strata::StatusLine(absl::StrCat("HTTP API on port ", router.http_port()));

@@ -18,11 +18,15 @@ RemoteExpertBackend::RemoteExpertBackend(const ModelConfig& config, PlacementPla
       tiers_(placement_.num_workers),
       wants_prefetch_(placement_.num_workers, false),
       shares_memory_(placement_.num_workers, false),
-      was_usable_(placement_.num_workers, false),
       ever_usable_(placement_.num_workers, false),
+      failures_(placement_.num_workers),
       staging_(placement_.num_workers) {
   lent_slots_ = std::make_unique<std::atomic<uint32_t>[]>(num_workers_);
-  for (int w = 0; w < num_workers_; ++w) lent_slots_[w].store(0);
+  was_usable_ = std::make_unique<std::atomic<bool>[]>(num_workers_);
+  for (int w = 0; w < num_workers_; ++w) {
+    lent_slots_[w].store(0);
+    was_usable_[w].store(false);
+  }
 }
 
 void RemoteExpertBackend::set_lent_slots(int index, uint32_t slots) {
@@ -84,19 +88,51 @@ std::vector<bool> RemoteExpertBackend::Usable(
   std::vector<bool> usable(num_workers_);
   for (int w = 0; w < num_workers_; ++w) {
     usable[w] = connections[w] && connections[w]->Alive();
-    if (usable[w] != was_usable_[w]) {
-      was_usable_[w] = usable[w];
+    if (usable[w] == was_usable_[w].load(std::memory_order_relaxed)) continue;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (usable[w] == was_usable_[w].load() || connections[w] != connections_[w]) continue;
+    was_usable_[w].store(usable[w]);
+    if (usable[w]) {
+      failures_[w].reset();
       // A worker's first registration is no news (strata-worker logs it).
-      if (usable[w] && !ever_usable_[w]) {
+      if (!ever_usable_[w]) {
         ever_usable_[w] = true;
         continue;
       }
       Log(LogLevel::kWarning,
-          usable[w] ? absl::StrCat("expert worker ", w, " is back; it runs its own experts again")
-                    : absl::StrCat("expert worker ", w, " is gone; the others run its experts"));
+          absl::StrCat("expert worker ", w, " is back; it runs its own experts again"));
+      continue;
     }
+    const absl::Status why = connections[w]->PeerStatus();
+    failures_[w] = WorkerFailure{.stalled = connections[w]->Stalled(),
+                                 .reason = std::string(why.message()),
+                                 .since = absl::Now()};
+    // A worker that comes back registers again, on a channel of its own.
+    connections[w]->Abandon();
+    Log(LogLevel::kWarning, absl::StrCat("expert worker ", w, " is gone (", why.message(),
+                                         "); the others run its experts"));
   }
   return usable;
+}
+
+void RemoteExpertBackend::Failed(int w, ExpertConnection& connection, const absl::Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  connection.Abandon();
+  if (connections_[w].get() != &connection) return;  // replaced meanwhile
+  if (!failures_[w]) {
+    failures_[w] = WorkerFailure{.stalled = connection.Stalled(),
+                                 .reason = std::string(why.message()),
+                                 .since = absl::Now()};
+  }
+  was_usable_[w].store(false);
+}
+
+void RemoteExpertBackend::CheckWorkers() { Usable(Connections()); }
+
+std::optional<WorkerFailure> RemoteExpertBackend::failure(int index) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (index < 0 || index >= num_workers_) return std::nullopt;
+  return failures_[index];
 }
 
 std::vector<int> RemoteExpertBackend::EffectiveOwners(int layer,
@@ -153,6 +189,7 @@ absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
     const absl::Status status = Exchange(layer, x, routing, owner, connections, out, &failed);
     if (status.ok() || failed < 0) return status;
     usable[failed] = false;
+    if (connections[failed] != nullptr) Failed(failed, *connections[failed], status);
     reroutes_.fetch_add(1);
     Log(LogLevel::kWarning, absl::StrCat("expert worker ", failed, " failed during layer ", layer,
                                          " (", status.message(), "); rerouting its experts"));

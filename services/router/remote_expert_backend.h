@@ -6,6 +6,8 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -17,7 +19,16 @@
 namespace strata {
 
 struct RemoteExpertOptions {
-  absl::Duration timeout = absl::Seconds(60);  // per layer exchange
+  // Per layer exchange: the backstop for a worker whose liveness the transport cannot tell
+  // (the shared-memory channels' heartbeats find a stopped one far sooner).
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+// Why a worker stopped being used, since when.
+struct WorkerFailure {
+  bool stalled = false;  // its process ran but stopped answering (stopped, stuck, swapped out)
+  std::string reason;
+  absl::Time since;
 };
 
 class RemoteExpertBackend : public ExpertBackend {
@@ -58,10 +69,20 @@ class RemoteExpertBackend : public ExpertBackend {
   // Layers that ran again because a worker failed during them or was gone.
   int64_t reroutes() const { return reroutes_.load(); }
 
+  // Notices the workers that failed since the last look, as the next layer would, so that an
+  // idle router notices too: their connections are abandoned (a worker that comes back
+  // registers again) and failure() says why. Thread-safe; the router's monitor calls it often.
+  void CheckWorkers();
+  // Why worker `index` is not used, while it is not (nullopt while it is, and before its first
+  // registration). Thread-safe.
+  std::optional<WorkerFailure> failure(int index) const;
+
  protected:
   // Who runs each expert of `layer` now: its planned owner, or a survivor when that is gone.
   std::vector<int> EffectiveOwners(int layer, const std::vector<bool>& usable) const;
   std::vector<bool> Usable(const std::vector<std::shared_ptr<ExpertConnection>>& connections);
+  // Worker `w` failed during a layer through `connection`: no layer uses that connection again.
+  void Failed(int w, ExpertConnection& connection, const absl::Status& why);
   // One layer's exchange with `owner[expert]` as the placement. On a worker's failure sets
   // `failed` to its index (and leaves every other channel in step); RunExperts then runs the
   // layer again without that worker. This one moves host activations over the connections.
@@ -95,10 +116,11 @@ class RemoteExpertBackend : public ExpertBackend {
   std::vector<bool> shares_memory_;                      // guarded by mu_
   std::atomic<int> tiered_workers_{0};                   // workers registered with wants_prefetch
   std::vector<std::vector<int32_t>> prefetch_lists_;     // Prefetch's, by worker (engine thread)
-  // For logging transitions only (engine thread): a worker that never registered is not
-  // "gone".
-  std::vector<bool> was_usable_;
-  std::vector<bool> ever_usable_;
+  // Usable() then: a change is a worker gone or back (logged, failures_ kept). Read on every
+  // layer without the lock, changed under mu_.
+  std::unique_ptr<std::atomic<bool>[]> was_usable_;
+  std::vector<bool> ever_usable_;                       // guarded by mu_
+  std::vector<std::optional<WorkerFailure>> failures_;  // guarded by mu_
   // Per-worker staging, reused across calls.
   struct Staging {
     std::vector<int64_t> rows;  // token rows of x sent to this worker

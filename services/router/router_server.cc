@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #if STRATA_HAVE_CUDA
 #include "common/backend/cuda/device_router.h"
@@ -52,6 +53,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   coordinator.channel_prefix = options.channel_prefix;
   coordinator.max_tokens_per_step = options.scheduler.max_batch_tokens;
   coordinator.router_device = options.device;
+  coordinator.heartbeat_timeout = options.worker_liveness_timeout;
   if (options.num_workers > 0) {
     PlacementPlan placement =
         PlacementPlan::Contiguous(c.num_layers, c.num_experts, options.num_workers);
@@ -124,18 +126,34 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   s->generation_ = std::make_unique<GenerationService>(c, *s->scheduler_, s->tokenizer_.get(),
                                                        options.num_workers);
 
+  if (options.internal_listen.empty()) {
+    return absl::InvalidArgumentError("the router needs an internal listener (Coordinator, Admin)");
+  }
+  RETURN_IF_ERROR(
+      CheckInternalListener("the internal listener", options.internal_listen, options.token));
+  if (options.max_request_bytes <= 0) {
+    return absl::InvalidArgumentError("the largest request size must be positive");
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // Clients: Generation, health and reflection, nothing that could change the cluster.
   grpc::ServerBuilder builder;
   builder.RegisterService(s->generation_.get());
+  builder.SetMaxReceiveMessageSize(options.max_request_bytes);
   s->admin_ = std::make_unique<AdminService>(*s->scheduler_, s->stack_->kv(), *s->runner_,
-                                             s->remote_.get(), s->hot_ratio_.get());
-  builder.RegisterService(s->admin_.get());
+                                             s->remote_.get(), s->hot_ratio_.get(), options.token);
+  // The cluster's own processes and its operators.
+  grpc::ServerBuilder internal;
+  internal.RegisterService(s->admin_.get());
   if (s->remote_ != nullptr) {
+    coordinator.token = options.token;
     s->coordinator_ = std::make_unique<CoordinatorService>(c, *s->remote_, std::move(coordinator));
-    builder.RegisterService(s->coordinator_.get());
+    internal.RegisterService(s->coordinator_.get());
   }
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  ASSIGN_OR_RETURN(ListeningServer internal_listening,
+                   StartListening(internal, options.internal_listen));
+  s->internal_server_ = std::move(internal_listening.server);
+  s->internal_address_ = std::move(internal_listening.address);
   ASSIGN_OR_RETURN(ListeningServer listening, StartListening(builder, options.listen));
   s->server_ = std::move(listening.server);
   s->address_ = std::move(listening.address);
@@ -288,6 +306,8 @@ void RouterServer::MonitorWorkers() {
   RequestMetrics::Totals reported = scheduler_->metrics().totals();
   ExpertUses reported_uses = WorkerExpertUses();
   while (!stopping_.load()) {
+    // A worker that stopped answering is noticed here even while no request runs.
+    if (remote_ != nullptr) remote_->CheckWorkers();
     const bool all = remote_ == nullptr || remote_->num_connected() == remote_->num_workers();
     if (all != ready_.load()) {
       ready_.store(all);
@@ -349,6 +369,9 @@ bool RouterServer::Shutdown(absl::Duration timeout) {
   const bool drained = scheduler_->Drain(timeout);
   if (http_server_ != nullptr) http_server_->Shutdown();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (internal_server_ != nullptr) {
+    internal_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
   return drained;
 }
 

@@ -1,5 +1,8 @@
 // strata-router: loads the model's non-expert weights and tokenizer, runs the scheduler, and
-// serves Generation (clients), Coordinator (workers), health and reflection over gRPC.
+// serves gRPC on two listeners: the client port (Generation, health, reflection) and the
+// internal listener (Coordinator for the workers, Admin for operators; a Unix socket in the
+// cluster's private directory, or TCP for workers on other hosts), where every call must carry
+// the cluster token.
 #ifndef STRATA_SERVICES_ROUTER_ROUTER_SERVER_H_
 #define STRATA_SERVICES_ROUTER_ROUTER_SERVER_H_
 
@@ -12,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/cluster/cluster_token.h"
 #include "common/engine/model_stack.h"
 #include "common/engine/step_runner.h"
 #include "common/placement/hot_ratio.h"
@@ -30,9 +34,14 @@ namespace strata {
 
 struct RouterOptions {
   std::string model_dir;
-  std::string listen = "127.0.0.1:0";  // port 0 picks a free port
-  int num_workers = 1;                 // 0 runs the experts in this process
-  std::string plan_file;               // placement from `strata plan`; empty: contiguous
+  std::string listen = "127.0.0.1:0";  // the client port; port 0 picks a free port
+  // Coordinator and Admin: unix:PATH, or HOST:PORT (then `token` must be set).
+  std::string internal_listen;
+  ClusterToken token;  // checked on every internal call; empty: none (a Unix socket only)
+  // The largest gRPC message a client may send (HTTP bodies: http.max_body_bytes).
+  int max_request_bytes = 8 << 20;
+  int num_workers = 1;    // 0 runs the experts in this process
+  std::string plan_file;  // placement from `strata plan`; empty: contiguous
   int num_threads = 0;
   // Where attention, the gate and the KV cache run: cpu, or cuda / cuda:N (then its workers
   // must be on GPUs of this host: activations move by CUDA IPC).
@@ -57,6 +66,9 @@ struct RouterOptions {
   std::string draft_model_dir;
   std::string channel_prefix = "strata";
   absl::Duration expert_timeout = absl::Seconds(60);
+  // A worker on this host whose heartbeat stands still this long is declared failed: its
+  // experts go to the others at once, health and stats say so (strata up then restarts it).
+  absl::Duration worker_liveness_timeout = absl::Milliseconds(1500);
   // How often an info line sums up the requests and tokens since the last (when there were any).
   absl::Duration throughput_log_interval = absl::Seconds(10);
   // The workers' hot ratio: a fixed value in [0, 1], or negative for the policy by context.
@@ -80,8 +92,10 @@ class RouterServer {
   static absl::StatusOr<std::unique_ptr<RouterServer>> Start(const RouterOptions& options);
   ~RouterServer();
 
-  // host:port the server listens on.
+  // host:port of the client port.
   const std::string& address() const { return address_; }
+  // The internal listener's address (unix:PATH or host:port).
+  const std::string& internal_address() const { return internal_address_; }
   // The HTTP API's port, 0 when it is off.
   int http_port() const { return http_server_ != nullptr ? http_server_->port() : 0; }
   // True once every configured worker is connected (health is SERVING then).
@@ -124,10 +138,12 @@ class RouterServer {
   std::unique_ptr<GenerationService> generation_;
   std::unique_ptr<CoordinatorService> coordinator_;
   std::unique_ptr<AdminService> admin_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> server_;           // the client port
+  std::unique_ptr<grpc::Server> internal_server_;  // Coordinator, Admin
   std::unique_ptr<OpenAiService> openai_;
   std::unique_ptr<HttpServer> http_server_;
   std::string address_;
+  std::string internal_address_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};
   std::thread monitor_;

@@ -5,12 +5,14 @@
 namespace strata {
 
 absl::StatusOr<std::unique_ptr<ShmExpertConnection>> ShmExpertConnection::Create(
-    const std::string& name, int max_tokens, int top_k, int hidden_size, uint32_t spin_us) {
+    const std::string& name, int max_tokens, int top_k, int hidden_size, uint32_t spin_us,
+    absl::Duration heartbeat_timeout) {
   ShmChannelOptions options;
   // One layer in flight, room to queue the next, and a prefetch hint between them.
   options.slots = 4;
   options.spin_us = spin_us;
   options.slot_bytes = ExpertSlotBytes(max_tokens, top_k, hidden_size);
+  options.heartbeat_timeout = heartbeat_timeout;
   SharedSegment::Remove(name).IgnoreError();  // a stale channel of a crashed router
   auto channel = ShmChannel::Create(name, options);
   if (!channel.ok()) return channel.status();
@@ -20,6 +22,11 @@ absl::StatusOr<std::unique_ptr<ShmExpertConnection>> ShmExpertConnection::Create
 bool ShmExpertConnection::Alive() const {
   // A channel this side closed is gone at once, whatever the worker is still doing.
   return !channel_.outbound().closed() && channel_.PeerAlive();
+}
+
+absl::Status ShmExpertConnection::PeerStatus() const {
+  if (channel_.outbound().closed()) return absl::UnavailableError("its channel was closed");
+  return channel_.PeerStatus();
 }
 
 absl::Status ShmExpertConnection::Send(const ExpertRequestView& request) {

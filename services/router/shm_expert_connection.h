@@ -20,15 +20,20 @@ inline constexpr uint32_t kIpcSpinUs = 200;
 class ShmExpertConnection : public ExpertConnection {
  public:
   // Creates the channel `name`, with slots large enough for `max_tokens` tokens per request.
+  // A worker whose heartbeat stands still longer than `heartbeat_timeout` counts as gone.
   static absl::StatusOr<std::unique_ptr<ShmExpertConnection>> Create(
       const std::string& name, int max_tokens, int top_k, int hidden_size,
-      uint32_t spin_us = kDefaultSpinUs);
+      uint32_t spin_us = kDefaultSpinUs,
+      absl::Duration heartbeat_timeout = absl::InfiniteDuration());
 
   absl::Status Send(const ExpertRequestView& request) override;
   absl::Status Prefetch(uint32_t layer, absl::Span<const int32_t> experts) override;
   absl::Status Receive(absl::FunctionRef<void(const ExpertResponseView&)> consume,
                        absl::Duration timeout) override;
   bool Alive() const override;
+  absl::Status PeerStatus() const override;
+  bool Stalled() const override { return channel_.PeerStalled(); }
+  void Abandon() override { Close(); }
   // Ends the channel: the worker's serving loop sees it closed and registers again.
   void Close() { channel_.Close(); }
 

@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -14,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/cluster/cluster_token.h"
+#include "common/cluster/runtime_dir.h"
 #include "gtest/gtest.h"
 #include "strata/v1/cluster.grpc.pb.h"
 #include "strata/v1/generation.grpc.pb.h"
@@ -24,6 +27,8 @@ struct Generated {
   grpc::Status status;
   std::vector<uint32_t> tokens;
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  // The longest wait between two messages of the stream, from the first on.
+  double longest_gap_ms = 0;
 };
 
 inline std::unique_ptr<v1::Generation::Stub> GenerationStub(const std::string& address) {
@@ -49,7 +54,14 @@ inline Generated Generate(v1::Generation::Stub& stub, const v1::GenerateRequest&
   auto reader = stub.Generate(&context, request);
   Generated out;
   v1::GenerateResponse response;
+  std::chrono::steady_clock::time_point last;
   while (reader->Read(&response)) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!out.tokens.empty()) {
+      out.longest_gap_ms = std::max(out.longest_gap_ms,
+                                    std::chrono::duration<double, std::milli>(now - last).count());
+    }
+    last = now;
     if (out.tokens.empty() && response.token_ids_size() > 0 && on_first) on_first();
     out.tokens.insert(out.tokens.end(), response.token_ids().begin(), response.token_ids().end());
     if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
@@ -103,12 +115,41 @@ class FirstTokens {
   std::future<void> arrived_future_ = arrived_.get_future();
 };
 
+// Admin of the cluster this user's `strata up` serves at client address `address`: its router's
+// internal listener and token, from the cluster's directory. Admin is not on the client port.
+class AdminClient {
+ public:
+  explicit AdminClient(const std::string& address) {
+    auto found = FindClusterByClient(address);
+    EXPECT_TRUE(found.ok()) << found.status();
+    if (!found.ok()) return;
+    auto token = ClusterToken::FromFile(found->first.token_file());
+    EXPECT_TRUE(token.ok()) << token.status();
+    if (token.ok()) token_ = *std::move(token);
+    stub_ = v1::Admin::NewStub(
+        grpc::CreateChannel(found->second.internal, grpc::InsecureChannelCredentials()));
+  }
+  bool ok() const { return stub_ != nullptr; }
+  v1::Admin::Stub& operator*() { return *stub_; }
+  v1::Admin::Stub* operator->() { return stub_.get(); }
+  // A call's context, with the cluster token.
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    auto context = std::make_unique<grpc::ClientContext>();
+    token_.Attach(*context);
+    return context;
+  }
+
+ private:
+  std::unique_ptr<v1::Admin::Stub> stub_;
+  ClusterToken token_;
+};
+
 // The router's counters (Admin.Stats); a failed call fails the test and gives empty counters.
 inline v1::StatsResponse RouterStats(const std::string& address) {
-  auto stub = v1::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
+  AdminClient admin(address);
   v1::StatsResponse stats;
-  const grpc::Status status = stub->Stats(&context, v1::StatsRequest(), &stats);
+  if (!admin.ok()) return stats;
+  const grpc::Status status = admin->Stats(admin.Context().get(), v1::StatsRequest(), &stats);
   EXPECT_TRUE(status.ok()) << status.error_message();
   return stats;
 }

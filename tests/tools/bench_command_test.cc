@@ -199,6 +199,9 @@ TEST_F(BenchClusterTest, CountsEveryRequestsTokens) {
   ASSERT_FALSE(cluster_->address().empty()) << "the cluster did not become ready";
   BenchOptions o;
   o.server = cluster_->address();
+  auto admin = ResolveAdmin(o.server, "", "");  // the counters come from Admin
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  o.admin = *std::move(admin);
   o.input_len = 16;
   o.output_len = 8;
   o.runs = 2;

@@ -111,7 +111,8 @@ TEST(StrataCliTest, Errors) {
       {"up --model " + kModel + " --speculative-tokens 40", "(--speculative-tokens)"},
       {"eval --model " + kModel + " --text /dev/null --kv-cache-dtype fp4",
        "is not one of auto, bf16, fp8"},
-      {"kv-resize --kv-blocks 10", "--server is required"},
+      {"kv-resize --kv-blocks 10", "give --server HOST:PORT"},
+      {"stats --server 127.0.0.1:1", "no cluster of this user serves 127.0.0.1:1"},
   };
   for (const Case& c : cases) {
     const Result r = RunStrata(c.args);

@@ -74,12 +74,14 @@ absl::Status CheckOptions(const BenchOptions& o) {
   return absl::OkStatus();
 }
 
-// The server's counters (Admin.Stats), or nothing when it does not answer.
-std::optional<v1::StatsResponse> ServerStats(v1::Admin::Stub& admin, absl::Duration timeout) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+// The server's counters (Admin.Stats), or nothing when there is no admin address or it does
+// not answer.
+std::optional<v1::StatsResponse> ServerStats(const AdminTarget& admin, absl::Duration timeout) {
+  if (admin.address.empty()) return std::nullopt;
   v1::StatsResponse stats;
-  if (!admin.Stats(&context, v1::StatsRequest(), &stats).ok()) return std::nullopt;
+  if (!admin.Stub()->Stats(admin.Context(timeout).get(), v1::StatsRequest(), &stats).ok()) {
+    return std::nullopt;
+  }
   return stats;
 }
 
@@ -483,7 +485,6 @@ absl::StatusOr<BenchReport> RunBench(
   const std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials());
   auto stub = v1::Generation::NewStub(channel);
-  auto admin = v1::Admin::NewStub(channel);
   v1::ModelInfoResponse info;
   {
     grpc::ClientContext context;
@@ -513,7 +514,7 @@ absl::StatusOr<BenchReport> RunBench(
     std::optional<v1::StatsResponse> before;
     for (int round = 0; round < o.warmup + o.runs; ++round) {
       const bool warmup = round < o.warmup;
-      if (round == o.warmup) before = ServerStats(*admin, o.connect_timeout);
+      if (round == o.warmup) before = ServerStats(o.admin, o.connect_timeout);
       const std::string name =
           absl::StrCat("concurrency ", c, ", ", warmup ? "warmup " : "", "round ",
                        warmup ? round + 1 : round - o.warmup + 1, "/", warmup ? o.warmup : o.runs);
@@ -529,7 +530,7 @@ absl::StatusOr<BenchReport> RunBench(
       run.requests.insert(run.requests.end(), timings.begin(), timings.end());
       run.round_throughput_tok_s.push_back(throughput);
     }
-    const std::optional<v1::StatsResponse> after = ServerStats(*admin, o.connect_timeout);
+    const std::optional<v1::StatsResponse> after = ServerStats(o.admin, o.connect_timeout);
     if (before && after) run.server = CounterDeltas(*before, *after);
     if (run.server.preemptions > 0) {
       progress << "strata bench: concurrency " << c << ": the server preempted "

@@ -18,11 +18,14 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "strata/v1/cluster.pb.h"
+#include "tools/strata/admin_target.h"
 
 namespace strata {
 
 struct BenchOptions {
   std::string server;  // HOST:PORT
+  // The router's internal listener, for its counters before and after (empty address: none).
+  AdminTarget admin;
   int input_len = 128;
   int output_len = 512;
   int runs = 10;   // recorded rounds per concurrency

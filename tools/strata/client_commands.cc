@@ -113,22 +113,25 @@ absl::Status RunRemoteGenerate(const RemoteGenerateOptions& options, std::ostrea
   return absl::OkStatus();
 }
 
-absl::Status RunStats(const std::string& server, std::ostream& out) {
-  auto stub = v1::Admin::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& status, const AdminTarget& admin) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(admin.address, ": ", status.error_message()));
+}
+
+}  // namespace
+
+absl::Status RunStats(const AdminTarget& admin, std::ostream& out) {
   v1::StatsResponse response;
-  const grpc::Status status = stub->Stats(&context, v1::StatsRequest(), &response);
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        absl::StrCat(server, ": ", status.error_message()));
-  }
+  const grpc::Status status =
+      admin.Stub()->Stats(admin.Context(absl::Seconds(10)).get(), v1::StatsRequest(), &response);
+  if (!status.ok()) return FromGrpc(status, admin);
   out << ToJson(response).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   return absl::OkStatus();
 }
 
-absl::Status RunSetHotRatio(const std::string& server, const std::string& value,
-                            std::ostream& out) {
+absl::Status RunSetHotRatio(const AdminTarget& admin, const std::string& value, std::ostream& out) {
   v1::SetHotRatioRequest request;
   const absl::StatusOr<std::optional<float>> ratio = ParseHotRatio(value);
   if (!ratio.ok()) {
@@ -139,33 +142,23 @@ absl::Status RunSetHotRatio(const std::string& server, const std::string& value,
   } else {
     request.set_automatic(true);
   }
-  auto stub = v1::Admin::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::SetHotRatioResponse response;
-  const grpc::Status status = stub->SetHotRatio(&context, request, &response);
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        absl::StrCat(server, ": ", status.error_message()));
-  }
+  const grpc::Status status =
+      admin.Stub()->SetHotRatio(admin.Context(absl::Seconds(10)).get(), request, &response);
+  if (!status.ok()) return FromGrpc(status, admin);
   out << "{\"hot_ratio\": " << response.hot_ratio()
       << ", \"automatic\": " << (response.automatic() ? "true" : "false") << "}\n";
   return absl::OkStatus();
 }
 
-absl::Status RunResizeKvCache(const std::string& server, int blocks, std::ostream& out) {
+absl::Status RunResizeKvCache(const AdminTarget& admin, int blocks, std::ostream& out) {
   if (blocks <= 0) return absl::InvalidArgumentError("--kv-blocks must be positive");
-  auto stub = v1::Admin::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   v1::ResizeKvCacheRequest request;
   request.set_blocks(static_cast<uint32_t>(blocks));
   v1::ResizeKvCacheResponse response;
-  const grpc::Status status = stub->ResizeKvCache(&context, request, &response);
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        absl::StrCat(server, ": ", status.error_message()));
-  }
+  const grpc::Status status =
+      admin.Stub()->ResizeKvCache(admin.Context(absl::Seconds(30)).get(), request, &response);
+  if (!status.ok()) return FromGrpc(status, admin);
   out << "{\"blocks\": " << response.blocks() << ", \"moved_blocks\": " << response.moved_blocks()
       << ", \"millis\": " << response.millis() << "}\n";
   return absl::OkStatus();

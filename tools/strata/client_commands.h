@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "strata/v1/generation.pb.h"
+#include "tools/strata/admin_target.h"
 
 namespace strata {
 
@@ -25,13 +26,13 @@ struct RemoteGenerateOptions {
 absl::Status RunRemoteGenerate(const RemoteGenerateOptions& options, std::ostream& out,
                                std::ostream& err);
 
-// `strata stats --server HOST:PORT`: the router's counters (strata.v1.Admin.Stats) as JSON,
-// every number a JSON number.
-absl::Status RunStats(const std::string& server, std::ostream& out);
+// `strata stats`: the router's counters (strata.v1.Admin.Stats) as JSON, every number a JSON
+// number.
+absl::Status RunStats(const AdminTarget& admin, std::ostream& out);
 // Admin.SetHotRatio: `value` is a number in [0, 1] or "auto"; prints what is in effect.
-absl::Status RunSetHotRatio(const std::string& server, const std::string& value, std::ostream& out);
+absl::Status RunSetHotRatio(const AdminTarget& admin, const std::string& value, std::ostream& out);
 // `strata kv-resize`: Admin.ResizeKvCache; prints the pool's blocks, those moved and the time.
-absl::Status RunResizeKvCache(const std::string& server, int blocks, std::ostream& out);
+absl::Status RunResizeKvCache(const AdminTarget& admin, int blocks, std::ostream& out);
 
 }  // namespace strata
 

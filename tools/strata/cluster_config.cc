@@ -225,6 +225,26 @@ const std::map<std::string, Key>& Keys() {
        KeyOf<double>("drain-timeout-s", &ClusterConfig::drain_timeout_s, NotNegative<double>)
            .Help("on SIGTERM, seconds in-flight requests may take to finish")
            .To(kRouter)},
+      {"max_request_bytes", KeyOf<int64_t>("max-request-bytes", &ClusterConfig::max_request_bytes,
+                                           [](const int64_t& v) {
+                                             return Must(v >= 1024 && v <= (int64_t{1} << 30),
+                                                         "must be in [1024, 2^30]");
+                                           })
+                                .Help("largest gRPC request and HTTP body a client may send, bytes")
+                                .To(kRouter)},
+      {"worker_liveness_timeout_s",
+       KeyOf<double>(
+           "worker-liveness-timeout-s", &ClusterConfig::worker_liveness_timeout_s,
+           [](const double& v) { return Must(v >= 0.2 && v <= 3600, "must be in [0.2, 3600]"); })
+           .Help("a worker whose heartbeat stands still this long is declared failed and its "
+                 "experts rerouted (workers beat for every message and while they compute)")
+           .To(kRouter)},
+      {"worker_kill_after_s",
+       KeyOf<double>(
+           "worker-kill-after-s", &ClusterConfig::worker_kill_after_s,
+           [](const double& v) { return Must(v >= 0 && v <= 3600, "must be in [0, 3600]"); })
+           .Help("a worker declared failed that is still running but not answering this much "
+                 "later is killed and restarted")},
       {"gpu_memory_budget",
        KeyOf<S>("gpu-memory-budget", &ClusterConfig::gpu_memory_budget,
                 [](const S& v) { return v.empty() ? absl::OkStatus() : ParseByteSize(v).status(); })

@@ -45,6 +45,10 @@ struct ClusterConfig {
   int max_running = 64;
   int max_queued_requests = 256;
   double drain_timeout_s = 30;
+  // Trust and liveness (docs/security.md).
+  int64_t max_request_bytes = 8 << 20;     // largest gRPC request and HTTP body
+  double worker_liveness_timeout_s = 1.5;  // a stalled worker's experts are rerouted after it
+  double worker_kill_after_s = 5;          // and strata up kills it this long later
   // Expert tiers (see docs/tiers.md).
   std::string gpu_memory_budget;   // per worker, e.g. 24GiB; empty: every expert resident
   std::string hot_ratio = "auto";  // a number in [0, 1], or auto (hot_ratio_policy)

@@ -24,6 +24,7 @@
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
 #include "common/util/tunables.h"
+#include "tools/strata/admin_target.h"
 #include "tools/strata/bench_command.h"
 #include "tools/strata/client_commands.h"
 #include "tools/strata/commands.h"
@@ -38,6 +39,11 @@ ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json + s
 ABSL_FLAG(std::string, ids, "", "Prompt token ids, comma-separated");
 ABSL_FLAG(std::string, prompt, "", "Prompt text (the model needs a tokenizer.json)");
 ABSL_FLAG(std::string, server, "", "Generate through a running cluster at HOST:PORT");
+ABSL_FLAG(std::string, admin, "",
+          "stats, hot-ratio, kv-resize, bench: the router's internal listener (unix:PATH or "
+          "HOST:PORT); default: found from --server for a cluster this user started here");
+ABSL_FLAG(std::string, cluster_token_file, "",
+          "With --admin: the cluster token's file; empty: $STRATA_CLUSTER_TOKEN");
 // Repeatable (--stop A --stop B): main() takes every occurrence out of argv before Abseil, which
 // would keep only the last. Defined for its help and so that it is a known flag.
 ABSL_FLAG(std::string, stop, "", "A stop string (with --server); repeat the flag for more");
@@ -161,23 +167,27 @@ const std::vector<Command>& Commands() {
       {"bench",
        "--server HOST:PORT [--input-len 128] [--output-len 512] [--concurrency 1,8,32]",
        "serving benchmark of a cluster: a table, and bench/results JSON",
-       {"server", "input-len", "shared-prefix", "prompts", "output-len",
-        "runs",   "warmup",    "concurrency",   "seed",    "temperature",
-        "out",    "model",     "model-name",    "weights", "mode",
-        "gpus",   "machine",   "commit",        "note",    "log-level"}},
+       {"server",      "admin",         "cluster-token-file",
+        "input-len",   "shared-prefix", "prompts",
+        "output-len",  "runs",          "warmup",
+        "concurrency", "seed",          "temperature",
+        "out",         "model",         "model-name",
+        "weights",     "mode",          "gpus",
+        "machine",     "commit",        "note",
+        "log-level"}},
       {"stats",
-       "--server HOST:PORT",
+       "--server HOST:PORT | --admin ADDRESS [--cluster-token-file FILE]",
        "the router's counters, request totals and latency, its workers and their tiers, as JSON",
-       {"server", "log-level"}},
+       {"server", "admin", "cluster-token-file", "log-level"}},
       {"hot-ratio",
-       "--server HOST:PORT --hot-ratio (R | auto)",
+       "--server HOST:PORT | --admin ADDRESS, --hot-ratio (R | auto)",
        "set the workers' hot ratio now",
-       {"server", "hot-ratio", "log-level"}},
+       {"server", "admin", "cluster-token-file", "hot-ratio", "log-level"}},
       {"kv-resize",
-       "--server HOST:PORT --kv-blocks N",
+       "--server HOST:PORT | --admin ADDRESS, --kv-blocks N",
        "resize the router's KV pool between steps (shrinking compacts the blocks in use below "
        "the new end), as JSON",
-       {"server", "kv-blocks", "log-level"}},
+       {"server", "admin", "cluster-token-file", "kv-blocks", "log-level"}},
       {"plan", "--model DIR --calibration FILE.jsonl --workers N --out plan.json",
        "count expert activations, place experts so every worker's load is equal",
        With({"model", "calibration", "workers", "out"}, kEngineFlags)},
@@ -267,6 +277,14 @@ absl::Status RemoteGenerate(const std::vector<std::string>& stops) {
 absl::Status Bench() {
   strata::BenchOptions o;
   o.server = absl::GetFlag(FLAGS_server);
+  // The server's counters come from Admin; a bench of a cluster it cannot reach goes without.
+  absl::StatusOr<strata::AdminTarget> admin = strata::ResolveAdmin(
+      o.server, absl::GetFlag(FLAGS_admin), absl::GetFlag(FLAGS_cluster_token_file));
+  if (admin.ok()) {
+    o.admin = *std::move(admin);
+  } else {
+    std::cerr << "bench: no server counters (" << admin.status().message() << ")\n";
+  }
   o.input_len = absl::GetFlag(FLAGS_input_len);
   o.output_len = absl::GetFlag(FLAGS_output_len);
   o.runs = absl::GetFlag(FLAGS_runs);
@@ -334,22 +352,15 @@ absl::Status Up(const std::vector<std::string>& args, const std::string& self) {
 }
 
 absl::Status Run(const std::string& command, const std::vector<std::string>& stops) {
-  if (command == "stats") {
-    if (absl::GetFlag(FLAGS_server).empty())
-      return absl::InvalidArgumentError("--server is required");
-    return strata::RunStats(absl::GetFlag(FLAGS_server), std::cout);
-  }
-  if (command == "hot-ratio") {
-    if (absl::GetFlag(FLAGS_server).empty())
-      return absl::InvalidArgumentError("--server is required");
-    return strata::RunSetHotRatio(absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_hot_ratio),
-                                  std::cout);
-  }
-  if (command == "kv-resize") {
-    if (absl::GetFlag(FLAGS_server).empty())
-      return absl::InvalidArgumentError("--server is required");
-    return strata::RunResizeKvCache(absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_kv_blocks),
-                                    std::cout);
+  if (command == "stats" || command == "hot-ratio" || command == "kv-resize") {
+    ASSIGN_OR_RETURN(const strata::AdminTarget admin,
+                     strata::ResolveAdmin(absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_admin),
+                                          absl::GetFlag(FLAGS_cluster_token_file)));
+    if (command == "stats") return strata::RunStats(admin, std::cout);
+    if (command == "hot-ratio") {
+      return strata::RunSetHotRatio(admin, absl::GetFlag(FLAGS_hot_ratio), std::cout);
+    }
+    return strata::RunResizeKvCache(admin, absl::GetFlag(FLAGS_kv_blocks), std::cout);
   }
   if (command == "bench") return Bench();
   if (command == "eval") {

@@ -18,8 +18,12 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/cluster/cluster_token.h"
+#include "common/cluster/runtime_dir.h"
 #include "common/util/process.h"
+#include "tools/strata/admin_target.h"
 #include "tools/strata/mps_daemon.h"
 
 namespace strata {
@@ -157,6 +161,29 @@ int Stop(Child& child, absl::Duration grace) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// Kills the workers the router has declared stalled (their process runs but does not answer:
+// stopped, stuck in a call, swapped out) for at least `kill_after`; SIGCHLD then restarts them.
+// A worker that recovers sooner registers again by itself.
+void KillStalledWorkers(const AdminTarget& admin, std::vector<Child>& workers,
+                        absl::Duration kill_after) {
+  v1::StatsResponse stats;
+  if (!admin.Stub()
+           ->Stats(admin.Context(absl::Milliseconds(500)).get(), v1::StatsRequest(), &stats)
+           .ok()) {
+    return;  // a busy or restarting router: next time
+  }
+  for (const v1::WorkerStats& w : stats.workers()) {
+    if (w.index() >= workers.size() || !w.stalled() || w.connected() ||
+        absl::Seconds(w.failed_for_s()) < kill_after || workers[w.index()].pid <= 0) {
+      continue;
+    }
+    Child& child = workers[w.index()];
+    StatusLine(absl::StrFormat("%s stopped answering %.1f s ago (%s): killing it", child.name,
+                               w.failed_for_s(), w.failure()));
+    ::kill(child.pid, SIGKILL);
+  }
+}
+
 std::string Describe(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exit status ", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return absl::StrCat("signal ", WTERMSIG(status));
@@ -193,7 +220,19 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
                               "): processes on one GPU share it by time slices"));
     }
   }
-  const std::string prefix = absl::StrCat("strata-", ::getpid());
+  // The cluster's private directory (sockets, token, addresses) and the prefix of its shared
+  // memory, both named with a random id; what a SIGKILLed `strata up` of this user left goes.
+  for (const std::string& id : SweepDeadClusters()) {
+    StatusLine(absl::StrCat("removed what cluster ", id, " left (its strata up is gone)"));
+  }
+  absl::StatusOr<ClusterDir> dir = CreateClusterDir();
+  if (!dir.ok()) return dir.status();
+  absl::Cleanup remove_dir = [&] { RemoveCluster(*dir); };
+  absl::StatusOr<ClusterToken> token = ClusterToken::Create(dir->token_file());
+  if (!token.ok()) return token.status();
+  const std::string prefix = dir->shm_prefix();
+  const std::string token_flag = "--cluster-token-file=" + dir->token_file();
+  const std::string router_internal = dir->socket("router");
   // Every config key handed to a process (DaemonArgs), then what is derived here.
   auto args_of = [&](const char* binary, Daemon daemon, std::vector<std::string> derived) {
     std::vector<std::string> args = {options.bin_dir + "/" + binary};
@@ -201,9 +240,9 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
     for (std::string& arg : derived) args.push_back(std::move(arg));
     return args;
   };
-  Child cache{"strata-cache",
-              args_of("strata-cache", Daemon::kCache,
-                      {absl::StrCat("--listen=", c.host, ":0"), "--segment-prefix=" + prefix})};
+  Child cache{"strata-cache", args_of("strata-cache", Daemon::kCache,
+                                      {"--listen=" + dir->socket("cache"),
+                                       "--segment-prefix=" + prefix, token_flag})};
   if (absl::Status s = Spawn(cache); !s.ok()) return s;
   auto cache_address = AwaitLine(cache, "READY ", absl::Minutes(30));
   if (!cache_address.ok()) {
@@ -218,6 +257,7 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
   Child router{"strata-router",
                args_of("strata-router", Daemon::kRouter,
                        {absl::StrCat("--listen=", c.host, ":", c.port),
+                        "--internal-listen=" + router_internal, token_flag,
                         "--router-device=" + *router_device, "--channel-prefix=" + prefix})};
   std::vector<Child> workers(c.workers);
   auto stop_all = [&](absl::Duration router_grace) {
@@ -246,11 +286,12 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
     // Workers take the GPUs in turn: more workers than GPUs share them (under MPS).
     const int gpu = c.gpus > 0 ? i % c.gpus : i;
     std::string device = c.device == "cuda" ? absl::StrCat("cuda:", gpu) : c.device;
-    workers[i] = Child{absl::StrCat("strata-worker[", i, "]"),
-                       args_of("strata-worker", Daemon::kWorker,
-                               {"--cache=" + *cache_address, "--router=" + *router_address,
-                                absl::StrCat("--index=", i), "--device=" + device,
-                                absl::StrCat("--listen=", c.host, ":0")})};
+    workers[i] =
+        Child{absl::StrCat("strata-worker[", i, "]"),
+              args_of("strata-worker", Daemon::kWorker,
+                      {"--cache=" + *cache_address, "--router=" + router_internal, token_flag,
+                       "--channel-prefix=" + prefix, absl::StrCat("--index=", i),
+                       "--device=" + device, absl::StrCat("--listen=", c.host, ":0")})};
     if (absl::Status s = Spawn(workers[i]); !s.ok()) return fail(absl::Seconds(1), s);
     DrainInBackground(workers[i]);
   }
@@ -269,11 +310,13 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
   bool cache_starting = false;
   bool cache_back = true;
   absl::Time cache_stopped;
+  const AdminTarget admin{router_internal, *token};
+  absl::Time next_liveness_check = absl::Now();
   while (true) {
     pollfd fds[3] = {{signal_fd, POLLIN, 0},
                      {ready ? -1 : router.stdout_fd, POLLIN, 0},
                      {cache_starting ? cache.stdout_fd : -1, POLLIN, 0}};
-    if (::poll(fds, 3, 1000) < 0 && errno != EINTR) {
+    if (::poll(fds, 3, 250) < 0 && errno != EINTR) {
       return fail(absl::Seconds(1), absl::InternalError("poll failed"));
     }
     if (!ready) {
@@ -281,6 +324,13 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
       if (fds[1].revents & (POLLIN | POLLHUP)) ReadStdout(router);
       if (std::optional<std::string> address = TakeLineWithPrefix(router.unread, "READY ")) {
         if (!announced) {
+          const ClusterInfo info{.client = *address,
+                                 .internal = router_internal,
+                                 .http_port = c.http_port,
+                                 .pid = ::getpid()};
+          if (absl::Status s = WriteClusterInfo(*dir, info); !s.ok()) {
+            StatusLine(absl::StrCat("admin commands cannot find this cluster: ", s.message()));
+          }
           out << "READY " << *address << std::endl;
           announced = true;
         } else {
@@ -304,6 +354,10 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
       } else if (!open) {
         cache_starting = false;  // it exited: SIGCHLD says how
       }
+    }
+    if (announced && absl::Now() >= next_liveness_check) {
+      KillStalledWorkers(admin, workers, absl::Seconds(c.worker_kill_after_s));
+      next_liveness_check = absl::Now() + absl::Milliseconds(500);
     }
     if (!(fds[0].revents & POLLIN)) continue;
     signalfd_siginfo info;

@@ -26,6 +26,7 @@
 namespace strata {
 namespace {
 
+using ::strata::testing::AdminClient;
 using ::strata::testing::ChildWithArgs;
 using ::strata::testing::ClusterProcess;
 using ::strata::testing::ExpectSameOrTied;
@@ -197,8 +198,7 @@ TEST(CudaTiersTest, AutoColdExpertsTimeEagerStepsAgainstReplays) {
   EXPECT_GT(stats.graph_steps(), 0u);
   // Every decided trial ran its 5 decode steps eagerly, besides the 4 prefills (on the H100:
   // 2 trials, 114 of 128 steps replayed).
-  EXPECT_GE(stats.steps() - stats.graph_steps(),
-            Prompts().size() + 5 * stats.eager_step_trials());
+  EXPECT_GE(stats.steps() - stats.graph_steps(), Prompts().size() + 5 * stats.eager_step_trials());
   EXPECT_EQ(cluster.Stop(), 0);
   const size_t shared = ExpectSameOrTied(ResidentArgs("bf16", false), Prompts(), got, want, 0.1f);
   std::printf("eager steps timed against replays: %zu of %d tokens before the first difference\n",
@@ -216,8 +216,8 @@ TEST(CudaTiersTest, HotRatioChangesWhileRequestsRun) {
     done = true;
     return tokens;
   });
-  auto admin = v1::Admin::NewStub(
-      grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+  AdminClient admin(cluster.address());
+  ASSERT_TRUE(admin.ok());
   int changes = 0;
   for (float ratio : {1.0f, 0.0f, 0.5f, -1.0f, 0.2f, -1.0f}) {
     std::this_thread::sleep_for(std::chrono::milliseconds(40));
@@ -228,8 +228,7 @@ TEST(CudaTiersTest, HotRatioChangesWhileRequestsRun) {
       request.set_hot_ratio(ratio);
     }
     v1::SetHotRatioResponse response;
-    grpc::ClientContext context;
-    ASSERT_TRUE(admin->SetHotRatio(&context, request, &response).ok());
+    ASSERT_TRUE(admin->SetHotRatio(admin.Context().get(), request, &response).ok());
     changes += !done.load();
   }
   const auto got = running.get();

@@ -8,8 +8,12 @@
 #include <future>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cluster/cluster_token.h"
+#include "common/cluster/runtime_dir.h"
+#include "common/shm/shared_segment.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -51,23 +55,30 @@ constexpr auto kServing = grpc::health::v1::HealthCheckResponse::SERVING;
 TEST(LifecycleTest, NotServingUntilEveryWorkerRegisters) {
   const std::string model = OracleDir("qwen3_moe");
   const std::string prefix = absl::StrCat("strata-test-", ::getpid());
+  // Processes started by hand share a token file (strata up makes one per cluster).
+  const TempDir dir;
+  ASSERT_TRUE(ClusterToken::Create(dir.File("token")).ok());
+  const std::string token = "--cluster-token-file=" + dir.File("token");
   ChildProcess router({kBin + "/strata-router", "--model=" + model, "--workers=1", "--threads=1",
-                       "--channel-prefix=" + prefix});
+                       "--channel-prefix=" + prefix, token});
+  const std::string internal = router.AwaitLine("INTERNAL ");
+  ASSERT_TRUE(absl::StartsWith(internal, "unix:")) << internal;
   const std::string router_address = router.AwaitLine("LISTENING ");
   ASSERT_FALSE(router_address.empty());
   EXPECT_EQ(Health(router_address), kNotServing);
   EXPECT_EQ(Health(router_address, "strata.v1.Generation"), kNotServing);
   // A worker started before its cache waits for it.
-  ChildProcess worker({kBin + "/strata-worker", "--model=" + model, "--router=" + router_address,
-                       "--cache=127.0.0.1:1", "--index=0", "--threads=1"});
+  ChildProcess worker({kBin + "/strata-worker", "--model=" + model, "--router=" + internal,
+                       "--cache=127.0.0.1:1", "--index=0", "--threads=1", token});
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(Health(router_address), kNotServing);
   worker.Stop();
-  ChildProcess cache({kBin + "/strata-cache", "--model=" + model, "--segment-prefix=" + prefix});
+  ChildProcess cache(
+      {kBin + "/strata-cache", "--model=" + model, "--segment-prefix=" + prefix, token});
   const std::string cache_address = cache.AwaitLine("READY ");
   ASSERT_FALSE(cache_address.empty());
-  ChildProcess worker2({kBin + "/strata-worker", "--model=" + model, "--router=" + router_address,
-                        "--cache=" + cache_address, "--index=0", "--threads=1"});
+  ChildProcess worker2({kBin + "/strata-worker", "--model=" + model, "--router=" + internal,
+                        "--cache=" + cache_address, "--index=0", "--threads=1", token});
   EXPECT_TRUE(WaitForHealth(router_address, kServing));
   EXPECT_EQ(Health(router_address, "strata.v1.Generation"), kServing);
   EXPECT_EQ(router.AwaitLine("READY "), router_address);
@@ -173,12 +184,14 @@ std::string FlagOf(pid_t pid, const std::string& flag) {
   return "";
 }
 
-// The generation of the expert store strata-cache at `address` serves; 0 if it does not answer.
-uint64_t StoreGeneration(const std::string& address) {
+// The generation of the expert store strata-cache at `address` serves (the call carries the
+// cluster's `token`); 0 if it does not answer.
+uint64_t StoreGeneration(const std::string& address, const ClusterToken& token) {
   auto stub =
       v1::ExpertStore::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  token.Attach(context);
   v1::ExpertLayout layout;
   if (!stub->GetLayout(&context, v1::GetLayoutRequest(), &layout).ok()) return 0;
   return layout.generation();
@@ -199,11 +212,18 @@ TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
   ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe_long"), "--workers=2", "--threads=1"},
                          120, log);
   ASSERT_FALSE(cluster.address().empty());
-  const std::string segment_prefix = absl::StrCat("strata-", cluster.pid());
+  auto found = FindClusterByClient(cluster.address());
+  ASSERT_TRUE(found.ok()) << found.status();
+  const ClusterDir cluster_dir = found->first;
+  const std::string segment_prefix = cluster_dir.shm_prefix();
+  auto token = ClusterToken::FromFile(cluster_dir.token_file());
+  ASSERT_TRUE(token.ok()) << token.status();
   const std::string cache_address =
       FlagOf(ChildWithArgs(cluster.pid(), "strata-worker", "--index=0"), "--cache=");
-  ASSERT_FALSE(cache_address.empty());
-  const uint64_t generation = StoreGeneration(cache_address);
+  ASSERT_EQ(cache_address, cluster_dir.socket("cache"));
+  const uint64_t generation = StoreGeneration(cache_address, *token);
+  // The store serves the cluster's own processes only.
+  EXPECT_EQ(StoreGeneration(cache_address, ClusterToken()), 0u);
   ASSERT_NE(generation, 0u);
 
   std::vector<uint32_t> prompt(12);
@@ -223,7 +243,7 @@ TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
 
   // Back on the same address with the same store.
   uint64_t restarted = 0;
-  EXPECT_TRUE(PollUntil([&] { return (restarted = StoreGeneration(cache_address)) != 0; },
+  EXPECT_TRUE(PollUntil([&] { return (restarted = StoreGeneration(cache_address, *token)) != 0; },
                         std::chrono::seconds(30)));
   EXPECT_EQ(restarted, generation);
   const pid_t replacement = ChildWithArgs(cluster.pid(), "strata-cache", "--segment-prefix=");
@@ -243,10 +263,10 @@ TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
   const Generated later = GenerateGreedy(cluster.address(), prompt, kNewTokens);
   ASSERT_TRUE(later.status.ok()) << later.status.error_message();
   EXPECT_EQ(later.tokens, undisturbed.tokens);
-  // An ordered stop still removes the store.
+  // An ordered stop still removes the store, and the cluster's directory.
   EXPECT_EQ(cluster.Stop(), 0);
-  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + segment_prefix + "-experts-meta"));
-  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + segment_prefix + "-experts-0"));
+  EXPECT_THAT(SharedSegment::ListOwned(segment_prefix), ::testing::IsEmpty());
+  EXPECT_FALSE(std::filesystem::exists(cluster_dir.path));
 }
 
 // A router killed mid-generation loses only its in-flight request, which ends UNAVAILABLE; the

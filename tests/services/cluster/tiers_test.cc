@@ -20,6 +20,7 @@
 namespace strata {
 namespace {
 
+using ::strata::testing::AdminClient;
 using ::strata::testing::ClusterProcess;
 using ::strata::testing::FirstTokens;
 using ::strata::testing::Generated;
@@ -114,8 +115,8 @@ TEST(TiersTest, HotRatioChangesWhileRequestsRun) {
     running.push_back(GenerateGreedyAsync(cluster.address(), p, 48, first.Callback()));
   }
   ASSERT_TRUE(first.Wait()) << "no request produced a token";  // generation is under way
-  auto admin = v1::Admin::NewStub(
-      grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+  AdminClient admin(cluster.address());
+  ASSERT_TRUE(admin.ok());
   for (float ratio : {1.0f, 0.1f, -1.0f}) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     v1::SetHotRatioRequest request;
@@ -125,8 +126,7 @@ TEST(TiersTest, HotRatioChangesWhileRequestsRun) {
       request.set_hot_ratio(ratio);
     }
     v1::SetHotRatioResponse response;
-    grpc::ClientContext context;
-    ASSERT_TRUE(admin->SetHotRatio(&context, request, &response).ok());
+    ASSERT_TRUE(admin->SetHotRatio(admin.Context().get(), request, &response).ok());
     EXPECT_EQ(response.automatic(), ratio < 0);
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -137,8 +137,7 @@ TEST(TiersTest, HotRatioChangesWhileRequestsRun) {
   v1::SetHotRatioRequest bad;
   bad.set_hot_ratio(1.5f);
   v1::SetHotRatioResponse response;
-  grpc::ClientContext context;
-  EXPECT_EQ(admin->SetHotRatio(&context, bad, &response).error_code(),
+  EXPECT_EQ(admin->SetHotRatio(admin.Context().get(), bad, &response).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
   // Short contexts under the default policy: 0.35 of 64 owned experts, capped by the slots.
   Generate(cluster.address(), prompts[0], 2);

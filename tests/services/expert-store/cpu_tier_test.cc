@@ -16,6 +16,7 @@
 #include "common/backend/cpu/cpu_router_backend.h"
 #include "common/transport/expert_executor.h"
 #include "common/transport/mapped_experts.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/expert-store/cache_server.h"
 #include "services/expert-worker/cpu_tier_client.h"
@@ -31,9 +32,17 @@ using shm_test::ScopedShmName;
 const std::string kModel = std::string(STRATA_TEST_DATA_DIR) + "/oracles/qwen3_moe";
 constexpr int kMaxTokens = 16;
 
+// The cluster token the test's cache requires (on TCP it must require one).
+const ClusterToken& Token() {
+  static const ClusterToken* token =
+      new ClusterToken(*ClusterToken::FromSecret(std::string(48, 'k')));
+  return *token;
+}
+
 std::unique_ptr<CacheServer> StartCache() {
   static int counter = 0;
   CacheOptions options;
+  options.token = Token();
   options.model_dir = kModel;
   options.store.segment_prefix = absl::StrCat("strata_test_cputier_", ::getpid(), "_", counter++);
   options.store.bind_numa = false;
@@ -58,6 +67,7 @@ grpc::Status Attach(const std::string& address, const std::string& name, pid_t p
       v1::ExpertStore::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  Token().Attach(context);
   v1::AttachComputeRequest request;
   request.set_channel_name(name);
   request.set_pid(static_cast<uint32_t>(pid));
@@ -94,7 +104,7 @@ class CpuTierTest : public ::testing::Test {
   std::unique_ptr<CpuTierClient> Connect() {
     const ModelConfig& c = model_->config;
     auto client = CpuTierClient::Connect(server_->address(), "strata_test_cputier_w", kMaxTokens,
-                                         c.top_k, static_cast<int>(c.hidden_size));
+                                         c.top_k, static_cast<int>(c.hidden_size), Token());
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? *std::move(client) : nullptr;
   }
@@ -319,6 +329,36 @@ TEST_F(CpuTierTest, MalformedMessagesGetErrorResponses) {
   receive(&error, &partial);
   EXPECT_EQ(error, "");
   EXPECT_EQ(partial, Local(*good));
+}
+
+// strata-cache serves only its own cluster: a call without the cluster token (or with another
+// cluster's) is refused before anything is looked at.
+TEST_F(CpuTierTest, CallsWithoutTheClusterTokenAreRefused) {
+  auto stub = v1::ExpertStore::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  for (const std::string& secret : {std::string(), std::string(48, 'x')}) {
+    grpc::ClientContext layout_context;
+    if (!secret.empty()) ClusterToken::FromSecret(secret)->Attach(layout_context);
+    v1::ExpertLayout layout;
+    const grpc::Status s = stub->GetLayout(&layout_context, v1::GetLayoutRequest(), &layout);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+    EXPECT_EQ(layout.segments_size(), 0);
+  }
+  const ModelConfig& c = model_->config;
+  auto refused = CpuTierClient::Connect(server_->address(), "strata_test_cputier_w", kMaxTokens,
+                                        c.top_k, static_cast<int>(c.hidden_size));
+  EXPECT_TRUE(absl::IsUnauthenticated(refused.status())) << refused.status();
+  EXPECT_EQ(server_->cpu_tier().active_channels(), 0);
+}
+
+// On TCP the cache must have a token: without one it does not start.
+TEST(CpuTierStartTest, TcpWithoutATokenIsRefused) {
+  CacheOptions options;
+  options.model_dir = kModel;
+  options.listen = "127.0.0.1:0";
+  auto server = CacheServer::Start(options);
+  EXPECT_TRUE(absl::IsInvalidArgument(server.status())) << server.status();
+  EXPECT_THAT(std::string(server.status().message()), ::testing::HasSubstr("cluster token"));
 }
 
 TEST_F(CpuTierTest, AttachRefusesMissingAndForeignChannels) {

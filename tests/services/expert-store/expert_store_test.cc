@@ -14,9 +14,12 @@
 #include "absl/strings/str_format.h"
 #include "boost/interprocess/mapped_region.hpp"
 #include "boost/interprocess/shared_memory_object.hpp"
+#include "common/shm/shared_segment.h"
 #include "common/transport/mapped_experts.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "services/expert-store/store_meta.h"
+#include "tests/testing/other_user.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata {
@@ -41,8 +44,8 @@ std::string CopyOracle(const std::string& name, const std::string& dir) {
 class ExpertStoreTest : public ::testing::Test {
  protected:
   void TearDown() override {
-    for (const char* suffix : {"-experts-0", "-experts-meta"}) {
-      bip::shared_memory_object::remove((prefix_ + suffix).c_str());
+    for (const std::string& name : SharedSegment::ListOwned(prefix_ + "-")) {
+      bip::shared_memory_object::remove(name.c_str());
     }
   }
 
@@ -134,8 +137,9 @@ TEST_F(ExpertStoreTest, ReattachesWithoutCopying) {
 
   // An ordered stop removes the store.
   store->reset();
-  EXPECT_FALSE(SegmentExists(prefix_ + "-experts-0"));
+  EXPECT_FALSE(SegmentExists(built.segments(0).name()));
   EXPECT_FALSE(SegmentExists(prefix_ + "-experts-meta"));
+  EXPECT_THAT(SharedSegment::ListOwned(prefix_), ::testing::IsEmpty());
 }
 
 TEST_F(ExpertStoreTest, CorruptedByteRebuilds) {
@@ -154,7 +158,9 @@ TEST_F(ExpertStoreTest, CorruptedByteRebuilds) {
   EXPECT_GT((*store)->bytes_copied(), 0u);
   EXPECT_NE((*store)->layout().generation(), built.generation());
   EXPECT_THAT(Log(), HasSubstr("does not match its checksum"));
-  EXPECT_EQ(ByteAt(segment, offset), original);
+  // A new generation, new names: the damaged segment is gone, the new one holds the byte.
+  EXPECT_FALSE(SegmentExists(segment));
+  EXPECT_EQ(ByteAt((*store)->layout().segments(0).name(), offset), original);
 }
 
 TEST_F(ExpertStoreTest, DifferentModelRebuilds) {
@@ -208,13 +214,86 @@ TEST_F(ExpertStoreTest, IncompleteStoreRebuilds) {
   EXPECT_THAT(Log(), HasSubstr("incomplete"));
   store->reset();
 
-  BuildAndDie(dir);
-  bip::shared_memory_object::remove((prefix_ + "-experts-0").c_str());
+  const v1::ExpertLayout second = BuildAndDie(dir);
+  bip::shared_memory_object::remove(second.segments(0).name().c_str());
   store = ExpertStore::Attach(**model, Options());
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_FALSE((*store)->reattached());
   EXPECT_THAT(Log(), HasSubstr("cannot map it"));
-  EXPECT_TRUE(SegmentExists(prefix_ + "-experts-0"));
+  EXPECT_TRUE(SegmentExists((*store)->layout().segments(0).name()));
+}
+
+// A meta rewritten to list another segment of this user (here a "victim" outside the store's
+// names) is never followed: the store does not open it, and does not remove it when it
+// replaces the store.
+TEST_F(ExpertStoreTest, NamesInTheMetaAreNeverFollowed) {
+  const std::string dir = CopyOracle("qwen3_moe", temp_.path());
+  const v1::ExpertLayout built = BuildAndDie(dir);
+  const std::string victim = prefix_ + "-victim";
+  auto victim_segment = SharedSegment::Create(victim, 4096);
+  ASSERT_TRUE(victim_segment.ok()) << victim_segment.status();
+  victim_segment->set_remove_on_destroy(false);
+  {
+    auto meta_segment = SharedSegment::Open(prefix_ + "-experts-meta", /*read_only=*/true);
+    ASSERT_TRUE(meta_segment.ok()) << meta_segment.status();
+    auto meta = DecodeMeta(meta_segment->data(), meta_segment->size());
+    ASSERT_TRUE(meta.ok()) << meta.status();
+    meta->layout.mutable_segments(0)->set_name(victim);
+    meta->owner_pid = 0;
+    const std::string encoded = EncodeMeta(*meta);
+    ASSERT_TRUE(SharedSegment::Remove(prefix_ + "-experts-meta").ok());
+    auto rewritten = SharedSegment::Create(prefix_ + "-experts-meta", encoded.size());
+    ASSERT_TRUE(rewritten.ok()) << rewritten.status();
+    rewritten->set_remove_on_destroy(false);
+    CommitMeta(encoded, rewritten->data());
+  }
+  auto model = LoadModel(dir);
+  ASSERT_TRUE(model.ok());
+  auto store = ExpertStore::Attach(**model, Options());
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_FALSE((*store)->reattached());
+  EXPECT_THAT(Log(), HasSubstr("is not this model's"));
+  EXPECT_TRUE(SegmentExists(victim));
+  EXPECT_FALSE(SegmentExists(built.segments(0).name()));  // the store's own old segment went
+  store->reset();
+  EXPECT_TRUE(SegmentExists(victim));
+  EXPECT_TRUE(SharedSegment::Remove(victim).ok());
+}
+
+// Another local user who creates the store's names first (a complete, consistent store of the
+// same model, as an attacker would) is refused: its segments are never served or removed.
+TEST_F(ExpertStoreTest, AStorePlantedByAnotherUserIsRefused) {
+  if (!testing::CanRunAsOtherUser()) GTEST_SKIP() << testing::kNoOtherUser;
+  const std::string dir = CopyOracle("qwen3_moe", temp_.path());
+  ASSERT_TRUE(testing::MakeReadableByAll(temp_.path()));
+  const int planted = testing::RunAsOtherUser([&] {
+    auto model = LoadModel(dir);
+    if (!model.ok()) return 2;
+    auto store = ExpertStore::Build(**model, Options());
+    if (!store.ok()) return 3;
+    // Even a store made readable and writable by all is not taken.
+    for (const v1::SharedSegmentInfo& s : (*store)->layout().segments()) {
+      ::chmod(("/dev/shm/" + s.name()).c_str(), 0666);
+    }
+    ::chmod(("/dev/shm/" + prefix_ + "-experts-meta").c_str(), 0666);
+    ::_exit(0);  // dies without removing it
+  });
+  ASSERT_EQ(planted, 0);
+  ASSERT_TRUE(SegmentExists(prefix_ + "-experts-meta"));
+  auto model = LoadModel(dir);
+  ASSERT_TRUE(model.ok());
+  auto store = ExpertStore::Attach(**model, Options());
+  ASSERT_FALSE(store.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
+  EXPECT_THAT(store.status().message(), HasSubstr("not to this user"));
+  // A worker handed such a segment's name refuses to map it too.
+  const std::vector<std::string> foreign = testing::SegmentsOfOtherUser(prefix_);
+  ASSERT_FALSE(foreign.empty());
+  for (const std::string& name : foreign) {
+    EXPECT_TRUE(absl::IsPermissionDenied(SharedSegment::Open(name, true).status())) << name;
+    EXPECT_TRUE(absl::IsPermissionDenied(SharedSegment::Remove(name))) << name;
+  }
+  for (const std::string& name : foreign) bip::shared_memory_object::remove(name.c_str());
 }
 
 TEST_F(ExpertStoreTest, NothingToReattachBuildsQuietly) {
