@@ -7,16 +7,26 @@
 #       Passes when something accepts a TCP connection on HOST:PORT (bash's /dev/tcp). For the
 #       router this means "listening" (it listens before the workers register); for the cache it
 #       means "ready" (the cache loads every expert before it listens).
-#   strata-healthcheck ready HOST:PORT [WORKERS]
+#   strata-healthcheck ready ADDRESS [WORKERS]
 #       Passes when the router answers Admin.Stats (`strata stats`) and every worker it waits for
 #       is connected, i.e. registered: the state in which it prints READY and its grpc.health.v1
 #       says SERVING. With WORKERS, also at least that many workers must be connected (a guard
 #       against a router started with a smaller --workers than the deployment runs). Sends no
 #       request through the model, so a short interval is fine.
+#       Admin is served only on the router's INTERNAL listener (--internal-listen), never on the
+#       client port, and refuses calls without the cluster token. So:
+#       - with $STRATA_CLUSTER_TOKEN set (the compose files give it to every strata container),
+#         or with a unix:PATH ADDRESS, ADDRESS is the router's internal listener (127.0.0.1:50053
+#         in deploy/docker-compose*.yml) and the check runs `strata stats --admin ADDRESS`,
+#         which sends the token of $STRATA_CLUSTER_TOKEN;
+#       - otherwise ADDRESS is the CLIENT port of a cluster that `strata up` started as this
+#         user in this container (the image's default command and HEALTHCHECK, `ready
+#         127.0.0.1:50051`): `strata stats --server ADDRESS` finds its internal listener and
+#         token in the user's runtime directory. That lookup does not work across containers.
 #   strata-healthcheck generate HOST:PORT
-#       Passes when a 1-token Generate through the router succeeds, i.e. the whole path (router,
-#       channels, workers, GPUs) computes. It runs a real forward step, so keep its interval
-#       long; token id 0 is a valid prompt for any model.
+#       Passes when a 1-token Generate through the router's client port succeeds, i.e. the
+#       whole path (router, channels, workers, GPUs) computes. It runs a real forward step, so
+#       keep its interval long; token id 0 is a valid prompt for any model. Needs no token.
 #   strata-healthcheck mps
 #       Passes when a CUDA MPS control daemon answers on $CUDA_MPS_PIPE_DIRECTORY
 #       (`get_server_list` through nvidia-cuda-mps-control).
@@ -26,7 +36,7 @@
 set -uo pipefail
 
 usage() {
-  echo "usage: strata-healthcheck tcp|ready|generate HOST:PORT | ready HOST:PORT WORKERS | mps" >&2
+  echo "usage: strata-healthcheck tcp|generate HOST:PORT | ready ADDRESS [WORKERS] | mps" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
@@ -48,9 +58,14 @@ address=$1
 expected=${2:-}
 [ -z "$expected" ] || [ "$mode" = ready ] || usage
 [[ -z "$expected" || "$expected" =~ ^[0-9]+$ ]] || usage
-host=${address%:*}
-port=${address##*:}
-[ -n "$host" ] && [ -n "$port" ] && [ "$host" != "$address" ] || usage
+if [ "$mode" = ready ] && [[ $address == unix:?* ]]; then
+  host="" port=""  # a Unix socket: only `strata stats --admin` can use it
+else
+  [[ $address != unix:* ]] || usage
+  host=${address%:*}
+  port=${address##*:}
+  [ -n "$host" ] && [ -n "$port" ] && [ "$host" != "$address" ] || usage
+fi
 strata=$(command -v strata || echo "$(dirname "$0")/strata")
 
 case $mode in
@@ -59,9 +74,19 @@ case $mode in
       2>/dev/null || { echo "strata-healthcheck: nothing accepts connections on $address" >&2; exit 1; }
     ;;
   ready)
+    # Admin is on the router's internal listener and needs the cluster token: with
+    # $STRATA_CLUSTER_TOKEN (or a unix: ADDRESS), ADDRESS is that listener and `strata stats`
+    # sends the token from the environment; without it, ADDRESS is the client port of this
+    # user's `strata up` cluster, which `strata stats --server` resolves through the local
+    # runtime directory.
+    if [ -n "${STRATA_CLUSTER_TOKEN:-}" ] || [ -z "$port" ]; then
+      target=(--admin "$address")
+    else
+      target=(--server "$address")
+    fi
     # `strata stats` prints the StatsResponse as JSON with every field, one entry per worker the
     # router waits for: {"index":0,"connected":true,...}.
-    if ! stats=$(timeout "${STRATA_HEALTHCHECK_TIMEOUT:-12}" "$strata" stats --server "$address" 2>&1); then
+    if ! stats=$(timeout "${STRATA_HEALTHCHECK_TIMEOUT:-12}" "$strata" stats "${target[@]}" 2>&1); then
       echo "strata-healthcheck: $address does not answer Admin.Stats: $stats" >&2
       exit 1
     fi

@@ -2,10 +2,14 @@
 # Checks deploy/ offline, with no Docker engine and no Kubernetes cluster:
 #   - the compose files, with `docker compose config -q` (Compose v2) or else `docker-compose
 #     config -q` (Debian 12's docker-compose 1.29, installed here with apt-get when neither exists);
-#     STRATA_COMPOSE="path/to/docker-compose" picks another Compose binary;
+#     STRATA_COMPOSE="path/to/docker-compose" picks another Compose binary. They run with a dummy
+#     STRATA_CLUSTER_TOKEN (never the operator's), and once without one, which must fail;
 #   - the wiring that Strata needs in both compose files (shared IPC and PID namespaces, fixed
-#     ports, --workers matching the worker services and the router's ready check, distinct
-#     indexes, restart: unless-stopped, --max-batch-tokens agreeing);
+#     ports, the router's internal listener on 0.0.0.0:50053 and the workers' --router pointing
+#     at it, the router's ready check on it, no port published but the client port 50051, the
+#     cluster token required from the environment in the cache, the router and every worker,
+#     --workers matching the worker services and the router's ready check, distinct indexes,
+#     restart: unless-stopped, --max-batch-tokens agreeing);
 #   - the GPU file's GPU path: it builds the CUDA variant, the router runs on cuda:0, every GPU
 #     container (mps, router, workers) reserves the same GPUs, worker i runs on one of them
 #     (a distinct one per worker while there are enough), an MPS control daemon service with a
@@ -14,7 +18,10 @@
 #   - the Kubernetes manifests of deploy/k8s/ (CPU) and deploy/k8s/gpu/ (GPU path): YAML syntax,
 #     the fields each kind needs, the same wiring (one Pod sharing its process namespace, a
 #     memory-backed /dev/shm in every container, gRPC probes, the Service pointing at the
-#     router), no GPUs in the CPU one, and in the GPU one one ResourceClaim referenced by the mps
+#     router's client port, the router's internal listener on 127.0.0.1:50053 and the workers'
+#     --router on it, in no Service and no containerPort, the cluster token from one Secret
+#     (secretKeyRef, never a literal) in the cache, the router and every worker), no GPUs in the
+#     CPU one, and in the GPU one one ResourceClaim referenced by the mps
 #     sidecar, the router and every worker, with a GPU per worker; `kubectl kustomize` too when
 #     kubectl is installed, and `kubernetes-validate --strict` (Kubernetes 1.34 schemas) when
 #     that is installed;
@@ -64,15 +71,29 @@ fi
 # ---- compose ------------------------------------------------------------------------------
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# The compose files require STRATA_CLUSTER_TOKEN (${STRATA_CLUSTER_TOKEN:?...}). The static
+# checks use a dummy one, whatever the caller's environment holds, so that they pass where the
+# operator has set none and never copy a real token into $tmp.
+export CHECK_DEPLOY_TOKEN=check-deploy-dummy-cluster-token-0123456789abcdef
 for file in deploy/docker-compose.yml deploy/docker-compose.cpu.yml; do
   [ ${#compose[@]} -gt 0 ] || break
-  if out=$("${compose[@]}" -f "$file" config -q 2>&1); then
+  if out=$(STRATA_CLUSTER_TOKEN=$CHECK_DEPLOY_TOKEN "${compose[@]}" -f "$file" config -q 2>&1); then
     pass "${compose[*]} -f $file config -q"
   else
     fail "${compose[*]} -f $file config -q: $out"
   fi
   # The resolved form, for the checks below (defaults of every ${VAR:-default} applied).
-  "${compose[@]}" -f "$file" config >"$tmp/$(basename "$file" .yml).resolved.yml" 2>/dev/null
+  STRATA_CLUSTER_TOKEN=$CHECK_DEPLOY_TOKEN "${compose[@]}" -f "$file" config \
+    >"$tmp/$(basename "$file" .yml).resolved.yml" 2>/dev/null
+  # Without a token (and no .env file) compose must refuse, naming the variable. (A successful
+  # `config -q` prints nothing; the pip-packaged Compose v2 wrapper exits 0 even on errors.)
+  : >"$tmp/empty.env"
+  out=$(env -u STRATA_CLUSTER_TOKEN "${compose[@]}" --env-file "$tmp/empty.env" -f "$file" config -q 2>&1)
+  if grep -q 'STRATA_CLUSTER_TOKEN' <<<"$out"; then
+    pass "$file: compose refuses to run without STRATA_CLUSTER_TOKEN"
+  else
+    fail "$file: compose runs without STRATA_CLUSTER_TOKEN (${out:-no error})"
+  fi
 done
 
 # The Dockerfile's build arguments (ARG NAME[=default]), for the structure checks.
@@ -129,6 +150,18 @@ def depends(service):
 def mounts_of(service):
     return [m for m in service.get("volumes", []) if isinstance(m, dict)]
 
+def port_targets(service):
+    """The container ports a service publishes (short "HOST:CONTAINER[/proto]" or long form)."""
+    targets = []
+    for p in service.get("ports", []) or []:
+        t = p.get("target") if isinstance(p, dict) else str(p).split("/")[0].rsplit(":", 1)[-1]
+        targets.append(str(t))
+    return targets
+
+TOKEN = "STRATA_CLUSTER_TOKEN"
+DUMMY_TOKEN = os.environ.get("CHECK_DEPLOY_TOKEN")
+REQUIRED_TOKEN = re.compile(r"\$\{STRATA_CLUSTER_TOKEN:\?[^}]+\}")
+
 def compose_checks(name, gpu):
     raw, resolved = load_compose(name)
     check(isinstance(raw, dict) and "services" in raw, f"{name}: YAML with services")
@@ -181,18 +214,32 @@ def compose_checks(name, gpu):
     check(cache[:1] == ["strata-cache"] and flag(cache, "listen") == "0.0.0.0:50052",
           f"{name}: cache listens on 0.0.0.0:50052")
     check(router[:1] == ["strata-router"] and flag(router, "listen") == "0.0.0.0:50051",
-          f"{name}: router listens on 0.0.0.0:50051")
+          f"{name}: router listens on 0.0.0.0:50051 (clients)")
+    internal = flag(router, "internal-listen")
+    check(internal == "0.0.0.0:50053",
+          f"{name}: router's internal listener (Coordinator, Admin) on --internal-listen=0.0.0.0:50053 ({internal})")
     check(flag(router, "workers") == str(len(workers)),
           f"{name}: router --workers={flag(router, 'workers')} matches {len(workers)} worker services")
-    ports = router_service.get("ports", [])
-    check(any(str(p.get("target") if isinstance(p, dict) else p).endswith("50051") for p in ports),
-          f"{name}: router port 50051 published")
+    check(port_targets(router_service) == ["50051"],
+          f"{name}: the router publishes its client port 50051 only ({port_targets(router_service)})")
+    published = {s: port_targets(v) for s, v in services.items() if s != "router" and port_targets(v)}
+    check(not published, f"{name}: no other service publishes a port ({published})")
     check("healthcheck" in services.get("cache", {}) and "healthcheck" in router_service,
           f"{name}: cache and router have health checks")
     test = (router_service.get("healthcheck", {}) or {}).get("test", [])
-    check(test[:4] == ["CMD", "strata-healthcheck", "ready", "127.0.0.1:50051"]
+    check(test[:4] == ["CMD", "strata-healthcheck", "ready", "127.0.0.1:50053"]
           and (len(test) == 4 or test[4:] == [str(len(workers))]),
-          f"{name}: the router's health check waits for every worker ({test[2:]})")
+          f"{name}: the router's health check asks Admin on the internal listener for every worker ({test[2:]})")
+    # The cluster token: required from the environment (not written in the file), in every
+    # strata process's container.
+    raw_services = raw.get("services", {}) or {}
+    for s in ["cache", "router"] + workers:
+        written = env_of(raw_services.get(s, {}) or {}).get(TOKEN)
+        check(isinstance(written, str) and REQUIRED_TOKEN.fullmatch(written),
+              f"{name}: {s} requires {TOKEN} from the environment (${{{TOKEN}:?...}}, no token in the file)")
+        if resolved is not None:
+            check(env_of(services.get(s, {})).get(TOKEN) == DUMMY_TOKEN,
+                  f"{name}: {s} gets {TOKEN} once resolved")
     gpus = []
     if gpu:
         mps = services.get("mps", {})
@@ -233,8 +280,9 @@ def compose_checks(name, gpu):
         v = services[w]
         cmd = v.get("command", [])
         check(cmd[:1] == ["strata-worker"], f"{name}: {w} runs strata-worker")
-        check(flag(cmd, "cache") == "cache:50052" and flag(cmd, "router") == "router:50051",
-              f"{name}: {w} reaches cache:50052 and router:50051 by service name")
+        check(flag(cmd, "cache") == "cache:50052" and flag(cmd, "router") == "router:50053",
+              f"{name}: {w} reaches cache:50052 and the router's internal listener router:50053 by service name"
+              f" ({flag(cmd, 'cache')}, {flag(cmd, 'router')})")
         check(flag(cmd, "transport") in (None, "shm"), f"{name}: {w} uses the shm transport")
         check(flag(cmd, "max-batch-tokens") == flag(router, "max-batch-tokens"),
               f"{name}: {w} and the router agree on --max-batch-tokens")
@@ -411,7 +459,10 @@ def k8s_checks(directory, gpu):
         cache, router = containers.get("cache", {}), containers.get("router", {})
         ccmd, rcmd = cache.get("command", []), router.get("command", [])
         check(flag(ccmd, "listen") == "0.0.0.0:50052", f"{tag}: cache listens on 50052")
-        check(flag(rcmd, "listen") == "0.0.0.0:50051", f"{tag}: router listens on 50051")
+        check(flag(rcmd, "listen") == "0.0.0.0:50051", f"{tag}: router listens on 50051 (clients)")
+        check(flag(rcmd, "internal-listen") == "127.0.0.1:50053",
+              f"{tag}: router's internal listener (Coordinator, Admin) on the Pod's loopback,"
+              f" --internal-listen=127.0.0.1:50053 ({flag(rcmd, 'internal-listen')})")
         check(flag(rcmd, "workers") == str(len(workers)),
               f"{tag}: router --workers={flag(rcmd, 'workers')} matches {len(workers)} worker containers")
         check(get(router, "readinessProbe.grpc.port") == 50051, f"{tag}: router readiness is the gRPC health on 50051")
@@ -420,13 +471,28 @@ def k8s_checks(directory, gpu):
         check(get(cache, "livenessProbe.grpc.port") == 50052 or get(cache, "startupProbe.grpc.port") == 50052,
               f"{tag}: cache has a gRPC probe on 50052")
         rports = {p.get("name"): p["containerPort"] for p in router.get("ports", [])}
+        check(50053 not in rports.values(), f"{tag}: the internal port 50053 is no containerPort of the router")
+        # The cluster token: one Secret, by reference, in every strata process's container.
+        refs = {}
+        for n in ["cache", "router"] + workers:
+            entries = [e for e in containers.get(n, {}).get("env", []) or [] if e.get("name") == "STRATA_CLUSTER_TOKEN"]
+            ref = get(entries[0], "valueFrom.secretKeyRef") if len(entries) == 1 else None
+            check(ref and ref.get("name") and ref.get("key") and "value" not in entries[0],
+                  f"{tag}: {n} gets STRATA_CLUSTER_TOKEN from a Secret (secretKeyRef, no literal value)")
+            if ref:
+                refs[n] = (ref.get("name"), ref.get("key"))
+        check(len(set(refs.values())) == 1, f"{tag}: every container reads the same token Secret ({sorted(set(refs.values()))})")
+        literal = [n for n, c in everything.items() for e in c.get("env", []) or []
+                   if e.get("name") == "STRATA_CLUSTER_TOKEN" and "value" in e]
+        check(not literal, f"{tag}: no container has a token written in the manifest ({literal})")
         indexes, devices = [], []
         for w in workers:
             cmd = containers[w].get("command", [])
             indexes.append(flag(cmd, "index"))
             devices.append(flag(cmd, "device"))
-            check(flag(cmd, "cache") == "127.0.0.1:50052" and flag(cmd, "router") == "127.0.0.1:50051",
-                  f"{tag}: {w} reaches the cache and router on localhost")
+            check(flag(cmd, "cache") == "127.0.0.1:50052" and flag(cmd, "router") == "127.0.0.1:50053",
+                  f"{tag}: {w} reaches the cache and the router's internal listener on localhost"
+                  f" ({flag(cmd, 'cache')}, {flag(cmd, 'router')})")
             check(flag(cmd, "max-batch-tokens") == flag(rcmd, "max-batch-tokens"),
                   f"{tag}: {w} and the router agree on --max-batch-tokens")
             check(flag(cmd, "weights") == flag(rcmd, "weights"), f"{tag}: {w} and the router agree on --weights")
@@ -479,6 +545,8 @@ def k8s_checks(directory, gpu):
             for p in svc["spec"]["ports"]:
                 t = p.get("targetPort")
                 check(t in rports or t in rports.values(), f"{tag}: Service port {p.get('name')} targets the router ({t})")
+                check(rports.get(t, t) == 50051 and p.get("port") != 50053,
+                      f"{tag}: Service port {p.get('name')} is the client port 50051, not the internal 50053")
 
 for directory, gpu in KUSTOMIZATIONS.items():
     k8s_checks(directory, gpu)
