@@ -101,7 +101,7 @@ absl::StatusOr<ClusterToken> ClusterToken::FromFileOrEnvironment(const std::stri
   if (!file.empty()) return FromFile(file);
   const char* env = std::getenv(kEnvironment);
   if (env == nullptr || *env == '\0') return ClusterToken();
-  absl::StatusOr<ClusterToken> token = FromSecret(env);
+  absl::StatusOr<ClusterToken> token = FromSecret(std::string(absl::StripAsciiWhitespace(env)));
   if (!token.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("$", kEnvironment, ": ", token.status().message()));

@@ -314,4 +314,21 @@ void ShmChannel::Close() {
   response_.Close();
 }
 
+int ShmChannel::RemoveOrphans(const std::string& prefix) {
+  int removed = 0;
+  for (const std::string& name : SharedSegment::ListOwned(prefix)) {
+    absl::StatusOr<SharedSegment> segment = SharedSegment::Open(name, /*read_only=*/true);
+    if (!segment.ok()) continue;
+    absl::StatusOr<ChannelHeader*> header = MapChannel(name, *segment);
+    if (!header.ok()) continue;
+    const Party& creator = (*header)->parties[0];
+    if (ProcessAlive(creator.pid.load(std::memory_order_relaxed),
+                     creator.start_time.load(std::memory_order_relaxed))) {
+      continue;
+    }
+    removed += SharedSegment::Remove(name).ok() ? 1 : 0;
+  }
+  return removed;
+}
+
 }  // namespace strata

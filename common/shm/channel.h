@@ -103,6 +103,10 @@ class ShmChannel {
   // Closes both rings: the peer drains what was committed, then gets CANCELLED.
   void Close();
 
+  // Removes this user's channels named `prefix`... that no peer opened and whose creator is
+  // gone (a creator killed before its peer came); returns how many.
+  static int RemoveOrphans(const std::string& prefix);
+
  private:
   ShmChannel(SharedSegment segment, shm_internal::ChannelHeader* header, ShmRing request,
              ShmRing response, bool creator, absl::Duration wait_slice,

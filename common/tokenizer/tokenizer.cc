@@ -1,5 +1,6 @@
 #include "common/tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -105,7 +106,21 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
       }
     }
   }
+  // Token strings are never shorter than the text they stand for: byte-level BPE spells each
+  // byte with one character, SentencePiece a space with "\u2581" and a fallback byte "<0x41>".
+  const int32_t limit = tok->vocab_size();
+  for (int32_t id = 0; id < limit; ++id) {
+    if (const std::string* token = tok->DecodeToken(id, /*skip_special_tokens=*/false)) {
+      tok->max_token_bytes_ = std::max(tok->max_token_bytes_, token->size());
+    }
+  }
   return tok;
+}
+
+int64_t Tokenizer::MinTokens(size_t text_bytes) const {
+  const uint64_t per_token =
+      uint64_t{kMaxNormalizationShrink} * std::max<size_t>(max_token_bytes_, 1);
+  return static_cast<int64_t>((text_bytes + per_token - 1) / per_token);
 }
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text,

@@ -71,6 +71,15 @@ class Tokenizer {
   std::optional<std::string> IdToToken(int32_t id) const;
   // Whether `id` is an added token marked special (skipped by skip_special_tokens).
   bool IsSpecial(int32_t id) const;
+  // A lower bound on the tokens of a text of `text_bytes` bytes, without encoding it: a token
+  // stands for at most max_token_bytes() bytes of normalized text, and normalization shrinks
+  // a text at most kMaxNormalizationShrink-fold (NFC composes at most three code points, of
+  // no fewer bytes, into one). What refuses a text far over a context before paying for it.
+  int64_t MinTokens(size_t text_bytes) const;
+  // The longest token string (UTF-8 bytes) of the vocabulary and the added tokens.
+  size_t max_token_bytes() const { return max_token_bytes_; }
+  static constexpr int kMaxNormalizationShrink = 4;
+
   // The name given when loading (the file path for FromFile).
   const std::string& source_name() const { return source_name_; }
 
@@ -93,6 +102,7 @@ class Tokenizer {
   std::unique_ptr<tokenizer_internal::AddedVocabulary> added_;
   std::unique_ptr<tokenizer_internal::SpecialTokenFrame> frame_;
   std::unique_ptr<tokenizer_internal::Decoder> decoder_;
+  size_t max_token_bytes_ = 1;
 };
 
 }  // namespace strata

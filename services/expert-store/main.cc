@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/util/flag_help.h"
 #include "common/util/process.h"
+#include "common/util/protobuf_log.h"
 #include "services/expert-store/cache_server.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
@@ -33,6 +34,7 @@ ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 
 int main(int argc, char** argv) {
   strata::BlockTerminationSignals();
+  strata::RateLimitProtobufLog();
   strata::SetProgramName("strata-cache");
   strata::ParseDaemonFlags(
       argc, argv, "strata-cache",

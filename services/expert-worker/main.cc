@@ -11,6 +11,7 @@
 #include "common/util/byte_size.h"
 #include "common/util/flag_help.h"
 #include "common/util/process.h"
+#include "common/util/protobuf_log.h"
 #include "common/util/tunables.h"
 #include "services/expert-worker/worker_server.h"
 
@@ -44,6 +45,7 @@ ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 
 int main(int argc, char** argv) {
   strata::BlockTerminationSignals();
+  strata::RateLimitProtobufLog();
   strata::ParseDaemonFlags(
       argc, argv, "strata-worker",
       "strata-worker --model DIR --cache ADDRESS --router ADDRESS --index I [flags]: runs "

@@ -5,6 +5,8 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+#include "services/router/client_request.h"
 
 namespace strata {
 namespace {
@@ -47,7 +49,7 @@ class StreamSink : public ResponseSink {
 };
 
 // Writes queued responses one at a time, merging token messages that pile up behind a write.
-class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GenerateReactor(Scheduler& scheduler) : scheduler_(scheduler) {}
 
@@ -117,14 +119,20 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 
  private:
   // Starts the next write, or the finish, outside the lock: a reaction may run inline.
-  // The front element stays put while `writing_` (deque push_back keeps references valid).
+  // The front element stays put while `writing_` (deque push_back keeps references valid);
+  // its bytes are in `wire_` until the write is done.
   void WriteNext(std::unique_lock<std::mutex>& lock) {
     if (writing_ || finishing_) return;
     if (!queue_.empty()) {
+      if (absl::Status s = SerializeResponse(queue_.front(), wire_); !s.ok()) {
+        finishing_ = true;
+        lock.unlock();
+        Finish(ToGrpcStatus(s));
+        return;
+      }
       writing_ = true;
-      const v1::GenerateResponse* next = &queue_.front();
       lock.unlock();
-      StartWrite(next);
+      StartWrite(&wire_);
     } else if (done_) {
       finishing_ = true;
       lock.unlock();
@@ -136,6 +144,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   std::shared_ptr<StreamSink> sink_;
   std::mutex mu_;
   std::deque<v1::GenerateResponse> queue_;
+  grpc::ByteBuffer wire_;  // the message being written
   bool writing_ = false;
   bool done_ = false;
   bool finishing_ = false;
@@ -165,34 +174,59 @@ void StreamSink::OnFinish(FinishReason reason, const RequestUsage& usage,
   if (reactor_ != nullptr) reactor_->Enqueue(std::move(response), true, ToGrpcStatus(status));
 }
 
-// Completes a unary Score call when the scheduler finishes its score-only request.
+// Completes a unary Score call when the scheduler finishes its score-only request; owns the
+// response until then.
 class ScoreSink : public ResponseSink {
  public:
-  ScoreSink(grpc::ServerUnaryReactor* reactor, v1::ScoreResponse* response)
-      : reactor_(reactor), response_(response) {}
+  ScoreSink(grpc::ServerUnaryReactor* reactor, v1::ScoreResponse response, grpc::ByteBuffer* out)
+      : reactor_(reactor), response_(std::move(response)), out_(out) {}
   void OnTokens(const std::vector<int32_t>& ids, const std::string& text) override {}
   void OnScores(const std::vector<float>& logprobs) override {
-    response_->mutable_logprobs()->Add(logprobs.begin(), logprobs.end());
+    response_.mutable_logprobs()->Add(logprobs.begin(), logprobs.end());
   }
   void OnFinish(FinishReason reason, const RequestUsage& usage,
                 const absl::Status& status) override {
-    if (reason == FinishReason::kCancelled) {
+    if (!status.ok()) {
+      reactor_->Finish(ToGrpcStatus(status));
+    } else if (reason == FinishReason::kCancelled) {
       reactor_->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the request was cancelled"));
     } else {
-      reactor_->Finish(ToGrpcStatus(status));
+      reactor_->Finish(ToGrpcStatus(SerializeResponse(response_, *out_)));
     }
   }
 
  private:
   grpc::ServerUnaryReactor* reactor_;
-  v1::ScoreResponse* response_;
+  v1::ScoreResponse response_;
+  grpc::ByteBuffer* out_;
 };
+
+// A unary call answered at once: the request parsed (ParseClientRequest), `body` run on it,
+// the response serialized.
+template <typename Request, typename Response>
+grpc::ServerUnaryReactor* AnswerNow(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
+    absl::FunctionRef<absl::Status(const Request&, Response&)> body) {
+  auto* reactor = context->DefaultReactor();
+  Request request;
+  Response response;
+  absl::Status status = ParseClientRequest(*in, request);
+  if (status.ok()) status = body(request, response);
+  if (status.ok()) status = SerializeResponse(response, *out);
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
 
 }  // namespace
 
 GenerationService::GenerationService(const ModelConfig& config, Scheduler& scheduler,
-                                     const Tokenizer* tokenizer, int num_workers)
-    : config_(config), scheduler_(scheduler), tokenizer_(tokenizer), num_workers_(num_workers) {}
+                                     const Tokenizer* tokenizer, int num_workers,
+                                     RequestBudgetOptions budget)
+    : config_(config),
+      scheduler_(scheduler),
+      tokenizer_(tokenizer),
+      num_workers_(num_workers),
+      budget_(budget) {}
 
 absl::StatusOr<RequestSpec> GenerationService::ToSpec(const v1::GenerateRequest& request) const {
   RequestSpec spec;
@@ -208,6 +242,8 @@ absl::StatusOr<RequestSpec> GenerationService::ToSpec(const v1::GenerateRequest&
       return absl::InvalidArgumentError(
           "this model has no tokenizer.json: send prompt_token_ids instead of prompt");
     }
+    // A prompt that cannot fit is refused by its length, before paying for its tokens.
+    RETURN_IF_ERROR(scheduler_.CheckTextFits("the prompt", request.prompt().size(), true));
     auto ids = tokenizer_->Encode(request.prompt(), /*add_special_tokens=*/true);
     if (!ids.ok()) return absl::InvalidArgumentError(ids.status().message());
     spec.prompt = *std::move(ids);
@@ -245,114 +281,135 @@ absl::StatusOr<RequestSpec> GenerationService::ToSpec(const v1::GenerateRequest&
   return spec;
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+absl::StatusOr<RequestBudget::Hold> GenerationService::TakeBudget(
+    const grpc::CallbackServerContext& context, const grpc::ByteBuffer& request) {
+  return budget_.Take(context.peer(), static_cast<int64_t>(request.Length()));
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   auto* reactor = new GenerateReactor(scheduler_);
-  reactor->Start(ToSpec(*request));
+  // Held while the request is parsed and tokenized, until the scheduler has it.
+  absl::StatusOr<RequestBudget::Hold> hold = TakeBudget(*context, *request);
+  if (!hold.ok()) {
+    reactor->Start(hold.status());
+    return reactor;
+  }
+  v1::GenerateRequest parsed;
+  absl::Status status = ParseClientRequest(*request, parsed);
+  reactor->Start(status.ok() ? ToSpec(parsed) : absl::StatusOr<RequestSpec>(status));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* GenerationService::ModelInfo(grpc::CallbackServerContext* context,
-                                                       const v1::ModelInfoRequest* request,
-                                                       v1::ModelInfoResponse* response) {
-  response->set_model_type(std::string(ArchitectureName(config_.arch)));
-  response->set_vocab_size(static_cast<uint32_t>(config_.vocab_size));
-  response->set_num_layers(config_.num_layers);
-  response->set_num_experts(config_.num_experts);
-  response->set_experts_per_token(config_.top_k);
-  response->set_max_context_tokens(static_cast<uint32_t>(scheduler_.max_context_tokens()));
-  response->set_has_tokenizer(tokenizer_ != nullptr);
-  for (int id : config_.eos_token_ids) response->add_eos_token_ids(id);
-  response->set_num_workers(num_workers_);
-  auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return AnswerNow<v1::ModelInfoRequest, v1::ModelInfoResponse>(
+      context, request, response, [&](const v1::ModelInfoRequest&, v1::ModelInfoResponse& info) {
+        info.set_model_type(std::string(ArchitectureName(config_.arch)));
+        info.set_vocab_size(static_cast<uint32_t>(config_.vocab_size));
+        info.set_num_layers(config_.num_layers);
+        info.set_num_experts(config_.num_experts);
+        info.set_experts_per_token(config_.top_k);
+        info.set_max_context_tokens(static_cast<uint32_t>(scheduler_.max_context_tokens()));
+        info.set_has_tokenizer(tokenizer_ != nullptr);
+        for (int id : config_.eos_token_ids) info.add_eos_token_ids(id);
+        info.set_num_workers(num_workers_);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
-                                                      const v1::TokenizeRequest* request,
-                                                      v1::TokenizeResponse* response) {
-  auto* reactor = context->DefaultReactor();
-  if (tokenizer_ == nullptr) {
-    reactor->Finish(
-        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this model has no tokenizer.json"));
-    return reactor;
-  }
-  auto ids = tokenizer_->Encode(request->text(), request->add_special_tokens());
-  if (!ids.ok()) {
-    reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(ids.status().message())));
-    return reactor;
-  }
-  for (int32_t id : *ids) response->add_token_ids(static_cast<uint32_t>(id));
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* GenerationService::Score(grpc::CallbackServerContext* context,
-                                                   const v1::ScoreRequest* request,
-                                                   v1::ScoreResponse* response) {
-  auto* reactor = context->DefaultReactor();
-  RequestSpec spec;
-  spec.score_only = true;
-  if (!request->text().empty() && request->token_ids_size() > 0) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 "give either text or token_ids, not both"));
-    return reactor;
-  }
-  if (!request->text().empty()) {
-    if (tokenizer_ == nullptr) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                   "this model has no tokenizer.json: send token_ids"));
-      return reactor;
-    }
-    auto ids = tokenizer_->Encode(request->text(), /*add_special_tokens=*/false);
-    if (!ids.ok()) {
-      reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(ids.status().message())));
-      return reactor;
-    }
-    spec.prompt = *std::move(ids);
-  } else {
-    for (uint32_t id : request->token_ids()) {
-      if (id >= static_cast<uint32_t>(config_.vocab_size)) {
-        reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                     absl::StrCat("token id ", id, " is outside the vocabulary")));
-        return reactor;
-      }
-      spec.prompt.push_back(static_cast<int32_t>(id));
-    }
-  }
-  for (int32_t id : spec.prompt) response->add_token_ids(static_cast<uint32_t>(id));
-  auto submitted =
-      scheduler_.Submit(std::move(spec), std::make_shared<ScoreSink>(reactor, response));
-  if (!submitted.ok()) reactor->Finish(ToGrpcStatus(submitted.status()));
-  return reactor;
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  absl::StatusOr<RequestBudget::Hold> hold = TakeBudget(*context, *request);
+  return AnswerNow<v1::TokenizeRequest, v1::TokenizeResponse>(
+      context, request, response,
+      [&](const v1::TokenizeRequest& in, v1::TokenizeResponse& out) -> absl::Status {
+        if (!hold.ok()) return hold.status();
+        if (tokenizer_ == nullptr) {
+          return absl::FailedPreconditionError("this model has no tokenizer.json");
+        }
+        // Bounded like a prompt: no text is tokenized that could not be one.
+        RETURN_IF_ERROR(scheduler_.CheckTextFits("the text", in.text().size(), false));
+        absl::StatusOr<std::vector<int32_t>> ids =
+            tokenizer_->Encode(in.text(), in.add_special_tokens());
+        if (!ids.ok()) return absl::InvalidArgumentError(ids.status().message());
+        for (int32_t id : *ids) out.add_token_ids(static_cast<uint32_t>(id));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* context,
-                                                        const v1::DetokenizeRequest* request,
-                                                        v1::DetokenizeResponse* response) {
-  auto* reactor = context->DefaultReactor();
-  if (tokenizer_ == nullptr) {
-    reactor->Finish(
-        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this model has no tokenizer.json"));
-    return reactor;
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return AnswerNow<v1::DetokenizeRequest, v1::DetokenizeResponse>(
+      context, request, response,
+      [&](const v1::DetokenizeRequest& in, v1::DetokenizeResponse& out) -> absl::Status {
+        if (tokenizer_ == nullptr) {
+          return absl::FailedPreconditionError("this model has no tokenizer.json");
+        }
+        std::vector<int32_t> ids;
+        for (uint32_t id : in.token_ids()) {
+          if (id >= static_cast<uint32_t>(tokenizer_->vocab_size())) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("token id ", id, " is outside the vocabulary"));
+          }
+          ids.push_back(static_cast<int32_t>(id));
+        }
+        absl::StatusOr<std::string> text = tokenizer_->Decode(ids, in.skip_special_tokens());
+        if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
+        out.set_text(*text);
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<RequestSpec> GenerationService::ScoreSpec(const v1::ScoreRequest& request) const {
+  RequestSpec spec;
+  spec.score_only = true;
+  if (!request.text().empty() && request.token_ids_size() > 0) {
+    return absl::InvalidArgumentError("give either text or token_ids, not both");
   }
-  std::vector<int32_t> ids;
-  for (uint32_t id : request->token_ids()) {
-    if (id >= static_cast<uint32_t>(tokenizer_->vocab_size())) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                   absl::StrCat("token id ", id, " is outside the vocabulary")));
-      return reactor;
+  if (!request.text().empty()) {
+    if (tokenizer_ == nullptr) {
+      return absl::InvalidArgumentError("this model has no tokenizer.json: send token_ids");
     }
-    ids.push_back(static_cast<int32_t>(id));
+    RETURN_IF_ERROR(scheduler_.CheckTextFits("the text", request.text().size(), false));
+    absl::StatusOr<std::vector<int32_t>> ids =
+        tokenizer_->Encode(request.text(), /*add_special_tokens=*/false);
+    if (!ids.ok()) return absl::InvalidArgumentError(ids.status().message());
+    spec.prompt = *std::move(ids);
+    return spec;
   }
-  auto text = tokenizer_->Decode(ids, request->skip_special_tokens());
-  if (!text.ok()) {
-    reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(text.status().message())));
+  for (uint32_t id : request.token_ids()) {
+    if (id >= static_cast<uint32_t>(config_.vocab_size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", id, " is outside the vocabulary"));
+    }
+    spec.prompt.push_back(static_cast<int32_t>(id));
+  }
+  return spec;
+}
+
+grpc::ServerUnaryReactor* GenerationService::Score(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
+  auto* reactor = context->DefaultReactor();
+  absl::StatusOr<RequestBudget::Hold> hold = TakeBudget(*context, *request);
+  v1::ScoreRequest parsed;
+  absl::Status status = hold.status();
+  if (status.ok()) status = ParseClientRequest(*request, parsed);
+  absl::StatusOr<RequestSpec> spec = status.ok() ? ScoreSpec(parsed) : status;
+  if (!spec.ok()) {
+    reactor->Finish(ToGrpcStatus(spec.status()));
     return reactor;
   }
-  response->set_text(*text);
-  reactor->Finish(grpc::Status::OK);
+  hold->Release();
+  v1::ScoreResponse scores;
+  for (int32_t id : spec->prompt) scores.add_token_ids(static_cast<uint32_t>(id));
+  auto submitted = scheduler_.Submit(
+      *std::move(spec), std::make_shared<ScoreSink>(reactor, std::move(scores), response));
+  if (!submitted.ok()) reactor->Finish(ToGrpcStatus(submitted.status()));
   return reactor;
 }
 

@@ -17,6 +17,7 @@
 #include "common/placement/hot_ratio.h"
 #include "common/util/flag_help.h"
 #include "common/util/process.h"
+#include "common/util/protobuf_log.h"
 #include "common/util/tunables.h"
 #include "services/router/router_server.h"
 
@@ -93,6 +94,7 @@ ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
 
 int main(int argc, char** argv) {
   strata::BlockTerminationSignals();
+  strata::RateLimitProtobufLog();
   strata::SetProgramName("strata-router");
   strata::ParseDaemonFlags(
       argc, argv, "strata-router",

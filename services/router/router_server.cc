@@ -49,6 +49,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
     ASSIGN_OR_RETURN(s->tokenizer_, Tokenizer::FromFile(tokenizer_path));
   }
 
+  // Channels an earlier router of this cluster made and was killed before its workers took.
+  ShmChannel::RemoveOrphans(options.channel_prefix + "-w");
   CoordinatorOptions coordinator;
   coordinator.channel_prefix = options.channel_prefix;
   coordinator.max_tokens_per_step = options.scheduler.max_batch_tokens;
@@ -123,8 +125,11 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   };
   s->scheduler_ =
       std::make_unique<Scheduler>(c, *s->runner_, s->stack_->kv(), s->tokenizer_.get(), scheduler);
+  // Requests being prepared (parsed, tokenized): a few of the largest at once, two a client.
+  const RequestBudgetOptions budget{.total_bytes = int64_t{4} * options.max_request_bytes,
+                                    .per_client_bytes = int64_t{2} * options.max_request_bytes};
   s->generation_ = std::make_unique<GenerationService>(c, *s->scheduler_, s->tokenizer_.get(),
-                                                       options.num_workers);
+                                                       options.num_workers, budget);
 
   if (options.internal_listen.empty()) {
     return absl::InvalidArgumentError("the router needs an internal listener (Coordinator, Admin)");

@@ -67,6 +67,7 @@ Scheduler::~Scheduler() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    cut_off_.store(true);
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -77,6 +78,15 @@ void Scheduler::Start() {
     if (options_.on_engine_thread) options_.on_engine_thread();
     Loop();
   });
+}
+
+absl::Status Scheduler::CheckTextFits(absl::string_view what, size_t bytes, bool prompt) const {
+  if (tokenizer_ == nullptr) return absl::OkStatus();
+  const int64_t at_least = tokenizer_->MinTokens(bytes);
+  if (at_least <= max_context_tokens_ - (prompt ? 1 : 0)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " of ", bytes, " bytes is at least ",
+                                                 at_least, " tokens; the context holds ",
+                                                 max_context_tokens_));
 }
 
 absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
@@ -127,7 +137,10 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_ || stopping_) return absl::UnavailableError("the server is shutting down");
-    if (queued_.load() >= options_.max_queued_requests) {
+    // Requests that start at the next step do not wait: only those beyond the running batch's
+    // free places count against the queue (a burst into an idle server is not refused).
+    const int free_places = std::max(0, options_.max_running - running_count_.load());
+    if (queued_.load() >= options_.max_queued_requests + free_places) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "too many requests waiting (", options_.max_queued_requests, "); retry later"));
     }
@@ -155,7 +168,9 @@ bool Scheduler::Drain(absl::Duration timeout) {
     return queued_.load() == 0 && running_count_.load() == 0 && unsent_.load() == 0;
   });
   if (done) return true;
-  // Time is up: cancel whatever is left and wait for the engine to release it.
+  // Time is up: cancel whatever is left (its clients are told why: CutOffStatus) and wait for
+  // the engine to release it.
+  cut_off_.store(true);
   for (Ticket t = 1; t < next_ticket_; ++t) cancelled_.insert(t);
   cv_.notify_all();
   idle_cv_.wait_for(lock, std::chrono::seconds(10), [&] {
@@ -260,8 +275,8 @@ void Scheduler::ApplyCancellations() {
       usage.completion_tokens = seq->generated;
       Report(*seq, FinishReason::kCancelled, usage, 0);
       // Posted (unsent) before it stops counting as queued: Drain never sees neither.
-      Post([sink = seq->sink, usage] {
-        sink->OnFinish(FinishReason::kCancelled, usage, absl::OkStatus());
+      Post([sink = seq->sink, usage, status = CutOffStatus()] {
+        sink->OnFinish(FinishReason::kCancelled, usage, status);
       });
       queued_.fetch_sub(1);
     } else {
@@ -273,7 +288,13 @@ void Scheduler::ApplyCancellations() {
   for (auto& seq : running_) {
     if (cancelled.contains(seq->ticket)) doomed.push_back(seq.get());
   }
-  for (Sequence* seq : doomed) Finish(seq, FinishReason::kCancelled);
+  for (Sequence* seq : doomed) Finish(seq, FinishReason::kCancelled, CutOffStatus());
+}
+
+absl::Status Scheduler::CutOffStatus() const {
+  if (!cut_off_.load()) return absl::OkStatus();
+  return absl::UnavailableError(
+      "the server stopped before this request finished (its drain time ran out); retry it");
 }
 
 void Scheduler::Admit() {

@@ -71,6 +71,10 @@ class Scheduler {
   bool Drain(absl::Duration timeout);
 
   int64_t max_context_tokens() const { return max_context_tokens_; }
+  // INVALID_ARGUMENT when a text of `bytes` bytes is sure to encode to more tokens than fit
+  // (Tokenizer::MinTokens; a prompt must leave room for one new token): what the front ends
+  // ask before they pay for tokenizing it. OK without a tokenizer.
+  absl::Status CheckTextFits(absl::string_view what, size_t bytes, bool prompt) const;
   // Token slots in the KV pool, and its blocks.
   int64_t kv_pool_tokens() const { return kv_.pool_tokens(); }
   int kv_pool_blocks() const { return kv_pool_blocks_.load(); }
@@ -158,6 +162,9 @@ class Scheduler {
   // `count` more of the sequence's tokens have their keys and values in the cache.
   void Computed(Sequence* seq, int64_t count);
   void ApplyCancellations();
+  // How a cancelled request ends: OK when its client cancelled it, UNAVAILABLE once the
+  // server cut it off at a stop.
+  absl::Status CutOffStatus() const;
   // A resize asked for, once nothing is in flight.
   void ApplyKvResize();
   // What goes to the clients (tokens, scores, finishes) waits in the outbox, in order, until
@@ -199,6 +206,8 @@ class Scheduler {
   bool draining_ = false;
   Ticket next_ticket_ = 1;
   std::atomic<int> queued_{0};  // incoming plus waiting
+  // Drain ran out of time: what is cancelled now is cut off, not cancelled by its client.
+  std::atomic<bool> cut_off_{false};
   std::atomic<int> running_count_{0};
   std::atomic<int64_t> preemptions_{0};
   std::atomic<int64_t> steps_ahead_{0};

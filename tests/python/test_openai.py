@@ -270,13 +270,23 @@ class OpenAiApiTest(unittest.TestCase):
 
 class QueueFullTest(unittest.TestCase):
     def test_429(self):
-        cluster = Cluster(extra=("--max-queued-requests", "0"))
+        # One request runs and none may wait: a second one while it runs is refused.
+        cluster = Cluster(extra=("--max-queued-requests", "0", "--max-running", "1"))
         try:
+            conn = http.client.HTTPConnection("127.0.0.1", cluster.http_port, timeout=120)
+            conn.request("POST", "/v1/completions",
+                         body=json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1000,
+                                          "stream": True, "ignore_eos": True}),
+                         headers={"Content-Type": "application/json"})
+            running = conn.getresponse()
+            self.assertEqual(running.status, 200)
+            running.readline()  # its first event: it is in the running batch now
             status, payload = cluster.raw("POST", "/v1/completions",
                                           {"model": MODEL, "prompt": "x", "max_tokens": 2})
             self.assertEqual(status, 429)
             body = json.loads(payload)
             self.assertEqual(body["error"]["type"], "rate_limit_error")
+            conn.close()
         finally:
             cluster.stop()
 

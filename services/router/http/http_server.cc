@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -18,30 +19,52 @@
 namespace strata {
 namespace {
 
-// Reads until `buffer` holds a whole header block; false on close, timeout or oversize.
-bool ReadHeaders(int fd, std::string& buffer, size_t limit, int timeout_ms,
-                 const std::atomic<bool>& stopping) {
+// Milliseconds to wait from now until `deadline` (0 once it passed), for poll().
+int MillisUntil(absl::Time deadline) {
+  return static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+}
+
+// One recv into `buffer` after waiting for data until `deadline`; false on close or timeout.
+bool ReadSome(int fd, std::string& buffer, absl::Time deadline) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, MillisUntil(deadline)) <= 0) return false;
+  char chunk[65536];
+  const ssize_t n = recv(fd, chunk, sizeof(chunk), 0);
+  if (n <= 0) return false;
+  buffer.append(chunk, static_cast<size_t>(n));
+  return true;
+}
+
+// Reads until `buffer` holds a whole header block: its first byte within `idle`, the rest
+// within `headers` of it (however slowly it trickles: the deadline does not move);
+// `on_first_byte` runs when it comes. False on close, timeout or oversize.
+bool ReadHeaders(int fd, std::string& buffer, size_t limit, absl::Duration idle,
+                 absl::Duration headers, const std::atomic<bool>& stopping,
+                 const std::function<void()>& on_first_byte) {
+  if (buffer.empty()) {
+    // Waits in slices so that a stop is noticed.
+    const absl::Time idle_deadline = absl::Now() + idle;
+    while (buffer.empty()) {
+      if (stopping.load() || absl::Now() >= idle_deadline) return false;
+      if (!ReadSome(fd, buffer, std::min(idle_deadline, absl::Now() + absl::Seconds(1))) &&
+          buffer.empty()) {
+        pollfd p{fd, POLLIN | POLLRDHUP, 0};
+        if (poll(&p, 1, 0) > 0) return false;  // closed or reset, not just quiet
+      }
+    }
+  }
+  on_first_byte();
+  const absl::Time deadline = absl::Now() + headers;
   while (buffer.find("\r\n\r\n") == std::string::npos) {
     if (buffer.size() > limit || stopping.load()) return false;
-    pollfd p{fd, POLLIN, 0};
-    const int ready = poll(&p, 1, timeout_ms);
-    if (ready <= 0) return false;
-    char chunk[8192];
-    const ssize_t n = recv(fd, chunk, sizeof(chunk), 0);
-    if (n <= 0) return false;
-    buffer.append(chunk, static_cast<size_t>(n));
+    if (!ReadSome(fd, buffer, deadline)) return false;
   }
   return true;
 }
 
-bool ReadBody(int fd, std::string& buffer, size_t want) {
+bool ReadBody(int fd, std::string& buffer, size_t want, absl::Time deadline) {
   while (buffer.size() < want) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 30000) <= 0) return false;
-    char chunk[65536];
-    const ssize_t n = recv(fd, chunk, sizeof(chunk), 0);
-    if (n <= 0) return false;
-    buffer.append(chunk, static_cast<size_t>(n));
+    if (!ReadSome(fd, buffer, deadline)) return false;
   }
   return true;
 }
@@ -173,8 +196,7 @@ bool HttpResponder::ClientGone() const {
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
                                                               HttpHandler handler) {
-  std::unique_ptr<HttpServer> s(new HttpServer());
-  s->options_ = options;
+  std::unique_ptr<HttpServer> s(new HttpServer(options));
   s->handler_ = std::move(handler);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -215,14 +237,57 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   return s;
 }
 
+HttpServer::HttpServer(const HttpServerOptions& options)
+    : options_(options),
+      bodies_(
+          RequestBudgetOptions{.total_bytes = options.max_inflight_body_bytes,
+                               .per_client_bytes = options.max_inflight_body_bytes_per_client}) {}
+
+bool HttpServer::EvictOneLocked() {
+  auto pick = [&](Phase phase, absl::Duration at_least) {
+    auto oldest = connections_.end();
+    for (auto it = connections_.begin(); it != connections_.end(); ++it) {
+      const Connection& c = it->second;
+      if (c.evicted || c.phase != phase || absl::Now() - c.since < at_least) continue;
+      if (oldest == connections_.end() || c.since < oldest->second.since) oldest = it;
+    }
+    return oldest;
+  };
+  // A second's grace: a connection just accepted is "idle" until its first byte is read.
+  auto victim = pick(Phase::kIdle, absl::Seconds(1));
+  if (victim == connections_.end()) victim = pick(Phase::kReading, absl::Seconds(1));
+  if (victim == connections_.end()) return false;
+  victim->second.evicted = true;
+  --active_;
+  shutdown(victim->first, SHUT_RDWR);  // its thread sees the end and goes
+  return true;
+}
+
+void HttpServer::SetPhase(int fd, Phase phase) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = connections_.find(fd);
+  if (it == connections_.end()) return;
+  it->second.phase = phase;
+  it->second.since = absl::Now();
+}
+
 void HttpServer::AcceptLoop() {
   while (!stopping_.load()) {
     pollfd p{listen_fd_, POLLIN, 0};
     if (poll(&p, 1, 100) <= 0) continue;
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    sockaddr_storage peer{};
+    socklen_t peer_length = sizeof(peer);
+    const int fd =
+        accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &peer_length, SOCK_CLOEXEC);
     if (fd < 0) continue;
+    char host[INET6_ADDRSTRLEN] = "";
+    if (peer.ss_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&peer)->sin_addr, host, sizeof(host));
+    } else if (peer.ss_family == AF_INET6) {
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr, host, sizeof(host));
+    }
     std::unique_lock<std::mutex> lock(mu_);
-    if (stopping_.load() || active_ >= options_.max_connections) {
+    if (stopping_.load() || (active_ >= options_.max_connections && !EvictOneLocked())) {
       lock.unlock();
       HttpResponder busy(fd);
       busy.set_keep_alive(false);
@@ -232,25 +297,30 @@ void HttpServer::AcceptLoop() {
       close(fd);
       continue;
     }
-    connections_.insert(fd);
+    connections_[fd] = Connection{.phase = Phase::kIdle, .since = absl::Now()};
     ++active_;
     lock.unlock();
-    std::thread([this, fd] {
-      Serve(fd);
+    std::thread([this, fd, client = std::string(host)] {
+      Serve(fd, client);
       std::lock_guard<std::mutex> guard(mu_);
-      connections_.erase(fd);
+      auto it = connections_.find(fd);
+      if (it != connections_.end()) {
+        if (!it->second.evicted) --active_;
+        connections_.erase(it);
+      }
       close(fd);
-      --active_;
       idle_cv_.notify_all();
     }).detach();
   }
 }
 
-void HttpServer::Serve(int fd) {
+void HttpServer::Serve(int fd, const std::string& client) {
   std::string buffer;
   while (!stopping_.load()) {
-    if (!ReadHeaders(fd, buffer, options_.max_header_bytes, options_.idle_timeout_s * 1000,
-                     stopping_)) {
+    SetPhase(fd, Phase::kIdle);
+    if (!ReadHeaders(fd, buffer, options_.max_header_bytes, absl::Seconds(options_.idle_timeout_s),
+                     absl::Seconds(options_.header_timeout_s), stopping_,
+                     [&] { SetPhase(fd, Phase::kReading); })) {
       if (buffer.size() > options_.max_header_bytes) {
         HttpResponder r(fd);
         r.set_keep_alive(false);
@@ -262,6 +332,7 @@ void HttpServer::Serve(int fd) {
     }
     const size_t head_end = buffer.find("\r\n\r\n");
     HttpRequest request;
+    request.client = client;
     HttpResponder responder(fd);
     if (!ParseHead(absl::string_view(buffer).substr(0, head_end), request)) {
       responder.set_keep_alive(false);
@@ -301,7 +372,18 @@ void HttpServer::Serve(int fd) {
           .IgnoreError();
       return;
     }
-    if (!ReadBody(fd, buffer, length)) return;
+    // The body counts against the budgets from before it is read until it is handled.
+    absl::StatusOr<RequestBudget::Hold> hold = bodies_.Take(client, static_cast<int64_t>(length));
+    if (!hold.ok()) {
+      responder.set_keep_alive(false);
+      DiscardBody(fd, length - std::min(length, buffer.size()));
+      responder.Send(503, "application/json", ErrorBody(hold.status().message(), "server_error"))
+          .IgnoreError();
+      return;
+    }
+    if (!ReadBody(fd, buffer, length, absl::Now() + absl::Seconds(options_.body_timeout_s))) {
+      return;
+    }
     request.body = buffer.substr(0, length);
     buffer.erase(0, length);
     auto connection = request.headers.find("connection");
@@ -309,6 +391,7 @@ void HttpServer::Serve(int fd) {
         absl::AsciiStrToLower(connection->second) == "close") {
       responder.set_keep_alive(false);
     }
+    SetPhase(fd, Phase::kHandling);
     handler_(request, responder);
     if (!responder.responded()) {
       responder.Send(500, "application/json", ErrorBody("no response", "server_error"))
@@ -322,8 +405,8 @@ void HttpServer::Shutdown() {
   if (stopping_.exchange(true)) return;
   if (acceptor_.joinable()) acceptor_.join();
   std::unique_lock<std::mutex> lock(mu_);
-  for (int fd : connections_) shutdown(fd, SHUT_RDWR);
-  idle_cv_.wait(lock, [this] { return active_ == 0; });
+  for (const auto& [fd, connection] : connections_) shutdown(fd, SHUT_RDWR);
+  idle_cv_.wait(lock, [this] { return connections_.empty(); });
   if (listen_fd_ >= 0) close(listen_fd_);
   listen_fd_ = -1;
 }

@@ -1,6 +1,13 @@
 // A small HTTP/1.1 server: one thread per connection (the handlers block while a generation
 // runs), keep-alive, bodies by Content-Length, responses whole or chunked (for server-sent
 // events), and a way for a handler to notice that its client has gone.
+//
+// Against clients that hold connections without using them: a request's headers must arrive
+// within header_timeout_s of its first byte and its body within body_timeout_s (a byte now and
+// then does not keep it open); at max_connections a new connection takes the place of the one
+// idle longest (or reading a request longest), and is refused with 503 only when every one is
+// handling a request; bodies being read and handled count against byte budgets (total and per
+// client address) and beyond them get 503 at once.
 #ifndef STRATA_SERVICES_ROUTER_HTTP_HTTP_SERVER_H_
 #define STRATA_SERVICES_ROUTER_HTTP_HTTP_SERVER_H_
 
@@ -16,6 +23,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "services/router/request_budget.h"
 
 namespace strata {
 
@@ -24,11 +33,17 @@ struct HttpServerOptions {
   int port = 0;                     // 0 picks a free port
   size_t max_body_bytes = 8 << 20;  // larger bodies get 413
   size_t max_header_bytes = 64 << 10;
-  int max_connections = 512;  // beyond this new connections get 503 and are closed
+  int max_connections = 512;  // beyond this the longest idle (or slowest) one makes room
   int idle_timeout_s = 60;    // a keep-alive connection with no request for this long closes
+  int header_timeout_s = 10;  // from a request's first byte to the end of its headers
+  int body_timeout_s = 30;    // from the end of its headers to the end of its body
+  // Bodies being read or handled at once: in all, and from one client address.
+  int64_t max_inflight_body_bytes = int64_t{64} << 20;
+  int64_t max_inflight_body_bytes_per_client = int64_t{32} << 20;
 };
 
 struct HttpRequest {
+  std::string client;  // the peer's address, without its port
   std::string method;
   std::string path;                            // without the query string
   std::map<std::string, std::string> headers;  // names lower-cased
@@ -72,20 +87,33 @@ class HttpServer {
   void Shutdown();
 
  private:
-  HttpServer() = default;
+  // What a connection is doing, for choosing one to close when all are taken.
+  enum class Phase { kIdle, kReading, kHandling };
+  struct Connection {
+    Phase phase = Phase::kIdle;
+    absl::Time since;  // of the phase
+    bool evicted = false;
+  };
+
+  explicit HttpServer(const HttpServerOptions& options);
   void AcceptLoop();
-  void Serve(int fd);
+  void Serve(int fd, const std::string& client);
+  void SetPhase(int fd, Phase phase);
+  // Under mu_: closes the connection idle longest, else the one reading a request longest
+  // (either for at least a second); false when there is none such.
+  bool EvictOneLocked();
 
   HttpServerOptions options_;
   HttpHandler handler_;
+  RequestBudget bodies_;
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
   std::mutex mu_;
   std::condition_variable idle_cv_;
-  std::set<int> connections_;
-  int active_ = 0;  // connection threads alive
+  std::map<int, Connection> connections_;  // by descriptor, guarded by mu_
+  int active_ = 0;                         // connection threads alive, less those evicted
 };
 
 // The standard reason phrase of a status code.

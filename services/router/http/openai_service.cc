@@ -184,7 +184,8 @@ void OpenAiService::Handle(const HttpRequest& request, HttpResponder& responder)
   } else if (request.path == "/metrics") {
     const RouterSnapshot snapshot = options_.snapshot ? options_.snapshot() : RouterSnapshot();
     responder
-        .Send(200, "text/plain; version=0.0.4; charset=utf-8", RenderMetrics(metrics_, scheduler_.metrics(), snapshot))
+        .Send(200, "text/plain; version=0.0.4; charset=utf-8",
+              RenderMetrics(metrics_, scheduler_.metrics(), snapshot))
         .IgnoreError();
   } else if (request.path == "/health") {
     const bool ready = !options_.ready || options_.ready();
@@ -221,6 +222,10 @@ absl::StatusOr<std::vector<int32_t>> OpenAiService::PromptIds(const OpenAiReques
     special = !chat_template_.has_template();
   } else {
     text = *r.prompt_text;
+  }
+  // A prompt that cannot fit is refused by its length, before paying for its tokens.
+  if (absl::Status fits = scheduler_.CheckTextFits("the prompt", text.size(), true); !fits.ok()) {
+    return BadParam(param, fits.message(), "context_length_exceeded");
   }
   absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(text, special);
   if (!ids.ok()) return BadParam(param, ids.status().message());

@@ -3,14 +3,21 @@
 // calls without the cluster token; a worker that stops answering is declared failed within
 // seconds, its experts rerouted, and is killed and restarted unless it recovers; a cluster
 // leaves nothing in /dev/shm or its runtime directory when it stops.
+#include <arpa/inet.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -28,6 +35,7 @@
 #include "tests/testing/health_client.h"
 #include "tests/testing/oracles.h"
 #include "tests/testing/poll.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata {
 namespace {
@@ -46,6 +54,9 @@ using ::strata::testing::RouterStats;
 using ::strata::testing::WaitForHealth;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
+
+const std::string kDemoModel = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
 
 constexpr auto kNotServing = grpc::health::v1::HealthCheckResponse::NOT_SERVING;
 constexpr auto kServing = grpc::health::v1::HealthCheckResponse::SERVING;
@@ -60,6 +71,112 @@ std::vector<uint32_t> Prompt(int n, int seed) {
   std::vector<uint32_t> prompt(n);
   for (int j = 0; j < n; ++j) prompt[j] = static_cast<uint32_t>(3 + (seed * 131 + j * 17) % 700);
   return prompt;
+}
+
+// One call of `method` with `request` as its raw bytes, as a client that does not use the proto
+// (or means harm) would send it; the status and, for unary calls, the response bytes.
+grpc::Status RawCall(const std::string& address, const std::string& method,
+                     const std::string& request, bool server_streaming = false) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  grpc::Slice slice(request);
+  grpc::ByteBuffer buffer(&slice, 1);
+  auto wait = [&] {
+    void* tag = nullptr;
+    bool ok = false;
+    cq.Next(&tag, &ok);
+    return ok;
+  };
+  grpc::Status status;
+  if (!server_streaming) {
+    grpc::ByteBuffer response;
+    auto call = stub.PrepareUnaryCall(&context, method, buffer, &cq);
+    call->StartCall();
+    call->Finish(&response, &status, reinterpret_cast<void*>(1));
+    wait();
+  } else {
+    auto call = stub.PrepareCall(&context, method, &cq);
+    call->StartCall(reinterpret_cast<void*>(1));
+    wait();
+    call->Write(buffer, reinterpret_cast<void*>(2));
+    wait();
+    call->WritesDone(reinterpret_cast<void*>(3));
+    wait();
+    grpc::ByteBuffer response;
+    do {
+      call->Read(&response, reinterpret_cast<void*>(4));
+    } while (wait());
+    call->Finish(&status, reinterpret_cast<void*>(5));
+    wait();
+  }
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+// A length-delimited protobuf field: tag, length, bytes.
+std::string Field(int number, const std::string& bytes) {
+  std::string out;
+  out.push_back(static_cast<char>((number << 3) | 2));
+  for (size_t n = bytes.size();; n >>= 7) {
+    out.push_back(static_cast<char>((n & 0x7f) | (n >= 0x80 ? 0x80 : 0)));
+    if (n < 0x80) break;
+  }
+  return out + bytes;
+}
+
+// A TCP port nothing listens on now (bound and released).
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t length = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// An open TCP connection to the HTTP port that sends nothing; or one HTTP exchange.
+int Connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::string HttpPost(int port, const std::string& path, const std::string& body) {
+  const int fd = Connect(port);
+  if (fd < 0) return "";
+  const std::string request = "POST " + path +
+                              " HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+                              "Connection: close\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  size_t sent = 0;
+  while (sent < request.size()) {
+    const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  std::string response;
+  char chunk[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, chunk, sizeof(chunk), 0)) > 0) response.append(chunk, n);
+  ::close(fd);
+  return response;
 }
 
 // A plain gRPC client of the published port reaches Generation, health and reflection only:
@@ -192,6 +309,178 @@ TEST(TrustTest, StoppedWorkerIsDeclaredFailedRoutedAroundAndRestarted) {
                         std::chrono::seconds(30)));
   EXPECT_EQ(RouterStats(cluster.address()).workers(1).failure(), "");
   EXPECT_EQ(GenerateGreedy(cluster.address(), prompt, kNewTokens).tokens, undisturbed.tokens);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+// Every request the router cannot use gets INVALID_ARGUMENT and a message saying why (text that
+// is not UTF-8 names its field; bytes that are not the message say so), nothing in the log.
+TEST(TrustTest, MalformedRequestsGetInvalidArgumentWithAMessage) {
+  const testing::TempDir dir;
+  const std::string log = dir.File("cluster.log");
+  ClusterProcess cluster({"--model=" + kDemoModel, "--workers=1", "--threads=1"}, 120, log);
+  ASSERT_FALSE(cluster.address().empty());
+  const std::string bad = "caf\xc3 \xff\xfe";
+  const std::string max_new = std::string("\x20\x04");  // max_new_tokens = 4
+  struct Case {
+    std::string method;
+    std::string request;
+    bool streaming;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"Generate", Field(2, bad) + max_new, true, "field prompt is not valid UTF-8"},
+      {"Generate", Field(2, "hello") + Field(6, bad) + max_new, true,
+       "field stop is not valid UTF-8"},
+      {"Generate", Field(1, bad) + Field(2, "hello") + max_new, true,
+       "field request_id is not valid UTF-8"},
+      {"Tokenize", Field(1, bad), false, "field text is not valid UTF-8"},
+      {"Score", Field(1, bad), false, "field text is not valid UTF-8"},
+      {"Generate", "\xff\xff\xff\xff\x01garbage", true, "not a strata.v1.GenerateRequest message"},
+      {"Tokenize", "\x0a\x7fshort", false, "not a strata.v1.TokenizeRequest message"},
+      {"Detokenize", "\xff\xff", false, "not a strata.v1.DetokenizeRequest message"},
+      {"Score", "\x0b", false, "not a strata.v1.ScoreRequest message"},
+      {"ModelInfo", "\x0a\x05ab", false, "not a strata.v1.ModelInfoRequest message"},
+  };
+  for (int round = 0; round < 3; ++round) {  // again and again: still no log lines
+    for (const Case& c : cases) {
+      const grpc::Status s =
+          RawCall(cluster.address(), "/strata.v1.Generation/" + c.method, c.request, c.streaming);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.method << ": " << c.says;
+      EXPECT_THAT(s.error_message(), HasSubstr(c.says)) << c.method;
+    }
+  }
+  // Well-formed ones still work.
+  EXPECT_TRUE(
+      RawCall(cluster.address(), "/strata.v1.Generation/Tokenize", Field(1, "caf\xc3\xa9")).ok());
+  EXPECT_EQ(cluster.Stop(), 0);
+  std::ifstream in(log);
+  const std::string logged((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_THAT(logged, Not(HasSubstr("libprotobuf")));
+  EXPECT_THAT(logged, Not(HasSubstr("UTF-8")));
+}
+
+// Prompts that cannot fit are refused by their size before they are tokenized: a 60 MB one by
+// the request size limit, a 7 MB one by its length against the context. Four of them at once
+// leave a small request's latency under a second; Tokenize is bounded the same way.
+TEST(TrustTest, HugePromptsAreRefusedBeforeAnyWork) {
+  ClusterProcess cluster({"--model=" + kDemoModel, "--workers=1", "--threads=1"});
+  ASSERT_FALSE(cluster.address().empty());
+  auto generate_text = [&](const std::string& text) {
+    v1::GenerateRequest request;
+    request.set_prompt(text);
+    request.set_max_new_tokens(4);
+    return testing::Generate(*testing::GenerationStub(cluster.address()), request);
+  };
+  const std::string huge(60 << 20, 'a');
+  const std::string big = std::string(7 << 20, ' ') + "word";
+  auto start = std::chrono::steady_clock::now();
+  const Generated too_large = generate_text(huge);
+  EXPECT_EQ(too_large.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << too_large.status.error_message();
+  const Generated too_long = generate_text(big);
+  EXPECT_EQ(too_long.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(too_long.status.error_message(), HasSubstr("tokens; the context holds 2048"));
+  const double refusals_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(refusals_s, 5.0);  // 67 MB sent on loopback, nothing tokenized
+
+  std::vector<std::future<Generated>> flood;
+  for (int i = 0; i < 4; ++i) {
+    flood.push_back(
+        std::async(std::launch::async, [&, i] { return generate_text(i % 2 == 0 ? huge : big); }));
+  }
+  start = std::chrono::steady_clock::now();
+  v1::GenerateRequest small;
+  small.set_prompt("In the beginning");
+  small.set_max_new_tokens(2);
+  const Generated answered = testing::Generate(*testing::GenerationStub(cluster.address()), small);
+  const double small_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(answered.status.ok()) << answered.status.error_message();
+  EXPECT_LT(small_s, 1.0);
+  std::printf("small request during four huge prompts: %.3f s\n", small_s);
+  for (auto& f : flood) {
+    const grpc::Status refused = f.get().status;
+    EXPECT_TRUE(refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                refused.error_code() == grpc::StatusCode::INVALID_ARGUMENT)
+        << refused.error_code() << " " << refused.error_message();
+  }
+
+  // Tokenize: the same bound.
+  auto stub = testing::GenerationStub(cluster.address());
+  grpc::ClientContext context;
+  v1::TokenizeRequest tokenize;
+  tokenize.set_text(big);
+  v1::TokenizeResponse ids;
+  const grpc::Status tokenized = stub->Tokenize(&context, tokenize, &ids);
+  EXPECT_EQ(tokenized.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << tokenized.error_message();
+  EXPECT_EQ(ids.token_ids_size(), 0);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+// A burst into an idle server is not refused for waiting: only requests beyond the running
+// batch's free places count against --max-queued-requests.
+TEST(TrustTest, ABurstWithinTheRunningBatchIsAdmitted) {
+  ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe_long"), "--workers=1", "--threads=1",
+                          "--max-queued-requests=4"});
+  ASSERT_FALSE(cluster.address().empty());
+  std::vector<std::future<Generated>> burst;
+  for (int i = 0; i < 16; ++i) {
+    burst.push_back(GenerateGreedyAsync(cluster.address(), Prompt(8, i), 8));
+  }
+  for (auto& f : burst) {
+    const Generated g = f.get();
+    EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+  }
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+// A stop whose drain time runs out ends the requests it cuts off with UNAVAILABLE (retry), not
+// with a CANCELLED reason under an OK status.
+TEST(TrustTest, RequestsCutOffByADrainTimeoutEndUnavailable) {
+  ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe_long"), "--workers=1", "--threads=1",
+                          "--drain-timeout-s=0.3"});
+  ASSERT_FALSE(cluster.address().empty());
+  FirstTokens first;
+  auto running = GenerateGreedyAsync(cluster.address(), Prompt(8, 5), 2000, first.Callback());
+  ASSERT_TRUE(first.Wait());
+  cluster.Stop();
+  const Generated g = running.get();
+  EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAVAILABLE) << g.status.error_message();
+  EXPECT_THAT(g.status.error_message(), HasSubstr("stopped before this request finished"));
+}
+
+// The HTTP API keeps serving while 520 connections sit idle on it (the oldest make room), and
+// an 8 MB JSON prompt is refused by its size, before it is tokenized.
+TEST(TrustTest, HttpSurvivesIdleConnectionsAndHugePrompts) {
+  const int port = FreePort();
+  ClusterProcess cluster({"--model=" + kDemoModel, "--workers=1", "--threads=1",
+                          "--http-port=" + std::to_string(port)});
+  ASSERT_FALSE(cluster.address().empty());
+  const std::string ok_body =
+      R"({"model": "strata-demo", "prompt": "In the beginning", "max_tokens": 2})";
+  std::vector<int> idle;
+  for (int i = 0; i < 520; ++i) idle.push_back(Connect(port));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  int served = 0;
+  for (int i = 0; i < 5; ++i) {
+    served += absl::StrContains(HttpPost(port, "/v1/completions", ok_body), "200 OK") ? 1 : 0;
+  }
+  EXPECT_EQ(served, 5);
+  for (int fd : idle) {
+    if (fd >= 0) ::close(fd);
+  }
+  const std::string huge = R"({"model": "strata-demo", "max_tokens": 4, "prompt": ")" +
+                           std::string(8000000, 'a') + R"("})";
+  const auto start = std::chrono::steady_clock::now();
+  const std::string refused = HttpPost(port, "/v1/completions", huge);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_THAT(refused, HasSubstr("400"));
+  EXPECT_THAT(refused, HasSubstr("context_length_exceeded"));
+  EXPECT_LT(seconds, 2.0);
+  std::printf("HTTP: 8 MB prompt refused in %.3f s\n", seconds);
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
