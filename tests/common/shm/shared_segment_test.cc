@@ -1,5 +1,6 @@
 #include "common/shm/shared_segment.h"
 
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <cstdint>
@@ -7,8 +8,10 @@
 #include <string>
 #include <utility>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/shm/shm_test_util.h"
+#include "tests/testing/other_user.h"
 
 namespace strata {
 namespace {
@@ -135,6 +138,47 @@ TEST(ShmSegmentTest, MoveTransfersTheMapping) {
   other = std::move(moved);  // drops, and so removes, name2
   EXPECT_EQ(other.data(), base);
   EXPECT_EQ(SharedSegment::Open(name2.str()).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Only this user's own segments, that nobody else may read or write, are used: one of ours
+// made readable by others is refused, as is any of another user's, even one open to all.
+// Checked on the opened descriptor; nothing is removed that is not ours.
+TEST(ShmSegmentTest, SegmentsNotPrivateToThisUserAreRefused) {
+  ScopedShmName open_to_all("wide");
+  {
+    auto created = SharedSegment::Create(open_to_all.str(), 4096);
+    ASSERT_TRUE(created.ok()) << created.status();
+    created->set_remove_on_destroy(false);
+    struct stat st {};
+    ASSERT_EQ(::stat(("/dev/shm/" + open_to_all.str()).c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);  // whatever the umask
+  }
+  ASSERT_EQ(::chmod(("/dev/shm/" + open_to_all.str()).c_str(), 0644), 0);
+  const auto refused = SharedSegment::Open(open_to_all.str(), /*read_only=*/true);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("mode 0644"));
+  ASSERT_EQ(::chmod(("/dev/shm/" + open_to_all.str()).c_str(), 0600), 0);
+  EXPECT_TRUE(SharedSegment::Open(open_to_all.str()).ok());
+  EXPECT_EQ(SharedSegment::ListOwned(open_to_all.str()).size(), 1u);
+
+  if (!testing::CanRunAsOtherUser()) GTEST_SKIP() << testing::kNoOtherUser;
+  ScopedShmName planted("planted");
+  ASSERT_EQ(testing::RunAsOtherUser([&] {
+              auto created = SharedSegment::Create(planted.str(), 4096);
+              if (!created.ok()) return 2;
+              created->set_remove_on_destroy(false);
+              return ::chmod(("/dev/shm/" + planted.str()).c_str(), 0666) == 0 ? 0 : 3;
+            }),
+            0);
+  for (bool read_only : {true, false}) {
+    EXPECT_EQ(SharedSegment::Open(planted.str(), read_only).status().code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_EQ(SharedSegment::Remove(planted.str()).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(SharedSegment::ListOwned(planted.str()).empty());
+  EXPECT_EQ(SharedSegment::Create(planted.str(), 4096).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  ::unlink(("/dev/shm/" + planted.str()).c_str());  // as root, this test's own clean-up
 }
 
 }  // namespace

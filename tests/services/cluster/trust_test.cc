@@ -247,6 +247,8 @@ TEST(TrustTest, InternalServicesAreOffTheClientPortAndNeedTheToken) {
     EXPECT_EQ(stub->GetLayout(&context, v1::GetLayoutRequest(), &layout).error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
   }
+  // The workers took their channels: no channel name is left in /dev/shm to plant or leak.
+  EXPECT_THAT(SharedSegment::ListOwned(dir.shm_prefix() + "-w"), IsEmpty());
   // Nothing of the cluster changed: its own worker still serves every request.
   const Generated g = GenerateGreedy(cluster.address(), {1, 2, 3}, 8);
   EXPECT_TRUE(g.status.ok()) << g.status.error_message();
