@@ -412,7 +412,9 @@ def internal_rpcs(args):
         info = None
         runtime = os.environ.get("STRATA_RUNTIME_DIR") or (
             os.path.join(os.environ["XDG_RUNTIME_DIR"], "strata")
-            if os.environ.get("XDG_RUNTIME_DIR") else f"/tmp/strata-{os.geteuid()}")
+            if os.environ.get("XDG_RUNTIME_DIR") else
+            "/run/strata" if os.geteuid() == 0 and os.access("/run", os.W_OK)
+            else f"/tmp/strata-{os.geteuid()}")
         for d in os.listdir(runtime):
             try:
                 j = json.load(open(os.path.join(runtime, d, "cluster.json")))

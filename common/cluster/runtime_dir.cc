@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -107,6 +108,9 @@ absl::StatusOr<std::string> UserRuntimeDir() {
   if (base.empty() && !Getenv("XDG_RUNTIME_DIR").empty()) {
     base = Getenv("XDG_RUNTIME_DIR") + "/strata";
   }
+  // Root's under /run, where no other user can make it first; others' in /tmp, where another
+  // user who makes it first is refused (and $STRATA_RUNTIME_DIR is the way out).
+  if (base.empty() && ::geteuid() == 0 && ::access("/run", W_OK) == 0) base = "/run/strata";
   if (base.empty()) base = absl::StrCat("/tmp/strata-", ::geteuid());
   if (::mkdir(base.c_str(), 0700) != 0 && errno != EEXIST) {
     return absl::FailedPreconditionError(
@@ -133,8 +137,8 @@ absl::StatusOr<ClusterDir> CreateClusterDir() {
 }
 
 void RemoveCluster(const ClusterDir& dir) {
-  for (const std::string& name : ListDir(dir.path)) ::unlink((dir.path + "/" + name).c_str());
-  ::rmdir(dir.path.c_str());
+  std::error_code ec;
+  std::filesystem::remove_all(dir.path, ec);  // links are removed, never followed
   for (const std::string& name : SharedSegment::ListOwned(dir.shm_prefix() + "-")) {
     SharedSegment::Remove(name).IgnoreError();
   }

@@ -17,7 +17,7 @@
 namespace strata {
 
 // The user's runtime directory: $STRATA_RUNTIME_DIR, else $XDG_RUNTIME_DIR/strata, else
-// /tmp/strata-<uid>. Created (mode 0700) when missing; refused unless it is a directory of this
+// /run/strata for root, else /tmp/strata-<uid>. Created (mode 0700) when missing; refused unless it is a directory of this
 // user that nobody else may enter, checked on the opened descriptor (a directory or link
 // planted there by another user is not used).
 absl::StatusOr<std::string> UserRuntimeDir();

@@ -206,20 +206,6 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
   sigaddset(&set, SIGCHLD);
   ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
-  // GPU processes share a GPU through an MPS daemon of this cluster's own (see mps_daemon.h).
-  std::unique_ptr<MpsDaemon> mps;
-  if (c.device == "cuda" && c.mps != "off") {
-    auto started = MpsDaemon::Start(absl::StrCat("/tmp/strata-mps-", ::getpid()));
-    if (started.ok()) {
-      mps = *std::move(started);
-      StatusLine(absl::StrCat("CUDA MPS daemon started (", mps->pipe_dir(), ")"));
-    } else if (c.mps == "on") {
-      return started.status();
-    } else {
-      StatusLine(absl::StrCat("no CUDA MPS (", started.status().message(),
-                              "): processes on one GPU share it by time slices"));
-    }
-  }
   // The cluster's private directory (sockets, token, addresses) and the prefix of its shared
   // memory, both named with a random id; what a SIGKILLed `strata up` of this user left goes.
   for (const std::string& id : SweepDeadClusters()) {
@@ -230,6 +216,21 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
   absl::Cleanup remove_dir = [&] { RemoveCluster(*dir); };
   absl::StatusOr<ClusterToken> token = ClusterToken::Create(dir->token_file());
   if (!token.ok()) return token.status();
+  // GPU processes share a GPU through an MPS daemon of this cluster's own (see mps_daemon.h),
+  // its pipes in the cluster's private directory.
+  std::unique_ptr<MpsDaemon> mps;
+  if (c.device == "cuda" && c.mps != "off") {
+    auto started = MpsDaemon::Start(dir->path + "/mps");
+    if (started.ok()) {
+      mps = *std::move(started);
+      StatusLine(absl::StrCat("CUDA MPS daemon started (", mps->pipe_dir(), ")"));
+    } else if (c.mps == "on") {
+      return started.status();
+    } else {
+      StatusLine(absl::StrCat("no CUDA MPS (", started.status().message(),
+                              "): processes on one GPU share it by time slices"));
+    }
+  }
   const std::string prefix = dir->shm_prefix();
   const std::string token_flag = "--cluster-token-file=" + dir->token_file();
   const std::string router_internal = dir->socket("router");

@@ -4,6 +4,7 @@
 // top-two margin is clear (bf16 may flip closer calls, and the random oracle models amplify
 // small differences). One worker per GPU, at most two. Skips without a GPU.
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cmath>
@@ -344,6 +345,48 @@ TEST(CudaClusterTest, KilledWorkerGivesUnavailableOrReroutes) {
   const Generated after = GenerateGreedy(cluster.address(), prompt, 16);
   ASSERT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.tokens.size(), 16u);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
+// A worker stopped (SIGSTOP) while decode steps replay CUDA graphs: the router declares it failed
+// when its heartbeat stands still (1.5 s), releases what its stream waits on of it, and runs the
+// step again on the other worker; the request completes with a gap of about that, and strata up
+// kills the stopped worker and restarts it. Two workers, on two GPUs or sharing one.
+TEST(CudaClusterTest, StoppedWorkerIsRoutedAroundDuringReplayedSteps) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::vector<std::string> args = GpuClusterArgs(OracleDir("qwen3_moe_hd64"));
+  args.erase(std::remove_if(args.begin(), args.end(),
+                            [](const std::string& a) { return a.rfind("--workers=", 0) == 0; }),
+             args.end());
+  args.insert(args.end(),
+              {"--workers=2", "--gpus=" + std::to_string(std::min(2, gpu::CudaDeviceCount())),
+               "--worker-kill-after-s=3"});
+  ClusterProcess cluster(args);
+  ASSERT_FALSE(cluster.address().empty());
+  const std::vector<uint32_t> prompt(20, 7);
+  const int kNewTokens = 600;
+  FirstTokens first;
+  auto running = GenerateGreedyAsync(cluster.address(), prompt, kNewTokens, first.Callback());
+  ASSERT_TRUE(first.Wait()) << "no first token";
+  const pid_t worker = ChildWithArgs(cluster.pid(), "strata-worker", "--index=1");
+  ASSERT_GT(worker, 0);
+  ASSERT_EQ(::kill(worker, SIGSTOP), 0);
+  ASSERT_EQ(running.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "the request hangs after its worker stopped";
+  const Generated g = running.get();
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.tokens.size(), static_cast<size_t>(kNewTokens));
+  EXPECT_LT(g.longest_gap_ms, 3000.0);
+  std::cout << "request with a stopped worker: longest gap " << g.longest_gap_ms << " ms\n";
+  const bool back = PollUntil(
+      [&] {
+        const pid_t replacement = ChildWithArgs(cluster.pid(), "strata-worker", "--index=1");
+        return replacement > 0 && replacement != worker && Serving(cluster.address());
+      },
+      std::chrono::seconds(90), std::chrono::milliseconds(100));
+  ASSERT_TRUE(back) << "the stopped worker was not replaced";
+  const Generated after = GenerateGreedy(cluster.address(), prompt, 16);
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
