@@ -13,7 +13,8 @@ tokens of an undisturbed run) and its figures. Prints a table; with --out writes
 
 Scenarios:
   sigstop-continue  SIGSTOP worker 1 while 4 requests stream, SIGCONT 2.5 s later
-  sigstop-killed    SIGSTOP worker 1 and leave it: strata up kills it after worker_kill_after_s
+  sigstop-killed    SIGSTOP worker 1 and leave it: the router kills it after worker_kill_after_s
+                    and strata up restarts it
   stuck-thread      worker 1's serving thread held with ptrace (the rest of the process runs:
                     a worker stuck in a call, no longer reading its ring), released 2.5 s later
   huge-requests     four 60 MB and four 7 MB prompts at once, small requests meanwhile
@@ -184,7 +185,7 @@ def sigstop(args, resume_after):
                                          marks.get("cont"))
             r["same_process"] = cluster.worker(1) == pid
         else:
-            killed = cluster.wait_line(stop, "strata-worker[1] stopped answering", "killing it")
+            killed = cluster.wait_line(stop, "expert worker 1 (pid", "killing it")
             registered = cluster.wait_line(stop, "strata-worker[1]: registered", timeout=60)
             r["killed_after_ms"] = ms(killed, stop)
             r["replacement_registered_ms"] = ms(registered, stop)

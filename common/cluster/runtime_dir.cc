@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -45,6 +47,37 @@ absl::Status CheckPrivateDir(const std::string& path) {
         "runtime directory %s belongs to uid %d with mode %04o; it must be this user's (uid %d) "
         "with mode 0700 (another user may have made it: remove it, or set $STRATA_RUNTIME_DIR)",
         path, st.st_uid, st.st_mode & 07777, ::geteuid()));
+  }
+  return absl::OkStatus();
+}
+
+// Whether no one but this user and root can rename or replace `path`, a directory to be made in
+// `parent`: `parent` and each directory above its real path is owned by root or this user, and
+// one that others may write to has the sticky bit (as /tmp has). A directory of ours inside
+// another user's could be moved away and replaced by theirs, sockets and all.
+absl::Status CheckAncestors(const std::string& path, const std::string& parent) {
+  char real[PATH_MAX];
+  if (::realpath(parent.c_str(), real) == nullptr) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("runtime directory ", path, ": ", parent, ": ", std::strerror(errno)));
+  }
+  std::string dir = absl::StrCat(real, "/");
+  while (dir.size() > 1) {
+    dir = dir.substr(0, std::max<size_t>(dir.rfind('/'), 1));
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) != 0) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot check ", dir, ": ", std::strerror(errno)));
+    }
+    const bool trusted_owner = st.st_uid == 0 || st.st_uid == ::geteuid();
+    const bool others_write = (st.st_mode & 022) != 0;
+    if (!trusted_owner || (others_write && (st.st_mode & S_ISVTX) == 0)) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "runtime directory %s is inside %s (uid %d, mode %04o), which another user could "
+          "rename or replace; set $STRATA_RUNTIME_DIR to a directory only this user and root "
+          "control",
+          path, dir, st.st_uid, st.st_mode & 07777));
+    }
   }
   return absl::OkStatus();
 }
@@ -112,6 +145,12 @@ absl::StatusOr<std::string> UserRuntimeDir() {
   // user who makes it first is refused (and $STRATA_RUNTIME_DIR is the way out).
   if (base.empty() && ::geteuid() == 0 && ::access("/run", W_OK) == 0) base = "/run/strata";
   if (base.empty()) base = absl::StrCat("/tmp/strata-", ::geteuid());
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  const size_t slash = base.rfind('/');
+  const std::string parent = slash == std::string::npos ? "."
+                             : slash == 0               ? "/"
+                                                        : base.substr(0, slash);
+  if (absl::Status s = CheckAncestors(base, parent); !s.ok()) return s;
   if (::mkdir(base.c_str(), 0700) != 0 && errno != EEXIST) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot make the runtime directory ", base, ": ", std::strerror(errno)));

@@ -50,6 +50,7 @@ class PeerMonitor : public ShmWaitObserver {
 
   void Beat() { self_->heartbeat.fetch_add(1, std::memory_order_relaxed); }
   pid_t peer_pid() const { return peer_->pid.load(std::memory_order_acquire); }
+  uint64_t peer_start_time() const { return peer_->start_time.load(std::memory_order_relaxed); }
   void MarkDetached() { self_->state.store(kDetached, std::memory_order_release); }
   // Whether a peer ever started to attach (it removes the channel's name when it does).
   bool PeerCame() const { return peer_->state.load(std::memory_order_acquire) != kEmpty; }
@@ -304,6 +305,8 @@ absl::Status ShmChannel::WaitForPeer(absl::Duration timeout) {
 }
 
 pid_t ShmChannel::peer_pid() const { return monitor_->peer_pid(); }
+
+uint64_t ShmChannel::peer_start_time() const { return monitor_->peer_start_time(); }
 
 bool ShmChannel::PeerStalled() const { return monitor_->stalled(); }
 

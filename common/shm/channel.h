@@ -93,8 +93,9 @@ class ShmChannel {
   bool PeerAlive() { return PeerStatus().ok(); }
   // Waits until the peer attaches: OK, UNAVAILABLE (it came and went) or DEADLINE_EXCEEDED.
   absl::Status WaitForPeer(absl::Duration timeout);
-  // The peer's pid, 0 before it attached.
+  // The peer's pid, 0 before it attached, and its start time (with the pid, one process).
   pid_t peer_pid() const;
+  uint64_t peer_start_time() const;
   // Whether PeerStatus ever found the peer's heartbeat standing still past heartbeat_timeout
   // while its process ran (stopped, stuck, or swapped out, rather than dead).
   bool PeerStalled() const;

@@ -116,6 +116,9 @@ SharedSegment::SharedSegment(std::string name, std::unique_ptr<bip::mapped_regio
       creator_(creator),
       remove_on_destroy_(creator) {}
 
+SharedSegment::SharedSegment(std::string name, uint8_t* data, size_t size, bool read_only)
+    : name_(std::move(name)), data_(data), size_(size), read_only_(read_only) {}
+
 SharedSegment::SharedSegment(SharedSegment&& other) noexcept
     : name_(std::move(other.name_)),
       region_(std::move(other.region_)),
@@ -144,7 +147,11 @@ SharedSegment& SharedSegment::operator=(SharedSegment&& other) noexcept {
 SharedSegment::~SharedSegment() { Reset(); }
 
 void SharedSegment::Reset() {
-  region_.reset();  // munmap
+  if (region_ != nullptr) {
+    region_.reset();  // munmap
+  } else if (data_ != nullptr) {
+    ::munmap(data_, size_);
+  }
   if (remove_on_destroy_ && !unlinked_ && !name_.empty())
     bip::shared_memory_object::remove(name_.c_str());
   remove_on_destroy_ = false;
@@ -196,33 +203,52 @@ absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name, siz
 
 absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& name, bool read_only) {
   if (absl::Status s = ValidateName(name); !s.ok()) return s;
-  try {
-    const bip::mode_t mode = read_only ? bip::read_only : bip::read_write;
-    bip::shared_memory_object shm(bip::open_only, name.c_str(), mode);
-    if (absl::Status own = CheckOwn(shm.get_mapping_handle().handle, name); !own.ok()) return own;
-    bip::offset_t size = 0;
-    if (!shm.get_size(size)) {
-      return absl::InternalError(absl::StrCat("shm '", name, "': cannot stat"));
+  // Non-blocking: a FIFO planted under the name would block a plain open until someone wrote
+  // to it; this way it opens at once and CheckOwn refuses it (not a regular file).
+  const int fd =
+      ::shm_open(("/" + name).c_str(),
+                 (read_only ? O_RDONLY : O_RDWR) | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW, 0);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string message = absl::StrCat("shm '", name, "': open: ", std::strerror(err));
+    if (err == ENOENT) return absl::NotFoundError(message);
+    if (err == EACCES || err == EPERM || err == ELOOP || err == ENXIO) {
+      return absl::PermissionDeniedError(message);
     }
-    // Create() is shm_open then ftruncate; between the two the object has size 0.
-    if (size == 0) {
-      return absl::UnavailableError(absl::StrCat("shm '", name, "' is not sized yet"));
-    }
-    auto region = std::make_unique<bip::mapped_region>(shm, mode);
-    if (absl::Status s = CheckAligned(region->get_address(), name); !s.ok()) return s;
-    return SharedSegment(name, std::move(region), read_only, /*creator=*/false);
-  } catch (const bip::interprocess_exception& e) {
-    return FromBoost(e, name, "open");
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("shm '", name, "': open: ", e.what()));
+    return absl::InternalError(message);
   }
+  struct stat st {};
+  absl::Status status = CheckOwn(fd, name);
+  if (status.ok() && ::fstat(fd, &st) != 0) {
+    status = absl::InternalError(absl::StrCat("shm '", name, "': cannot stat"));
+  }
+  // Create() is shm_open then ftruncate; between the two the object has size 0.
+  if (status.ok() && st.st_size == 0) {
+    status = absl::UnavailableError(absl::StrCat("shm '", name, "' is not sized yet"));
+  }
+  void* data = MAP_FAILED;
+  if (status.ok()) {
+    data = ::mmap(nullptr, static_cast<size_t>(st.st_size),
+                  read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (data == MAP_FAILED) {
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("shm '", name, "': mmap: ", std::strerror(errno)));
+    }
+  }
+  ::close(fd);
+  if (!status.ok()) return status;
+  SharedSegment segment(name, static_cast<uint8_t*>(data), static_cast<size_t>(st.st_size),
+                        read_only);
+  if (absl::Status s = CheckAligned(segment.data(), name); !s.ok()) return s;
+  return segment;
 }
 
 absl::Status SharedSegment::Remove(const std::string& name) {
   if (absl::Status s = ValidateName(name); !s.ok()) return s;
   // Only this user's own: checked on a descriptor of the very object, which no other user can
   // swap for another under the name (/dev/shm is sticky: only the owner unlinks or renames).
-  const int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
+  const int fd =
+      ::shm_open(("/" + name).c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW, 0);
   if (fd < 0) {
     const int err = errno;
     const std::string message = absl::StrCat("shm '", name, "': remove: ", std::strerror(err));

@@ -67,6 +67,8 @@ class SharedSegment {
  private:
   SharedSegment(std::string name, std::unique_ptr<boost::interprocess::mapped_region> region,
                 bool read_only, bool creator);
+  // A mapping Open made itself (munmap on destruction).
+  SharedSegment(std::string name, uint8_t* data, size_t size, bool read_only);
   void Reset();
 
   std::string name_;

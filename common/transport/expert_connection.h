@@ -3,6 +3,11 @@
 #ifndef STRATA_COMMON_TRANSPORT_EXPERT_CONNECTION_H_
 #define STRATA_COMMON_TRANSPORT_EXPERT_CONNECTION_H_
 
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -36,6 +41,13 @@ class ExpertConnection {
   // Stops using the connection for good (a worker declared failed): the worker sees it end
   // and registers again with a new one, never picking up this one where it stopped.
   virtual void Abandon() {}
+  // The worker's process on this host (pid, start time), when the transport knows it: what
+  // the router may kill when the worker stopped answering. Nullopt for remote transports.
+  struct Process {
+    pid_t pid = 0;
+    uint64_t start_time = 0;
+  };
+  virtual std::optional<Process> LocalProcess() const { return std::nullopt; }
 };
 
 }  // namespace strata

@@ -116,10 +116,15 @@ void CpuTierService::Serve(ShmChannel& channel) {
       status = absl::InvalidArgumentError(absl::StrCat(
           "CPU tier: a response of ", request->num_tokens, " tokens exceeds the channel's slots"));
     }
+    // Beats around the work (the worker fails a wait on a cache whose heartbeat stands still),
+    // also after waiting for the backend behind another worker's request.
+    channel.Heartbeat();
     if (status.ok()) {
       std::lock_guard<std::mutex> lock(backend_mu_);
+      channel.Heartbeat();
       status = executor.Run(*request);
     }
+    channel.Heartbeat();
     const ExpertResponseView response = ExpertResponseFor(
         *request_bytes, request, status, /*on_device=*/false,
         absl::Span<const float>(executor.partial().data(), executor.partial().size()), error);

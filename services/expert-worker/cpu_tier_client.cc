@@ -21,6 +21,7 @@ namespace {
 // mapping of its segments.
 constexpr auto kAttachDeadline = std::chrono::seconds(10);
 constexpr absl::Duration kSubmitWait = absl::Seconds(10);
+constexpr absl::Duration kCacheHeartbeatTimeout = absl::Seconds(3);
 
 }  // namespace
 
@@ -37,6 +38,9 @@ absl::StatusOr<std::unique_ptr<CpuTierClient>> CpuTierClient::Connect(
   ShmChannelOptions options;
   options.slots = 2;  // one layer in flight, plus room to queue the next
   options.slot_bytes = ExpertSlotBytes(max_tokens, top_k, hidden_size);
+  // A cache that stops answering (stopped, stuck) fails the wait within this, and the worker
+  // copies those experts in instead; the cache beats for every request it takes and answers.
+  options.heartbeat_timeout = kCacheHeartbeatTimeout;
   auto channel = ShmChannel::Create(name, options);
   if (!channel.ok()) return channel.status();
 

@@ -34,6 +34,7 @@ class CudaIpcConnection : public ExpertConnection {
   bool Alive() const override { return channel_->Alive(); }
   absl::Status PeerStatus() const override { return channel_->PeerStatus(); }
   bool Stalled() const override { return channel_->Stalled(); }
+  std::optional<Process> LocalProcess() const override { return channel_->LocalProcess(); }
   void Abandon() override { Close(); }
   // Closes the channel: the worker sees the router gone and registers again.
   void Close() { channel_->Close(); }

@@ -1,5 +1,6 @@
 #include "services/router/generation_service.h"
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -230,6 +231,13 @@ GenerationService::GenerationService(const ModelConfig& config, Scheduler& sched
 
 absl::StatusOr<RequestSpec> GenerationService::ToSpec(const v1::GenerateRequest& request) const {
   RequestSpec spec;
+  // It goes to the log: short, and nothing that could forge or break a log line.
+  if (request.request_id().size() > 256 ||
+      std::any_of(request.request_id().begin(), request.request_id().end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+    return absl::InvalidArgumentError(
+        "request_id must have at most 256 bytes and no control characters");
+  }
   spec.id = request.request_id();
   const bool has_text = !request.prompt().empty();
   const bool has_ids = request.prompt_token_ids_size() > 0;
@@ -343,11 +351,19 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* context,
                                                         const grpc::ByteBuffer* request,
                                                         grpc::ByteBuffer* response) {
+  absl::StatusOr<RequestBudget::Hold> hold = TakeBudget(*context, *request);
   return AnswerNow<v1::DetokenizeRequest, v1::DetokenizeResponse>(
       context, request, response,
       [&](const v1::DetokenizeRequest& in, v1::DetokenizeResponse& out) -> absl::Status {
+        if (!hold.ok()) return hold.status();
         if (tokenizer_ == nullptr) {
           return absl::FailedPreconditionError("this model has no tokenizer.json");
+        }
+        // No more than a sequence holds: its text is what a client may ask for.
+        if (in.token_ids_size() > scheduler_.max_context_tokens()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(in.token_ids_size(), " token ids; at most the context's ",
+                           scheduler_.max_context_tokens(), " are detokenized at once"));
         }
         std::vector<int32_t> ids;
         for (uint32_t id : in.token_ids()) {

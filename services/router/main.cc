@@ -75,6 +75,9 @@ ABSL_FLAG(int, max_running, 64, "Sequences in the running batch");
 ABSL_FLAG(int, max_queued_requests, 256, "Waiting requests beyond this get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_context, 0, "Longest sequence; 0 uses the model's limit");
 ABSL_FLAG(double, drain_timeout_s, 30, "On SIGTERM, how long in-flight requests may finish");
+ABSL_FLAG(double, worker_kill_after_s, 5,
+          "A worker of this host still stalled this long after it was declared failed is "
+          "killed, for its supervisor to restart; negative: never");
 ABSL_FLAG(double, worker_liveness_timeout_s, 1.5,
           "A worker on this host whose heartbeat stands still this long is declared failed and "
           "its experts rerouted (workers beat for every message and while they compute)");
@@ -121,7 +124,12 @@ int main(int argc, char** argv) {
   options.device = absl::GetFlag(FLAGS_router_device);
   options.expert_weights = absl::GetFlag(FLAGS_weights);
   options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
-  options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_mb) << 20;
+  const int64_t kv_mb = absl::GetFlag(FLAGS_kv_cache_mb);
+  if (kv_mb < 1 || kv_mb > (int64_t{1} << 22)) {
+    std::cerr << "strata-router: --kv-cache-mb must be in [1, 4194304]\n";
+    return 2;
+  }
+  options.kv_cache_bytes = kv_mb << 20;
   options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   absl::StatusOr<strata::KvDtype> kv_dtype =
       strata::ParseKvDtype(absl::GetFlag(FLAGS_kv_cache_dtype));
@@ -155,6 +163,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.worker_liveness_timeout = absl::Seconds(liveness);
+  const double kill_after = absl::GetFlag(FLAGS_worker_kill_after_s);
+  options.worker_kill_after =
+      kill_after < 0 ? absl::InfiniteDuration() : absl::Seconds(std::min(kill_after, 1e6));
   options.prefetch = absl::GetFlag(FLAGS_prefetch);
   options.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
   options.scheduler.overlap_decode_steps = absl::GetFlag(FLAGS_overlap_steps);
@@ -190,6 +201,10 @@ int main(int argc, char** argv) {
   }
   if (!(options.router_temperature > 0)) {
     std::cerr << "strata-router: --router-temperature must be positive\n";
+    return 2;
+  }
+  if (!(absl::GetFlag(FLAGS_drain_timeout_s) >= 0)) {
+    std::cerr << "strata-router: --drain-timeout-s must be >= 0\n";
     return 2;
   }
   const int64_t max_request = absl::GetFlag(FLAGS_max_request_bytes);

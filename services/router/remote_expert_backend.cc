@@ -1,8 +1,11 @@
 #include "services/router/remote_expert_backend.h"
 
+#include <signal.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/shm/process_liveness.h"
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
 
@@ -106,7 +109,8 @@ std::vector<bool> RemoteExpertBackend::Usable(
     const absl::Status why = connections[w]->PeerStatus();
     failures_[w] = WorkerFailure{.stalled = connections[w]->Stalled(),
                                  .reason = std::string(why.message()),
-                                 .since = absl::Now()};
+                                 .since = absl::Now(),
+                                 .process = connections[w]->LocalProcess()};
     // A worker that comes back registers again, on a channel of its own.
     connections[w]->Abandon();
     Log(LogLevel::kWarning, absl::StrCat("expert worker ", w, " is gone (", why.message(),
@@ -122,12 +126,31 @@ void RemoteExpertBackend::Failed(int w, ExpertConnection& connection, const absl
   if (!failures_[w]) {
     failures_[w] = WorkerFailure{.stalled = connection.Stalled(),
                                  .reason = std::string(why.message()),
-                                 .since = absl::Now()};
+                                 .since = absl::Now(),
+                                 .process = connection.LocalProcess()};
   }
   was_usable_[w].store(false);
 }
 
-void RemoteExpertBackend::CheckWorkers() { Usable(Connections()); }
+void RemoteExpertBackend::CheckWorkers() {
+  Usable(Connections());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int w = 0; w < num_workers_; ++w) {
+    std::optional<WorkerFailure>& f = failures_[w];
+    if (!f || !f->stalled || f->killed || !f->process ||
+        absl::Now() - f->since < options_.kill_stalled_after) {
+      continue;
+    }
+    f->killed = true;
+    // Only the very process that stalled (pid and start time), never one that took its pid.
+    if (!ProcessAlive(f->process->pid, f->process->start_time)) continue;
+    Log(LogLevel::kWarning,
+        absl::StrCat("expert worker ", w, " (pid ", f->process->pid, ") has not answered for ",
+                     absl::FormatDuration(absl::Now() - f->since),
+                     "; killing it for its supervisor to restart"));
+    ::kill(f->process->pid, SIGKILL);
+  }
+}
 
 std::optional<WorkerFailure> RemoteExpertBackend::failure(int index) const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -22,6 +22,9 @@ struct RemoteExpertOptions {
   // Per layer exchange: the backstop for a worker whose liveness the transport cannot tell
   // (the shared-memory channels' heartbeats find a stopped one far sooner).
   absl::Duration timeout = absl::Seconds(60);
+  // A worker of this host still stalled this long after it was declared failed is killed
+  // (SIGKILL), for its supervisor to restart; infinite: never.
+  absl::Duration kill_stalled_after = absl::Seconds(5);
 };
 
 // Why a worker stopped being used, since when.
@@ -29,6 +32,8 @@ struct WorkerFailure {
   bool stalled = false;  // its process ran but stopped answering (stopped, stuck, swapped out)
   std::string reason;
   absl::Time since;
+  std::optional<ExpertConnection::Process> process;  // on this host, when known
+  bool killed = false;                               // the router killed that process
 };
 
 class RemoteExpertBackend : public ExpertBackend {
@@ -71,7 +76,9 @@ class RemoteExpertBackend : public ExpertBackend {
 
   // Notices the workers that failed since the last look, as the next layer would, so that an
   // idle router notices too: their connections are abandoned (a worker that comes back
-  // registers again) and failure() says why. Thread-safe; the router's monitor calls it often.
+  // registers again) and failure() says why; a worker of this host still stalled
+  // kill_stalled_after later is killed, for its supervisor to restart. Thread-safe; the
+  // router's monitor calls it often.
   void CheckWorkers();
   // Why worker `index` is not used, while it is not (nullopt while it is, and before its first
   // registration). Thread-safe.

@@ -27,23 +27,40 @@ void RequestBudget::Hold::Release() {
   bytes_ = 0;
 }
 
-absl::StatusOr<RequestBudget::Hold> RequestBudget::Take(const std::string& client, int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  int64_t& mine = by_client_[client];
+absl::Status RequestBudget::Fits(int64_t mine, int64_t bytes) const {
   if (mine > 0 && mine + bytes > options_.per_client_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "this client has ", mine, " bytes of requests being prepared; one of ", bytes,
-        " would pass its limit of ", options_.per_client_bytes, " (retry when they are done)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this client has ", mine, " bytes of requests being prepared; ", bytes,
+                     " more would pass its limit of ", options_.per_client_bytes,
+                     " (retry when they are done)"));
   }
   if (total_ > 0 && total_ + bytes > options_.total_bytes) {
-    if (mine == 0) by_client_.erase(client);
     return absl::ResourceExhaustedError(
-        absl::StrCat("the server is preparing ", total_, " bytes of requests; one of ", bytes,
-                     " would pass its limit of ", options_.total_bytes, " (retry later)"));
+        absl::StrCat("the server is preparing ", total_, " bytes of requests; ", bytes,
+                     " more would pass its limit of ", options_.total_bytes, " (retry later)"));
   }
-  mine += bytes;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RequestBudget::Hold> RequestBudget::Take(const std::string& client, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = by_client_.find(client);
+  const int64_t mine = it == by_client_.end() ? 0 : it->second;
+  if (absl::Status fits = Fits(mine, bytes); !fits.ok()) return fits;
+  by_client_[client] += bytes;
   total_ += bytes;
   return Hold(this, client, bytes);
+}
+
+absl::Status RequestBudget::Hold::Grow(int64_t bytes) {
+  if (budget_ == nullptr) return absl::FailedPreconditionError("an empty hold");
+  RequestBudget& b = *budget_;
+  std::lock_guard<std::mutex> lock(b.mu_);
+  if (absl::Status fits = b.Fits(b.by_client_[client_], bytes); !fits.ok()) return fits;
+  b.by_client_[client_] += bytes;
+  b.total_ += bytes;
+  bytes_ += bytes;
+  return absl::OkStatus();
 }
 
 void RequestBudget::Give(const std::string& client, int64_t bytes) {

@@ -31,6 +31,9 @@ class RequestBudget {
     Hold& operator=(const Hold&) = delete;
     ~Hold() { Release(); }
     void Release();
+    // Takes `bytes` more under the same bounds (RESOURCE_EXHAUSTED, and nothing taken, when
+    // they would pass one).
+    absl::Status Grow(int64_t bytes);
 
    private:
     friend class RequestBudget;
@@ -51,6 +54,8 @@ class RequestBudget {
 
  private:
   void Give(const std::string& client, int64_t bytes);
+  // Under mu_: OK when `bytes` more for `client`, which holds `mine`, stay within the bounds.
+  absl::Status Fits(int64_t mine, int64_t bytes) const;
 
   const RequestBudgetOptions options_;
   mutable std::mutex mu_;

@@ -21,7 +21,31 @@
 
 namespace strata {
 
+namespace {
+
+// The options a router cannot run with, each refused with its name (the flags of a router started
+// by hand reach here unchecked).
+absl::Status CheckOptions(const RouterOptions& o) {
+  const SchedulerOptions& s = o.scheduler;
+  if (s.max_batch_tokens < 1) return absl::InvalidArgumentError("max_batch_tokens must be >= 1");
+  if (s.max_running < 1) return absl::InvalidArgumentError("max_running must be >= 1");
+  if (s.max_queued_requests < 0) {
+    return absl::InvalidArgumentError("max_queued_requests must be >= 0");
+  }
+  if (s.max_context_tokens < 0) return absl::InvalidArgumentError("max_context must be >= 0");
+  if (o.num_threads < 0 || o.num_threads > 1024) {
+    return absl::InvalidArgumentError("threads must be in [0, 1024]");
+  }
+  if (o.kv_cache_bytes <= 0 || o.kv_cache_bytes > (int64_t{1} << 42)) {
+    return absl::InvalidArgumentError("the KV cache must have 1 MiB .. 4 TiB");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(options));
   std::unique_ptr<RouterServer> s(new RouterServer());
   s->options_ = options;
   ModelStackOptions stack;
@@ -40,7 +64,13 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   stack.expert_weights = options.expert_weights;
   const bool lending = options.kv_share_expert_memory && options.num_workers > 0;
   if (lending) stack.kv_growth_expert_share = options.hot_ratio_policy.Highest();
-  ASSIGN_OR_RETURN(s->stack_, ModelStack::Create(options.model_dir, stack));
+  try {
+    ASSIGN_OR_RETURN(s->stack_, ModelStack::Create(options.model_dir, stack));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("not enough memory for the model's weights and a KV cache of ",
+                     options.kv_cache_bytes >> 20, " MiB (kv_cache.memory_mb)"));
+  }
   const ModelConfig& c = s->stack_->config();
   const std::string tokenizer_path =
       (std::filesystem::path(options.model_dir) / "tokenizer.json").string();
@@ -145,6 +175,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   grpc::ServerBuilder builder;
   builder.RegisterService(s->generation_.get());
   builder.SetMaxReceiveMessageSize(options.max_request_bytes);
+  // A connection that never completes its HTTP/2 handshake, or stays idle, gives its
+  // descriptor back: a flood of bare connections cannot hold them all.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10'000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 10 * 60'000);
   s->admin_ = std::make_unique<AdminService>(*s->scheduler_, s->stack_->kv(), *s->runner_,
                                              s->remote_.get(), s->hot_ratio_.get(), options.token);
   // The cluster's own processes and its operators.
@@ -243,7 +277,8 @@ RouterSnapshot RouterServer::Snapshot() const {
 absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
                                                CoordinatorOptions& coordinator) {
   const ModelConfig& c = stack_->config();
-  const RemoteExpertOptions remote{.timeout = options_.expert_timeout};
+  const RemoteExpertOptions remote{.timeout = options_.expert_timeout,
+                                   .kill_stalled_after = options_.worker_kill_after};
   owned_experts_.assign(placement.num_workers, 0);
   for (int layer = 0; layer < c.num_layers; ++layer) {
     if (!c.layer_is_moe[layer]) continue;

@@ -69,6 +69,9 @@ struct RouterOptions {
   // A worker on this host whose heartbeat stands still this long is declared failed: its
   // experts go to the others at once, health and stats say so (strata up then restarts it).
   absl::Duration worker_liveness_timeout = absl::Milliseconds(1500);
+  // ... and one of this host still stalled this long later is killed for its supervisor
+  // (strata up) to restart; infinite: never.
+  absl::Duration worker_kill_after = absl::Seconds(5);
   // How often an info line sums up the requests and tokens since the last (when there were any).
   absl::Duration throughput_log_interval = absl::Seconds(10);
   // The workers' hot ratio: a fixed value in [0, 1], or negative for the policy by context.

@@ -122,6 +122,18 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
   if (!spec.stop.empty() && tokenizer_ == nullptr) {
     return absl::InvalidArgumentError("stop strings need a model with a tokenizer");
   }
+  // Every new token is checked against every stop string: bounded, so that one request cannot
+  // slow the engine down for all.
+  if (spec.stop.size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("at most ", kMaxStopStrings, " stop strings, not ", spec.stop.size()));
+  }
+  for (const std::string& stop : spec.stop) {
+    if (stop.empty() || stop.size() > kMaxStopBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a stop string has 1..", kMaxStopBytes, " bytes, not ", stop.size()));
+    }
+  }
 
   auto seq = std::make_unique<Sequence>();
   seq->spec = std::move(spec);

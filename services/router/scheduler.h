@@ -29,6 +29,10 @@
 
 namespace strata {
 
+// Bounds of a request's stop strings (each new token is checked against every one).
+inline constexpr size_t kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopBytes = 1024;
+
 struct SchedulerOptions {
   int max_batch_tokens = 512;      // tokens per forward step: decodes plus prefill chunks
   int max_running = 64;            // sequences in the running batch

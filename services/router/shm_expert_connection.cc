@@ -24,6 +24,11 @@ bool ShmExpertConnection::Alive() const {
   return !channel_.outbound().closed() && channel_.PeerAlive();
 }
 
+std::optional<ExpertConnection::Process> ShmExpertConnection::LocalProcess() const {
+  if (channel_.peer_pid() <= 0) return std::nullopt;
+  return Process{.pid = channel_.peer_pid(), .start_time = channel_.peer_start_time()};
+}
+
 absl::Status ShmExpertConnection::PeerStatus() const {
   if (channel_.outbound().closed()) return absl::UnavailableError("its channel was closed");
   return channel_.PeerStatus();

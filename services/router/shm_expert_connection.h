@@ -33,6 +33,7 @@ class ShmExpertConnection : public ExpertConnection {
   bool Alive() const override;
   absl::Status PeerStatus() const override;
   bool Stalled() const override { return channel_.PeerStalled(); }
+  std::optional<Process> LocalProcess() const override;
   void Abandon() override { Close(); }
   // Ends the channel: the worker's serving loop sees it closed and registers again.
   void Close() { channel_.Close(); }

@@ -93,6 +93,12 @@ template <typename T>
 absl::Status Positive(const T& v) {
   return Must(v > 0, "must be > 0");
 }
+// Threads of one process: beyond this a process fails to start them.
+absl::Status ThreadCount(const int& v) { return Must(v >= 0 && v <= 1024, "must be in [0, 1024]"); }
+// MiB: at most 4 TiB, far beyond any host this runs on.
+absl::Status MemoryMiB(const int64_t& v) {
+  return Must(v > 0 && v <= (int64_t{1} << 22), "must be in [1, 4194304] (MiB)");
+}
 
 constexpr int kCache = static_cast<int>(Daemon::kCache);
 constexpr int kRouter = static_cast<int>(Daemon::kRouter);
@@ -150,11 +156,11 @@ const std::map<std::string, Key>& Keys() {
                              })
                         .Help("debug, info, warning or error")
                         .To(kCache | kRouter | kWorker)},
-      {"threads", KeyOf<int>("threads", &ClusterConfig::threads_per_process, NotNegative<int>)
+      {"threads", KeyOf<int>("threads", &ClusterConfig::threads_per_process, ThreadCount)
                       .Help("CPU threads per process; 0: every hardware thread")
                       .To(kRouter | kWorker)},
       {"cpu_tier_threads",
-       KeyOf<int>("cpu-tier-threads", &ClusterConfig::cpu_tier_threads, NotNegative<int>)
+       KeyOf<int>("cpu-tier-threads", &ClusterConfig::cpu_tier_threads, ThreadCount)
            .Help("threads strata-cache computes cold experts on; 0: every hardware thread")
            .To(kCache)},
       {"router_temperature",
@@ -165,10 +171,9 @@ const std::map<std::string, Key>& Keys() {
        KeyOf<int>("kv-block-size", &ClusterConfig::kv_block_size, Positive<int>)
            .Help("token slots per paged KV-cache block")
            .To(kRouter)},
-      {"kv_cache.memory_mb",
-       KeyOf<int64_t>("kv-cache-mb", &ClusterConfig::kv_memory_mb, Positive<int64_t>)
-           .Help("the router's KV pool, MiB")
-           .To(kRouter)},
+      {"kv_cache.memory_mb", KeyOf<int64_t>("kv-cache-mb", &ClusterConfig::kv_memory_mb, MemoryMiB)
+                                 .Help("the router's KV pool, MiB")
+                                 .To(kRouter)},
       {"kv_cache.prefix_caching",
        KeyOf<bool>("prefix-caching", &ClusterConfig::prefix_caching)
            .Help("keep computed KV blocks for requests that start with the same tokens")
@@ -244,7 +249,8 @@ const std::map<std::string, Key>& Keys() {
            "worker-kill-after-s", &ClusterConfig::worker_kill_after_s,
            [](const double& v) { return Must(v >= 0 && v <= 3600, "must be in [0, 3600]"); })
            .Help("a worker declared failed that is still running but not answering this much "
-                 "later is killed and restarted")},
+                 "later is killed (by the router) and restarted (by strata up)")
+           .To(kRouter)},
       {"gpu_memory_budget",
        KeyOf<S>("gpu-memory-budget", &ClusterConfig::gpu_memory_budget,
                 [](const S& v) { return v.empty() ? absl::OkStatus() : ParseByteSize(v).status(); })

@@ -18,12 +18,10 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/cluster/cluster_token.h"
 #include "common/cluster/runtime_dir.h"
 #include "common/util/process.h"
-#include "tools/strata/admin_target.h"
 #include "tools/strata/mps_daemon.h"
 
 namespace strata {
@@ -161,29 +159,6 @@ int Stop(Child& child, absl::Duration grace) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-// Kills the workers the router has declared stalled (their process runs but does not answer:
-// stopped, stuck in a call, swapped out) for at least `kill_after`; SIGCHLD then restarts them.
-// A worker that recovers sooner registers again by itself.
-void KillStalledWorkers(const AdminTarget& admin, std::vector<Child>& workers,
-                        absl::Duration kill_after) {
-  v1::StatsResponse stats;
-  if (!admin.Stub()
-           ->Stats(admin.Context(absl::Milliseconds(500)).get(), v1::StatsRequest(), &stats)
-           .ok()) {
-    return;  // a busy or restarting router: next time
-  }
-  for (const v1::WorkerStats& w : stats.workers()) {
-    if (w.index() >= workers.size() || !w.stalled() || w.connected() ||
-        absl::Seconds(w.failed_for_s()) < kill_after || workers[w.index()].pid <= 0) {
-      continue;
-    }
-    Child& child = workers[w.index()];
-    StatusLine(absl::StrFormat("%s stopped answering %.1f s ago (%s): killing it", child.name,
-                               w.failed_for_s(), w.failure()));
-    ::kill(child.pid, SIGKILL);
-  }
-}
-
 std::string Describe(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exit status ", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return absl::StrCat("signal ", WTERMSIG(status));
@@ -311,13 +286,11 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
   bool cache_starting = false;
   bool cache_back = true;
   absl::Time cache_stopped;
-  const AdminTarget admin{router_internal, *token};
-  absl::Time next_liveness_check = absl::Now();
   while (true) {
     pollfd fds[3] = {{signal_fd, POLLIN, 0},
                      {ready ? -1 : router.stdout_fd, POLLIN, 0},
                      {cache_starting ? cache.stdout_fd : -1, POLLIN, 0}};
-    if (::poll(fds, 3, 250) < 0 && errno != EINTR) {
+    if (::poll(fds, 3, 1000) < 0 && errno != EINTR) {
       return fail(absl::Seconds(1), absl::InternalError("poll failed"));
     }
     if (!ready) {
@@ -355,10 +328,6 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
       } else if (!open) {
         cache_starting = false;  // it exited: SIGCHLD says how
       }
-    }
-    if (announced && absl::Now() >= next_liveness_check) {
-      KillStalledWorkers(admin, workers, absl::Seconds(c.worker_kill_after_s));
-      next_liveness_check = absl::Now() + absl::Milliseconds(500);
     }
     if (!(fds[0].revents & POLLIN)) continue;
     signalfd_siginfo info;

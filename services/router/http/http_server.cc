@@ -59,14 +59,7 @@ bool ReadHeaders(int fd, std::string& buffer, size_t limit, absl::Duration idle,
     if (buffer.size() > limit || stopping.load()) return false;
     if (!ReadSome(fd, buffer, deadline)) return false;
   }
-  return true;
-}
-
-bool ReadBody(int fd, std::string& buffer, size_t want, absl::Time deadline) {
-  while (buffer.size() < want) {
-    if (!ReadSome(fd, buffer, deadline)) return false;
-  }
-  return true;
+  return buffer.find("\r\n\r\n") <= limit;
 }
 
 // Reads and drops up to `length` bytes (at most 64 MiB, a second of silence ends it).
@@ -101,8 +94,11 @@ bool ParseHead(absl::string_view head, HttpRequest& request) {
     const absl::string_view h = head.substr(pos, next - pos);
     const size_t colon = h.find(':');
     if (colon == absl::string_view::npos) return false;
-    request.headers[absl::AsciiStrToLower(h.substr(0, colon))] =
-        std::string(absl::StripAsciiWhitespace(h.substr(colon + 1)));
+    const std::string name = absl::AsciiStrToLower(h.substr(0, colon));
+    // Two lengths could be read two ways by a proxy in front: refused, as is a body framing
+    // this server does not read (Transfer-Encoding), whatever comes with it.
+    if (name == "content-length" && request.headers.count(name) > 0) return false;
+    request.headers[name] = std::string(absl::StripAsciiWhitespace(h.substr(colon + 1)));
     pos = next + 2;
   }
   return true;
@@ -297,6 +293,9 @@ void HttpServer::AcceptLoop() {
       close(fd);
       continue;
     }
+    // A client that stops reading cannot hold a handler in send() for longer than this.
+    const timeval send_timeout{.tv_sec = options_.send_timeout_s, .tv_usec = 0};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
     connections_[fd] = Connection{.phase = Phase::kIdle, .since = absl::Now()};
     ++active_;
     lock.unlock();
@@ -344,6 +343,15 @@ void HttpServer::Serve(int fd, const std::string& client) {
     }
     buffer.erase(0, head_end + 4);
     size_t length = 0;
+    if (request.headers.count("transfer-encoding") > 0) {
+      responder.set_keep_alive(false);
+      responder
+          .Send(411, "application/json",
+                ErrorBody("send the body with a Content-Length (no Transfer-Encoding)",
+                          "invalid_request_error"))
+          .IgnoreError();
+      return;
+    }
     if (auto it = request.headers.find("content-length"); it != request.headers.end()) {
       if (!absl::SimpleAtoi(it->second, &length)) {
         responder.set_keep_alive(false);
@@ -352,13 +360,6 @@ void HttpServer::Serve(int fd, const std::string& client) {
             .IgnoreError();
         return;
       }
-    } else if (request.headers.count("transfer-encoding") > 0) {
-      responder.set_keep_alive(false);
-      responder
-          .Send(411, "application/json",
-                ErrorBody("send the body with a Content-Length", "invalid_request_error"))
-          .IgnoreError();
-      return;
     }
     if (length > options_.max_body_bytes) {
       responder.set_keep_alive(false);
@@ -372,16 +373,22 @@ void HttpServer::Serve(int fd, const std::string& client) {
           .IgnoreError();
       return;
     }
-    // The body counts against the budgets from before it is read until it is handled.
-    absl::StatusOr<RequestBudget::Hold> hold = bodies_.Take(client, static_cast<int64_t>(length));
+    // The body's bytes count against the budgets as they arrive, until it is handed over: a
+    // client that announces a large body and sends little holds little.
+    absl::StatusOr<RequestBudget::Hold> hold =
+        bodies_.Take(client, static_cast<int64_t>(std::min(length, buffer.size())));
+    const absl::Time body_deadline = absl::Now() + absl::Seconds(options_.body_timeout_s);
+    while (hold.ok() && buffer.size() < length) {
+      const size_t before = buffer.size();
+      if (!ReadSome(fd, buffer, body_deadline)) return;
+      const absl::Status grown =
+          hold->Grow(static_cast<int64_t>(std::min(buffer.size(), length) - before));
+      if (!grown.ok()) hold = grown;
+    }
     if (!hold.ok()) {
       responder.set_keep_alive(false);
-      DiscardBody(fd, length - std::min(length, buffer.size()));
       responder.Send(503, "application/json", ErrorBody(hold.status().message(), "server_error"))
           .IgnoreError();
-      return;
-    }
-    if (!ReadBody(fd, buffer, length, absl::Now() + absl::Seconds(options_.body_timeout_s))) {
       return;
     }
     request.body = buffer.substr(0, length);
@@ -391,6 +398,7 @@ void HttpServer::Serve(int fd, const std::string& client) {
         absl::AsciiStrToLower(connection->second) == "close") {
       responder.set_keep_alive(false);
     }
+    hold->Release();  // bounded from here by the connection limit and the scheduler's queue
     SetPhase(fd, Phase::kHandling);
     handler_(request, responder);
     if (!responder.responded()) {

@@ -4,10 +4,12 @@
 //
 // Against clients that hold connections without using them: a request's headers must arrive
 // within header_timeout_s of its first byte and its body within body_timeout_s (a byte now and
-// then does not keep it open); at max_connections a new connection takes the place of the one
-// idle longest (or reading a request longest), and is refused with 503 only when every one is
-// handling a request; bodies being read and handled count against byte budgets (total and per
-// client address) and beyond them get 503 at once.
+// then does not keep it open), and a write the client does not read within send_timeout_s
+// fails; at max_connections a new connection takes the place of the one idle longest (or
+// reading a request longest), and is refused with 503 only when every one is handling a
+// request; the bytes of bodies being read count against byte budgets (total and per client
+// address) and beyond them get 503 at once. Transfer-Encoding and repeated Content-Length
+// headers are refused (a proxy in front could read them otherwise).
 #ifndef STRATA_SERVICES_ROUTER_HTTP_HTTP_SERVER_H_
 #define STRATA_SERVICES_ROUTER_HTTP_HTTP_SERVER_H_
 
@@ -37,6 +39,7 @@ struct HttpServerOptions {
   int idle_timeout_s = 60;    // a keep-alive connection with no request for this long closes
   int header_timeout_s = 10;  // from a request's first byte to the end of its headers
   int body_timeout_s = 30;    // from the end of its headers to the end of its body
+  int send_timeout_s = 30;    // a response write the client does not take in this long fails
   // Bodies being read or handled at once: in all, and from one client address.
   int64_t max_inflight_body_bytes = int64_t{64} << 20;
   int64_t max_inflight_body_bytes_per_client = int64_t{32} << 20;

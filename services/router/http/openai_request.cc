@@ -1,5 +1,6 @@
 #include "services/router/http/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -143,7 +144,42 @@ ApiError ToApiError(const absl::Status& status) {
   return e;
 }
 
+namespace {
+
+// Deeper JSON than any real request nests (chat messages with tool calls: under ten).
+constexpr int kMaxJsonDepth = 64;
+
+// The deepest nesting of arrays and objects in JSON text (strings skipped), found without
+// parsing: what is done with a request's values (templates, conversions) recurses.
+int JsonDepth(absl::string_view text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+}  // namespace
+
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool chat) {
+  if (const int depth = JsonDepth(text); depth > kMaxJsonDepth) {
+    return BadParam("", absl::StrCat("the body nests ", depth, " levels deep; at most ",
+                                     kMaxJsonDepth, " are accepted"));
+  }
   const Json body = Json::parse(text.begin(), text.end(), nullptr, false);
   if (body.is_discarded()) return BadParam("", "the body is not valid JSON");
   if (!body.is_object()) return BadParam("", "the body must be a JSON object");

@@ -161,6 +161,17 @@ TEST(ShmSegmentTest, SegmentsNotPrivateToThisUserAreRefused) {
   EXPECT_TRUE(SharedSegment::Open(open_to_all.str()).ok());
   EXPECT_EQ(SharedSegment::ListOwned(open_to_all.str()).size(), 1u);
 
+  // A FIFO under the name neither blocks the open (as a plain open for reading would, until a
+  // writer came) nor is used.
+  ScopedShmName fifo("fifo");
+  ASSERT_EQ(::mkfifo(("/dev/shm/" + fifo.str()).c_str(), 0600), 0);
+  for (bool read_only : {true, false}) {
+    EXPECT_EQ(SharedSegment::Open(fifo.str(), read_only).status().code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_EQ(SharedSegment::Remove(fifo.str()).code(), absl::StatusCode::kPermissionDenied);
+  ::unlink(("/dev/shm/" + fifo.str()).c_str());
+
   if (!testing::CanRunAsOtherUser()) GTEST_SKIP() << testing::kNoOtherUser;
   ScopedShmName planted("planted");
   ASSERT_EQ(testing::RunAsOtherUser([&] {

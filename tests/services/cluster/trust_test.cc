@@ -421,6 +421,40 @@ TEST(TrustTest, HugePromptsAreRefusedBeforeAnyWork) {
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
+// Fields whose size would cost every request engine time or the log its shape are bounded:
+// stop strings (16 of at most 1 KiB: each token is checked against each), request ids (256
+// bytes, no control characters), Detokenize (the context's tokens at once).
+TEST(TrustTest, OversizedFieldsAreRefused) {
+  ClusterProcess cluster({"--model=" + kDemoModel, "--workers=1", "--threads=1"});
+  ASSERT_FALSE(cluster.address().empty());
+  auto stub = testing::GenerationStub(cluster.address());
+  v1::GenerateRequest many_stops;
+  many_stops.set_prompt("In the beginning");
+  many_stops.set_max_new_tokens(4);
+  for (int i = 0; i < 17; ++i) many_stops.add_stop(absl::StrCat("stop", i));
+  Generated g = testing::Generate(*stub, many_stops);
+  EXPECT_EQ(g.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(g.status.error_message(), HasSubstr("at most 16 stop strings"));
+  v1::GenerateRequest long_stop = many_stops;
+  long_stop.clear_stop();
+  long_stop.add_stop(std::string(2000, 'x'));
+  EXPECT_EQ(testing::Generate(*stub, long_stop).status.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  v1::GenerateRequest forged = long_stop;
+  forged.clear_stop();
+  forged.set_request_id("abc\n2026-12-06 strata-router [error]: forged");
+  g = testing::Generate(*stub, forged);
+  EXPECT_EQ(g.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(g.status.error_message(), HasSubstr("request_id"));
+  grpc::ClientContext context;
+  v1::DetokenizeRequest detokenize;
+  for (int i = 0; i < 3000; ++i) detokenize.add_token_ids(0);
+  v1::DetokenizeResponse text;
+  const grpc::Status s = stub->Detokenize(&context, detokenize, &text);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
 // A burst into an idle server is not refused for waiting: only requests beyond the running
 // batch's free places count against --max-queued-requests.
 TEST(TrustTest, ABurstWithinTheRunningBatchIsAdmitted) {

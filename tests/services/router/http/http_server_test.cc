@@ -23,6 +23,7 @@ namespace strata {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A raw client connection.
 class Client {
@@ -85,6 +86,10 @@ class HttpServerTest : public ::testing::Test {
       if (r.path == "/block") {
         blocked_.fetch_add(1);
         while (!release_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      if (r.path == "/huge") {  // more than the socket buffers hold
+        out.Send(200, "text/plain", std::string(64 << 20, 'h')).IgnoreError();
+        return;
       }
       out.Send(200, "text/plain", "ok " + std::to_string(r.body.size())).IgnoreError();
     });
@@ -176,29 +181,75 @@ TEST_F(HttpServerTest, IdleConnectionsMakeRoomAtTheCap) {
   for (auto& c : busy) EXPECT_THAT(c->ReadAll(), HasSubstr("200 OK"));
 }
 
-// Bodies being handled count against the byte budget: one more beyond it is refused at once.
+// The bytes of bodies being read count against the budget: a body beyond it is refused at once,
+// and a client that announces a large body and sends little holds only what it sent.
 TEST_F(HttpServerTest, BodiesBeyondTheBudgetAreRefused) {
   HttpServerOptions options;
   options.max_inflight_body_bytes = 1000;
   options.max_inflight_body_bytes_per_client = 1000;
   Start(options);
   Client holder(server_->port());
-  const std::string body(800, 'x');
-  ASSERT_TRUE(holder.Send("POST /block HTTP/1.1\r\nHost: a\r\nContent-Length: 800\r\n\r\n" + body));
-  for (int i = 0; i < 500 && blocked_.load() < 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_EQ(blocked_.load(), 1);
+  ASSERT_TRUE(holder.Send("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 900\r\n\r\n" +
+                          std::string(700, 'x')));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   Client second(server_->port());
-  ASSERT_TRUE(second.Send(Post(body)));
+  ASSERT_TRUE(second.Send(Post(std::string(800, 'y'))));
   const std::string answer = second.ReadAll();
   EXPECT_THAT(answer, HasSubstr("503"));
   EXPECT_THAT(answer, HasSubstr("bytes of requests being prepared"));
   Client small(server_->port());
   ASSERT_TRUE(small.Send(Post("tiny")));
-  EXPECT_THAT(small.ReadAll(), HasSubstr("200 OK"));
-  release_.store(true);
-  EXPECT_THAT(holder.ReadAll(), HasSubstr("ok 800"));
+  EXPECT_THAT(small.ReadAll(), HasSubstr("ok 4"));
+  ASSERT_TRUE(holder.Send(std::string(200, 'x')));
+  EXPECT_THAT(holder.ReadAll(), HasSubstr("ok 900"));
+  // Handled bodies no longer count: a request being handled holds nothing.
+  Client blocked(server_->port());
+  ASSERT_TRUE(blocked.Send("POST /block HTTP/1.1\r\nHost: a\r\nContent-Length: 900\r\n\r\n" +
+                           std::string(900, 'z')));
+  for (int i = 0; i < 500 && blocked_.load() < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  Client after(server_->port());
+  ASSERT_TRUE(after.Send(Post(std::string(800, 'w'))));
+  EXPECT_THAT(after.ReadAll(), HasSubstr("ok 800"));
+}
+
+// Body framing a proxy in front could read another way is refused: Transfer-Encoding (with or
+// without a length) and a repeated Content-Length.
+TEST_F(HttpServerTest, AmbiguousBodiesAreRefused) {
+  Start(HttpServerOptions());
+  Client chunked(server_->port());
+  ASSERT_TRUE(
+      chunked.Send("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n"
+                   "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /y HTTP/1.1\r\n\r\n"));
+  const std::string answer = chunked.ReadAll();
+  EXPECT_THAT(answer, HasSubstr("411"));
+  EXPECT_THAT(answer, Not(HasSubstr("200 OK")));
+  Client twice(server_->port());
+  ASSERT_TRUE(
+      twice.Send("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n"
+                 "Content-Length: 40\r\n\r\nabcd"));
+  EXPECT_THAT(twice.ReadAll(), HasSubstr("400"));
+}
+
+// A client that stops reading its response cannot hold its connection: the write fails after
+// send_timeout_s and the place is free again.
+TEST_F(HttpServerTest, ClientsThatStopReadingAreLetGo) {
+  HttpServerOptions options;
+  options.max_connections = 1;
+  options.send_timeout_s = 1;
+  Start(options);
+  Client stuck(server_->port());
+  ASSERT_TRUE(stuck.Send("POST /huge HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  bool served = false;
+  const auto start = std::chrono::steady_clock::now();
+  while (!served && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    Client next(server_->port());
+    next.Send(Post("hi"));
+    served = next.ReadAll(std::chrono::milliseconds(500)).find("200 OK") != std::string::npos;
+  }
+  EXPECT_TRUE(served);
 }
 
 }  // namespace

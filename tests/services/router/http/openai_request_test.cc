@@ -93,6 +93,20 @@ TEST(OpenAiRequestTest, Errors) {
               true, "tools");
 }
 
+// JSON nested deeper than any request needs is refused before it is parsed or used (templates
+// and conversions of its values recurse): 100,000 levels in a 200 KB body once crashed the
+// router. Brackets inside strings do not count.
+TEST(OpenAiRequestTest, DeepNestingIsRefused) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  ExpectError(
+      R"({"model": "m", "messages": [{"role": "user", "content": "hi", "x": )" + deep + "}]}", true,
+      "");
+  ExpectError(R"({"model": "m", "prompt": "x", "chat_template_kwargs": )" + deep + "}", false, "");
+  auto r =
+      ParseOpenAiRequest(R"({"model": "m", "prompt": ")" + std::string(1000, '[') + R"("})", false);
+  EXPECT_TRUE(r.ok()) << r.status();
+}
+
 TEST(OpenAiRequestTest, ErrorBodyAndStatusMapping) {
   ApiError e = ToApiError(BadParam("prompt", "too \"long\"", "context_length_exceeded"));
   EXPECT_EQ(e.status, 400);
