@@ -188,9 +188,7 @@ std::vector<std::string> SweepDeadClusters() {
   absl::StatusOr<std::string> base = UserRuntimeDir();
   if (base.ok()) {
     for (const std::string& id : ListDir(*base)) {
-      pid_t pid = 0;
-      uint64_t start = 0;
-      if (!ParseClusterId(id, &pid, &start) || ProcessAlive(pid, start)) continue;
+      if (ClusterAlive(id)) continue;
       RemoveCluster(ClusterDir{id, absl::StrCat(*base, "/", id)});
       swept.push_back(id);
     }
@@ -207,10 +205,8 @@ std::vector<std::string> SweepDeadClusters() {
 }
 
 absl::Status WriteClusterInfo(const ClusterDir& dir, const ClusterInfo& info) {
-  nlohmann::json json = {{"client", info.client},
-                         {"internal", info.internal},
-                         {"http_port", info.http_port},
-                         {"pid", info.pid}};
+  nlohmann::json json = {
+      {"client", info.client}, {"internal", info.internal}, {"http_port", info.http_port}};
   const std::string temp = dir.info_file() + ".new";
   {
     std::ofstream out(temp, std::ios::trunc);
@@ -239,7 +235,6 @@ absl::StatusOr<ClusterInfo> ReadClusterInfo(const std::string& dir_path) {
   if (json.contains("http_port") && json["http_port"].is_number_integer()) {
     info.http_port = json["http_port"].get<int>();
   }
-  if (json.contains("pid") && json["pid"].is_number_integer()) info.pid = json["pid"].get<int>();
   return info;
 }
 

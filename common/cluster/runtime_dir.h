@@ -7,8 +7,6 @@
 #ifndef STRATA_COMMON_CLUSTER_RUNTIME_DIR_H_
 #define STRATA_COMMON_CLUSTER_RUNTIME_DIR_H_
 
-#include <sys/types.h>
-
 #include <string>
 #include <vector>
 
@@ -17,13 +15,15 @@
 namespace strata {
 
 // The user's runtime directory: $STRATA_RUNTIME_DIR, else $XDG_RUNTIME_DIR/strata, else
-// /run/strata for root, else /tmp/strata-<uid>. Created (mode 0700) when missing; refused unless it is a directory of this
-// user that nobody else may enter, checked on the opened descriptor (a directory or link
-// planted there by another user is not used).
+// /run/strata for root, else /tmp/strata-<uid>. Created (mode 0700) when missing; refused
+// unless it is a directory of this user that nobody else may enter, checked on the opened
+// descriptor (a directory or link planted there by another user is not used).
 absl::StatusOr<std::string> UserRuntimeDir();
 
 struct ClusterDir {
-  std::string id;    // "<pid>-<start time>-<16 hex digits>" of the process that made it
+  // "<pid>-<start time>-<16 hex digits>" of the process that made it: whether the cluster
+  // still runs is read from its id.
+  std::string id;
   std::string path;  // <runtime dir>/<id>
 
   // Prefix of the cluster's shared-memory names.
@@ -50,8 +50,7 @@ std::vector<std::string> SweepDeadClusters();
 struct ClusterInfo {
   std::string client;    // the Generation API, HOST:PORT
   std::string internal;  // the router's internal listener (Coordinator, Admin)
-  int http_port = 0;
-  pid_t pid = 0;
+  int http_port = 0;     // the OpenAI-compatible API's port, 0 when off (for operators)
 };
 absl::Status WriteClusterInfo(const ClusterDir& dir, const ClusterInfo& info);
 absl::StatusOr<ClusterInfo> ReadClusterInfo(const std::string& dir_path);

@@ -88,7 +88,9 @@ class ConfigReader {
                                      std::optional<double> fallback = {},
                                      std::optional<double> below = {}) const {
     ASSIGN_OR_RETURN(const double value, Number(key, fallback));
-    if (!(value > above)) return Error(key, absl::StrCat("must be greater than ", above, ", got ", value));
+    if (!(value > above)) {
+      return Error(key, absl::StrCat("must be greater than ", above, ", got ", value));
+    }
     if (below && !(value < *below)) {
       return Error(key, absl::StrCat("must be less than ", *below, ", got ", value));
     }
@@ -235,9 +237,10 @@ absl::Status ParseEosIds(const Json* eos, std::vector<int>& out, absl::string_vi
   out.clear();
   auto add = [&](const Json& v) -> absl::Status {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > kMaxTokenId) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          file_name, ": \"eos_token_id\" must be a token id (an integer in [0, 2^31)) or a list "
-                     "of them"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(file_name,
+                       ": \"eos_token_id\" must be a token id (an integer in [0, 2^31)) or a list "
+                       "of them"));
     }
     out.push_back(static_cast<int>(v.get<int64_t>()));
     return absl::OkStatus();
@@ -315,7 +318,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   }
   if (model.head_dim % 2 != 0) return config.Error("head_dim", "must be even for RoPE");
   ASSIGN_OR_RETURN(model.rms_norm_eps, config.NumberAbove("rms_norm_eps", 0.0, 1e-6, 1.0));
-  ASSIGN_OR_RETURN(model.max_position_embeddings, config.Int("max_position_embeddings", {}, 1, kMaxPositions));
+  ASSIGN_OR_RETURN(model.max_position_embeddings,
+                   config.Int("max_position_embeddings", {}, 1, kMaxPositions));
   ASSIGN_OR_RETURN(model.rope, ParseRope(config, file_name));
   ASSIGN_OR_RETURN(model.tie_word_embeddings, config.Bool("tie_word_embeddings", false));
   RETURN_IF_ERROR(ParseEosIds(config.Find("eos_token_id"), model.eos_token_ids, file_name));
@@ -330,8 +334,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
     case Architecture::kQwen2Moe: {
       ASSIGN_OR_RETURN(int64_t experts, config.Int(experts_key, {}, 1, kMaxExperts));
       model.num_experts = static_cast<int>(experts);
-      ASSIGN_OR_RETURN(model.moe_intermediate_size, config.Int("moe_intermediate_size", {}, 1, kMaxIntermediate));
-      ASSIGN_OR_RETURN(model.dense_intermediate_size, config.Int("intermediate_size", {}, 1, kMaxIntermediate));
+      ASSIGN_OR_RETURN(model.moe_intermediate_size,
+                       config.Int("moe_intermediate_size", {}, 1, kMaxIntermediate));
+      ASSIGN_OR_RETURN(model.dense_intermediate_size,
+                       config.Int("intermediate_size", {}, 1, kMaxIntermediate));
       ASSIGN_OR_RETURN(model.norm_topk_prob, config.Bool("norm_topk_prob", false));
       RETURN_IF_ERROR(ParseSparseLayers(config, model));
       if (model.arch == Architecture::kQwen3Moe) {
@@ -348,7 +354,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
     case Architecture::kMixtral: {
       ASSIGN_OR_RETURN(int64_t experts, config.Int(experts_key, {}, 1, kMaxExperts));
       model.num_experts = static_cast<int>(experts);
-      ASSIGN_OR_RETURN(model.moe_intermediate_size, config.Int("intermediate_size", {}, 1, kMaxIntermediate));
+      ASSIGN_OR_RETURN(model.moe_intermediate_size,
+                       config.Int("intermediate_size", {}, 1, kMaxIntermediate));
       model.norm_topk_prob = true;
       model.layer_is_moe.assign(model.num_layers, true);
       break;
@@ -356,7 +363,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
     case Architecture::kGptOss: {
       ASSIGN_OR_RETURN(int64_t experts, config.Int(experts_key, {}, 1, kMaxExperts));
       model.num_experts = static_cast<int>(experts);
-      ASSIGN_OR_RETURN(model.moe_intermediate_size, config.Int("intermediate_size", {}, 1, kMaxIntermediate));
+      ASSIGN_OR_RETURN(model.moe_intermediate_size,
+                       config.Int("intermediate_size", {}, 1, kMaxIntermediate));
       model.router_scoring = RouterScoring::kTopKThenSoftmax;
       model.router_bias = true;
       model.expert_bias = true;

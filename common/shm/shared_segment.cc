@@ -39,6 +39,30 @@ absl::Status ValidateName(const std::string& name) {
   return absl::OkStatus();
 }
 
+// An errno of shm_open, shm_unlink or Boost as the status callers act on: NOT_FOUND (nothing
+// there), ALREADY_EXISTS, PERMISSION_DENIED (another user's, a link, a FIFO with no writer),
+// RESOURCE_EXHAUSTED (memory, descriptors); INTERNAL otherwise.
+absl::Status FromErrno(int err, const std::string& message) {
+  switch (err) {
+    case ENOENT:
+      return absl::NotFoundError(message);
+    case EEXIST:
+      return absl::AlreadyExistsError(message);
+    case EACCES:
+    case EPERM:
+    case ELOOP:
+    case ENXIO:
+      return absl::PermissionDeniedError(message);
+    case ENOSPC:
+    case ENOMEM:
+    case EMFILE:
+    case ENFILE:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
 // Boost reports failures by exception; nothing may escape this library, so each is mapped
 // to the closest canonical code.
 absl::Status FromBoost(const bip::interprocess_exception& e, const std::string& name,
@@ -63,36 +87,21 @@ absl::Status FromBoost(const bip::interprocess_exception& e, const std::string& 
       break;
   }
   // Boost leaves some errnos untranslated (system_error / other_error).
-  switch (e.get_native_error()) {
-    case ENOENT:
-      return absl::NotFoundError(message);
-    case EEXIST:
-      return absl::AlreadyExistsError(message);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(message);
-    case ENOSPC:
-    case ENOMEM:
-    case EMFILE:
-    case ENFILE:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
+  return FromErrno(e.get_native_error(), message);
 }
 
 // Whether the object behind `fd` is this user's own, as Create makes them: a regular file of
-// this effective uid that no other user may read or write. On the descriptor, not the path.
-absl::Status CheckOwn(int fd, const std::string& name) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
+// this effective uid that no other user may read or write. On the descriptor, not the path;
+// `st` gets what fstat said.
+absl::Status CheckOwn(int fd, const std::string& name, struct stat* st) {
+  if (::fstat(fd, st) != 0) {
     return absl::InternalError(absl::StrCat("shm '", name, "': fstat: ", std::strerror(errno)));
   }
-  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+  if (!S_ISREG(st->st_mode) || st->st_uid != ::geteuid() || (st->st_mode & 077) != 0) {
     return absl::PermissionDeniedError(absl::StrFormat(
         "shm '%s' belongs to uid %d with mode %04o, not to this user (uid %d) with mode 0600: "
         "another user made it; not using it",
-        name, st.st_uid, st.st_mode & 07777, ::geteuid()));
+        name, st->st_uid, st->st_mode & 07777, ::geteuid()));
   }
   return absl::OkStatus();
 }
@@ -172,7 +181,8 @@ absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name, siz
     created = true;
     const int fd = shm.get_mapping_handle().handle;
     ::fchmod(fd, 0600);  // whatever the umask
-    if (absl::Status own = CheckOwn(fd, name); !own.ok()) {
+    struct stat st {};
+    if (absl::Status own = CheckOwn(fd, name, &st); !own.ok()) {
       bip::shared_memory_object::remove(name.c_str());
       return own;
     }
@@ -210,18 +220,10 @@ absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& name, bool 
                  (read_only ? O_RDONLY : O_RDWR) | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW, 0);
   if (fd < 0) {
     const int err = errno;
-    const std::string message = absl::StrCat("shm '", name, "': open: ", std::strerror(err));
-    if (err == ENOENT) return absl::NotFoundError(message);
-    if (err == EACCES || err == EPERM || err == ELOOP || err == ENXIO) {
-      return absl::PermissionDeniedError(message);
-    }
-    return absl::InternalError(message);
+    return FromErrno(err, absl::StrCat("shm '", name, "': open: ", std::strerror(err)));
   }
   struct stat st {};
-  absl::Status status = CheckOwn(fd, name);
-  if (status.ok() && ::fstat(fd, &st) != 0) {
-    status = absl::InternalError(absl::StrCat("shm '", name, "': cannot stat"));
-  }
+  absl::Status status = CheckOwn(fd, name, &st);
   // Create() is shm_open then ftruncate; between the two the object has size 0.
   if (status.ok() && st.st_size == 0) {
     status = absl::UnavailableError(absl::StrCat("shm '", name, "' is not sized yet"));
@@ -249,22 +251,15 @@ absl::Status SharedSegment::Remove(const std::string& name) {
   // swap for another under the name (/dev/shm is sticky: only the owner unlinks or renames).
   const int fd =
       ::shm_open(("/" + name).c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW, 0);
-  if (fd < 0) {
-    const int err = errno;
-    const std::string message = absl::StrCat("shm '", name, "': remove: ", std::strerror(err));
-    if (err == ENOENT) return absl::NotFoundError(message);
-    if (err == EACCES || err == EPERM || err == ELOOP) return absl::PermissionDeniedError(message);
-    return absl::InternalError(message);
+  if (fd >= 0) {
+    struct stat st {};
+    const absl::Status own = CheckOwn(fd, name, &st);
+    ::close(fd);
+    if (!own.ok()) return own;
+    if (::shm_unlink(("/" + name).c_str()) == 0) return absl::OkStatus();
   }
-  const absl::Status own = CheckOwn(fd, name);
-  ::close(fd);
-  if (!own.ok()) return own;
-  if (::shm_unlink(("/" + name).c_str()) == 0) return absl::OkStatus();
-  const int err = errno;
-  const std::string message = absl::StrCat("shm '", name, "': remove: ", std::strerror(err));
-  if (err == ENOENT) return absl::NotFoundError(message);
-  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
-  return absl::InternalError(message);
+  const int err = errno;  // shm_open's or shm_unlink's
+  return FromErrno(err, absl::StrCat("shm '", name, "': remove: ", std::strerror(err)));
 }
 
 std::vector<std::string> SharedSegment::ListOwned(const std::string& prefix) {

@@ -145,12 +145,15 @@ v1::ExpertLayout PlanLayout(const Model& model, const ExpertStoreOptions& option
   return layout;
 }
 
-// The meta of the store under `name`: NotFound when there is none, PermissionDenied when it is
-// not this user's own (SharedSegment), DataLoss when it is not a complete one.
+// The meta of the store under `name`: NotFound when there is none, FailedPrecondition when
+// the name is not this user's own (SharedSegment: it is never used, nor removed), DataLoss
+// when it is not a complete store.
 absl::StatusOr<StoreMeta> ReadMeta(const std::string& name) {
   absl::StatusOr<SharedSegment> segment = SharedSegment::Open(name, /*read_only=*/true);
-  if (absl::IsNotFound(segment.status()) || absl::IsPermissionDenied(segment.status())) {
-    return segment.status();
+  if (absl::IsNotFound(segment.status())) return segment.status();
+  if (absl::IsPermissionDenied(segment.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the expert store name is taken: ", segment.status().message()));
   }
   if (!segment.ok()) {
     return absl::DataLossError(absl::StrCat("cannot map ", name, ": ", segment.status().message()));
@@ -174,10 +177,7 @@ absl::Status CheckOwnerGone(const StoreMeta& meta, const std::string& prefix) {
 absl::Status RemoveGoneStore(const std::string& prefix) {
   const std::string meta_name = MetaName(prefix);
   absl::StatusOr<StoreMeta> old = ReadMeta(meta_name);
-  if (absl::IsPermissionDenied(old.status())) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the expert store name is taken: ", old.status().message()));
-  }
+  if (absl::IsFailedPrecondition(old.status())) return old.status();
   if (old.ok()) RETURN_IF_ERROR(CheckOwnerGone(*old, prefix));
   for (const std::string& name : SharedSegment::ListOwned(prefix + "-experts-")) {
     if (name != meta_name) SharedSegment::Remove(name).IgnoreError();
@@ -325,10 +325,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Attach(
   const std::string meta_name = MetaName(options.segment_prefix);
   absl::StatusOr<StoreMeta> meta = ReadMeta(meta_name);
   if (absl::IsNotFound(meta.status())) return Build(model, options);
-  if (absl::IsPermissionDenied(meta.status())) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the expert store name is taken: ", meta.status().message()));
-  }
+  if (absl::IsFailedPrecondition(meta.status())) return meta.status();
   if (meta.ok()) RETURN_IF_ERROR(CheckOwnerGone(*meta, options.segment_prefix));
 
   // Why the store found cannot be adopted; empty once adopted.

@@ -202,16 +202,17 @@ class ScoreSink : public ResponseSink {
   grpc::ByteBuffer* out_;
 };
 
-// A unary call answered at once: the request parsed (ParseClientRequest), `body` run on it,
-// the response serialized.
+// A unary call answered at once: unless `admitted` refuses it (the request budget), the
+// request parsed (ParseClientRequest), `body` run on it, the response serialized.
 template <typename Request, typename Response>
 grpc::ServerUnaryReactor* AnswerNow(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
-    absl::FunctionRef<absl::Status(const Request&, Response&)> body) {
+    const absl::Status& admitted, absl::FunctionRef<absl::Status(const Request&, Response&)> body) {
   auto* reactor = context->DefaultReactor();
   Request request;
   Response response;
-  absl::Status status = ParseClientRequest(*in, request);
+  absl::Status status = admitted;
+  if (status.ok()) status = ParseClientRequest(*in, request);
   if (status.ok()) status = body(request, response);
   if (status.ok()) status = SerializeResponse(response, *out);
   reactor->Finish(ToGrpcStatus(status));
@@ -313,7 +314,8 @@ grpc::ServerUnaryReactor* GenerationService::ModelInfo(grpc::CallbackServerConte
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
   return AnswerNow<v1::ModelInfoRequest, v1::ModelInfoResponse>(
-      context, request, response, [&](const v1::ModelInfoRequest&, v1::ModelInfoResponse& info) {
+      context, request, response, absl::OkStatus(),
+      [&](const v1::ModelInfoRequest&, v1::ModelInfoResponse& info) {
         info.set_model_type(std::string(ArchitectureName(config_.arch)));
         info.set_vocab_size(static_cast<uint32_t>(config_.vocab_size));
         info.set_num_layers(config_.num_layers);
@@ -330,11 +332,10 @@ grpc::ServerUnaryReactor* GenerationService::ModelInfo(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
-  absl::StatusOr<RequestBudget::Hold> hold = TakeBudget(*context, *request);
+  const absl::StatusOr<RequestBudget::Hold> hold = TakeBudget(*context, *request);
   return AnswerNow<v1::TokenizeRequest, v1::TokenizeResponse>(
-      context, request, response,
+      context, request, response, hold.status(),
       [&](const v1::TokenizeRequest& in, v1::TokenizeResponse& out) -> absl::Status {
-        if (!hold.ok()) return hold.status();
         if (tokenizer_ == nullptr) {
           return absl::FailedPreconditionError("this model has no tokenizer.json");
         }
@@ -351,11 +352,10 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* context,
                                                         const grpc::ByteBuffer* request,
                                                         grpc::ByteBuffer* response) {
-  absl::StatusOr<RequestBudget::Hold> hold = TakeBudget(*context, *request);
+  const absl::StatusOr<RequestBudget::Hold> hold = TakeBudget(*context, *request);
   return AnswerNow<v1::DetokenizeRequest, v1::DetokenizeResponse>(
-      context, request, response,
+      context, request, response, hold.status(),
       [&](const v1::DetokenizeRequest& in, v1::DetokenizeResponse& out) -> absl::Status {
-        if (!hold.ok()) return hold.status();
         if (tokenizer_ == nullptr) {
           return absl::FailedPreconditionError("this model has no tokenizer.json");
         }

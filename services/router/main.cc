@@ -19,6 +19,7 @@
 #include "common/util/process.h"
 #include "common/util/protobuf_log.h"
 #include "common/util/tunables.h"
+#include "services/router/router_limits.h"
 #include "services/router/router_server.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
@@ -125,8 +126,8 @@ int main(int argc, char** argv) {
   options.expert_weights = absl::GetFlag(FLAGS_weights);
   options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   const int64_t kv_mb = absl::GetFlag(FLAGS_kv_cache_mb);
-  if (kv_mb < 1 || kv_mb > (int64_t{1} << 22)) {
-    std::cerr << "strata-router: --kv-cache-mb must be in [1, 4194304]\n";
+  if (kv_mb < 1 || kv_mb > strata::kMaxKvCacheMiB) {
+    std::cerr << "strata-router: --kv-cache-mb must be in [1, " << strata::kMaxKvCacheMiB << "]\n";
     return 2;
   }
   options.kv_cache_bytes = kv_mb << 20;
@@ -158,8 +159,9 @@ int main(int argc, char** argv) {
   options.scheduler.max_context_tokens = absl::GetFlag(FLAGS_max_context);
   options.channel_prefix = absl::GetFlag(FLAGS_channel_prefix);
   const double liveness = absl::GetFlag(FLAGS_worker_liveness_timeout_s);
-  if (!(liveness >= 0.2 && liveness <= 3600)) {
-    std::cerr << "strata-router: --worker-liveness-timeout-s must be in [0.2, 3600]\n";
+  if (!(liveness >= strata::kMinWorkerLivenessS && liveness <= strata::kMaxWorkerLivenessS)) {
+    std::cerr << "strata-router: --worker-liveness-timeout-s must be in ["
+              << strata::kMinWorkerLivenessS << ", " << strata::kMaxWorkerLivenessS << "]\n";
     return 2;
   }
   options.worker_liveness_timeout = absl::Seconds(liveness);
@@ -208,8 +210,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int64_t max_request = absl::GetFlag(FLAGS_max_request_bytes);
-  if (max_request < 1024 || max_request > (int64_t{1} << 30)) {
-    std::cerr << "strata-router: --max-request-bytes must be in [1024, 2^30]\n";
+  if (max_request < strata::kMinRequestBytes || max_request > strata::kMaxRequestBytes) {
+    std::cerr << "strata-router: --max-request-bytes must be in [" << strata::kMinRequestBytes
+              << ", " << strata::kMaxRequestBytes << "]\n";
     return 2;
   }
   options.max_request_bytes = static_cast<int>(max_request);

@@ -86,6 +86,18 @@ bool RemoteExpertBackend::connected(int index) const {
   return index >= 0 && index < num_workers_ && connections_[index] && connections_[index]->Alive();
 }
 
+namespace {
+
+// What is known of a worker failing now through `connection`, for `why`.
+WorkerFailure FailureOf(const ExpertConnection& connection, const absl::Status& why) {
+  return WorkerFailure{.stalled = connection.Stalled(),
+                       .reason = std::string(why.message()),
+                       .since = absl::Now(),
+                       .process = connection.LocalProcess()};
+}
+
+}  // namespace
+
 std::vector<bool> RemoteExpertBackend::Usable(
     const std::vector<std::shared_ptr<ExpertConnection>>& connections) {
   std::vector<bool> usable(num_workers_);
@@ -107,10 +119,7 @@ std::vector<bool> RemoteExpertBackend::Usable(
       continue;
     }
     const absl::Status why = connections[w]->PeerStatus();
-    failures_[w] = WorkerFailure{.stalled = connections[w]->Stalled(),
-                                 .reason = std::string(why.message()),
-                                 .since = absl::Now(),
-                                 .process = connections[w]->LocalProcess()};
+    failures_[w] = FailureOf(*connections[w], why);
     // A worker that comes back registers again, on a channel of its own.
     connections[w]->Abandon();
     Log(LogLevel::kWarning, absl::StrCat("expert worker ", w, " is gone (", why.message(),
@@ -123,12 +132,7 @@ void RemoteExpertBackend::Failed(int w, ExpertConnection& connection, const absl
   std::lock_guard<std::mutex> lock(mu_);
   connection.Abandon();
   if (connections_[w].get() != &connection) return;  // replaced meanwhile
-  if (!failures_[w]) {
-    failures_[w] = WorkerFailure{.stalled = connection.Stalled(),
-                                 .reason = std::string(why.message()),
-                                 .since = absl::Now(),
-                                 .process = connection.LocalProcess()};
-  }
+  if (!failures_[w]) failures_[w] = FailureOf(connection, why);
   was_usable_[w].store(false);
 }
 

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #if STRATA_HAVE_CUDA
 #include "common/backend/cuda/device_router.h"
@@ -18,13 +17,14 @@
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
 #include "common/util/tunables.h"
+#include "services/router/router_limits.h"
 
 namespace strata {
 
 namespace {
 
-// The options a router cannot run with, each refused with its name (the flags of a router started
-// by hand reach here unchecked).
+// The options a router cannot run with, each refused with its name before the model is loaded
+// (the flags of a router started by hand reach here unchecked).
 absl::Status CheckOptions(const RouterOptions& o) {
   const SchedulerOptions& s = o.scheduler;
   if (s.max_batch_tokens < 1) return absl::InvalidArgumentError("max_batch_tokens must be >= 1");
@@ -33,13 +33,21 @@ absl::Status CheckOptions(const RouterOptions& o) {
     return absl::InvalidArgumentError("max_queued_requests must be >= 0");
   }
   if (s.max_context_tokens < 0) return absl::InvalidArgumentError("max_context must be >= 0");
-  if (o.num_threads < 0 || o.num_threads > 1024) {
-    return absl::InvalidArgumentError("threads must be in [0, 1024]");
+  if (o.num_threads < 0 || o.num_threads > kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("threads must be in [0, ", kMaxThreads, "]"));
   }
-  if (o.kv_cache_bytes <= 0 || o.kv_cache_bytes > (int64_t{1} << 42)) {
-    return absl::InvalidArgumentError("the KV cache must have 1 MiB .. 4 TiB");
+  if (o.kv_cache_bytes <= 0 || o.kv_cache_bytes > (kMaxKvCacheMiB << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the KV cache must have more than 0 bytes and at most ", kMaxKvCacheMiB, " MiB"));
   }
-  return absl::OkStatus();
+  if (o.max_request_bytes <= 0 || o.max_request_bytes > kMaxRequestBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the largest request size must be in [1, ", kMaxRequestBytes, "]"));
+  }
+  if (o.internal_listen.empty()) {
+    return absl::InvalidArgumentError("the router needs an internal listener (Coordinator, Admin)");
+  }
+  return CheckInternalListener("the internal listener", o.internal_listen, o.token);
 }
 
 }  // namespace
@@ -161,14 +169,6 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   s->generation_ = std::make_unique<GenerationService>(c, *s->scheduler_, s->tokenizer_.get(),
                                                        options.num_workers, budget);
 
-  if (options.internal_listen.empty()) {
-    return absl::InvalidArgumentError("the router needs an internal listener (Coordinator, Admin)");
-  }
-  RETURN_IF_ERROR(
-      CheckInternalListener("the internal listener", options.internal_listen, options.token));
-  if (options.max_request_bytes <= 0) {
-    return absl::InvalidArgumentError("the largest request size must be positive");
-  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   // Clients: Generation, health and reflection, nothing that could change the cluster.

@@ -38,13 +38,19 @@ inline pid_t ChildWithArgs(pid_t parent, const std::string& a, const std::string
   return -1;
 }
 
-// Sends SIGKILL to the live child of `parent` whose command line holds `a` and `b`, its pid
-// into `*killed`. Fails the test if there is none or the signal fails: call it inside
+// Sends `signal` to the live child of `parent` whose command line holds `a` and `b`, its pid
+// into `*child`. Fails the test if there is none or the signal fails: call it inside
 // ASSERT_NO_FATAL_FAILURE.
+inline void SignalChild(pid_t parent, const std::string& a, const std::string& b, int signal,
+                        pid_t* child) {
+  *child = ChildWithArgs(parent, a, b);
+  ASSERT_GT(*child, 0) << "no child of " << parent << " with " << a << " and " << b;
+  ASSERT_EQ(::kill(*child, signal), 0);
+}
+
+// SignalChild with SIGKILL.
 inline void KillChild(pid_t parent, const std::string& a, const std::string& b, pid_t* killed) {
-  *killed = ChildWithArgs(parent, a, b);
-  ASSERT_GT(*killed, 0) << "no child of " << parent << " with " << a << " and " << b;
-  ASSERT_EQ(::kill(*killed, SIGKILL), 0);
+  SignalChild(parent, a, b, SIGKILL, killed);
 }
 
 // The child of `parent` with `a` and `b` on its command line that took the place of `old` (a

@@ -14,6 +14,8 @@
 namespace strata::testing {
 
 using ServingStatus = grpc::health::v1::HealthCheckResponse::ServingStatus;
+inline constexpr ServingStatus kServing = grpc::health::v1::HealthCheckResponse::SERVING;
+inline constexpr ServingStatus kNotServing = grpc::health::v1::HealthCheckResponse::NOT_SERVING;
 
 // The health of `service` ("" for the server as a whole) at `address`; UNKNOWN if the check
 // fails (5 s deadline).

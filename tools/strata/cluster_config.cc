@@ -16,6 +16,7 @@
 #include "common/placement/hot_ratio.h"
 #include "common/util/byte_size.h"
 #include "common/util/flag_help.h"
+#include "services/router/router_limits.h"
 
 namespace strata {
 namespace {
@@ -93,11 +94,14 @@ template <typename T>
 absl::Status Positive(const T& v) {
   return Must(v > 0, "must be > 0");
 }
-// Threads of one process: beyond this a process fails to start them.
-absl::Status ThreadCount(const int& v) { return Must(v >= 0 && v <= 1024, "must be in [0, 1024]"); }
-// MiB: at most 4 TiB, far beyond any host this runs on.
-absl::Status MemoryMiB(const int64_t& v) {
-  return Must(v > 0 && v <= (int64_t{1} << 22), "must be in [1, 4194304] (MiB)");
+// A value in [lo, hi] (router_limits.h).
+template <typename T>
+std::function<absl::Status(const T&)> Within(T lo, T hi) {
+  return [lo, hi](const T& v) {
+    return v >= lo && v <= hi
+               ? absl::OkStatus()
+               : absl::InvalidArgumentError(absl::StrCat("must be in [", lo, ", ", hi, "]"));
+  };
 }
 
 constexpr int kCache = static_cast<int>(Daemon::kCache);
@@ -156,11 +160,11 @@ const std::map<std::string, Key>& Keys() {
                              })
                         .Help("debug, info, warning or error")
                         .To(kCache | kRouter | kWorker)},
-      {"threads", KeyOf<int>("threads", &ClusterConfig::threads_per_process, ThreadCount)
+      {"threads", KeyOf<int>("threads", &ClusterConfig::threads_per_process, Within(0, kMaxThreads))
                       .Help("CPU threads per process; 0: every hardware thread")
                       .To(kRouter | kWorker)},
       {"cpu_tier_threads",
-       KeyOf<int>("cpu-tier-threads", &ClusterConfig::cpu_tier_threads, ThreadCount)
+       KeyOf<int>("cpu-tier-threads", &ClusterConfig::cpu_tier_threads, Within(0, kMaxThreads))
            .Help("threads strata-cache computes cold experts on; 0: every hardware thread")
            .To(kCache)},
       {"router_temperature",
@@ -171,7 +175,8 @@ const std::map<std::string, Key>& Keys() {
        KeyOf<int>("kv-block-size", &ClusterConfig::kv_block_size, Positive<int>)
            .Help("token slots per paged KV-cache block")
            .To(kRouter)},
-      {"kv_cache.memory_mb", KeyOf<int64_t>("kv-cache-mb", &ClusterConfig::kv_memory_mb, MemoryMiB)
+      {"kv_cache.memory_mb", KeyOf<int64_t>("kv-cache-mb", &ClusterConfig::kv_memory_mb,
+                                            Within<int64_t>(1, kMaxKvCacheMiB))
                                  .Help("the router's KV pool, MiB")
                                  .To(kRouter)},
       {"kv_cache.prefix_caching",
@@ -231,16 +236,12 @@ const std::map<std::string, Key>& Keys() {
            .Help("on SIGTERM, seconds in-flight requests may take to finish")
            .To(kRouter)},
       {"max_request_bytes", KeyOf<int64_t>("max-request-bytes", &ClusterConfig::max_request_bytes,
-                                           [](const int64_t& v) {
-                                             return Must(v >= 1024 && v <= (int64_t{1} << 30),
-                                                         "must be in [1024, 2^30]");
-                                           })
+                                           Within(kMinRequestBytes, kMaxRequestBytes))
                                 .Help("largest gRPC request and HTTP body a client may send, bytes")
                                 .To(kRouter)},
       {"worker_liveness_timeout_s",
-       KeyOf<double>(
-           "worker-liveness-timeout-s", &ClusterConfig::worker_liveness_timeout_s,
-           [](const double& v) { return Must(v >= 0.2 && v <= 3600, "must be in [0.2, 3600]"); })
+       KeyOf<double>("worker-liveness-timeout-s", &ClusterConfig::worker_liveness_timeout_s,
+                     Within(kMinWorkerLivenessS, kMaxWorkerLivenessS))
            .Help("a worker whose heartbeat stands still this long is declared failed and its "
                  "experts rerouted (workers beat for every message and while they compute)")
            .To(kRouter)},

@@ -298,10 +298,8 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
       if (fds[1].revents & (POLLIN | POLLHUP)) ReadStdout(router);
       if (std::optional<std::string> address = TakeLineWithPrefix(router.unread, "READY ")) {
         if (!announced) {
-          const ClusterInfo info{.client = *address,
-                                 .internal = router_internal,
-                                 .http_port = c.http_port,
-                                 .pid = ::getpid()};
+          const ClusterInfo info{
+              .client = *address, .internal = router_internal, .http_port = c.http_port};
           if (absl::Status s = WriteClusterInfo(*dir, info); !s.ok()) {
             StatusLine(absl::StrCat("admin commands cannot find this cluster: ", s.message()));
           }

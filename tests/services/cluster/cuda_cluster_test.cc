@@ -31,6 +31,7 @@ namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
+using ::strata::testing::AwaitReplacement;
 using ::strata::testing::ChildWithArgs;
 using ::strata::testing::ClusterProcess;
 using ::strata::testing::ExpectSameOrTied;
@@ -41,11 +42,14 @@ using ::strata::testing::GenerateGreedy;
 using ::strata::testing::GenerateGreedyAsync;
 using ::strata::testing::GreedyRequest;
 using ::strata::testing::KillChild;
+using ::strata::testing::kServing;
 using ::strata::testing::LoadOracle;
 using ::strata::testing::OracleDir;
 using ::strata::testing::PollUntil;
 using ::strata::testing::RouterStats;
 using ::strata::testing::Serving;
+using ::strata::testing::SignalChild;
+using ::strata::testing::WaitForHealth;
 
 int Workers() { return gpu::CudaDeviceCount() >= 2 ? 2 : 1; }
 
@@ -368,9 +372,9 @@ TEST(CudaClusterTest, StoppedWorkerIsRoutedAroundDuringReplayedSteps) {
   FirstTokens first;
   auto running = GenerateGreedyAsync(cluster.address(), prompt, kNewTokens, first.Callback());
   ASSERT_TRUE(first.Wait()) << "no first token";
-  const pid_t worker = ChildWithArgs(cluster.pid(), "strata-worker", "--index=1");
-  ASSERT_GT(worker, 0);
-  ASSERT_EQ(::kill(worker, SIGSTOP), 0);
+  pid_t worker = -1;
+  ASSERT_NO_FATAL_FAILURE(
+      SignalChild(cluster.pid(), "strata-worker", "--index=1", SIGSTOP, &worker));
   ASSERT_EQ(running.wait_for(std::chrono::seconds(60)), std::future_status::ready)
       << "the request hangs after its worker stopped";
   const Generated g = running.get();
@@ -378,13 +382,9 @@ TEST(CudaClusterTest, StoppedWorkerIsRoutedAroundDuringReplayedSteps) {
   EXPECT_EQ(g.tokens.size(), static_cast<size_t>(kNewTokens));
   EXPECT_LT(g.longest_gap_ms, 3000.0);
   std::cout << "request with a stopped worker: longest gap " << g.longest_gap_ms << " ms\n";
-  const bool back = PollUntil(
-      [&] {
-        const pid_t replacement = ChildWithArgs(cluster.pid(), "strata-worker", "--index=1");
-        return replacement > 0 && replacement != worker && Serving(cluster.address());
-      },
-      std::chrono::seconds(90), std::chrono::milliseconds(100));
-  ASSERT_TRUE(back) << "the stopped worker was not replaced";
+  ASSERT_GT(AwaitReplacement(cluster.pid(), "strata-worker", "--index=1", worker, 90), 0)
+      << "the stopped worker was not replaced";
+  ASSERT_TRUE(WaitForHealth(cluster.address(), kServing, 90)) << "no replacement registered";
   const Generated after = GenerateGreedy(cluster.address(), prompt, 16);
   ASSERT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(cluster.Stop(), 0);

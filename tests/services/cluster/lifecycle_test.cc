@@ -41,6 +41,8 @@ using ::strata::testing::GenerateGreedy;
 using ::strata::testing::GenerateGreedyAsync;
 using ::strata::testing::Health;
 using ::strata::testing::KillChild;
+using ::strata::testing::kNotServing;
+using ::strata::testing::kServing;
 using ::strata::testing::LoadOracle;
 using ::strata::testing::OracleDir;
 using ::strata::testing::PollUntil;
@@ -48,9 +50,6 @@ using ::strata::testing::TempDir;
 using ::strata::testing::WaitForHealth;
 
 const std::string kBin = STRATA_BIN_DIR;
-
-constexpr auto kNotServing = grpc::health::v1::HealthCheckResponse::NOT_SERVING;
-constexpr auto kServing = grpc::health::v1::HealthCheckResponse::SERVING;
 
 TEST(LifecycleTest, NotServingUntilEveryWorkerRegisters) {
   const std::string model = OracleDir("qwen3_moe");

@@ -48,18 +48,18 @@ using ::strata::testing::Generated;
 using ::strata::testing::GenerateGreedy;
 using ::strata::testing::GenerateGreedyAsync;
 using ::strata::testing::Health;
+using ::strata::testing::kNotServing;
+using ::strata::testing::kServing;
 using ::strata::testing::OracleDir;
 using ::strata::testing::PollUntil;
 using ::strata::testing::RouterStats;
+using ::strata::testing::SignalChild;
 using ::strata::testing::WaitForHealth;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Not;
 
 const std::string kDemoModel = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
-
-constexpr auto kNotServing = grpc::health::v1::HealthCheckResponse::NOT_SERVING;
-constexpr auto kServing = grpc::health::v1::HealthCheckResponse::SERVING;
 
 std::pair<ClusterDir, ClusterInfo> FindCluster(const std::string& client) {
   auto found = FindClusterByClient(client);
@@ -277,9 +277,9 @@ TEST(TrustTest, StoppedWorkerIsDeclaredFailedRoutedAroundAndRestarted) {
   FirstTokens first;
   auto running = GenerateGreedyAsync(cluster.address(), prompt, kNewTokens, first.Callback());
   ASSERT_TRUE(first.Wait()) << "no first token";
-  const pid_t worker = ChildWithArgs(cluster.pid(), "strata-worker", "--index=1");
-  ASSERT_GT(worker, 0);
-  ASSERT_EQ(::kill(worker, SIGSTOP), 0);
+  pid_t worker = -1;
+  ASSERT_NO_FATAL_FAILURE(
+      SignalChild(cluster.pid(), "strata-worker", "--index=1", SIGSTOP, &worker));
   // A small request sent after the stop is answered within the bar too.
   const auto small_start = std::chrono::steady_clock::now();
   const Generated small = GenerateGreedy(cluster.address(), Prompt(6, 3), 4);
@@ -287,6 +287,19 @@ TEST(TrustTest, StoppedWorkerIsDeclaredFailedRoutedAroundAndRestarted) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - small_start).count();
   EXPECT_TRUE(small.status.ok()) << small.status.error_message();
   EXPECT_LT(small_s, 3.0);
+  // Declared failed (1.5 s) and said so in stats, well before it is killed (3 s later) and
+  // replaced.
+  v1::StatsResponse failed;
+  EXPECT_TRUE(PollUntil(
+      [&] {
+        failed = RouterStats(cluster.address());
+        return failed.workers_size() == 2 && !failed.workers(1).failure().empty();
+      },
+      std::chrono::seconds(4)));
+  if (failed.workers_size() == 2) {
+    EXPECT_TRUE(failed.workers(1).stalled());
+    EXPECT_THAT(failed.workers(1).failure(), HasSubstr("stopped answering"));
+  }
 
   const Generated g = running.get();
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
@@ -341,7 +354,8 @@ TEST(TrustTest, MalformedRequestsGetInvalidArgumentWithAMessage) {
       {"Tokenize", "\x0a\x7fshort", false, "not a strata.v1.TokenizeRequest message"},
       {"Detokenize", "\xff\xff", false, "not a strata.v1.DetokenizeRequest message"},
       {"Score", "\x0b", false, "not a strata.v1.ScoreRequest message"},
-      {"ModelInfo", "\x0a\x05ab", false, "not a strata.v1.ModelInfoRequest message"},
+      {"ModelInfo", std::string("\x0a\x05") + "ab", false,
+       "not a strata.v1.ModelInfoRequest message"},
   };
   for (int round = 0; round < 3; ++round) {  // again and again: still no log lines
     for (const Case& c : cases) {
@@ -529,9 +543,9 @@ TEST(TrustTest, ContinuedWorkerRegistersAgain) {
   const std::vector<uint32_t> prompt = Prompt(9, 4);
   const Generated undisturbed = GenerateGreedy(cluster.address(), prompt, 16);
   ASSERT_TRUE(undisturbed.status.ok()) << undisturbed.status.error_message();
-  const pid_t worker = ChildWithArgs(cluster.pid(), "strata-worker", "--index=0");
-  ASSERT_GT(worker, 0);
-  ASSERT_EQ(::kill(worker, SIGSTOP), 0);
+  pid_t worker = -1;
+  ASSERT_NO_FATAL_FAILURE(
+      SignalChild(cluster.pid(), "strata-worker", "--index=0", SIGSTOP, &worker));
   // Noticed with no request running.
   EXPECT_TRUE(WaitForHealth(cluster.address(), kNotServing, 10));
   const v1::StatsResponse stats = RouterStats(cluster.address());

@@ -96,6 +96,13 @@ class HttpServerTest : public ::testing::Test {
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
+  // Whether `n` requests reached the /block handler within 5 s.
+  bool AwaitBlocked(int n) {
+    for (int i = 0; i < 500 && blocked_.load() < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return blocked_.load() == n;
+  }
   void TearDown() override {
     release_.store(true);
     if (server_) server_->Shutdown();
@@ -129,6 +136,7 @@ TEST_F(HttpServerTest, SlowHeadersAreCutAtTheirDeadline) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_TRUE(slow.closed() || refused);
+  EXPECT_GT(seconds, 0.9);  // at its deadline, not before
   EXPECT_LT(seconds, 2.5);
 }
 
@@ -142,8 +150,11 @@ TEST_F(HttpServerTest, SlowBodiesAreCutAtTheirDeadline) {
   ASSERT_TRUE(slow.Send("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n0123456789"));
   const auto start = std::chrono::steady_clock::now();
   slow.ReadAll(std::chrono::seconds(5));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_TRUE(slow.closed());
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.5);
+  EXPECT_GT(seconds, 0.9);  // at its deadline, not before
+  EXPECT_LT(seconds, 2.5);
 }
 
 // At the connection cap, idle connections make room: a new client is served. Only when every
@@ -170,10 +181,7 @@ TEST_F(HttpServerTest, IdleConnectionsMakeRoomAtTheCap) {
     busy.push_back(std::make_unique<Client>(server_->port()));
     ASSERT_TRUE(busy.back()->Send("POST /block HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"));
   }
-  for (int i = 0; i < 500 && blocked_.load() < 8; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_EQ(blocked_.load(), 8);
+  ASSERT_TRUE(AwaitBlocked(8)) << blocked_.load();
   Client refused(server_->port());
   refused.Send(Post("hi"));
   EXPECT_THAT(refused.ReadAll(), HasSubstr("503"));
@@ -206,9 +214,7 @@ TEST_F(HttpServerTest, BodiesBeyondTheBudgetAreRefused) {
   Client blocked(server_->port());
   ASSERT_TRUE(blocked.Send("POST /block HTTP/1.1\r\nHost: a\r\nContent-Length: 900\r\n\r\n" +
                            std::string(900, 'z')));
-  for (int i = 0; i < 500 && blocked_.load() < 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  ASSERT_TRUE(AwaitBlocked(1)) << blocked_.load();
   Client after(server_->port());
   ASSERT_TRUE(after.Send(Post(std::string(800, 'w'))));
   EXPECT_THAT(after.ReadAll(), HasSubstr("ok 800"));
