@@ -9,17 +9,7 @@
 #   bash bench/gpu/trust_call.sh OUT_DIR [BUILD_DIR_NAME]
 set -uo pipefail
 final=$1 build=${2:-build-cuda}
-mkdir -p "$final" .device-ipc
-# models/ and tests/data/oracles/ may travel as links to where they were moved aside.
-for d in models tests/data/oracles; do [ -L "$d" ] && rm "$d"; done
-tar xJf .device-ipc/bundle.tar.xz -C .device-ipc && tar xJf .device-ipc/oracles.tar.xz &&
-  tar xJf .device-demo/demo.tar.xz || exit 3
-export LD_LIBRARY_PATH=$PWD/.device-ipc/lib:/usr/local/cuda/lib64 NCCL_NVLS_ENABLE=0
-# The tests find their data and `strata` where they were built (/work/main/BUILD_DIR).
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
-mkdir -p "$build/bin" && cp -f .device-ipc/bin/* "$build/bin/"
-sum=$final/summary.txt
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$sum"
+source "$(dirname "${BASH_SOURCE[0]}")/unpack_device.sh"
 for t in cuda_ipc_test:120 cuda_cluster_test:300 cuda_tiers_test:300; do
   limit=${t#*:} t=${t%:*}
   timeout "$limit" ".device-ipc/bin/$t" >"$final/$t.log" 2>&1

@@ -430,7 +430,7 @@ absl::Status CudaRouterBackend::UploadBatch(const BatchLayout& batch, PagedKvCac
   const int64_t n = batch.num_tokens();
   absl::flat_hash_map<PagedKvCache::SequenceId, int32_t> row_of;
   std::vector<PagedKvCache::SequenceId> seqs;
-  std::vector<int32_t> token_seq(n), positions(n);
+  std::vector<int32_t> token_seq(n), positions(n), queries;
   max_context_ = 0;
   for (int64_t t = 0; t < n; ++t) {
     auto [it, inserted] = row_of.emplace(batch.sequence[t], static_cast<int32_t>(seqs.size()));
@@ -440,10 +440,13 @@ absl::Status CudaRouterBackend::UploadBatch(const BatchLayout& batch, PagedKvCac
                                                         " is not reserved in the kv cache"));
     }
     token_seq[t] = it->second;
+    if (inserted) queries.push_back(0);
+    ++queries[it->second];
     positions[t] = static_cast<int32_t>(batch.position[t]);
     max_context_ = std::max(max_context_, positions[t] + 1);
   }
   one_token_per_sequence_ = static_cast<int64_t>(seqs.size()) == n;
+  max_queries_per_seq_ = queries.empty() ? 1 : *std::max_element(queries.begin(), queries.end());
   if (!graph_mode_) RETURN_IF_ERROR(SyncKv(kv));  // never while a graph is captured
   observe_kv_ = kv_fp8_ && !graph_mode_ && kv.calibrating();
   if (observe_kv_) observed_tokens_ += n;
@@ -529,6 +532,7 @@ absl::Status CudaRouterBackend::Attention(int layer) {
   params.sliding_window = c.sliding_window[layer];
   params.sinks = lw.sinks;
   params.max_context = max_context_;
+  params.max_queries_per_seq = max_queries_per_seq_;
   const PagedAttentionPlan plan = PlanPagedAttention(n, params, context_->num_sms());
   // The fused decode needs every token's only new key to be its own (one token a sequence);
   // taken for small steps only, where it was measured.

@@ -201,6 +201,7 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   int max_context_ = 0;
   int64_t step_tokens_ = 0;
   bool one_token_per_sequence_ = false;  // this step's, from UploadBatch
+  int max_queries_per_seq_ = 1;          // this step's, from UploadBatch
   int current_layer_ = 0;
   // The layer whose post-attention add + norm PrepareFfn owes (FusesNormAndGate); -1: none.
   int pending_post_norm_ = -1;

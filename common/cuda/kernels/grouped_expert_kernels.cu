@@ -46,6 +46,7 @@ int MmaChunkTokens(int64_t n, int top_k, int num_experts) {
 }
 
 std::atomic<int> tensor_core_experts{-1};  // -1: not yet read from the environment
+std::atomic<bool> tiled_experts{true};
 
 bool UseMma(int64_t n, const ExpertWeightTable& w) {
   return n >= 2 && TensorCoreExperts() && MmaExpertShapesFit(w);
@@ -56,12 +57,21 @@ bool UseMma(int64_t n, const ExpertWeightTable& w) {
 struct ExpertKernels {
   bool mma;
   int chunk;
+  bool tiled;  // the shared-memory tiles of kTiledChunkTokens tokens (mma too)
 };
 
-ExpertKernels ChooseKernels(int64_t n, int top_k, const ExpertWeightTable& w) {
+// Prefill-sized steps take the tiled kernels: an active expert averaging half their 64-token
+// items or more, so few items run part-empty. They gather x in 16-byte pieces.
+ExpertKernels ChooseKernels(int64_t n, int top_k, const ExpertWeightTable& w, bool x_aligned) {
   const bool mma = UseMma(n, w);
-  return {mma,
-          mma ? MmaChunkTokens(n, top_k, w.num_experts) : ChunkTokens(n, top_k, w.num_experts)};
+  const int64_t slots = n * top_k;
+  const int64_t active = std::max<int64_t>(1, std::min<int64_t>(slots, w.num_experts));
+  if (mma && x_aligned && tiled_experts.load() && TiledExpertShapesFit(w) &&
+      (slots + active - 1) / active >= kTiledChunkTokens / 2) {
+    return {true, kTiledChunkTokens, true};
+  }
+  return {mma, mma ? MmaChunkTokens(n, top_k, w.num_experts) : ChunkTokens(n, top_k, w.num_experts),
+          false};
 }
 
 // Upper bound on work items: sum over experts of ceil(count / chunk).
@@ -589,6 +599,7 @@ cudaError_t Dispatch(int chunk, const ExpertWeightTable& w, bool x_aligned, Fn&&
 }  // namespace
 
 void SetTensorCoreExperts(bool on) { tensor_core_experts.store(on ? 1 : 0); }
+void SetTiledExperts(bool on) { tiled_experts.store(on); }
 
 bool TensorCoreExperts() {
   int on = tensor_core_experts.load();
@@ -644,6 +655,11 @@ cudaError_t GateUpStage(const bf16* x, int64_t n, int top_k, const ExpertWeightT
   if (!ValidTable(experts) || n < 0 || top_k <= 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  if (k.tiled) {
+    if (!aligned) return cudaErrorInvalidValue;  // ChooseKernels was told otherwise
+    return LaunchExpertGateUpTiled(x, top_k, MaxWork(n * top_k, experts.num_experts, k.chunk),
+                                   experts, act, ws, stream);
+  }
   if (k.mma && aligned) {
     return LaunchExpertGateUpMma(x, top_k, k.chunk,
                                  MaxWork(n * top_k, experts.num_experts, k.chunk), experts, act, ws,
@@ -658,6 +674,10 @@ cudaError_t DownStage(int64_t n, int top_k, const ExpertWeightTable& experts,
                       const ExpertKernels& k, const ExpertWorkspace& ws, cudaStream_t stream) {
   if (!ValidTable(experts) || n < 0 || top_k <= 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
+  if (k.tiled) {
+    return LaunchExpertDownTiled(MaxWork(n * top_k, experts.num_experts, k.chunk), experts, ws,
+                                 stream);
+  }
   if (k.mma) {
     return LaunchExpertDownMma(k.chunk, MaxWork(n * top_k, experts.num_experts, k.chunk), experts,
                                ws, stream);
@@ -672,18 +692,19 @@ cudaError_t DownStage(int64_t n, int top_k, const ExpertWeightTable& experts,
 cudaError_t LaunchExpertPlan(const int32_t* expert_ids, int64_t n, int top_k,
                              const ExpertWeightTable& experts, const ExpertWorkspace& ws,
                              cudaStream_t stream) {
-  return PlanStage(expert_ids, n, top_k, experts, ChooseKernels(n, top_k, experts), ws, stream);
+  return PlanStage(expert_ids, n, top_k, experts, ChooseKernels(n, top_k, experts, true), ws,
+                   stream);
 }
 
 cudaError_t LaunchExpertGateUp(const bf16* x, int64_t n, int top_k,
                                const ExpertWeightTable& experts, const GluParams& act,
                                const ExpertWorkspace& ws, cudaStream_t stream) {
-  return GateUpStage(x, n, top_k, experts, ChooseKernels(n, top_k, experts), act, ws, stream);
+  return GateUpStage(x, n, top_k, experts, ChooseKernels(n, top_k, experts, true), act, ws, stream);
 }
 
 cudaError_t LaunchExpertDown(int64_t n, int top_k, const ExpertWeightTable& experts,
                              const ExpertWorkspace& ws, cudaStream_t stream) {
-  return DownStage(n, top_k, experts, ChooseKernels(n, top_k, experts), ws, stream);
+  return DownStage(n, top_k, experts, ChooseKernels(n, top_k, experts, true), ws, stream);
 }
 
 cudaError_t LaunchExpertCombine(const int32_t* expert_ids, const float* weights, int64_t n,
@@ -725,7 +746,8 @@ cudaError_t LaunchGroupedExperts(const bf16* x, const int32_t* expert_ids, const
       return err;
     });
   }
-  const ExpertKernels kernels = ChooseKernels(n, top_k, experts);
+  const ExpertKernels kernels =
+      ChooseKernels(n, top_k, experts, reinterpret_cast<uintptr_t>(x) % 16 == 0);
   cudaError_t err = PlanStage(expert_ids, n, top_k, experts, kernels, ws, stream);
   if (err == cudaSuccess) err = GateUpStage(x, n, top_k, experts, kernels, act, ws, stream);
   if (err == cudaSuccess) err = DownStage(n, top_k, experts, kernels, ws, stream);

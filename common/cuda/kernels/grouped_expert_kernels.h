@@ -69,7 +69,8 @@ ExpertWorkspace CarveExpertWorkspace(void* base, int64_t n, int top_k, int64_t h
 // expert_ids, weights: [n, top_k] routing (an id outside [0, experts.num_experts) skips the
 // slot). The plan's work items are sized for the table's shape and the tensor-core switch
 // below, so the gate-up and down stages that follow must be given the same table, with the
-// switch unchanged (LaunchGroupedExperts reads it once for all of its stages).
+// switch unchanged (LaunchGroupedExperts reads it once for all of its stages). Launched apart,
+// the stages of a prefill-sized step need x 16-byte aligned.
 cudaError_t LaunchExpertPlan(const int32_t* expert_ids, int64_t n, int top_k,
                              const ExpertWeightTable& experts, const ExpertWorkspace& ws,
                              cudaStream_t stream);
@@ -91,6 +92,9 @@ cudaError_t LaunchExpertCombine(const int32_t* expert_ids, const float* weights,
 // captured with.
 void SetTensorCoreExperts(bool on);
 bool TensorCoreExperts();
+// Prefill-sized steps on the tensor cores take 64-token shared-memory tiles
+// (grouped_expert_mma.h) unless switched off here (benchmarks compare the two).
+void SetTiledExperts(bool on);
 
 // The four stages in order (two for one token); the last raises `signal` once out is written.
 cudaError_t LaunchGroupedExperts(const bf16* x, const int32_t* expert_ids, const float* weights,

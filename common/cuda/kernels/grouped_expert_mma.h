@@ -27,6 +27,19 @@ cudaError_t LaunchExpertGateUpMma(const bf16* x, int top_k, int chunk, int64_t m
 cudaError_t LaunchExpertDownMma(int chunk, int64_t max_work, const ExpertWeightTable& w,
                                 const ExpertWorkspace& ws, cudaStream_t stream);
 
+// Prefill-sized steps (an active expert averaging kTiledChunkTokens / 2 slots or more): work
+// items of up to kTiledChunkTokens tokens, a block computing 64 rows of an expert's matrices
+// for all of them, the weights and the gathered token rows staged through shared memory (three
+// stages, copied asynchronously), so each weight is read once per 64 tokens. Both dims
+// multiples of 64; FP8 weights converted to bf16 as the MMA fragments are built.
+inline constexpr int kTiledChunkTokens = 64;
+bool TiledExpertShapesFit(const ExpertWeightTable& w);
+cudaError_t LaunchExpertGateUpTiled(const bf16* x, int top_k, int64_t max_work,
+                                    const ExpertWeightTable& w, const GluParams& act,
+                                    const ExpertWorkspace& ws, cudaStream_t stream);
+cudaError_t LaunchExpertDownTiled(int64_t max_work, const ExpertWeightTable& w,
+                                  const ExpertWorkspace& ws, cudaStream_t stream);
+
 }  // namespace strata::gpu
 
 #endif  // STRATA_COMMON_CUDA_KERNELS_GROUPED_EXPERT_MMA_H_

@@ -12,17 +12,6 @@
 namespace strata::gpu {
 namespace {
 
-
-// The work item of block row y: expert, first sorted slot, token count (0 past the plan's).
-struct Item {
-  int expert, first, count;
-};
-__device__ __forceinline__ Item ItemAt(const ExpertWorkspace& ws) {
-  if (static_cast<int>(blockIdx.y) >= *ws.num_work) return {0, 0, 0};
-  const int32_t* item = ws.work + 4 * blockIdx.y;
-  return {item[0], item[1], item[2]};
-}
-
 // Grid: (row tiles of the intermediate dim, work items). h[slot] = act(gate . x, up . x).
 template <typename WT, int kNt, int kWide>
 __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
@@ -32,7 +21,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
   const int64_t r0 = (int64_t{blockIdx.x} * kMmaWarps + threadIdx.x / kWarpSize) * kMmaRows;
   if (it.count == 0 || r0 >= w.intermediate) return;  // the same for a whole warp
   const int lane = threadIdx.x % kWarpSize;
-  const int g = lane / 4, t = lane % 4;
+  const int g = lane / 4;
   const int64_t hidden = w.hidden;
   const WT* gate = static_cast<const WT*>(w.gate[it.expert]);
   const WT* up = static_cast<const WT*>(w.up[it.expert]);
@@ -46,26 +35,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
   }
   float acc[2][kNt][4] = {};
   WarpDots<WT, 2, kNt, kWide>(rows, tokens, hidden, acc);
-  const bool gate_biased = w.gate_bias != nullptr && w.gate_bias[it.expert] != nullptr;
-  const bool up_biased = w.up_bias != nullptr && w.up_bias[it.expert] != nullptr;
-#pragma unroll
-  for (int n = 0; n < kNt; ++n) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int tok = 8 * n + 2 * t + i % 2;
-      if (tok >= it.count) continue;
-      const int64_t row = r0 + g + 8 * (i / 2);
-      float gv = acc[0][n][i], uv = acc[1][n][i];
-      if constexpr (sizeof(WT) == 1) {
-        gv *= w.gate_scale[it.expert][row];
-        uv *= w.up_scale[it.expert][row];
-      }
-      if (gate_biased) gv += __bfloat162float(w.gate_bias[it.expert][row]);
-      if (up_biased) uv += __bfloat162float(w.up_bias[it.expert][row]);
-      const int64_t slot = ws.sorted_slots[it.first + tok];
-      ws.h[slot * w.intermediate + row] = __float2bfloat16(Activate(gv, uv, act));
-    }
-  }
+  StoreGateUp<WT, kNt>(acc, r0, it, w, act, ws);
 }
 
 // Grid: (row tiles of the hidden dim, work items). y[slot] = down . h[slot] + bias. With
@@ -77,10 +47,11 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
     ExpertDownMmaKernel(ExpertWeightTable w, ExpertWorkspace ws) {
   const Item it = ItemAt(ws);
   const int warp = threadIdx.x / kWarpSize;
-  const int64_t r0 = (kSplitK ? int64_t{blockIdx.x} : int64_t{blockIdx.x} * kMmaWarps + warp) * kMmaRows;
+  const int64_t r0 =
+      (kSplitK ? int64_t{blockIdx.x} : int64_t{blockIdx.x} * kMmaWarps + warp) * kMmaRows;
   if (it.count == 0 || r0 >= w.hidden) return;  // the same for a whole block under kSplitK
   const int lane = threadIdx.x % kWarpSize;
-  const int g = lane / 4, t = lane % 4;
+  const int g = lane / 4;
   const int64_t inter = w.intermediate;
   const int64_t k_len = kSplitK ? inter / kMmaWarps : inter;
   const int64_t k0 = kSplitK ? warp * k_len : 0;
@@ -97,20 +68,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
   if constexpr (kSplitK) {
     if (!SumSplitK(acc)) return;
   }
-  const bool biased = w.down_bias != nullptr && w.down_bias[it.expert] != nullptr;
-#pragma unroll
-  for (int n = 0; n < kNt; ++n) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int tok = 8 * n + 2 * t + i % 2;
-      if (tok >= it.count) continue;
-      const int64_t row = r0 + g + 8 * (i / 2);
-      float v = acc[0][n][i];
-      if constexpr (sizeof(WT) == 1) v *= w.down_scale[it.expert][row];
-      if (biased) v += __bfloat162float(w.down_bias[it.expert][row]);
-      ws.y[int64_t{ws.sorted_slots[it.first + tok]} * w.hidden + row] = v;
-    }
-  }
+  StoreDown<WT, kNt>(acc, r0, it, w, ws);
 }
 
 bool LaunchFits(int chunk, int64_t max_work, int64_t rows) {
@@ -124,9 +82,8 @@ dim3 GridFor(int64_t rows, int64_t max_work) {
 }
 
 template <int kNt, int kWide>
-void GateUpAs(bool fp8, dim3 grid, dim3 block, const bf16* x, int top_k,
-              const ExpertWeightTable& w, const GluParams& act, const ExpertWorkspace& ws,
-              cudaStream_t stream) {
+void GateUpAs(bool fp8, dim3 grid, dim3 block, const bf16* x, int top_k, const ExpertWeightTable& w,
+              const GluParams& act, const ExpertWorkspace& ws, cudaStream_t stream) {
   if (fp8) {
     ExpertGateUpMmaKernel<uint8_t, kNt, kWide><<<grid, block, 0, stream>>>(x, top_k, w, act, ws);
   } else {
@@ -135,8 +92,8 @@ void GateUpAs(bool fp8, dim3 grid, dim3 block, const bf16* x, int top_k,
 }
 
 template <int kNt, int kWide, bool kSplitK>
-void DownAs(bool fp8, dim3 grid, dim3 block, const ExpertWeightTable& w,
-            const ExpertWorkspace& ws, cudaStream_t stream) {
+void DownAs(bool fp8, dim3 grid, dim3 block, const ExpertWeightTable& w, const ExpertWorkspace& ws,
+            cudaStream_t stream) {
   if (fp8) {
     ExpertDownMmaKernel<uint8_t, kNt, kWide, kSplitK><<<grid, block, 0, stream>>>(w, ws);
   } else {
@@ -180,9 +137,9 @@ cudaError_t LaunchExpertDownMma(int chunk, int64_t max_work, const ExpertWeightT
   const bool fp8 = w.format == WeightFormat::kFp8E4M3;
   const bool wide = WideFp8Slabs(fp8, w.intermediate / kMmaWarps);
   const bool split = w.intermediate % (kMmaWarps * (wide ? kMmaWideSlab : kMmaSlab)) == 0;
-  const dim3 grid = split ? dim3(static_cast<unsigned>(w.hidden / kMmaRows),
-                                 static_cast<unsigned>(max_work))
-                          : GridFor(w.hidden, max_work);
+  const dim3 grid =
+      split ? dim3(static_cast<unsigned>(w.hidden / kMmaRows), static_cast<unsigned>(max_work))
+            : GridFor(w.hidden, max_work);
   const dim3 block(kMmaWarps * kWarpSize);
   if (chunk == 8) {
     if (split) {

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "common/cuda/cuda_types.h"
 #include "common/cuda/device_utils.cuh"
 
 namespace strata::gpu {

@@ -9,6 +9,7 @@
 #include "common/cuda/device_utils.cuh"
 #include "common/cuda/kernels/paged_attention_kernels.h"
 #include "common/cuda/kernels/paged_kv_access.cuh"
+#include "common/cuda/kernels/prefill_attention.h"
 #include "common/cuda/pdl.cuh"
 
 namespace strata::gpu {
@@ -20,6 +21,9 @@ constexpr int kThreads = 128;
 constexpr int kMaxGroup = 8;  // query heads per block (sharing one kv head)
 constexpr int kMaxSplits = 64;
 constexpr int kMinTilesPerSplit = 2;
+// Query tokens of one sequence from which a step's attention runs on the tensor cores: the
+// kernel's 64-row blocks hold 64 / group tokens (8 for Qwen3's 32 / 4 heads).
+constexpr int kMinTensorCoreQueries = 16;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Keys per tile: 16 KB of bf16 keys (and as much of values) in shared memory per tile.
@@ -29,24 +33,6 @@ constexpr int TileKeys() {
 }
 
 int TileKeysFor(int head_dim) { return 8192 / head_dim; }
-
-// Eight floats as eight bf16 (16 bytes).
-__device__ __forceinline__ uint4 FloatX8ToBf16(const float (&f)[8]) {
-  uint4 raw;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) h[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
-  return raw;
-}
-
-// 16 bytes of a slot's row at `p`: eight bf16, or eight E4M3 codes in the low 8 bytes.
-__device__ __forceinline__ uint4 LoadKvChunk(const uint8_t* p, bool codes) {
-  if (codes) {
-    const uint2 c = __ldg(reinterpret_cast<const uint2*>(p));
-    return make_uint4(c.x, c.y, 0, 0);
-  }
-  return __ldg(reinterpret_cast<const uint4*>(p));
-}
 
 struct Shape {
   int group;        // query heads per kv head
@@ -848,9 +834,19 @@ PagedAttentionPlan ClusterDecodePlan(const PagedAttentionParams& params, int blo
   return plan;
 }
 
+PagedAttentionPlan PrefillPlan(const PagedAttentionParams& params) {
+  PagedAttentionPlan plan;
+  plan.split_len = std::max(params.max_context, 1);
+  plan.tensor_cores = ValidParams(params) && PrefillAttentionFits(params);
+  return plan;
+}
+
 PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& params, int num_sms) {
   PagedAttentionPlan plan;
   if (!ValidParams(params) || n <= 0) return plan;
+  if (params.max_queries_per_seq >= kMinTensorCoreQueries && PrefillAttentionFits(params)) {
+    return PrefillPlan(params);
+  }
   const int tile = TileKeysFor(params.head_dim);
   const int64_t tiles = (params.max_context + tile - 1) / tile;
   const int64_t items = n * params.num_kv_heads * MakeShape(params).head_chunks;
@@ -914,6 +910,10 @@ cudaError_t LaunchPagedAttention(const bf16* q, const TokenBatch& tokens, const 
   }
   if (tokens.n == 0) return cudaSuccess;
   if (p.scale == 0.0f) p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  if (plan.tensor_cores) {
+    if (plan.cluster || plan.num_splits != 1) return cudaErrorInvalidValue;
+    return LaunchPrefillAttention(q, tokens, kv, p, out, stream);
+  }
   if (plan.cluster) {
     if (p.head_dim == 64)
       return LaunchDecodeForDim<64, false>(q, tokens, kv, p, plan, {}, workspace, out, stream);

@@ -23,6 +23,9 @@ struct PagedAttentionParams {
   const float* sinks = nullptr;  // [num_heads] device logits joining the denominator, or null
   float scale = 0.0f;            // score scale; 0 means 1 / sqrt(head_dim)
   int max_context = 0;           // >= pos + 1 for every token of the step (sizes the splits)
+  // The most query tokens one sequence has in the step: many (a prefill) take the tensor-core
+  // kernel where the shape allows.
+  int max_queries_per_seq = 1;
 };
 
 // How a launch divides its work; computed on the host from sizes only.
@@ -40,11 +43,18 @@ struct PagedAttentionPlan {
   // last to finish through the workspace (workspace_bytes; zeroed before the first launch and
   // left so). 1: no workspace.
   int groups = 1;
+  // Prefill on the tensor cores (prefill_attention.h): 64 (token, head) rows a block against
+  // 64-key tiles in shared memory; one split, no workspace. head_dim 64 or 128.
+  bool tensor_cores = false;
 };
 
-// Splits the key range only when n * kv heads leaves SMs idle (for head_dim <= 128 through
-// the decode kernel's clusters). `num_sms` from the device.
+// Prefill steps (a sequence with 16 query tokens or more) on the tensor cores where the shape
+// allows; otherwise splits the key range only when n * kv heads leaves SMs idle (for head_dim
+// <= 128 through the decode kernel's clusters). `num_sms` from the device.
 PagedAttentionPlan PlanPagedAttention(int64_t n, const PagedAttentionParams& params, int num_sms);
+
+// The tensor-core prefill plan, or the one-split plan where the shape does not allow it.
+PagedAttentionPlan PrefillPlan(const PagedAttentionParams& params);
 
 // A cluster plan of `blocks` blocks a cluster (8 or 16), at most `heads_per_block` query heads
 // a block (1 to 8) and up to `groups` clusters a token's keys (its workspace sized for n

@@ -74,6 +74,24 @@ __device__ __forceinline__ void E4M3x8ToFloat(const uint4& raw, float scale, flo
   }
 }
 
+// Eight floats as eight bf16 (16 bytes).
+__device__ __forceinline__ uint4 FloatX8ToBf16(const float (&f)[8]) {
+  uint4 raw;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) h[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+  return raw;
+}
+
+// 16 bytes of a slot's row at `p`: eight bf16, or eight E4M3 codes in the low 8 bytes.
+__device__ __forceinline__ uint4 LoadKvChunk(const uint8_t* p, bool codes) {
+  if (codes) {
+    const uint2 c = __ldg(reinterpret_cast<const uint2*>(p));
+    return make_uint4(c.x, c.y, 0, 0);
+  }
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
 }  // namespace strata::gpu
 
 #endif  // STRATA_COMMON_CUDA_KERNELS_PAGED_KV_ACCESS_CUH_

@@ -81,6 +81,34 @@ INSTANTIATE_TEST_SUITE_P(Weights, CudaDemoModelTest,
 namespace strata {
 namespace {
 
+// A 2,000-token prompt prefilled whole (the tensor-core attention over one 2,048-token chunk),
+// in 256-token chunks (each attending to the cached prefix) and token by token (the decode
+// attention only): the same greedy continuation.
+TEST(CudaDemoModelTest, LongPromptPrefillMatchesTheAllDecodePath) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::ifstream ids_in(std::string(STRATA_TEST_DATA_DIR) + "/heldout/strata-demo-valid.ids.json");
+  std::vector<int32_t> prompt = nlohmann::json::parse(ids_in).get<std::vector<int32_t>>();
+  ASSERT_GE(prompt.size(), 2000u);
+  prompt.resize(2000);
+  std::vector<std::vector<int32_t>> continuations;
+  for (int chunk : {2048, 256, 1}) {
+    LocalEngineOptions options;
+    options.model_dir = kModel;
+    options.device = "cuda";
+    options.prefill_chunk_tokens = chunk;
+    auto engine = LocalEngine::Create(options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    GenerateOptions g;
+    g.max_new_tokens = 24;
+    g.ignore_eos = true;
+    auto tokens = (*engine)->Generate(prompt, g);
+    ASSERT_TRUE(tokens.ok()) << tokens.status();
+    continuations.push_back(*tokens);
+  }
+  EXPECT_EQ(continuations[0], continuations[2]) << "whole prompt against token by token";
+  EXPECT_EQ(continuations[1], continuations[2]) << "256-token chunks against token by token";
+}
+
 // Decode steps replayed from one CUDA graph give exactly the tokens of eager launches (greedy
 // by the device's argmax, and top-1 sampling by the host on the logits a replay copies on
 // demand), with greedy steps launched one by one (mode 1) or each before the last one's token

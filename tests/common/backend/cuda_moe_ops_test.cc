@@ -346,8 +346,9 @@ class GroupedExpertTest : public CudaOpsTest {
   }
 };
 
-// Steps of two tokens or more whose dims are multiples of 64 run on the tensor cores; each
-// case runs with them and with the CUDA-core kernels (the same plan, other chunk sizes).
+// Steps of two tokens or more whose dims are multiples of 64 run on the tensor cores (in
+// shared-memory tiles once experts average 32 tokens); each case runs with them and with the
+// CUDA-core kernels (the same plan, other chunk sizes).
 TEST_F(GroupedExpertTest, SwiGlu) {
   const ExpertCase cases[] = {
       {8, 2, 64, 32, 1, false, false, 0},
@@ -357,6 +358,10 @@ TEST_F(GroupedExpertTest, SwiGlu) {
       {5, 2, 100, 36, 3, false, false, 0},      // dims off the vector width: scalar path
       {32, 4, 1024, 512, 32, false, false, 0},  // items of up to 8 tokens on the tensor cores
       {8, 2, 256, 512, 32, false, false, 0},    // items of up to 16
+      // Prefill-sized: 64-token items through shared-memory tiles, partial and full.
+      {8, 2, 256, 128, 200, false, false, 0},
+      {16, 4, 1024, 256, 300, false, false, 7},
+      {32, 4, 128, 64, 80, false, true, 3},  // 4 experts take every slot: two items each
   };
   RunCasesOnBothKernels(cases);
 }
@@ -366,6 +371,7 @@ TEST_F(GroupedExpertTest, GptOssClampedSwiGluWithBiases) {
       {8, 4, 64, 64, 17, true, false, 0},
       {8, 4, 256, 128, 1, true, false, 0},
       {32, 4, 128, 64, 17, true, true, 3},
+      {8, 4, 128, 64, 100, true, false, 0},  // tiled
   };
   RunCasesOnBothKernels(cases);
 }

@@ -375,6 +375,48 @@ TEST_F(PagedCacheTest, KvAppend) {
   }
 }
 
+// Float64 attention of query rows q ([n][heads * d]) at (seq[t], pos[t]) over keys[s] and
+// values[s] ([position][kv_heads * d] floats), causal, with the window and sinks if given.
+std::vector<double> ReferenceAttention(const std::vector<uint16_t>& q,
+                                       const std::vector<std::vector<float>>& keys,
+                                       const std::vector<std::vector<float>>& values,
+                                       const std::vector<int32_t>& seq,
+                                       const std::vector<int32_t>& pos, int heads, int kv_heads,
+                                       int d, int window, const std::vector<float>* sinks) {
+  const int64_t n = static_cast<int64_t>(seq.size());
+  const int64_t q_dim = int64_t{heads} * d, kv_dim = int64_t{kv_heads} * d;
+  const int group = heads / kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<double> ref(n * q_dim);
+  std::vector<double> qrow(d), scores;
+  for (int64_t t = 0; t < n; ++t) {
+    const int s = seq[t];
+    const int64_t first = window > 0 ? std::max<int64_t>(0, pos[t] - window + 1) : 0;
+    for (int h = 0; h < heads; ++h) {
+      const int64_t koff = int64_t{h / group} * d;
+      for (int64_t i = 0; i < d; ++i) qrow[i] = F(q[t * q_dim + h * d + i]);
+      scores.clear();
+      double mx = sinks != nullptr ? (*sinks)[h] : -INFINITY;
+      for (int64_t j = first; j <= pos[t]; ++j) {
+        const float* key = &keys[s][j * kv_dim + koff];
+        double dot = 0.0;
+        for (int64_t i = 0; i < d; ++i) dot += qrow[i] * key[i];
+        scores.push_back(dot * scale);
+        mx = std::max(mx, scores.back());
+      }
+      double denom = sinks != nullptr ? std::exp((*sinks)[h] - mx) : 0.0;
+      for (double& sc : scores) denom += (sc = std::exp(sc - mx));
+      double* out = &ref[t * q_dim + h * d];
+      for (int64_t j = first; j <= pos[t]; ++j) {
+        const double p = scores[j - first] / denom;
+        const float* value = &values[s][j * kv_dim + koff];
+        for (int64_t i = 0; i < d; ++i) out[i] += p * value[i];
+      }
+    }
+  }
+  return ref;
+}
+
 struct AttentionCase {
   int head_dim, block_size, heads, kv_heads, window;
   bool sinks;
@@ -394,6 +436,12 @@ TEST_F(PagedCacheTest, PagedAttention) {
       {128, 16, 28, 4, 0, false, {33, 700}, 1},        // group 7: uneven head chunks (4 + 3, ...)
       {128, 16, 32, 4, 0, false, {1, 1100, 5000}, 1},  // long decode: keys over cluster groups
       {64, 32, 64, 8, 0, true, {3000}, 1},             // groups with sinks
+      // Tensor-core prefill: long prompts, tiles spanning sequences, windows at length.
+      {128, 16, 28, 4, 0, false, {33, 700}, 50},       // group 7: 9 tokens a tile, 63 rows
+      {64, 16, 8, 1, 0, false, {2048}, 2048},          // a whole 2k prompt
+      {128, 32, 8, 1, 0, false, {32768}, 24},          // the last queries of 32k keys
+      {64, 32, 16, 2, 128, true, {3000, 5, 77}, 300},  // window + sinks, three sequences
+      {128, 16, 64, 1, 0, false, {150, 90}, 90},       // group 64: one token a tile
   };
   for (const AttentionCase& c : cases) {
     TestCache cache = MakeCache(c.block_size, c.kv_heads, c.head_dim, c.contexts);
@@ -402,14 +450,16 @@ TEST_F(PagedCacheTest, PagedAttention) {
     const int num_seqs = static_cast<int>(c.contexts.size());
 
     // Every position's key and value, appended through the kernel.
-    std::vector<std::vector<uint16_t>> keys(num_seqs), values(num_seqs);
+    std::vector<std::vector<float>> keys(num_seqs), values(num_seqs);
     std::vector<int32_t> all_seq, all_pos;
     std::vector<uint16_t> k_rows, v_rows;
     for (int s = 0; s < num_seqs; ++s) {
-      keys[s] = RandomBf16(c.contexts[s] * kv_dim);
-      values[s] = RandomBf16(c.contexts[s] * kv_dim);
-      k_rows.insert(k_rows.end(), keys[s].begin(), keys[s].end());
-      v_rows.insert(v_rows.end(), values[s].begin(), values[s].end());
+      const std::vector<uint16_t> k_bits = RandomBf16(c.contexts[s] * kv_dim);
+      const std::vector<uint16_t> v_bits = RandomBf16(c.contexts[s] * kv_dim);
+      keys[s] = ToFloat(k_bits);
+      values[s] = ToFloat(v_bits);
+      k_rows.insert(k_rows.end(), k_bits.begin(), k_bits.end());
+      v_rows.insert(v_rows.end(), v_bits.begin(), v_bits.end());
       for (int64_t p = 0; p < c.contexts[s]; ++p) {
         all_seq.push_back(s);
         all_pos.push_back(static_cast<int32_t>(p));
@@ -438,45 +488,19 @@ TEST_F(PagedCacheTest, PagedAttention) {
     const std::vector<uint16_t> q = RandomBf16(n * q_dim, 4.0f);  // scores of a few units
     std::vector<float> sinks(c.heads);
     for (float& s : sinks) s = RandomFloats(1, 2.0f)[0] + 1.0f;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-
-    // Float64 reference.
-    const int group = c.heads / c.kv_heads;
-    std::vector<double> ref(n * q_dim);
-    for (int64_t t = 0; t < n; ++t) {
-      const int s = seq[t];
-      const int64_t first = c.window > 0 ? std::max<int64_t>(0, pos[t] - c.window + 1) : 0;
-      for (int h = 0; h < c.heads; ++h) {
-        const int64_t koff = int64_t{h / group} * d;
-        std::vector<double> scores;
-        double mx = c.sinks ? sinks[h] : -INFINITY;
-        for (int64_t j = first; j <= pos[t]; ++j) {
-          double dot = 0.0;
-          for (int64_t i = 0; i < d; ++i) {
-            dot += double{F(q[t * q_dim + h * d + i])} * F(keys[s][j * kv_dim + koff + i]);
-          }
-          scores.push_back(dot * scale);
-          mx = std::max(mx, scores.back());
-        }
-        double denom = c.sinks ? std::exp(sinks[h] - mx) : 0.0;
-        for (double& sc : scores) denom += (sc = std::exp(sc - mx));
-        for (int64_t j = first; j <= pos[t]; ++j) {
-          const double p = scores[j - first] / denom;
-          for (int64_t i = 0; i < d; ++i) {
-            ref[t * q_dim + h * d + i] += p * F(values[s][j * kv_dim + koff + i]);
-          }
-        }
-      }
-    }
+    const std::vector<double> ref =
+        ReferenceAttention(q, keys, values, seq, pos, c.heads, c.kv_heads, c.head_dim, c.window,
+                           c.sinks ? &sinks : nullptr);
 
     const uint16_t* d_q = Put(q);
     const int32_t* d_seq = Put(seq);
     const int32_t* d_pos = Put(pos);
     const float* d_sinks = Put(sinks);
     ASSERT_FALSE(HasFailure());
-    const gpu::PagedAttentionParams params =
+    gpu::PagedAttentionParams params =
         AttentionParams(c.heads, c.kv_heads, c.head_dim, c.window, c.sinks ? d_sinks : nullptr,
                         *std::max_element(pos.begin(), pos.end()) + 1);
+    params.max_queries_per_seq = c.prefill;
     // The device's own plan (split-K when the batch is small), a forced single split and, where
     // the decode kernel takes the head size, its other cluster shapes.
     std::vector<gpu::PagedAttentionPlan> plans = {
@@ -491,6 +515,9 @@ TEST_F(PagedCacheTest, PagedAttention) {
         plans.push_back(gpu::ClusterDecodePlan(params, blocks, heads, n, groups));
         ASSERT_TRUE(plans.back().cluster);
       }
+      // The tensor-core kernel on every case, decode steps too (a tile of many sequences).
+      plans.push_back(gpu::PrefillPlan(params));
+      ASSERT_TRUE(plans.back().tensor_cores);
     }
     for (const gpu::PagedAttentionPlan& plan : plans) {
       // Cluster plans split over groups need their workspace zeroed (and leave it so: launched
@@ -511,10 +538,73 @@ TEST_F(PagedCacheTest, PagedAttention) {
           "paged attention",
           absl::StrCat("d=", d, " bs=", c.block_size, " h=", c.heads, "/", c.kv_heads,
                        " ctx=", contexts, " n=", n, c.window ? " win" : "", c.sinks ? " sink" : "",
-                       " splits=", plan.num_splits, plan.cluster ? " cluster, heads " : "",
-                       plan.heads_per_block, " groups ", plan.groups),
+                       " splits=", plan.num_splits, plan.tensor_cores ? " tensor cores" : "",
+                       plan.cluster ? " cluster, heads " : "", plan.heads_per_block, " groups ",
+                       plan.groups),
           GetBf16(AsBf16(d_out), n * q_dim), ref, 1e-2);
     }
+  }
+}
+
+// Prefill over an FP8 cache: the tensor-core kernel and the split kernel scale the same codes
+// into bf16 on their way in; both against the float64 attention over the decoded codes.
+TEST_F(PagedCacheTest, PrefillOverFp8Codes) {
+  const int heads = 16, kv_heads = 2, d = 128, block_size = 16, prefill = 100;
+  const std::vector<int64_t> contexts = {900, 40};
+  TestCache cache = MakeCache(block_size, kv_heads, d, contexts);
+  const int64_t kv_dim = cache.kv_dim();
+  // Codes with the top exponent bit clear: magnitudes below 2, never NaN.
+  std::vector<uint8_t> codes(int64_t{cache.num_blocks} * 2 * block_size * kv_dim);
+  for (uint8_t& c : codes) c = static_cast<uint8_t>(RandomInt(0, 255) & 0xbf);
+  const std::vector<float> scales = {0.9f, 0.6f, 1.3f, 0.7f};  // k per head, then v
+  std::vector<std::vector<float>> keys(contexts.size()), values(contexts.size());
+  for (size_t s = 0; s < contexts.size(); ++s) {
+    for (int64_t j = 0; j < contexts[s]; ++j) {
+      for (int kv = 0; kv < 2; ++kv) {
+        const int64_t off = cache.Offset(static_cast<int>(s), j, kv);  // bytes in an FP8 cache
+        for (int64_t i = 0; i < kv_dim; ++i) {
+          const float x = Fp8E4M3ToFloat(codes[off + i]) * scales[kv * kv_heads + i / d];
+          (kv == 0 ? keys : values)[s].push_back(x);
+        }
+      }
+    }
+  }
+  std::vector<int32_t> seq, pos;
+  for (size_t s = 0; s < contexts.size(); ++s) {
+    for (int64_t p = std::max<int64_t>(0, contexts[s] - prefill); p < contexts[s]; ++p) {
+      seq.push_back(static_cast<int32_t>(s));
+      pos.push_back(static_cast<int32_t>(p));
+    }
+  }
+  const int64_t n = static_cast<int64_t>(seq.size());
+  const std::vector<uint16_t> q = RandomBf16(n * heads * d, 2.0f);
+  const std::vector<double> ref =
+      ReferenceAttention(q, keys, values, seq, pos, heads, kv_heads, d, 0, nullptr);
+
+  gpu::PagedKvLayer layer = cache.Layer();
+  layer.data = reinterpret_cast<bf16*>(Put(codes));
+  layer.fp8 = true;
+  layer.k_scale = Put(scales);
+  layer.v_scale = layer.k_scale + kv_heads;
+  const uint16_t* d_q = Put(q);
+  const int32_t* d_seq = Put(seq);
+  const int32_t* d_pos = Put(pos);
+  ASSERT_FALSE(HasFailure());
+  gpu::PagedAttentionParams params =
+      AttentionParams(heads, kv_heads, d, 0, nullptr, static_cast<int>(contexts[0]));
+  params.max_queries_per_seq = prefill;
+  const gpu::PagedAttentionPlan tensor_cores = gpu::PlanPagedAttention(n, params, 132);
+  ASSERT_TRUE(tensor_cores.tensor_cores);
+  for (const gpu::PagedAttentionPlan& plan :
+       {tensor_cores, gpu::PagedAttentionPlan{.split_len = 900}}) {
+    uint16_t* d_out = Poisoned<uint16_t>(n * heads * d);
+    ASSERT_FALSE(HasFailure());
+    LAUNCH_OK(gpu::LaunchPagedAttention(AsBf16(d_q),
+                                        gpu::TokenBatch{.seq = d_seq, .pos = d_pos, .n = n}, layer,
+                                        params, plan, nullptr, AsBf16(d_out), stream()));
+    ExpectClose("paged attention, fp8 cache",
+                plan.tensor_cores ? "prefill 100+40 tensor cores" : "prefill 100+40 one split",
+                GetBf16(AsBf16(d_out), n * heads * d), ref, 1e-2);
   }
 }
 
