@@ -21,7 +21,7 @@ run() {  # name, extra up flags..., then hot ratio to set after warm-up (or "-")
   for i in $(seq 1 300); do grep -q READY $OUT/up-$name.out && break; sleep 1; done
   local addr=$(awk '/READY/{print $2}' $OUT/up-$name.out)
   if [ -z "$addr" ]; then echo "$name: no READY"; tail -5 $OUT/up-$name.log; kill $up; return; fi
-  $B/strata bench --server $addr --input-len 128 --output-len 64 --runs 1 --warmup 0 > /dev/null 2>&1
+  $B/strata bench --server $addr --input-len 128 --output-len 64 --runs 1 --warmup 0 --seed 7919 > /dev/null 2>&1
   [ "$ratio" != "-" ] && $B/strata hot-ratio --server $addr --hot-ratio $ratio
   $B/strata bench --server $addr --input-len 128 --output-len 256 --runs 3 --warmup 1 \
     --model-name qwen3-30b-a3b-8layers --weights bf16 --gpus 1 --machine "$(machine_name 1)" \

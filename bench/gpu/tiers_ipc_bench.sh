@@ -36,8 +36,9 @@ for spec in "$@"; do
     --max-batch-tokens 512 --kv-cache-mb 4096 "${up_flags[@]}"
   if [ -z "$addr" ]; then continue; fi
   note "$name: READY in $((SECONDS - t0)) s"
+  # Its own seed (after the bench flags): the measured prompts must not be in the prefix cache.
   timeout 300 "$B/strata" bench --server "$addr" --input-len 128 --output-len "$OUT_LEN" \
-    --runs 1 --warmup 0 --concurrency 1 "${bench_args[@]}" >"$out/warmup-$name.txt" 2>&1
+    --runs 1 --warmup 0 --concurrency 1 "${bench_args[@]}" --seed 7919 >"$out/warmup-$name.txt" 2>&1
   "$B/strata" stats --server "$addr" >"$final/stats-$name-before.json" 2>>"$out/stats-$name.err"
   timeout 500 "$B/strata" bench --server "$addr" --model "$dir" --model-name "$(basename "$dir")" \
     --input-len 128 --output-len "$OUT_LEN" --runs "$RUNS" --warmup 0 --concurrency 1 "${bench_args[@]}" \

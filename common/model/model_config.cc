@@ -410,4 +410,29 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   return config;
 }
 
+double LinearFlopsPerToken(const ModelConfig& c) {
+  const double hidden = static_cast<double>(c.hidden_size);
+  const double q = static_cast<double>(c.num_heads) * c.head_dim;
+  const double kv = static_cast<double>(c.num_kv_heads) * c.head_dim;
+  double per_token = 0.0;
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    per_token += hidden * (2 * q + 2 * kv);
+    const bool moe =
+        layer < static_cast<int>(c.layer_is_moe.size()) ? c.layer_is_moe[layer] : c.num_experts > 0;
+    if (moe) {
+      per_token +=
+          hidden * c.num_experts + 3.0 * hidden *
+                                       (static_cast<double>(c.top_k) * c.moe_intermediate_size +
+                                        static_cast<double>(c.shared_expert_intermediate_size));
+    } else {
+      per_token += 3.0 * hidden * static_cast<double>(c.dense_intermediate_size);
+    }
+  }
+  return 2.0 * per_token;
+}
+
+double AttentionFlopsPerPair(const ModelConfig& c) {
+  return 4.0 * c.num_layers * static_cast<double>(c.num_heads) * c.head_dim;
+}
+
 }  // namespace strata

@@ -87,6 +87,15 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
 // Reads `model_dir`/config.json, and EOS ids from generation_config.json when present.
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
 
+// Multiply-adds of a prompt, as 2 FLOPs each, for the share of a machine's tensor-core peak a
+// prefill reaches: the matrices a token passes through in every layer (q/k/v/o, the gate,
+// top_k routed experts, shared experts or the dense MLP; not the vocabulary projection, which a
+// prompt takes for its last token only), and the attention of one query to one key in every
+// layer (scores and values; sliding windows not subtracted). A prompt of n tokens costs
+// n x LinearFlopsPerToken + n (n + 1) / 2 x AttentionFlopsPerPair.
+double LinearFlopsPerToken(const ModelConfig& config);
+double AttentionFlopsPerPair(const ModelConfig& config);
+
 }  // namespace strata
 
 #endif  // STRATA_COMMON_MODEL_MODEL_CONFIG_H_

@@ -325,6 +325,8 @@ grpc::ServerUnaryReactor* GenerationService::ModelInfo(grpc::CallbackServerConte
         info.set_has_tokenizer(tokenizer_ != nullptr);
         for (int id : config_.eos_token_ids) info.add_eos_token_ids(id);
         info.set_num_workers(num_workers_);
+        info.set_linear_flops_per_token(LinearFlopsPerToken(config_));
+        info.set_attention_flops_per_pair(AttentionFlopsPerPair(config_));
         return absl::OkStatus();
       });
 }

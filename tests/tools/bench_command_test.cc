@@ -76,6 +76,22 @@ TEST(BenchStatisticsTest, SummaryUsesTheMedianTtftForPrefill) {
   EXPECT_DOUBLE_EQ(s.decode_tok_s_p5, 25);
   EXPECT_DOUBLE_EQ(s.decode_tok_s_p50, 50);
   EXPECT_DOUBLE_EQ(s.throughput_tok_s, 40);
+  EXPECT_EQ(s.prefill_tflops, 0);               // the server told no FLOPs
+  EXPECT_EQ(Percentile({4, 1, 3, 2}, 0.5), 3);  // sorted[round(1.5)] = sorted[2]
+  EXPECT_EQ(Percentile({4, 1, 3, 2}, 1.0), 4);
+  EXPECT_EQ(Percentile({}, 0.99), 0);
+
+  // 2e12 FLOPs a prompt in the median 20 ms: 100 TFLOP/s, a tenth of a 1000 TFLOP/s peak.
+  run.prompt_flops = 2e12;
+  const BenchSummary f = Summarize(run, 100);
+  EXPECT_DOUBLE_EQ(f.prefill_tflops, 100);
+  BenchOptions o;
+  o.peak_tflops = 1000;
+  const nlohmann::json j = nlohmann::json::parse(BenchResultJson(o, "m", f, absl::UnixEpoch()));
+  EXPECT_DOUBLE_EQ(j["prefill_tflops"].get<double>(), 100);
+  EXPECT_DOUBLE_EQ(j["prefill_peak_share"].get<double>(), 0.1);
+  EXPECT_FALSE(nlohmann::json::parse(BenchResultJson(BenchOptions(), "m", f, absl::UnixEpoch()))
+                   .contains("prefill_peak_share"));
 }
 
 v1::WorkerStats* AddWorker(v1::StatsResponse& stats, uint32_t index, uint64_t hot,
@@ -227,6 +243,38 @@ TEST_F(BenchClusterTest, CountsEveryRequestsTokens) {
     EXPECT_EQ(run.server.preemptions, 0u);
   }
   EXPECT_THAT(progress.str(), HasSubstr("concurrency 4, warmup round 1/1"));
+}
+
+// Decodes beside a long prompt: one interfering prompt a round, its TTFT kept apart; every
+// request's inter-token gaps recorded; the server tells the prompt's FLOPs.
+TEST_F(BenchClusterTest, ReportsInterTokenLatencyBesideAnInterferingPrompt) {
+  ASSERT_FALSE(cluster_->address().empty()) << "the cluster did not become ready";
+  BenchOptions o;
+  o.server = cluster_->address();
+  o.input_len = 16;
+  o.output_len = 12;
+  o.runs = 2;
+  o.warmup = 0;
+  o.concurrency = {2};
+  o.interfering_prompt_len = 300;
+  o.interfering_after = absl::Milliseconds(5);
+  std::ostringstream progress;
+  const absl::StatusOr<BenchReport> report = RunBench(o, progress);
+  ASSERT_TRUE(report.ok()) << report.status();
+  const ConcurrencyRun& run = report->runs[0];
+  EXPECT_EQ(run.interfering_ttft_ms.size(), 2u);
+  for (double ttft : run.interfering_ttft_ms) EXPECT_GT(ttft, 0);
+  EXPECT_GT(run.prompt_flops, 0);
+  for (const RequestTiming& t : run.requests) {
+    EXPECT_GE(t.itl_ms.size(), 1u);
+    EXPECT_LE(t.itl_ms.size(), 11u);
+    EXPECT_LE(t.interfered_itl_ms.size(), t.itl_ms.size());
+  }
+  const BenchSummary s = Summarize(run, o.input_len);
+  EXPECT_GT(s.itl_ms_p95, 0);
+  EXPECT_GE(s.itl_ms_max, s.itl_ms_p99);
+  EXPECT_GT(s.interfering_ttft_ms, 0);
+  EXPECT_GT(s.prefill_tflops, 0);
 }
 
 uint64_t PrefixHitTokens(const std::string& server) {

@@ -1,5 +1,7 @@
 #include "tools/strata/cluster_config.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 #include <functional>
@@ -15,7 +17,8 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 std::string Write(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  // This process's own name: other test binaries run beside it and write the same names.
+  const std::string path = ::testing::TempDir() + "/" + std::to_string(::getpid()) + "-" + name;
   std::ofstream(path) << text;
   return path;
 }
@@ -146,6 +149,19 @@ TEST(ClusterConfigTest, CheckNamesTheKeyAndItsFlag) {
 
 // The router goes on GPU 0 for GPU workers that can share its buffers (CUDA IPC), stays on
 // the CPU otherwise, and router_device overrides that only where it can work.
+// Unset, the step size follows where the router runs: long prompts in 4,096-token chunks on a
+// GPU, 512 on the CPU; a configured size is kept.
+TEST(ClusterConfigTest, StepSizeFollowsTheRouterDevice) {
+  ClusterConfig c;
+  EXPECT_EQ(c.max_batch_tokens, 0);
+  EXPECT_EQ(DefaultMaxBatchTokens(*RouterDevice(c)), 512);
+  c.device = "cuda";
+  EXPECT_EQ(DefaultMaxBatchTokens(*RouterDevice(c)), 4096);
+  EXPECT_TRUE(CheckClusterConfig(c).ok());
+  c.max_batch_tokens = -1;
+  EXPECT_THAT(std::string(CheckClusterConfig(c).message()), HasSubstr("max-batch-tokens"));
+}
+
 TEST(ClusterConfigTest, RouterDevice) {
   ClusterConfig c;
   EXPECT_EQ(*RouterDevice(c), "cpu");

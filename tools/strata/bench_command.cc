@@ -143,35 +143,51 @@ struct RequestResult {
   absl::Status status;
   RequestTiming timing;
   Clock::time_point sent, done;
+  struct Gap {
+    Clock::time_point start, end;
+    double ms_per_token;
+  };
+  std::vector<Gap> gaps;  // before each message with tokens after the first
 };
+
+// Sends `request` (sent: when) and hands each response to on_response; the call's status.
+template <typename Fn>
+grpc::Status StreamGenerate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+                            const BenchOptions& o, Clock::time_point& sent, Fn&& on_response) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       absl::ToChronoMilliseconds(o.request_timeout));
+  sent = Clock::now();
+  auto reader = stub.Generate(&context, request);
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) on_response(response);
+  return reader->Finish();
+}
 
 RequestResult TimeOneRequest(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
                              const BenchOptions& o) {
   RequestResult result;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       absl::ToChronoMilliseconds(o.request_timeout));
-  result.sent = Clock::now();
-  auto reader = stub.Generate(&context, request);
-  v1::GenerateResponse response;
   v1::GenerateResponse last;
   Clock::time_point first_at, last_at;
   int tokens = 0, first_tokens = 0;
   absl::flat_hash_set<uint32_t> distinct;
-  while (reader->Read(&response)) {
-    distinct.insert(response.token_ids().begin(), response.token_ids().end());
-    if (response.token_ids_size() > 0) {
-      const Clock::time_point now = Clock::now();
-      if (tokens == 0) {
-        first_at = now;
-        first_tokens = response.token_ids_size();
-      }
-      last_at = now;
-      tokens += response.token_ids_size();
-    }
-    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) last = response;
-  }
-  const grpc::Status status = reader->Finish();
+  const grpc::Status status =
+      StreamGenerate(stub, request, o, result.sent, [&](const v1::GenerateResponse& response) {
+        distinct.insert(response.token_ids().begin(), response.token_ids().end());
+        if (response.token_ids_size() > 0) {
+          const Clock::time_point now = Clock::now();
+          if (tokens == 0) {
+            first_at = now;
+            first_tokens = response.token_ids_size();
+          } else {
+            result.gaps.push_back(
+                {last_at, now, Seconds(now - last_at) * 1e3 / response.token_ids_size()});
+          }
+          last_at = now;
+          tokens += response.token_ids_size();
+        }
+        if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) last = response;
+      });
   result.done = Clock::now();
   if (!status.ok()) {
     result.status = FromGrpc(status, absl::StrCat("a Generate request to ", o.server, " failed"));
@@ -205,15 +221,45 @@ RequestResult TimeOneRequest(v1::Generation::Stub& stub, const v1::GenerateReque
   t.server_ttft_ms = last.usage().time_to_first_token_ms();
   t.server_decode_tok_s = last.usage().decode_tokens_per_second();
   t.distinct_tokens = static_cast<double>(distinct.size()) / tokens;
+  for (const RequestResult::Gap& gap : result.gaps) t.itl_ms.push_back(gap.ms_per_token);
+  return result;
+}
+
+// The interfering prompt of a round: sent, and its first token's arrival.
+struct Interference {
+  absl::Status status;
+  Clock::time_point sent, first;
+};
+
+Interference TimeFirstToken(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+                            const BenchOptions& o) {
+  Interference result;
+  bool seen = false;
+  const grpc::Status status =
+      StreamGenerate(stub, request, o, result.sent, [&](const v1::GenerateResponse& response) {
+        if (!seen && response.token_ids_size() > 0) {
+          result.first = Clock::now();
+          seen = true;
+        }
+      });
+  if (!status.ok()) {
+    result.status = FromGrpc(status, "the interfering prompt failed");
+  } else if (!seen) {
+    result.status = absl::DataLossError("the interfering prompt got no token");
+  }
   return result;
 }
 
 // Sends `requests` at once, one thread each; returns their timings and the round's throughput.
+// With `interfering`, it goes out o.interfering_after after them; its TTFT is returned in
+// interfering_ttft_ms and the gaps during its prefill land in the timings' interfered_itl_ms.
 absl::Status RunRound(v1::Generation::Stub& stub, const std::vector<v1::GenerateRequest>& requests,
-                      const BenchOptions& o, std::vector<RequestTiming>& timings,
-                      double& throughput_tok_s) {
+                      const v1::GenerateRequest* interfering, const BenchOptions& o,
+                      std::vector<RequestTiming>& timings, double& throughput_tok_s,
+                      double& interfering_ttft_ms) {
   std::vector<RequestResult> results(requests.size());
-  std::latch start(static_cast<std::ptrdiff_t>(requests.size()));
+  Interference interference;
+  std::latch start(static_cast<std::ptrdiff_t>(requests.size()) + (interfering ? 1 : 0));
   std::vector<std::thread> threads;
   for (size_t i = 0; i < requests.size(); ++i) {
     threads.emplace_back([&, i] {
@@ -221,7 +267,25 @@ absl::Status RunRound(v1::Generation::Stub& stub, const std::vector<v1::Generate
       results[i] = TimeOneRequest(stub, requests[i], o);
     });
   }
+  if (interfering != nullptr) {
+    threads.emplace_back([&] {
+      start.arrive_and_wait();
+      absl::SleepFor(o.interfering_after);
+      interference = TimeFirstToken(stub, *interfering, o);
+    });
+  }
   for (std::thread& t : threads) t.join();
+  if (interfering != nullptr) {
+    if (!interference.status.ok()) return interference.status;
+    interfering_ttft_ms = Seconds(interference.first - interference.sent) * 1e3;
+    for (RequestResult& r : results) {
+      for (const RequestResult::Gap& gap : r.gaps) {
+        if (gap.end > interference.sent && gap.start < interference.first) {
+          r.timing.interfered_itl_ms.push_back(gap.ms_per_token);
+        }
+      }
+    }
+  }
   Clock::time_point begin = Clock::time_point::max(), end = Clock::time_point::min();
   int64_t tokens = 0;
   for (const RequestResult& r : results) {
@@ -291,11 +355,13 @@ double PercentileP5(std::vector<double> values) {
   return values[static_cast<size_t>(0.05 * static_cast<double>(values.size() - 1))];
 }
 
-double PercentileP95(std::vector<double> values) {
+double PercentileP95(std::vector<double> values) { return Percentile(std::move(values), 0.95); }
+
+double Percentile(std::vector<double> values, double q) {
   if (values.empty()) return 0.0;
   std::sort(values.begin(), values.end());
   // Python's round(): half to even, which nearbyint does in the default rounding mode.
-  return values[static_cast<size_t>(std::nearbyint(0.95 * static_cast<double>(values.size() - 1)))];
+  return values[static_cast<size_t>(std::nearbyint(q * static_cast<double>(values.size() - 1)))];
 }
 
 absl::StatusOr<std::vector<int>> ParseConcurrency(const std::vector<std::string>& values) {
@@ -329,6 +395,8 @@ ServerCounters CounterDeltas(const v1::StatsResponse& before, const v1::StatsRes
   c.known = true;
   c.generated_tokens = CounterSince(before.generated_tokens(), after.generated_tokens());
   c.preemptions = CounterSince(before.preemptions(), after.preemptions());
+  c.prefix_cache_hit_tokens =
+      CounterSince(before.prefix_cache_hit_tokens(), after.prefix_cache_hit_tokens());
   c.draft_tokens = CounterSince(before.draft_tokens(), after.draft_tokens());
   c.accepted_draft_tokens =
       CounterSince(before.accepted_draft_tokens(), after.accepted_draft_tokens());
@@ -399,6 +467,21 @@ BenchSummary Summarize(const ConcurrencyRun& run, int input_len) {
   s.server_decode_tok_s_mean = Mean(server_decode);
   s.distinct_tokens = Mean(distinct);
   s.server = run.server;
+  if (run.prompt_flops > 0 && s.ttft_ms > 0) s.prefill_tflops = run.prompt_flops / s.ttft_ms / 1e9;
+  std::vector<double> itl, interfered;
+  for (const RequestTiming& t : run.requests) {
+    itl.insert(itl.end(), t.itl_ms.begin(), t.itl_ms.end());
+    interfered.insert(interfered.end(), t.interfered_itl_ms.begin(), t.interfered_itl_ms.end());
+  }
+  s.itl_ms_p50 = Percentile(itl, 0.5);
+  s.itl_ms_p95 = Percentile(itl, 0.95);
+  s.itl_ms_p99 = Percentile(itl, 0.99);
+  s.itl_ms_max = itl.empty() ? 0.0 : *std::max_element(itl.begin(), itl.end());
+  s.interfered_gaps = static_cast<int>(interfered.size());
+  s.interfered_itl_ms_p95 = Percentile(interfered, 0.95);
+  s.interfered_itl_ms_max =
+      interfered.empty() ? 0.0 : *std::max_element(interfered.begin(), interfered.end());
+  s.interfering_ttft_ms = Median(run.interfering_ttft_ms);
   return s;
 }
 
@@ -442,10 +525,28 @@ std::string BenchResultJson(const BenchOptions& o, const std::string& model, con
   row["requests"] = s.requests;
   row["seed"] = o.seed;
   if (o.shared_prefix > 0) row["shared_prefix"] = o.shared_prefix;
+  if (s.prefill_tflops > 0) row["prefill_tflops"] = s.prefill_tflops;
+  if (s.prefill_tflops > 0 && o.peak_tflops > 0) {
+    row["peak_tflops"] = o.peak_tflops;
+    row["prefill_peak_share"] = s.prefill_tflops / o.peak_tflops;
+  }
+  row["itl_ms_p50"] = s.itl_ms_p50;
+  row["itl_ms_p95"] = s.itl_ms_p95;
+  row["itl_ms_p99"] = s.itl_ms_p99;
+  row["itl_ms_max"] = s.itl_ms_max;
+  if (o.interfering_prompt_len > 0) {
+    row["interfering_prompt_len"] = o.interfering_prompt_len;
+    row["interfering_after_s"] = absl::ToDoubleSeconds(o.interfering_after);
+    row["interfering_ttft_ms"] = s.interfering_ttft_ms;
+    row["interfered_gaps"] = s.interfered_gaps;
+    row["interfered_itl_ms_p95"] = s.interfered_itl_ms_p95;
+    row["interfered_itl_ms_max"] = s.interfered_itl_ms_max;
+  }
   row["server_ttft_ms"] = s.server_ttft_ms;
   row["server_decode_tok_s_mean"] = s.server_decode_tok_s_mean;
   const ServerCounters& c = s.server;
   if (c.known) row["server_preemptions"] = c.preemptions;
+  if (c.known) row["server_prefix_cache_hit_tokens"] = c.prefix_cache_hit_tokens;
   if (c.known && c.draft_tokens > 0) {
     row["server_draft_tokens"] = c.draft_tokens;
     row["server_accepted_draft_tokens"] = c.accepted_draft_tokens;
@@ -511,6 +612,9 @@ absl::StatusOr<BenchReport> RunBench(
   for (int c : o.concurrency) {
     ConcurrencyRun run;
     run.concurrency = c;
+    const double n = o.input_len;
+    run.prompt_flops =
+        n * info.linear_flops_per_token() + n * (n + 1) / 2 * info.attention_flops_per_pair();
     std::optional<v1::StatsResponse> before;
     for (int round = 0; round < o.warmup + o.runs; ++round) {
       const bool warmup = round < o.warmup;
@@ -521,17 +625,28 @@ absl::StatusOr<BenchReport> RunBench(
       progress << "strata bench: " << name << std::endl;
       std::vector<v1::GenerateRequest> requests;
       for (int i = 0; i < c; ++i) requests.push_back(prompts.Next(o.input_len, o.output_len));
+      std::optional<v1::GenerateRequest> interfering;
+      if (o.interfering_prompt_len > 0) interfering = prompts.Next(o.interfering_prompt_len, 1);
       std::vector<RequestTiming> timings;
-      double throughput = 0;
-      if (absl::Status s = RunRound(*stub, requests, o, timings, throughput); !s.ok()) {
+      double throughput = 0, interfering_ttft_ms = 0;
+      if (absl::Status s = RunRound(*stub, requests, interfering ? &*interfering : nullptr, o,
+                                    timings, throughput, interfering_ttft_ms);
+          !s.ok()) {
         return absl::Status(s.code(), absl::StrCat(name, ": ", s.message()));
       }
       if (warmup) continue;
       run.requests.insert(run.requests.end(), timings.begin(), timings.end());
       run.round_throughput_tok_s.push_back(throughput);
+      if (interfering) run.interfering_ttft_ms.push_back(interfering_ttft_ms);
     }
     const std::optional<v1::StatsResponse> after = ServerStats(o.admin, o.connect_timeout);
     if (before && after) run.server = CounterDeltas(*before, *after);
+    if (run.server.prefix_cache_hit_tokens > 0 && o.shared_prefix == 0) {
+      progress << "strata bench: concurrency " << c << ": " << run.server.prefix_cache_hit_tokens
+               << " prompt tokens came from the prefix cache (a prompt sent before, e.g. by an "
+                  "earlier bench with the same --seed), so these TTFTs are not all prefills"
+               << std::endl;
+    }
     if (run.server.preemptions > 0) {
       progress << "strata bench: concurrency " << c << ": the server preempted "
                << run.server.preemptions
@@ -583,6 +698,28 @@ absl::Status RunBenchCommand(const BenchOptions& o, std::ostream& out, std::ostr
          "|----------:|-----------:|-----------:|-----------------:|\n";
   for (const BenchSummary& s : summaries) out << Row(s);
   out << "\n";
+  for (const BenchSummary& s : summaries) {
+    out << absl::StrFormat(
+        "inter-token latency at concurrency %d: P50 %.1f ms, P95 %.1f, P99 %.1f, "
+        "max %.1f\n",
+        s.concurrency, s.itl_ms_p50, s.itl_ms_p95, s.itl_ms_p99, s.itl_ms_max);
+    if (o.interfering_prompt_len > 0) {
+      out << absl::StrFormat(
+          "  during a %d-token prompt's prefill (TTFT %.0f ms): %d gaps, P95 %.1f ms, max %.1f\n",
+          o.interfering_prompt_len, s.interfering_ttft_ms, s.interfered_gaps,
+          s.interfered_itl_ms_p95, s.interfered_itl_ms_max);
+    }
+  }
+  for (const BenchSummary& s : summaries) {
+    if (s.prefill_tflops <= 0) continue;
+    out << "prefill at concurrency " << s.concurrency << ": "
+        << absl::StrFormat("%.1f TFLOP/s", s.prefill_tflops);
+    if (o.peak_tflops > 0) {
+      out << absl::StrFormat(", %.1f%% of the %.0f TFLOP/s peak assumed",
+                             100 * s.prefill_tflops / o.peak_tflops, o.peak_tflops);
+    }
+    out << "\n";
+  }
   for (const BenchSummary& s : summaries) out << TierLine(s);
   for (const std::string& row : rows) out << nlohmann::ordered_json::parse(row).dump() << "\n";
   return absl::OkStatus();

@@ -52,6 +52,14 @@ struct BenchOptions {
   std::string command;           // the command line, recorded as is
   std::string note;              // free text recorded as "note" when set (e.g. the server's env)
   std::string commit;            // the build's commit, recorded as "commit" when set
+  // The server GPU's dense bf16 tensor-core peak, TFLOP/s: recorded with the share of it a
+  // prefill reaches (0: none).
+  double peak_tflops = 0;
+  // Decodes beside a long prefill: in each round, this long a prompt (one token out, not counted
+  // in the figures) is sent `interfering_after` after the measured requests, and the
+  // inter-token gaps that overlap its prefill are reported apart. 0: none.
+  int interfering_prompt_len = 0;
+  absl::Duration interfering_after = absl::Seconds(1);
   absl::Duration request_timeout = absl::Minutes(30);
   absl::Duration connect_timeout = absl::Seconds(10);
 };
@@ -67,6 +75,10 @@ struct RequestTiming {
   // What the server reported in Usage, for comparison with the client's view.
   double server_ttft_ms = 0;
   double server_decode_tok_s = 0;
+  // Inter-token latency: the gap before each message after the first, over its tokens.
+  std::vector<double> itl_ms;
+  // The gaps that overlapped the interfering prompt's prefill (BenchOptions).
+  std::vector<double> interfered_itl_ms;
 };
 
 // What the cluster's Admin.Stats counted during the measured rounds (after minus before; a
@@ -76,6 +88,8 @@ struct ServerCounters {
   bool known = false;  // both Stats calls answered
   uint64_t generated_tokens = 0;
   uint64_t preemptions = 0;  // sequences preempted for KV blocks (and recomputed)
+  // Prompt tokens the prefix cache served: TTFTs that include them are not a prefill's.
+  uint64_t prefix_cache_hit_tokens = 0;
   // Speculative decoding: tokens drafted, and drafted tokens accepted.
   uint64_t draft_tokens = 0;
   uint64_t accepted_draft_tokens = 0;
@@ -117,6 +131,8 @@ struct ConcurrencyRun {
   std::vector<double> round_throughput_tok_s;  // generated tokens / round wall time, per round
   // What the server counted during the measured rounds (its Admin.Stats before and after).
   ServerCounters server;
+  double prompt_flops = 0;  // one prompt's, from the server's ModelInfo (0: not told)
+  std::vector<double> interfering_ttft_ms;  // per round, with an interfering prompt
 };
 
 // The figures reported for one concurrency. Statistics follow hf-peer-bench.py: the median is
@@ -139,6 +155,12 @@ struct BenchSummary {
   double server_decode_tok_s_mean = 0;
   double distinct_tokens = 0;  // mean over the requests
   ServerCounters server;       // ConcurrencyRun's
+  double prefill_tflops = 0;   // one prompt's FLOPs / median TTFT (0: FLOPs unknown)
+  // Inter-token latency over every gap of every request (hf-peer-bench.py's percentiles).
+  double itl_ms_p50 = 0, itl_ms_p95 = 0, itl_ms_p99 = 0, itl_ms_max = 0;
+  // With an interfering prompt: the gaps during its prefill, and its TTFT (median of rounds).
+  int interfered_gaps = 0;
+  double interfered_itl_ms_p95 = 0, interfered_itl_ms_max = 0, interfering_ttft_ms = 0;
 };
 
 struct BenchReport {
@@ -149,6 +171,8 @@ struct BenchReport {
 double Median(std::vector<double> values);
 double PercentileP5(std::vector<double> values);
 double PercentileP95(std::vector<double> values);
+// sorted[round(q (n - 1))], half to even (P95's rule at any q in [0, 1]).
+double Percentile(std::vector<double> values, double q);
 BenchSummary Summarize(const ConcurrencyRun& run, int input_len);
 
 // The file one concurrency's JSON goes to: `out` itself when only one concurrency is measured,

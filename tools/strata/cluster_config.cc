@@ -221,8 +221,9 @@ const std::map<std::string, Key>& Keys() {
                  "the router's process, on its CPU), instead of prompt lookup")
            .To(kRouter)},
       {"max_batch_tokens",
-       KeyOf<int>("max-batch-tokens", &ClusterConfig::max_batch_tokens, Positive<int>)
-           .Help("tokens per forward step (decodes and prefill chunks)")
+       KeyOf<int>("max-batch-tokens", &ClusterConfig::max_batch_tokens, NotNegative<int>)
+           .Help("tokens per forward step (decodes and prefill chunks); 0: 4096 with a GPU "
+                 "router, 512 on the CPU")
            .To(kRouter | kWorker)},
       {"max_running", KeyOf<int>("max-running", &ClusterConfig::max_running, Positive<int>)
                           .Help("sequences in the running batch")
@@ -361,6 +362,10 @@ absl::StatusOr<std::string> RouterDevice(const ClusterConfig& c) {
         "between them by CUDA IPC"));
   }
   return absl::StrCat("cuda:", *index);
+}
+
+int DefaultMaxBatchTokens(const std::string& router_device) {
+  return router_device == "cpu" ? 512 : 4096;
 }
 
 std::vector<std::string> ClusterConfigFlags() {

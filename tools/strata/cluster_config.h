@@ -41,7 +41,8 @@ struct ClusterConfig {
   int speculative_tokens = 0;           // prompt-lookup drafts a step at most; 0: no speculation
   int speculative_ngram = 3;            // the longest suffix looked up
   std::string speculative_draft_model;  // drafts from this model instead of prompt lookup
-  int max_batch_tokens = 512;
+  // Tokens a step; 0: DefaultMaxBatchTokens of the router's device.
+  int max_batch_tokens = 0;
   int max_running = 64;
   int max_queued_requests = 256;
   double drain_timeout_s = 30;
@@ -101,6 +102,11 @@ std::vector<std::string> ClusterConfigFlags();
 // INVALID_ARGUMENT when a GPU router is asked for with workers that cannot share its device
 // buffers.
 absl::StatusOr<std::string> RouterDevice(const ClusterConfig& config);
+
+// The step size where none is configured: 4096 tokens with a GPU router (a long prompt in
+// chunks that each read every expert once, and tensor-core tiles kept full), 512 on the CPU
+// (where a step's time grows with its tokens and decodes beside a prefill would wait).
+int DefaultMaxBatchTokens(const std::string& router_device);
 
 }  // namespace strata
 

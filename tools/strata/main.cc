@@ -117,6 +117,14 @@ ABSL_FLAG(std::string, mode, "cluster", "bench: mode recorded: cluster|in-proces
 ABSL_FLAG(int, gpus, 0, "bench: GPUs recorded (0 for a CPU cluster)");
 ABSL_FLAG(std::string, machine, "", "bench: machine recorded, e.g. \"NVIDIA H200\"");
 ABSL_FLAG(std::string, commit, "", "bench: the server build's commit, recorded as \"commit\"");
+ABSL_FLAG(double, peak_tflops, 0,
+          "bench: the server GPU's dense bf16 tensor-core peak in TFLOP/s (H100 and H200 SXM: "
+          "989), recorded with the share of it a prefill reaches; 0: not recorded");
+ABSL_FLAG(int, interfering_prompt_len, 0,
+          "bench: in each round, a prompt this long (one token out, not counted) sent "
+          "--interfering-after-s after the measured requests; the inter-token gaps during its "
+          "prefill are reported apart; 0: none");
+ABSL_FLAG(double, interfering_after_s, 1.0, "bench: see --interfering-prompt-len");
 ABSL_FLAG(std::string, note, "",
           "bench: free text recorded as \"note\", e.g. the server's settings");
 
@@ -167,13 +175,30 @@ const std::vector<Command>& Commands() {
       {"bench",
        "--server HOST:PORT [--input-len 128] [--output-len 512] [--concurrency 1,8,32]",
        "serving benchmark of a cluster: a table, and bench/results JSON",
-       {"server",      "admin",         "cluster-token-file",
-        "input-len",   "shared-prefix", "prompts",
-        "output-len",  "runs",          "warmup",
-        "concurrency", "seed",          "temperature",
-        "out",         "model",         "model-name",
-        "weights",     "mode",          "gpus",
-        "machine",     "commit",        "note",
+       {"server",
+        "admin",
+        "cluster-token-file",
+        "input-len",
+        "shared-prefix",
+        "prompts",
+        "output-len",
+        "runs",
+        "warmup",
+        "concurrency",
+        "seed",
+        "temperature",
+        "out",
+        "model",
+        "model-name",
+        "weights",
+        "mode",
+        "gpus",
+        "machine",
+        "commit",
+        "note",
+        "peak-tflops",
+        "interfering-prompt-len",
+        "interfering-after-s",
         "log-level"}},
       {"stats",
        "--server HOST:PORT | --admin ADDRESS [--cluster-token-file FILE]",
@@ -306,6 +331,13 @@ absl::Status Bench() {
   o.machine = absl::GetFlag(FLAGS_machine);
   o.note = absl::GetFlag(FLAGS_note);
   o.commit = absl::GetFlag(FLAGS_commit);
+  o.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
+  o.interfering_prompt_len = absl::GetFlag(FLAGS_interfering_prompt_len);
+  o.interfering_after = absl::Seconds(absl::GetFlag(FLAGS_interfering_after_s));
+  if (o.interfering_prompt_len < 0 || o.interfering_after < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--interfering-prompt-len and --interfering-after-s must not be negative");
+  }
   o.command = strata::CurrentCommandLine();
   if (const std::string prompts = absl::GetFlag(FLAGS_prompts); !prompts.empty()) {
     if (model.empty()) return absl::InvalidArgumentError("--prompts needs --model (its tokenizer)");

@@ -168,12 +168,13 @@ std::string Describe(int status) {
 }  // namespace
 
 absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
-  const ClusterConfig& c = options.cluster;
+  ClusterConfig c = options.cluster;
   if (c.model.empty())
     return absl::InvalidArgumentError("--model (or model: in --config) is required");
   if (c.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
   absl::StatusOr<std::string> router_device = RouterDevice(c);
   if (!router_device.ok()) return router_device.status();
+  if (c.max_batch_tokens == 0) c.max_batch_tokens = DefaultMaxBatchTokens(*router_device);
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);

@@ -27,6 +27,29 @@ TEST(ModelConfigTest, Qwen3Moe) {
   EXPECT_EQ(c->layer_is_moe, std::vector<bool>(3, true));
 }
 
+// qwen3-30b-a3b's shape: 48 layers of q/k/v/o (2048 -> 4096 + 2 x 512, 4096 -> 2048), a
+// 128-expert gate and 8 experts of 3 x 2048 x 768; attention 32 heads of 128.
+TEST(ModelConfigTest, PrefillFlops) {
+  ModelConfig c;
+  c.hidden_size = 2048;
+  c.num_layers = 48;
+  c.num_heads = 32;
+  c.num_kv_heads = 4;
+  c.head_dim = 128;
+  c.num_experts = 128;
+  c.top_k = 8;
+  c.moe_intermediate_size = 768;
+  c.layer_is_moe.assign(48, true);
+  const double per_layer = 2048.0 * (4096 + 512 + 512 + 4096) + 2048.0 * 128 + 8 * 3 * 2048.0 * 768;
+  EXPECT_DOUBLE_EQ(LinearFlopsPerToken(c), 2 * 48 * per_layer);  // 5.45 GFLOP
+  EXPECT_DOUBLE_EQ(AttentionFlopsPerPair(c), 4.0 * 48 * 32 * 128);
+  // A dense layer instead: its MLP, no gate.
+  c.layer_is_moe[0] = false;
+  c.dense_intermediate_size = 6144;
+  EXPECT_DOUBLE_EQ(LinearFlopsPerToken(c),
+                   2 * (47 * per_layer + 2048.0 * 9216 + 3 * 2048.0 * 6144));
+}
+
 TEST(ModelConfigTest, DenseLayersAndTiedEmbeddings) {
   auto c = LoadModelConfig(OracleDir("qwen3_moe_dense_tied"));
   ASSERT_TRUE(c.ok()) << c.status();
