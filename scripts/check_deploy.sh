@@ -338,6 +338,8 @@ def cpu_view(doc):
         if isinstance(cmd, list):
             cmd = [re.sub(r"^--device=cuda:\d+$", "--device=cpu", a) for a in cmd]
             cmd = [re.sub(r"^--threads=.*", "--threads=N", a) for a in cmd]
+            # The step size defaults differ as strata up's do (4096 with a GPU router, 512 on a CPU).
+            cmd = [re.sub(r"^--max-batch-tokens=.*", "--max-batch-tokens=N", a) for a in cmd]
             v["command"] = cmd
     volumes = doc.get("volumes") or {}
     for vol in mps_volumes:
