@@ -108,12 +108,15 @@ def tiers(r):
             f"{t['bytes_copied_per_token'] / 1e6:.0f} MB" + (f", {cpu:.1f} on CPU" if cpu else ''))
 
 
-rows = []
+rows, prefill = [], []
 for path in sorted(glob.glob(os.path.join(a.results, '*.json'))):
     r = json.load(open(path))
     if 'decode_tok_s_mean' not in r:
         continue
     name = os.path.basename(path)
+    if '-prefill-' in name:  # long prompts: their own table
+        prefill.append((name, r))
+        continue
     rows.append({
         'file': name, 'model': r['model'].split('-zipf')[0].replace('-fp8', '').replace('-bf16', ''),
         'weights': r['weights'], 'mode': r['mode'], 'c': r.get('concurrency', 1),
@@ -158,6 +161,48 @@ lines += ['',
           'rates, not the cost of misses. Sampling costs the resident cluster 30% by itself (the logits',
           'go to the host each step and no step is launched ahead).',
           '']
+if prefill:
+    lines += ['## Long prompts', '',
+              'Time to first token of one long prompt (batch 1, cut into steps of `--max-batch-tokens`',
+              '4096), the median of the measured requests, none of them in the prefix cache; the',
+              'prompt\'s FLOPs (every token through q/k/v/o, the gate and its routed experts, plus',
+              'causal attention; `ModelInfo`) over that time, and their share of the dense bf16',
+              'tensor-core peak of the card (989 TFLOP/s on the H100 and H200 SXM, NVIDIA\'s',
+              'datasheet figure; FP8 experts still multiply in bf16 here). "before" is the build',
+              'before the tensor-core prefill kernels. Decode rows: inter-token latency of 8 requests',
+              'while a 16k prompt is prefilled beside them (`--interfering-prompt-len`).', '',
+              '| model | weights | configuration | prompt | TTFT ms | prefill tok/s | TFLOP/s | of peak | commit | machine |',
+              '|---|---|---|---|---|---|---|---|---|---|']
+    for name, r in sorted(prefill, key=lambda x: (x[1]['weights'], 'itl' in x[0], x[1]['input_len'], x[0])):
+        if r.get('interfering_prompt_len'):
+            continue
+        flops = f"{r['prefill_tflops']:.0f}" if r.get('prefill_tflops') else ''
+        share = f"{r['prefill_peak_share']:.0%}" if r.get('prefill_peak_share') else ''
+        setting = ('**24 GiB expert budget**' if '-24g' in name else 'every expert resident') + \
+            (', before' if name.endswith('-before.json') else '')
+        lines.append(f"| {r['model'].split('-zipf')[0]} | {r['weights']} | {setting} | {r['input_len']:,} | "
+                     f"**{r['ttft_ms']:.0f}** | {r['prefill_tok_s']:,.0f} | {flops} | {share} | "
+                     f"{r.get('commit', '')} | {r.get('machine', '').split(' (')[0]} |")
+    itl = [(n, r) for n, r in prefill if r.get('interfering_prompt_len')]
+    if itl:
+        lines += ['', '| model | weights | requests decoding | ITL P50 ms | P95 | P99 | max | beside a prompt of | its TTFT ms | gaps during its prefill: P95 ms | max | commit |',
+                  '|---|---|---|---|---|---|---|---|---|---|---|---|']
+        for n, r in itl:
+            lines.append(f"| {r['model'].split('-zipf')[0]} | {r['weights']} | {r['concurrency']} | "
+                         f"{r['itl_ms_p50']:.1f} | {r['itl_ms_p95']:.1f} | {r['itl_ms_p99']:.1f} | "
+                         f"{r['itl_ms_max']:.1f} | {r['interfering_prompt_len']:,} | "
+                         f"{r['interfering_ttft_ms']:.0f} | **{r['interfered_itl_ms_p95']:.1f}** | "
+                         f"{r['interfered_itl_ms_max']:.1f} | {r.get('commit', '')} |")
+    kernels = sorted(glob.glob('bench/profiles/prefill-kernels-*.json'))
+    for path in kernels:
+        k = json.load(open(path))
+        lines += ['', f"The kernels alone on the {k['device']} (`{k.get('command', 'prefill_kernel_bench')}`; "
+                  'qwen3-30b-a3b\'s attention, 32 query heads over 4 kv heads of 128; experts uniformly routed):', '',
+                  '| kernel | us | TFLOP/s |', '|---|---|---|']
+        for row in k['rows']:
+            lines.append(f"| {row['name']} | {row['us']:,.0f} | {row['tflops']:.0f} |")
+    lines += ['', 'Commands: ' + '; '.join(sorted({f"`{r['command']}`" for _, r in prefill})[:2]) +
+              ' (the rest differ in --input-len and the flags of `strata up` in each record\'s note).', '']
 # What a speculative verify step of k tokens costs against a 1-token step (verify_step_bench).
 verify = sorted(glob.glob('bench/profiles/verify-steps-*.json'))
 if verify:
