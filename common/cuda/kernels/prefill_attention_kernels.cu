@@ -40,16 +40,11 @@ __device__ __forceinline__ void LoadKvTile(bf16* k_s, bf16* v_s, const PagedKvLa
                                            const int32_t* table, bool wide, bool codes,
                                            float k_scale, float v_scale, int kv_head, int tile0,
                                            int count, int64_t kv_dim) {
-  // A thread copies the same 16-byte chunk of every kThreads / kChunks-th row; positions fit
-  // int32, so a row's block and slot cost a 32-bit division.
   constexpr int kChunks = kD / 8;
-  constexpr int kRowsPerPass = kThreads / kChunks;
-  const int c = static_cast<int>(threadIdx.x) % kChunks;
-  const int j0 = static_cast<int>(threadIdx.x) / kChunks;
-  const int64_t elem = int64_t{kv_head} * kD + c * 8;
 #pragma unroll
-  for (int i = 0; i < kKeys / kRowsPerPass; ++i) {
-    const int j = j0 + i * kRowsPerPass;
+  for (int i = 0; i < kKeys * kChunks / kThreads; ++i) {
+    const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
+    const int j = idx / kChunks, c = idx % kChunks;
     bf16* dk = k_s + SwizzledOffset<kD>(j, c);
     bf16* dv = v_s + SwizzledOffset<kD>(j, c);
     if (j >= count) {
@@ -57,11 +52,8 @@ __device__ __forceinline__ void LoadKvTile(bf16* k_s, bf16* v_s, const PagedKvLa
       *reinterpret_cast<uint4*>(dv) = make_uint4(0, 0, 0, 0);
       continue;
     }
-    const int position = tile0 + j;
-    const int b = position / kv.block_size;
-    const int slot = position - b * kv.block_size;
-    const KvSlotPtrs at = KvSlotFromEntries(kv, wide, wide ? table[2 * b] : table[b],
-                                            wide ? table[2 * b + 1] : 0, slot, elem, kv_dim);
+    const KvSlotPtrs at =
+        KvSlotAt(kv, table, wide, tile0 + j, int64_t{kv_head} * kD + c * 8, kv_dim);
     if (!codes) {
       CpAsync16(dk, at.k);
       CpAsync16(dv, at.v);
