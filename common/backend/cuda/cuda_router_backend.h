@@ -49,7 +49,6 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
                           RoutingTable& routing) override;
   absl::Status DenseFfn(int layer) override;
   absl::Status Combine(const Tensor& partial, const uint32_t* ready_flag) override;
-  // Not yet on the device: UNIMPLEMENTED (a GPU router predicts nothing for its workers).
   // Eager steps only (prefill, steps without graphs): the next layer's norm and gate on the
   // residual into device routing, scored on the device once that layer's gate has run. A
   // captured decode step predicts nothing (tokens 0): three launches a layer would cost every
