@@ -203,8 +203,9 @@ class Client:
 
     @staticmethod
     def make_request(prompt: Optional[str] = None, token_ids: Optional[Sequence[int]] = None,
-                     max_new_tokens: int = 16, temperature: float = 0.0, top_p: float = 0.0,
-                     top_k: int = 0, seed: int = 0, stop: Sequence[str] = (),
+                     max_new_tokens: int = 16, temperature: Optional[float] = None,
+                     top_p: Optional[float] = None, top_k: Optional[int] = None,
+                     seed: Optional[int] = None, stop: Sequence[str] = (),
                      ignore_eos: bool = False, request_id: str = ""):
         """The GenerateRequest message for these arguments (exactly one of prompt, token_ids)."""
         if (prompt is None) == (token_ids is None):
@@ -214,8 +215,10 @@ class Client:
         request = generation_pb2.GenerateRequest(
             request_id=request_id,
             max_new_tokens=max_new_tokens,
-            sampling=generation_pb2.SamplingParams(temperature=temperature, top_p=top_p,
-                                                   top_k=top_k, seed=seed),
+            # Only what was given: unset differs from 0 for top_p and seed.
+            sampling=generation_pb2.SamplingParams(**{
+                k: v for k, v in (("temperature", temperature), ("top_p", top_p),
+                                  ("top_k", top_k), ("seed", seed)) if v is not None}),
             stop=list(stop),
             ignore_eos=ignore_eos)
         if prompt is not None:
@@ -236,12 +239,14 @@ class Client:
             call.cancel()  # a no-op once the call is over; ends it if the caller stopped early
 
     def generate(self, prompt: Optional[str] = None, token_ids: Optional[Sequence[int]] = None,
-                 max_new_tokens: int = 16, temperature: float = 0.0, top_p: float = 0.0,
-                 top_k: int = 0, seed: int = 0, stop: Sequence[str] = (),
+                 max_new_tokens: int = 16, temperature: Optional[float] = None,
+                 top_p: Optional[float] = None, top_k: Optional[int] = None,
+                 seed: Optional[int] = None, stop: Sequence[str] = (),
                  ignore_eos: bool = False, timeout: Optional[float] = None,
                  request_id: str = "") -> Iterator[Chunk]:
-        """Streams the new tokens of one request as Chunks. temperature 0 is greedy; top_p 0
-        and top_k 0 keep the whole vocabulary. Raises StrataError (e.g. INVALID_ARGUMENT,
+        """Streams the new tokens of one request as Chunks. None leaves a parameter to the
+        server: greedy, the whole vocabulary, a new seed each request (any seed given, 0 too,
+        repeats). Raises StrataError (e.g. INVALID_ARGUMENT,
         DEADLINE_EXCEEDED after `timeout` seconds). Stopping the iteration cancels the request."""
         request = self.make_request(prompt, token_ids, max_new_tokens, temperature, top_p, top_k,
                                     seed, stop, ignore_eos, request_id)
@@ -340,10 +345,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     what.add_argument("--tokenize", metavar="TEXT", help="print the token ids of TEXT")
     what.add_argument("--detokenize", metavar="IDS", help="print the text of 1,2,3")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true")
     parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")

@@ -6,11 +6,15 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "common/engine/sampling_request.h"
 #include "common/util/status_macros.h"
 #include "services/router/client_request.h"
 
 namespace strata {
 namespace {
+
+// An unset temperature in Generate is greedy (proto3's zero, as before it was optional).
+constexpr double kGrpcTemperature = 0.0;
 
 v1::FinishReason ToProto(FinishReason reason) {
   switch (reason) {
@@ -278,13 +282,13 @@ absl::StatusOr<RequestSpec> GenerationService::ToSpec(const v1::GenerateRequest&
   }
   spec.max_new_tokens = static_cast<int>(request.max_new_tokens());
   const v1::SamplingParams& s = request.sampling();
-  spec.sampling.temperature = s.temperature();
-  spec.sampling.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();
-  if (s.top_k() > static_cast<uint32_t>(config_.vocab_size)) {
-    return absl::InvalidArgumentError("top_k is larger than the vocabulary");
-  }
-  spec.sampling.top_k = static_cast<int>(s.top_k());
-  spec.sampling.seed = s.seed();
+  SamplingRequest sampling;
+  if (s.has_temperature()) sampling.temperature = s.temperature();
+  if (s.has_top_p()) sampling.top_p = s.top_p();
+  if (s.has_top_k()) sampling.top_k = s.top_k();
+  if (s.has_seed()) sampling.seed = s.seed();
+  ASSIGN_OR_RETURN(spec.sampling,
+                   NormalizeSampling(sampling, config_.vocab_size, kGrpcTemperature));
   spec.stop.assign(request.stop().begin(), request.stop().end());
   spec.ignore_eos = request.ignore_eos();
   return spec;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/util/process.h"
@@ -139,9 +138,8 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
   seq->spec = std::move(spec);
   seq->sink = std::move(sink);
   seq->tokens = seq->spec.prompt;
-  SamplingParams sampling = seq->spec.sampling;
-  if (sampling.seed == 0 && sampling.temperature > 0.0f) sampling.seed = std::random_device()();
-  seq->sampler = std::make_unique<Sampler>(sampling);
+  // The seed is the front end's (NormalizeSampling draws one where the client sent none).
+  seq->sampler = std::make_unique<Sampler>(seq->spec.sampling);
   seq->draft_length = options_.speculation.max_draft_tokens;
   seq->text = std::make_unique<OutputText>(tokenizer_, seq->spec.stop);
   seq->submitted = Clock::now();

@@ -93,7 +93,7 @@ TEST(StrataCliTest, Errors) {
       {"generate --model " + kModel + " --ids 1 --max-new-tokens 0", "max_new_tokens"},
       {"generate --model " + kModel + " --ids 1 --max-new-tokens 5000",
        "exceed the 2048-token context"},
-      {"generate --model " + kModel + " --ids 1 --temperature -1", "temperature must be >= 0"},
+      {"generate --model " + kModel + " --ids 1 --temperature -1", "'temperature' must be in [0, 2]"},
       {"generate --model " + kModel + " --ids 1 --router-temperature 0", "router_temperature"},
       {"frobnicate --model " + kModel, "unknown command"},
       {"generate --model " + kModel + " --ids 1 --stop x", "--stop needs --server"},

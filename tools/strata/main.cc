@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/engine/sampling_request.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/flag_help.h"
 #include "common/util/process.h"
@@ -53,7 +55,9 @@ ABSL_FLAG(int, max_new_tokens, 16, "Tokens to generate");
 ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 is greedy");
 ABSL_FLAG(int, top_k, 0, "Sample among the k most likely tokens; 0 keeps all");
 ABSL_FLAG(double, top_p, 1.0, "Sample from the smallest set with this probability mass");
-ABSL_FLAG(uint64_t, seed, 0, "Random seed for sampling");
+ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
+          "Sampling seed: given (0 too), the same tokens each time; without it, a new seed "
+          "each request (bench: the seed of its random prompts)");
 ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the end-of-sequence token");
 ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
@@ -268,11 +272,12 @@ absl::StatusOr<strata::LocalEngineOptions> EngineOptionsFromFlags() {
   return options;
 }
 
-strata::SamplingParams SamplingFromFlags() {
-  strata::SamplingParams s;
-  s.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+// The sampling flags as a request: --seed only when given (else each run draws its own).
+strata::SamplingRequest SamplingFromFlags() {
+  strata::SamplingRequest s;
+  s.temperature = absl::GetFlag(FLAGS_temperature);
   s.top_k = absl::GetFlag(FLAGS_top_k);
-  s.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  s.top_p = absl::GetFlag(FLAGS_top_p);
   s.seed = absl::GetFlag(FLAGS_seed);
   return s;
 }
@@ -289,11 +294,13 @@ absl::Status RemoteGenerate(const std::vector<std::string>& stops) {
     for (int32_t id : *ids) r.add_prompt_token_ids(static_cast<uint32_t>(id));
   }
   r.set_max_new_tokens(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_max_new_tokens))));
-  const strata::SamplingParams s = SamplingFromFlags();
-  r.mutable_sampling()->set_temperature(s.temperature);
-  r.mutable_sampling()->set_top_k(static_cast<uint32_t>(std::max(0, s.top_k)));
-  r.mutable_sampling()->set_top_p(s.top_p);
-  r.mutable_sampling()->set_seed(s.seed);
+  // Checked here by the server's rules, sent as given: the server applies them again.
+  const strata::SamplingRequest s = SamplingFromFlags();
+  RETURN_IF_ERROR(strata::NormalizeSampling(s, INT64_MAX, 0.0).status());
+  r.mutable_sampling()->set_temperature(static_cast<float>(*s.temperature));
+  r.mutable_sampling()->set_top_k(static_cast<uint32_t>(std::max<int64_t>(0, *s.top_k)));
+  r.mutable_sampling()->set_top_p(static_cast<float>(*s.top_p));
+  if (s.seed) r.mutable_sampling()->set_seed(*s.seed);
   for (const std::string& stop : stops) r.add_stop(stop);
   r.set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
   return strata::RunRemoteGenerate(options, std::cout, std::cerr);
@@ -317,7 +324,7 @@ absl::Status Bench() {
   auto concurrency = strata::ParseConcurrency(absl::GetFlag(FLAGS_concurrency));
   if (!concurrency.ok()) return concurrency.status();
   o.concurrency = *concurrency;
-  o.seed = absl::GetFlag(FLAGS_seed);
+  o.seed = absl::GetFlag(FLAGS_seed).value_or(0);
   o.temperature = absl::GetFlag(FLAGS_temperature);
   o.shared_prefix = absl::GetFlag(FLAGS_shared_prefix);
   o.out = absl::GetFlag(FLAGS_out);
@@ -447,7 +454,7 @@ absl::Status Run(const std::string& command, const std::vector<std::string>& sto
     options.out_dir = absl::GetFlag(FLAGS_out);
     options.dtype = absl::GetFlag(FLAGS_dtype);
     options.skew = absl::GetFlag(FLAGS_skew);
-    options.seed = absl::GetFlag(FLAGS_seed);
+    options.seed = absl::GetFlag(FLAGS_seed).value_or(0);
     options.layers = absl::GetFlag(FLAGS_layers);
     options.force = absl::GetFlag(FLAGS_force);
     options.num_threads = absl::GetFlag(FLAGS_threads);
@@ -476,7 +483,8 @@ absl::Status Run(const std::string& command, const std::vector<std::string>& sto
   options.prompt = absl::GetFlag(FLAGS_prompt);
   options.generate.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   options.generate.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
-  options.generate.sampling = SamplingFromFlags();
+  ASSIGN_OR_RETURN(options.generate.sampling,
+                   strata::NormalizeSampling(SamplingFromFlags(), INT64_MAX, 0.0));
   return strata::RunGenerateCommand(options, std::cout);
 }
 

@@ -11,18 +11,8 @@
 namespace strata {
 namespace {
 
-constexpr char kParamPayload[] = "strata.openai.param";
+constexpr const char* kParamPayload = kInvalidParamPayload;  // NormalizeSampling's too
 constexpr char kCodePayload[] = "strata.openai.code";
-
-absl::StatusOr<double> Number(const Json& body, const char* key, double low, double high) {
-  const Json& v = body[key];
-  if (!v.is_number()) return BadParam(key, absl::StrCat("'", key, "' must be a number"));
-  const double d = v.get<double>();
-  if (!(d >= low && d <= high)) {
-    return BadParam(key, absl::StrCat("'", key, "' must be in [", low, ", ", high, "], not ", d));
-  }
-  return d;
-}
 
 bool Present(const Json& body, const char* key) {
   return body.contains(key) && !body[key].is_null();
@@ -219,27 +209,28 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
     }
     r.max_tokens = v.get<int64_t>();
   }
-  if (Present(body, "temperature")) {
-    ASSIGN_OR_RETURN(double t, Number(body, "temperature", 0.0, 2.0));
-    r.temperature = static_cast<float>(t);
-  }
-  if (Present(body, "top_p")) {
-    ASSIGN_OR_RETURN(double p, Number(body, "top_p", 0.0, 1.0));
-    if (p == 0.0) return BadParam("top_p", "'top_p' must be above 0");
-    r.top_p = static_cast<float>(p);
+  // Types here; the values by the rules every front end shares, checked before any prompt is
+  // tokenized (again with the vocabulary when the request is made into a spec).
+  for (const auto& [key, field] :
+       {std::pair{"temperature", &r.sampling.temperature}, std::pair{"top_p", &r.sampling.top_p}}) {
+    if (!Present(body, key)) continue;
+    if (!body[key].is_number()) return BadParam(key, absl::StrCat("'", key, "' must be a number"));
+    *field = body[key].get<double>();
   }
   if (Present(body, "top_k")) {
-    const Json& k = body["top_k"];
-    if (!k.is_number_integer() || k.get<int64_t>() < -1 || k.get<int64_t>() > (1 << 30)) {
+    if (!body["top_k"].is_number_integer() ||
+        body["top_k"].is_number_unsigned() && body["top_k"].get<uint64_t>() > INT64_MAX) {
       return BadParam("top_k", "'top_k' must be an integer: 0 or -1 for no limit");
     }
-    r.top_k = static_cast<int>(std::max<int64_t>(k.get<int64_t>(), 0));
+    r.sampling.top_k = body["top_k"].get<int64_t>();
   }
   if (Present(body, "seed")) {
     if (!body["seed"].is_number_integer()) return BadParam("seed", "'seed' must be an integer");
-    r.seed = body["seed"].is_number_unsigned() ? body["seed"].get<uint64_t>()
-                                               : static_cast<uint64_t>(body["seed"].get<int64_t>());
+    r.sampling.seed = body["seed"].is_number_unsigned()
+                          ? body["seed"].get<uint64_t>()
+                          : static_cast<uint64_t>(body["seed"].get<int64_t>());
   }
+  RETURN_IF_ERROR(NormalizeSampling(r.sampling, INT64_MAX, kOpenAiTemperature).status());
   if (Present(body, "stop")) {
     const Json& stop = body["stop"];
     if (stop.is_string()) {

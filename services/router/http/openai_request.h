@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/engine/sampling_request.h"
 #include "nlohmann/json.hpp"
 
 namespace strata {
@@ -27,10 +28,9 @@ struct OpenAiRequest {
   Json template_variables = Json::object();
   bool add_generation_prompt = true;
   std::optional<int64_t> max_tokens;  // absent: 16 for completions, the context left for chat
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int top_k = 0;
-  std::optional<uint64_t> seed;
+  // temperature, top_p, top_k, seed as sent; NormalizeSampling's rules, the OpenAI default
+  // temperature of 1 (kOpenAiTemperature).
+  SamplingRequest sampling;
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
@@ -39,6 +39,8 @@ struct OpenAiRequest {
   int top_logprobs = 0;
   bool ignore_eos = false;
 };
+
+inline constexpr double kOpenAiTemperature = 1.0;
 
 // An error as the API reports it.
 struct ApiError {

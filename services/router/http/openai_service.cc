@@ -260,12 +260,8 @@ absl::StatusOr<RequestSpec> OpenAiService::ToSpec(const OpenAiRequest& r) const 
     return BadParam("stop", "stop strings need a model with a tokenizer");
   }
   spec.max_new_tokens = static_cast<int>(max_tokens);
-  spec.sampling.temperature = r.temperature;
-  spec.sampling.top_p = r.top_p;
-  spec.sampling.top_k = static_cast<int>(std::min<int64_t>(r.top_k, config_.vocab_size));
-  spec.sampling.seed = r.seed.value_or(0);
-  // Seed 0 means "pick one" to the scheduler; an explicit 0 must still repeat.
-  if (r.seed && *r.seed == 0) spec.sampling.seed = 0x5eed;
+  ASSIGN_OR_RETURN(spec.sampling,
+                   NormalizeSampling(r.sampling, config_.vocab_size, kOpenAiTemperature));
   spec.stop = r.stop;
   spec.ignore_eos = r.ignore_eos;
   spec.logprobs = r.logprobs;

@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <future>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -165,6 +166,34 @@ TEST(ClusterTest, BadInputGetsInvalidArgument) {
   text.set_prompt("hello");
   text.set_max_new_tokens(4);
   expect_invalid(text, "text prompt for a model without a tokenizer");
+  v1::GenerateRequest hot = GreedyRequest({1, 2}, 4);
+  hot.mutable_sampling()->set_temperature(2.5f);
+  expect_invalid(hot, "temperature above 2");
+  v1::GenerateRequest no_mass = GreedyRequest({1, 2}, 4);
+  no_mass.mutable_sampling()->set_top_p(0.0f);
+  expect_invalid(no_mass, "top_p 0, set");
+}
+
+// The sampling rules every front end shares (NormalizeSampling): an explicit seed of 0 repeats
+// like any other, no seed draws anew, and top_k at or above the vocabulary keeps all of it.
+TEST(ClusterTest, SamplingFollowsTheSharedRules) {
+  ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe"), "--workers=1", "--threads=1"});
+  ASSERT_FALSE(cluster.address().empty());
+  auto stub = GenerationStub(cluster.address());
+  auto sampled = [&](std::optional<uint64_t> seed, uint32_t top_k) {
+    v1::GenerateRequest r = GreedyRequest({5, 6, 7}, 24);
+    r.mutable_sampling()->set_temperature(1.5f);
+    if (seed) r.mutable_sampling()->set_seed(*seed);
+    if (top_k > 0) r.mutable_sampling()->set_top_k(top_k);
+    const Generated g = Generate(*stub, r);
+    EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+    return g.tokens;
+  };
+  EXPECT_EQ(sampled(0, 0), sampled(0, 0));
+  EXPECT_EQ(sampled(0, 0), sampled(0, 100000));  // a limit beyond the vocabulary is none
+  // Unseeded: 24 tokens at temperature 1.5 over a 512-token vocabulary repeat by chance
+  // about never.
+  EXPECT_NE(sampled(std::nullopt, 0), sampled(std::nullopt, 0));
 }
 
 TEST(ClusterTest, DeadlineCancelsAndFreesTheBlocks) {

@@ -14,10 +14,10 @@ TEST(OpenAiRequestTest, Completion) {
   EXPECT_EQ(r->model, "m");
   EXPECT_EQ(r->prompt_text, "Once");
   EXPECT_EQ(r->max_tokens, 8);
-  EXPECT_FLOAT_EQ(r->temperature, 0.5f);
-  EXPECT_FLOAT_EQ(r->top_p, 0.9f);
-  EXPECT_EQ(r->top_k, 40);
-  EXPECT_EQ(r->seed, 7u);
+  EXPECT_EQ(r->sampling.temperature, 0.5);
+  EXPECT_EQ(r->sampling.top_p, 0.9);
+  EXPECT_EQ(r->sampling.top_k, 40);
+  EXPECT_EQ(r->sampling.seed, 7u);
   EXPECT_EQ(r->stop, (std::vector<std::string>{"\n", "."}));
   EXPECT_TRUE(r->stream);
   EXPECT_TRUE(r->include_usage);
@@ -31,7 +31,8 @@ TEST(OpenAiRequestTest, DefaultsAndPromptForms) {
   EXPECT_EQ(r->prompt_ids, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_FALSE(r->prompt_text.has_value());
   EXPECT_FALSE(r->max_tokens.has_value());
-  EXPECT_FLOAT_EQ(r->temperature, 1.0f);
+  EXPECT_FALSE(r->sampling.temperature.has_value());  // kOpenAiTemperature when made a spec
+  EXPECT_FALSE(r->sampling.seed.has_value());
   EXPECT_EQ(r->stop, (std::vector<std::string>{"x"}));
   EXPECT_FALSE(r->logprobs);
   r = ParseOpenAiRequest(R"({"model": "m", "prompt": ["one"]})", false);

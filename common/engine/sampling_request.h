@@ -1,0 +1,36 @@
+// The one set of sampling rules every front end applies (gRPC Generate, the OpenAI API, the
+// `strata` command): a request's sampling as the front end read it, each field absent unless
+// the client sent it, made into the SamplingParams the scheduler runs.
+#ifndef STRATA_COMMON_ENGINE_SAMPLING_REQUEST_H_
+#define STRATA_COMMON_ENGINE_SAMPLING_REQUEST_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "common/engine/sampler.h"
+
+namespace strata {
+
+struct SamplingRequest {
+  std::optional<double> temperature;  // absent: the front end's default
+  std::optional<double> top_p;        // absent: 1 (no nucleus cut)
+  std::optional<int64_t> top_k;       // absent, 0 or -1: the whole vocabulary
+  std::optional<uint64_t> seed;       // absent: a seed drawn for the request
+};
+
+// The payload key of an INVALID_ARGUMENT from NormalizeSampling: the parameter's name, as the
+// OpenAI API reports it in `param`.
+inline constexpr char kInvalidParamPayload[] = "strata.param";
+
+// temperature in [0, 2], 0 greedy (default_temperature when absent: 0 for gRPC and the command,
+// 1 for the OpenAI API, as each documents); top_p in (0, 1]; top_k -1 or 0 for no limit, and a
+// limit at or above the vocabulary is none either (other negatives refused); any seed given
+// repeats its draws, 0 included; without one, draws differ from request to request.
+// INVALID_ARGUMENT names the parameter (message and kInvalidParamPayload).
+absl::StatusOr<SamplingParams> NormalizeSampling(const SamplingRequest& request, int64_t vocab_size,
+                                                 double default_temperature);
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_ENGINE_SAMPLING_REQUEST_H_
