@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <optional>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/engine/sampler.h"
 
 namespace strata {
@@ -22,6 +24,13 @@ struct SamplingRequest {
 // The payload key of an INVALID_ARGUMENT from NormalizeSampling: the parameter's name, as the
 // OpenAI API reports it in `param`.
 inline constexpr char kInvalidParamPayload[] = "strata.param";
+
+// INVALID_ARGUMENT with `param` in kInvalidParamPayload: how a front end refuses a parameter.
+absl::Status InvalidParam(absl::string_view param, absl::string_view message);
+
+// NormalizeSampling's rules on what does not depend on the model (it applies them first): for
+// a front end that checks a request before it tokenizes anything.
+absl::Status CheckSampling(const SamplingRequest& request, double default_temperature);
 
 // temperature in [0, 2], 0 greedy (default_temperature when absent: 0 for gRPC and the command,
 // 1 for the OpenAI API, as each documents); top_p in (0, 1]; top_k -1 or 0 for no limit, and a

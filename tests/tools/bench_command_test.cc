@@ -252,12 +252,12 @@ TEST_F(BenchClusterTest, ReportsInterTokenLatencyBesideAnInterferingPrompt) {
   BenchOptions o;
   o.server = cluster_->address();
   o.input_len = 16;
-  o.output_len = 12;
+  o.output_len = 40;
   o.runs = 2;
   o.warmup = 0;
   o.concurrency = {2};
   o.interfering_prompt_len = 300;
-  o.interfering_after = absl::Milliseconds(5);
+  o.interfering_after = absl::Milliseconds(20);  // the measured requests decode by then
   std::ostringstream progress;
   const absl::StatusOr<BenchReport> report = RunBench(o, progress);
   ASSERT_TRUE(report.ok()) << report.status();
@@ -265,11 +265,15 @@ TEST_F(BenchClusterTest, ReportsInterTokenLatencyBesideAnInterferingPrompt) {
   EXPECT_EQ(run.interfering_ttft_ms.size(), 2u);
   for (double ttft : run.interfering_ttft_ms) EXPECT_GT(ttft, 0);
   EXPECT_GT(run.prompt_flops, 0);
+  size_t interfered = 0;
   for (const RequestTiming& t : run.requests) {
     EXPECT_GE(t.itl_ms.size(), 1u);
-    EXPECT_LE(t.itl_ms.size(), 11u);
+    EXPECT_LE(t.itl_ms.size(), 39u);
     EXPECT_LE(t.interfered_itl_ms.size(), t.itl_ms.size());
+    interfered += t.interfered_itl_ms.size();
   }
+  // The prefill ran between decode steps of requests still decoding: some gaps spanned it.
+  EXPECT_GT(interfered, 0u);
   const BenchSummary s = Summarize(run, o.input_len);
   EXPECT_GT(s.itl_ms_p95, 0);
   EXPECT_GE(s.itl_ms_max, s.itl_ms_p99);

@@ -296,7 +296,7 @@ absl::Status RemoteGenerate(const std::vector<std::string>& stops) {
   r.set_max_new_tokens(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_max_new_tokens))));
   // Checked here by the server's rules, sent as given: the server applies them again.
   const strata::SamplingRequest s = SamplingFromFlags();
-  RETURN_IF_ERROR(strata::NormalizeSampling(s, INT64_MAX, 0.0).status());
+  RETURN_IF_ERROR(strata::CheckSampling(s, 0.0));
   r.mutable_sampling()->set_temperature(static_cast<float>(*s.temperature));
   r.mutable_sampling()->set_top_k(static_cast<uint32_t>(std::max<int64_t>(0, *s.top_k)));
   r.mutable_sampling()->set_top_p(static_cast<float>(*s.top_p));

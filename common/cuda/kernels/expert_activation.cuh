@@ -4,6 +4,7 @@
 #ifndef STRATA_COMMON_CUDA_KERNELS_EXPERT_ACTIVATION_CUH_
 #define STRATA_COMMON_CUDA_KERNELS_EXPERT_ACTIVATION_CUH_
 
+#include "common/cuda/device_utils.cuh"
 #include "common/cuda/kernels/grouped_expert_kernels.h"
 
 namespace strata::gpu {
@@ -37,7 +38,7 @@ __device__ __forceinline__ Item ItemAt(const ExpertWorkspace& ws) {
 template <int kNt, typename Store>
 __device__ __forceinline__ void ForEachSum(int64_t row0, const Item& it, const ExpertWorkspace& ws,
                                            Store&& store) {
-  const int lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int n = 0; n < kNt; ++n) {
 #pragma unroll

@@ -25,10 +25,16 @@ constexpr int kPlanPerThread = kMaxGroupedExperts / kPlanThreads;
 // tokens of Mixtral's 8 experts (about 8 each) 3.5 ms in items of 16 against 2.6 ms in items
 // of 8 (bench/profiles/grouped-experts-chunk-h200.txt). An expert is selected at most once per
 // token, so it never has more than n slots.
-int ChunkTokens(int64_t n, int top_k, int num_experts) {
+// The slots an active expert gets on average (n x top_k over the experts that can be active),
+// rounded up: what every choice of kernel and item size below goes by.
+int64_t AverageSlots(int64_t n, int top_k, int num_experts) {
   const int64_t slots = n * top_k;
   const int64_t active = std::max<int64_t>(1, std::min<int64_t>(slots, num_experts));
-  const int64_t average = (slots + active - 1) / active;
+  return (slots + active - 1) / active;
+}
+
+int ChunkTokens(int64_t n, int top_k, int num_experts) {
+  const int64_t average = AverageSlots(n, top_k, num_experts);
   const int64_t want = std::min<int64_t>(n, 2 * average);
   if (want <= 1) return 1;
   if (want == 2) return 2;
@@ -40,9 +46,7 @@ int ChunkTokens(int64_t n, int top_k, int num_experts) {
 // tokens, or 16 where an active expert averages more than 4 slots (fewer items, so fewer
 // experts' weights read twice).
 int MmaChunkTokens(int64_t n, int top_k, int num_experts) {
-  const int64_t slots = n * top_k;
-  const int64_t active = std::max<int64_t>(1, std::min<int64_t>(slots, num_experts));
-  return (slots + active - 1) / active > 4 ? 16 : 8;
+  return AverageSlots(n, top_k, num_experts) > 4 ? 16 : 8;
 }
 
 std::atomic<int> tensor_core_experts{-1};  // -1: not yet read from the environment
@@ -64,10 +68,8 @@ struct ExpertKernels {
 // items or more, so few items run part-empty. They gather x in 16-byte pieces.
 ExpertKernels ChooseKernels(int64_t n, int top_k, const ExpertWeightTable& w, bool x_aligned) {
   const bool mma = UseMma(n, w);
-  const int64_t slots = n * top_k;
-  const int64_t active = std::max<int64_t>(1, std::min<int64_t>(slots, w.num_experts));
   if (mma && x_aligned && tiled_experts.load() && TiledExpertShapesFit(w) &&
-      (slots + active - 1) / active >= kTiledChunkTokens / 2) {
+      AverageSlots(n, top_k, w.num_experts) >= kTiledChunkTokens / 2) {
     return {true, kTiledChunkTokens, true};
   }
   return {mma, mma ? MmaChunkTokens(n, top_k, w.num_experts) : ChunkTokens(n, top_k, w.num_experts),

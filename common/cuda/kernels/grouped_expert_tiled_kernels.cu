@@ -39,12 +39,6 @@ constexpr int SmemBytes() {
   return kStages * StageBytes<WT, kMats>();
 }
 
-__device__ __forceinline__ uint32_t Fp8x2ToBf16x2(uint16_t two) {
-  const __half2 h(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3));
-  const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
-  return *reinterpret_cast<const uint32_t*>(&b);
-}
-
 // Rows [0, 64) x columns [k0, k0 + 64) of a weight matrix (rows ld elements apart, from its
 // block's first row) into a tile.
 template <typename WT>
@@ -190,14 +184,12 @@ __global__ void __launch_bounds__(kThreads)
   StoreDown<WT, kTileTokens / 8>(acc, r0 + threadIdx.x / kWarpSize * kMmaRows, it, w, ws);
 }
 
-// The kernel with its shared memory allowed (once a process and kernel), launched.
-template <typename Kernel, typename... Args>
-cudaError_t LaunchWithSmem(Kernel kernel, int smem_bytes, dim3 grid, cudaStream_t stream,
-                           Args... args) {
-  const cudaError_t attribute =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+// kKernel with its shared memory allowed, launched.
+template <auto kKernel, typename... Args>
+cudaError_t LaunchTiled(int smem_bytes, dim3 grid, cudaStream_t stream, Args... args) {
+  const cudaError_t attribute = AllowDynamicSmem<kKernel>(smem_bytes);
   if (attribute != cudaSuccess) return attribute;
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(args...);
+  kKernel<<<grid, kThreads, smem_bytes, stream>>>(args...);
   return cudaGetLastError();
 }
 
@@ -223,11 +215,11 @@ cudaError_t LaunchExpertGateUpTiled(const bf16* x, int top_k, int64_t max_work,
   const dim3 grid(static_cast<unsigned>(w.intermediate / kTileRows),
                   static_cast<unsigned>(max_work));
   if (w.format == WeightFormat::kFp8E4M3) {
-    return LaunchWithSmem(ExpertGateUpTiledKernel<uint8_t>, SmemBytes<uint8_t, 2>(), grid, stream,
-                          x, top_k, w, act, ws);
+    return LaunchTiled<ExpertGateUpTiledKernel<uint8_t>>(SmemBytes<uint8_t, 2>(), grid, stream, x,
+                                                         top_k, w, act, ws);
   }
-  return LaunchWithSmem(ExpertGateUpTiledKernel<bf16>, SmemBytes<bf16, 2>(), grid, stream, x, top_k,
-                        w, act, ws);
+  return LaunchTiled<ExpertGateUpTiledKernel<bf16>>(SmemBytes<bf16, 2>(), grid, stream, x, top_k, w,
+                                                    act, ws);
 }
 
 cudaError_t LaunchExpertDownTiled(int64_t max_work, const ExpertWeightTable& w,
@@ -235,10 +227,10 @@ cudaError_t LaunchExpertDownTiled(int64_t max_work, const ExpertWeightTable& w,
   if (!TiledExpertShapesFit(w) || !GridFits(w.hidden, max_work)) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(w.hidden / kTileRows), static_cast<unsigned>(max_work));
   if (w.format == WeightFormat::kFp8E4M3) {
-    return LaunchWithSmem(ExpertDownTiledKernel<uint8_t>, SmemBytes<uint8_t, 1>(), grid, stream, w,
-                          ws);
+    return LaunchTiled<ExpertDownTiledKernel<uint8_t>>(SmemBytes<uint8_t, 1>(), grid, stream, w,
+                                                       ws);
   }
-  return LaunchWithSmem(ExpertDownTiledKernel<bf16>, SmemBytes<bf16, 1>(), grid, stream, w, ws);
+  return LaunchTiled<ExpertDownTiledKernel<bf16>>(SmemBytes<bf16, 1>(), grid, stream, w, ws);
 }
 
 }  // namespace strata::gpu

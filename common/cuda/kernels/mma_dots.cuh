@@ -55,6 +55,13 @@ __device__ __forceinline__ uint32_t Component(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// Two E4M3 codes (the low byte first) as bf16x2, exactly: E4M3 fits bf16.
+__device__ __forceinline__ uint32_t Fp8x2ToBf16x2(uint16_t two) {
+  const __half2 h(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3));
+  const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
 // Elements 2j and 2j + 1 of a piece (j < kWide / 2, known at compile time) as bf16x2. E4M3
 // is exact in bf16; the row's scale is applied to the sum.
 template <typename WT, int kWide>
@@ -63,10 +70,7 @@ __device__ __forceinline__ uint32_t Word(const Piece<WT, kWide>& p, int j) {
     return Component(p.v[j / 4], j % 4);
   } else {
     const uint32_t four = Component(p.v[j / 8], (j / 2) % 4);
-    const auto two = static_cast<__nv_fp8x2_storage_t>(j % 2 ? four >> 16 : four & 0xffffu);
-    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3));
-    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
-    return *reinterpret_cast<const uint32_t*>(&b);
+    return Fp8x2ToBf16x2(static_cast<uint16_t>(j % 2 ? four >> 16 : four & 0xffffu));
   }
 }
 

@@ -289,8 +289,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int kD>
 cudaError_t LaunchForDim(const bf16* q, const TokenBatch& tokens, const PagedKvLayer& kv,
                          const PagedAttentionParams& p, bf16* out, cudaStream_t stream) {
-  static const cudaError_t attribute = cudaFuncSetAttribute(
-      PrefillAttentionKernel<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<kD>());
+  const cudaError_t attribute = AllowDynamicSmem<PrefillAttentionKernel<kD>>(SmemBytes<kD>());
   if (attribute != cudaSuccess) return attribute;
   const int group = p.num_heads / p.num_kv_heads;
   const int tile_tokens = kRows / group;

@@ -5,6 +5,7 @@
 #define STRATA_COMMON_CUDA_KERNELS_SMEM_TILES_CUH_
 
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -50,6 +51,15 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
 template <int kRowElems>
 __device__ __forceinline__ int SwizzledOffset(int row, int chunk) {
   return row * kRowElems + ((chunk ^ (row & 7)) << 3);
+}
+
+// Lets kKernel launch with `bytes` of dynamic shared memory (above 48 KiB it must ask): asked
+// once a process and kernel, not at every launch (a process runs its kernels on one device).
+template <auto kKernel>
+cudaError_t AllowDynamicSmem(int bytes) {
+  static const cudaError_t result =
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  return result;
 }
 
 }  // namespace strata::gpu

@@ -11,7 +11,6 @@
 namespace strata {
 namespace {
 
-constexpr const char* kParamPayload = kInvalidParamPayload;  // NormalizeSampling's too
 constexpr char kCodePayload[] = "strata.openai.code";
 
 bool Present(const Json& body, const char* key) {
@@ -99,8 +98,7 @@ std::string ErrorBody(const ApiError& e) {
 }
 
 absl::Status BadParam(absl::string_view param, absl::string_view message, absl::string_view code) {
-  absl::Status status = absl::InvalidArgumentError(message);
-  if (!param.empty()) status.SetPayload(kParamPayload, absl::Cord(param));
+  absl::Status status = InvalidParam(param, message);
   if (!code.empty()) status.SetPayload(kCodePayload, absl::Cord(code));
   return status;
 }
@@ -108,7 +106,7 @@ absl::Status BadParam(absl::string_view param, absl::string_view message, absl::
 ApiError ToApiError(const absl::Status& status) {
   ApiError e;
   e.message = std::string(status.message());
-  if (auto param = status.GetPayload(kParamPayload)) e.param = std::string(*param);
+  if (auto param = status.GetPayload(kInvalidParamPayload)) e.param = std::string(*param);
   if (auto code = status.GetPayload(kCodePayload)) e.code = std::string(*code);
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
@@ -210,7 +208,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
     r.max_tokens = v.get<int64_t>();
   }
   // Types here; the values by the rules every front end shares, checked before any prompt is
-  // tokenized (again with the vocabulary when the request is made into a spec).
+  // tokenized (NormalizeSampling applies them again when the request is made into a spec).
   for (const auto& [key, field] :
        {std::pair{"temperature", &r.sampling.temperature}, std::pair{"top_p", &r.sampling.top_p}}) {
     if (!Present(body, key)) continue;
@@ -230,7 +228,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
                           ? body["seed"].get<uint64_t>()
                           : static_cast<uint64_t>(body["seed"].get<int64_t>());
   }
-  RETURN_IF_ERROR(NormalizeSampling(r.sampling, INT64_MAX, kOpenAiTemperature).status());
+  RETURN_IF_ERROR(CheckSampling(r.sampling, kOpenAiTemperature));
   if (Present(body, "stop")) {
     const Json& stop = body["stop"];
     if (stop.is_string()) {
