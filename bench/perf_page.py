@@ -163,9 +163,20 @@ lines += ['',
           '']
 # Records whose median TTFT includes a prefix-cache hit (bench/profiles/prefill-h100/README.md):
 # their other request (P95 of two) is the whole prefill.
+# A clean record in bench/results of the same weights, prompt and setting supersedes them.
+def prefill_setting(name, r):
+    return (r['weights'], r['input_len'], '-24g' in name,
+            name.endswith('-before.json') or r.get('commit') == 'b937886')
+
+
+clean = {prefill_setting(n, r) for n, r in prefill}
 uncached = []
 for path in sorted(glob.glob('bench/profiles/prefill-*/*.json')):
     r = dict(json.load(open(path)))
+    if r.get('server_prefix_cache_hit_tokens') == 0:  # not the median-is-a-hit case
+        continue
+    if prefill_setting(os.path.basename(path), r) in clean:
+        continue
     if r.get('requests') == 2 and 'ttft_ms_p95' in r and r['input_len'] >= 4096:
         flop = r['prefill_tflops'] * r['ttft_ms'] if r.get('prefill_tflops') else 0
         r['ttft_ms'] = r['ttft_ms_p95']
