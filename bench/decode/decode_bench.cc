@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.overlap_decode_steps = absl::GetFlag(FLAGS_overlap_steps);
   options.prefill_chunk_tokens = std::max(absl::GetFlag(FLAGS_input_len), 1);
-  options.kv_cache_bytes = int64_t{8} << 30;
+  options.kv.memory_mb = 8 << 10;
   options.on_progress = [](const std::string& line) { std::cerr << line << "\n"; };
   const auto load_start = std::chrono::steady_clock::now();
   auto engine = strata::LocalEngine::Create(options);

@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   options.device = absl::GetFlag(FLAGS_device);
   options.expert_weights = absl::GetFlag(FLAGS_weights);
   options.num_threads = absl::GetFlag(FLAGS_threads);
-  options.kv_cache_bytes = int64_t{8} << 30;
+  options.kv.memory_mb = 8 << 10;
   auto engine = strata::LocalEngine::Create(options);
   if (!engine.ok()) {
     std::cerr << "verify_step_bench: " << engine.status().message() << "\n";

@@ -21,11 +21,8 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
   ModelStackOptions stack;
   stack.device = options.device;
   stack.num_threads = options.num_threads;
-  stack.kv_block_size = options.kv_block_size;
-  stack.kv_cache_bytes = options.kv_cache_bytes;
-  stack.kv_dtype = options.kv_dtype;
-  stack.kv_fp16_above_tokens = options.kv_fp16_above_tokens;
-  stack.kv_calibration_tokens = options.kv_calibration_tokens;
+  stack.kv = options.kv;
+  stack.kv.prefix_caching = false;
   stack.kv_within_context = options.kv_within_context;
   stack.max_step_tokens = options.prefill_chunk_tokens;
   stack.max_sequences = 1;

@@ -17,16 +17,13 @@ namespace strata {
 struct LocalEngineOptions {
   std::string model_dir;
   int num_threads = 0;                        // 0: one per hardware thread
-  int kv_block_size = 32;                     // token slots per KV block
-  int64_t kv_cache_bytes = int64_t{1} << 30;  // upper bound on the KV pool
-  int prefill_chunk_tokens = 512;             // prompt tokens per forward step
+  // The KV cache's options but prefix_caching, which stays off: nothing here matches prompts
+  // against the blocks it would keep.
+  KvCacheOptions kv;
+  int prefill_chunk_tokens = 512;  // prompt tokens per forward step
   // The pool holds one sequence of the model's context at most (one sequence at a time); off,
-  // kv_cache_bytes alone sizes it (sequences of one's own, RunStep).
+  // kv.memory_mb alone sizes it (sequences of one's own, RunStep).
   bool kv_within_context = true;
-  // FP8 keys and values (KvCacheOptions: fp8, fp16_above_tokens, calibration_tokens).
-  KvDtype kv_dtype = KvDtype::kAuto;
-  int64_t kv_fp16_above_tokens = 0;
-  int64_t kv_calibration_tokens = 512;
   float router_temperature = 1.0f;
   // "cpu" (the float32 reference) or "cuda" / "cuda:N" (bf16 on a GPU, when built with CUDA).
   std::string device = "cpu";

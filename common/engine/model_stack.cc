@@ -57,36 +57,35 @@ absl::StatusOr<std::unique_ptr<ModelStack>> ModelStack::Create(const std::string
 
 absl::Status ModelStack::CreateKv() {
   const ModelConfig& c = model_->config;
-  KvCacheOptions kv;
-  kv.block_size = options_.kv_block_size;
+  KvPoolOptions kv;
+  kv.cache = options_.kv;
   kv.num_layers = c.num_layers;
   kv.num_kv_heads = c.num_kv_heads;
   kv.head_dim = c.head_dim;
-  if (kv.block_size <= 0) return absl::InvalidArgumentError("kv_cache.block_size must be positive");
+  if (kv.cache.block_size <= 0) {
+    return absl::InvalidArgumentError("kv_cache.block_size must be positive");
+  }
   // A GPU router keeps the keys and values on its device, in bf16; the host object keeps the
   // tables. The budget counts the bytes where the blocks live.
   kv.host_storage = device_index_ < 0;
-  kv.fp8 = options_.kv_dtype == KvDtype::kFp8;
-  kv.fp16_above_tokens = options_.kv_fp16_above_tokens;
-  kv.calibration_tokens = options_.kv_calibration_tokens;
-  kv.element_bytes = kv.fp8 ? 1 : kv.host_storage ? sizeof(float) : sizeof(uint16_t);
+  kv.element_bytes = kv.fp8() ? 1 : kv.host_storage ? sizeof(float) : sizeof(uint16_t);
   const int64_t block_bytes = KvBlockBytes(kv);
-  int64_t blocks = options_.kv_cache_bytes / block_bytes;
+  const int64_t budget = kv.cache.memory_mb << 20;
+  int64_t blocks = budget / block_bytes;
   if (options_.kv_blocks > 0) {
     blocks = options_.kv_blocks;
   } else if (options_.kv_within_context) {
     // One sequence of the longest context, 16-bit (two blocks a block) in an FP8 cache.
-    blocks = std::min(
-        blocks, (c.max_position_embeddings + kv.block_size - 1) / kv.block_size * (kv.fp8 ? 2 : 1));
+    blocks = std::min(blocks, (c.max_position_embeddings + kv.cache.block_size - 1) /
+                                  kv.cache.block_size * (kv.fp8() ? 2 : 1));
   }
   if (blocks <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the KV-cache budget of ", options_.kv_cache_bytes,
-                     " bytes holds no block; one block needs ", block_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the KV-cache budget of ", budget, " bytes holds no block; one block needs ", block_bytes));
   }
   kv.num_blocks = static_cast<int>(std::min<int64_t>(blocks, int64_t{1} << 30));
   if (options_.kv_growth_expert_share > 0.0f) {
-    // Room to grow into (KvCacheOptions::initial_blocks): addresses only until it is used. The
+    // Room to grow into (KvPoolOptions::initial_blocks): addresses only until it is used. The
     // experts as 16-bit, with a tenth more for the slots' scales and biases: no slot is larger.
     int64_t moe_layers = 0;
     for (bool moe : c.layer_is_moe) moe_layers += moe;
@@ -97,22 +96,21 @@ absl::Status ModelStack::CreateKv() {
     kv.num_blocks = static_cast<int>(std::min<int64_t>(
         kv.num_blocks + static_cast<int64_t>(growth / block_bytes), int64_t{1} << 30));
   }
-  kv.prefix_caching = options_.prefix_caching;
-  if (kv.fp8 && kv.fp16_above_tokens > 0 && kv.fp16_above_tokens < c.max_position_embeddings) {
+  const int64_t fp16_above = kv.cache.fp16_above_tokens;
+  if (kv.fp8() && fp16_above > 0 && fp16_above < c.max_position_embeddings) {
     // A sequence just past the threshold, 16-bit, must fit the pool.
-    const int64_t wide_blocks = (kv.fp16_above_tokens + kv.block_size) / kv.block_size * 2;
+    const int64_t wide_blocks = (fp16_above + kv.cache.block_size) / kv.cache.block_size * 2;
     const int start_blocks = kv.initial_blocks > 0 ? kv.initial_blocks : kv.num_blocks;
     if (wide_blocks > start_blocks) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("kv_cache.fp16_above_tokens (", kv.fp16_above_tokens,
-                       ") cannot fit: a 16-bit sequence of ", kv.fp16_above_tokens + 1,
-                       " tokens takes ", wide_blocks, " blocks, the pool has ", start_blocks, " (",
-                       block_bytes, " bytes each); raise the KV memory or the threshold"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_cache.fp16_above_tokens (", fp16_above, ") cannot fit: a 16-bit sequence of ",
+          fp16_above + 1, " tokens takes ", wide_blocks, " blocks, the pool has ", start_blocks,
+          " (", block_bytes, " bytes each); raise the KV memory or the threshold"));
     }
   }
   ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(kv));
   kv_ = std::make_unique<PagedKvCache>(std::move(cache));
-  if (kv.fp8) RETURN_IF_ERROR(LoadKvScales());
+  if (kv.fp8()) RETURN_IF_ERROR(LoadKvScales());
   return absl::OkStatus();
 }
 

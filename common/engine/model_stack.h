@@ -21,17 +21,12 @@ struct ModelStackOptions {
   // "cpu" (the float32 reference) or "cuda" / "cuda:N" (bf16 on a GPU, when built with CUDA).
   std::string device = "cpu";
   int num_threads = 0;  // CPU: 0 is one per hardware thread
-  int kv_block_size = 32;
-  int64_t kv_cache_bytes = int64_t{1} << 30;  // upper bound on the KV pool's bytes
+  // The KV cache's options. prefix_caching only keeps the blocks: a caller that matches and
+  // commits prompts (the router's scheduler) shares them.
+  KvCacheOptions kv;
   // No more blocks than one sequence of the model's whole context needs (one sequence at a
   // time); a server shares the pool among sequences and leaves this off.
   bool kv_within_context = true;
-  // Keep computed full KV blocks for requests that start with the same tokens (a server).
-  bool prefix_caching = false;
-  // FP8 keys and values (KvCacheOptions::fp8); auto and bf16 keep 16 bits or more.
-  KvDtype kv_dtype = KvDtype::kAuto;
-  int64_t kv_fp16_above_tokens = 0;     // KvCacheOptions::fp16_above_tokens
-  int64_t kv_calibration_tokens = 512;  // KvCacheOptions::calibration_tokens
   int kv_blocks = 0;  // when positive, exactly this many blocks (tests), whatever the bytes
   // The pool may grow at run time (PagedKvCache::Resize), beyond the blocks it starts with, by
   // this share of the model's expert bytes: memory lent by expert slots (docs/tiers.md).

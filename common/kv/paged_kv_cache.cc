@@ -31,45 +31,47 @@ const char* KvDtypeName(KvDtype dtype) {
   }
 }
 
-int64_t KvBlockBytes(const KvCacheOptions& o) {
-  return int64_t{o.num_layers} * 2 * o.block_size * o.num_kv_heads * o.head_dim * o.element_bytes;
+int64_t KvBlockBytes(const KvPoolOptions& o) {
+  return int64_t{o.num_layers} * 2 * o.cache.block_size * o.num_kv_heads * o.head_dim *
+         o.element_bytes;
 }
 
-absl::StatusOr<PagedKvCache> PagedKvCache::Create(const KvCacheOptions& options) {
-  if (options.block_size <= 0 || options.num_blocks <= 0 || options.num_layers <= 0 ||
+absl::StatusOr<PagedKvCache> PagedKvCache::Create(const KvPoolOptions& options) {
+  if (options.cache.block_size <= 0 || options.num_blocks <= 0 || options.num_layers <= 0 ||
       options.num_kv_heads <= 0 || options.head_dim <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("kv cache: block_size (", options.block_size,
-                                                   ") and num_blocks (", options.num_blocks,
-                                                   ") must be positive"));
+    return absl::InvalidArgumentError(absl::StrCat("kv cache: block_size (",
+                                                   options.cache.block_size, ") and num_blocks (",
+                                                   options.num_blocks, ") must be positive"));
   }
   if (options.initial_blocks < 0 || options.initial_blocks > options.num_blocks) {
     return absl::InvalidArgumentError(absl::StrCat("kv cache: initial_blocks (",
                                                    options.initial_blocks, ") must be within the ",
                                                    options.num_blocks, " allocated"));
   }
-  if (options.fp16_above_tokens < 0 || options.calibration_tokens < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kv cache: fp16_above_tokens (", options.fp16_above_tokens,
-        ") must be 0 or more and calibration_tokens (", options.calibration_tokens, ") positive"));
+  if (options.cache.fp16_above_tokens < 0 || options.cache.calibration_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("kv cache: fp16_above_tokens (",
+                                                   options.cache.fp16_above_tokens,
+                                                   ") must be 0 or more and calibration_tokens (",
+                                                   options.cache.calibration_tokens, ") positive"));
   }
   return PagedKvCache(options);
 }
 
-PagedKvCache::PagedKvCache(const KvCacheOptions& options) : options_(options) {
+PagedKvCache::PagedKvCache(const KvPoolOptions& options) : options_(options) {
   slot_floats_ = int64_t{options.num_kv_heads} * options.head_dim;
-  block_floats_ = 2 * options.block_size * slot_floats_;
+  block_floats_ = 2 * options.cache.block_size * slot_floats_;
   active_blocks_ = options.initial_blocks > 0 ? options.initial_blocks : options.num_blocks;
   ResizeHostStorage();
-  if (options.fp8) {
+  if (options.fp8()) {
     const size_t heads = static_cast<size_t>(options.num_layers) * options.num_kv_heads;
     k_amax_.assign(heads, 0.0f);
     v_amax_.assign(heads, 0.0f);
   }
   // Hand out low block ids first.
   for (int b = active_blocks_ - 1; b >= 0; --b) free_.push_back(b);
-  if (options.prefix_caching) {
+  if (options.cache.prefix_caching) {
     blocks_.resize(options.num_blocks);
-    cached_tokens_.resize(static_cast<size_t>(options.num_blocks) * options.block_size);
+    cached_tokens_.resize(static_cast<size_t>(options.num_blocks) * options.cache.block_size);
   }
 }
 
@@ -77,7 +79,7 @@ int PagedKvCache::TakeBlock() {
   if (!free_.empty()) {
     const int b = free_.back();
     free_.pop_back();
-    if (options_.prefix_caching) blocks_[b].refs = 1;
+    if (options_.cache.prefix_caching) blocks_[b].refs = 1;
     return b;
   }
   const int b = idle_cached_.front();
@@ -100,15 +102,15 @@ int PagedKvCache::FindCached(uint64_t parent, absl::Span<const int32_t> tokens, 
   if (it == cached_.end()) return -1;
   const int b = it->second;
   // A hash names the block's tokens and its prefix's hash; both are confirmed.
-  const int32_t* held = cached_tokens_.data() + int64_t{b} * options_.block_size;
+  const int32_t* held = cached_tokens_.data() + int64_t{b} * options_.cache.block_size;
   if (blocks_[b].parent != parent || !std::equal(tokens.begin(), tokens.end(), held)) return -1;
   return b;
 }
 
 std::vector<int> PagedKvCache::FindPrefix(absl::Span<const int32_t> tokens, bool wide) const {
   std::vector<int> found;
-  if (!options_.prefix_caching || tokens.empty()) return found;
-  const int64_t bs = options_.block_size;
+  if (!options_.cache.prefix_caching || tokens.empty()) return found;
+  const int64_t bs = options_.cache.block_size;
   const int64_t blocks = (static_cast<int64_t>(tokens.size()) - 1) / bs;
   uint64_t parent = 0;
   for (int64_t i = 0; i < blocks; ++i) {
@@ -137,7 +139,7 @@ int64_t PagedKvCache::HeldPrefixBlocks(absl::Span<const int32_t> tokens) const {
 }
 
 int64_t PagedKvCache::MatchPrefix(SequenceId seq, absl::Span<const int32_t> tokens) {
-  if (!options_.prefix_caching || tokens.empty()) return 0;
+  if (!options_.cache.prefix_caching || tokens.empty()) return 0;
   std::vector<int>& table = tables_.at(seq);
   if (!table.empty()) return 0;
   const bool is_wide = wide(seq);
@@ -148,7 +150,7 @@ int64_t PagedKvCache::MatchPrefix(SequenceId seq, absl::Span<const int32_t> toke
   }
   const int64_t logical = static_cast<int64_t>(table.size()) / (is_wide ? 2 : 1);
   committed_blocks_[seq] = logical;
-  const int64_t hit = logical * options_.block_size;
+  const int64_t hit = logical * options_.cache.block_size;
   prefix_stats_.queried_tokens += static_cast<int64_t>(tokens.size());
   prefix_stats_.hit_tokens += hit;
   return hit;
@@ -156,10 +158,10 @@ int64_t PagedKvCache::MatchPrefix(SequenceId seq, absl::Span<const int32_t> toke
 
 void PagedKvCache::CommitPrefix(SequenceId seq, absl::Span<const int32_t> tokens,
                                 int64_t computed) {
-  if (!options_.prefix_caching) return;
+  if (!options_.cache.prefix_caching) return;
   const std::vector<int>& table = tables_.at(seq);
   const int per = wide(seq) ? 2 : 1;
-  const int64_t bs = options_.block_size;
+  const int64_t bs = options_.cache.block_size;
   const int64_t full =
       std::min<int64_t>({std::min<int64_t>(computed, static_cast<int64_t>(tokens.size())) / bs,
                          static_cast<int64_t>(table.size()) / per});
@@ -189,19 +191,19 @@ PagedKvCache::SequenceId PagedKvCache::AddSequence(bool wide) {
   const SequenceId id = next_id_++;
   tables_[id];
   // Until the scales are known nothing can be stored in FP8.
-  if (options_.fp8 && (wide || !scales_ready_)) wide_.insert(id);
+  if (options_.fp8() && (wide || !scales_ready_)) wide_.insert(id);
   return id;
 }
 
 bool PagedKvCache::WantsWide(int64_t num_tokens) const {
-  if (!options_.fp8) return false;
+  if (!options_.fp8()) return false;
   return !scales_ready_ ||
-         (options_.fp16_above_tokens > 0 && num_tokens > options_.fp16_above_tokens);
+         (options_.cache.fp16_above_tokens > 0 && num_tokens > options_.cache.fp16_above_tokens);
 }
 
 bool PagedKvCache::NeedsWiden(SequenceId seq, int64_t num_tokens) const {
-  return options_.fp8 && options_.fp16_above_tokens > 0 &&
-         num_tokens > options_.fp16_above_tokens && !wide(seq);
+  return options_.fp8() && options_.cache.fp16_above_tokens > 0 &&
+         num_tokens > options_.cache.fp16_above_tokens && !wide(seq);
 }
 
 absl::Status PagedKvCache::Widen(SequenceId seq) {
@@ -209,7 +211,7 @@ absl::Status PagedKvCache::Widen(SequenceId seq) {
   if (it == tables_.end()) {
     return absl::NotFoundError(absl::StrCat("kv cache: unknown sequence ", seq));
   }
-  if (!options_.fp8 || wide(seq)) return absl::OkStatus();
+  if (!options_.fp8() || wide(seq)) return absl::OkStatus();
   std::vector<int>& table = it->second;
   const int64_t need = 2 * static_cast<int64_t>(table.size());
   if (need > free_blocks()) {
@@ -279,7 +281,7 @@ absl::StatusOr<int64_t> PagedKvCache::Resize(int num_blocks) {
     --prefix_stats_.cached_blocks;
     ++prefix_stats_.evictions;
   };
-  if (options_.prefix_caching) {
+  if (options_.cache.prefix_caching) {
     std::vector<int> past;
     for (int b : idle_cached_) {
       if (b >= num_blocks) past.push_back(b);
@@ -309,13 +311,13 @@ absl::StatusOr<int64_t> PagedKvCache::Resize(int num_blocks) {
       }
       const int dst = free_below.back();
       free_below.pop_back();
-      if (options_.prefix_caching) {
+      if (options_.cache.prefix_caching) {
         BlockState& from = blocks_[b];
         if (from.registered) {
           cached_[from.hash] = dst;
-          std::copy_n(cached_tokens_.begin() + int64_t{b} * options_.block_size,
-                      options_.block_size,
-                      cached_tokens_.begin() + int64_t{dst} * options_.block_size);
+          std::copy_n(cached_tokens_.begin() + int64_t{b} * options_.cache.block_size,
+                      options_.cache.block_size,
+                      cached_tokens_.begin() + int64_t{dst} * options_.cache.block_size);
         }
         blocks_[dst] = from;
         from = BlockState();
@@ -340,7 +342,7 @@ void PagedKvCache::ResizeHostStorage() {
   if (!options_.host_storage) return;
   const size_t elements = static_cast<size_t>(options_.num_layers) * active_blocks_ * block_floats_;
   // Block-major: the active blocks are the leading elements, kept as they are.
-  if (options_.fp8) {
+  if (options_.fp8()) {
     bytes_.resize(elements, 0);
     bytes_.shrink_to_fit();
   } else {
@@ -350,13 +352,13 @@ void PagedKvCache::ResizeHostStorage() {
 }
 
 void PagedKvCache::MoveOnHost(absl::Span<const KvBlockMove> moves) {
-  const int64_t bs = options_.block_size;
+  const int64_t bs = options_.cache.block_size;
   const int64_t kv_dim = slot_floats_;
   const int d = options_.head_dim;
   const int64_t span = int64_t{options_.num_layers} * block_floats_;  // a block, every layer
   for (const KvBlockMove& m : moves) {
     if (m.dst_v >= 0) continue;
-    if (options_.fp8) {
+    if (options_.fp8()) {
       std::copy_n(bytes_.begin() + m.src * span, span, bytes_.begin() + m.dst * span);
     } else {
       std::copy_n(storage_.begin() + m.src * span, span, storage_.begin() + m.dst * span);
@@ -409,7 +411,7 @@ void PagedKvCache::ObserveKvRange(absl::Span<const float> k_amax, absl::Span<con
     v_amax_[i] = std::max(v_amax_[i], v_amax[i]);
   }
   observed_tokens_ += tokens;
-  if (observed_tokens_ < options_.calibration_tokens) return;
+  if (observed_tokens_ < options_.cache.calibration_tokens) return;
   KvScales scales;
   auto scale = [](float amax) {
     // A head that never saw a value (or only zeros) keeps scale 1.
@@ -449,7 +451,7 @@ void PagedKvCache::Release(SequenceId seq) {
 }
 
 void PagedKvCache::ReleaseBlock(int b) {
-  if (!options_.prefix_caching) {
+  if (!options_.cache.prefix_caching) {
     free_.push_back(b);
     return;
   }
@@ -464,13 +466,14 @@ void PagedKvCache::ReleaseBlock(int b) {
 }
 
 int64_t PagedKvCache::capacity(SequenceId seq) const {
-  return static_cast<int64_t>(tables_.at(seq).size()) / (wide(seq) ? 2 : 1) * options_.block_size;
+  return static_cast<int64_t>(tables_.at(seq).size()) / (wide(seq) ? 2 : 1) *
+         options_.cache.block_size;
 }
 
 float* PagedKvCache::Slot(int layer, SequenceId seq, int64_t position, int kv) {
   const std::vector<int>& table = tables_.at(seq);
-  const int block = table[position / options_.block_size];
-  const int64_t slot = position % options_.block_size;
+  const int block = table[position / options_.cache.block_size];
+  const int64_t slot = position % options_.cache.block_size;
   return block_data(layer, block, kv) + slot * slot_floats_;
 }
 

@@ -27,8 +27,32 @@ enum class KvDtype { kAuto, kBf16, kFp8 };
 absl::StatusOr<KvDtype> ParseKvDtype(absl::string_view name);
 const char* KvDtypeName(KvDtype dtype);
 
+// The KV cache's options as a user sets them (strata-router's and the strata tool's flags,
+// `strata up`'s kv_cache keys). Every default is written here only.
 struct KvCacheOptions {
   int block_size = 32;  // token slots per block
+  // The pool's memory at most, MiB, counted where the blocks live (KvBlockBytes).
+  int64_t memory_mb = 1024;
+  // kFp8: FP8 E4M3 keys and values with scales; auto and bf16 keep 16 bits or more.
+  KvDtype dtype = KvDtype::kAuto;
+  // Keep computed full blocks for later sequences with the same leading tokens.
+  bool prefix_caching = true;
+  // With fp8: a sequence whose context passes this many tokens keeps its keys and values in
+  // 16-bit: a longer prompt starts wide, a sequence growing past it is converted (Widen).
+  // 0: never.
+  int64_t fp16_above_tokens = 2048;
+  // With fp8 and no scales set: sequences start wide until the keys and values of this many
+  // tokens have been observed (ObserveKvRange); their largest magnitudes then set the scales.
+  int64_t calibration_tokens = 512;
+  // A router's, with workers on its device: the pool grows into the expert slots they lend as
+  // the hot ratio falls, and gives them back as it rises (KvLending).
+  bool share_expert_memory = false;
+};
+
+// What PagedKvCache::Create builds: the options, and the pool's shape from the model and the
+// device.
+struct KvPoolOptions {
+  KvCacheOptions cache;
   // The most blocks the pool can have (Resize changes it within); the pool's at start unless
   // initial_blocks says fewer. Host storage holds the active blocks only.
   int num_blocks = 0;
@@ -40,21 +64,13 @@ struct KvCacheOptions {
   // this object only for block allocation and block tables.
   bool host_storage = true;
   // Bytes a key or value element takes where the blocks live: float32 on the host, 2 for a
-  // device backend's bf16 storage. Sizes the pool from a byte budget (KvBlockBytes).
+  // device backend's bf16 storage, 1 for FP8. Sizes the pool from a byte budget (KvBlockBytes).
   int element_bytes = 4;
-  // Keep computed full blocks for later sequences with the same leading tokens.
-  bool prefix_caching = false;
+
   // FP8 E4M3 keys and values (element_bytes 1). Host storage: a block is E4M3 codes
   // [k|v][slot][kv_head][head_dim]; a wide sequence's key or value block is bf16
   // [slot][kv_head][head_dim], the same bytes.
-  bool fp8 = false;
-  // With fp8: a sequence whose context passes this many tokens keeps its keys and values in
-  // 16-bit: a longer prompt starts wide, a sequence growing past it is converted (Widen).
-  // 0: never.
-  int64_t fp16_above_tokens = 0;
-  // With fp8 and no scales set: sequences start wide until the keys and values of this many
-  // tokens have been observed (ObserveKvRange); their largest magnitudes then set the scales.
-  int64_t calibration_tokens = 512;
+  bool fp8() const { return cache.dtype == KvDtype::kFp8; }
 };
 
 // Scales of an FP8 cache, [num_layers][num_kv_heads] each: code c stands for c * scale.
@@ -84,14 +100,14 @@ struct PrefixCacheStats {
 };
 
 // Bytes one block takes across all layers (keys and values, element_bytes each).
-int64_t KvBlockBytes(const KvCacheOptions& options);
+int64_t KvBlockBytes(const KvPoolOptions& options);
 
 class PagedKvCache {
  public:
   using SequenceId = int64_t;
 
   // Fails on non-positive sizes.
-  static absl::StatusOr<PagedKvCache> Create(const KvCacheOptions& options);
+  static absl::StatusOr<PagedKvCache> Create(const KvPoolOptions& options);
 
   // Starts an empty sequence (16-bit in an FP8 cache when `wide`).
   SequenceId AddSequence(bool wide = false);
@@ -125,7 +141,7 @@ class PagedKvCache {
 
   // FP8 scales. Until they are set, the cache is calibrating: backends report the largest
   // key and value magnitudes they write (ObserveKvRange, [num_layers][num_kv_heads] each).
-  bool calibrating() const { return options_.fp8 && !scales_ready_; }
+  bool calibrating() const { return options_.fp8() && !scales_ready_; }
   bool scales_ready() const { return scales_ready_; }
   const KvScales& scales() const { return scales_; }
   // Fails unless both have num_layers * num_kv_heads positive finite entries.
@@ -156,14 +172,15 @@ class PagedKvCache {
   // many for a wide sequence).
   int64_t blocks_held(SequenceId seq) const { return static_cast<int64_t>(tables_.at(seq).size()); }
   int64_t BlocksFor(int64_t num_tokens, bool wide = false) const {
-    return (num_tokens + options_.block_size - 1) / options_.block_size * (wide ? 2 : 1);
+    return (num_tokens + options_.cache.block_size - 1) / options_.cache.block_size *
+           (wide ? 2 : 1);
   }
   // Token slots in the whole pool.
-  int64_t pool_tokens() const { return int64_t{active_blocks_} * options_.block_size; }
+  int64_t pool_tokens() const { return int64_t{active_blocks_} * options_.cache.block_size; }
   // Blocks a sequence may take: unused ones and cached ones nobody holds.
   int free_blocks() const { return static_cast<int>(free_.size() + idle_cached_.size()); }
   int num_sequences() const { return static_cast<int>(tables_.size()); }
-  const KvCacheOptions& options() const { return options_; }
+  const KvPoolOptions& options() const { return options_; }
   // A wide sequence's table alternates key and value blocks: [k0, v0, k1, v1, ...].
   const std::vector<int>& block_table(SequenceId seq) const { return tables_.at(seq); }
 
@@ -174,7 +191,7 @@ class PagedKvCache {
     uint8_t* value;
   };
   Fp8Slot fp8_slot(int layer, const std::vector<int>& table, bool wide, int64_t position) {
-    const int64_t bs = options_.block_size;
+    const int64_t bs = options_.cache.block_size;
     const int64_t slot = position % bs;
     if (wide) {
       const int64_t b = position / bs * 2;
@@ -196,11 +213,11 @@ class PagedKvCache {
   // storage is block-major: [block][layer][k|v][slot][kv_head][head_dim].
   float* block_data(int layer, int block, int kv) {
     return storage_.data() + (int64_t{block} * options_.num_layers + layer) * block_floats_ +
-           int64_t{kv} * options_.block_size * slot_floats_;
+           int64_t{kv} * options_.cache.block_size * slot_floats_;
   }
 
  private:
-  explicit PagedKvCache(const KvCacheOptions& options);
+  explicit PagedKvCache(const KvPoolOptions& options);
   float* Slot(int layer, SequenceId seq, int64_t position, int kv);
   // An unused block, else the least recently released cached one (unregistered).
   int TakeBlock();
@@ -229,7 +246,7 @@ class PagedKvCache {
     std::list<int>::iterator idle;  // in idle_cached_ while registered and unheld
   };
 
-  KvCacheOptions options_;
+  KvPoolOptions options_;
   int64_t slot_floats_ = 0;     // floats per token slot (kv heads x head dim)
   int64_t block_floats_ = 0;    // floats per block per layer, keys and values
   std::vector<float> storage_;  // [block][layer][k|v][slot][kv_head][head_dim]

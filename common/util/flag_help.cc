@@ -79,12 +79,17 @@ std::vector<FlagDoc> DocsOfFlags(const std::vector<std::string>& names) {
 }
 
 std::vector<FlagDoc> DocsOfFlagsIn(absl::string_view file) {
+  return DocsOfFlagsIn(std::vector<absl::string_view>{file});
+}
+
+std::vector<FlagDoc> DocsOfFlagsIn(const std::vector<absl::string_view>& files) {
   std::map<std::string, FlagDoc> sorted;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
-    // Abseil normalizes the name (drops a leading "/" or "./"): `file` ends with it.
+    // Abseil normalizes the name (drops a leading "/" or "./"): the file ends with it.
     const std::string defined_in = flag->Filename();
-    if (!defined_in.empty() && absl::EndsWith(file, defined_in)) {
-      sorted.emplace(std::string(name), DocOf(*flag));
+    if (defined_in.empty()) continue;
+    for (absl::string_view file : files) {
+      if (absl::EndsWith(file, defined_in)) sorted.emplace(std::string(name), DocOf(*flag));
     }
   }
   std::vector<FlagDoc> docs;
@@ -150,15 +155,15 @@ bool AsksForHelp(const std::vector<std::string>& args) {
 }
 
 void ParseDaemonFlags(int argc, char** argv, const std::string& program, const std::string& usage,
-                      absl::string_view main_file) {
+                      const std::vector<absl::string_view>& flag_files) {
   absl::SetProgramUsageMessage(usage);
   const std::vector<std::string> args(argv, argv + argc);
   if (AsksForHelp(args)) {
-    std::cout << usage << "\n" << FormatFlagDocs(DocsOfFlagsIn(main_file));
+    std::cout << usage << "\n" << FormatFlagDocs(DocsOfFlagsIn(flag_files));
     std::exit(0);
   }
   std::vector<std::string> own;
-  for (const FlagDoc& doc : DocsOfFlagsIn(main_file)) own.push_back(doc.name);
+  for (const FlagDoc& doc : DocsOfFlagsIn(flag_files)) own.push_back(doc.name);
   if (absl::Status known = CheckFlagsKnown(args, own, program); !known.ok()) {
     std::cerr << program << ": " << known.message() << "\n";
     std::exit(2);

@@ -25,8 +25,9 @@ std::string FormatFlagDocs(const std::vector<FlagDoc>& docs);
 // The Abseil flags named (underscored or dashed) as FlagDocs, in that order; names that are not
 // flags are skipped.
 std::vector<FlagDoc> DocsOfFlags(const std::vector<std::string>& names);
-// Every Abseil flag defined in `file` (a main()'s __FILE__), by name.
+// Every Abseil flag defined in `file` (a main()'s __FILE__), or in any of `files`, by name.
 std::vector<FlagDoc> DocsOfFlagsIn(absl::string_view file);
+std::vector<FlagDoc> DocsOfFlagsIn(const std::vector<absl::string_view>& files);
 
 // "; did you mean --x?" for the candidate nearest to `name` (dashed), or "" when none is close.
 std::string NearestFlagHint(const std::string& name, const std::vector<std::string>& candidates);
@@ -48,10 +49,11 @@ absl::StatusOr<std::vector<std::string>> TakeRepeatedFlag(std::vector<std::strin
 bool AsksForHelp(const std::vector<std::string>& args);
 
 // For a daemon's main(): sets Abseil's usage message to `usage`; on --help prints `usage` and
-// the flags defined in `main_file` and exits 0; on an unknown flag prints the error and exits 2;
-// otherwise parses argv (dashed names accepted).
+// the flags defined in `flag_files` (its __FILE__, and the files of shared flags it links) and
+// exits 0; on an unknown flag prints the error and exits 2; otherwise parses argv (dashed names
+// accepted).
 void ParseDaemonFlags(int argc, char** argv, const std::string& program, const std::string& usage,
-                      absl::string_view main_file);
+                      const std::vector<absl::string_view>& flag_files);
 
 }  // namespace strata
 

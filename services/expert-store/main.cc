@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
       argc, argv, "strata-cache",
       "strata-cache --model DIR [--listen HOST:PORT] [flags]: every expert's weights in "
       "shared memory,\nserved to the workers; prints READY <host>:<port>",
-      __FILE__);
+      {__FILE__});
   if (!strata::SetLogLevel(absl::GetFlag(FLAGS_log_level))) {
     std::cerr << "strata-cache: --log-level must be debug, info, warning or error\n";
     return 2;

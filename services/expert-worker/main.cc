@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
       argc, argv, "strata-worker",
       "strata-worker --model DIR --cache ADDRESS --router ADDRESS --index I [flags]: runs "
       "the experts\nthe router sends it, from strata-cache's shared memory",
-      __FILE__);
+      {__FILE__});
   const int index = absl::GetFlag(FLAGS_index);
   strata::SetProgramName(absl::StrCat("strata-worker[", index, "]"));
   if (!strata::SetLogLevel(absl::GetFlag(FLAGS_log_level))) {

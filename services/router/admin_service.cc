@@ -37,7 +37,7 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
   response->set_accepted_draft_tokens(static_cast<uint64_t>(s.accepted_draft_tokens));
   response->set_draft_steps(static_cast<uint64_t>(s.draft_steps));
   response->set_speculation_turned_off(static_cast<uint64_t>(s.speculation_turned_off));
-  response->set_kv_cache_dtype(kv_.options().fp8 ? "fp8" : "16-bit");
+  response->set_kv_cache_dtype(kv_.options().fp8() ? "fp8" : "16-bit");
   response->set_kv_scales_calibrated(s.kv_scales_ready);
   const RequestMetrics::Totals t = scheduler_.metrics().totals();
   response->set_requests_finished(static_cast<uint64_t>(t.requests));

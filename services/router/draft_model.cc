@@ -20,7 +20,7 @@ absl::StatusOr<std::unique_ptr<DraftModel>> DraftModel::Create(const DraftModelO
   LocalEngineOptions engine;
   engine.model_dir = options.model_dir;
   engine.num_threads = options.num_threads;
-  engine.kv_cache_bytes = options.kv_cache_bytes;
+  engine.kv.memory_mb = options.kv_cache_mb;
   engine.kv_within_context = false;
   engine.prefill_chunk_tokens = 512;  // catch-up tokens a draft step at most
   ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> made, LocalEngine::Create(engine));

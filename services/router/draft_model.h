@@ -22,7 +22,7 @@ namespace strata {
 struct DraftModelOptions {
   std::string model_dir;
   int num_threads = 1;
-  int64_t kv_cache_bytes = int64_t{64} << 20;  // the draft's keys and values, every sequence's
+  int64_t kv_cache_mb = 64;  // the draft's keys and values, every sequence's
 };
 
 class DraftModel : public DraftSource {

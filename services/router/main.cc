@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cluster/runtime_dir.h"
 #include "common/engine/decode_graphs.h"
+#include "common/engine/engine_flags.h"
 #include "common/placement/hot_ratio.h"
 #include "common/util/flag_help.h"
 #include "common/util/process.h"
@@ -38,31 +39,19 @@ ABSL_FLAG(int, http_port, 0,
           "host; 0: off");
 ABSL_FLAG(int, workers, 1, "Expert workers to wait for; 0 runs the experts in this process");
 ABSL_FLAG(std::string, plan, "", "Expert placement from `strata plan`; default: contiguous");
-ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
 ABSL_FLAG(std::string, router_device, "cpu",
           "Where attention and the KV cache run: cpu, or cuda / cuda:N (then the workers must "
           "run on GPUs of this host; activations stay on the GPUs, shared by CUDA IPC)");
 ABSL_FLAG(std::string, weights, "bf16",
           "On a GPU: bf16, or fp8 (the attention projections, and the experts with --workers 0)");
-ABSL_FLAG(int, kv_block_size, 32, "Token slots per KV-cache block");
-ABSL_FLAG(int64_t, kv_cache_mb, 1024,
-          "KV-cache memory, MiB (keys and values in bf16 on a GPU, float32 on the CPU)");
-ABSL_FLAG(bool, prefix_caching, true,
+// The KV-cache flags the strata tool takes too are in engine_flags.h; these two are a server's.
+ABSL_FLAG(bool, prefix_caching, strata::KvCacheOptions().prefix_caching,
           "Keep computed KV blocks for requests that start with the same tokens (LRU when the "
           "pool is short)");
-ABSL_FLAG(std::string, kv_cache_dtype, "auto",
-          "Keys and values: auto (16-bit), bf16, or fp8 (E4M3, per-head scales calibrated on the "
-          "first --kv-cache-calibration-tokens tokens)");
-ABSL_FLAG(int64_t, kv_cache_fp16_above_tokens, 2048,
-          "With --kv-cache-dtype fp8: a sequence past this many tokens keeps 16-bit keys and "
-          "values (converted when it grows past it); 0: never");
-ABSL_FLAG(bool, kv_cache_share_expert_memory, false,
+ABSL_FLAG(bool, kv_cache_share_expert_memory, strata::KvCacheOptions().share_expert_memory,
           "One memory budget for the KV pool and the expert slots of workers on this router's "
           "device: as the hot ratio falls with context length, the slots of experts leaving the "
           "hot set go to the KV pool, and come back as it rises");
-ABSL_FLAG(int64_t, kv_cache_calibration_tokens, 512,
-          "With --kv-cache-dtype fp8: tokens whose keys and values set the scales (sequences "
-          "stay 16-bit until then)");
 ABSL_FLAG(int, speculative_tokens, 0,
           "Speculative decoding by prompt lookup: tokens drafted a step at most (0: off); "
           "drafting turns itself off while it is slower than plain steps");
@@ -70,7 +59,6 @@ ABSL_FLAG(int, speculative_ngram, 3, "Prompt lookup: the longest suffix of a seq
 ABSL_FLAG(std::string, speculative_draft_model, "",
           "A small model of the same vocabulary whose greedy tokens are the drafts (run on this "
           "process's CPU), instead of prompt lookup; with --speculative-tokens");
-ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");
 ABSL_FLAG(int, max_batch_tokens, 512, "Tokens per forward step (decodes + prefill chunks)");
 ABSL_FLAG(int, max_running, 64, "Sequences in the running batch");
 ABSL_FLAG(int, max_queued_requests, 256, "Waiting requests beyond this get RESOURCE_EXHAUSTED");
@@ -105,7 +93,7 @@ int main(int argc, char** argv) {
       "strata-router --model DIR [--listen HOST:PORT] [--workers N] [flags]: serves "
       "strata.v1.Generation;\nprints LISTENING <host>:<port>, then READY <host>:<port> once "
       "every worker has registered",
-      __FILE__);
+      {__FILE__, strata::EngineFlagsFile()});
   if (!strata::SetLogLevel(absl::GetFlag(FLAGS_log_level))) {
     std::cerr << "strata-router: --log-level must be debug, info, warning or error\n";
     return 2;
@@ -124,24 +112,18 @@ int main(int argc, char** argv) {
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_router_device);
   options.expert_weights = absl::GetFlag(FLAGS_weights);
-  options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
-  const int64_t kv_mb = absl::GetFlag(FLAGS_kv_cache_mb);
-  if (kv_mb < 1 || kv_mb > strata::kMaxKvCacheMiB) {
+  options.kv.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  options.kv.share_expert_memory = absl::GetFlag(FLAGS_kv_cache_share_expert_memory);
+  absl::StatusOr<strata::KvCacheOptions> kv = strata::KvCacheOptionsFromFlags(options.kv);
+  if (!kv.ok()) {
+    std::cerr << "strata-router: " << kv.status().message() << "\n";
+    return 2;
+  }
+  options.kv = *kv;
+  if (options.kv.memory_mb < 1 || options.kv.memory_mb > strata::kMaxKvCacheMiB) {
     std::cerr << "strata-router: --kv-cache-mb must be in [1, " << strata::kMaxKvCacheMiB << "]\n";
     return 2;
   }
-  options.kv_cache_bytes = kv_mb << 20;
-  options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
-  absl::StatusOr<strata::KvDtype> kv_dtype =
-      strata::ParseKvDtype(absl::GetFlag(FLAGS_kv_cache_dtype));
-  if (!kv_dtype.ok()) {
-    std::cerr << "strata-router: --kv-cache-dtype: " << kv_dtype.status().message() << "\n";
-    return 2;
-  }
-  options.kv_dtype = *kv_dtype;
-  options.kv_fp16_above_tokens = absl::GetFlag(FLAGS_kv_cache_fp16_above_tokens);
-  options.kv_calibration_tokens = absl::GetFlag(FLAGS_kv_cache_calibration_tokens);
-  options.kv_share_expert_memory = absl::GetFlag(FLAGS_kv_cache_share_expert_memory);
   options.scheduler.speculation.max_draft_tokens = absl::GetFlag(FLAGS_speculative_tokens);
   options.scheduler.speculation.ngram_max = absl::GetFlag(FLAGS_speculative_ngram);
   options.draft_model_dir = absl::GetFlag(FLAGS_speculative_draft_model);
@@ -250,7 +232,7 @@ int main(int argc, char** argv) {
     strata::StatusLine(absl::StrCat("HTTP API on port ", router.http_port()));
   }
   const std::string growth =
-      options.kv_share_expert_memory
+      options.kv.share_expert_memory
           ? absl::StrCat("; contexts up to ", router.scheduler().max_context_tokens(),
                          " tokens as the workers lend it memory")
           : "";

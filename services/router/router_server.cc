@@ -36,7 +36,7 @@ absl::Status CheckOptions(const RouterOptions& o) {
   if (o.num_threads < 0 || o.num_threads > kMaxThreads) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be in [0, ", kMaxThreads, "]"));
   }
-  if (o.kv_cache_bytes <= 0 || o.kv_cache_bytes > (kMaxKvCacheMiB << 20)) {
+  if (o.kv.memory_mb <= 0 || o.kv.memory_mb > kMaxKvCacheMiB) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the KV cache must have more than 0 bytes and at most ", kMaxKvCacheMiB, " MiB"));
   }
@@ -59,25 +59,20 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   ModelStackOptions stack;
   stack.device = options.device;
   stack.num_threads = options.num_threads;
-  stack.kv_block_size = options.kv_block_size;
-  stack.kv_cache_bytes = options.kv_cache_bytes;
-  stack.prefix_caching = options.prefix_caching;
-  stack.kv_dtype = options.kv_dtype;
-  stack.kv_fp16_above_tokens = options.kv_fp16_above_tokens;
-  stack.kv_calibration_tokens = options.kv_calibration_tokens;
+  stack.kv = options.kv;
   stack.kv_within_context = false;  // shared by the running sequences
   stack.max_step_tokens = std::max(options.scheduler.max_batch_tokens, 1);
   stack.max_sequences = std::max(options.scheduler.max_running, 1);
   stack.local_experts = options.num_workers == 0;
   stack.expert_weights = options.expert_weights;
-  const bool lending = options.kv_share_expert_memory && options.num_workers > 0;
+  const bool lending = options.kv.share_expert_memory && options.num_workers > 0;
   if (lending) stack.kv_growth_expert_share = options.hot_ratio_policy.Highest();
   try {
     ASSIGN_OR_RETURN(s->stack_, ModelStack::Create(options.model_dir, stack));
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat("not enough memory for the model's weights and a KV cache of ",
-                     options.kv_cache_bytes >> 20, " MiB (kv_cache.memory_mb)"));
+                     options.kv.memory_mb, " MiB (kv_cache.memory_mb)"));
   }
   const ModelConfig& c = s->stack_->config();
   const std::string tokenizer_path =
@@ -149,7 +144,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
       std::min({options.cuda_graph_max_batch, stack.max_sequences, stack.max_step_tokens});
   // The pool's largest (it may grow: KvLending), for the graphs' block tables.
   const int64_t pool_tokens =
-      int64_t{s->stack_->kv().options().num_blocks} * s->stack_->kv().options().block_size;
+      int64_t{s->stack_->kv().options().num_blocks} * s->stack_->kv().options().cache.block_size;
   runner.graphs.max_context = static_cast<int>(
       std::min<int64_t>({int64_t{kDecodeGraphContext}, pool_tokens, c.max_position_embeddings}));
   // Clock stamps are read per step, with nothing behind it on the stream.

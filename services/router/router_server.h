@@ -49,17 +49,10 @@ struct RouterOptions {
   // On a GPU: bf16, or fp8 (the attention projections, and the experts in this process with
   // num_workers 0).
   std::string expert_weights = "bf16";
-  int kv_block_size = 32;
-  int64_t kv_cache_bytes = int64_t{1} << 30;
-  // Requests starting with the same tokens share the KV blocks computed for them.
-  bool prefix_caching = true;
-  // FP8 keys and values, their 16-bit switch and calibration (KvCacheOptions).
-  KvDtype kv_dtype = KvDtype::kAuto;
-  int64_t kv_fp16_above_tokens = 2048;
-  int64_t kv_calibration_tokens = 512;
-  // One memory budget for the KV pool and the expert slots of the workers on this router's
-  // device (KvLending): the pool grows into the slots they lend as the hot ratio falls.
-  bool kv_share_expert_memory = false;
+  // The KV pool: its blocks, memory, format; requests starting with the same tokens share the
+  // blocks computed for them (prefix_caching); with share_expert_memory, one memory budget for
+  // the pool and the expert slots of the workers on this router's device (KvLending).
+  KvCacheOptions kv;
   float router_temperature = 1.0f;
   SchedulerOptions scheduler;
   // speculative.draft_model: drafts from this model (DraftModel) instead of prompt lookup.

@@ -53,7 +53,7 @@ Scheduler::Scheduler(const ModelConfig& config, StepRunner& runner, PagedKvCache
   // context lengthens.
   start_blocks_ = kv.active_blocks();
   max_context_tokens_ = std::min(config.max_position_embeddings,
-                                 int64_t{kv.options().num_blocks} * kv.options().block_size);
+                                 int64_t{kv.options().num_blocks} * kv.options().cache.block_size);
   if (options.max_context_tokens > 0) {
     max_context_tokens_ = std::min(max_context_tokens_, options.max_context_tokens);
   }
@@ -329,7 +329,7 @@ void Scheduler::Admit() {
         (match ? kv_.HeldPrefixBlocks(seq->tokens) : 0);
     if (!running_.empty() && need > available) break;
     available -= need;
-    if (match && kv_.options().prefix_caching) {
+    if (match && kv_.options().cache.prefix_caching) {
       seq->kv_seq = kv_.AddSequence(kv_.WantsWide(std::ssize(seq->tokens)));
       seq->has_kv = true;
       seq->computed = kv_.MatchPrefix(seq->kv_seq, seq->tokens);
@@ -416,8 +416,8 @@ bool Scheduler::Step() {
       // into lent memory (KvLending) for it.
       Finish(seq, FinishReason::kError,
              absl::ResourceExhaustedError(absl::StrCat(
-                 "the KV pool (", kv_.active_blocks(), " blocks of ", kv_.options().block_size,
-                 " tokens) cannot hold this request's ", target,
+                 "the KV pool (", kv_.active_blocks(), " blocks of ",
+                 kv_.options().cache.block_size, " tokens) cannot hold this request's ", target,
                  " tokens and has not grown for it; raise kv_cache.memory_mb")));
       plan.erase(plan.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
@@ -623,7 +623,7 @@ void Scheduler::ApplyKvResize() {
   // The pool must hold one sequence of the longest context (16-bit in an FP8 pool), or a
   // request of that length could never be admitted.
   const int64_t floor =
-      std::min<int64_t>(kv_.BlocksFor(max_context_tokens_, kv_.options().fp8), start_blocks_);
+      std::min<int64_t>(kv_.BlocksFor(max_context_tokens_, kv_.options().fp8()), start_blocks_);
   if (pending->blocks < floor) {
     pending->done(absl::FailedPreconditionError(
         absl::StrCat("a KV pool of ", pending->blocks,

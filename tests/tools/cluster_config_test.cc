@@ -34,8 +34,8 @@ TEST(ClusterConfigTest, YamlWithNestedKeys) {
   EXPECT_EQ(c.model, "/m");
   EXPECT_EQ(c.workers, 3);
   EXPECT_FLOAT_EQ(c.router_temperature, 0.7f);
-  EXPECT_EQ(c.kv_block_size, 16);
-  EXPECT_EQ(c.kv_memory_mb, 512);
+  EXPECT_EQ(c.kv.block_size, 16);
+  EXPECT_EQ(c.kv.memory_mb, 512);
   EXPECT_EQ(c.max_queued_requests, 9);
   EXPECT_EQ(c.transport, "grpc");
   EXPECT_EQ(c.max_running, 64);  // untouched keys keep their defaults
@@ -47,7 +47,7 @@ TEST(ClusterConfigTest, Json) {
       LoadClusterConfig(Write("a.json", R"({"workers": 2, "kv_cache": {"block_size": 64}})"), c)
           .ok());
   EXPECT_EQ(c.workers, 2);
-  EXPECT_EQ(c.kv_block_size, 64);
+  EXPECT_EQ(c.kv.block_size, 64);
 }
 
 TEST(ClusterConfigTest, TierKeys) {
@@ -135,7 +135,7 @@ TEST(ClusterConfigTest, CheckNamesTheKeyAndItsFlag) {
               HasSubstr("(--expert-store): must be one of copy, in-place"));
   EXPECT_THAT(message([](ClusterConfig& c) { c.workers = 0; }),
               HasSubstr("bad value for \"workers\" (--workers)"));
-  EXPECT_THAT(message([](ClusterConfig& c) { c.kv_block_size = 0; }),
+  EXPECT_THAT(message([](ClusterConfig& c) { c.kv.block_size = 0; }),
               HasSubstr("\"kv_cache.block_size\" (--kv-block-size)"));
   EXPECT_THAT(message([](ClusterConfig& c) { c.cuda_graph_max_batch = 65; }),
               HasSubstr("must be in [0, 64]"));
@@ -209,7 +209,7 @@ TEST(ClusterConfigTest, FlagsOverrideTheFileByTheKeysTable) {
                                 c)
                   .ok());
   EXPECT_EQ(c.workers, 2);
-  EXPECT_EQ(c.kv_memory_mb, 2048);
+  EXPECT_EQ(c.kv.memory_mb, 2048);
   EXPECT_FALSE(c.prefetch);
   EXPECT_FALSE(c.overlap_steps);
   EXPECT_EQ(c.gpu_memory_budget, "24GiB");
@@ -227,7 +227,7 @@ TEST(ClusterConfigTest, FlagsOverrideTheFileByTheKeysTable) {
 TEST(ClusterConfigTest, EachDaemonGetsItsKeys) {
   ClusterConfig c;
   c.model = "/m";
-  c.kv_memory_mb = 4096;
+  c.kv.memory_mb = 4096;
   c.gpu_memory_budget = "8GiB";
   c.expert_store = "in-place";
   ASSERT_TRUE(ApplyClusterFlags({"--http-port", "8000"}, c).ok());

@@ -81,7 +81,7 @@ LogitError CompareLogits(const std::string& original, const std::string& quantiz
                          const std::vector<int32_t>& ids) {
   LocalEngineOptions options;
   options.num_threads = 2;
-  options.kv_cache_bytes = 64 << 20;
+  options.kv.memory_mb = 64;
   options.model_dir = original;
   auto a_engine = LocalEngine::Create(options);
   EXPECT_TRUE(a_engine.ok()) << a_engine.status();
@@ -255,7 +255,7 @@ TEST(QuantizeTest, CalibrationReportsBothPerplexities) {
   ASSERT_TRUE(Quantize(Options(kDemo, out)).ok());
   LocalEngineOptions engine;
   engine.num_threads = 2;
-  engine.kv_cache_bytes = 64 << 20;
+  engine.kv.memory_mb = 64;
   auto ppl = ComparePerplexity(
       kDemo, out, std::string(STRATA_TEST_DATA_DIR) + "/heldout/strata-demo-calibration.jsonl", 4,
       engine);
@@ -297,8 +297,8 @@ TEST(QuantizeTest, KvScalesFromCalibrationLoadInsteadOfCalibrating) {
   EXPECT_EQ(index.at("weight_map").at("model.embed_tokens.weight"), "model.safetensors");
 
   engine.model_dir = out;
-  engine.kv_dtype = KvDtype::kFp8;
-  engine.kv_fp16_above_tokens = 0;
+  engine.kv.dtype = KvDtype::kFp8;
+  engine.kv.fp16_above_tokens = 0;
   auto loaded = LocalEngine::Create(engine);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_FALSE((*loaded)->kv().calibrating());

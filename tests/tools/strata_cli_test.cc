@@ -8,10 +8,15 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -139,6 +144,134 @@ TEST(StrataCliTest, HelpOfEveryCommand) {
   EXPECT_THAT(generate.out, HasSubstr("  --stop  "));
   EXPECT_THAT(generate.out, HasSubstr("[finish: REASON]"));
   EXPECT_THAT(RunStrata("bench --help").out, HasSubstr("  --output-len  "));
+}
+
+// "  --name  help (default ...)" lines of a help page: name -> help.
+std::map<std::string, std::string> FlagLines(const std::string& page) {
+  std::map<std::string, std::string> flags;
+  for (absl::string_view line : absl::StrSplit(page, '\n')) {
+    if (!absl::ConsumePrefix(&line, "  --")) continue;
+    const size_t gap = line.find("  ");
+    if (gap == absl::string_view::npos) continue;
+    const bool added = flags.emplace(line.substr(0, gap), line.substr(gap + 2)).second;
+    EXPECT_TRUE(added) << "listed twice: " << line;
+  }
+  return flags;
+}
+
+// Whether `help` addresses `command` the way a page shared by commands would ("bench: ...",
+// "plan, quantize: ...") or names it as `strata <command>`.
+bool NamesCommand(const std::string& help, const std::string& command) {
+  if (absl::StrContains(help, "strata " + command)) return true;
+  for (size_t at = help.find(command); at != std::string::npos; at = help.find(command, at + 1)) {
+    const size_t end = at + command.size();
+    const bool word_start = at == 0 || !(absl::ascii_isalnum(help[at - 1]) || help[at - 1] == '-');
+    if (word_start && end < help.size() && (help[end] == ':' || help[end] == ',')) return true;
+  }
+  return false;
+}
+
+// The commands share one set of flags: each command's help lists exactly the flags it takes,
+// and what it says of each is about that command (quantize's --out is its model directory, not
+// bench's results file).
+TEST(StrataCliTest, EachCommandsHelpIsItsOwn) {
+  const std::vector<std::string> engine = {"device",
+                                           "weights",
+                                           "threads",
+                                           "kv-block-size",
+                                           "kv-cache-mb",
+                                           "kv-cache-dtype",
+                                           "kv-cache-fp16-above-tokens",
+                                           "kv-cache-calibration-tokens",
+                                           "prefill-chunk",
+                                           "router-temperature",
+                                           "log-level"};
+  auto with_engine = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), engine.begin(), engine.end());
+    return flags;
+  };
+  const std::map<std::string, std::vector<std::string>> expected = {
+      {"generate", with_engine({"server", "model", "prompt", "ids", "max-new-tokens", "temperature",
+                                "top-k", "top-p", "seed", "stop", "stream", "ignore-eos"})},
+      {"logits", with_engine({"model", "ids"})},
+      {"eval", with_engine({"model", "text", "server", "window", "expert-stats", "hit-rates"})},
+      {"bench",
+       {"server",
+        "admin",
+        "cluster-token-file",
+        "input-len",
+        "shared-prefix",
+        "prompts",
+        "output-len",
+        "runs",
+        "warmup",
+        "concurrency",
+        "seed",
+        "temperature",
+        "out",
+        "model",
+        "model-name",
+        "weights",
+        "mode",
+        "gpus",
+        "machine",
+        "commit",
+        "note",
+        "peak-tflops",
+        "interfering-prompt-len",
+        "interfering-after-s",
+        "log-level"}},
+      {"stats", {"server", "admin", "cluster-token-file", "log-level"}},
+      {"hot-ratio", {"server", "admin", "cluster-token-file", "hot-ratio", "log-level"}},
+      {"kv-resize", {"server", "admin", "cluster-token-file", "kv-blocks", "log-level"}},
+      {"plan", with_engine({"model", "calibration", "workers", "out"})},
+      {"make-model",
+       {"shape", "out", "dtype", "skew", "seed", "layers", "force", "threads", "log-level"}},
+      {"quantize", with_engine({"model", "out", "calibration", "samples", "kv-scales", "force"})},
+  };
+  std::map<std::string, std::map<std::string, std::string>> pages;
+  for (const auto& [command, flags] : expected) {
+    const Result r = RunStrata(command + " --help");
+    ASSERT_EQ(r.exit_code, 0) << command << ": " << r.out;
+    pages[command] = FlagLines(r.out);
+    std::vector<std::string> listed;
+    for (const auto& [flag, help] : pages[command]) listed.push_back(flag);
+    EXPECT_THAT(listed, ::testing::UnorderedElementsAreArray(flags)) << command;
+    for (const auto& [flag, help] : pages[command]) {
+      for (const auto& [other, unused] : expected) {
+        if (other != command) {
+          EXPECT_FALSE(NamesCommand(help, other)) << command << " --" << flag << ": " << help;
+        }
+      }
+      EXPECT_FALSE(NamesCommand(help, "up")) << command << " --" << flag << ": " << help;
+    }
+  }
+  EXPECT_THAT(pages["quantize"]["out"], HasSubstr("quantized model"));
+  EXPECT_THAT(pages["make-model"]["out"], HasSubstr("model directory"));
+  EXPECT_THAT(pages["plan"]["out"], HasSubstr("plan file"));
+  EXPECT_THAT(pages["bench"]["out"], HasSubstr("JSON results file"));
+  EXPECT_THAT(pages["make-model"]["seed"], HasSubstr("random weights"));
+  EXPECT_THAT(pages["stats"]["server"], ::testing::Not(HasSubstr("Generate")));
+}
+
+// strata-router and the strata tool take the engine's flags from one definition: the same
+// help and default, true on the CPU and on a GPU alike.
+TEST(StrataCliTest, EngineFlagsReadAlikeInBothPrograms) {
+  const Result router =
+      ::strata::testing::RunCommand(absl::StrCat(STRATA_BIN_DIR, "/strata-router --help"));
+  ASSERT_EQ(router.exit_code, 0) << router.out;
+  const auto router_flags = FlagLines(router.out);
+  const auto tool_flags = FlagLines(RunStrata("generate --help").out);
+  for (const char* flag :
+       {"threads", "router-temperature", "kv-block-size", "kv-cache-mb", "kv-cache-dtype",
+        "kv-cache-fp16-above-tokens", "kv-cache-calibration-tokens"}) {
+    ASSERT_TRUE(router_flags.contains(flag)) << flag;
+    ASSERT_TRUE(tool_flags.contains(flag)) << flag;
+    EXPECT_EQ(router_flags.at(flag), tool_flags.at(flag)) << flag;
+  }
+  EXPECT_THAT(tool_flags.at("kv-block-size"), ::testing::EndsWith("(default 32)"));
+  EXPECT_THAT(tool_flags.at("kv-cache-dtype"), HasSubstr("float32 on the CPU, bf16 on a GPU"));
+  EXPECT_THAT(router_flags.at("prefix-caching"), ::testing::EndsWith("(default true)"));
 }
 
 TEST(StrataCliTest, UnknownFlagNamesTheNearest) {

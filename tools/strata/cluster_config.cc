@@ -9,9 +9,11 @@
 #include <type_traits>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/engine/decode_graphs.h"
+#include "common/engine/engine_flags.h"
 #include "common/engine/model_stack.h"
 #include "common/placement/hot_ratio.h"
 #include "common/util/byte_size.h"
@@ -41,7 +43,8 @@ struct Key {
   int daemons = 0;  // Daemon bits
   std::string daemon_flag;
   bool is_bool = false;
-  std::function<bool(const YAML::Node&, ClusterConfig&)> set;  // false: not of the field's type
+  // Stores a value: INVALID_ARGUMENT when it is not one of the field's type.
+  std::function<absl::Status(const YAML::Node&, ClusterConfig&)> set;
   std::function<std::string(const ClusterConfig&)> get;
   std::function<absl::Status(const ClusterConfig&)> check;  // null: any value
 
@@ -68,21 +71,67 @@ std::string AsText(const T& v) {
   }
 }
 
-// A key of field type Field, read from YAML (and flags) as T.
-template <typename T, typename Field>
-Key KeyOf(std::string flag, Field ClusterConfig::*field,
-          std::type_identity_t<std::function<absl::Status(const Field&)>> check = nullptr) {
+absl::Status NotOfTheType() { return absl::InvalidArgumentError("not of its type"); }
+
+template <typename Field>
+using Check = std::type_identity_t<std::function<absl::Status(const Field&)>>;
+
+// A key of field type Field, read from YAML (and flags) as T; `field(config)` is the field, for
+// a const config too.
+template <typename T, typename Field, typename Access>
+Key KeyAt(std::string flag, Access field, Check<Field> check) {
   Key key;
   key.flag = std::move(flag);
   key.is_bool = std::is_same_v<Field, bool>;
   key.set = [field](const YAML::Node& node, ClusterConfig& c) {
     T value;
-    if (!YAML::convert<T>::decode(node, value)) return false;
-    c.*field = static_cast<Field>(value);
-    return true;
+    if (!YAML::convert<T>::decode(node, value)) return NotOfTheType();
+    field(c) = static_cast<Field>(value);
+    return absl::OkStatus();
   };
-  key.get = [field](const ClusterConfig& c) { return AsText(c.*field); };
-  if (check) key.check = [field, check](const ClusterConfig& c) { return check(c.*field); };
+  key.get = [field](const ClusterConfig& c) { return AsText(field(c)); };
+  if (check) key.check = [field, check](const ClusterConfig& c) { return check(field(c)); };
+  return key;
+}
+
+template <typename T, typename Field>
+Key KeyOf(std::string flag, Field ClusterConfig::*field, Check<Field> check = nullptr) {
+  return KeyAt<T, Field>(
+      std::move(flag), [field](auto& c) -> auto& { return c.*field; }, std::move(check));
+}
+
+// The help of the flag of that name strata-router and the strata tool take (engine_flags.h),
+// or "" for none; in lower case as the table's help reads on from the key's name (an initial
+// acronym kept).
+std::string EngineHelp(const std::string& flag) {
+  std::string help = EngineFlagHelp(flag);
+  if (help.size() > 1 && absl::ascii_islower(help[1])) help[0] = absl::ascii_tolower(help[0]);
+  return help;
+}
+
+// A kv_cache key: a field of the config's KvCacheOptions, with the engine flag's help.
+template <typename T, typename Field>
+Key KvKeyOf(std::string flag, Field KvCacheOptions::*field, Check<Field> check = nullptr) {
+  Key key = KeyAt<T, Field>(
+      flag, [field](auto& c) -> auto& { return c.kv.*field; }, std::move(check));
+  key.help = EngineHelp(key.flag);
+  return key;
+}
+
+// kv_cache.dtype: a name (ParseKvDtype) held as a KvDtype.
+Key KvDtypeKey() {
+  Key key;
+  key.flag = "kv-cache-dtype";
+  key.help = EngineHelp(key.flag);
+  key.set = [](const YAML::Node& node, ClusterConfig& c) {
+    std::string name;
+    if (!YAML::convert<std::string>::decode(node, name)) return NotOfTheType();
+    absl::StatusOr<KvDtype> dtype = ParseKvDtype(name);
+    if (!dtype.ok()) return dtype.status();
+    c.kv.dtype = *dtype;
+    return absl::OkStatus();
+  };
+  key.get = [](const ClusterConfig& c) { return std::string(KvDtypeName(c.kv.dtype)); };
   return key;
 }
 
@@ -172,36 +221,25 @@ const std::map<std::string, Key>& Keys() {
            .Help("softmax temperature of the MoE gate")
            .To(kRouter)},
       {"kv_cache.block_size",
-       KeyOf<int>("kv-block-size", &ClusterConfig::kv_block_size, Positive<int>)
-           .Help("token slots per paged KV-cache block")
-           .To(kRouter)},
-      {"kv_cache.memory_mb", KeyOf<int64_t>("kv-cache-mb", &ClusterConfig::kv_memory_mb,
-                                            Within<int64_t>(1, kMaxKvCacheMiB))
-                                 .Help("the router's KV pool, MiB")
+       KvKeyOf<int>("kv-block-size", &KvCacheOptions::block_size, Positive<int>).To(kRouter)},
+      {"kv_cache.memory_mb", KvKeyOf<int64_t>("kv-cache-mb", &KvCacheOptions::memory_mb,
+                                              Within<int64_t>(1, kMaxKvCacheMiB))
                                  .To(kRouter)},
       {"kv_cache.prefix_caching",
-       KeyOf<bool>("prefix-caching", &ClusterConfig::prefix_caching)
+       KvKeyOf<bool>("prefix-caching", &KvCacheOptions::prefix_caching)
            .Help("keep computed KV blocks for requests that start with the same tokens")
            .To(kRouter)},
-      {"kv_cache.dtype", KeyOf<S>("kv-cache-dtype", &ClusterConfig::kv_dtype,
-                                  [](const S& v) { return ParseKvDtype(v).status(); })
-                             .Help("keys and values: auto (16-bit), bf16, or fp8 (E4M3 with "
-                                   "calibrated per-head scales)")
-                             .To(kRouter)},
+      {"kv_cache.dtype", KvDtypeKey().To(kRouter)},
       {"kv_cache.fp16_above_tokens",
-       KeyOf<int64_t>("kv-cache-fp16-above-tokens", &ClusterConfig::kv_fp16_above_tokens,
-                      NotNegative<int64_t>)
-           .Help("with fp8: a sequence past this many tokens keeps 16-bit keys and values; 0: "
-                 "never")
+       KvKeyOf<int64_t>("kv-cache-fp16-above-tokens", &KvCacheOptions::fp16_above_tokens,
+                        NotNegative<int64_t>)
            .To(kRouter)},
       {"kv_cache.calibration_tokens",
-       KeyOf<int64_t>("kv-cache-calibration-tokens", &ClusterConfig::kv_calibration_tokens,
-                      Positive<int64_t>)
-           .Help("with fp8: the scales come from the keys and values of the first this many "
-                 "tokens (16-bit until then)")
+       KvKeyOf<int64_t>("kv-cache-calibration-tokens", &KvCacheOptions::calibration_tokens,
+                        Positive<int64_t>)
            .To(kRouter)},
       {"kv_cache.share_expert_memory",
-       KeyOf<bool>("kv-cache-share-expert-memory", &ClusterConfig::kv_share_expert_memory)
+       KvKeyOf<bool>("kv-cache-share-expert-memory", &KvCacheOptions::share_expert_memory)
            .Help("one memory budget for the KV pool and the expert slots of workers on the "
                  "router's device: as the hot ratio falls with context length, the slots of "
                  "experts leaving the hot set go to the KV pool, and come back as it rises")
@@ -332,9 +370,7 @@ absl::Status Apply(const YAML::Node& map, const std::string& prefix, const std::
       return absl::InvalidArgumentError(absl::StrCat(path, ": unknown key \"", name, "\""));
     }
     const Key& key = it->second;
-    absl::Status valid = key.set(item.second, config)
-                             ? absl::OkStatus()
-                             : absl::InvalidArgumentError("not of the key's type");
+    absl::Status valid = key.set(item.second, config);
     if (valid.ok() && key.check) valid = key.check(config);
     if (!valid.ok()) {
       return absl::InvalidArgumentError(
@@ -435,8 +471,8 @@ absl::Status ApplyClusterFlags(const std::vector<std::string>& args, ClusterConf
         return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs a value"));
       }
     }
-    if (!key->set(YAML::Node(value), config)) {
-      return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": not of its type"));
+    if (absl::Status set = key->set(YAML::Node(value), config); !set.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": ", set.message()));
     }
   }
   return absl::OkStatus();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/kv/paged_kv_cache.h"
 #include "common/placement/hot_ratio.h"
 
 namespace strata {
@@ -29,15 +30,7 @@ struct ClusterConfig {
   int threads_per_process = 0;  // 0: every hardware thread
   int cpu_tier_threads = 0;     // strata-cache's CPU tier; 0: every hardware thread
   float router_temperature = 1.0f;
-  int kv_block_size = 32;
-  int64_t kv_memory_mb = 1024;
-  bool prefix_caching = true;           // requests sharing leading tokens share their KV blocks
-  std::string kv_dtype = "auto";        // auto, bf16 or fp8
-  int64_t kv_fp16_above_tokens = 2048;  // with fp8: longer contexts keep 16-bit KV; 0: never
-  int64_t kv_calibration_tokens = 512;  // with fp8: tokens observed before the scales are set
-  // The KV pool grows into the expert slots workers on the router's device lend as the hot
-  // ratio falls (one memory budget for both).
-  bool kv_share_expert_memory = false;
+  KvCacheOptions kv;                    // the router's KV pool (kv_cache.*)
   int speculative_tokens = 0;           // prompt-lookup drafts a step at most; 0: no speculation
   int speculative_ngram = 3;            // the longest suffix looked up
   std::string speculative_draft_model;  // drafts from this model instead of prompt lookup

@@ -194,7 +194,7 @@ absl::Status RunEvalCommand(const EvalOptions& options, std::ostream& out) {
   nlohmann::json json;
   json["perplexity"] = result.perplexity;
   json["tokens"] = result.tokens;
-  json["kv_cache_dtype"] = KvDtypeName(options.engine.kv_dtype);
+  json["kv_cache_dtype"] = KvDtypeName(options.engine.kv.dtype);
   if (result.kv_calibration_tokens > 0) {
     json["kv_calibration_tokens"] = result.kv_calibration_tokens;
   }

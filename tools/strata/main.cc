@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/engine/engine_flags.h"
 #include "common/engine/sampling_request.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/flag_help.h"
@@ -37,13 +38,16 @@
 #include "tools/strata/quantize_command.h"
 #include "tools/strata/supervisor.h"
 
+// Each flag's help here is true for every command that lists it in Commands(); a command that
+// takes a flag in a sense of its own says so there. The engine's flags (threads, the gate's
+// temperature, the KV cache's) are engine_flags.h's, shared with strata-router.
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json + safetensors)");
 ABSL_FLAG(std::string, ids, "", "Prompt token ids, comma-separated");
 ABSL_FLAG(std::string, prompt, "", "Prompt text (the model needs a tokenizer.json)");
-ABSL_FLAG(std::string, server, "", "Generate through a running cluster at HOST:PORT");
+ABSL_FLAG(std::string, server, "", "A running cluster's client address, HOST:PORT");
 ABSL_FLAG(std::string, admin, "",
-          "stats, hot-ratio, kv-resize, bench: the router's internal listener (unix:PATH or "
-          "HOST:PORT); default: found from --server for a cluster this user started here");
+          "The router's internal listener (unix:PATH or HOST:PORT); default: found from --server "
+          "for a cluster this user started here");
 ABSL_FLAG(std::string, cluster_token_file, "",
           "With --admin: the cluster token's file; empty: $STRATA_CLUSTER_TOKEN");
 // Repeatable (--stop A --stop B): main() takes every occurrence out of argv before Abseil, which
@@ -57,92 +61,80 @@ ABSL_FLAG(int, top_k, 0, "Sample among the k most likely tokens; 0 keeps all");
 ABSL_FLAG(double, top_p, 1.0, "Sample from the smallest set with this probability mass");
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
           "Sampling seed: given (0 too), the same tokens each time; without it, a new seed "
-          "each request (bench: the seed of its random prompts)");
+          "each request");
 ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the end-of-sequence token");
-ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");
-ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
-ABSL_FLAG(int, kv_block_size, 32, "Token slots per paged KV-cache block");
-ABSL_FLAG(int64_t, kv_cache_mb, 1024,
-          "Upper bound on KV-cache memory, MiB (bf16 on a GPU, float32 on the CPU)");
-ABSL_FLAG(std::string, kv_cache_dtype, "auto",
-          "Keys and values: auto (float32 on the CPU, bf16 on a GPU), bf16, or fp8 (E4M3, "
-          "per-head scales calibrated on the first --kv-cache-calibration-tokens tokens)");
-ABSL_FLAG(int64_t, kv_cache_fp16_above_tokens, 2048,
-          "With --kv-cache-dtype fp8: a sequence past this many tokens keeps 16-bit keys and "
-          "values; 0: never");
-ABSL_FLAG(int64_t, kv_cache_calibration_tokens, 512,
-          "With --kv-cache-dtype fp8: tokens whose keys and values set the scales");
 ABSL_FLAG(int, prefill_chunk, 512, "Prompt tokens per forward step");
-ABSL_FLAG(int, workers, 1, "plan: workers to place experts on");
+ABSL_FLAG(int, workers, 1, "Workers to place experts on");
 ABSL_FLAG(std::string, device, "cpu",
           "Where the model runs: cpu, or cuda / cuda:N (in-process commands)");
 ABSL_FLAG(std::string, log_level, "warning", "debug, info, warning or error");
-ABSL_FLAG(std::string, text, "", "eval: the text file to score");
-ABSL_FLAG(int, window, 256, "eval: tokens per scored window");
-ABSL_FLAG(bool, expert_stats, false, "eval: per-layer expert activation counts and Gini");
+ABSL_FLAG(std::string, text, "", "The text file to score");
+ABSL_FLAG(int, window, 256, "Tokens per scored window");
+ABSL_FLAG(bool, expert_stats, false, "Per-layer expert activation counts and Gini");
 ABSL_FLAG(std::string, hit_rates, "",
-          "eval: shares of the (layer, expert) pairs, e.g. 0.25,0.5: hit rates of expert caches "
-          "that size over the text's routing replayed as decode steps (in process)");
-ABSL_FLAG(std::string, shape, "", "make-model: qwen3-30b-a3b, mixtral-8x7b, seed-125b, tiny-qwen3");
-ABSL_FLAG(
-    std::string, dtype, "bf16",
-    "make-model: bf16, f16, f32, or fp8 (FP8 E4M3 experts with per-row F32 scales, the rest bf16)");
-ABSL_FLAG(std::string, skew, "none", "make-model: zipf:S, expert popularity ~ 1/rank^S");
-ABSL_FLAG(int, layers, 0, "make-model: layers instead of the shape's own (0 keeps them)");
-ABSL_FLAG(bool, force, false,
-          "make-model: write into a non-empty directory; quantize: replace a non-empty --out");
-ABSL_FLAG(int, input_len, 128, "bench: prompt tokens per request (random ids, --seed)");
+          "Shares of the (layer, expert) pairs, e.g. 0.25,0.5: hit rates of expert caches that "
+          "size over the text's routing replayed as decode steps (in process)");
+ABSL_FLAG(std::string, shape, "", "qwen3-30b-a3b, mixtral-8x7b, seed-125b, tiny-qwen3");
+ABSL_FLAG(std::string, dtype, "bf16",
+          "bf16, f16, f32, or fp8 (FP8 E4M3 experts with per-row F32 scales, the rest bf16)");
+ABSL_FLAG(std::string, skew, "none", "zipf:S, expert popularity ~ 1/rank^S");
+ABSL_FLAG(int, layers, 0, "Layers instead of the shape's own (0 keeps them)");
+ABSL_FLAG(bool, force, false, "Write --out even when it is not empty");
+ABSL_FLAG(int, input_len, 128, "Prompt tokens per request (random ids, --seed)");
 ABSL_FLAG(int, shared_prefix, 0,
-          "bench: leading prompt tokens every request shares (a repeated system prompt)");
-ABSL_FLAG(int, output_len, 512, "bench: tokens generated per request");
+          "Leading prompt tokens every request shares (a repeated system prompt)");
+ABSL_FLAG(int, output_len, 512, "Tokens generated per request");
 ABSL_FLAG(std::string, prompts, "",
-          "bench: prompts from a JSON Lines file ({\"text\": ...} a line, encoded with --model's "
+          "Prompts from a JSON Lines file ({\"text\": ...} a line, encoded with --model's "
           "tokenizer), taken in turn and cut to --input-len; default: random ids");
-ABSL_FLAG(int, runs, 10, "bench: measured rounds per concurrency");
-ABSL_FLAG(int, warmup, 1, "bench: unmeasured rounds per concurrency first");
-ABSL_FLAG(std::vector<std::string>, concurrency, {"1"}, "bench: requests per round, e.g. 1,8,32");
-ABSL_FLAG(std::string, out, "",
-          "bench: JSON results file (bench/results/README.md); make-model, quantize: the model "
-          "directory; plan: the plan file");
-ABSL_FLAG(int, kv_blocks, 0, "kv-resize: the router's KV pool in blocks");
+ABSL_FLAG(int, runs, 10, "Measured rounds per concurrency");
+ABSL_FLAG(int, warmup, 1, "Unmeasured rounds per concurrency first");
+ABSL_FLAG(std::vector<std::string>, concurrency, {"1"}, "Requests per round, e.g. 1,8,32");
+ABSL_FLAG(std::string, out, "", "Where the output is written");
+ABSL_FLAG(int, kv_blocks, 0, "The router's KV pool in blocks");
 ABSL_FLAG(std::string, hot_ratio, "auto",
-          "hot-ratio: share of each worker's experts kept resident, or auto (by context length)");
+          "Share of each worker's experts kept resident, or auto (by context length)");
 ABSL_FLAG(std::string, calibration, "",
-          "plan, quantize: JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} a "
-          "line (quantize: to compare perplexities)");
-ABSL_FLAG(int, samples, 512, "quantize: calibration prompts to score (the first N)");
+          "JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} a line");
+ABSL_FLAG(int, samples, 512, "Calibration prompts to score (the first N)");
 ABSL_FLAG(bool, kv_scales, false,
-          "quantize: with --calibration, also write FP8 KV-cache scales (k_scale, v_scale a "
-          "layer) from the keys' and values' largest magnitudes on the prompts");
-ABSL_FLAG(std::string, model_name, "", "bench: model recorded (default: --model's name)");
-ABSL_FLAG(std::string, weights, "bf16",
-          "Expert weights on a GPU, bf16 or fp8 (bench: the weights recorded)");
-ABSL_FLAG(std::string, mode, "cluster", "bench: mode recorded: cluster|in-process|transformers");
-ABSL_FLAG(int, gpus, 0, "bench: GPUs recorded (0 for a CPU cluster)");
-ABSL_FLAG(std::string, machine, "", "bench: machine recorded, e.g. \"NVIDIA H200\"");
-ABSL_FLAG(std::string, commit, "", "bench: the server build's commit, recorded as \"commit\"");
+          "With --calibration, also write FP8 KV-cache scales (k_scale, v_scale a layer) from "
+          "the keys' and values' largest magnitudes on the prompts");
+ABSL_FLAG(std::string, model_name, "", "Model recorded (default: --model's name)");
+ABSL_FLAG(std::string, weights, "bf16", "Expert weights on a GPU, bf16 or fp8");
+ABSL_FLAG(std::string, mode, "cluster", "Mode recorded: cluster|in-process|transformers");
+ABSL_FLAG(int, gpus, 0, "GPUs recorded (0 for a CPU cluster)");
+ABSL_FLAG(std::string, machine, "", "Machine recorded, e.g. \"NVIDIA H200\"");
+ABSL_FLAG(std::string, commit, "", "The server build's commit, recorded as \"commit\"");
 ABSL_FLAG(double, peak_tflops, 0,
-          "bench: the server GPU's dense bf16 tensor-core peak in TFLOP/s (H100 and H200 SXM: "
-          "989), recorded with the share of it a prefill reaches; 0: not recorded");
+          "The server GPU's dense bf16 tensor-core peak in TFLOP/s (H100 and H200 SXM: 989), "
+          "recorded with the share of it a prefill reaches; 0: not recorded");
 ABSL_FLAG(int, interfering_prompt_len, 0,
-          "bench: in each round, a prompt this long (one token out, not counted) sent "
+          "In each round, a prompt this long (one token out, not counted) sent "
           "--interfering-after-s after the measured requests; the inter-token gaps during its "
           "prefill are reported apart; 0: none");
-ABSL_FLAG(double, interfering_after_s, 1.0, "bench: see --interfering-prompt-len");
-ABSL_FLAG(std::string, note, "",
-          "bench: free text recorded as \"note\", e.g. the server's settings");
+ABSL_FLAG(double, interfering_after_s, 1.0, "See --interfering-prompt-len");
+ABSL_FLAG(std::string, note, "", "Free text recorded as \"note\", e.g. the server's settings");
 
 namespace {
+
+// A flag as a command takes it: its name (dashed) and, where the flag's own help is not true
+// of this command, the command's.
+struct CommandFlag {
+  CommandFlag(const char* name, const char* help = "") : name(name), help(help) {}
+  std::string name;
+  std::string help;  // empty: the flag's own
+};
 
 // Each command: its synopsis, what it does, and its flags (for `strata <command> --help`).
 struct Command {
   const char* name;
   const char* synopsis;
   const char* summary;
-  std::vector<std::string> flags;
+  std::vector<CommandFlag> flags;
 };
 
-const std::vector<std::string> kEngineFlags = {"device",
+const std::vector<CommandFlag> kEngineFlags = {"device",
                                                "weights",
                                                "threads",
                                                "kv-block-size",
@@ -154,8 +146,8 @@ const std::vector<std::string> kEngineFlags = {"device",
                                                "router-temperature",
                                                "log-level"};
 
-std::vector<std::string> With(std::vector<std::string> flags,
-                              const std::vector<std::string>& more) {
+std::vector<CommandFlag> With(std::vector<CommandFlag> flags,
+                              const std::vector<CommandFlag>& more) {
   flags.insert(flags.end(), more.begin(), more.end());
   return flags;
 }
@@ -164,23 +156,41 @@ const std::vector<Command>& Commands() {
   static const auto* commands = new std::vector<Command>{
       {"generate", "--server HOST:PORT | --model DIR, --prompt TEXT | --ids 1,2,3 [flags]",
        "new tokens through a cluster (--server) or the model in this process (--model), as JSON",
-       With({"server", "model", "prompt", "ids", "max-new-tokens", "temperature", "top-k", "top-p",
-             "seed", "stop", "stream", "ignore-eos"},
+       With({{"server", "Generate through a running cluster at HOST:PORT"},
+             "model",
+             "prompt",
+             "ids",
+             "max-new-tokens",
+             "temperature",
+             "top-k",
+             "top-p",
+             "seed",
+             "stop",
+             "stream",
+             "ignore-eos"},
             kEngineFlags)},
       {"up",
        "--model DIR [--workers N] [--device cpu|cuda] [--port P] [--config FILE]",
        "start a cluster; prints READY <host>:<port>",
        {}},
       {"logits", "--model DIR --ids 1,2,3", "logits of every position, as JSON",
-       With({"model", "ids"}, kEngineFlags)},
+       With({"model", {"ids", "Token ids, comma-separated"}}, kEngineFlags)},
       {"eval", "--model DIR --text FILE [--server HOST:PORT] [--window 256] [--expert-stats]",
        "perplexity of the text, as JSON",
-       With({"model", "text", "server", "window", "expert-stats", "hit-rates"}, kEngineFlags)},
+       With({"model",
+             "text",
+             {"server", "Score through a running cluster at HOST:PORT"},
+             "window",
+             "expert-stats",
+             "hit-rates"},
+            kEngineFlags)},
       {"bench",
        "--server HOST:PORT [--input-len 128] [--output-len 512] [--concurrency 1,8,32]",
        "serving benchmark of a cluster: a table, and bench/results JSON",
-       {"server",
-        "admin",
+       {{"server", "The cluster to measure, HOST:PORT"},
+        {"admin",
+         "The router's internal listener (unix:PATH or HOST:PORT), for its counters; "
+         "default: found from --server for a cluster this user started here"},
         "cluster-token-file",
         "input-len",
         "shared-prefix",
@@ -189,12 +199,16 @@ const std::vector<Command>& Commands() {
         "runs",
         "warmup",
         "concurrency",
-        "seed",
+        {"seed",
+         "Seed of the random prompts and, with --temperature, of the requests' sampling "
+         "seeds; 0 when not given"},
         "temperature",
-        "out",
-        "model",
+        {"out", "JSON results file (bench/results/README.md)"},
+        {"model",
+         "The served model's directory: its tokenizer encodes --prompts, its name is "
+         "recorded unless --model-name"},
         "model-name",
-        "weights",
+        {"weights", "The expert weights recorded, bf16 or fp8"},
         "mode",
         "gpus",
         "machine",
@@ -219,16 +233,38 @@ const std::vector<Command>& Commands() {
        {"server", "admin", "cluster-token-file", "kv-blocks", "log-level"}},
       {"plan", "--model DIR --calibration FILE.jsonl --workers N --out plan.json",
        "count expert activations, place experts so every worker's load is equal",
-       With({"model", "calibration", "workers", "out"}, kEngineFlags)},
+       With({"model",
+             {"calibration",
+              "JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} "
+              "a line: the expert activations counted"},
+             "workers",
+             {"out", "The plan file to write"}},
+            kEngineFlags)},
       {"make-model",
        "--shape NAME --out DIR [--dtype bf16|fp8] [--skew zipf:S] [--layers L]",
        "a random-weight model in the Hugging Face format",
-       {"shape", "out", "dtype", "skew", "seed", "layers", "force", "threads", "log-level"}},
+       {"shape",
+        {"out", "The model directory to write"},
+        "dtype",
+        "skew",
+        {"seed", "Seed of the random weights; 0 when not given"},
+        "layers",
+        {"force", "Write into a non-empty --out"},
+        "threads",
+        "log-level"}},
       {"quantize",
        "--model DIR --out DIR [--calibration FILE.jsonl --samples 512 [--kv-scales]] [--force]",
        "FP8 E4M3 per-channel weights in the compressed-tensors layout; with --calibration, the "
        "perplexity of both models on the prompts (and with --kv-scales, FP8 KV-cache scales)",
-       With({"model", "out", "calibration", "samples", "kv-scales", "force"}, kEngineFlags)},
+       With({"model",
+             {"out", "The directory of the quantized model"},
+             {"calibration",
+              "JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} "
+              "a line: both models' perplexities on them are compared"},
+             "samples",
+             "kv-scales",
+             {"force", "Replace a non-empty --out"}},
+            kEngineFlags)},
   };
   return *commands;
 }
@@ -238,6 +274,12 @@ const Command* FindCommand(const std::string& name) {
     if (name == c.name) return &c;
   }
   return nullptr;
+}
+
+std::vector<std::string> FlagNames(const Command& c) {
+  std::vector<std::string> names;
+  for (const CommandFlag& flag : c.flags) names.push_back(flag.name);
+  return names;
 }
 
 std::string Usage() {
@@ -251,8 +293,15 @@ std::string Usage() {
 }
 
 std::string CommandHelp(const Command& c) {
+  std::vector<strata::FlagDoc> docs;
+  for (const CommandFlag& flag : c.flags) {
+    for (strata::FlagDoc& doc : strata::DocsOfFlags({flag.name})) {
+      if (!flag.help.empty()) doc.help = flag.help;
+      docs.push_back(std::move(doc));
+    }
+  }
   return absl::StrCat("strata ", c.name, " ", c.synopsis, "\n", c.summary, "\nflags:\n",
-                      strata::FormatFlagDocs(strata::DocsOfFlags(c.flags)));
+                      strata::FormatFlagDocs(docs));
 }
 
 absl::StatusOr<strata::LocalEngineOptions> EngineOptionsFromFlags() {
@@ -260,11 +309,7 @@ absl::StatusOr<strata::LocalEngineOptions> EngineOptionsFromFlags() {
   options.model_dir = absl::GetFlag(FLAGS_model);
   if (options.model_dir.empty()) return absl::InvalidArgumentError("--model is required");
   options.num_threads = absl::GetFlag(FLAGS_threads);
-  options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
-  options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_mb) << 20;
-  ASSIGN_OR_RETURN(options.kv_dtype, strata::ParseKvDtype(absl::GetFlag(FLAGS_kv_cache_dtype)));
-  options.kv_fp16_above_tokens = absl::GetFlag(FLAGS_kv_cache_fp16_above_tokens);
-  options.kv_calibration_tokens = absl::GetFlag(FLAGS_kv_cache_calibration_tokens);
+  ASSIGN_OR_RETURN(options.kv, strata::KvCacheOptionsFromFlags());
   options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk);
   options.router_temperature = static_cast<float>(absl::GetFlag(FLAGS_router_temperature));
   options.device = absl::GetFlag(FLAGS_device);
@@ -533,7 +578,7 @@ int main(int argc, char** argv) {
   }
   auto stops = strata::TakeRepeatedFlag(args, "stop");
   absl::Status known = stops.status();
-  if (known.ok()) known = strata::CheckFlagsKnown(args, command->flags, program);
+  if (known.ok()) known = strata::CheckFlagsKnown(args, FlagNames(*command), program);
   if (!known.ok()) {
     std::cerr << program << ": " << known.message() << "\n";
     return 2;

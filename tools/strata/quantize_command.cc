@@ -86,9 +86,9 @@ absl::StatusOr<KvScales> CalibrateKvScales(const std::string& dir,
   for (const auto& p : prompts) total += static_cast<int64_t>(p.size());
   if (total == 0) return absl::InvalidArgumentError("no calibration tokens for the KV scales");
   engine.model_dir = dir;
-  engine.kv_dtype = KvDtype::kFp8;
-  engine.kv_fp16_above_tokens = 0;
-  engine.kv_calibration_tokens = total;  // the scales come once every token has been seen
+  engine.kv.dtype = KvDtype::kFp8;
+  engine.kv.fp16_above_tokens = 0;
+  engine.kv.calibration_tokens = total;  // the scales come once every token has been seen
   ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> e, LocalEngine::Create(engine));
   if (!e->kv().calibrating()) {
     return absl::FailedPreconditionError(absl::StrCat(dir, " has KV-cache scales already"));

@@ -107,7 +107,7 @@ void CpuRouterBackend::WriteKv(int layer, PagedKvCache& kv) {
   const int d = c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * d;
   const int64_t n = batch_.num_tokens();
-  if (!kv.options().fp8) {
+  if (!kv.options().fp8()) {
     for (int64_t t = 0; t < n; ++t) {
       std::copy(k_.row(t), k_.row(t) + kv_dim,
                 kv.key(layer, batch_.sequence[t], batch_.position[t]));
@@ -170,14 +170,14 @@ void CpuRouterBackend::AttendHead(int layer, PagedKvCache& kv, int64_t t, int he
   const int kv_head = head / (c.num_heads / c.num_kv_heads);
   const int64_t kv_offset = int64_t{kv_head} * d;
   const int window = c.sliding_window[layer];
-  const int block_size = kv.options().block_size;
+  const int block_size = kv.options().cache.block_size;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const int64_t pos = batch_.position[t];
   const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
   const PagedKvCache::SequenceId seq = batch_.sequence[t];
   const std::vector<int>& table = kv.block_table(seq);
   const float* qh = q_.row(t) + int64_t{head} * d;
-  const bool fp8 = kv.options().fp8;
+  const bool fp8 = kv.options().fp8();
   const bool wide = fp8 && kv.wide(seq);
   float k_scale = 1.0f, v_scale = 1.0f;
   if (fp8 && !wide) {

@@ -42,14 +42,13 @@ absl::Status CudaRouterBackend::Stage(const T* host, size_t count, PinnedBuffer<
 }
 
 absl::StatusOr<std::unique_ptr<CudaRouterBackend>> CudaRouterBackend::Create(
-    const Model& model, const KvCacheOptions& kv, CudaContext* context,
-    CudaBackendOptions options) {
+    const Model& model, const KvPoolOptions& kv, CudaContext* context, CudaBackendOptions options) {
   std::unique_ptr<CudaRouterBackend> b(new CudaRouterBackend(model, context, options));
   RETURN_IF_ERROR(b->Load(model, kv));
   return b;
 }
 
-absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& kv) {
+absl::Status CudaRouterBackend::Load(const Model& model, const KvPoolOptions& kv) {
   const ModelConfig& c = config_;
   if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) {
     return absl::UnimplementedError(absl::StrCat(
@@ -115,18 +114,18 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvCacheOptions& k
   inv_freq_ = inv_freq;
   attention_scaling_ = rope.attention_scaling;
 
-  block_size_ = kv.block_size;
-  kv_fp8_ = kv.fp8;
+  block_size_ = kv.cache.block_size;
+  kv_fp8_ = kv.fp8();
   // Block-major: every layer of a block together, so that the blocks past a shrunk pool's end
   // (PagedKvCache::Resize) are one range. An FP8 block is half a bf16 one.
-  kv_block_bytes_ = PagedKvBlockBytes(kv.block_size, kv_dim, kv.fp8);
+  kv_block_bytes_ = PagedKvBlockBytes(kv.cache.block_size, kv_dim, kv.fp8());
   // Addresses for every block the pool may grow to; memory for the active ones (SyncKv
   // follows Resize, so a shrunk pool's memory goes back to the device).
   ASSIGN_OR_RETURN(kv_memory_,
                    VirtualDeviceMemory::Create(
                        context_->device(), KvBytes(kv.num_blocks),
                        KvBytes(kv.initial_blocks > 0 ? kv.initial_blocks : kv.num_blocks)));
-  if (kv.fp8) {
+  if (kv.fp8()) {
     const size_t entries = static_cast<size_t>(c.num_layers) * 2 * c.num_kv_heads;
     ASSIGN_OR_RETURN(
         kv_scales_, DeviceBuffer<float>::FromHost(std::vector<float>(entries, 1.0f).data(), entries,

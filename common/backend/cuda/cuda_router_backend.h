@@ -38,7 +38,7 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   // `model`, `context` and the KV cache described by `kv` must outlive the backend; the cache's
   // keys and values live on the device, allocated here.
   static absl::StatusOr<std::unique_ptr<CudaRouterBackend>> Create(const Model& model,
-                                                                   const KvCacheOptions& kv,
+                                                                   const KvPoolOptions& kv,
                                                                    CudaContext* context,
                                                                    CudaBackendOptions options);
 
@@ -93,7 +93,7 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
         options_(options),
         store_(context->stream()),
         linear_(context) {}
-  absl::Status Load(const Model& model, const KvCacheOptions& kv);
+  absl::Status Load(const Model& model, const KvPoolOptions& kv);
   // The norm weight applied after layer `layer`'s residual stream is complete.
   const bf16* NextNorm(int layer) const;
   // The gate's parameters for this model at `temperature`.

@@ -35,8 +35,9 @@ TEST_P(CudaDemoModelTest, HeldOutPerplexityAndArgmax) {
   options.expert_weights = weights;
   options.prefill_chunk_tokens = 256;
   if (kv_fp8) {
-    options.kv_dtype = KvDtype::kFp8;
-    options.kv_calibration_tokens = 256;
+    options.kv.dtype = KvDtype::kFp8;
+    options.kv.calibration_tokens = 256;
+    options.kv.fp16_above_tokens = 0;
   }
   auto engine = LocalEngine::Create(options);
   ASSERT_TRUE(engine.ok()) << engine.status();

@@ -20,9 +20,9 @@ LocalEngineOptions Options(const std::string& device, int64_t fp16_above) {
   LocalEngineOptions options;
   options.model_dir = kModel;
   options.device = device;
-  options.kv_dtype = KvDtype::kFp8;
-  options.kv_calibration_tokens = 32;
-  options.kv_fp16_above_tokens = fp16_above;
+  options.kv.dtype = KvDtype::kFp8;
+  options.kv.calibration_tokens = 32;
+  options.kv.fp16_above_tokens = fp16_above;
   return options;
 }
 
@@ -155,8 +155,8 @@ TEST(CudaKvCompactionTest, MovedBlocksDecodeAsBefore) {
   if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   for (const KvDtype dtype : {KvDtype::kAuto, KvDtype::kFp8}) {
     LocalEngineOptions options = Options("cuda", 0);
-    options.kv_dtype = dtype;
-    options.kv_cache_bytes = int64_t{256} << 20;
+    options.kv.dtype = dtype;
+    options.kv.memory_mb = 256;
     auto moved = LocalEngine::Create(options);
     auto still = LocalEngine::Create(options);
     ASSERT_TRUE(moved.ok() && still.ok());

@@ -26,9 +26,9 @@ LocalEngineOptions Options(KvDtype dtype) {
   options.model_dir =
       (std::filesystem::path(STRATA_TEST_DATA_DIR) / "oracles" / "qwen3_moe").string();
   options.num_threads = 1;
-  options.kv_dtype = dtype;
-  options.kv_calibration_tokens = 16;
-  options.kv_fp16_above_tokens = 0;
+  options.kv.dtype = dtype;
+  options.kv.calibration_tokens = 16;
+  options.kv.fp16_above_tokens = 0;
   return options;
 }
 
@@ -121,7 +121,7 @@ double Relative(const std::vector<float>& x, const float* ref) {
 TEST(Fp8KvEngineTest, ASequenceGrowingPastTheThresholdTurnsSixteenBit) {
   // Two caches calibrated alike: one switches at 20 tokens, one never does.
   LocalEngineOptions options = Options(KvDtype::kFp8);
-  options.kv_fp16_above_tokens = 20;
+  options.kv.fp16_above_tokens = 20;
   auto switching = LocalEngine::Create(options);
   auto coded = LocalEngine::Create(Options(KvDtype::kFp8));
   ASSERT_TRUE(switching.ok() && coded.ok());
@@ -155,17 +155,17 @@ TEST(Fp8KvEngineTest, ASequenceGrowingPastTheThresholdTurnsSixteenBit) {
 TEST(Fp8KvEngineTest, AThresholdThatCannotFitIsAnError) {
   ModelStackOptions options;
   options.num_threads = 1;
-  options.kv_block_size = 32;
+  options.kv.block_size = 32;
   options.kv_blocks = 10;
-  options.kv_dtype = KvDtype::kFp8;
-  options.kv_fp16_above_tokens = 1000;
+  options.kv.dtype = KvDtype::kFp8;
+  options.kv.fp16_above_tokens = 1000;
   const std::string dir = Options(KvDtype::kFp8).model_dir;
   auto stack = ModelStack::Create(dir, options);
   ASSERT_FALSE(stack.ok());
   EXPECT_NE(stack.status().message().find("kv_cache.fp16_above_tokens (1000) cannot fit"),
             std::string::npos)
       << stack.status();
-  options.kv_fp16_above_tokens = 100;  // 4 blocks, 16-bit: 8 of the 10
+  options.kv.fp16_above_tokens = 100;  // 4 blocks, 16-bit: 8 of the 10
   EXPECT_TRUE(ModelStack::Create(dir, options).ok());
 }
 

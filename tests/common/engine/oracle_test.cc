@@ -33,7 +33,7 @@ class OracleTest : public ::testing::TestWithParam<std::tuple<std::string, Engin
     LocalEngineOptions options;
     options.model_dir = dir_;
     options.num_threads = 2;
-    options.kv_block_size = std::get<1>(GetParam()).kv_block_size;
+    options.kv.block_size = std::get<1>(GetParam()).kv_block_size;
     options.prefill_chunk_tokens = std::get<1>(GetParam()).prefill_chunk;
     auto engine = LocalEngine::Create(options);
     ASSERT_TRUE(engine.ok()) << engine.status();

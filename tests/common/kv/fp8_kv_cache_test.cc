@@ -12,17 +12,18 @@ namespace {
 
 constexpr int kLayers = 2, kHeads = 2, kDim = 4, kBlock = 4;
 
-KvCacheOptions Fp8Options(int blocks = 16) {
-  KvCacheOptions o;
-  o.block_size = kBlock;
+KvPoolOptions Fp8Options(int blocks = 16) {
+  KvPoolOptions o;
+  o.cache.block_size = kBlock;
+  o.cache.dtype = KvDtype::kFp8;
+  o.cache.prefix_caching = false;
   o.num_blocks = blocks;
   o.num_layers = kLayers;
   o.num_kv_heads = kHeads;
   o.head_dim = kDim;
   o.element_bytes = 1;
-  o.fp8 = true;
-  o.fp16_above_tokens = 8;
-  o.calibration_tokens = 6;
+  o.cache.fp16_above_tokens = 8;
+  o.cache.calibration_tokens = 6;
   return o;
 }
 
@@ -45,11 +46,11 @@ TEST(KvDtypeTest, ParsesNamesAndRejectsOthers) {
 }
 
 TEST(Fp8KvCacheTest, RejectsBadOptionsAndScales) {
-  KvCacheOptions o = Fp8Options();
-  o.fp16_above_tokens = -1;
+  KvPoolOptions o = Fp8Options();
+  o.cache.fp16_above_tokens = -1;
   EXPECT_FALSE(PagedKvCache::Create(o).ok());
   o = Fp8Options();
-  o.calibration_tokens = 0;
+  o.cache.calibration_tokens = 0;
   EXPECT_FALSE(PagedKvCache::Create(o).ok());
   auto kv = PagedKvCache::Create(Fp8Options());
   ASSERT_TRUE(kv.ok());
@@ -159,7 +160,7 @@ TEST(Fp8KvCacheTest, WidenNeedsRoomAndChangesNothingWithout) {
 }
 
 TEST(Fp8KvCacheTest, DeviceStorageHandsOutTheMoves) {
-  KvCacheOptions o = Fp8Options(8);
+  KvPoolOptions o = Fp8Options(8);
   o.host_storage = false;
   auto kv = PagedKvCache::Create(o);
   ASSERT_TRUE(kv.ok());
@@ -187,9 +188,9 @@ TEST(Fp8KvCacheTest, DeviceStorageHandsOutTheMoves) {
 }
 
 TEST(Fp8KvCacheTest, PrefixCachingKeepsWideAndNarrowBlocksApart) {
-  KvCacheOptions o = Fp8Options(32);
-  o.prefix_caching = true;
-  o.fp16_above_tokens = 12;
+  KvPoolOptions o = Fp8Options(32);
+  o.cache.prefix_caching = true;
+  o.cache.fp16_above_tokens = 12;
   auto kv = PagedKvCache::Create(o);
   ASSERT_TRUE(kv.ok());
   ASSERT_TRUE(kv->SetScales(Scales(1.0f, 1.0f)).ok());

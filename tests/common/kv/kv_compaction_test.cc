@@ -9,14 +9,14 @@
 namespace strata {
 namespace {
 
-KvCacheOptions Options(bool prefix_caching, bool host_storage = true) {
-  KvCacheOptions o;
-  o.block_size = 2;
+KvPoolOptions Options(bool prefix_caching, bool host_storage = true) {
+  KvPoolOptions o;
+  o.cache.block_size = 2;
   o.num_blocks = 12;
   o.num_layers = 2;
   o.num_kv_heads = 1;
   o.head_dim = 2;
-  o.prefix_caching = prefix_caching;
+  o.cache.prefix_caching = prefix_caching;
   o.host_storage = host_storage;
   return o;
 }
@@ -90,7 +90,7 @@ TEST(KvCompactionTest, ShrinkMovesLiveBlocksBelowTheEndAndKeepsTheirData) {
 // A pool that starts below its largest (initial_blocks): host storage holds the active blocks
 // only, growing keeps what they hold, and the blocks past the start come free as it grows.
 TEST(KvCompactionTest, APoolStartingSmallGrowsIntoItsRoom) {
-  KvCacheOptions o = Options(false);
+  KvPoolOptions o = Options(false);
   o.initial_blocks = 4;
   auto kv = PagedKvCache::Create(o);
   ASSERT_TRUE(kv.ok());

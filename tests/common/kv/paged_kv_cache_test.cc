@@ -7,14 +7,17 @@
 namespace strata {
 namespace {
 
-KvCacheOptions SmallOptions() {
-  return KvCacheOptions{
-      .block_size = 4, .num_blocks = 5, .num_layers = 2, .num_kv_heads = 2, .head_dim = 3};
+KvPoolOptions SmallOptions() {
+  return KvPoolOptions{.cache = {.block_size = 4, .prefix_caching = false},
+                       .num_blocks = 5,
+                       .num_layers = 2,
+                       .num_kv_heads = 2,
+                       .head_dim = 3};
 }
 
 TEST(PagedKvCacheTest, RejectsBadOptions) {
-  KvCacheOptions options = SmallOptions();
-  options.block_size = 0;
+  KvPoolOptions options = SmallOptions();
+  options.cache.block_size = 0;
   EXPECT_FALSE(PagedKvCache::Create(options).ok());
   options = SmallOptions();
   options.num_blocks = -1;
@@ -47,7 +50,7 @@ TEST(PagedKvCacheTest, CountsBlocksAndBytes) {
   ASSERT_TRUE(kv->Reserve(seq, 5).ok());
   EXPECT_EQ(kv->blocks_held(seq), 2);
   // 2 layers x keys and values x 4 slots x 2 heads x 3 dims, at the element size.
-  KvCacheOptions bf16 = SmallOptions();
+  KvPoolOptions bf16 = SmallOptions();
   bf16.element_bytes = 2;
   EXPECT_EQ(KvBlockBytes(SmallOptions()), 2 * 2 * 4 * 2 * 3 * 4);
   EXPECT_EQ(KvBlockBytes(bf16), 2 * 2 * 4 * 2 * 3 * 2);

@@ -11,12 +11,12 @@ namespace {
 constexpr int kBlock = 4;
 
 PagedKvCache MakeCache(int blocks) {
-  auto kv = PagedKvCache::Create(KvCacheOptions{.block_size = kBlock,
-                                                .num_blocks = blocks,
-                                                .num_layers = 1,
-                                                .num_kv_heads = 1,
-                                                .head_dim = 2,
-                                                .prefix_caching = true});
+  auto kv =
+      PagedKvCache::Create(KvPoolOptions{.cache = {.block_size = kBlock, .prefix_caching = true},
+                                         .num_blocks = blocks,
+                                         .num_layers = 1,
+                                         .num_kv_heads = 1,
+                                         .head_dim = 2});
   EXPECT_TRUE(kv.ok());
   return std::move(*kv);
 }
@@ -128,8 +128,12 @@ TEST(PrefixCacheTest, DuplicateContentRegistersOnce) {
 }
 
 TEST(PrefixCacheTest, OffMatchesNothing) {
-  auto kv = PagedKvCache::Create(KvCacheOptions{
-      .block_size = kBlock, .num_blocks = 4, .num_layers = 1, .num_kv_heads = 1, .head_dim = 2});
+  auto kv =
+      PagedKvCache::Create(KvPoolOptions{.cache = {.block_size = kBlock, .prefix_caching = false},
+                                         .num_blocks = 4,
+                                         .num_layers = 1,
+                                         .num_kv_heads = 1,
+                                         .head_dim = 2});
   ASSERT_TRUE(kv.ok());
   const std::vector<int32_t> prompt = Tokens(9);
   const auto a = kv->AddSequence();

@@ -113,11 +113,11 @@ class CpuTierTest : public ::testing::Test {
     const ModelConfig& c = model_->config;
     std::vector<int32_t> ids(tokens);
     for (int32_t& id : ids) id = static_cast<int32_t>(rng_() % c.vocab_size);
-    KvCacheOptions kv_options{.block_size = kMaxTokens,
-                              .num_blocks = 1,
-                              .num_layers = c.num_layers,
-                              .num_kv_heads = c.num_kv_heads,
-                              .head_dim = c.head_dim};
+    KvPoolOptions kv_options{.cache = {.block_size = kMaxTokens, .prefix_caching = false},
+                             .num_blocks = 1,
+                             .num_layers = c.num_layers,
+                             .num_kv_heads = c.num_kv_heads,
+                             .head_dim = c.head_dim};
     PagedKvCache kv = *PagedKvCache::Create(kv_options);
     BatchLayout batch;
     batch.sequence.assign(tokens, kv.AddSequence());

@@ -123,7 +123,7 @@ class RemoteExpertBackendTest : public ::testing::Test {
   Tensor Forward(ExpertBackend& experts, const std::vector<int32_t>& ids) {
     const ModelConfig& c = config();
     const int n = static_cast<int>(ids.size());
-    auto kv = PagedKvCache::Create({.block_size = 32,
+    auto kv = PagedKvCache::Create({.cache = {.block_size = 32, .prefix_caching = false},
                                     .num_blocks = (n + 31) / 32,
                                     .num_layers = c.num_layers,
                                     .num_kv_heads = c.num_kv_heads,

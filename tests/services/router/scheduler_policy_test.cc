@@ -46,13 +46,12 @@ class Harness {
   Harness(int num_blocks, SchedulerOptions options, bool replays, bool prefix_caching = false,
           int initial_blocks = 0)
       : config_(FakeConfig()),
-        kv_(*PagedKvCache::Create({.block_size = 4,
+        kv_(*PagedKvCache::Create({.cache = {.block_size = 4, .prefix_caching = prefix_caching},
                                    .num_blocks = num_blocks,
                                    .initial_blocks = initial_blocks,
                                    .num_layers = 1,
                                    .num_kv_heads = 1,
-                                   .head_dim = 1,
-                                   .prefix_caching = prefix_caching})),
+                                   .head_dim = 1})),
         runner_(kv_, kVocab) {
     runner_.replays = replays;
     scheduler_ = std::make_unique<Scheduler>(config_, runner_, kv_, nullptr, options);

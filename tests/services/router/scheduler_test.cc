@@ -25,9 +25,9 @@ class SchedulerHarness {
   SchedulerHarness(int num_blocks, SchedulerOptions options, bool prefix_caching = false) {
     ModelStackOptions stack;
     stack.num_threads = 2;
-    stack.kv_block_size = 4;
+    stack.kv.block_size = 4;
     stack.kv_blocks = num_blocks;
-    stack.prefix_caching = prefix_caching;
+    stack.kv.prefix_caching = prefix_caching;
     stack_ = *ModelStack::Create(kModelDir, stack);
     runner_ = CreateStepRunner(stack_->config(), stack_->router(), *stack_->experts(), stack_->kv(),
                                StepRunnerOptions{});
@@ -271,7 +271,7 @@ TEST(SchedulerTest, DraftModelSpeculationKeepsGreedyTokens) {
   auto draft = DraftModel::Create({.model_dir = kModelDir}, 4096);
   EXPECT_TRUE(absl::IsInvalidArgument(draft.status())) << draft.status();  // another vocabulary
   const int64_t vocab =
-      ModelStack::Create(kModelDir, {.kv_cache_bytes = 1 << 20}).value()->config().vocab_size;
+      ModelStack::Create(kModelDir, {.kv = {.memory_mb = 1}}).value()->config().vocab_size;
   draft = DraftModel::Create({.model_dir = kModelDir}, vocab);
   ASSERT_TRUE(draft.ok()) << draft.status();
   std::shared_ptr<DraftModel> model = *std::move(draft);
