@@ -6,9 +6,12 @@
 #     STRATA_CLUSTER_TOKEN (never the operator's), and once without one, which must fail;
 #   - the wiring that Strata needs in both compose files (shared IPC and PID namespaces, fixed
 #     ports, the router's internal listener on 0.0.0.0:50053 and the workers' --router pointing
-#     at it, the router's ready check on it, no port published but the client port 50051, the
-#     cluster token required from the environment in the cache, the router and every worker,
-#     --workers matching the worker services and the router's ready check, distinct indexes,
+#     at it, the router serving HTTP (--http-port), no port published but the client port 50051
+#     and that HTTP port, the router's and the cache's health checks on the gRPC health RPC
+#     (strata-healthcheck grpc), a memory limit on every service and a CPU limit on every strata
+#     process, the router's --threads within its CPU limit, the model mounted read-only where
+#     --model points, the cluster token required from the environment in the cache, the router
+#     and every worker, --workers matching the worker services, distinct indexes,
 #     restart: unless-stopped, --max-batch-tokens agreeing);
 #   - the GPU file's GPU path: it builds the CUDA variant, the router runs on cuda:0, every GPU
 #     container (mps, router, workers) reserves the same GPUs, worker i runs on one of them
@@ -19,7 +22,11 @@
 #     the fields each kind needs, the same wiring (one Pod sharing its process namespace, a
 #     memory-backed /dev/shm in every container, gRPC probes, the Service pointing at the
 #     router's client port, the router's internal listener on 127.0.0.1:50053 and the workers'
-#     --router on it, in no Service and no containerPort, the cluster token from one Secret
+#     --router on it, in no Service and no containerPort, the router's --http-port as a
+#     containerPort named http and a Service port named http, prometheus.io/scrape, port and
+#     path annotations on the Pod and the Service, CPU and memory requests and limits (limits not
+#     below requests) on every container, the model mounted read-only where --model points,
+#     the cluster token from one Secret
 #     (secretKeyRef, never a literal) in the cache, the router and every worker), no GPUs in the
 #     CPU one, and in the GPU one one ResourceClaim referenced by the mps
 #     sidecar, the router and every worker, with a GPU per worker; `kubectl kustomize` too when
@@ -147,6 +154,13 @@ def depends(service):
         return {k: "service_started" for k in d}
     return {k: (v or {}).get("condition", "service_started") for k, v in d.items()}
 
+def get_path(d, path):
+    for key in path.split("."):
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
 def mounts_of(service):
     return [m for m in service.get("volumes", []) if isinstance(m, dict)]
 
@@ -204,8 +218,10 @@ def compose_checks(name, gpu):
         check(v.get("restart") == "unless-stopped", f"{name}: {s} restart: unless-stopped")
         if s == "mps":
             continue
-        check(any(m.get("target") == "/models/model" and m.get("read_only") for m in mounts_of(v)),
-              f"{name}: {s} mounts the model read-only at /models/model")
+        model_dir = flag(v.get("command", []), "model")
+        check(model_dir and model_dir.startswith("/models/")
+              and any(m.get("target") == model_dir and m.get("read_only") for m in mounts_of(v)),
+              f"{name}: {s} mounts the model read-only where its --model={model_dir} points, under /models/")
         check(any(a.startswith("--log-level=") for a in v.get("command", [])),
               f"{name}: {s} passes --log-level")
     cache = services.get("cache", {}).get("command", [])
@@ -220,16 +236,42 @@ def compose_checks(name, gpu):
           f"{name}: router's internal listener (Coordinator, Admin) on --internal-listen=0.0.0.0:50053 ({internal})")
     check(flag(router, "workers") == str(len(workers)),
           f"{name}: router --workers={flag(router, 'workers')} matches {len(workers)} worker services")
-    check(port_targets(router_service) == ["50051"],
-          f"{name}: the router publishes its client port 50051 only ({port_targets(router_service)})")
+    http_port = flag(router, "http-port")
+    check(http_port is not None and http_port.isdigit() and 0 < int(http_port) < 65536
+          and http_port not in ("50051", "50052", "50053"),
+          f"{name}: router serves the HTTP API and /metrics (--http-port={http_port})")
+    check(sorted(port_targets(router_service)) == sorted(["50051", str(http_port)]),
+          f"{name}: the router publishes its client port 50051 and its HTTP port {http_port}, nothing else"
+          f" ({port_targets(router_service)})")
     published = {s: port_targets(v) for s, v in services.items() if s != "router" and port_targets(v)}
     check(not published, f"{name}: no other service publishes a port ({published})")
     check("healthcheck" in services.get("cache", {}) and "healthcheck" in router_service,
           f"{name}: cache and router have health checks")
+    # Both use the standard gRPC health RPC (strata-healthcheck grpc): on the router's client
+    # port it is SERVING once every worker has registered; on the cache's, once it has loaded.
     test = (router_service.get("healthcheck", {}) or {}).get("test", [])
-    check(test[:4] == ["CMD", "strata-healthcheck", "ready", "127.0.0.1:50053"]
-          and (len(test) == 4 or test[4:] == [str(len(workers))]),
-          f"{name}: the router's health check asks Admin on the internal listener for every worker ({test[2:]})")
+    check(test == ["CMD", "strata-healthcheck", "grpc", "127.0.0.1:50051"],
+          f"{name}: the router's health check is grpc.health.v1 on its client port ({test[1:]})")
+    test = (services.get("cache", {}).get("healthcheck", {}) or {}).get("test", [])
+    check(test == ["CMD", "strata-healthcheck", "grpc", "127.0.0.1:50052"],
+          f"{name}: the cache's health check is grpc.health.v1 on 50052 ({test[1:]})")
+    # Resource limits: memory for every container, a CPU quota for every strata process.
+    def limit(v, key):
+        value = v.get(key)
+        if value in (None, "", 0, "0"):
+            value = get_path(v, f"deploy.resources.limits.{'memory' if key == 'mem_limit' else 'cpus'}")
+        return value
+    for s, v in services.items():
+        check(limit(v, "mem_limit") not in (None, "", 0, "0"), f"{name}: {s} has a memory limit ({limit(v, 'mem_limit')})")
+        if s != "shm":
+            check(limit(v, "cpus") not in (None, "", 0, "0"), f"{name}: {s} has a CPU limit ({limit(v, 'cpus')})")
+    threads = flag(router, "threads")
+    cpus = limit(router_service, "cpus")
+    try:
+        fits = threads is not None and int(threads) > 0 and float(cpus) >= int(threads)
+    except (TypeError, ValueError):
+        fits = False
+    check(fits, f"{name}: the router's --threads={threads} fits its CPU limit ({cpus})")
     # The cluster token: required from the environment (not written in the file), in every
     # strata process's container.
     raw_services = raw.get("services", {}) or {}
@@ -317,6 +359,8 @@ def cpu_view(doc):
     for name, v in services.items():
         v.pop("deploy", None)
         v["image"] = "IMAGE"
+        if name != "shm" and "cpus" in v:
+            v["cpus"] = "N"  # the CPU quota follows --threads, whose defaults differ
         if "build" in v:
             v["build"].pop("args", None)
         d = v.get("depends_on")
@@ -379,6 +423,15 @@ def get(d, path):
             return None
         d = d[key]
     return d
+
+def quantity(q):
+    """A Kubernetes quantity ("500m", "2", "4Gi", "1G") as a number."""
+    m = re.fullmatch(r"([0-9.]+)(m|k|M|G|T|Ki|Mi|Gi|Ti)?", str(q))
+    if not m:
+        return float("nan")
+    scale = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}[m.group(2)]
+    return float(m.group(1)) * scale
 
 def load_docs(path):
     try:
@@ -449,8 +502,12 @@ def k8s_checks(directory, gpu):
         for n, c in everything.items():
             mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
             check(mounts.get("/dev/shm", {}).get("name") in dshm, f"{tag}: {n} mounts the memory emptyDir at /dev/shm")
-            check(mounts.get("/models/model", {}).get("readOnly") is True, f"{tag}: {n} mounts the model read-only")
-            check(mounts.get("/models/model", {}).get("name") in vols, f"{tag}: {n}'s model volume exists")
+            model_dir = flag(c.get("command", []), "model")
+            model_mounts = [m for m in c.get("volumeMounts", []) if m["mountPath"].startswith("/models/")]
+            check(len(model_mounts) == 1 and model_mounts[0].get("readOnly") is True
+                  and model_dir in (None, model_mounts[0]["mountPath"]),
+                  f"{tag}: {n} mounts the model read-only under /models/, where its --model={model_dir} points")
+            check(model_mounts and model_mounts[0].get("name") in vols, f"{tag}: {n}'s model volume exists")
             for a in c.get("command", []) + c.get("args", []):
                 for var in re.findall(r"\$\((\w+)\)", a):
                     known = var in config or any(e.get("name") == var for e in c.get("env", []))
@@ -458,6 +515,13 @@ def k8s_checks(directory, gpu):
             limits = {**(get(c, "resources.limits") or {}), **(get(c, "resources.requests") or {})}
             check("nvidia.com/gpu" not in limits,
                   f"{tag}: {n} asks for no nvidia.com/gpu (the device plugin would give each container GPUs the others cannot see)")
+            requests, hard = get(c, "resources.requests") or {}, get(c, "resources.limits") or {}
+            check(all(requests.get(r) and hard.get(r) for r in ("cpu", "memory")),
+                  f"{tag}: {n} has cpu and memory requests and limits ({requests}, {hard})")
+            for r in ("cpu", "memory"):
+                if requests.get(r) and hard.get(r):
+                    check(quantity(hard[r]) >= quantity(requests[r]),
+                          f"{tag}: {n}'s {r} limit {hard[r]} is not below its request {requests[r]}")
         cache, router = containers.get("cache", {}), containers.get("router", {})
         ccmd, rcmd = cache.get("command", []), router.get("command", [])
         check(flag(ccmd, "listen") == "0.0.0.0:50052", f"{tag}: cache listens on 50052")
@@ -473,6 +537,21 @@ def k8s_checks(directory, gpu):
         check(get(cache, "livenessProbe.grpc.port") == 50052 or get(cache, "startupProbe.grpc.port") == 50052,
               f"{tag}: cache has a gRPC probe on 50052")
         rports = {p.get("name"): p["containerPort"] for p in router.get("ports", [])}
+        http_port = flag(rcmd, "http-port")
+        check(http_port is not None and http_port.isdigit() and rports.get("http") == int(http_port),
+              f"{tag}: router serves HTTP (--http-port={http_port}) on its containerPort named http ({rports.get('http')})")
+        # Prometheus: annotation-based discovery on the Pod (and the Service below).
+        def scrape_annotations(obj, what):
+            a = get(obj, "metadata.annotations") or {}
+            check(a.get("prometheus.io/scrape") == "true" and a.get("prometheus.io/port") == http_port
+                  and a.get("prometheus.io/path") == "/metrics",
+                  f"{tag}: {what} has prometheus.io/scrape, port {http_port} and path /metrics annotations ({a})")
+        scrape_annotations(dep["spec"]["template"], "the Pod template")
+        for svc in services:
+            scrape_annotations(svc, f"Service {svc['metadata']['name']}")
+            sports = {p.get("name"): p for p in svc["spec"]["ports"]}
+            check("http" in sports and sports["http"].get("targetPort") in ("http", rports.get("http")),
+                  f"{tag}: Service {svc['metadata']['name']} has a port named http on the router's HTTP port (for a ServiceMonitor)")
         check(50053 not in rports.values(), f"{tag}: the internal port 50053 is no containerPort of the router")
         # The cluster token: one Secret, by reference, in every strata process's container.
         refs = {}
@@ -547,8 +626,8 @@ def k8s_checks(directory, gpu):
             for p in svc["spec"]["ports"]:
                 t = p.get("targetPort")
                 check(t in rports or t in rports.values(), f"{tag}: Service port {p.get('name')} targets the router ({t})")
-                check(rports.get(t, t) == 50051 and p.get("port") != 50053,
-                      f"{tag}: Service port {p.get('name')} is the client port 50051, not the internal 50053")
+                check(rports.get(t, t) in (50051, rports.get("http")) and p.get("port") != 50053,
+                      f"{tag}: Service port {p.get('name')} is a client port (50051 or HTTP), not the internal 50053")
 
 for directory, gpu in KUSTOMIZATIONS.items():
     k8s_checks(directory, gpu)
@@ -642,10 +721,60 @@ for option in STRATA_BUILD_TESTS STRATA_CUDA; do
   fi
 done
 # (scripts/check_scripts.sh parses every script of the tree.)
-for script in deploy/healthcheck.sh deploy/runtime-packages.sh scripts/check_deploy.sh; do
+for script in deploy/healthcheck.sh deploy/runtime-packages.sh scripts/check_deploy.sh scripts/compose_run.sh; do
   if [ -x "$script" ]; then pass "$script is executable"
   else fail "$script is not executable"; fi
 done
+
+# ---- strata-healthcheck grpc against a stand-in server -------------------------------------------
+# The compose files' health checks speak grpc.health.v1 in bash (HTTP/2 frames by hand): check
+# it against Python's gRPC (the same C core as the router's) answering SERVING for "",
+# NOT_SERVING for strata.v1.Generation, an empty answer (UNKNOWN) for "zero" and NOT_FOUND for
+# any other name. compose_run.sh checks it against the real router.
+if /usr/bin/python3 -c 'import grpc' 2>/dev/null; then
+  cat >"$tmp/health_server.py" <<'PYEOF'
+import sys, time
+from concurrent import futures
+import grpc
+answers = {b"": b"\x08\x01", b"strata.v1.Generation": b"\x08\x02", b"zero": b""}
+def check(request, context):
+    name = request[2:] if request else b""
+    if name not in answers:
+        context.abort(grpc.StatusCode.NOT_FOUND, "unknown service")
+    return answers[name]
+server = grpc.server(futures.ThreadPoolExecutor(2))
+server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("grpc.health.v1.Health", {
+    "Check": grpc.unary_unary_rpc_method_handler(check)}),))
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+print(port, flush=True)
+time.sleep(120)
+PYEOF
+  /usr/bin/python3 "$tmp/health_server.py" >"$tmp/health_server.port" 2>"$tmp/health_server.err" &
+  health_server=$!
+  for _ in $(seq 50); do [ -s "$tmp/health_server.port" ] && break; sleep 0.1; done
+  port=$(cat "$tmp/health_server.port")
+  if [ -n "$port" ]; then
+    expect_health() { # expect_health EXIT_STATUS SERVICE WHAT
+      local out status=0
+      out=$(deploy/healthcheck.sh grpc "127.0.0.1:$port" ${2:+"$2"} 2>&1) || status=$?
+      if [ "$status" -eq "$1" ]; then pass "strata-healthcheck grpc: $3 (exit $status${out:+: $out})"
+      else fail "strata-healthcheck grpc: $3: exit $status, expected $1 ($out)"; fi
+    }
+    expect_health 0 "" "SERVING passes"
+    expect_health 1 strata.v1.Generation "NOT_SERVING fails"
+    expect_health 1 zero "UNKNOWN (an empty answer) fails"
+    expect_health 1 no.such.Service "an unknown service (NOT_FOUND, no answer) fails"
+  else
+    fail "the stand-in gRPC health server did not start: $(cat "$tmp/health_server.err")"
+  fi
+  kill "$health_server" 2>/dev/null
+  wait "$health_server" 2>/dev/null
+  # Nothing listens there any more.
+  [ -z "$port" ] || expect_health 1 "" "a closed port fails"
+else
+  echo "skip: no python3-grpcio, so strata-healthcheck grpc was not run against a server"
+fi
 
 # ---- runtime packages (needs a build) ---------------------------------------------------------
 bins=(build/bin/strata build/bin/strata-cache build/bin/strata-worker build/bin/strata-router)
