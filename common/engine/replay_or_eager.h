@@ -3,10 +3,9 @@
 // A replay is usually the faster (no launches from the host), but not always on a tiered
 // cluster: a replay reads the experts in no GPU slot in place over the host link, while on an
 // eager step the workers copy them into slots first or share them with the CPU tier. Which is
-// faster depends on the host and on how many uses miss (mixtral-8x7b FP8 under 24 GiB: eager
-// steps sharing the misses 64% faster on an H100 host, 5% on an H200 host; qwen3-30b-a3b under
-// 24 GiB, where almost nothing misses: replays, by far). So where replays miss much, the runner
-// tries a few eager steps now and then, and keeps the faster way.
+// faster depends on the host's link and on how many uses miss (measured both ways on two hosts:
+// docs/architecture.md, section 2, step 3). So where replays miss much, the runner tries a few
+// eager steps now and then, and keeps the faster way.
 //
 // Each token count (batch size) chooses for itself. A step's time is from the end of the step
 // before it to its own end, both decode steps of that token count run the same way (the

@@ -1,7 +1,6 @@
 // A private CUDA MPS control daemon for a cluster's GPU processes. Without MPS the router and a
 // worker on one GPU are time-sliced between two contexts, and every MoE layer pays two context
-// switches: on the H200, 16 layers of qwen3-30b-a3b decode at 151 tok/s through the cluster
-// without MPS and 442 with it (652 in one process; docs/archive/benchmarks-2026-11-to-12-02.md).
+// switches, most of the decode rate lost (docs/archive/benchmarks-2026-11-to-12-02.md).
 #ifndef STRATA_TOOLS_STRATA_MPS_DAEMON_H_
 #define STRATA_TOOLS_STRATA_MPS_DAEMON_H_
 

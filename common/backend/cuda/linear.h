@@ -2,8 +2,8 @@
 // few tokens (memory-bound), cuBLASLt for many (compute-bound). FP8 weights on the cuBLASLt
 // path are dequantized to bf16 scratch first (cuBLASLt on Hopper has no fp8 x bf16 product),
 // three more bytes a weight moved, so FP8 keeps the GEMV kernel (tensor cores, 16 tokens a
-// launch, each reading the weights again) up to more tokens: 17% faster decode at 32 requests
-// on qwen3-30b-a3b (docs/cuda-ops.md).
+// launch, each reading the weights again) up to more tokens, where that copy costs more than
+// the GEMV's repeated reads (docs/cuda-ops.md).
 #ifndef STRATA_COMMON_BACKEND_CUDA_LINEAR_H_
 #define STRATA_COMMON_BACKEND_CUDA_LINEAR_H_
 

@@ -522,10 +522,8 @@ int64_t Fp8OneWaveBlocks() {
 // n == 1: gate/up with one work item per slot (no plan), then down and combine fused.
 //
 // FP8 grids that fit in one wave with half the thread groups (each thread then takes twice the
-// chunks of a row) take them: Qwen3's gate/up 768 -> 384 blocks and down 512 -> 256 on the
-// H200's 132 SMs, 324.3 -> 349.8 tok/s through the cluster (kernel_bench: 21.7 -> 17.5 us a
-// layer). Mixtral's grids stay several waves either way, and there the halving cost 6.7%
-// (197.2 against 211.4 tok/s in process); bf16 was fastest as it is.
+// chunks of a row) take them: one wave leaves no SM idle at the tail. Grids of several waves
+// either way (Mixtral's) and bf16 lose by the halving (docs/cuda-ops.md).
 template <typename WT, int kE>
 cudaError_t GateUpDirect(const bf16* x, const int32_t* expert_ids, int top_k,
                          const ExpertWeightTable& w, const GluParams& act,
