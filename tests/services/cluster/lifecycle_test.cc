@@ -192,6 +192,9 @@ TEST(LifecycleTest, KilledGrpcWorkerLosesNoRequest) {
     ASSERT_TRUE(first.Wait()) << "no first token";
     pid_t worker = -1;
     ASSERT_NO_FATAL_FAILURE(KillChild(cluster.pid(), "strata-worker", "--index=1", &worker));
+    // The kill must land inside the request for the test to mean anything.
+    ASSERT_EQ(running.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+        << "round " << round << ": the request ended before the kill";
     const Generated g = running.get();
     ASSERT_TRUE(g.status.ok()) << "round " << round << ": " << g.status.error_message();
     EXPECT_EQ(g.tokens, undisturbed.tokens) << "round " << round;
