@@ -24,6 +24,9 @@ def added_in(path):
 def config(name, r):
     """What ran, in words, from the file name and the note."""
     words = []
+    if 'netns-grpc' in name:
+        words.append('**workers in another network namespace (veth), gRPC transport'
+                     + (', FP8 activations**' if 'netns-grpc-fp8' in name else '**'))
     if 'zipf1' in name:
         words.append('Zipf(1.0) routing skew')
     if 'tiered-24g' in name:

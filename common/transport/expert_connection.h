@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 
@@ -14,6 +15,13 @@
 #include "common/transport/expert_wire.h"
 
 namespace strata {
+
+// Bytes of per-layer messages a transport that serializes them (gRPC) sent and received, over
+// all its connections: the messages' payload, without the framing of the layers below.
+struct WireBytes {
+  std::atomic<uint64_t> sent{0};
+  std::atomic<uint64_t> received{0};
+};
 
 class ExpertConnection {
  public:

@@ -48,6 +48,9 @@ grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* conte
   response->set_uptime_s(absl::ToDoubleSeconds(scheduler_.metrics().uptime()));
   if (experts_ != nullptr) {
     response->set_reroutes(static_cast<uint64_t>(experts_->reroutes()));
+    response->set_expert_wire_bytes_sent(experts_->wire_bytes().sent.load());
+    response->set_expert_wire_bytes_received(experts_->wire_bytes().received.load());
+    response->set_expert_activations(experts_->fp8_activations() ? "fp8" : "f32");
     for (int w = 0; w < experts_->num_workers(); ++w) {
       v1::WorkerStats* worker = response->add_workers();
       worker->set_index(static_cast<uint32_t>(w));

@@ -55,7 +55,9 @@ absl::Status CoordinatorService::Register(const v1::RegisterWorkerRequest& reque
       break;
     }
     case v1::TRANSPORT_GRPC: {
-      auto grpc_connection = GrpcExpertConnection::Connect(request.address(), options_.token);
+      auto grpc_connection = GrpcExpertConnection::Connect(
+          request.address(), options_.token,
+          {.fp8_activations = experts_.fp8_activations(), .wire_bytes = &experts_.wire_bytes()});
       if (!grpc_connection.ok()) return grpc_connection.status();
       connection = *std::move(grpc_connection);
       response.set_transport(v1::TRANSPORT_GRPC);

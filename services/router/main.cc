@@ -76,6 +76,9 @@ ABSL_FLAG(std::string, hot_ratio, "auto",
 ABSL_FLAG(std::string, hot_ratio_policy, strata::HotRatioPolicy().ToString(),
           "Hot ratio by longest context in the batch: LIMIT:RATIO,... then the ratio beyond");
 ABSL_FLAG(bool, prefetch, true, "Predict the next layer's experts and tell the workers");
+ABSL_FLAG(std::string, expert_activations, "f32",
+          "How hidden states and partial sums cross to gRPC-transport workers: f32, or fp8 "
+          "(E4M3 with a scale per token, a quarter of the bytes; approximate)");
 ABSL_FLAG(int, cuda_graph_max_batch, 32,
           "GPU router: decode steps of up to this many sequences replay a CUDA graph (0: off, "
           "at most 64)");
@@ -151,6 +154,12 @@ int main(int argc, char** argv) {
   options.worker_kill_after =
       kill_after < 0 ? absl::InfiniteDuration() : absl::Seconds(std::min(kill_after, 1e6));
   options.prefetch = absl::GetFlag(FLAGS_prefetch);
+  const std::string activations = absl::GetFlag(FLAGS_expert_activations);
+  if (activations != "f32" && activations != "fp8") {
+    std::cerr << "strata-router: --expert-activations must be f32 or fp8\n";
+    return 2;
+  }
+  options.fp8_activations = activations == "fp8";
   options.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
   options.scheduler.overlap_decode_steps = absl::GetFlag(FLAGS_overlap_steps);
   const auto tunables = strata::LoadAndLogTunables();

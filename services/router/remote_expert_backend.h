@@ -73,6 +73,13 @@ class RemoteExpertBackend : public ExpertBackend {
 
   // Layers that ran again because a worker failed during them or was gone.
   int64_t reroutes() const { return reroutes_.load(); }
+  // What the gRPC connections of every worker, past and present, moved (they count into it).
+  WireBytes& wire_bytes() { return wire_bytes_; }
+  const WireBytes& wire_bytes() const { return wire_bytes_; }
+  // Whether gRPC connections made from now on carry activations as FP8 (set before workers
+  // register).
+  void set_fp8_activations(bool fp8) { fp8_activations_.store(fp8); }
+  bool fp8_activations() const { return fp8_activations_.load(); }
 
   // Notices the workers that failed since the last look, as the next layer would, so that an
   // idle router notices too: their connections are abandoned (a worker that comes back
@@ -116,6 +123,8 @@ class RemoteExpertBackend : public ExpertBackend {
   std::vector<std::shared_ptr<ExpertConnection>> connections_;
   uint64_t step_ = 0;
   std::atomic<int64_t> reroutes_{0};
+  WireBytes wire_bytes_;
+  std::atomic<bool> fp8_activations_{false};
   std::atomic<float> hot_ratio_{-1.0f};
   std::unique_ptr<std::atomic<uint32_t>[]> lent_slots_;  // [worker]
   std::vector<TierCounters> tiers_;                      // guarded by mu_

@@ -102,6 +102,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
     s->hot_ratio_ = std::make_unique<HotRatioControl>(options.hot_ratio_policy);
     if (options.hot_ratio >= 0.0f) RETURN_IF_ERROR(s->hot_ratio_->SetFixed(options.hot_ratio));
     s->remote_->set_hot_ratio(s->hot_ratio_->Update(0));
+    s->remote_->set_fp8_activations(options.fp8_activations);
   }
   ExpertBackend& experts =
       s->remote_ != nullptr ? *s->remote_ : static_cast<ExpertBackend&>(*s->stack_->experts());
@@ -254,6 +255,8 @@ RouterSnapshot RouterServer::Snapshot() const {
   r.prefetch_actual = p.actual;
   if (remote_ != nullptr) {
     r.reroutes = remote_->reroutes();
+    r.expert_wire_bytes_sent = remote_->wire_bytes().sent.load();
+    r.expert_wire_bytes_received = remote_->wire_bytes().received.load();
     for (int w = 0; w < remote_->num_workers(); ++w) {
       const TierCounters t = remote_->tiers(w);
       r.workers.push_back({.index = w,

@@ -71,6 +71,9 @@ struct RouterOptions {
   float hot_ratio = -1.0f;
   HotRatioPolicy hot_ratio_policy;
   bool prefetch = true;  // predict the next layer's experts and tell the workers
+  // gRPC-transport workers: hidden states and partial sums cross as FP8 E4M3 with a scale per
+  // token (a quarter of the bytes) instead of float32.
+  bool fp8_activations = false;
   // On a GPU: decode-only steps of up to this many sequences replay a CUDA graph (one per
   // batch size); 0 turns graphs off.
   int cuda_graph_max_batch = 32;

@@ -203,6 +203,14 @@ const std::map<std::string, Key>& Keys() {
                              })
                         .Help("between router and workers: shm (this host) or grpc")
                         .To(kWorker)},
+      {"expert_activations",
+       KeyOf<S>("expert-activations", &ClusterConfig::expert_activations,
+                [](const S& v) {
+                  return OneOf(v, {"f32", "fp8"});
+                })
+           .Help("gRPC transport: hidden states and partial sums as f32, or fp8 (E4M3 with a "
+                 "scale per token, a quarter of the bytes)")
+           .To(kRouter)},
       {"log_level", KeyOf<S>("log-level", &ClusterConfig::log_level,
                              [](const S& v) {
                                return OneOf(v, {"debug", "info", "warning", "error"});

@@ -26,6 +26,8 @@ struct ClusterConfig {
   int port = 0;                   // 0 picks a free port
   int http_port = 0;              // the router's OpenAI-compatible HTTP API; 0: off
   std::string transport = "shm";  // shm or grpc between router and workers
+  // gRPC transport: activations as f32, or fp8 (E4M3, a scale per token).
+  std::string expert_activations = "f32";
   std::string log_level = "warning";
   int threads_per_process = 0;  // 0: every hardware thread
   int cpu_tier_threads = 0;     // strata-cache's CPU tier; 0: every hardware thread

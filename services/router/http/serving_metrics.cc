@@ -81,6 +81,12 @@ std::string RenderMetrics(const ServingMetrics& s, const RequestMetrics& request
             static_cast<double>(r.worker_restarts));
   w.Counter("strata_reroutes_total", "Layers run again around a failed worker",
             static_cast<double>(r.reroutes));
+  w.Counter("strata_expert_wire_bytes_sent_total",
+            "Bytes of per-layer expert requests sent to gRPC-transport workers",
+            static_cast<double>(r.expert_wire_bytes_sent));
+  w.Counter("strata_expert_wire_bytes_received_total",
+            "Bytes of per-layer expert responses received from gRPC-transport workers",
+            static_cast<double>(r.expert_wire_bytes_received));
   w.Counter("strata_prefetch_predicted_total", "Experts predicted for the next layer",
             static_cast<double>(r.prefetch_predicted));
   w.Counter("strata_prefetch_correct_total", "Predicted experts the gate then picked",

@@ -44,6 +44,8 @@ struct RouterSnapshot {
   int64_t accepted_draft_tokens = 0;  // and accepted
   int64_t worker_restarts = 0;
   int64_t reroutes = 0;
+  uint64_t expert_wire_bytes_sent = 0;  // gRPC-transport workers' messages
+  uint64_t expert_wire_bytes_received = 0;
   uint64_t prefetch_predicted = 0;
   uint64_t prefetch_correct = 0;
   uint64_t prefetch_actual = 0;

@@ -173,6 +173,39 @@ TEST(LifecycleTest, KilledWorkerLosesNoRequest) {
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
+// The same over the gRPC transport (workers that could be on other hosts): a worker killed
+// mid-request breaks its stream, the router runs the layer on the other worker, the request
+// ends with the undisturbed tokens, and the restarted worker registers on a new stream.
+TEST(LifecycleTest, KilledGrpcWorkerLosesNoRequest) {
+  ClusterProcess cluster(
+      {"--model=" + OracleDir("qwen3_moe_long"), "--workers=2", "--threads=1", "--transport=grpc"});
+  ASSERT_FALSE(cluster.address().empty());
+  std::vector<uint32_t> prompt(24);
+  for (size_t j = 0; j < prompt.size(); ++j) prompt[j] = static_cast<uint32_t>(3 + j * 29 % 700);
+  const int kNewTokens = 400;
+  const Generated undisturbed = GenerateGreedy(cluster.address(), prompt, kNewTokens);
+  ASSERT_TRUE(undisturbed.status.ok()) << undisturbed.status.error_message();
+  for (int round = 0; round < 2; ++round) {
+    FirstTokens first;
+    std::future<Generated> running =
+        GenerateGreedyAsync(cluster.address(), prompt, kNewTokens, first.Callback());
+    ASSERT_TRUE(first.Wait()) << "no first token";
+    pid_t worker = -1;
+    ASSERT_NO_FATAL_FAILURE(KillChild(cluster.pid(), "strata-worker", "--index=1", &worker));
+    // The kill must land inside the request for the test to mean anything.
+    ASSERT_EQ(running.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+        << "round " << round << ": the request ended before the kill";
+    const Generated g = running.get();
+    ASSERT_TRUE(g.status.ok()) << "round " << round << ": " << g.status.error_message();
+    EXPECT_EQ(g.tokens, undisturbed.tokens) << "round " << round;
+    const pid_t replacement = AwaitReplacement(cluster.pid(), "strata-worker", "--index=1", worker);
+    ASSERT_GT(replacement, 0);
+    ASSERT_TRUE(WaitForHealth(cluster.address(), kServing, 60));
+  }
+  EXPECT_EQ(GenerateGreedy(cluster.address(), prompt, kNewTokens).tokens, undisturbed.tokens);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
 // The value of `--flag=` on a live process's command line, or "".
 std::string FlagOf(pid_t pid, const std::string& flag) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
