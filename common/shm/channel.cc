@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cluster/protocol_version.h"
 #include "common/shm/process_liveness.h"
 #include "common/util/status_macros.h"
 
@@ -18,7 +19,6 @@ namespace strata {
 namespace shm_internal {
 
 constexpr uint32_t kChannelMagic = 0x4E484353;  // "SCHN"
-constexpr uint32_t kChannelVersion = 1;
 constexpr uint64_t kPageBytes = 4096;
 constexpr uint64_t kChannelHeaderBytes = kPageBytes;  // rings start page-aligned
 
@@ -165,10 +165,10 @@ absl::StatusOr<ChannelHeader*> MapChannel(const std::string& name, SharedSegment
   if (magic != shm_internal::kChannelMagic) {
     return absl::DataLossError(absl::StrCat("shm segment '", name, "' is not a channel"));
   }
-  if (header->version != shm_internal::kChannelVersion) {
+  if (header->version != kClusterProtocolVersion) {
     return absl::FailedPreconditionError(absl::StrCat("shm channel '", name, "': version ",
                                                       header->version, ", this build speaks ",
-                                                      shm_internal::kChannelVersion));
+                                                      kClusterProtocolVersion));
   }
   const uint64_t size = segment.size();
   for (uint64_t offset : {header->request_offset, header->response_offset}) {
@@ -237,7 +237,7 @@ absl::StatusOr<ShmChannel> ShmChannel::Create(const std::string& name,
                    SharedSegment::Create(name, kChannelHeaderBytes + 2 * ring_bytes));
 
   auto* header = new (segment.data()) ChannelHeader();
-  header->version = shm_internal::kChannelVersion;
+  header->version = kClusterProtocolVersion;
   header->ring_bytes = ring_bytes;
   header->request_offset = kChannelHeaderBytes;
   header->response_offset = kChannelHeaderBytes + ring_bytes;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cluster/protocol_version.h"
 #include "common/shm/futex.h"
 #include "common/util/status_macros.h"
 
@@ -13,7 +14,6 @@ namespace strata {
 namespace shm_internal {
 
 constexpr uint32_t kRingMagic = 0x474E5253;  // "SRNG"
-constexpr uint32_t kRingVersion = 1;
 constexpr size_t kRingHeaderBytes = 384;
 constexpr size_t kSlotHeaderBytes = 64;
 
@@ -106,7 +106,7 @@ absl::StatusOr<ShmRing> ShmRing::Initialize(absl::Span<uint8_t> memory,
     return absl::InvalidArgumentError("shm ring memory must be 64-byte aligned");
   }
   auto* header = new (memory.data()) RingHeader();
-  header->version = shm_internal::kRingVersion;
+  header->version = kClusterProtocolVersion;
   header->slot_count = options.slots;
   header->spin_us = options.spin_us;
   header->slot_bytes = options.slot_bytes;
@@ -139,9 +139,9 @@ absl::StatusOr<ShmRing> ShmRing::Attach(absl::Span<uint8_t> memory) {
   if (magic != shm_internal::kRingMagic) {
     return absl::DataLossError(absl::StrCat("shm ring: bad magic 0x", absl::Hex(magic)));
   }
-  if (header->version != shm_internal::kRingVersion) {
+  if (header->version != kClusterProtocolVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "shm ring: version ", header->version, ", this build speaks ", shm_internal::kRingVersion));
+        "shm ring: version ", header->version, ", this build speaks ", kClusterProtocolVersion));
   }
   const ShmRingOptions options{
       .slots = header->slot_count, .slot_bytes = header->slot_bytes, .spin_us = header->spin_us};

@@ -1,6 +1,7 @@
 // The per-layer messages between router and expert worker, as flat little-endian bytes for a
 // shared-memory slot: a fixed header, then the arrays. Views point into the buffer they were
-// decoded from, so a worker reads a request in place.
+// decoded from, so a worker reads a request in place. Versioned with every other message between
+// the processes by kClusterProtocolVersion (common/cluster/protocol_version.h).
 #ifndef STRATA_COMMON_TRANSPORT_EXPERT_WIRE_H_
 #define STRATA_COMMON_TRANSPORT_EXPERT_WIRE_H_
 

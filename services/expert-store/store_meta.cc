@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/cluster/protocol_version.h"
 #include "common/util/file_stamp.h"
 #include "common/util/read_file.h"
 #include "common/util/status_macros.h"
@@ -18,9 +19,6 @@ namespace strata {
 namespace {
 
 constexpr uint64_t kMagic = 0x3154454D58545253ull;  // "SRTXMET1" in memory order
-// Bump when MetaHeader, the record order or the data layout rules change: an old store is
-// then rebuilt rather than misread.
-constexpr uint32_t kFormatVersion = 1;
 constexpr uint32_t kMaxSegments = 4096;
 
 // Followed by num_segments uint64 checksums, the model directory and the serialized layout.
@@ -80,7 +78,7 @@ std::string EncodeMeta(const StoreMeta& meta) {
   const std::string layout = meta.layout.SerializeAsString();
   MetaHeader h{};
   h.magic = kMagic;
-  h.version = kFormatVersion;
+  h.version = kClusterProtocolVersion;
   h.header_bytes = sizeof(MetaHeader);
   h.generation = meta.generation;
   h.config_checksum = meta.model.config_checksum;
@@ -113,9 +111,9 @@ absl::StatusOr<StoreMeta> DecodeMeta(const void* data, size_t size) {
   if (size < sizeof(h)) return absl::DataLossError("the meta segment is too small");
   std::memcpy(&h, bytes, sizeof(h));
   if (h.magic != kMagic) return absl::DataLossError("the meta segment is incomplete (no magic)");
-  if (h.version != kFormatVersion || h.header_bytes != sizeof(h)) {
-    return absl::DataLossError(
-        absl::StrCat("the store has format version ", h.version, ", not ", kFormatVersion));
+  if (h.version != kClusterProtocolVersion || h.header_bytes != sizeof(h)) {
+    return absl::DataLossError(absl::StrCat("the store has format version ", h.version, ", not ",
+                                            kClusterProtocolVersion));
   }
   if (h.num_segments == 0 || h.num_segments > kMaxSegments) {
     return absl::DataLossError(absl::StrCat("the meta lists ", h.num_segments, " segments"));

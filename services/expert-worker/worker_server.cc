@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "common/backend/cpu/cpu_expert_slots.h"
+#include "common/cluster/protocol_version.h"
 #include "common/shm/channel.h"
 #if STRATA_HAVE_CUDA
 #include "common/backend/cuda/cuda_expert_slots.h"
@@ -352,6 +353,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerServer::Register() {
       [&]() -> absl::StatusOr<v1::RegisterWorkerResponse> {
     v1::RegisterWorkerRequest request;
     request.set_worker_index(options_.index);
+    request.set_protocol_version(kClusterProtocolVersion);
     request.set_device(options_.device);
     request.set_pid(static_cast<uint32_t>(::getpid()));
     request.set_incarnation(incarnation_);

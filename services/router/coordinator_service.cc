@@ -1,6 +1,7 @@
 #include "services/router/coordinator_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/cluster/protocol_version.h"
 #include "services/router/generation_service.h"
 #include "services/router/grpc_expert_connection.h"
 #include "services/router/shm_expert_connection.h"
@@ -14,6 +15,12 @@ CoordinatorService::CoordinatorService(const ModelConfig& config, RemoteExpertBa
 absl::Status CoordinatorService::Register(const v1::RegisterWorkerRequest& request,
                                           v1::RegisterWorkerResponse& response) {
   const int index = static_cast<int>(request.worker_index());
+  if (request.protocol_version() != kClusterProtocolVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", index, " speaks cluster protocol version ",
+                     request.protocol_version(), ", this strata-router ", kClusterProtocolVersion,
+                     ": run the router and its workers from the same build"));
+  }
   if (index < 0 || index >= experts_.num_workers()) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker index ", index, " is outside [0, ", experts_.num_workers(), ")"));

@@ -5,7 +5,8 @@
 // CUDA IPC handles at registration (v1::CudaIpcBuffers); a worker on another GPU reaches them
 // through peer access. Per worker: the routing of its experts (other workers' slots -1), its
 // output, two interprocess events and a flag array; the layer's input is one buffer all workers
-// read.
+// read. The layout is versioned with every other message between the processes by
+// kClusterProtocolVersion (common/cluster/protocol_version.h).
 //
 // Eager steps, a layer at a time: the router records input_ready after writing the input and
 // routing and sends a kDeviceRun message; the worker's stream waits for that event, runs the

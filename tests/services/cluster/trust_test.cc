@@ -23,9 +23,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster/cluster_token.h"
+#include "common/cluster/protocol_version.h"
 #include "common/cluster/runtime_dir.h"
 #include "common/shm/process_liveness.h"
 #include "common/shm/shared_segment.h"
+#include "common/util/read_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "strata/v1/cluster.grpc.pb.h"
@@ -237,6 +239,15 @@ TEST(TrustTest, InternalServicesAreOffTheClientPortAndNeedTheToken) {
   EXPECT_EQ(stats_at(info.internal, ""), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(stats_at(info.internal, wrong), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(hot_ratio_at(info.internal), grpc::StatusCode::UNAUTHENTICATED);
+  // With the token, a worker of a build that speaks another protocol version is refused.
+  {
+    const absl::StatusOr<std::string> token = ReadFileToString(dir.token_file());
+    ASSERT_TRUE(token.ok()) << token.status();
+    fake.set_protocol_version(kClusterProtocolVersion + 1);
+    EXPECT_EQ(register_at(info.internal, *token), grpc::StatusCode::FAILED_PRECONDITION);
+    fake.clear_protocol_version();  // a build from before the field
+    EXPECT_EQ(register_at(info.internal, *token), grpc::StatusCode::FAILED_PRECONDITION);
+  }
   // strata-cache's listener too.
   {
     auto stub = v1::ExpertStore::NewStub(
