@@ -73,7 +73,8 @@ ABSL_FLAG(std::optional<double>, presence_penalty, std::nullopt,
 ABSL_FLAG(std::optional<double>, frequency_penalty, std::nullopt,
           "Subtract this x its count in the output from a token's logit, in [-2, 2]");
 ABSL_FLAG(std::string, logit_bias, "",
-          "Biases added to token logits, ID:BIAS comma-separated (e.g. 5:10,7:-100)");
+          "Biases added to the logits of token ids: ID:BIAS pairs, comma-separated (e.g. "
+          "5:10,7:-100)");
 ABSL_FLAG(int, min_tokens, 0, "Tokens to generate before an end-of-sequence or stop token");
 ABSL_FLAG(std::string, stop_token_ids, "", "Token ids that end generation, comma-separated");
 ABSL_FLAG(int, prefill_chunk, 512, "Prompt tokens per forward step");
