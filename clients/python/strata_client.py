@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import grpc
 
@@ -92,7 +92,7 @@ class FinishReason(enum.IntEnum):
 
     UNSPECIFIED = 0  # not finished yet
     LENGTH = 1  # max_new_tokens reached
-    STOP = 2  # a stop string was generated
+    STOP = 2  # a stop string or stop token was generated
     EOS = 3  # the model's end-of-sequence token
     CANCELLED = 4  # the client cancelled or its deadline passed
     ERROR = 5  # the server failed the request
@@ -206,8 +206,16 @@ class Client:
                      max_new_tokens: int = 16, temperature: Optional[float] = None,
                      top_p: Optional[float] = None, top_k: Optional[int] = None,
                      seed: Optional[int] = None, stop: Sequence[str] = (),
-                     ignore_eos: bool = False, request_id: str = ""):
-        """The GenerateRequest message for these arguments (exactly one of prompt, token_ids)."""
+                     ignore_eos: bool = False, request_id: str = "", *,
+                     min_p: Optional[float] = None, repetition_penalty: Optional[float] = None,
+                     presence_penalty: Optional[float] = None,
+                     frequency_penalty: Optional[float] = None,
+                     logit_bias: Optional[Dict[int, float]] = None,
+                     stop_token_ids: Sequence[int] = (), min_tokens: int = 0,
+                     include_stop_str_in_output: bool = False,
+                     skip_special_tokens: Optional[bool] = None):
+        """The GenerateRequest message for these arguments (exactly one of prompt, token_ids).
+        The sampling parameters are vLLM's (docs/http.md has the table)."""
         if (prompt is None) == (token_ids is None):
             raise ValueError("give exactly one of prompt and token_ids")
         if isinstance(stop, str):
@@ -215,12 +223,22 @@ class Client:
         request = generation_pb2.GenerateRequest(
             request_id=request_id,
             max_new_tokens=max_new_tokens,
-            # Only what was given: unset differs from 0 for top_p and seed.
+            # Only what was given: unset differs from 0 for top_p, seed, repetition_penalty.
             sampling=generation_pb2.SamplingParams(**{
                 k: v for k, v in (("temperature", temperature), ("top_p", top_p),
-                                  ("top_k", top_k), ("seed", seed)) if v is not None}),
+                                  ("top_k", top_k), ("seed", seed), ("min_p", min_p),
+                                  ("repetition_penalty", repetition_penalty),
+                                  ("presence_penalty", presence_penalty),
+                                  ("frequency_penalty", frequency_penalty)) if v is not None}),
             stop=list(stop),
-            ignore_eos=ignore_eos)
+            ignore_eos=ignore_eos,
+            stop_token_ids=[int(i) for i in stop_token_ids],
+            min_tokens=min_tokens,
+            include_stop_str_in_output=include_stop_str_in_output)
+        for token, bias in (logit_bias or {}).items():
+            request.sampling.logit_bias[int(token)] = float(bias)
+        if skip_special_tokens is not None:
+            request.skip_special_tokens = skip_special_tokens
         if prompt is not None:
             request.prompt = prompt
         else:
@@ -243,13 +261,15 @@ class Client:
                  top_p: Optional[float] = None, top_k: Optional[int] = None,
                  seed: Optional[int] = None, stop: Sequence[str] = (),
                  ignore_eos: bool = False, timeout: Optional[float] = None,
-                 request_id: str = "") -> Iterator[Chunk]:
+                 request_id: str = "", **sampling) -> Iterator[Chunk]:
         """Streams the new tokens of one request as Chunks. None leaves a parameter to the
         server: greedy, the whole vocabulary, a new seed each request (any seed given, 0 too,
         repeats). Raises StrataError (e.g. INVALID_ARGUMENT,
-        DEADLINE_EXCEEDED after `timeout` seconds). Stopping the iteration cancels the request."""
+        DEADLINE_EXCEEDED after `timeout` seconds). Stopping the iteration cancels the request.
+        `sampling`: make_request's keyword parameters (min_p, repetition_penalty, logit_bias,
+        stop_token_ids, min_tokens, ...)."""
         request = self.make_request(prompt, token_ids, max_new_tokens, temperature, top_p, top_k,
-                                    seed, stop, ignore_eos, request_id)
+                                    seed, stop, ignore_eos, request_id, **sampling)
         for m in self.generate_raw(request, timeout=timeout):
             reason = FinishReason(m.finish_reason)
             yield Chunk(token_ids=list(m.token_ids), text=m.text,

@@ -137,13 +137,20 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
     return absl::InvalidArgumentError("max_new_tokens must be at least 1");
   }
   RETURN_IF_ERROR(ValidateSamplingParams(options.sampling));
+  if (options.sampling.min_tokens > options.max_new_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("min_tokens ", options.sampling.min_tokens,
+                                                   " is more than max_new_tokens ",
+                                                   options.max_new_tokens));
+  }
   RETURN_IF_ERROR(ValidatePrompt(prompt, options.max_new_tokens));
   const int64_t vocab = config().vocab_size;
   const PagedKvCache::SequenceId seq = kv_->AddSequence(kv_->WantsWide(std::ssize(prompt)));
   absl::Cleanup release = [&] { kv_->Release(seq); };
   // Ends before `release`: nothing may still write the sequence's keys and values then.
   absl::Cleanup drain = [&] { runner_->Abandon(); };
-  Sampler sampler(options.sampling);
+  const std::vector<int>& eos = config().eos_token_ids;
+  Sampler sampler(options.sampling, prompt,
+                  options.ignore_eos ? absl::Span<const int>() : absl::Span<const int>(eos));
   // Prefill in chunks; only the last prompt position's logits are needed.
   const int64_t n = static_cast<int64_t>(prompt.size());
   StepResult step;
@@ -152,14 +159,18 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
     ASSIGN_OR_RETURN(step, Step(seq, prompt.subspan(start, len), start, {len - 1}, {0}, false));
   }
   std::vector<int32_t> out;
-  const std::vector<int>& eos = config().eos_token_ids;
   int32_t next = sampler.Sample(step.logits(0), vocab);
   bool in_flight = false;  // the step for `next` was launched ahead and waits to be collected
   while (true) {
     out.push_back(next);
+    sampler.Accept(next);
     if (options.on_token) options.on_token(next);
     const bool is_eos = std::find(eos.begin(), eos.end(), next) != eos.end();
-    if (static_cast<int>(out.size()) >= options.max_new_tokens || (is_eos && !options.ignore_eos)) {
+    const bool is_stop = std::binary_search(options.sampling.stop_token_ids.begin(),
+                                            options.sampling.stop_token_ids.end(), next);
+    const bool ready = static_cast<int>(out.size()) > options.sampling.min_tokens;
+    if (static_cast<int>(out.size()) >= options.max_new_tokens ||
+        (ready && ((is_eos && !options.ignore_eos) || is_stop))) {
       break;
     }
     const int64_t position = n + static_cast<int64_t>(out.size()) - 1;

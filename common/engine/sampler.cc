@@ -17,7 +17,54 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", p.top_p));
   }
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", p.min_p));
+  }
+  if (!(p.repetition_penalty > 0.0f) || std::isinf(p.repetition_penalty)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("repetition_penalty must be > 0, got ", p.repetition_penalty));
+  }
+  if (!std::isfinite(p.presence_penalty) || !std::isfinite(p.frequency_penalty)) {
+    return absl::InvalidArgumentError("presence_penalty and frequency_penalty must be finite");
+  }
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (!std::isfinite(bias)) return absl::InvalidArgumentError("logit_bias must be finite");
+  }
+  if (p.min_tokens < 0) return absl::InvalidArgumentError("min_tokens must be >= 0");
   return absl::OkStatus();
+}
+
+Sampler::Sampler(const SamplingParams& params, absl::Span<const int32_t> prompt,
+                 absl::Span<const int> eos)
+    : params_(params), rng_(params.seed) {
+  penalties_ = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+               params_.frequency_penalty != 0.0f;
+  if (penalties_ && params_.repetition_penalty != 1.0f) counts_.AddPrompt(prompt);
+  if (params_.min_tokens > 0) {
+    held_back_.assign(eos.begin(), eos.end());
+    held_back_.insert(held_back_.end(), params_.stop_token_ids.begin(),
+                      params_.stop_token_ids.end());
+  }
+}
+
+void Sampler::Accept(int32_t token) {
+  ++generated_;
+  if (penalties_) counts_.AddOutput(token);
+}
+
+const float* Sampler::Transformed(const float* logits, int64_t vocab) {
+  if (!transforms()) return logits;
+  scratch_.assign(logits, logits + vocab);
+  float* x = scratch_.data();
+  // vLLM's order: the bias and min_tokens (its logits processors), then the penalties.
+  ApplyLogitBias(x, vocab, params_.logit_bias);
+  if (generated_ < params_.min_tokens) SuppressTokens(x, vocab, held_back_);
+  if (penalties_) {
+    ApplyRepetitionPenalty(x, vocab, counts_.seen(), params_.repetition_penalty);
+    ApplyFrequencyPresencePenalties(x, vocab, counts_.output(), params_.frequency_penalty,
+                                    params_.presence_penalty);
+  }
+  return x;
 }
 
 int64_t ArgMax(const float* values, int64_t n) {
@@ -42,16 +89,19 @@ int64_t ArgMax(const float* values, int64_t n) {
   return 0;  // every value is NaN
 }
 
-int32_t Sampler::Sample(const float* logits, int64_t vocab) {
-  if (greedy()) return static_cast<int32_t>(ArgMax(logits, vocab));
+int32_t Sampler::Sample(const float* model_logits, int64_t vocab) {
+  const float* logits = Transformed(model_logits, vocab);
+  if (params_.temperature == 0.0f) return static_cast<int32_t>(ArgMax(logits, vocab));
   double total = 0.0;
   const int64_t keep = Candidates(logits, vocab, total);
   if (total <= 0.0) return 0;  // nothing drawable
   return Draw(keep, total);
 }
 
-bool Sampler::AcceptDraft(const float* logits, int64_t vocab, int32_t draft, int32_t& replacement) {
-  if (greedy()) {
+bool Sampler::AcceptDraft(const float* model_logits, int64_t vocab, int32_t draft,
+                          int32_t& replacement) {
+  const float* logits = Transformed(model_logits, vocab);
+  if (params_.temperature == 0.0f) {
     replacement = static_cast<int32_t>(ArgMax(logits, vocab));
     return replacement == draft;
   }
@@ -119,6 +169,15 @@ int64_t Sampler::Candidates(const float* logits, int64_t vocab, double& total) {
   for (int64_t i = 0; i < keep; ++i) {
     candidates_[i].first = std::exp(candidates_[i].first - max_logit);
     total += candidates_[i].first;
+  }
+  if (params_.min_p > 0.0f) {
+    // The weights are p / p_max (the largest is exp(0) = 1): those below min_p go, and top_p
+    // then sees the distribution renormalized without them (vLLM's order).
+    total = 0.0;
+    for (int64_t i = 0; i < keep; ++i) {
+      if (candidates_[i].first < params_.min_p) candidates_[i].first = 0.0f;
+      total += candidates_[i].first;
+    }
   }
   if (params_.top_p < 1.0f) {
     // The smallest prefix with mass >= top_p. Without a top-k cut the candidates are unsorted:

@@ -1,12 +1,16 @@
-// Picks the next token from a row of logits: greedy, or temperature with top-k / top-p.
+// Picks the next token from a row of logits: greedy, or temperature with top-k / top-p /
+// min_p, after the request's logit transforms (logits_transforms.h).
 #ifndef STRATA_COMMON_ENGINE_SAMPLER_H_
 #define STRATA_COMMON_ENGINE_SAMPLER_H_
 
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/engine/logits_transforms.h"
 
 namespace strata {
 
@@ -15,6 +19,20 @@ struct SamplingParams {
   int top_k = 0;             // 0: no limit
   float top_p = 1.0f;        // nucleus mass kept, in (0, 1]
   uint64_t seed = 0;         // same seed, same draws
+  // Tokens with probability (after temperature) below min_p x the largest are not drawn.
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;  // 1: off
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // by token id
+  // Until this many tokens are generated, the end-of-sequence tokens (those the Sampler is
+  // given) and stop_token_ids cannot be drawn.
+  int min_tokens = 0;
+
+  // How a request ends and what its text shows: the scheduler's, not the sampler's.
+  std::vector<int32_t> stop_token_ids;      // sorted, unique: generating one ends the request
+  bool include_stop_str_in_output = false;  // the stop string (or stop token's text) stays
+  bool skip_special_tokens = true;          // special tokens' text is left out
 };
 
 absl::Status ValidateSamplingParams(const SamplingParams& params);
@@ -25,9 +43,16 @@ int64_t ArgMax(const float* values, int64_t n);
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+  // `prompt`: the tokens the repetition penalty counts besides the output's; `eos`: the tokens
+  // min_tokens holds back with stop_token_ids (none for a request that ignores them).
+  explicit Sampler(const SamplingParams& params, absl::Span<const int32_t> prompt = {},
+                   absl::Span<const int> eos = {});
 
+  // The next token from `logits` (the model's row: this sampler applies its transforms to a
+  // copy of it).
   int32_t Sample(const float* logits, int64_t vocab);
+  // Every generated token, in order, once it is taken: the penalties and min_tokens count it.
+  void Accept(int32_t token);
 
   // Speculative decoding: whether the drafted token `draft` (proposed with certainty, as a
   // prompt-lookup draft is) stands where this sampler would draw from `logits`. Greedy: it is
@@ -36,10 +61,19 @@ class Sampler {
   // from p without the draft, renormalized, so the token that results is distributed as p.
   bool AcceptDraft(const float* logits, int64_t vocab, int32_t draft, int32_t& replacement);
 
-  // Greedy: Sample is the argmax of the logits, which a device may compute instead.
-  bool greedy() const { return params_.temperature == 0.0f; }
+  // Greedy: Sample is the argmax of the model's logits, which a device may compute instead.
+  // False while any transform applies (a penalty or bias moves the argmax; min_tokens until it
+  // is reached): those rows are sampled here, on the host.
+  bool greedy() const { return params_.temperature == 0.0f && !transforms(); }
+  // Whether Sample changes the logits before it picks, now.
+  bool transforms() const {
+    return penalties_ || !params_.logit_bias.empty() ||
+           (generated_ < params_.min_tokens && !held_back_.empty());
+  }
 
  private:
+  // `logits`, or the transformed copy of them in scratch_.
+  const float* Transformed(const float* logits, int64_t vocab);
   // The candidates a draw picks among: candidates_[0, keep) with unnormalized weights summing
   // to `total` (0 when nothing is drawable).
   int64_t Candidates(const float* logits, int64_t vocab, double& total);
@@ -49,6 +83,11 @@ class Sampler {
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;
+  std::vector<float> scratch_;
+  bool penalties_ = false;  // a penalty is set: counts_ are kept
+  TokenCounts counts_;
+  std::vector<int32_t> held_back_;  // until min_tokens: eos and stop_token_ids
+  int generated_ = 0;
 };
 
 }  // namespace strata

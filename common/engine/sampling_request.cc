@@ -1,8 +1,10 @@
 #include "common/engine/sampling_request.h"
 
 #include <algorithm>
-#include <random>
+#include <cmath>
 #include <cstdint>
+#include <map>
+#include <random>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -29,6 +31,42 @@ absl::Status CheckSampling(const SamplingRequest& r, double default_temperature)
                                               "number of tokens, not ",
                                               *r.top_k));
   }
+  if (r.min_p && !(*r.min_p >= 0.0 && *r.min_p <= 1.0)) {
+    return InvalidParam("min_p", absl::StrCat("'min_p' must be in [0, 1], not ", *r.min_p));
+  }
+  if (r.repetition_penalty &&
+      !(*r.repetition_penalty > 0.0 && std::isfinite(*r.repetition_penalty))) {
+    return InvalidParam("repetition_penalty",
+                        absl::StrCat("'repetition_penalty' must be a number above 0 (1: off), not ",
+                                     *r.repetition_penalty));
+  }
+  for (const auto& [name, value] : {std::pair{"presence_penalty", r.presence_penalty},
+                                    std::pair{"frequency_penalty", r.frequency_penalty}}) {
+    if (value && !(*value >= -2.0 && *value <= 2.0)) {
+      return InvalidParam(name, absl::StrCat("'", name, "' must be in [-2, 2], not ", *value));
+    }
+  }
+  for (const auto& [id, bias] : r.logit_bias) {
+    if (id < 0) {
+      return InvalidParam("logit_bias",
+                          absl::StrCat("'logit_bias' keys must be token ids, not ", id));
+    }
+    if (!(bias >= -100.0 && bias <= 100.0)) {
+      return InvalidParam("logit_bias", absl::StrCat("'logit_bias' values must be in [-100, 100]; "
+                                                     "token ",
+                                                     id, " has ", bias));
+    }
+  }
+  if (r.min_tokens && *r.min_tokens < 0) {
+    return InvalidParam("min_tokens",
+                        absl::StrCat("'min_tokens' must be at least 0, not ", *r.min_tokens));
+  }
+  for (int64_t id : r.stop_token_ids) {
+    if (id < 0) {
+      return InvalidParam("stop_token_ids",
+                          absl::StrCat("'stop_token_ids' must be token ids, not ", id));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -42,6 +80,38 @@ absl::StatusOr<SamplingParams> NormalizeSampling(const SamplingRequest& r, int64
     const int64_t whole = std::min<int64_t>(vocab_size, INT32_MAX);  // SamplingParams' int
     p.top_k = *r.top_k <= 0 || *r.top_k >= whole ? 0 : static_cast<int>(*r.top_k);
   }
+  if (r.min_p) p.min_p = static_cast<float>(*r.min_p);
+  if (r.repetition_penalty) p.repetition_penalty = static_cast<float>(*r.repetition_penalty);
+  if (r.presence_penalty) p.presence_penalty = static_cast<float>(*r.presence_penalty);
+  if (r.frequency_penalty) p.frequency_penalty = static_cast<float>(*r.frequency_penalty);
+  std::map<int32_t, float> bias;  // one entry per token, the last given; zeros dropped
+  for (const auto& [id, value] : r.logit_bias) {
+    if (id >= vocab_size) {
+      return InvalidParam("logit_bias", absl::StrCat("'logit_bias' key ", id,
+                                                     " is not a token id of this model's "
+                                                     "vocabulary [0, ",
+                                                     vocab_size, ")"));
+    }
+    bias[static_cast<int32_t>(id)] = static_cast<float>(value);
+  }
+  for (const auto& [id, value] : bias) {
+    if (value != 0.0f) p.logit_bias.emplace_back(id, value);
+  }
+  for (int64_t id : r.stop_token_ids) {
+    if (id >= vocab_size) {
+      return InvalidParam("stop_token_ids", absl::StrCat("'stop_token_ids' holds ", id,
+                                                         ", not a token id of this model's "
+                                                         "vocabulary [0, ",
+                                                         vocab_size, ")"));
+    }
+    p.stop_token_ids.push_back(static_cast<int32_t>(id));
+  }
+  std::sort(p.stop_token_ids.begin(), p.stop_token_ids.end());
+  p.stop_token_ids.erase(std::unique(p.stop_token_ids.begin(), p.stop_token_ids.end()),
+                         p.stop_token_ids.end());
+  p.min_tokens = static_cast<int>(std::min<int64_t>(r.min_tokens.value_or(0), INT32_MAX));
+  p.include_stop_str_in_output = r.include_stop_str_in_output.value_or(false);
+  p.skip_special_tokens = r.skip_special_tokens.value_or(true);
   if (r.seed) {
     p.seed = *r.seed;
   } else {

@@ -287,6 +287,19 @@ absl::StatusOr<RequestSpec> GenerationService::ToSpec(const v1::GenerateRequest&
   if (s.has_top_p()) sampling.top_p = s.top_p();
   if (s.has_top_k()) sampling.top_k = s.top_k();
   if (s.has_seed()) sampling.seed = s.seed();
+  if (s.has_min_p()) sampling.min_p = s.min_p();
+  if (s.has_repetition_penalty()) sampling.repetition_penalty = s.repetition_penalty();
+  if (s.has_presence_penalty()) sampling.presence_penalty = s.presence_penalty();
+  if (s.has_frequency_penalty()) sampling.frequency_penalty = s.frequency_penalty();
+  for (const auto& [id, bias] : s.logit_bias()) sampling.logit_bias.emplace_back(id, bias);
+  // The map's order is unspecified; each key is there once.
+  std::sort(sampling.logit_bias.begin(), sampling.logit_bias.end());
+  sampling.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  if (request.min_tokens() > 0) sampling.min_tokens = request.min_tokens();
+  sampling.include_stop_str_in_output = request.include_stop_str_in_output();
+  if (request.has_skip_special_tokens()) {
+    sampling.skip_special_tokens = request.skip_special_tokens();
+  }
   ASSIGN_OR_RETURN(spec.sampling,
                    NormalizeSampling(sampling, config_.vocab_size, kGrpcTemperature));
   spec.stop.assign(request.stop().begin(), request.stop().end());

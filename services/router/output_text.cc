@@ -4,22 +4,30 @@
 
 namespace strata {
 
-OutputText::OutputText(const Tokenizer* tokenizer, std::vector<std::string> stop)
-    : stop_(std::move(stop)) {
-  if (tokenizer != nullptr)
-    decoder_ = std::make_unique<StreamingDecoder>(*tokenizer, /*skip_special_tokens=*/true);
+OutputText::OutputText(const Tokenizer* tokenizer, std::vector<std::string> stop,
+                       bool skip_special_tokens, bool include_stop)
+    : stop_(std::move(stop)), include_stop_(include_stop) {
+  if (tokenizer != nullptr) {
+    decoder_ = std::make_unique<StreamingDecoder>(*tokenizer, skip_special_tokens);
+  }
   stop_.erase(std::remove(stop_.begin(), stop_.end(), std::string()), stop_.end());
 }
 
-OutputText::Update OutputText::Add(int32_t id) {
+OutputText::Update OutputText::Add(int32_t id, bool match_stop) {
   Update update;
   if (decoder_ == nullptr) return update;
   pending_ += decoder_->Add(id);
-  // The earliest complete stop string ends the output.
-  size_t first = std::string::npos;
-  for (const std::string& s : stop_) first = std::min(first, pending_.find(s));
+  // The earliest complete stop string ends the output (the longest of those starting there).
+  size_t first = std::string::npos, length = 0;
+  for (const std::string& s : stop_) {
+    const size_t at = match_stop ? pending_.find(s) : std::string::npos;
+    if (at < first || (at == first && at != std::string::npos && s.size() > length)) {
+      first = at;
+      length = s.size();
+    }
+  }
   if (first != std::string::npos) {
-    update.text = pending_.substr(0, first);
+    update.text = pending_.substr(0, first + (include_stop_ ? length : 0));
     update.stopped = true;
     pending_.clear();
     return update;

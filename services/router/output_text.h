@@ -14,20 +14,25 @@ namespace strata {
 
 class OutputText {
  public:
-  // Without a tokenizer there is no text and no stop string can match.
-  OutputText(const Tokenizer* tokenizer, std::vector<std::string> stop);
+  // Without a tokenizer there is no text and no stop string can match. `include_stop`: the
+  // stop string that ends the text stays in it.
+  OutputText(const Tokenizer* tokenizer, std::vector<std::string> stop,
+             bool skip_special_tokens = true, bool include_stop = false);
 
   struct Update {
     std::string text;      // text that is final and can be sent
     bool stopped = false;  // a stop string completed; `text` ends just before it
   };
-  Update Add(int32_t id);
+  // `match_stop` false (before min_tokens): no stop string ends the text yet, though one that
+  // begins in this token's text may still end it later.
+  Update Add(int32_t id, bool match_stop = true);
   // Everything still held back, for a request that ends for another reason.
   std::string Flush();
 
  private:
   std::unique_ptr<StreamingDecoder> decoder_;
   std::vector<std::string> stop_;
+  bool include_stop_ = false;
   std::string pending_;  // decoded but not yet sent
 };
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/engine/sampling_request.h"
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
 #include "services/router/output_text.h"
@@ -118,6 +119,11 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
         "-token prompt leaves room for ", max_context_tokens_ - prompt_len, " new tokens"));
   }
   if (absl::Status s = ValidateSamplingParams(spec.sampling); !s.ok()) return s;
+  if (!spec.score_only && spec.sampling.min_tokens > spec.max_new_tokens) {
+    return InvalidParam(
+        "min_tokens", absl::StrCat("'min_tokens' ", spec.sampling.min_tokens,
+                                   " is more than the request's max tokens ", spec.max_new_tokens));
+  }
   if (!spec.stop.empty() && tokenizer_ == nullptr) {
     return absl::InvalidArgumentError("stop strings need a model with a tokenizer");
   }
@@ -139,9 +145,15 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
   seq->sink = std::move(sink);
   seq->tokens = seq->spec.prompt;
   // The seed is the front end's (NormalizeSampling draws one where the client sent none).
-  seq->sampler = std::make_unique<Sampler>(seq->spec.sampling);
+  // min_tokens holds back the end-of-sequence tokens only where they end the request.
+  const std::vector<int>& eos = config_.eos_token_ids;
+  seq->sampler = std::make_unique<Sampler>(
+      seq->spec.sampling, seq->spec.prompt,
+      seq->spec.ignore_eos ? absl::Span<const int>() : absl::Span<const int>(eos));
   seq->draft_length = options_.speculation.max_draft_tokens;
-  seq->text = std::make_unique<OutputText>(tokenizer_, seq->spec.stop);
+  seq->text = std::make_unique<OutputText>(tokenizer_, seq->spec.stop,
+                                           seq->spec.sampling.skip_special_tokens,
+                                           seq->spec.sampling.include_stop_str_in_output);
   seq->submitted = Clock::now();
   Ticket ticket;
   {
@@ -719,19 +731,30 @@ bool Scheduler::HandleToken(Sequence* seq, int32_t token, float logprob) {
   seq->last_token = now;
   seq->tokens.push_back(token);
   ++seq->generated;
+  seq->sampler->Accept(token);
+  const SamplingParams& sampling = seq->spec.sampling;
   const std::vector<int>& eos = config_.eos_token_ids;
+  // At least min_tokens tokens come before the one that ends the request, whatever ends it
+  // but its length (the sampler holds the end tokens back; stop strings do not match yet).
+  const bool ready = seq->generated > sampling.min_tokens;
   const bool is_eos =
-      !seq->spec.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end();
+      ready && !seq->spec.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end();
+  const bool is_stop_token = ready && std::binary_search(sampling.stop_token_ids.begin(),
+                                                         sampling.stop_token_ids.end(), token);
   OutputText::Update update;
-  if (!is_eos) update = seq->text->Add(token);
+  // An ending token's text is left out unless include_stop_str_in_output (vLLM's rule).
+  if (!(is_eos || is_stop_token) || sampling.include_stop_str_in_output) {
+    update = seq->text->Add(token, ready);
+  }
+  const bool ends_on_token = is_eos || is_stop_token;
   const bool at_length = seq->generated >= seq->spec.max_new_tokens;
-  if (!update.stopped && !is_eos && at_length) update.text += seq->text->Flush();
+  if (!update.stopped && (ends_on_token || at_length)) update.text += seq->text->Flush();
   Post([sink = seq->sink, token, text = std::move(update.text), logprob,
         with_logprob = seq->spec.logprobs] {
     if (with_logprob) sink->OnLogprobs({logprob});
     sink->OnTokens({token}, text);
   });
-  if (update.stopped) {
+  if (update.stopped || is_stop_token) {
     Finish(seq, FinishReason::kStop);
   } else if (is_eos) {
     Finish(seq, FinishReason::kEos);

@@ -229,6 +229,30 @@ class OracleModelTests:
         self.assertEqual(reason, FinishReason.LENGTH)
         self.assertEqual(usage.completion_tokens, len(ids))
 
+    def test_sampling_extras_reach_the_server(self):
+        case = self.oracle["cases"][0]
+        request = Client.make_request(token_ids=case["prompt"], max_new_tokens=4,
+                                      repetition_penalty=1.5, logit_bias={7: 100.0},
+                                      stop_token_ids=[9], min_tokens=2,
+                                      include_stop_str_in_output=True,
+                                      skip_special_tokens=False)
+        self.assertTrue(request.sampling.HasField("repetition_penalty"))
+        self.assertFalse(request.sampling.HasField("min_p"))
+        self.assertEqual(dict(request.sampling.logit_bias), {7: 100.0})
+        self.assertEqual(list(request.stop_token_ids), [9])
+        self.assertEqual(request.min_tokens, 2)
+        self.assertTrue(request.HasField("skip_special_tokens"))
+        # A bias of 100 on token 7 makes greedy pick it every time.
+        ids, _, reason, _ = self.client.generate_all(token_ids=case["prompt"], max_new_tokens=3,
+                                                     ignore_eos=True, logit_bias={7: 100.0},
+                                                     timeout=RPC_TIMEOUT)
+        self.assertEqual(ids, [7, 7, 7])
+        self.assertEqual(reason, FinishReason.LENGTH)
+        with self.assertRaises(StrataError) as refused:
+            self.client.generate_all(token_ids=case["prompt"], max_new_tokens=2, min_tokens=3,
+                                     timeout=RPC_TIMEOUT)
+        self.assertIn("min_tokens", str(refused.exception))
+
     def test_streaming_chunks_add_up_and_only_the_last_finishes(self):
         case = max(self.oracle["cases"], key=lambda c: len(c["prompt"]))
         request = Client.make_request(token_ids=case["prompt"],

@@ -98,7 +98,8 @@ TEST(StrataCliTest, Errors) {
       {"generate --model " + kModel + " --ids 1 --max-new-tokens 0", "max_new_tokens"},
       {"generate --model " + kModel + " --ids 1 --max-new-tokens 5000",
        "exceed the 2048-token context"},
-      {"generate --model " + kModel + " --ids 1 --temperature -1", "'temperature' must be in [0, 2]"},
+      {"generate --model " + kModel + " --ids 1 --temperature -1",
+       "'temperature' must be in [0, 2]"},
       {"generate --model " + kModel + " --ids 1 --router-temperature 0", "router_temperature"},
       {"frobnicate --model " + kModel, "unknown command"},
       {"generate --model " + kModel + " --ids 1 --stop x", "--stop needs --server"},
@@ -192,7 +193,9 @@ TEST(StrataCliTest, EachCommandsHelpIsItsOwn) {
   };
   const std::map<std::string, std::vector<std::string>> expected = {
       {"generate", with_engine({"server", "model", "prompt", "ids", "max-new-tokens", "temperature",
-                                "top-k", "top-p", "seed", "stop", "stream", "ignore-eos"})},
+                                "top-k", "top-p", "seed", "stop", "stream", "ignore-eos", "min-p",
+                                "repetition-penalty", "presence-penalty", "frequency-penalty",
+                                "logit-bias", "min-tokens", "stop-token-ids"})},
       {"logits", with_engine({"model", "ids"})},
       {"eval", with_engine({"model", "text", "server", "window", "expert-stats", "hit-rates"})},
       {"bench",

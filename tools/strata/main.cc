@@ -63,6 +63,20 @@ ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
           "Sampling seed: given (0 too), the same tokens each time; without it, a new seed "
           "each request");
 ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the end-of-sequence token");
+ABSL_FLAG(std::optional<double>, min_p, std::nullopt,
+          "Sample only tokens with probability >= this x the most likely one's; 0 is off");
+ABSL_FLAG(std::optional<double>, repetition_penalty, std::nullopt,
+          "Divide positive (multiply negative) logits of tokens in the prompt or output by "
+          "this; 1 is off");
+ABSL_FLAG(std::optional<double>, presence_penalty, std::nullopt,
+          "Subtract this from the logits of tokens the output holds, in [-2, 2]");
+ABSL_FLAG(std::optional<double>, frequency_penalty, std::nullopt,
+          "Subtract this x its count in the output from a token's logit, in [-2, 2]");
+ABSL_FLAG(std::string, logit_bias, "",
+          "Biases added to the logits of token ids: ID:BIAS pairs, comma-separated (e.g. "
+          "5:10,7:-100)");
+ABSL_FLAG(int, min_tokens, 0, "Tokens to generate before an end-of-sequence or stop token");
+ABSL_FLAG(std::string, stop_token_ids, "", "Token ids that end generation, comma-separated");
 ABSL_FLAG(int, prefill_chunk, 512, "Prompt tokens per forward step");
 ABSL_FLAG(int, workers, 1, "Workers to place experts on");
 ABSL_FLAG(std::string, device, "cpu",
@@ -167,7 +181,14 @@ const std::vector<Command>& Commands() {
              "seed",
              "stop",
              "stream",
-             "ignore-eos"},
+             "ignore-eos",
+             "min-p",
+             "repetition-penalty",
+             "presence-penalty",
+             "frequency-penalty",
+             "logit-bias",
+             "min-tokens",
+             "stop-token-ids"},
             kEngineFlags)},
       {"up",
        "--model DIR [--workers N] [--device cpu|cuda] [--port P] [--config FILE]",
@@ -318,12 +339,34 @@ absl::StatusOr<strata::LocalEngineOptions> EngineOptionsFromFlags() {
 }
 
 // The sampling flags as a request: --seed only when given (else each run draws its own).
-strata::SamplingRequest SamplingFromFlags() {
+absl::StatusOr<strata::SamplingRequest> SamplingFromFlags() {
   strata::SamplingRequest s;
   s.temperature = absl::GetFlag(FLAGS_temperature);
   s.top_k = absl::GetFlag(FLAGS_top_k);
   s.top_p = absl::GetFlag(FLAGS_top_p);
   s.seed = absl::GetFlag(FLAGS_seed);
+  s.min_p = absl::GetFlag(FLAGS_min_p);
+  s.repetition_penalty = absl::GetFlag(FLAGS_repetition_penalty);
+  s.presence_penalty = absl::GetFlag(FLAGS_presence_penalty);
+  s.frequency_penalty = absl::GetFlag(FLAGS_frequency_penalty);
+  for (absl::string_view entry :
+       absl::StrSplit(absl::GetFlag(FLAGS_logit_bias), ',', absl::SkipEmpty())) {
+    const std::vector<absl::string_view> parts = absl::StrSplit(entry, ':');
+    int64_t id = 0;
+    double bias = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &id) ||
+        !absl::SimpleAtod(parts[1], &bias)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--logit_bias takes ID:BIAS pairs, not \"", entry, "\""));
+    }
+    s.logit_bias.emplace_back(id, bias);
+  }
+  s.min_tokens = absl::GetFlag(FLAGS_min_tokens);
+  if (!absl::GetFlag(FLAGS_stop_token_ids).empty()) {
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                     strata::ParseIdList(absl::GetFlag(FLAGS_stop_token_ids)));
+    s.stop_token_ids.assign(ids.begin(), ids.end());
+  }
   return s;
 }
 
@@ -340,12 +383,23 @@ absl::Status RemoteGenerate(const std::vector<std::string>& stops) {
   }
   r.set_max_new_tokens(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_max_new_tokens))));
   // Checked here by the server's rules, sent as given: the server applies them again.
-  const strata::SamplingRequest s = SamplingFromFlags();
+  ASSIGN_OR_RETURN(const strata::SamplingRequest s, SamplingFromFlags());
   RETURN_IF_ERROR(strata::CheckSampling(s, 0.0));
-  r.mutable_sampling()->set_temperature(static_cast<float>(*s.temperature));
-  r.mutable_sampling()->set_top_k(static_cast<uint32_t>(std::max<int64_t>(0, *s.top_k)));
-  r.mutable_sampling()->set_top_p(static_cast<float>(*s.top_p));
-  if (s.seed) r.mutable_sampling()->set_seed(*s.seed);
+  strata::v1::SamplingParams& sampling = *r.mutable_sampling();
+  sampling.set_temperature(static_cast<float>(*s.temperature));
+  sampling.set_top_k(static_cast<uint32_t>(std::max<int64_t>(0, *s.top_k)));
+  sampling.set_top_p(static_cast<float>(*s.top_p));
+  if (s.seed) sampling.set_seed(*s.seed);
+  if (s.min_p) sampling.set_min_p(static_cast<float>(*s.min_p));
+  if (s.repetition_penalty)
+    sampling.set_repetition_penalty(static_cast<float>(*s.repetition_penalty));
+  if (s.presence_penalty) sampling.set_presence_penalty(static_cast<float>(*s.presence_penalty));
+  if (s.frequency_penalty) sampling.set_frequency_penalty(static_cast<float>(*s.frequency_penalty));
+  for (const auto& [id, bias] : s.logit_bias) {
+    (*sampling.mutable_logit_bias())[static_cast<uint32_t>(id)] = static_cast<float>(bias);
+  }
+  for (int64_t id : s.stop_token_ids) r.add_stop_token_ids(static_cast<uint32_t>(id));
+  r.set_min_tokens(static_cast<uint32_t>(*s.min_tokens));
   for (const std::string& stop : stops) r.add_stop(stop);
   r.set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
   return strata::RunRemoteGenerate(options, std::cout, std::cerr);
@@ -528,8 +582,8 @@ absl::Status Run(const std::string& command, const std::vector<std::string>& sto
   options.prompt = absl::GetFlag(FLAGS_prompt);
   options.generate.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   options.generate.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
-  ASSIGN_OR_RETURN(options.generate.sampling,
-                   strata::NormalizeSampling(SamplingFromFlags(), INT64_MAX, 0.0));
+  ASSIGN_OR_RETURN(const strata::SamplingRequest sampling, SamplingFromFlags());
+  ASSIGN_OR_RETURN(options.generate.sampling, strata::NormalizeSampling(sampling, INT64_MAX, 0.0));
   return strata::RunGenerateCommand(options, std::cout);
 }
 

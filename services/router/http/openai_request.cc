@@ -12,6 +12,9 @@ namespace strata {
 namespace {
 
 constexpr char kCodePayload[] = "strata.openai.code";
+constexpr char kTopLogprobsRefusal[] =
+    "only the chosen token's log-probability is reported: more than 1 top log-probability is "
+    "not supported yet";
 
 bool Present(const Json& body, const char* key) {
   return body.contains(key) && !body[key].is_null();
@@ -82,6 +85,60 @@ absl::Status ParseMessages(const Json& messages, OpenAiRequest& r) {
     Json message = m;  // other keys (name, reasoning_content) stay for the template
     message["content"] = std::move(text);
     r.messages.push_back(std::move(message));
+  }
+  return absl::OkStatus();
+}
+
+// vLLM's extra sampling fields that are not plain numbers: logit_bias ({"token id": bias}),
+// min_tokens, stop_token_ids, include_stop_str_in_output, skip_special_tokens. Types here,
+// values by CheckSampling and NormalizeSampling.
+absl::Status ParseStopAndBias(const Json& body, SamplingRequest& s) {
+  if (Present(body, "logit_bias")) {
+    const Json& bias = body["logit_bias"];
+    if (!bias.is_object()) {
+      return BadParam("logit_bias", "'logit_bias' must be an object of token ids to numbers");
+    }
+    for (const auto& [key, value] : bias.items()) {
+      int64_t id = -1;
+      if (key.empty() || key.size() > 10 ||
+          !std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+          (id = std::stoll(key)) > std::numeric_limits<int32_t>::max()) {
+        return BadParam("logit_bias",
+                        absl::StrCat("'logit_bias' keys must be token ids, not \"", key, "\""));
+      }
+      if (!value.is_number()) {
+        return BadParam("logit_bias", absl::StrCat("'logit_bias' values must be numbers; token ",
+                                                   key, "'s is not"));
+      }
+      s.logit_bias.emplace_back(id, value.get<double>());
+    }
+  }
+  if (Present(body, "min_tokens")) {
+    const Json& v = body["min_tokens"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+      return BadParam("min_tokens", "'min_tokens' must be an integer of at least 0");
+    }
+    s.min_tokens = v.get<int64_t>();
+  }
+  if (Present(body, "stop_token_ids")) {
+    const Json& ids = body["stop_token_ids"];
+    if (!ids.is_array()) return BadParam("stop_token_ids", "'stop_token_ids' must be a list");
+    for (const Json& id : ids) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return BadParam("stop_token_ids", "'stop_token_ids' must be token ids");
+      }
+      s.stop_token_ids.push_back(id.get<int64_t>());
+    }
+  }
+  for (const auto& [key, field] :
+       {std::pair{"include_stop_str_in_output", &s.include_stop_str_in_output},
+        std::pair{"skip_special_tokens", &s.skip_special_tokens}}) {
+    if (!Present(body, key)) continue;
+    if (!body[key].is_boolean()) {
+      return BadParam(key, absl::StrCat("'", key, "' must be a boolean"));
+    }
+    *field = body[key].get<bool>();
   }
   return absl::OkStatus();
 }
@@ -210,7 +267,11 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
   // Types here; the values by the rules every front end shares, checked before any prompt is
   // tokenized (NormalizeSampling applies them again when the request is made into a spec).
   for (const auto& [key, field] :
-       {std::pair{"temperature", &r.sampling.temperature}, std::pair{"top_p", &r.sampling.top_p}}) {
+       {std::pair{"temperature", &r.sampling.temperature}, std::pair{"top_p", &r.sampling.top_p},
+        std::pair{"min_p", &r.sampling.min_p},
+        std::pair{"repetition_penalty", &r.sampling.repetition_penalty},
+        std::pair{"presence_penalty", &r.sampling.presence_penalty},
+        std::pair{"frequency_penalty", &r.sampling.frequency_penalty}}) {
     if (!Present(body, key)) continue;
     if (!body[key].is_number()) return BadParam(key, absl::StrCat("'", key, "' must be a number"));
     *field = body[key].get<double>();
@@ -228,6 +289,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
                           ? body["seed"].get<uint64_t>()
                           : static_cast<uint64_t>(body["seed"].get<int64_t>());
   }
+  RETURN_IF_ERROR(ParseStopAndBias(body, r.sampling));
   RETURN_IF_ERROR(CheckSampling(r.sampling, kOpenAiTemperature));
   if (Present(body, "stop")) {
     const Json& stop = body["stop"];
@@ -271,6 +333,9 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
       if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() > 20) {
         return BadParam("logprobs", "'logprobs' must be an integer in [0, 20]");
       }
+      if (l.get<int64_t>() > 1) {
+        return BadParam("logprobs", kTopLogprobsRefusal);
+      }
       r.logprobs = true;
       r.top_logprobs = static_cast<int>(l.get<int64_t>());
     }
@@ -281,6 +346,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
       return BadParam("top_logprobs", "'top_logprobs' must be an integer in [0, 20]");
     }
     if (!r.logprobs) return BadParam("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (t.get<int64_t>() > 1) return BadParam("top_logprobs", kTopLogprobsRefusal);
     r.top_logprobs = static_cast<int>(t.get<int64_t>());
   }
   if (Present(body, "ignore_eos")) {
@@ -288,11 +354,6 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
     r.ignore_eos = body["ignore_eos"].get<bool>();
   }
   // Options Strata does not implement are refused rather than ignored.
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    if (Present(body, key) && !(body[key].is_number() && body[key].get<double>() == 0.0)) {
-      return BadParam(key, absl::StrCat("'", key, "' is not supported"));
-    }
-  }
   if (Present(body, "best_of") && body["best_of"] != Json(1)) {
     return BadParam("best_of", "'best_of' is not supported");
   }
@@ -300,8 +361,22 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
     return BadParam("echo", "'echo' is not supported");
   }
   if (Present(body, "suffix")) return BadParam("suffix", "'suffix' is not supported");
-  if (Present(body, "logit_bias") && !body["logit_bias"].empty()) {
-    return BadParam("logit_bias", "'logit_bias' is not supported");
+  if (Present(body, "response_format")) {
+    // Plain text is what every request gets; a schema or JSON mode would need constrained
+    // decoding.
+    const Json& f = body["response_format"];
+    if (!(f.is_object() && f.contains("type") && f["type"] == Json("text"))) {
+      return BadParam("response_format",
+                      "'response_format' other than {\"type\": \"text\"} is not supported yet "
+                      "(no constrained decoding)");
+    }
+  }
+  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                          "guided_decoding_backend", "structured_outputs"}) {
+    if (Present(body, key)) {
+      return BadParam(key,
+                      absl::StrCat("'", key, "' is not supported yet (no constrained decoding)"));
+    }
   }
   if (Present(body, "tools") && !body["tools"].empty()) {
     return BadParam("tools", "tool calling is not supported");

@@ -28,7 +28,7 @@ struct OpenAiRequest {
   Json template_variables = Json::object();
   bool add_generation_prompt = true;
   std::optional<int64_t> max_tokens;  // absent: 16 for completions, the context left for chat
-  // temperature, top_p, top_k, seed as sent; NormalizeSampling's rules, the OpenAI default
+  // The sampling fields as sent (vLLM's extras too); NormalizeSampling's rules, the OpenAI default
   // temperature of 1 (kOpenAiTemperature).
   SamplingRequest sampling;
   std::vector<std::string> stop;
@@ -62,7 +62,8 @@ absl::Status BadParam(absl::string_view param, absl::string_view message,
 ApiError ToApiError(const absl::Status& status);
 
 // Parses a request body. INVALID_ARGUMENT (400) for bad JSON, missing or malformed fields and
-// options Strata does not support (n > 1, best_of, echo, suffix, penalties, logit_bias, tools).
+// options Strata does not support (n > 1, best_of, echo, suffix, more than 1 top_logprobs,
+// response_format other than text, guided decoding, tools).
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool chat);
 
 }  // namespace strata

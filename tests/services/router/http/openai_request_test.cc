@@ -44,7 +44,7 @@ TEST(OpenAiRequestTest, Chat) {
   auto r = ParseOpenAiRequest(R"({"model": "m", "messages": [
       {"role": "system", "content": "Be brief."},
       {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}],
-      "max_completion_tokens": 5, "logprobs": true, "top_logprobs": 2,
+      "max_completion_tokens": 5, "logprobs": true, "top_logprobs": 1,
       "chat_template_kwargs": {"enable_thinking": false}})",
                               true);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -52,8 +52,36 @@ TEST(OpenAiRequestTest, Chat) {
   EXPECT_EQ(r->messages[1]["content"], "Hi there");
   EXPECT_EQ(r->max_tokens, 5);
   EXPECT_TRUE(r->logprobs);
-  EXPECT_EQ(r->top_logprobs, 2);
+  EXPECT_EQ(r->top_logprobs, 1);
   EXPECT_EQ(r->template_variables["enable_thinking"], false);
+}
+
+TEST(OpenAiRequestTest, VllmSamplingExtras) {
+  auto r = ParseOpenAiRequest(R"({"model": "m", "prompt": "x", "min_p": 0.05,
+      "repetition_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+      "logit_bias": {"17": 100, "3": -100}, "min_tokens": 4, "stop_token_ids": [2, 9],
+      "include_stop_str_in_output": true, "skip_special_tokens": false,
+      "response_format": {"type": "text"}})",
+                              false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.min_p, 0.05);
+  EXPECT_EQ(r->sampling.repetition_penalty, 1.2);
+  EXPECT_EQ(r->sampling.presence_penalty, 0.5);
+  EXPECT_EQ(r->sampling.frequency_penalty, -0.5);
+  EXPECT_EQ(r->sampling.logit_bias,
+            (std::vector<std::pair<int64_t, double>>{{17, 100.0}, {3, -100.0}}));
+  EXPECT_EQ(r->sampling.min_tokens, 4);
+  EXPECT_EQ(r->sampling.stop_token_ids, (std::vector<int64_t>{2, 9}));
+  EXPECT_EQ(r->sampling.include_stop_str_in_output, true);
+  EXPECT_EQ(r->sampling.skip_special_tokens, false);
+  // Zero penalties and an empty bias are the defaults, as before.
+  r = ParseOpenAiRequest(
+      R"({"model": "m", "prompt": "x", "presence_penalty": 0, "frequency_penalty": 0,
+          "logit_bias": {}})",
+      false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->sampling.logit_bias.empty());
+  EXPECT_FALSE(r->sampling.skip_special_tokens.has_value());
 }
 
 // The error's param and HTTP status, as the API reports them.
@@ -89,7 +117,31 @@ TEST(OpenAiRequestTest, Errors) {
   ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": 1})",
               true, "logprobs");
   ExpectError(R"({"model": "m", "prompt": "x", "echo": true})", false, "echo");
-  ExpectError(R"({"model": "m", "prompt": "x", "presence_penalty": 1})", false, "presence_penalty");
+  ExpectError(R"({"model": "m", "prompt": "x", "logprobs": 5})", false, "logprobs");
+  ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true,
+                  "top_logprobs": 2})",
+              true, "top_logprobs");
+  ExpectError(R"({"model": "m", "prompt": "x", "presence_penalty": 3})", false, "presence_penalty");
+  ExpectError(R"({"model": "m", "prompt": "x", "frequency_penalty": "1"})", false,
+              "frequency_penalty");
+  ExpectError(R"({"model": "m", "prompt": "x", "repetition_penalty": 0})", false,
+              "repetition_penalty");
+  ExpectError(R"({"model": "m", "prompt": "x", "min_p": 2})", false, "min_p");
+  ExpectError(R"({"model": "m", "prompt": "x", "logit_bias": {"5": 101}})", false, "logit_bias");
+  ExpectError(R"({"model": "m", "prompt": "x", "logit_bias": {"a": 1}})", false, "logit_bias");
+  ExpectError(R"({"model": "m", "prompt": "x", "logit_bias": {"-1": 1}})", false, "logit_bias");
+  ExpectError(R"({"model": "m", "prompt": "x", "logit_bias": [1]})", false, "logit_bias");
+  ExpectError(R"({"model": "m", "prompt": "x", "min_tokens": -1})", false, "min_tokens");
+  ExpectError(R"({"model": "m", "prompt": "x", "stop_token_ids": [-1]})", false, "stop_token_ids");
+  ExpectError(R"({"model": "m", "prompt": "x", "stop_token_ids": 3})", false, "stop_token_ids");
+  ExpectError(R"({"model": "m", "prompt": "x", "skip_special_tokens": 1})", false,
+              "skip_special_tokens");
+  ExpectError(R"({"model": "m", "prompt": "x", "include_stop_str_in_output": "y"})", false,
+              "include_stop_str_in_output");
+  ExpectError(R"({"model": "m", "prompt": "x", "response_format": {"type": "json_object"}})", false,
+              "response_format");
+  ExpectError(R"({"model": "m", "prompt": "x", "guided_json": {}})", false, "guided_json");
+  ExpectError(R"({"model": "m", "prompt": "x", "guided_regex": "a+"})", false, "guided_regex");
   ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{}]})",
               true, "tools");
 }

@@ -1,0 +1,71 @@
+// A plain HTTP/1.1 client for tests of the router's OpenAI API: a free port to give it, and
+// one POST exchange (Connection: close) with the reply's status and body.
+#ifndef STRATA_TESTS_TESTING_HTTP_POST_H_
+#define STRATA_TESTS_TESTING_HTTP_POST_H_
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace strata::testing {
+
+// A TCP port nothing listens on now (bound and released).
+inline int FreeTcpPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t length = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+struct HttpReply {
+  int status = 0;  // 0: no reply
+  std::string body;
+};
+
+inline HttpReply PostJson(int port, const std::string& path, const std::string& body) {
+  HttpReply reply;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return reply;
+  }
+  const std::string request = "POST " + path +
+                              " HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+                              "Connection: close\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  size_t sent = 0;
+  while (sent < request.size()) {
+    const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  std::string response;
+  char chunk[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, chunk, sizeof(chunk), 0)) > 0) response.append(chunk, n);
+  ::close(fd);
+  // "HTTP/1.1 200 OK\r\n...\r\n\r\nBODY"
+  const size_t space = response.find(' ');
+  const size_t end = response.find("\r\n\r\n");
+  if (space == std::string::npos || end == std::string::npos) return reply;
+  reply.status = std::atoi(response.c_str() + space + 1);
+  reply.body = response.substr(end + 4);
+  return reply;
+}
+
+}  // namespace strata::testing
+
+#endif  // STRATA_TESTS_TESTING_HTTP_POST_H_
