@@ -232,8 +232,9 @@ if prefill:
         lines += ['', f"The kernels alone on the {k['device']} (`{k.get('command', 'prefill_kernel_bench')}`; "
                   'qwen3-30b-a3b\'s attention, 32 query heads over 4 kv heads of 128; experts uniformly routed):', '',
                   '| kernel | us | TFLOP/s |', '|---|---|---|']
-        for row in k['rows']:
-            lines.append(f"| {row['name']} | {row['us']:,.0f} | {row['tflops']:.0f} |")
+        for row in k['rows']:  # the CUDA-core comparisons stay in the record
+            if 'CUDA cores' not in row['name']:
+                lines.append(f"| {row['name']} | {row['us']:,.0f} | {row['tflops']:.0f} |")
     lines += ['', 'Commands: ' + '; '.join(sorted({f"`{r['command']}`" for _, r in prefill})[:2]) +
               ' (the rest differ in --input-len and the flags of `strata up` in each record\'s note).', '']
 # What a speculative verify step of k tokens costs against a 1-token step (verify_step_bench).
@@ -257,12 +258,18 @@ if verify:
             lines.append(f"| {os.path.basename(v['model'].rstrip('/'))} | {v['device']}, {'float32' if v['device'] == 'cpu' else v['weights']} | "
                          f"{context} | {one:.2f} | " + ' | '.join(cells) + f" | {v.get('machine', '')} |")
     lines += ['', 'Commands: ' + '; '.join(f"`{json.load(open(p))['command']}`" for p in verify), '']
-lines += ['## Commands', '',
-          'Each row\'s record and command (the cluster was started with `strata up` as the',
-          'record\'s note and the scripts under `bench/gpu/` say; machines: ' +
-          ', '.join(sorted({r['machine'] for r in rows if r['machine']})) + ').', '']
+# The commands behind each row live beside the records, not on the page: a user picks a
+# configuration from the tables, and finds how it was measured by the row's number there.
+commands_path = os.path.join(a.results, 'COMMANDS.md')
+commands = ['# Commands of the performance page\'s rows', '',
+            'Generated with docs/performance.md by `python3 bench/perf_page.py`: row N of the page\'s',
+            'table, its record in this folder and the command that wrote it (the cluster was started',
+            'with `strata up` as the record\'s note and the scripts under `bench/gpu/` say; machines: ' +
+            ', '.join(sorted({r['machine'] for r in rows if r['machine']})) + ').', '']
 for i, r in enumerate(rows, 1):
-    lines.append(f"{i}. `{r['file']}`: `{r['command']}`")
-lines.append('')
+    commands.append(f"{i}. `{r['file']}`: `{r['command']}`")
+commands.append('')
+open(commands_path, 'w').write('\n'.join(commands))
+lines += ['Each row\'s command: `bench/results/COMMANDS.md`, by the row\'s number.', '']
 open(a.out, 'w').write('\n'.join(lines))
-print(f'{a.out}: {len(rows)} rows, {len(lines)} lines')
+print(f'{a.out}: {len(rows)} rows, {len(lines)} lines; {commands_path}')
