@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster/cluster_token.h"
@@ -241,12 +242,13 @@ TEST(TrustTest, InternalServicesAreOffTheClientPortAndNeedTheToken) {
   EXPECT_EQ(hot_ratio_at(info.internal), grpc::StatusCode::UNAUTHENTICATED);
   // With the token, a worker of a build that speaks another protocol version is refused.
   {
-    const absl::StatusOr<std::string> token = ReadFileToString(dir.token_file());
-    ASSERT_TRUE(token.ok()) << token.status();
+    const absl::StatusOr<std::string> file = ReadFileToString(dir.token_file());
+    ASSERT_TRUE(file.ok()) << file.status();
+    const std::string token(absl::StripAsciiWhitespace(*file));  // the file ends in a newline
     fake.set_protocol_version(kClusterProtocolVersion + 1);
-    EXPECT_EQ(register_at(info.internal, *token), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(register_at(info.internal, token), grpc::StatusCode::FAILED_PRECONDITION);
     fake.clear_protocol_version();  // a build from before the field
-    EXPECT_EQ(register_at(info.internal, *token), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(register_at(info.internal, token), grpc::StatusCode::FAILED_PRECONDITION);
   }
   // strata-cache's listener too.
   {
