@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,8 +22,13 @@ class ChildProcess {
   explicit ChildProcess(std::vector<std::string> argv, const std::string& stderr_path = "") {
     int fds[2];
     if (::pipe(fds) != 0) return;
+    const pid_t parent = ::getpid();
     pid_ = ::fork();
     if (pid_ == 0) {
+      // A test that crashes must not leave its child running: a cluster left behind holds the
+      // test runner's output pipe open, and the runner waits for it forever.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(127);
       ::dup2(fds[1], STDOUT_FILENO);
       ::close(fds[0]);
       if (!stderr_path.empty()) {
