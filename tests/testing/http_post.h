@@ -1,5 +1,5 @@
-// A plain HTTP/1.1 client for tests of the router's OpenAI API: a free port to give it, and
-// one POST exchange (Connection: close) with the reply's status and body.
+// A plain HTTP/1.1 client for tests of the router's OpenAI API: a free port to give it, a
+// connection, and one POST exchange (Connection: close), raw or as the reply's status and body.
 #ifndef STRATA_TESTS_TESTING_HTTP_POST_H_
 #define STRATA_TESTS_TESTING_HTTP_POST_H_
 
@@ -31,8 +31,8 @@ struct HttpReply {
   std::string body;
 };
 
-inline HttpReply PostJson(int port, const std::string& path, const std::string& body) {
-  HttpReply reply;
+// A TCP connection to the loopback `port`; -1 if nothing accepts it.
+inline int ConnectLoopback(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -40,8 +40,16 @@ inline HttpReply PostJson(int port, const std::string& path, const std::string& 
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
     ::close(fd);
-    return reply;
+    return -1;
   }
+  return fd;
+}
+
+// One POST of a JSON body (Connection: close): the whole response as received, headers and
+// all; empty if nothing answered.
+inline std::string PostRaw(int port, const std::string& path, const std::string& body) {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return "";
   const std::string request = "POST " + path +
                               " HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
                               "Connection: close\r\nContent-Length: " +
@@ -57,6 +65,12 @@ inline HttpReply PostJson(int port, const std::string& path, const std::string& 
   ssize_t n;
   while ((n = ::recv(fd, chunk, sizeof(chunk), 0)) > 0) response.append(chunk, n);
   ::close(fd);
+  return response;
+}
+
+inline HttpReply PostJson(int port, const std::string& path, const std::string& body) {
+  HttpReply reply;
+  const std::string response = PostRaw(port, path, body);
   // "HTTP/1.1 200 OK\r\n...\r\n\r\nBODY"
   const size_t space = response.find(' ');
   const size_t end = response.find("\r\n\r\n");

@@ -36,6 +36,7 @@
 #include "tests/testing/cluster_process.h"
 #include "tests/testing/generate_client.h"
 #include "tests/testing/health_client.h"
+#include "tests/testing/http_post.h"
 #include "tests/testing/oracles.h"
 #include "tests/testing/poll.h"
 #include "tests/testing/temp_dir.h"
@@ -46,7 +47,9 @@ namespace {
 using ::strata::testing::AwaitReplacement;
 using ::strata::testing::ChildWithArgs;
 using ::strata::testing::ClusterProcess;
+using ::strata::testing::ConnectLoopback;
 using ::strata::testing::FirstTokens;
+using ::strata::testing::FreeTcpPort;
 using ::strata::testing::Generated;
 using ::strata::testing::GenerateGreedy;
 using ::strata::testing::GenerateGreedyAsync;
@@ -55,6 +58,7 @@ using ::strata::testing::kNotServing;
 using ::strata::testing::kServing;
 using ::strata::testing::OracleDir;
 using ::strata::testing::PollUntil;
+using ::strata::testing::PostRaw;
 using ::strata::testing::RouterStats;
 using ::strata::testing::SignalChild;
 using ::strata::testing::WaitForHealth;
@@ -132,54 +136,6 @@ std::string Field(int number, const std::string& bytes) {
     if (n < 0x80) break;
   }
   return out + bytes;
-}
-
-// A TCP port nothing listens on now (bound and released).
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t length = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-// An open TCP connection to the HTTP port that sends nothing; or one HTTP exchange.
-int Connect(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-std::string HttpPost(int port, const std::string& path, const std::string& body) {
-  const int fd = Connect(port);
-  if (fd < 0) return "";
-  const std::string request = "POST " + path +
-                              " HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
-                              "Connection: close\r\nContent-Length: " +
-                              std::to_string(body.size()) + "\r\n\r\n" + body;
-  size_t sent = 0;
-  while (sent < request.size()) {
-    const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
-  }
-  std::string response;
-  char chunk[4096];
-  ssize_t n;
-  while ((n = ::recv(fd, chunk, sizeof(chunk), 0)) > 0) response.append(chunk, n);
-  ::close(fd);
-  return response;
 }
 
 // A plain gRPC client of the published port reaches Generation, health and reflection only:
@@ -517,18 +473,18 @@ TEST(TrustTest, RequestsCutOffByADrainTimeoutEndUnavailable) {
 // The HTTP API keeps serving while 520 connections sit idle on it (the oldest make room), and
 // an 8 MB JSON prompt is refused by its size, before it is tokenized.
 TEST(TrustTest, HttpSurvivesIdleConnectionsAndHugePrompts) {
-  const int port = FreePort();
+  const int port = FreeTcpPort();
   ClusterProcess cluster({"--model=" + kDemoModel, "--workers=1", "--threads=1",
                           "--http-port=" + std::to_string(port)});
   ASSERT_FALSE(cluster.address().empty());
   const std::string ok_body =
       R"({"model": "strata-demo", "prompt": "In the beginning", "max_tokens": 2})";
   std::vector<int> idle;
-  for (int i = 0; i < 520; ++i) idle.push_back(Connect(port));
+  for (int i = 0; i < 520; ++i) idle.push_back(ConnectLoopback(port));
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   int served = 0;
   for (int i = 0; i < 5; ++i) {
-    served += absl::StrContains(HttpPost(port, "/v1/completions", ok_body), "200 OK") ? 1 : 0;
+    served += absl::StrContains(PostRaw(port, "/v1/completions", ok_body), "200 OK") ? 1 : 0;
   }
   EXPECT_EQ(served, 5);
   for (int fd : idle) {
@@ -537,7 +493,7 @@ TEST(TrustTest, HttpSurvivesIdleConnectionsAndHugePrompts) {
   const std::string huge = R"({"model": "strata-demo", "max_tokens": 4, "prompt": ")" +
                            std::string(8000000, 'a') + R"("})";
   const auto start = std::chrono::steady_clock::now();
-  const std::string refused = HttpPost(port, "/v1/completions", huge);
+  const std::string refused = PostRaw(port, "/v1/completions", huge);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_THAT(refused, HasSubstr("400"));
