@@ -21,7 +21,7 @@ export STRATA=$PWD/.device-ipc/bin/strata
 # Variants of single binaries (variants/BINARY.NAME): .device-ipc/NAME is the bundle with it.
 if [ -f .device-ipc/variants.tar.xz ]; then
   tar xJf .device-ipc/variants.tar.xz -C .device-ipc
-  for v in .device-ipc/variants/strata*.*; do
+  for v in .device-ipc/variants/*.*; do
     [ -e "$v" ] || continue
     f=$(basename "$v") && mkdir -p ".device-ipc/${f##*.}" && cp .device-ipc/bin/* ".device-ipc/${f##*.}/"
     cp "$v" ".device-ipc/${f##*.}/${f%.*}"
@@ -43,13 +43,15 @@ if [ "${STAGE:-a}" = a ]; then
   fi
   STAGE=prep bash $peer/bench.sh "$model" "$res" >"$final/prep.log" 2>&1
   echo "llama.cpp prep exit $? ($(tail -1 "$final/prep.log"))"
-  for t in ${TESTS:-}; do  # BINARY:GTEST_FILTER
-    timeout 200 ".device-ipc/bin/${t%%:*}" --gtest_filter="${t#*:}" >"$final/${t%%:*}.log" 2>&1
-    echo "$t exit $? ($(grep -E '^\[  (PASSED|FAILED)' "$final/${t%%:*}.log" | tr '\n' ' '))"
-    grep -E "^\[  FAILED|Failure" "$final/${t%%:*}.log" | head -8
+  for t in ${TESTS:-}; do  # [VARIANT/]BINARY:GTEST_FILTER (bin/ when no variant is named)
+    bin=${t%%:*} && [[ $bin == */* ]] || bin=bin/$bin
+    log="$final/${bin//\//-}.log"
+    timeout 200 ".device-ipc/$bin" --gtest_filter="${t#*:}" >"$log" 2>&1
+    echo "$t exit $? ($(grep -E '^\[  (PASSED|FAILED)' "$log" | tr '\n' ' '))"
+    grep -E "^\[  FAILED|Failure" "$log" | head -8
   done
   for b in ${KERNEL_BENCHES:-}; do
-    name=$(basename "$b")
+    name=$(echo "${b#.device-ipc/}" | tr / -)
     timeout 120 "$b" --json "$final/$name.json" >"$final/$name.txt" 2>&1
     echo "== $name exit $?"
     grep -E "^time|^check" "$final/$name.txt" | grep -v "CUDA cores" | sed 's/  */ /g'
