@@ -177,7 +177,8 @@ absl::Status DecodeGraphs::CheckFollows(absl::Span<const int32_t> ids,
   return absl::OkStatus();
 }
 
-absl::Status DecodeGraphs::Launch(absl::Span<const int32_t> ids, const BatchLayout& batch) {
+absl::Status DecodeGraphs::Launch(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                                  absl::Span<const RowSampling> sampling) {
   last_rows_ = 0;
   const int n = static_cast<int>(batch.num_tokens());
   if (static_cast<int>(ids.size()) != n) {
@@ -212,11 +213,12 @@ absl::Status DecodeGraphs::Launch(absl::Span<const int32_t> ids, const BatchLayo
     if (!captured.ok()) return FailInFlight(captured.status());
     graph = *captured;
   }
-  return LaunchReplay(*graph, ids, batch, overlapped);
+  return LaunchReplay(*graph, ids, batch, sampling, overlapped);
 }
 
 absl::Status DecodeGraphs::LaunchReplay(Graph& graph, absl::Span<const int32_t> ids,
-                                        const BatchLayout& batch, bool overlapped) {
+                                        const BatchLayout& batch,
+                                        absl::Span<const RowSampling> sampling, bool overlapped) {
   const int n = static_cast<int>(batch.num_tokens());
   const int slot = next_slot_;
   // The host code of the pass does not run in a replay; noted before the workers are told,
@@ -227,7 +229,8 @@ absl::Status DecodeGraphs::LaunchReplay(Graph& graph, absl::Span<const int32_t> 
   positions_.resize(n);
   sequences_.assign(batch.sequence.begin(), batch.sequence.end());
   for (int i = 0; i < n; ++i) positions_[i] = static_cast<int32_t>(batch.position[i]);
-  if (absl::Status written = router_.WriteDecodeInputs(slot, ids, positions_, sequences_, kv_);
+  if (absl::Status written =
+          router_.WriteDecodeInputs(slot, ids, positions_, sequences_, kv_, sampling);
       !written.ok()) {
     graph_steps_.AbortGraphStep();
     return FailInFlight(written);
@@ -332,7 +335,8 @@ absl::StatusOr<DecodeGraphs::Graph*> DecodeGraphs::Capture(absl::Span<const int3
                                                            const BatchLayout&) {
   return absl::UnimplementedError("no CUDA in this build");
 }
-absl::Status DecodeGraphs::Launch(absl::Span<const int32_t>, const BatchLayout&) {
+absl::Status DecodeGraphs::Launch(absl::Span<const int32_t>, const BatchLayout&,
+                                  absl::Span<const RowSampling>) {
   return absl::UnimplementedError("no CUDA in this build");
 }
 absl::StatusOr<const int32_t*> DecodeGraphs::Wait() {
@@ -345,7 +349,7 @@ absl::Status DecodeGraphs::CheckFollows(absl::Span<const int32_t>, const BatchLa
   return absl::UnimplementedError("no CUDA in this build");
 }
 absl::Status DecodeGraphs::LaunchReplay(Graph&, absl::Span<const int32_t>, const BatchLayout&,
-                                        bool) {
+                                        absl::Span<const RowSampling>, bool) {
   return absl::UnimplementedError("no CUDA in this build");
 }
 absl::Status DecodeGraphs::FailInFlight(absl::Status cause) { return cause; }

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
 #include "common/backend/graph_step.h"
+#include "common/backend/row_sampling.h"
 #include "common/engine/forward_pass.h"
 #include "common/kv/paged_kv_cache.h"
 
@@ -69,8 +70,10 @@ class DecodeGraphs {
   // in flight and returns its greedy tokens, valid until the second launch after it.
   // Any error fails every step in flight (none is left, their keys and values to be written again
   // by the caller's eager steps) and counts as one failed step: e.g. a worker died. The greedy
-  // tokens are each row's argmax (first on ties), [n] in pinned memory.
-  absl::Status Launch(absl::Span<const int32_t> ids, const BatchLayout& batch);
+  // tokens are each row's argmax (first on ties), [n] in pinned memory, or for the rows that
+  // `sampling` (one per row, or none) gives a temperature, the token drawn there.
+  absl::Status Launch(absl::Span<const int32_t> ids, const BatchLayout& batch,
+                      absl::Span<const RowSampling> sampling = {});
   absl::StatusOr<const int32_t*> Wait();
   int in_flight() const { return static_cast<int>(in_flight_.size()); }
 
@@ -128,7 +131,7 @@ class DecodeGraphs {
   // Launch's checks of a step behind the one in flight: same rows, one position on.
   absl::Status CheckFollows(absl::Span<const int32_t> ids, const BatchLayout& batch) const;
   absl::Status LaunchReplay(Graph& graph, absl::Span<const int32_t> ids, const BatchLayout& batch,
-                            bool overlapped);
+                            absl::Span<const RowSampling> sampling, bool overlapped);
   // Fails every step in flight: lets them finish (a replay whose workers were released passes
   // its waits), closes each with the expert backend, and counts one failure. Returns `cause`.
   absl::Status FailInFlight(absl::Status cause);

@@ -70,7 +70,8 @@ absl::Status LocalEngine::ValidatePrompt(absl::Span<const int32_t> ids,
 absl::StatusOr<StepResult> LocalEngine::Step(PagedKvCache::SequenceId seq,
                                              absl::Span<const int32_t> ids, int64_t start,
                                              std::vector<int64_t> logit_rows,
-                                             std::vector<int64_t> host_rows, bool launch_next) {
+                                             std::vector<int64_t> host_rows, bool launch_next,
+                                             std::vector<RowSampling> sampling) {
   const int64_t n = static_cast<int64_t>(ids.size());
   // An FP8 sequence growing past fp16_above_tokens turns 16-bit first (nothing in flight).
   if (kv_->NeedsWiden(seq, start + n)) RETURN_IF_ERROR(kv_->Widen(seq));
@@ -82,6 +83,7 @@ absl::StatusOr<StepResult> LocalEngine::Step(PagedKvCache::SequenceId seq,
   for (int64_t i = 0; i < n; ++i) plan.batch.position[i] = start + i;
   plan.logit_rows = std::move(logit_rows);
   plan.host_rows = std::move(host_rows);
+  plan.sampling = std::move(sampling);
   plan.launch_next =
       launch_next && !kv_->NeedsWiden(seq, start + n + 1) && kv_->Reserve(seq, start + n + 1).ok();
   return runner_->Run(plan, [] {});
@@ -174,8 +176,10 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
       break;
     }
     const int64_t position = n + static_cast<int64_t>(out.size()) - 1;
-    // The step after this one goes in behind it when its token will be wanted.
-    const bool ahead = options_.overlap_decode_steps && sampler.greedy() &&
+    // The token is picked on the device when no transform needs the host; the step after this
+    // one then goes in behind it when its token will be wanted.
+    const std::optional<RowSampling> device = sampler.device_row();
+    const bool ahead = options_.overlap_decode_steps && device.has_value() &&
                        static_cast<int>(out.size()) + 1 < options.max_new_tokens;
     absl::StatusOr<StepResult> result;
     if (in_flight) {
@@ -187,11 +191,12 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
     }
     if (!in_flight) {
       result = Step(seq, {&next, 1}, position, {0},
-                    sampler.greedy() ? std::vector<int64_t>{} : std::vector<int64_t>{0}, ahead);
+                    device ? std::vector<int64_t>{} : std::vector<int64_t>{0}, ahead,
+                    device ? std::vector<RowSampling>{*device} : std::vector<RowSampling>{});
     }
     if (!result.ok()) return result.status();
-    next = result->greedy != nullptr && sampler.greedy() ? result->greedy[0]
-                                                         : sampler.Sample(result->logits(0), vocab);
+    next = result->tokens != nullptr && device ? result->tokens[0]
+                                               : sampler.Sample(result->logits(0), vocab);
     in_flight = result->next_in_flight;
   }
   return out;

@@ -16,7 +16,7 @@ namespace strata {
 
 struct LocalEngineOptions {
   std::string model_dir;
-  int num_threads = 0;                        // 0: one per hardware thread
+  int num_threads = 0;  // 0: one per hardware thread
   // The KV cache's options but prefix_caching, which stays off: nothing here matches prompts
   // against the blocks it would keep.
   KvCacheOptions kv;
@@ -89,10 +89,12 @@ class LocalEngine {
   LocalEngine() = default;
   absl::Status ValidatePrompt(absl::Span<const int32_t> ids, int64_t extra_tokens) const;
   // Runs `ids` at positions [start, start + ids.size()) of `seq` (reserving them, and one more
-  // when `launch_next`); the logits of the rows asked for.
+  // when `launch_next`); the logits of the rows asked for, or their tokens picked on the device
+  // as `sampling` (StepPlan::sampling) says.
   absl::StatusOr<StepResult> Step(PagedKvCache::SequenceId seq, absl::Span<const int32_t> ids,
                                   int64_t start, std::vector<int64_t> logit_rows,
-                                  std::vector<int64_t> host_rows, bool launch_next);
+                                  std::vector<int64_t> host_rows, bool launch_next,
+                                  std::vector<RowSampling> sampling = {});
 
   LocalEngineOptions options_;
   std::unique_ptr<ModelStack> stack_;

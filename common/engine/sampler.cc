@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/philox.h"
 
 namespace strata {
 
@@ -36,7 +37,7 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
 
 Sampler::Sampler(const SamplingParams& params, absl::Span<const int32_t> prompt,
                  absl::Span<const int> eos)
-    : params_(params), rng_(params.seed) {
+    : params_(params) {
   penalties_ = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
                params_.frequency_penalty != 0.0f;
   if (penalties_ && params_.repetition_penalty != 1.0f) counts_.AddPrompt(prompt);
@@ -89,13 +90,53 @@ int64_t ArgMax(const float* values, int64_t n) {
   return 0;  // every value is NaN
 }
 
+std::optional<RowSampling> Sampler::device_row() const {
+  if (transforms()) return std::nullopt;
+  return RowSampling{.temperature = params_.temperature,
+                     .top_k = params_.top_k,
+                     .top_p = params_.top_p,
+                     .min_p = params_.min_p,
+                     .seed = params_.seed,
+                     .step = static_cast<uint64_t>(generated_)};
+}
+
+float Sampler::Uniform(uint32_t stream) const {
+  return PhiloxUniform(params_.seed, static_cast<uint64_t>(generated_), stream, 0);
+}
+
 int32_t Sampler::Sample(const float* model_logits, int64_t vocab) {
   const float* logits = Transformed(model_logits, vocab);
   if (params_.temperature == 0.0f) return static_cast<int32_t>(ArgMax(logits, vocab));
+  if ((params_.top_k <= 0 || params_.top_k >= vocab) && params_.top_p >= 1.0f) {
+    return GumbelMax(logits, vocab);
+  }
   double total = 0.0;
   const int64_t keep = Candidates(logits, vocab, total);
   if (total <= 0.0) return 0;  // nothing drawable
-  return Draw(keep, total);
+  return Draw(keep, total, Uniform(kPhiloxSample));
+}
+
+int32_t Sampler::GumbelMax(const float* logits, int64_t vocab) const {
+  const float t = params_.temperature;
+  const float x0 = params_.min_p > 0.0f ? logits[ArgMax(logits, vocab)] / t : 0.0f;
+  float best = -std::numeric_limits<float>::infinity();
+  int32_t token = 0;
+  const uint64_t step = static_cast<uint64_t>(generated_);
+  for (int64_t base = 0; base < vocab; base += 4) {
+    const Philox4 bits =
+        PhiloxBlock(params_.seed, step, kPhiloxSample, static_cast<uint32_t>(base));
+    for (int64_t i = base; i < std::min(base + 4, vocab); ++i) {
+      const float x = logits[i] / t;
+      if (params_.min_p > 0.0f && !(std::exp(x - x0) >= params_.min_p)) continue;
+      // A NaN never wins (v > best is false), as on the device.
+      const float v = x - std::log(-std::log(UniformFromBits(bits.v[i - base])));
+      if (v > best) {
+        best = v;
+        token = static_cast<int32_t>(i);
+      }
+    }
+  }
+  return token;
 }
 
 bool Sampler::AcceptDraft(const float* model_logits, int64_t vocab, int32_t draft,
@@ -120,18 +161,19 @@ bool Sampler::AcceptDraft(const float* model_logits, int64_t vocab, int32_t draf
       break;
     }
   }
-  if (std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < p_draft) return true;
+  if (Uniform(kPhiloxDraftAccept) < p_draft) return true;
   // The residual max(0, p - q) with q one-hot at the draft: p without the draft.
   if (at >= 0) {
     total -= candidates_[at].first;
     candidates_[at].first = 0.0f;
   }
-  replacement = total > 0.0 ? Draw(keep, total) : candidates_[0].second;
+  replacement =
+      total > 0.0 ? Draw(keep, total, Uniform(kPhiloxDraftRedraw)) : candidates_[0].second;
   return false;
 }
 
-int32_t Sampler::Draw(int64_t keep, double total) {
-  const double draw = std::uniform_real_distribution<double>(0.0, total)(rng_);
+int32_t Sampler::Draw(int64_t keep, double total, float u) {
+  const double draw = u * total;
   double running = 0.0;
   for (int64_t i = 0; i < keep; ++i) {
     running += candidates_[i].first;

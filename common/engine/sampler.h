@@ -1,15 +1,18 @@
 // Picks the next token from a row of logits: greedy, or temperature with top-k / top-p /
-// min_p, after the request's logit transforms (logits_transforms.h).
+// min_p, after the request's logit transforms (logits_transforms.h). Draws are Philox
+// uniforms of (seed, token index) (common/util/philox.h), the ones the device's sampling kernel
+// takes: a token is the same whether the host or the GPU picked it (up to rounding).
 #ifndef STRATA_COMMON_ENGINE_SAMPLER_H_
 #define STRATA_COMMON_ENGINE_SAMPLER_H_
 
 #include <cstdint>
-#include <random>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "common/backend/row_sampling.h"
 #include "common/engine/logits_transforms.h"
 
 namespace strata {
@@ -61,6 +64,11 @@ class Sampler {
   // from p without the draft, renormalized, so the token that results is distributed as p.
   bool AcceptDraft(const float* logits, int64_t vocab, int32_t draft, int32_t& replacement);
 
+  // The settings a device draws this request's next token with (RowSampling; the GPU's decode
+  // step samples it there), or nullopt while the host must: a transform applies, or the
+  // request wants what only the logits give (the caller knows: logprobs, drafts).
+  std::optional<RowSampling> device_row() const;
+
   // Greedy: Sample is the argmax of the model's logits, which a device may compute instead.
   // False while any transform applies (a penalty or bias moves the argmax; min_tokens until it
   // is reached): those rows are sampled here, on the host.
@@ -77,11 +85,14 @@ class Sampler {
   // The candidates a draw picks among: candidates_[0, keep) with unnormalized weights summing
   // to `total` (0 when nothing is drawable).
   int64_t Candidates(const float* logits, int64_t vocab, double& total);
-  // A draw from candidates_[0, keep) with weights summing to `total`.
-  int32_t Draw(int64_t keep, double total);
+  // The candidate where u x `total` falls, u in (0, 1), candidates_[0, keep) with weights
+  // summing to `total`.
+  int32_t Draw(int64_t keep, double total, float u);
+  // Temperature without a top-k or top-p cut: an exact draw in one pass (the device's too).
+  int32_t GumbelMax(const float* logits, int64_t vocab) const;
+  float Uniform(uint32_t stream) const;
 
   SamplingParams params_;
-  std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;
   std::vector<float> scratch_;
   bool penalties_ = false;  // a penalty is set: counts_ are kept

@@ -72,12 +72,12 @@ class ForwardStepRunner : public StepRunner {
       ASSIGN_OR_RETURN(result.next_in_flight, LaunchNext());
     }
     while_running();
-    ASSIGN_OR_RETURN(const int32_t* greedy, graphs_->Wait());
+    ASSIGN_OR_RETURN(const int32_t* tokens, graphs_->Wait());
     steps_.fetch_add(1, std::memory_order_relaxed);
     graph_steps_.fetch_add(1, std::memory_order_relaxed);
     // Launched ahead, a replay keeps the rows of the one before it.
     replay_or_eager_.Ended(true, last_launched_.num_tokens(), true, ReplayOrEager::Clock::now());
-    result.greedy = greedy;
+    result.tokens = tokens;
     result.replayed = true;
     result.vocab = config_.vocab_size;
     return result;
@@ -110,14 +110,15 @@ class ForwardStepRunner : public StepRunner {
   absl::StatusOr<StepResult> Replay(const StepPlan& plan, absl::FunctionRef<void()> while_running) {
     // A capture takes a while: what the caller has waiting goes first.
     if (graphs_->NeedsCapture(plan.batch.num_tokens())) while_running();
-    RETURN_IF_ERROR(graphs_->Launch(plan.ids, plan.batch));
+    RETURN_IF_ERROR(graphs_->Launch(plan.ids, plan.batch, plan.sampling));
     last_launched_ = plan.batch;
+    last_sampling_ = plan.sampling;
     StepResult result;
     if (plan.launch_next && plan.host_rows.empty()) {
       ASSIGN_OR_RETURN(result.next_in_flight, LaunchNext());
     }
     while_running();
-    ASSIGN_OR_RETURN(result.greedy, graphs_->Wait());
+    ASSIGN_OR_RETURN(result.tokens, graphs_->Wait());
     result.replayed = true;
     result.vocab = config_.vocab_size;
     if (!plan.host_rows.empty()) {
@@ -140,7 +141,8 @@ class ForwardStepRunner : public StepRunner {
       return false;
     }
     previous_tokens_.assign(rows_.size(), kTokenOfPreviousStep);
-    RETURN_IF_ERROR(graphs_->Launch(previous_tokens_, next));
+    for (RowSampling& row : last_sampling_) ++row.step;  // each row's next token
+    RETURN_IF_ERROR(graphs_->Launch(previous_tokens_, next, last_sampling_));
     last_launched_ = std::move(next);
     return true;
   }
@@ -177,7 +179,8 @@ class ForwardStepRunner : public StepRunner {
   // for it.
   std::optional<int64_t> eager_next_tokens_;
   Tensor logits_;
-  BatchLayout last_launched_;  // the newest replay launched
+  BatchLayout last_launched_;               // the newest replay launched
+  std::vector<RowSampling> last_sampling_;  // and its rows' sampling
   std::vector<int64_t> rows_;
   std::vector<int32_t> previous_tokens_;
   std::atomic<int64_t> steps_{0}, graph_steps_{0};

@@ -1,6 +1,6 @@
 // One forward step at a time for whoever plans the steps (the router's Scheduler, LocalEngine):
 // eagerly through ForwardPass, or by CUDA graph replay (DecodeGraphs) when the step fits a
-// graph, with the next greedy decode step launched behind it when the caller asks, so that the
+// graph, with the next decode step launched behind it when the caller asks, so that the
 // GPU goes from one step to the next without waiting for the host. Where tiered workers miss
 // much, a decode step that fits a graph may run eagerly instead, timed against replays
 // (ReplayOrEager). Failed replays and aborted
@@ -25,21 +25,26 @@ namespace strata {
 struct StepPlan {
   std::vector<int32_t> ids;
   BatchLayout batch;                // every token's KV position reserved by the caller
-  std::vector<int64_t> logit_rows;  // the rows whose logits (or greedy tokens) come back
-  // Indexes into logit_rows whose logits the caller reads (sampling with a temperature,
-  // scoring); the other rows need only their greedy token. An eager step brings every row's.
+  std::vector<int64_t> logit_rows;  // the rows whose logits (or tokens) come back
+  // Indexes into logit_rows whose logits the caller reads (sampling on the host, scoring); the
+  // other rows need only their token. An eager step brings every row's.
   std::vector<int64_t> host_rows;
-  // The step after this one (the same rows one position on, each row's token its greedy token
-  // from this step) is wanted behind it, launched before this one is read: the caller has
-  // reserved that position for every row. Honoured only when this step replays a graph with no
-  // host_rows; StepResult::next_in_flight says whether it was.
+  // Per logit row, how a replay picks its token on the device (temperature 0: the arg-max),
+  // or empty: every row's arg-max. The step launched behind this one draws each row's next
+  // token with the same settings, one step on.
+  std::vector<RowSampling> sampling;
+  // The step after this one (the same rows one position on, each row's token the one this step
+  // picked on the device) is wanted behind it, launched before this one is read: the caller
+  // has reserved that position for every row. Honoured only when this step replays a graph
+  // with no host_rows; StepResult::next_in_flight says whether it was.
   bool launch_next = false;
 };
 
 struct StepResult {
-  // Per logit row, its greedy token (the argmax of its logits, first on ties) after a replay;
-  // null after an eager step, whose logits give every row.
-  const int32_t* greedy = nullptr;
+  // Per logit row, the token picked on the device after a replay (the arg-max of its logits,
+  // first on ties, or the draw StepPlan::sampling asked for); null after an eager step, whose
+  // logits give every row.
+  const int32_t* tokens = nullptr;
   // Row r's logits [vocab]: every row after an eager step, the plan's host_rows after a
   // replay. Valid until the next call.
   const float* logits(int64_t r) const { return logits_base + r * vocab; }
@@ -71,7 +76,7 @@ class StepRunner {
                                          absl::FunctionRef<void()> while_running) = 0;
 
   // Waits for the step launched behind the last one (StepResult::next_in_flight) and returns
-  // its greedy tokens, launching the one after it first when `launch_next` (the caller has
+  // its tokens, launching the one after it first when `launch_next` (the caller has
   // reserved its positions; honoured as in Run). An error fails every step in flight: nothing
   // is in flight after it, and the rows must run again from what the caller has.
   virtual absl::StatusOr<StepResult> Collect(bool launch_next,

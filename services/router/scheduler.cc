@@ -453,6 +453,8 @@ bool Scheduler::Step() {
   std::vector<Sequence*> sampled;  // the first logit rows: one each, more with a draft
   std::vector<int64_t> first_row;  // sampled[r]'s first logit row
   std::vector<const std::vector<int32_t>*> drafts;  // sampled[r]'s draft
+  std::vector<bool> on_device;  // sampled[r]'s token is picked on the device after a replay
+  bool any_draws = false;       // a row draws with a temperature there
   int64_t sampled_rows = 0;
   struct ScoreRow {
     Sequence* seq;
@@ -474,19 +476,29 @@ bool Scheduler::Step() {
       }
     }
     if (!p.seq->spec.score_only && p.seq->computed + own == length) {
-      // A drafted row's logits come back for its own token and every drafted one.
-      const bool host = !p.seq->sampler->greedy() || p.seq->spec.logprobs || !p.draft.empty();
+      // A drafted row's logits come back for its own token and every drafted one; so do those
+      // of a row whose transforms or logprobs need the host.
+      std::optional<RowSampling> device;
+      if (!p.seq->spec.logprobs && p.draft.empty()) device = p.seq->sampler->device_row();
+      any_draws |= device.has_value() && device->temperature > 0.0f;
       first_row.push_back(sampled_rows);
       for (int64_t j = own - 1; j < p.count; ++j) {
         step.logit_rows.push_back(static_cast<int64_t>(step.ids.size()) - p.count + j);
-        if (host) step.host_rows.push_back(sampled_rows);
+        step.sampling.push_back(device.value_or(RowSampling()));
+        if (!device) step.host_rows.push_back(sampled_rows);
         ++sampled_rows;
       }
       sampled.push_back(p.seq);
       drafts.push_back(&p.draft);
+      on_device.push_back(device.has_value());
     }
   }
   step.logit_rows.insert(step.logit_rows.end(), score_rows.begin(), score_rows.end());
+  if (any_draws) {
+    step.sampling.resize(step.logit_rows.size());  // score rows: an arg-max nobody reads
+  } else {
+    step.sampling.clear();  // every row's arg-max
+  }
   // The score rows' logits come to the host too; the other rows need their greedy token only.
   for (size_t r = 0; r < scored.size(); ++r) {
     step.host_rows.push_back(sampled_rows + static_cast<int64_t>(r));
@@ -533,8 +545,8 @@ bool Scheduler::Step() {
     }
     const int64_t row = first_row[r];
     Sampler& sampler = *sampled[r]->sampler;
-    const int32_t token = result->greedy != nullptr && sampler.greedy()
-                              ? result->greedy[row]
+    const int32_t token = result->tokens != nullptr && on_device[r]
+                              ? result->tokens[row]
                               : sampler.Sample(result->logits(row), vocab);
     const float logprob =
         sampled[r]->spec.logprobs ? LogSoftmaxAt(result->logits(row), vocab, token) : 0.0f;
@@ -671,8 +683,9 @@ bool Scheduler::ReserveAhead(const LaunchedRows& in_flight) {
     // running_ as it was at the launch, every row in its place, the step in flight computing
     // the position after the last one in the cache.
     if (seq != in_flight.rows[i] || seq->ticket != in_flight.tickets[i] || !seq->has_kv ||
-        seq->computed != in_flight.positions[i] || !seq->sampler->greedy() || seq->spec.logprobs ||
-        seq->spec.score_only || seq->generated + 1 >= seq->spec.max_new_tokens) {
+        seq->computed != in_flight.positions[i] || !seq->sampler->device_row() ||
+        seq->spec.logprobs || seq->spec.score_only ||
+        seq->generated + 1 >= seq->spec.max_new_tokens) {
       return false;
     }
   }
@@ -713,7 +726,7 @@ bool Scheduler::StepAhead() {
       continue;
     }
     Computed(seq, 1);
-    HandleToken(seq, result->greedy[i]);
+    HandleToken(seq, result->tokens[i]);
   }
   if (result->next_in_flight) {
     steps_ahead_.fetch_add(1);

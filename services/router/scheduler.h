@@ -41,9 +41,10 @@ struct SchedulerOptions {
   // Runs first on the engine thread (a GPU router makes its device current there).
   std::function<void()> on_engine_thread = nullptr;
   // While a decode step runs, the next one of the same batch is asked for behind it
-  // (StepPlan::launch_next: with decode graphs, its tokens the greedy ones the first leaves on
-  // the GPU), so that the GPU does not wait for the host between steps. Only when every row is
-  // greedy, none reaches its token limit at the first step and no request waits; a row that
+  // (StepPlan::launch_next: with decode graphs, its tokens the ones the first picked on the
+  // GPU), so that the GPU does not wait for the host between steps. Only when every row's
+  // token is picked there (greedy, or drawn with no penalty, bias or min_tokens pending, and
+  // no logprobs), none reaches its token limit at the first step and no request waits; a row that
   // ends at the first step (end of sequence, a stop string, a cancel) costs its row of the
   // second.
   bool overlap_decode_steps = true;
@@ -136,8 +137,8 @@ class Scheduler {
     std::vector<int64_t> positions;
   };
   // Whether the decode step behind `in_flight` (the same rows one position on, their tokens
-  // the greedy ones of `in_flight`; SchedulerOptions::overlap_decode_steps) may be asked for:
-  // the batch qualifies and every row's next position is reserved (never by a preemption).
+  // the ones `in_flight` picks on the device; SchedulerOptions::overlap_decode_steps) may be asked
+  // for: the batch qualifies and every row's next position is reserved (never by a preemption).
   bool ReserveAhead(const LaunchedRows& in_flight);
   // Whether any step may be launched ahead now: the option is on and no request waits (one
   // that waits is admitted at the next step instead).

@@ -155,7 +155,7 @@ class FakeStepRunner : public StepRunner {
       if (wanted) logits_[r * vocab_ + tokens[r]] = 20.0f;
     }
     result.logits_base = logits_.data();
-    if (replayed) result.greedy = greedy_.data();
+    if (replayed) result.tokens = greedy_.data();
     return result;
   }
 

@@ -90,11 +90,11 @@ std::optional<v1::StatsResponse> ServerStats(const AdminTarget& admin, absl::Dur
 // same in every prompt.
 class PromptSource {
  public:
-  PromptSource(uint64_t seed, double temperature, int shared_prefix,
+  PromptSource(uint64_t seed, const BenchOptions& sampling, int shared_prefix,
                const v1::ModelInfoResponse& info,
                const std::vector<std::vector<int32_t>>& texts = {})
       : texts_(texts),
-        temperature_(temperature),
+        sampling_(sampling),
         rng_(seed),
         vocab_(info.vocab_size()),
         eos_(info.eos_token_ids().begin(), info.eos_token_ids().end()) {
@@ -116,8 +116,17 @@ class PromptSource {
     while (texts_.empty() && r.prompt_token_ids_size() < len) r.add_prompt_token_ids(NextId());
     r.set_max_new_tokens(static_cast<uint32_t>(max_new_tokens));
     r.set_ignore_eos(true);
-    r.mutable_sampling()->set_temperature(static_cast<float>(temperature_));
-    if (temperature_ > 0) r.mutable_sampling()->set_seed(rng_() | 1);
+    v1::SamplingParams& s = *r.mutable_sampling();
+    s.set_temperature(static_cast<float>(sampling_.temperature));
+    if (sampling_.temperature > 0) {
+      s.set_seed(rng_() | 1);
+      if (sampling_.top_k > 0) s.set_top_k(static_cast<uint32_t>(sampling_.top_k));
+      if (sampling_.top_p < 1.0f) s.set_top_p(sampling_.top_p);
+      if (sampling_.min_p > 0.0f) s.set_min_p(sampling_.min_p);
+    }
+    if (sampling_.repetition_penalty != 1.0f) {
+      s.set_repetition_penalty(sampling_.repetition_penalty);
+    }
     return r;
   }
 
@@ -132,7 +141,7 @@ class PromptSource {
 
   const std::vector<std::vector<int32_t>>& texts_;
   size_t next_text_ = 0;
-  double temperature_;
+  const BenchOptions& sampling_;
   std::mt19937_64 rng_;
   uint32_t vocab_;
   std::vector<uint32_t> eos_;
@@ -553,6 +562,10 @@ std::string BenchResultJson(const BenchOptions& o, const std::string& model, con
     row["draft_acceptance"] = static_cast<double>(c.accepted_draft_tokens) / c.draft_tokens;
   }
   row["temperature"] = o.temperature;
+  if (o.temperature > 0 && o.top_k > 0) row["top_k"] = o.top_k;
+  if (o.temperature > 0 && o.top_p < 1.0f) row["top_p"] = o.top_p;
+  if (o.temperature > 0 && o.min_p > 0.0f) row["min_p"] = o.min_p;
+  if (o.repetition_penalty != 1.0f) row["repetition_penalty"] = o.repetition_penalty;
   row["distinct_output_tokens"] = s.distinct_tokens;
   if (c.known && c.steps > 0) {
     row["graph_steps_fraction"] = static_cast<double>(c.graph_steps) / c.steps;
@@ -608,7 +621,7 @@ absl::StatusOr<BenchReport> RunBench(
   }
   BenchReport report;
   report.model = o.model_name.empty() ? info.model_type() : o.model_name;
-  PromptSource prompts(o.seed, o.temperature, o.shared_prefix, info, o.prompts);
+  PromptSource prompts(o.seed, o, o.shared_prefix, info, o.prompts);
   for (int c : o.concurrency) {
     ConcurrencyRun run;
     run.concurrency = c;

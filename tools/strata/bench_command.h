@@ -36,6 +36,11 @@ struct BenchOptions {
   // from `seed`): on a random-weight model greedy output tends to repeat a few tokens, so that
   // consecutive decode steps route to the same experts; sampled tokens vary the steps' inputs.
   double temperature = 0;
+  // With a temperature, the rest of the requests' sampling (as the generate command's flags).
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
   // Every prompt starts with the same this many ids (drawn once), the rest drawn per request:
   // the case of a shared system prompt or a document asked about again (prefix caching).
   int shared_prefix = 0;

@@ -224,6 +224,10 @@ const std::vector<Command>& Commands() {
          "Seed of the random prompts and, with --temperature, of the requests' sampling "
          "seeds; 0 when not given"},
         "temperature",
+        "top-k",
+        "top-p",
+        "min-p",
+        "repetition-penalty",
         {"out", "JSON results file (bench/results/README.md)"},
         {"model",
          "The served model's directory: its tokenizer encodes --prompts, its name is "
@@ -425,6 +429,10 @@ absl::Status Bench() {
   o.concurrency = *concurrency;
   o.seed = absl::GetFlag(FLAGS_seed).value_or(0);
   o.temperature = absl::GetFlag(FLAGS_temperature);
+  o.top_k = absl::GetFlag(FLAGS_top_k);
+  o.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  o.min_p = static_cast<float>(absl::GetFlag(FLAGS_min_p).value_or(0.0));
+  o.repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty).value_or(1.0));
   o.shared_prefix = absl::GetFlag(FLAGS_shared_prefix);
   o.out = absl::GetFlag(FLAGS_out);
   o.model_name = absl::GetFlag(FLAGS_model_name);

@@ -215,6 +215,7 @@ absl::Status CudaRouterBackend::PrepareGraphs(int max_context, int max_sequences
   ASSIGN_OR_RETURN(pinned_logits_, PinnedBuffer<float>::Allocate(
                                        static_cast<size_t>(max_sequences) * c.vocab_size));
   RETURN_IF_ERROR(Allocate(greedy_, max_sequences));
+  RETURN_IF_ERROR(Allocate(sampling_, max_sequences));
   RETURN_IF_ERROR(Allocate(argmax_scratch_, ArgmaxScratchBytes(max_sequences, c.vocab_size)));
   graph_max_context_ = max_context;
   // A wide row of an FP8 cache takes two entries a block.
@@ -223,6 +224,7 @@ absl::Status CudaRouterBackend::PrepareGraphs(int max_context, int max_sequences
   // Slot 0 keeps the eager steps' larger inputs; the second slot is only ever a graph's.
   const size_t sequences = static_cast<size_t>(max_sequences);
   ASSIGN_OR_RETURN(host_[0].greedy, PinnedBuffer<int32_t>::Allocate(sequences));
+  ASSIGN_OR_RETURN(host_[0].sampling, PinnedBuffer<SampleParams>::Allocate(sequences));
   RETURN_IF_ERROR(
       AllocateHostInputs(host_[1], sequences, sequences * graph_max_blocks_, sequences));
   graph_prepared_sequences_ = max_sequences;
@@ -238,6 +240,7 @@ absl::Status CudaRouterBackend::AllocateHostInputs(HostInputs& inputs, size_t to
   ASSIGN_OR_RETURN(inputs.tables,
                    PinnedBuffer<int32_t>::Allocate(std::max<size_t>(table_entries, 1)));
   ASSIGN_OR_RETURN(inputs.greedy, PinnedBuffer<int32_t>::Allocate(greedy));
+  ASSIGN_OR_RETURN(inputs.sampling, PinnedBuffer<SampleParams>::Allocate(greedy));
   return absl::OkStatus();
 }
 
@@ -258,9 +261,11 @@ absl::Status CudaRouterBackend::EnterGraphMode(int sequences, int slot) {
 
 absl::Status CudaRouterBackend::WriteDecodeInputs(
     int slot, absl::Span<const int32_t> tokens, absl::Span<const int32_t> positions,
-    absl::Span<const PagedKvCache::SequenceId> sequences, PagedKvCache& kv) {
+    absl::Span<const PagedKvCache::SequenceId> sequences, PagedKvCache& kv,
+    absl::Span<const RowSampling> sampling) {
   const size_t n = tokens.size();
   if (slot < 0 || slot >= kInputSlots || positions.size() != n || sequences.size() != n ||
+      (!sampling.empty() && sampling.size() != n) ||
       static_cast<int>(n) > graph_prepared_sequences_) {
     return absl::InvalidArgumentError("cuda backend: decode inputs do not match");
   }
@@ -279,6 +284,17 @@ absl::Status CudaRouterBackend::WriteDecodeInputs(
     host.token_seq.data()[i] = static_cast<int32_t>(i);
     host.rows.data()[i] = static_cast<int32_t>(i);
     WriteTableRow(kv, sequences[i], host.tables.data() + i * graph_max_blocks_, graph_max_blocks_);
+    SampleParams& p = host.sampling.data()[i];
+    p = SampleParams();  // temperature 0: the arg-max stands
+    if (!sampling.empty()) {
+      const RowSampling& r = sampling[i];
+      p.temperature = r.temperature;
+      p.top_k = r.top_k;
+      p.top_p = r.top_p;
+      p.min_p = r.min_p;
+      p.seed = r.seed;
+      p.step = r.step;
+    }
   }
   return absl::OkStatus();
 }
@@ -767,13 +783,18 @@ absl::Status CudaRouterBackend::Logits(absl::Span<const int64_t> rows, Tensor& l
                                              rows_.data(), r, gathered_.data(), stream));
   RETURN_IF_ERROR(linear_.Run(lm_head_, gathered_.data(), r, logits_.data(), OutType::kF32));
   if (graph_mode_) {
-    // Captured: only the greedy tokens cross to the host (4 bytes a row instead of the 600 KB
+    // Captured: only the tokens cross to the host (4 bytes a row instead of the 600 KB
     // row of a 150k vocabulary); the caller synchronizes after the replay.
     if (r != graph_sequences_) {
       return absl::FailedPreconditionError("cuda backend: graph steps have a row per sequence");
     }
     CUDA_RETURN_IF_ERROR(LaunchArgmax(logits_.data(), r, config_.vocab_size, argmax_scratch_.data(),
                                       greedy_.data(), stream));
+    // Rows that sample draw over their arg-max; greedy rows leave at once.
+    RETURN_IF_ERROR(Stage(host_inputs().sampling.data(), static_cast<size_t>(r),
+                          host_inputs().sampling, sampling_));
+    CUDA_RETURN_IF_ERROR(LaunchSample(logits_.data(), r, config_.vocab_size, sampling_.data(),
+                                      greedy_.data(), stream, /*keep_greedy_rows=*/true));
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_inputs().greedy.data(), greedy_.data(),
                                          static_cast<size_t>(r) * sizeof(int32_t),
                                          cudaMemcpyDeviceToHost, stream));

@@ -20,6 +20,7 @@
 #include "common/cuda/kernels/moe_gate_kernels.h"
 #include "common/cuda/kernels/norm_gate_kernels.h"
 #include "common/cuda/kernels/paged_kv_kernels.h"
+#include "common/cuda/kernels/sampling_kernels.h"
 #include "common/cuda/virtual_device_memory.h"
 #include "common/model/model_weights.h"
 
@@ -68,7 +69,7 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   absl::Status WriteDecodeInputs(int slot, absl::Span<const int32_t> tokens,
                                  absl::Span<const int32_t> positions,
                                  absl::Span<const PagedKvCache::SequenceId> sequences,
-                                 PagedKvCache& kv) override;
+                                 PagedKvCache& kv, absl::Span<const RowSampling> sampling) override;
   const int32_t* decode_greedy(int slot) const override { return host_[slot].greedy.data(); }
   absl::StatusOr<const float*> CopyDecodeLogits(absl::Span<const int64_t> rows) override;
   void SetGateHandOffSource(GateHandOffSource* source) override { hand_off_source_ = source; }
@@ -113,9 +114,10 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   absl::Status Embed(absl::Span<const int32_t> ids);
 
   // What the host writes for a step, pinned, which the step's copies read (Stage); and, for
-  // a replay, where its greedy tokens land.
+  // a replay, its rows' sampling settings and where its tokens land.
   struct HostInputs {
     PinnedBuffer<int32_t> ids, positions, token_seq, tables, rows, greedy;
+    PinnedBuffer<SampleParams> sampling;
   };
   static absl::Status AllocateHostInputs(HostInputs& inputs, size_t tokens, size_t table_entries,
                                          size_t greedy);
@@ -184,8 +186,10 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   DeviceBuffer<uint8_t> ffn_workspace_, attention_workspace_;
   DeviceBuffer<uint8_t> cluster_workspace_;  // cluster decode plans', zeroed once
   HostInputs host_[kInputSlots];
-  // Graph mode: the decode step's greedy tokens (argmax on the device) and, on demand, its rows.
+  // Graph mode: the decode step's tokens (argmax on the device, then drawn for the rows that
+  // sample) and, on demand, its rows.
   DeviceBuffer<int32_t> greedy_;
+  DeviceBuffer<SampleParams> sampling_;
   DeviceBuffer<uint8_t> argmax_scratch_;
   PinnedBuffer<float> pinned_logits_;
   bool graph_mode_ = false;

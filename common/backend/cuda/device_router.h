@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/backend/row_sampling.h"
 #include "common/cuda/cuda_context.h"
 #include "common/cuda/kernels/norm_gate_kernels.h"
 #include "common/kv/paged_kv_cache.h"
@@ -37,7 +38,9 @@ class DeviceRouter {
   // tokens in that slot's: a graph captured for one slot can be launched while the other
   // slot's is still running, its inputs written meanwhile. A token of kPreviousGreedyToken
   // takes the greedy token the step before left on the device at that row (the step before
-  // must have been a replay of the same rows).
+  // must have been a replay of the same rows). `sampling` (one per row, or none: every row
+  // greedy) has the rows with a temperature draw their token on the device instead, from the
+  // same logits, into the same place: the step after takes it as it takes a greedy one.
   static constexpr int kInputSlots = 2;
   static constexpr int32_t kPreviousGreedyToken = -1;
   virtual absl::Status PrepareGraphs(int max_context, int max_sequences) = 0;
@@ -46,7 +49,8 @@ class DeviceRouter {
   virtual absl::Status WriteDecodeInputs(int slot, absl::Span<const int32_t> tokens,
                                          absl::Span<const int32_t> positions,
                                          absl::Span<const PagedKvCache::SequenceId> sequences,
-                                         PagedKvCache& kv) = 0;
+                                         PagedKvCache& kv,
+                                         absl::Span<const RowSampling> sampling) = 0;
   virtual const int32_t* decode_greedy(int slot) const = 0;
   // The last replayed step's logits, [sequences, vocab] in pinned memory with only `rows`
   // copied: copied and synchronized now, before anything else runs on the stream.

@@ -1,11 +1,10 @@
-#include <curand_kernel.h>
-
 #include <algorithm>
 #include <climits>
 
 #include "common/cuda/device_utils.cuh"
 #include "common/cuda/kernels/sampling_kernels.h"
 #include "common/cuda/pdl.cuh"
+#include "common/util/philox.h"
 
 namespace strata::gpu {
 namespace {
@@ -32,20 +31,11 @@ struct Shared {
   unsigned long long cand[kThreads];
 };
 
-// Arg-max over i < vocab of value(i), returned to every thread.
-template <typename ValueFn>
-__device__ int BlockArgmax(int vocab, Shared& s, ValueFn&& value) {
+// The (best, idx) that ranks first over the block, its index returned to every thread (0 when
+// no thread holds one: all NaN).
+__device__ int BlockReduceArgmax(float best, int idx, Shared& s) {
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  float best = -INFINITY;
-  int idx = INT_MAX;
-  for (int i = threadIdx.x; i < vocab; i += kThreads) {
-    const float v = value(i);
-    if (RanksBefore(v, i, best, idx)) {
-      best = v;
-      idx = i;
-    }
-  }
   WarpArgmax(best, idx);
   __syncthreads();
   if (lane == 0) {
@@ -56,7 +46,47 @@ __device__ int BlockArgmax(int vocab, Shared& s, ValueFn&& value) {
   best = s.best_v[lane];
   idx = s.best_i[lane];
   WarpArgmax(best, idx);
-  return idx == INT_MAX ? 0 : idx;  // all NaN: token 0
+  return idx == INT_MAX ? 0 : idx;
+}
+
+// Arg-max over i < vocab of value(i), returned to every thread.
+template <typename ValueFn>
+__device__ int BlockArgmax(int vocab, Shared& s, ValueFn&& value) {
+  float best = -INFINITY;
+  int idx = INT_MAX;
+  for (int i = threadIdx.x; i < vocab; i += kThreads) {
+    const float v = value(i);
+    if (RanksBefore(v, i, best, idx)) {
+      best = v;
+      idx = i;
+    }
+  }
+  return BlockReduceArgmax(best, idx, s);
+}
+
+// Gumbel max: the arg-max of logit / T - log(-log(u)) is an exact draw from softmax(logit / T).
+// Token i's uniform is draw i of the (seed, step) stream, four tokens to a Philox block, as the
+// host's Sampler draws them. Tokens whose probability is below min_p x the largest (x0: the
+// largest logit / T) are left out.
+__device__ int GumbelMax(const float* row, int vocab, const SampleParams& p, float x0, Shared& s) {
+  float best = -INFINITY;
+  int idx = INT_MAX;
+  for (int base = 4 * static_cast<int>(threadIdx.x); base < vocab; base += 4 * kThreads) {
+    const Philox4 bits = PhiloxBlock(p.seed, p.step, kPhiloxSample, static_cast<uint32_t>(base));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = base + j;
+      if (i >= vocab) break;
+      const float x = row[i] / p.temperature;
+      if (p.min_p > 0.0f && !(expf(x - x0) >= p.min_p)) continue;
+      const float v = x - logf(-logf(UniformFromBits(bits.v[j])));
+      if (RanksBefore(v, i, best, idx)) {
+        best = v;
+        idx = i;
+      }
+    }
+  }
+  return BlockReduceArgmax(best, idx, s);
 }
 
 // The k-th largest key among the i < vocab that key_of(i, &key) accepts (at least k do), by
@@ -195,13 +225,18 @@ __device__ int SampleFromCandidates(const float* row, int vocab, const SamplePar
   const int index = static_cast<int>(0xffffffffu - static_cast<uint32_t>(s.cand[i]));
   const float x0 =
       row[static_cast<int>(0xffffffffu - static_cast<uint32_t>(s.cand[0]))] / p.temperature;
-  const float e = i < k ? expf(row[index] / p.temperature - x0) : 0.0f;
+  // Weights p / p_max; those below min_p go before the top-p cut (vLLM's order).
+  float e = i < k ? expf(row[index] / p.temperature - x0) : 0.0f;
+  if (e < p.min_p) e = 0.0f;
   float z;
   if (limited) {
     z = BlockTotal(e, s);
   } else {
     float part = 0.0f;
-    for (int j = threadIdx.x; j < vocab; j += kThreads) part += expf(row[j] / p.temperature - x0);
+    for (int j = threadIdx.x; j < vocab; j += kThreads) {
+      const float w = expf(row[j] / p.temperature - x0);
+      if (w >= p.min_p) part += w;
+    }
     z = BlockTotal(part, s);
   }
   const float inclusive = BlockInclusiveScan(e, s);
@@ -212,9 +247,7 @@ __device__ int SampleFromCandidates(const float* row, int vocab, const SamplePar
   if (i == keep - 1) s.bcast[1] = inclusive;
   __syncthreads();
   const float total = s.bcast[1];
-  curandStatePhilox4_32_10_t rng;
-  curand_init(p.seed, p.step, 0, &rng);
-  const float draw = curand_uniform(&rng) * total;  // in (0, total]
+  const float draw = PhiloxUniform(p.seed, p.step, kPhiloxSample, 0) * total;  // in (0, total)
   const int below = __syncthreads_count(i < keep && inclusive <= draw);
   const int choice = min(below, keep - 1);
   __syncthreads();
@@ -291,22 +324,23 @@ int ArgmaxParts(int64_t vocab) {
 
 __global__ void __launch_bounds__(kThreads)
     SampleKernel(const float* __restrict__ logits, int vocab,
-                 const SampleParams* __restrict__ params, int32_t* __restrict__ out) {
+                 const SampleParams* __restrict__ params, int32_t* __restrict__ out,
+                 bool keep_greedy_rows) {
   __shared__ Shared s;
   const float* row = logits + int64_t{blockIdx.x} * vocab;
   const SampleParams p = params[blockIdx.x];
+  const bool greedy = !(p.temperature > 0.0f);
+  if (greedy && keep_greedy_rows) return;
   int token;
-  if (!(p.temperature > 0.0f)) {
+  if (greedy) {
     token = BlockArgmax(vocab, s, [&](int i) { return row[i]; });
   } else if ((p.top_k <= 0 || p.top_k >= vocab) && p.top_p >= 1.0f) {
-    // Gumbel max: arg-max of logit / T + Gumbel noise is an exact softmax draw in one pass.
-    // Token i's uniform is output i of the (seed, step) Philox stream, whatever the layout.
-    token = BlockArgmax(vocab, s, [&](int i) {
-      curandStatePhilox4_32_10_t rng;
-      curand_init(p.seed, p.step, static_cast<unsigned long long>(i), &rng);
-      const float u = fminf(curand_uniform(&rng), 0x1.fffffep-1f);  // keep log(u) < 0
-      return row[i] / p.temperature - logf(-logf(u));
-    });
+    float x0 = 0.0f;
+    if (p.min_p > 0.0f) {
+      const int top = BlockArgmax(vocab, s, [&](int i) { return row[i]; });
+      x0 = row[top] / p.temperature;
+    }
+    token = GumbelMax(row, vocab, p, x0, s);
   } else {
     token = SampleFromCandidates(row, vocab, p, s);
   }
@@ -334,11 +368,11 @@ cudaError_t LaunchArgmax(const float* logits, int64_t n, int64_t vocab, void* sc
 }
 
 cudaError_t LaunchSample(const float* logits, int64_t n, int64_t vocab, const SampleParams* params,
-                         int32_t* out, cudaStream_t stream) {
+                         int32_t* out, cudaStream_t stream, bool keep_greedy_rows) {
   if (n < 0 || n > 0x7fffffff || vocab <= 0 || vocab > 0x7fffffff) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   SampleKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, static_cast<int>(vocab),
-                                                                  params, out);
+                                                                  params, out, keep_greedy_rows);
   return cudaGetLastError();
 }
 

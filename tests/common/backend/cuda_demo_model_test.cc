@@ -4,6 +4,7 @@
 // Skips without a GPU.
 #include <algorithm>
 #include <fstream>
+#include <set>
 
 #include "common/cuda/cuda_context.h"
 #include "common/engine/local_engine.h"
@@ -159,6 +160,54 @@ TEST(CudaDemoModelTest, GraphDecodeMatchesEagerDecode) {
     std::cout << "prompt " << i << ": first " << same << " of " << expected.size()
               << " greedy tokens equal transformers' (float32)\n";
   }
+}
+
+// Sampled decoding draws the same tokens whether the host picks them from eager steps' logits
+// (mode 0), the device picks them in replayed steps (mode 1) or in steps launched ahead (mode
+// 2): both take the Philox draws of (seed, step). A penalized request is sampled on the host in
+// every mode.
+TEST(CudaDemoModelTest, SampledDecodeIsTheSameOnTheDeviceAndTheHost) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::ifstream in(kModel + "/reference.json");
+  const auto prompts = nlohmann::json::parse(in)["generation"]["prompts"];
+  const SamplingParams settings[] = {
+      {.temperature = 1.0f, .seed = 11},                 // Gumbel over the vocabulary
+      {.temperature = 0.7f, .top_p = 0.9f, .seed = 12},  // nucleus
+      {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = 13},
+      {.temperature = 1.0f, .seed = 14, .min_p = 0.05f},
+      {.temperature = 0.7f, .top_p = 0.9f, .seed = 15, .repetition_penalty = 1.1f},
+  };
+  constexpr int kModes = 3;
+  std::vector<std::vector<int32_t>> by_mode[kModes];
+  int64_t overlapped[kModes] = {};
+  for (int mode = 0; mode < kModes; ++mode) {
+    LocalEngineOptions options;
+    options.model_dir = kModel;
+    options.device = "cuda";
+    options.cuda_graphs = mode > 0;
+    options.overlap_decode_steps = mode == 2;
+    auto engine = LocalEngine::Create(options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    for (const auto& p : prompts) {
+      for (const SamplingParams& sampling : settings) {
+        GenerateOptions g;
+        g.max_new_tokens = 32;
+        g.ignore_eos = true;
+        g.sampling = sampling;
+        auto tokens = (*engine)->Generate(p["input_ids"].get<std::vector<int32_t>>(), g);
+        ASSERT_TRUE(tokens.ok()) << tokens.status();
+        by_mode[mode].push_back(*tokens);
+      }
+    }
+    overlapped[mode] = (*engine)->decode_graph_timing().overlapped;
+  }
+  for (size_t i = 0; i < by_mode[0].size(); ++i) {
+    EXPECT_EQ(by_mode[0][i], by_mode[1][i]) << "request " << i << ": replayed against eager";
+    EXPECT_EQ(by_mode[0][i], by_mode[2][i]) << "request " << i << ": ahead against eager";
+    // Draws, not the arg-max: a sampled continuation has more than one distinct token.
+    EXPECT_GT(std::set<int32_t>(by_mode[0][i].begin(), by_mode[0][i].end()).size(), 1u);
+  }
+  EXPECT_GT(overlapped[2], 0);  // sampled steps went ahead
 }
 
 }  // namespace

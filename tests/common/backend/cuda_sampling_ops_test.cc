@@ -1,6 +1,6 @@
 // Arg-max and sampling on the device against the CPU Sampler's definition: exact greedy
-// choices, draws only from the allowed set, frequencies that follow the distribution, and
-// reproducibility per (seed, step).
+// choices, draws only from the allowed set, frequencies that follow the distribution,
+// reproducibility per (seed, step), and the host Sampler's very tokens for the same draws.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda/kernels/sampling_kernels.h"
+#include "common/engine/sampler.h"
 #include "tests/common/backend/cuda_test_util.h"
 
 namespace strata::testing_cuda {
@@ -205,6 +206,49 @@ TEST_F(SamplingTest, GreedyAndReproducible) {
     const std::vector<int32_t> c = Sample(logits, 8, other);
     EXPECT_NE(a, c) << "another seed should change some of 8 draws";
   }
+}
+
+// The device draws what the host's Sampler draws from the same logits at the same step: a
+// request's tokens do not depend on which of them picked each one. Only rounding may part them
+// (a draw within float error of a boundary between two tokens): at most one in the lot.
+TEST_F(SamplingTest, DeviceDrawsAreTheHostSamplersDraws) {
+  const int steps = 64;
+  int64_t mismatches = 0, draws = 0;
+  for (int vocab : {64, 3000, 151936}) {
+    std::vector<float> logits = RandomFloats(vocab, 3.0f);
+    for (int i = 0; i < std::min(vocab, 200); ++i) logits[RandomInt(0, vocab - 1)] += 6.0f;
+    const SamplingParams settings[] = {
+        {.temperature = 1.0f, .seed = 21},
+        {.temperature = 0.7f, .top_p = 0.9f, .seed = 22},
+        {.temperature = 0.9f, .top_k = 40, .seed = 23},
+        {.temperature = 0.8f, .top_k = 50, .top_p = 0.8f, .seed = 24},
+        {.temperature = 1.0f, .seed = 25, .min_p = 0.1f},
+        {.temperature = 0.6f, .top_p = 0.95f, .seed = 26, .min_p = 0.02f},
+    };
+    for (const SamplingParams& s : settings) {
+      const gpu::SampleParams p{.temperature = s.temperature,
+                                .top_k = s.top_k,
+                                .top_p = s.top_p,
+                                .min_p = s.min_p,
+                                .seed = s.seed,
+                                .step = 0};
+      const std::vector<int32_t> device = Sample(logits, steps, p);  // steps 0 .. steps - 1
+      ASSERT_EQ(device.size(), static_cast<size_t>(steps));
+      Sampler host(s);
+      std::set<int32_t> distinct;
+      for (int step = 0; step < steps; ++step) {
+        const int32_t token = host.Sample(logits.data(), vocab);
+        mismatches += token != device[step];
+        distinct.insert(token);
+        host.Accept(token);
+        ++draws;
+      }
+      EXPECT_GT(distinct.size(), 1u) << "vocab " << vocab << " T " << s.temperature;
+    }
+  }
+  RecordResult("device draws unlike the host's", absl::StrCat(draws, " draws"),
+               static_cast<double>(mismatches), 1.0);
+  EXPECT_LE(mismatches, 1);
 }
 
 }  // namespace

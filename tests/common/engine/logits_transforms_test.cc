@@ -130,19 +130,29 @@ TEST(SamplerTransformsTest, MinPDropsTokensBelowItsShareOfTheLargest) {
   p.seed = 11;
   Sampler sampler(p);
   std::vector<int> counts(4, 0);
-  for (int i = 0; i < 3000; ++i) ++counts[sampler.Sample(logits.data(), 4)];
+  for (int i = 0; i < 3000; ++i) {
+    const int32_t token = sampler.Sample(logits.data(), 4);
+    sampler.Accept(token);
+    ++counts[token];
+  }
   EXPECT_EQ(counts[2] + counts[3], 0);
   EXPECT_NEAR(counts[0] / 3000.0, 2.0 / 3.0, 0.04);  // renormalized: 0.5 / 0.75
   // min_p 0 draws all four.
   p.min_p = 0.0f;
   Sampler all(p);
   std::set<int> drawn;
-  for (int i = 0; i < 3000; ++i) drawn.insert(all.Sample(logits.data(), 4));
+  for (int i = 0; i < 3000; ++i) {
+    drawn.insert(all.Sample(logits.data(), 4));
+    all.Accept(0);  // the next step's draw
+  }
   EXPECT_EQ(drawn.size(), 4u);
   // min_p 1 keeps the largest only.
   p.min_p = 1.0f;
   Sampler top(p);
-  for (int i = 0; i < 100; ++i) EXPECT_EQ(top.Sample(logits.data(), 4), 0);
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(top.Sample(logits.data(), 4), 0);
+    top.Accept(0);
+  }
 }
 
 TEST(SamplerTransformsTest, SampledDrawsSeeTheBias) {

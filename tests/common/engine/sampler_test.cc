@@ -54,10 +54,37 @@ TEST(SamplerTest, SameSeedSameTokens) {
   for (int i = 0; i < 50; ++i) {
     draws_a.push_back(a.Sample(logits.data(), 5));
     draws_b.push_back(b.Sample(logits.data(), 5));
+    a.Accept(draws_a.back());
+    b.Accept(draws_b.back());
   }
   EXPECT_EQ(draws_a, draws_b);
   // Fifty draws from a near-uniform distribution use more than one token.
   EXPECT_GT(std::set<int32_t>(draws_a.begin(), draws_a.end()).size(), 1u);
+}
+
+// A draw is a function of (seed, how many tokens came before), not of the sampler's history:
+// the device picks the same token for that step (common/util/philox.h).
+TEST(SamplerTest, DrawsDependOnSeedAndStepOnly) {
+  const std::vector<float> logits = {1.0f, 1.1f, 0.9f, 1.05f, 0.2f, 0.7f, 1.2f};
+  for (const SamplingParams& params :
+       {SamplingParams{.temperature = 1.0f, .seed = 9},
+        SamplingParams{.temperature = 0.9f, .top_k = 5, .top_p = 0.9f, .seed = 9},
+        SamplingParams{.temperature = 1.1f, .seed = 9, .min_p = 0.5f}}) {
+    Sampler a(params), b(params);
+    for (int step = 0; step < 30; ++step) {
+      a.Sample(logits.data(), 7);  // a draws at every step, b only now
+      ASSERT_EQ(a.Sample(logits.data(), 7), b.Sample(logits.data(), 7)) << step;
+      a.Accept(1);
+      b.Accept(static_cast<int32_t>(step % 7));
+    }
+    const std::optional<RowSampling> row = a.device_row();
+    ASSERT_TRUE(row.has_value());
+    EXPECT_EQ(row->step, 30u);
+    EXPECT_EQ(row->seed, 9u);
+  }
+  // A transform keeps the draw on the host.
+  Sampler penalized(SamplingParams{.temperature = 1.0f, .repetition_penalty = 1.1f});
+  EXPECT_FALSE(penalized.device_row().has_value());
 }
 
 TEST(SamplerTest, TopKOneIsGreedy) {
@@ -98,7 +125,11 @@ TEST(SamplerTest, FrequenciesFollowTheDistribution) {
   Sampler sampler(SamplingParams{.temperature = 1.0f, .seed = 11});
   int ones = 0;
   const int draws = 20000;
-  for (int i = 0; i < draws; ++i) ones += sampler.Sample(logits.data(), 2);
+  for (int i = 0; i < draws; ++i) {
+    const int32_t token = sampler.Sample(logits.data(), 2);
+    sampler.Accept(token);
+    ones += token;
+  }
   EXPECT_NEAR(static_cast<double>(ones) / draws, 0.75, 0.02);
 }
 
@@ -119,7 +150,11 @@ TEST(SamplerTest, DraftAcceptanceKeepsTheDistribution) {
   std::vector<double> want(logits.size(), 0.0);
   {
     Sampler sampler(params);
-    for (int i = 0; i < kDraws; ++i) ++want[sampler.Sample(logits.data(), 5)];
+    for (int i = 0; i < kDraws; ++i) {
+      const int32_t token = sampler.Sample(logits.data(), 5);
+      sampler.Accept(token);
+      ++want[token];
+    }
   }
   for (int32_t draft : {0, 1, 3, 4}) {  // likely, less likely, cut by top-k, in between
     Sampler sampler({.temperature = 0.8f, .top_k = 4, .top_p = 0.95f, .seed = 100u + draft});
@@ -130,9 +165,11 @@ TEST(SamplerTest, DraftAcceptanceKeepsTheDistribution) {
       if (sampler.AcceptDraft(logits.data(), 5, draft, replacement)) {
         ++got[draft];
         ++accepted;
+        sampler.Accept(draft);
       } else {
         ASSERT_NE(replacement, draft);
         ++got[replacement];
+        sampler.Accept(replacement);
       }
     }
     for (size_t t = 0; t < logits.size(); ++t) {

@@ -119,11 +119,32 @@ TEST(SchedulerPolicyTest, GreedyDecodesAskForTheNextStepBehindThem) {
   EXPECT_GE(h.scheduler().stats().steps_ahead, 8);
 }
 
-TEST(SchedulerPolicyTest, SampledRowsAskForLogitsAndNeverForAStepAhead) {
+TEST(SchedulerPolicyTest, SampledRowsDrawOnTheDeviceAndGoAhead) {
   Harness h(/*num_blocks=*/64, {.max_batch_tokens = 64}, /*replays=*/true);
   RequestSpec sampled = Greedy(4, 6);
   // A temperature with top_k 1 picks the argmax too: the tokens stay predictable.
   sampled.sampling = {.temperature = 0.7f, .top_k = 1, .seed = 5};
+  h.RunAndExpect({sampled});
+  uint64_t last_step = 0;
+  bool first = true;
+  for (const StepPlan& plan : h.runner().plans()) {
+    EXPECT_TRUE(plan.host_rows.empty());  // the device draws: no logits cross
+    ASSERT_EQ(plan.sampling.size(), 1u);
+    EXPECT_EQ(plan.sampling[0].temperature, 0.7f);
+    EXPECT_EQ(plan.sampling[0].seed, 5u);
+    // The draw's index is the tokens generated before it.
+    if (!first) EXPECT_GT(plan.sampling[0].step, last_step);
+    last_step = plan.sampling[0].step;
+    first = false;
+  }
+  EXPECT_GT(h.runner().collects(), 0);  // and steps went ahead
+}
+
+TEST(SchedulerPolicyTest, PenalizedRowsAskForLogitsAndNeverForAStepAhead) {
+  Harness h(/*num_blocks=*/64, {.max_batch_tokens = 64}, /*replays=*/true);
+  RequestSpec sampled = Greedy(4, 6);
+  // A penalty moves logits on the host; top_k 1 keeps the argmax of the peaked fake logits.
+  sampled.sampling = {.temperature = 0.7f, .top_k = 1, .seed = 5, .repetition_penalty = 1.1f};
   h.RunAndExpect({sampled});
   for (const StepPlan& plan : h.runner().plans()) {
     EXPECT_FALSE(plan.launch_next);
