@@ -12,20 +12,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/cluster/secure_random.h"
+#include "common/util/same_secret.h"
 
 namespace strata {
 namespace {
 
 constexpr size_t kMinSecret = 32;
 constexpr size_t kMaxSecret = 1024;
-
-// Equal contents in time that depends on the lengths only.
-bool SameSecret(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
 
 }  // namespace
 

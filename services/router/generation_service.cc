@@ -9,6 +9,7 @@
 #include "common/engine/sampling_request.h"
 #include "common/util/status_macros.h"
 #include "services/router/client_request.h"
+#include "services/router/tokenization.h"
 
 namespace strata {
 namespace {
@@ -355,15 +356,9 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
   return AnswerNow<v1::TokenizeRequest, v1::TokenizeResponse>(
       context, request, response, hold.status(),
       [&](const v1::TokenizeRequest& in, v1::TokenizeResponse& out) -> absl::Status {
-        if (tokenizer_ == nullptr) {
-          return absl::FailedPreconditionError("this model has no tokenizer.json");
-        }
-        // Bounded like a prompt: no text is tokenized that could not be one.
-        RETURN_IF_ERROR(scheduler_.CheckTextFits("the text", in.text().size(), false));
-        absl::StatusOr<std::vector<int32_t>> ids =
-            tokenizer_->Encode(in.text(), in.add_special_tokens());
-        if (!ids.ok()) return absl::InvalidArgumentError(ids.status().message());
-        for (int32_t id : *ids) out.add_token_ids(static_cast<uint32_t>(id));
+        ASSIGN_OR_RETURN(const std::vector<int32_t> ids,
+                         TokenizeText(tokenizer_, scheduler_, in.text(), in.add_special_tokens()));
+        for (int32_t id : ids) out.add_token_ids(static_cast<uint32_t>(id));
         return absl::OkStatus();
       });
 }
@@ -375,26 +370,10 @@ grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerCont
   return AnswerNow<v1::DetokenizeRequest, v1::DetokenizeResponse>(
       context, request, response, hold.status(),
       [&](const v1::DetokenizeRequest& in, v1::DetokenizeResponse& out) -> absl::Status {
-        if (tokenizer_ == nullptr) {
-          return absl::FailedPreconditionError("this model has no tokenizer.json");
-        }
-        // No more than a sequence holds: its text is what a client may ask for.
-        if (in.token_ids_size() > scheduler_.max_context_tokens()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(in.token_ids_size(), " token ids; at most the context's ",
-                           scheduler_.max_context_tokens(), " are detokenized at once"));
-        }
-        std::vector<int32_t> ids;
-        for (uint32_t id : in.token_ids()) {
-          if (id >= static_cast<uint32_t>(tokenizer_->vocab_size())) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("token id ", id, " is outside the vocabulary"));
-          }
-          ids.push_back(static_cast<int32_t>(id));
-        }
-        absl::StatusOr<std::string> text = tokenizer_->Decode(ids, in.skip_special_tokens());
-        if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
-        out.set_text(*text);
+        const std::vector<int64_t> ids(in.token_ids().begin(), in.token_ids().end());
+        ASSIGN_OR_RETURN(std::string text,
+                         DetokenizeIds(tokenizer_, scheduler_, ids, in.skip_special_tokens()));
+        out.set_text(std::move(text));
         return absl::OkStatus();
       });
 }

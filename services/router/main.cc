@@ -37,6 +37,13 @@ ABSL_FLAG(int64_t, max_request_bytes, 8 << 20,
 ABSL_FLAG(int, http_port, 0,
           "Port of the OpenAI-compatible HTTP API and Prometheus /metrics, on the --listen "
           "host; 0: off");
+ABSL_FLAG(std::string, served_model_name, "",
+          "The model's id in the HTTP API: what /v1/models lists and requests must name; "
+          "empty: the last component of --model");
+ABSL_FLAG(std::string, api_key, "",
+          "A key the HTTP API asks of /v1/* and /tokenize, /detokenize as 'Authorization: "
+          "Bearer KEY' (401 otherwise; /health, /metrics, /version stay open); empty: "
+          "$STRATA_API_KEY, or none");
 ABSL_FLAG(int, workers, 1, "Expert workers to wait for; 0 runs the experts in this process");
 ABSL_FLAG(std::string, plan, "", "Expert placement from `strata plan`; default: contiguous");
 ABSL_FLAG(std::string, router_device, "cpu",
@@ -111,6 +118,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.http_port = http_port == 0 ? -1 : http_port;
+  options.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  // As vLLM reads VLLM_API_KEY: `strata up` hands its key over this way, off the command line
+  // (which any local user can read).
+  options.api_key = absl::GetFlag(FLAGS_api_key);
+  if (options.api_key.empty()) {
+    const char* key = std::getenv(strata::kApiKeyEnvironment);
+    if (key != nullptr) options.api_key = key;
+  }
+  if (!options.api_key.empty() && !strata::IsApiKey(options.api_key)) {
+    std::cerr << "strata-router: the API key (--api-key or $" << strata::kApiKeyEnvironment
+              << ") must be 1 to " << strata::kMaxApiKeyBytes
+              << " printable ASCII characters without spaces\n";
+    return 2;
+  }
   options.plan_file = absl::GetFlag(FLAGS_plan);
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_router_device);

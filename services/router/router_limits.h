@@ -3,7 +3,9 @@
 #ifndef STRATA_SERVICES_ROUTER_ROUTER_LIMITS_H_
 #define STRATA_SERVICES_ROUTER_ROUTER_LIMITS_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 namespace strata {
 
@@ -18,6 +20,18 @@ inline constexpr int64_t kMaxRequestBytes = int64_t{1} << 30;
 // twice the channels' wait slice, below an hour.
 inline constexpr double kMinWorkerLivenessS = 0.2;
 inline constexpr double kMaxWorkerLivenessS = 3600;
+
+// The HTTP API's key: 1 to 1024 printable ASCII characters without spaces, what an
+// Authorization header carries unchanged. Read from this variable where no flag sets it.
+inline constexpr char kApiKeyEnvironment[] = "STRATA_API_KEY";
+inline constexpr size_t kMaxApiKeyBytes = 1024;
+inline bool IsApiKey(std::string_view key) {
+  if (key.empty() || key.size() > kMaxApiKeyBytes) return false;
+  for (char c : key) {
+    if (c < 0x21 || c > 0x7e) return false;
+  }
+  return true;
+}
 
 }  // namespace strata
 

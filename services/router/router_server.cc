@@ -44,6 +44,10 @@ absl::Status CheckOptions(const RouterOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("the largest request size must be in [1, ", kMaxRequestBytes, "]"));
   }
+  if (!o.api_key.empty() && !IsApiKey(o.api_key)) {
+    return absl::InvalidArgumentError(absl::StrCat("the API key must be 1 to ", kMaxApiKeyBytes,
+                                                   " printable ASCII characters without spaces"));
+  }
   if (o.internal_listen.empty()) {
     return absl::InvalidArgumentError("the router needs an internal listener (Coordinator, Admin)");
   }
@@ -205,8 +209,12 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
 absl::Status RouterServer::StartHttp() {
   ASSIGN_OR_RETURN(ChatTemplate chat_template, ChatTemplate::FromModelDir(options_.model_dir));
   OpenAiServiceOptions service;
-  service.model_name =
-      std::filesystem::path(options_.model_dir).lexically_normal().filename().string();
+  service.model_name = options_.served_model_name;
+  service.api_key = options_.api_key;
+  if (service.model_name.empty()) {
+    service.model_name =
+        std::filesystem::path(options_.model_dir).lexically_normal().filename().string();
+  }
   if (service.model_name.empty()) {
     service.model_name = std::filesystem::path(options_.model_dir)
                              .lexically_normal()

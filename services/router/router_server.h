@@ -84,6 +84,11 @@ struct RouterOptions {
   // 0 picks a free port. `http.host` and `http.port` are set from these.
   int http_port = -1;
   HttpServerOptions http;
+  // The model's id in the HTTP API (/v1/models, the `model` requests name); empty: the last
+  // component of model_dir.
+  std::string served_model_name;
+  // The HTTP API's key (IsApiKey), asked of /v1/* and the tokenizer's routes; empty: none.
+  std::string api_key;
 };
 
 class RouterServer {

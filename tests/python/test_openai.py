@@ -46,13 +46,14 @@ def free_port():
 class Cluster:
     """`strata up` with the HTTP API on a free port; stop() sends SIGTERM."""
 
-    def __init__(self, extra=()):
+    def __init__(self, extra=(), env=None):
         self.http_port = free_port()
         self.log = tempfile.TemporaryFile()
         argv = [os.path.join(BIN_DIR, "strata"), "up", "--model", DEMO_MODEL, "--workers", "2",
                 "--threads", "1", "--http-port", str(self.http_port), *extra]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log,
-                                     start_new_session=True, text=True)
+                                     start_new_session=True, text=True,
+                                     env=None if env is None else {**os.environ, **env})
         ready = threading.Event()
 
         def watch():
@@ -77,8 +78,8 @@ class Cluster:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
 
-    def client(self):
-        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.http_port}/v1", api_key="none",
+    def client(self, api_key="none"):
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.http_port}/v1", api_key=api_key,
                              timeout=120, max_retries=0)
 
     def raw(self, method, path, body=None, headers=None):
@@ -266,6 +267,72 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertGreater(families["strata_kv_blocks_capacity"].samples[0].value, 0)
         workers = {s.labels["worker"] for s in families["strata_worker_tier_hits"].samples}
         self.assertEqual(workers, {"0", "1"})
+
+
+def command_lines(sid):
+    """The command lines of the processes whose sid is `sid`, `strata up` and its children
+    (what any local user can read)."""
+    lines = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getsid(int(pid)) != sid:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                lines.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        except (OSError, ProcessLookupError):
+            pass
+    return lines
+
+
+class ApiKeyAndServedNameTest(unittest.TestCase):
+    """`strata up --api-key --served-model-name`, and $STRATA_API_KEY without the flag."""
+
+    KEY = "sk-strata-test-5f0c1e"
+
+    def check(self, cluster, name):
+        status, payload = cluster.raw("GET", "/v1/models")
+        self.assertEqual(status, 401)
+        self.assertEqual(json.loads(payload)["error"]["code"], "invalid_api_key")
+        with self.assertRaises(openai.AuthenticationError):
+            cluster.client("sk-wrong").models.list()
+        client = cluster.client(self.KEY)
+        self.assertEqual([m.id for m in client.models.list().data], [name])
+        c = client.completions.create(model=name, prompt="In the beginning", max_tokens=3,
+                                      temperature=0)
+        self.assertEqual(c.model, name)
+        with self.assertRaises(openai.NotFoundError):
+            client.completions.create(model=name + "-other", prompt="x", max_tokens=1)
+        if name != MODEL:  # the directory's name is no alias of the served one
+            with self.assertRaises(openai.NotFoundError):
+                client.completions.create(model=MODEL, prompt="x", max_tokens=1)
+        auth = {"Content-Type": "application/json", "Authorization": f"Bearer {self.KEY}"}
+        status, payload = cluster.raw("POST", "/tokenize", {"prompt": "In the beginning"}, auth)
+        self.assertEqual(status, 200, payload)
+        self.assertEqual(json.loads(payload)["count"], c.usage.prompt_tokens)
+        self.assertEqual(cluster.raw("POST", "/tokenize", {"prompt": "x"})[0], 401)
+        for path in ("/health", "/metrics", "/version"):
+            self.assertEqual(cluster.raw("GET", path)[0], 200, path)
+        # The key is on no process's command line but the one it was typed on.
+        daemons = [line for line in command_lines(cluster.proc.pid)
+                   if any(d in line for d in ("strata-router", "strata-worker", "strata-cache"))]
+        self.assertEqual(len(daemons), 4, daemons)
+        for line in daemons:
+            self.assertNotIn(self.KEY, line)
+        self.assertNotIn(self.KEY, cluster.stderr())
+
+    def test_flags(self):
+        cluster = Cluster(extra=("--api-key", self.KEY, "--served-model-name", "demo-x"))
+        try:
+            self.check(cluster, "demo-x")
+        finally:
+            cluster.stop()
+
+    def test_environment(self):
+        cluster = Cluster(env={"STRATA_API_KEY": self.KEY})
+        try:
+            self.check(cluster, MODEL)
+        finally:
+            cluster.stop()
 
 
 class QueueFullTest(unittest.TestCase):

@@ -1,5 +1,6 @@
 // A plain HTTP/1.1 client for tests of the router's OpenAI API: a free port to give it, a
-// connection, and one POST exchange (Connection: close), raw or as the reply's status and body.
+// connection, and one exchange (Connection: close), raw or as the reply's status, headers and
+// body.
 #ifndef STRATA_TESTS_TESTING_HTTP_POST_H_
 #define STRATA_TESTS_TESTING_HTTP_POST_H_
 
@@ -10,6 +11,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace strata::testing {
 
@@ -27,7 +29,8 @@ inline int FreeTcpPort() {
 }
 
 struct HttpReply {
-  int status = 0;  // 0: no reply
+  int status = 0;    // 0: no reply
+  std::string head;  // the status line and headers
   std::string body;
 };
 
@@ -45,15 +48,19 @@ inline int ConnectLoopback(int port) {
   return fd;
 }
 
-// One POST of a JSON body (Connection: close): the whole response as received, headers and
-// all; empty if nothing answered.
-inline std::string PostRaw(int port, const std::string& path, const std::string& body) {
+// One request of a JSON body (Connection: close), with `headers` ("Name: value" each) added:
+// the whole response as received, headers and all; empty if nothing answered.
+inline std::string RequestRaw(int port, const std::string& method, const std::string& path,
+                              const std::string& body,
+                              const std::vector<std::string>& headers = {}) {
   const int fd = ConnectLoopback(port);
   if (fd < 0) return "";
-  const std::string request = "POST " + path +
-                              " HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
-                              "Connection: close\r\nContent-Length: " +
-                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::string request = method + " " + path +
+                        " HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+                        "Connection: close\r\nContent-Length: " +
+                        std::to_string(body.size()) + "\r\n";
+  for (const std::string& header : headers) request += header + "\r\n";
+  request += "\r\n" + body;
   size_t sent = 0;
   while (sent < request.size()) {
     const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
@@ -68,16 +75,27 @@ inline std::string PostRaw(int port, const std::string& path, const std::string&
   return response;
 }
 
-inline HttpReply PostJson(int port, const std::string& path, const std::string& body) {
+inline std::string PostRaw(int port, const std::string& path, const std::string& body) {
+  return RequestRaw(port, "POST", path, body);
+}
+
+inline HttpReply Exchange(int port, const std::string& method, const std::string& path,
+                          const std::string& body = "",
+                          const std::vector<std::string>& headers = {}) {
   HttpReply reply;
-  const std::string response = PostRaw(port, path, body);
+  const std::string response = RequestRaw(port, method, path, body, headers);
   // "HTTP/1.1 200 OK\r\n...\r\n\r\nBODY"
   const size_t space = response.find(' ');
   const size_t end = response.find("\r\n\r\n");
   if (space == std::string::npos || end == std::string::npos) return reply;
   reply.status = std::atoi(response.c_str() + space + 1);
+  reply.head = response.substr(0, end);
   reply.body = response.substr(end + 4);
   return reply;
+}
+
+inline HttpReply PostJson(int port, const std::string& path, const std::string& body) {
+  return Exchange(port, "POST", path, body);
 }
 
 }  // namespace strata::testing

@@ -252,5 +252,33 @@ TEST(ClusterConfigTest, EachDaemonGetsItsKeys) {
   }
 }
 
+// The HTTP API's name goes to the router as a flag; its key goes to no command line (the
+// supervisor sets it in the router's environment) and a bad one is refused without repeating it.
+TEST(ClusterConfigTest, ServedModelNameAndApiKey) {
+  ClusterConfig c;
+  ASSERT_TRUE(
+      LoadClusterConfig(Write("http.yaml", "served_model_name: demo\napi_key: sk-file\n"), c).ok());
+  EXPECT_EQ(c.served_model_name, "demo");
+  EXPECT_EQ(c.api_key, "sk-file");
+  ASSERT_TRUE(
+      ApplyClusterFlags({"--api-key", "sk-flag-123", "--served-model-name=org/model"}, c).ok());
+  EXPECT_EQ(c.api_key, "sk-flag-123");
+  EXPECT_TRUE(CheckClusterConfig(c).ok());
+  const auto router = DaemonArgs(c, Daemon::kRouter);
+  EXPECT_NE(std::find(router.begin(), router.end(), "--served-model-name=org/model"), router.end());
+  for (const Daemon daemon : {Daemon::kCache, Daemon::kRouter, Daemon::kWorker}) {
+    for (const std::string& arg : DaemonArgs(c, daemon)) {
+      EXPECT_THAT(arg, Not(HasSubstr("sk-flag-123")));
+      EXPECT_THAT(arg, Not(HasSubstr("api-key")));
+    }
+  }
+  for (const std::string& bad : {std::string("has space"), std::string(1025, 'k')}) {
+    c.api_key = bad;
+    const std::string message = CheckClusterConfig(c).ToString();
+    EXPECT_THAT(message, HasSubstr("bad value for \"api_key\" (--api-key): must be 1 to 1024"));
+    EXPECT_THAT(message, Not(HasSubstr(bad)));
+  }
+}
+
 }  // namespace
 }  // namespace strata

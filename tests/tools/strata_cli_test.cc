@@ -312,6 +312,30 @@ TEST(StrataCliTest, DaemonsHelpAndUnknownFlags) {
   }
 }
 
+// The HTTP API's flags, on strata-router and `strata up` alike; a bad key is refused at start
+// without being repeated.
+TEST(StrataCliTest, HttpApiFlags) {
+  const std::string router = absl::StrCat(STRATA_BIN_DIR, "/strata-router");
+  const Result help = ::strata::testing::RunCommand(router + " --help");
+  const auto router_flags = FlagLines(help.out);
+  const auto up_flags = FlagLines(RunStrata("up --help").out);
+  for (const char* flag : {"served-model-name", "api-key"}) {
+    ASSERT_TRUE(router_flags.contains(flag)) << flag;
+    ASSERT_TRUE(up_flags.contains(flag)) << flag;
+  }
+  EXPECT_THAT(router_flags.at("api-key"), HasSubstr("$STRATA_API_KEY"));
+  EXPECT_THAT(up_flags.at("api-key"), HasSubstr("(config: api_key)"));
+  EXPECT_THAT(up_flags.at("served-model-name"), HasSubstr("/v1/models"));
+  const Result bad = ::strata::testing::RunCommand(router + " --model /m --api-key 'sk bad'");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.out, HasSubstr("the API key (--api-key or $STRATA_API_KEY) must be"));
+  EXPECT_THAT(bad.out, ::testing::Not(HasSubstr("sk bad")));
+  const Result up = RunStrata("up --model /m --api-key 'sk bad'");
+  EXPECT_NE(up.exit_code, 0);
+  EXPECT_THAT(up.out, HasSubstr("(--api-key): must be"));
+  EXPECT_THAT(up.out, ::testing::Not(HasSubstr("sk bad")));
+}
+
 // A port another server holds: the router says so, and `strata up` stops what it started.
 TEST(StrataCliTest, UpOnAPortInUseFails) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -197,6 +197,24 @@ const std::map<std::string, Key>& Keys() {
                         .Help("port of the OpenAI-compatible HTTP API and /metrics on the host; "
                               "0: off")
                         .To(kRouter)},
+      {"served_model_name",
+       KeyOf<S>("served-model-name", &ClusterConfig::served_model_name)
+           .Help("the model's id in the HTTP API: what /v1/models lists and requests must name; "
+                 "empty: the last component of the model directory")
+           .To(kRouter)},
+      {"api_key",
+       KeyOf<S>("api-key", &ClusterConfig::api_key,
+                [](const S& v) {
+                  return v.empty() || IsApiKey(v)
+                             ? absl::OkStatus()
+                             : absl::InvalidArgumentError(
+                                   absl::StrCat("must be 1 to ", kMaxApiKeyBytes,
+                                                " printable ASCII characters without spaces"));
+                })
+           .Help("a key the HTTP API asks of /v1/* and /tokenize, /detokenize as "
+                 "'Authorization: Bearer KEY' (401 otherwise; /health, /metrics, /version stay "
+                 "open); empty: $STRATA_API_KEY, or none. Handed to the router in its "
+                 "environment")},
       {"transport", KeyOf<S>("transport", &ClusterConfig::transport,
                              [](const S& v) {
                                return OneOf(v, {"shm", "grpc"});

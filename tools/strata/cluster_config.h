@@ -25,6 +25,10 @@ struct ClusterConfig {
   std::string host = "127.0.0.1";
   int port = 0;                   // 0 picks a free port
   int http_port = 0;              // the router's OpenAI-compatible HTTP API; 0: off
+  std::string served_model_name;  // the model's id in the HTTP API; empty: its directory's name
+  // The key the HTTP API asks for (IsApiKey); empty: $STRATA_API_KEY, or none. Handed to the
+  // router in its environment, not its command line.
+  std::string api_key;
   std::string transport = "shm";  // shm or grpc between router and workers
   // gRPC transport: activations as f32, or fp8 (E4M3, a scale per token).
   std::string expert_activations = "f32";

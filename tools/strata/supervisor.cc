@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -22,6 +23,7 @@
 #include "common/cluster/cluster_token.h"
 #include "common/cluster/runtime_dir.h"
 #include "common/util/process.h"
+#include "services/router/router_limits.h"
 #include "tools/strata/mps_daemon.h"
 
 namespace strata {
@@ -34,6 +36,9 @@ struct Child {
 
   std::string name;
   std::vector<std::string> argv;
+  // NAME=value entries set in its environment over this process's: secrets stay off the
+  // command line, which any local user can read.
+  std::vector<std::string> environment;
   pid_t pid = -1;
   int stdout_fd = -1;
   std::string unread;  // read from stdout_fd, not yet taken as lines
@@ -44,6 +49,22 @@ struct Child {
 // Starts `child` in its own process group (a terminal's Ctrl-C reaches only the supervisor,
 // which then stops the children in order), dying with the supervisor.
 absl::Status Spawn(Child& child) {
+  // Built before the fork: the child of a threaded process may only make async-signal-safe calls.
+  std::vector<std::string> environment = child.environment;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    const bool overridden = std::any_of(
+        child.environment.begin(), child.environment.end(), [&](const std::string& own) {
+          return absl::StartsWith(entry, own.substr(0, own.find('=') + 1));
+        });
+    if (!overridden) environment.emplace_back(entry);
+  }
+  std::vector<char*> envp;
+  for (std::string& e : environment) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<char*> args;
+  for (std::string& a : child.argv) args.push_back(a.data());
+  args.push_back(nullptr);
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
   const pid_t parent = ::getpid();
@@ -62,10 +83,7 @@ absl::Status Spawn(Child& child) {
     sigfillset(&all);
     ::sigprocmask(SIG_UNBLOCK, &all, nullptr);
     ::dup2(pipe_fds[1], STDOUT_FILENO);
-    std::vector<char*> args;
-    for (std::string& a : child.argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
+    ::execve(args[0], args.data(), envp.data());
     std::fprintf(stderr, "strata up: cannot run %s: %s\n", args[0], std::strerror(errno));
     ::_exit(127);
   }
@@ -236,6 +254,8 @@ absl::Status RunCluster(const SupervisorOptions& options, std::ostream& out) {
                        {absl::StrCat("--listen=", c.host, ":", c.port),
                         "--internal-listen=" + router_internal, token_flag,
                         "--router-device=" + *router_device, "--channel-prefix=" + prefix})};
+  // The HTTP API's key reaches the router in its environment, as strata-router reads it.
+  if (!c.api_key.empty()) router.environment = {absl::StrCat(kApiKeyEnvironment, "=", c.api_key)};
   std::vector<Child> workers(c.workers);
   auto stop_all = [&](absl::Duration router_grace) {
     const int router_exit = Stop(router, router_grace);

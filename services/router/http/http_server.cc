@@ -123,6 +123,8 @@ const char* HttpReason(int status) {
       return "OK";
     case 400:
       return "Bad Request";
+    case 401:
+      return "Unauthorized";
     case 404:
       return "Not Found";
     case 405:
@@ -158,20 +160,25 @@ absl::Status HttpResponder::WriteAll(absl::string_view data) {
   return absl::OkStatus();
 }
 
+void HttpResponder::AddHeader(absl::string_view name, absl::string_view value) {
+  absl::StrAppend(&extra_headers_, name, ": ", value, "\r\n");
+}
+
 absl::Status HttpResponder::Send(int status, absl::string_view content_type,
                                  absl::string_view body) {
   responded_ = true;
-  return WriteAll(absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status), "\r\nContent-Type: ",
-                               content_type, "\r\nContent-Length: ", body.size(),
-                               keep_alive_ ? "\r\n" : "\r\nConnection: close\r\n", "\r\n", body));
+  return WriteAll(absl::StrCat(
+      "HTTP/1.1 ", status, " ", HttpReason(status), "\r\nContent-Type: ", content_type,
+      "\r\nContent-Length: ", body.size(), keep_alive_ ? "\r\n" : "\r\nConnection: close\r\n",
+      extra_headers_, "\r\n", body));
 }
 
 absl::Status HttpResponder::StartStream(int status, absl::string_view content_type) {
   responded_ = true;
-  return WriteAll(absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status),
-                               "\r\nContent-Type: ", content_type,
-                               "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked",
-                               keep_alive_ ? "\r\n" : "\r\nConnection: close\r\n", "\r\n"));
+  return WriteAll(
+      absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status), "\r\nContent-Type: ", content_type,
+                   "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked",
+                   keep_alive_ ? "\r\n" : "\r\nConnection: close\r\n", extra_headers_, "\r\n"));
 }
 
 absl::Status HttpResponder::WriteChunk(absl::string_view data) {

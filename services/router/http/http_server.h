@@ -68,6 +68,9 @@ class HttpResponder {
   bool responded() const { return responded_; }
   bool keep_alive() const { return keep_alive_; }
   void set_keep_alive(bool keep) { keep_alive_ = keep; }
+  // A header for the response, before Send or StartStream (e.g. a 401's WWW-Authenticate). The
+  // name and value are the handler's own, never a client's: nothing here escapes them.
+  void AddHeader(absl::string_view name, absl::string_view value);
 
  private:
   absl::Status WriteAll(absl::string_view data);
@@ -75,6 +78,7 @@ class HttpResponder {
   int fd_;
   bool responded_ = false;
   bool keep_alive_ = true;
+  std::string extra_headers_;  // "Name: value\r\n" each
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;

@@ -160,6 +160,14 @@ absl::Status BadParam(absl::string_view param, absl::string_view message, absl::
   return status;
 }
 
+absl::Status ModelNotFound(absl::string_view requested, absl::string_view served) {
+  absl::Status status = absl::NotFoundError(
+      absl::StrCat("the model '", requested, "' does not exist; this server has '", served, "'"));
+  status.SetPayload(kInvalidParamPayload, absl::Cord("model"));
+  status.SetPayload(kCodePayload, absl::Cord("model_not_found"));
+  return status;
+}
+
 ApiError ToApiError(const absl::Status& status) {
   ApiError e;
   e.message = std::string(status.message());
@@ -194,6 +202,51 @@ namespace {
 // Deeper JSON than any real request nests (chat messages with tool calls: under ten).
 constexpr int kMaxJsonDepth = 64;
 
+// The keys each endpoint reads: OpenAI's, and vLLM's extensions Strata honours (or refuses by
+// name, as `n` above 1). Any other key is a 400 that names it: an option a client counts on is
+// never dropped unnoticed.
+constexpr absl::string_view kSharedKeys[] = {"model",
+                                             "max_tokens",
+                                             "temperature",
+                                             "top_p",
+                                             "top_k",
+                                             "min_p",
+                                             "repetition_penalty",
+                                             "presence_penalty",
+                                             "frequency_penalty",
+                                             "seed",
+                                             "logit_bias",
+                                             "min_tokens",
+                                             "stop_token_ids",
+                                             "include_stop_str_in_output",
+                                             "skip_special_tokens",
+                                             "stop",
+                                             "stream",
+                                             "stream_options",
+                                             "n",
+                                             "logprobs",
+                                             "ignore_eos",
+                                             "best_of",
+                                             "echo",
+                                             "suffix",
+                                             "response_format",
+                                             "guided_json",
+                                             "guided_regex",
+                                             "guided_choice",
+                                             "guided_grammar",
+                                             "guided_decoding_backend",
+                                             "structured_outputs",
+                                             "user"};
+constexpr absl::string_view kCompletionKeys[] = {"prompt"};
+constexpr absl::string_view kChatKeys[] = {"messages",
+                                           "chat_template_kwargs",
+                                           "add_generation_prompt",
+                                           "max_completion_tokens",
+                                           "top_logprobs",
+                                           "tools",
+                                           "tool_choice",
+                                           "parallel_tool_calls"};
+
 // The deepest nesting of arrays and objects in JSON text (strings skipped), found without
 // parsing: what is done with a request's values (templates, conversions) recurses.
 int JsonDepth(absl::string_view text) {
@@ -220,14 +273,60 @@ int JsonDepth(absl::string_view text) {
 
 }  // namespace
 
-absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool chat) {
+absl::StatusOr<Json> ParseJsonObject(absl::string_view text) {
   if (const int depth = JsonDepth(text); depth > kMaxJsonDepth) {
     return BadParam("", absl::StrCat("the body nests ", depth, " levels deep; at most ",
                                      kMaxJsonDepth, " are accepted"));
   }
-  const Json body = Json::parse(text.begin(), text.end(), nullptr, false);
+  Json body = Json::parse(text.begin(), text.end(), nullptr, false);
   if (body.is_discarded()) return BadParam("", "the body is not valid JSON");
   if (!body.is_object()) return BadParam("", "the body must be a JSON object");
+  return body;
+}
+
+absl::Status RefuseUnknownKeys(const Json& body,
+                               std::initializer_list<absl::Span<const absl::string_view>> known) {
+  std::vector<std::string> unknown;
+  for (const auto& [key, value] : body.items()) {
+    bool found = false;
+    for (absl::Span<const absl::string_view> list : known) {
+      found = found || std::find(list.begin(), list.end(), key) != list.end();
+    }
+    if (!found) unknown.push_back(key);
+  }
+  if (unknown.empty()) return absl::OkStatus();
+  std::string names;
+  for (const std::string& key : unknown) {
+    absl::StrAppend(&names, names.empty() ? "" : ", ", "'", key, "'");
+  }
+  return BadParam(unknown[0],
+                  absl::StrCat(unknown.size() == 1 ? "unknown parameter " : "unknown parameters ",
+                               names, ": not supported (docs/http.md lists the parameters)"));
+}
+
+absl::Status ParseChatFields(const Json& body, OpenAiRequest& r) {
+  r.chat = true;
+  if (!body.contains("messages")) return BadParam("messages", "'messages' is required");
+  RETURN_IF_ERROR(ParseMessages(body["messages"], r));
+  if (Present(body, "chat_template_kwargs")) {
+    if (!body["chat_template_kwargs"].is_object()) {
+      return BadParam("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    }
+    r.template_variables = body["chat_template_kwargs"];
+  }
+  if (Present(body, "add_generation_prompt")) {
+    if (!body["add_generation_prompt"].is_boolean()) {
+      return BadParam("add_generation_prompt", "'add_generation_prompt' must be a boolean");
+    }
+    r.add_generation_prompt = body["add_generation_prompt"].get<bool>();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool chat) {
+  ASSIGN_OR_RETURN(const Json body, ParseJsonObject(text));
+  RETURN_IF_ERROR(chat ? RefuseUnknownKeys(body, {kSharedKeys, kChatKeys})
+                       : RefuseUnknownKeys(body, {kSharedKeys, kCompletionKeys}));
   OpenAiRequest r;
   r.chat = chat;
   if (!body.contains("model") || !body["model"].is_string()) {
@@ -235,20 +334,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
   }
   r.model = body["model"].get<std::string>();
   if (chat) {
-    if (!body.contains("messages")) return BadParam("messages", "'messages' is required");
-    RETURN_IF_ERROR(ParseMessages(body["messages"], r));
-    if (Present(body, "chat_template_kwargs")) {
-      if (!body["chat_template_kwargs"].is_object()) {
-        return BadParam("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-      }
-      r.template_variables = body["chat_template_kwargs"];
-    }
-    if (Present(body, "add_generation_prompt")) {
-      if (!body["add_generation_prompt"].is_boolean()) {
-        return BadParam("add_generation_prompt", "'add_generation_prompt' must be a boolean");
-      }
-      r.add_generation_prompt = body["add_generation_prompt"].get<bool>();
-    }
+    RETURN_IF_ERROR(ParseChatFields(body, r));
   } else {
     if (!body.contains("prompt")) return BadParam("prompt", "'prompt' is required");
     RETURN_IF_ERROR(ParsePrompt(body["prompt"], r));
@@ -380,6 +466,19 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
   }
   if (Present(body, "tools") && !body["tools"].empty()) {
     return BadParam("tools", "tool calling is not supported");
+  }
+  // Without tools, "none" and "auto" both mean plain text, and parallel calls have nothing to
+  // call.
+  if (Present(body, "tool_choice") && body["tool_choice"] != Json("none") &&
+      body["tool_choice"] != Json("auto")) {
+    return BadParam("tool_choice", "tool calling is not supported");
+  }
+  if (Present(body, "parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean()) {
+    return BadParam("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+  }
+  // An end user's id, for the provider's abuse monitoring: nothing here reads it.
+  if (Present(body, "user") && !body["user"].is_string()) {
+    return BadParam("user", "'user' must be a string");
   }
   return r;
 }

@@ -4,12 +4,14 @@
 #define STRATA_SERVICES_ROUTER_HTTP_OPENAI_REQUEST_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/engine/sampling_request.h"
 #include "nlohmann/json.hpp"
 
@@ -57,14 +59,28 @@ std::string ErrorBody(const ApiError& error);
 // An INVALID_ARGUMENT status that names the request field (and optionally an error code).
 absl::Status BadParam(absl::string_view param, absl::string_view message,
                       absl::string_view code = "");
+// NOT_FOUND for a request naming `requested` where the server has `served`: 404 with param
+// `model` and code `model_not_found`, as OpenAI and vLLM answer.
+absl::Status ModelNotFound(absl::string_view requested, absl::string_view served);
 // The API's form of `status`: INVALID_ARGUMENT 400, NOT_FOUND 404, RESOURCE_EXHAUSTED 429,
 // UNAVAILABLE 503, others 500.
 ApiError ToApiError(const absl::Status& status);
 
-// Parses a request body. INVALID_ARGUMENT (400) for bad JSON, missing or malformed fields and
-// options Strata does not support (n > 1, best_of, echo, suffix, more than 1 top_logprobs,
-// response_format other than text, guided decoding, tools).
+// Parses a request body. INVALID_ARGUMENT (400) for bad JSON, missing or malformed fields,
+// keys the endpoint does not know (every one named) and options Strata does not support (n > 1,
+// best_of, echo, suffix, more than 1 top_logprobs, response_format other than text, guided
+// decoding, tools).
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool chat);
+
+// What every endpoint's body parse shares.
+// The body as a JSON object: INVALID_ARGUMENT for bad JSON, another JSON type, or nesting
+// deeper than any request needs (what is done with a request's values recurses).
+absl::StatusOr<Json> ParseJsonObject(absl::string_view body);
+// INVALID_ARGUMENT naming every key of `body` in none of the `known` lists (param: the first).
+absl::Status RefuseUnknownKeys(const Json& body,
+                               std::initializer_list<absl::Span<const absl::string_view>> known);
+// A chat's `messages` (required), `chat_template_kwargs` and `add_generation_prompt` into `r`.
+absl::Status ParseChatFields(const Json& body, OpenAiRequest& r);
 
 }  // namespace strata
 

@@ -6,13 +6,19 @@
 #include <deque>
 #include <mutex>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/util/same_secret.h"
 #include "common/util/status_macros.h"
+#include "common/util/version.h"
 
 namespace strata {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr char kBearer[] = "Bearer ";
 
 // The scheduler's output for one request, queued for the connection thread that waits on it.
 class QueueSink : public ResponseSink {
@@ -146,16 +152,41 @@ void OpenAiService::SendError(HttpResponder& responder, const ApiError& error,
   responder.Send(error.status, "application/json", ErrorBody(error)).IgnoreError();
 }
 
+bool OpenAiService::Authorized(const HttpRequest& request, HttpResponder& responder) const {
+  // vLLM's rule (every path under /v1), and the tokenizer's routes: they read the prompts'
+  // text as generation does. /health, /metrics and /version stay open for probes and scrapers.
+  if (options_.api_key.empty() || !(absl::StartsWith(request.path, "/v1") ||
+                                    request.path == "/tokenize" || request.path == "/detokenize")) {
+    return true;
+  }
+  const auto header = request.headers.find("authorization");
+  absl::string_view presented;
+  if (header != request.headers.end() && absl::StartsWithIgnoreCase(header->second, kBearer)) {
+    presented = absl::StripLeadingAsciiWhitespace(
+        absl::string_view(header->second).substr(sizeof(kBearer) - 1));
+  }
+  if (!presented.empty() && SameSecret(presented, options_.api_key)) return true;
+  // The message never repeats what was sent: it may be a near miss of the key.
+  const ApiError e{401, "invalid_request_error",
+                   presented.empty()
+                       ? "this server needs an API key: send 'Authorization: Bearer <key>'"
+                       : "the API key is not valid",
+                   "", "invalid_api_key"};
+  responder.AddHeader("WWW-Authenticate", "Bearer");
+  responder.Send(401, "application/json", ErrorBody(e)).IgnoreError();
+  return false;
+}
+
 void OpenAiService::Handle(const HttpRequest& request, HttpResponder& responder) {
   struct Route {
     const char* path;
     const char* method;
   };
-  static const Route kRoutes[] = {{"/v1/models", "GET"},
-                                  {"/v1/completions", "POST"},
-                                  {"/v1/chat/completions", "POST"},
-                                  {"/metrics", "GET"},
-                                  {"/health", "GET"}};
+  static const Route kRoutes[] = {
+      {"/v1/models", "GET"}, {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
+      {"/tokenize", "POST"}, {"/detokenize", "POST"},     {"/version", "GET"},
+      {"/metrics", "GET"},   {"/health", "GET"}};
+  if (!Authorized(request, responder)) return;
   const Route* route = nullptr;
   for (const Route& r : kRoutes) {
     if (request.path == r.path) route = &r;
@@ -193,6 +224,12 @@ void OpenAiService::Handle(const HttpRequest& request, HttpResponder& responder)
         .Send(ready ? 200 : 503, "application/json",
               ready ? "{\"status\": \"ok\"}" : "{\"status\": \"waiting for workers\"}")
         .IgnoreError();
+  } else if (request.path == "/version") {
+    responder.Send(200, "application/json", Dump(Json{{"version", StrataVersion()}})).IgnoreError();
+  } else if (request.path == "/tokenize") {
+    Tokenize(request, responder);
+  } else if (request.path == "/detokenize") {
+    Detokenize(request, responder);
   } else {
     Generate(request, request.path == "/v1/chat/completions", responder);
   }
@@ -214,12 +251,8 @@ absl::StatusOr<std::vector<int32_t>> OpenAiService::PromptIds(const OpenAiReques
   std::string text;
   bool special = true;
   if (r.chat) {
-    absl::StatusOr<std::string> rendered =
-        chat_template_.Render(r.messages, r.add_generation_prompt, r.template_variables);
-    if (!rendered.ok()) return BadParam("messages", rendered.status().message());
-    text = *std::move(rendered);
-    // A template writes its own special tokens, as apply_chat_template assumes.
-    special = !chat_template_.has_template();
+    ASSIGN_OR_RETURN(text, ChatText(r));
+    special = ChatAddsSpecialTokens();
   } else {
     text = *r.prompt_text;
   }
@@ -233,11 +266,20 @@ absl::StatusOr<std::vector<int32_t>> OpenAiService::PromptIds(const OpenAiReques
   return ids;
 }
 
+absl::StatusOr<std::string> OpenAiService::ChatText(const OpenAiRequest& r) const {
+  absl::StatusOr<std::string> rendered =
+      chat_template_.Render(r.messages, r.add_generation_prompt, r.template_variables);
+  if (!rendered.ok()) return BadParam("messages", rendered.status().message());
+  return rendered;
+}
+
+absl::Status OpenAiService::CheckModel(absl::string_view model) const {
+  if (model == options_.model_name) return absl::OkStatus();
+  return ModelNotFound(model, options_.model_name);
+}
+
 absl::StatusOr<RequestSpec> OpenAiService::ToSpec(const OpenAiRequest& r) const {
-  if (r.model != options_.model_name) {
-    return absl::Status(absl::NotFoundError(absl::StrCat(
-        "the model '", r.model, "' does not exist; this server has '", options_.model_name, "'")));
-  }
+  RETURN_IF_ERROR(CheckModel(r.model));
   RequestSpec spec;
   ASSIGN_OR_RETURN(spec.prompt, PromptIds(r));
   const int64_t context = scheduler_.max_context_tokens();
@@ -281,11 +323,7 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
     return SendError(responder, ToApiError(parsed.status()), RequestOutcome::kInvalid);
   const OpenAiRequest& r = *parsed;
   absl::StatusOr<RequestSpec> spec = ToSpec(r);
-  if (!spec.ok()) {
-    ApiError e = ToApiError(spec.status());
-    if (e.status == 404) e.code = "model_not_found", e.param = "model";
-    return SendError(responder, e, RequestOutcome::kInvalid);
-  }
+  if (!spec.ok()) return SendError(responder, ToApiError(spec.status()), RequestOutcome::kInvalid);
   auto sink = std::make_shared<QueueSink>();
   absl::StatusOr<Scheduler::Ticket> ticket = scheduler_.Submit(*std::move(spec), sink);
   if (!ticket.ok()) {

@@ -1,7 +1,9 @@
 // The OpenAI-compatible API over the router's scheduler: GET /v1/models, POST /v1/completions,
-// POST /v1/chat/completions (whole or streamed as server-sent events), GET /metrics
-// (Prometheus) and GET /health. Handlers run on the HTTP server's connection threads and block
-// on their request's tokens; a client that goes away has its request cancelled.
+// POST /v1/chat/completions (whole or streamed as server-sent events), vLLM's POST /tokenize and
+// POST /detokenize, GET /version, GET /metrics (Prometheus) and GET /health. Handlers run on the
+// HTTP server's connection threads and block on their request's tokens; a client that goes
+// away has its request cancelled. With an API key, /v1/* and the tokenizer's routes need it
+// (`Authorization: Bearer KEY`); /health, /metrics and /version stay open, as vLLM's.
 #ifndef STRATA_SERVICES_ROUTER_HTTP_OPENAI_SERVICE_H_
 #define STRATA_SERVICES_ROUTER_HTTP_OPENAI_SERVICE_H_
 
@@ -21,6 +23,9 @@ namespace strata {
 
 struct OpenAiServiceOptions {
   std::string model_name;  // what /v1/models lists and requests must name
+  // The key clients must send as `Authorization: Bearer KEY` (router_limits.h's IsApiKey);
+  // empty: none.
+  std::string api_key;
   // The router's state for /metrics, taken per scrape.
   std::function<RouterSnapshot()> snapshot;
   // Whether the router serves (every worker registered), for /health.
@@ -38,7 +43,20 @@ class OpenAiService {
   const ServingMetrics& metrics() const { return metrics_; }
 
  private:
+  // Whether `request` may use its route: true without an API key or for an open route;
+  // otherwise false after a 401.
+  bool Authorized(const HttpRequest& request, HttpResponder& responder) const;
   void Generate(const HttpRequest& http, bool chat, HttpResponder& responder);
+  // POST /tokenize and /detokenize (tokenize_routes.cc).
+  void Tokenize(const HttpRequest& http, HttpResponder& responder) const;
+  void Detokenize(const HttpRequest& http, HttpResponder& responder) const;
+  // NOT_FOUND (404 model_not_found) unless `model` is the one served.
+  absl::Status CheckModel(absl::string_view model) const;
+  // A chat request's messages through the model's chat template (or the plain format).
+  absl::StatusOr<std::string> ChatText(const OpenAiRequest& request) const;
+  // Whether a chat's text is encoded with the tokenizer's special tokens: only in the plain
+  // format, as a template writes its own (as apply_chat_template assumes).
+  bool ChatAddsSpecialTokens() const { return !chat_template_.has_template(); }
   // The prompt's token ids: the completion prompt encoded, or the chat rendered and encoded.
   absl::StatusOr<std::vector<int32_t>> PromptIds(const OpenAiRequest& request) const;
   absl::StatusOr<RequestSpec> ToSpec(const OpenAiRequest& request) const;

@@ -91,6 +91,12 @@ class HttpServerTest : public ::testing::Test {
         out.Send(200, "text/plain", std::string(64 << 20, 'h')).IgnoreError();
         return;
       }
+      if (r.path == "/private") {  // headers are the handler's, header names lower-cased
+        out.AddHeader("WWW-Authenticate", "Bearer");
+        const auto it = r.headers.find("authorization");
+        out.Send(401, "text/plain", it == r.headers.end() ? "none" : it->second).IgnoreError();
+        return;
+      }
       out.Send(200, "text/plain", "ok " + std::to_string(r.body.size())).IgnoreError();
     });
     ASSERT_TRUE(server.ok()) << server.status();
@@ -112,6 +118,22 @@ class HttpServerTest : public ::testing::Test {
   std::atomic<bool> release_{false};
   std::atomic<int> blocked_{0};
 };
+
+// A handler's own headers reach the client, with 401's reason phrase; a request's header names
+// arrive lower-cased and values trimmed.
+TEST_F(HttpServerTest, HandlerHeadersAndUnauthorized) {
+  Start(HttpServerOptions());
+  Client client(server_->port());
+  ASSERT_TRUE(client.connected());
+  ASSERT_TRUE(client.Send("GET /private HTTP/1.1\r\nHost: a\r\nAuthorization:  Bearer k \r\n\r\n"));
+  const std::string reply = client.ReadAll();
+  EXPECT_THAT(reply, HasSubstr("HTTP/1.1 401 Unauthorized\r\n"));
+  EXPECT_THAT(reply, HasSubstr("\r\nWWW-Authenticate: Bearer\r\n"));
+  EXPECT_THAT(reply, HasSubstr("\r\n\r\nBearer k"));
+  // The next request on the connection carries none of them.
+  ASSERT_TRUE(client.Send("GET /x HTTP/1.1\r\nHost: a\r\n\r\n"));
+  EXPECT_THAT(client.ReadAll(), Not(HasSubstr("WWW-Authenticate")));
+}
 
 // A client trickling its headers a byte at a time is cut off at header_timeout_s from its first
 // byte, however often it sends.

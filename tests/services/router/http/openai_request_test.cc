@@ -146,6 +146,54 @@ TEST(OpenAiRequestTest, Errors) {
               true, "tools");
 }
 
+// Every key is read or refused: one no endpoint knows (or the other endpoint's) is a 400
+// naming each, not an option silently dropped.
+TEST(OpenAiRequestTest, UnknownKeysAreNamed) {
+  auto r = ParseOpenAiRequest(
+      R"({"model": "m", "prompt": "x", "use_beam_search": true, "length_penalty": 1})", false);
+  ASSERT_FALSE(r.ok());
+  const ApiError e = ToApiError(r.status());
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "use_beam_search");
+  EXPECT_NE(e.message.find("'use_beam_search', 'length_penalty'"), std::string::npos) << e.message;
+  ExpectError(R"({"model": "m", "prompt": "x", "max_completion_tokens": 2})", false,
+              "max_completion_tokens");
+  ExpectError(R"({"model": "m", "prompt": "x", "top_logprobs": 1})", false, "top_logprobs");
+  ExpectError(R"({"model": "m", "prompt": "x", "messages": []})", false, "messages");
+  ExpectError(R"({"model": "m", "prompt": "x", "add_generation_prompt": true})", false,
+              "add_generation_prompt");
+  ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "prompt": "x"})",
+              true, "prompt");
+  ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                  "continue_final_message": true})",
+              true, "continue_final_message");
+  // A null is a value too: the key is still one nothing reads.
+  ExpectError(R"({"model": "m", "prompt": "x", "priority": null})", false, "priority");
+  // OpenAI's own keys that change nothing here are read: an end user's id, tool settings
+  // without tools.
+  r = ParseOpenAiRequest(R"({"model": "m", "prompt": "x", "user": "u-1"})", false);
+  EXPECT_TRUE(r.ok()) << r.status();
+  r = ParseOpenAiRequest(R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+      "tools": [], "tool_choice": "none", "parallel_tool_calls": true, "user": "u"})",
+                         true);
+  EXPECT_TRUE(r.ok()) << r.status();
+  ExpectError(R"({"model": "m", "prompt": "x", "user": 5})", false, "user");
+  ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                  "tool_choice": "required"})",
+              true, "tool_choice");
+  ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                  "parallel_tool_calls": "yes"})",
+              true, "parallel_tool_calls");
+}
+
+TEST(OpenAiRequestTest, ModelNotFound) {
+  const ApiError e = ToApiError(ModelNotFound("a", "b"));
+  EXPECT_EQ(e.status, 404);
+  EXPECT_EQ(e.param, "model");
+  EXPECT_EQ(e.code, "model_not_found");
+  EXPECT_EQ(e.message, "the model 'a' does not exist; this server has 'b'");
+}
+
 // JSON nested deeper than any request needs is refused before it is parsed or used (templates
 // and conversions of its values recurse): 100,000 levels in a 200 KB body once crashed the
 // router. Brackets inside strings do not count.
