@@ -176,27 +176,34 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(absl::Span<const int3
       break;
     }
     const int64_t position = n + static_cast<int64_t>(out.size()) - 1;
-    // The token is picked on the device when no transform needs the host; the step after this
-    // one then goes in behind it when its token will be wanted.
-    const std::optional<RowSampling> device = sampler.device_row();
+    // The token is picked on the device unless the host must (RowSampling); the step after
+    // this one then goes in behind it when its token will be wanted. Launched behind a step in
+    // flight, a row's draw comes one step later than the tokens taken so far.
+    std::optional<RowSampling> device = sampler.device_row(in_flight ? 1 : 0);
     const bool ahead = options_.overlap_decode_steps && device.has_value() &&
                        static_cast<int>(out.size()) + 1 < options.max_new_tokens;
     absl::StatusOr<StepResult> result;
+    bool on_device = false;
     if (in_flight) {
       result = runner_->Collect(
           ahead && !kv_->NeedsWiden(seq, position + 2) && kv_->Reserve(seq, position + 2).ok(),
+          device ? absl::Span<const RowSampling>(&*device, 1) : absl::Span<const RowSampling>(),
           [] {});
+      on_device = true;  // a step launched ahead picks its token there
       // Lost with whatever was in flight: the step runs again from the token the host has.
       if (!result.ok()) in_flight = false;
     }
     if (!in_flight) {
+      device = sampler.device_row();
+      on_device = device.has_value();
       result = Step(seq, {&next, 1}, position, {0},
-                    device ? std::vector<int64_t>{} : std::vector<int64_t>{0}, ahead,
+                    device ? std::vector<int64_t>{} : std::vector<int64_t>{0},
+                    ahead && device.has_value(),
                     device ? std::vector<RowSampling>{*device} : std::vector<RowSampling>{});
     }
     if (!result.ok()) return result.status();
-    next = result->tokens != nullptr && device ? result->tokens[0]
-                                               : sampler.Sample(result->logits(0), vocab);
+    next = result->tokens != nullptr && on_device ? result->tokens[0]
+                                                  : sampler.Sample(result->logits(0), vocab);
     in_flight = result->next_in_flight;
   }
   return out;

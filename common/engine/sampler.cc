@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/util/philox.h"
 
@@ -50,7 +51,10 @@ Sampler::Sampler(const SamplingParams& params, absl::Span<const int32_t> prompt,
 
 void Sampler::Accept(int32_t token) {
   ++generated_;
-  if (penalties_) counts_.AddOutput(token);
+  if (penalties_) {
+    counts_.AddOutput(token);
+    if (device_list_ != nullptr) outputs_since_list_.push_back(token);
+  }
 }
 
 const float* Sampler::Transformed(const float* logits, int64_t vocab) {
@@ -90,14 +94,63 @@ int64_t ArgMax(const float* values, int64_t n) {
   return 0;  // every value is NaN
 }
 
-std::optional<RowSampling> Sampler::device_row() const {
-  if (transforms()) return std::nullopt;
-  return RowSampling{.temperature = params_.temperature,
-                     .top_k = params_.top_k,
-                     .top_p = params_.top_p,
-                     .min_p = params_.min_p,
-                     .seed = params_.seed,
-                     .step = static_cast<uint64_t>(generated_)};
+std::optional<RowSampling> Sampler::device_row(int in_flight) {
+  RowSampling row{.temperature = params_.temperature,
+                  .top_k = params_.top_k,
+                  .top_p = params_.top_p,
+                  .min_p = params_.min_p,
+                  .seed = params_.seed,
+                  .step = static_cast<uint64_t>(generated_ + in_flight)};
+  if (!transforms()) {
+    row.list_step = row.step;
+    return row;
+  }
+  row.repetition_penalty = params_.repetition_penalty;
+  row.presence_penalty = params_.presence_penalty;
+  row.frequency_penalty = params_.frequency_penalty;
+  row.min_tokens = params_.min_tokens;
+  const bool held_back = generated_ < params_.min_tokens && !held_back_.empty();
+  if (device_list_ == nullptr || held_back != list_held_back_) {
+    // Made whole: the seen tokens with their output counts, the biases, the held-back ids.
+    absl::flat_hash_map<int32_t, TransformToken> by_token;
+    for (int32_t id : counts_.seen()) by_token[id].flags |= TransformToken::kSeen;
+    for (const auto& [id, count] : counts_.output()) by_token[id].output_count = count;
+    for (const auto& [id, bias] : params_.logit_bias) by_token[id].bias += bias;
+    if (held_back) {
+      for (int32_t id : held_back_) by_token[id].flags |= TransformToken::kHeldBack;
+    }
+    auto list = std::make_shared<std::vector<TransformToken>>();
+    list->reserve(by_token.size());
+    for (auto& [id, entry] : by_token) {
+      entry.token = id;
+      list->push_back(entry);
+    }
+    std::sort(list->begin(), list->end(),
+              [](const TransformToken& a, const TransformToken& b) { return a.token < b.token; });
+    device_list_ = std::move(list);
+    list_held_back_ = held_back;
+    outputs_since_list_.clear();
+  } else if (!outputs_since_list_.empty()) {
+    // A copy with the new outputs counted (the one before may still be in a step in flight).
+    auto list = std::make_shared<std::vector<TransformToken>>(*device_list_);
+    for (int32_t token : outputs_since_list_) {
+      auto at = std::lower_bound(
+          list->begin(), list->end(), token,
+          [](const TransformToken& entry, int32_t id) { return entry.token < id; });
+      if (at == list->end() || at->token != token) {
+        at = list->insert(at, TransformToken{.token = token});
+      }
+      ++at->output_count;
+      at->flags |= TransformToken::kSeen;
+    }
+    device_list_ = std::move(list);
+    outputs_since_list_.clear();
+  }
+  list_step_ = generated_;
+  if (std::ssize(*device_list_) > kMaxDeviceTransformTokens) return std::nullopt;
+  row.tokens = device_list_;
+  row.list_step = static_cast<uint64_t>(list_step_);
+  return row;
 }
 
 float Sampler::Uniform(uint32_t stream) const {

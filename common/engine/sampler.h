@@ -6,6 +6,7 @@
 #define STRATA_COMMON_ENGINE_SAMPLER_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -64,10 +65,12 @@ class Sampler {
   // from p without the draft, renormalized, so the token that results is distributed as p.
   bool AcceptDraft(const float* logits, int64_t vocab, int32_t draft, int32_t& replacement);
 
-  // The settings a device draws this request's next token with (RowSampling; the GPU's decode
-  // step samples it there), or nullopt while the host must: a transform applies, or the
-  // request wants what only the logits give (the caller knows: logprobs, drafts).
-  std::optional<RowSampling> device_row() const;
+  // The settings a device picks this request's next token with (RowSampling: the GPU's decode
+  // step applies the transforms and draws there), or nullopt while the host must: more tokens
+  // to transform than kMaxDeviceTransformTokens. The caller knows the other cases: logprobs,
+  // drafts. `in_flight`: tokens of this request already launched and not yet Accepted (the
+  // row's step counts them; its token list does not).
+  std::optional<RowSampling> device_row(int in_flight = 0);
 
   // Greedy: Sample is the argmax of the model's logits, which a device may compute instead.
   // False while any transform applies (a penalty or bias moves the argmax; min_tokens until it
@@ -99,6 +102,12 @@ class Sampler {
   TokenCounts counts_;
   std::vector<int32_t> held_back_;  // until min_tokens: eos and stop_token_ids
   int generated_ = 0;
+  // The device's copy of the transforms' tokens (device_row), as of list_step_ outputs, and
+  // the outputs taken since: it is updated, not rebuilt, as tokens come.
+  std::shared_ptr<const std::vector<TransformToken>> device_list_;
+  int list_step_ = -1;
+  bool list_held_back_ = false;  // device_list_ holds the min_tokens entries
+  std::vector<int32_t> outputs_since_list_;
 };
 
 }  // namespace strata

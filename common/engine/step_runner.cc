@@ -64,12 +64,12 @@ class ForwardStepRunner : public StepRunner {
     return eager;
   }
 
-  absl::StatusOr<StepResult> Collect(bool launch_next,
+  absl::StatusOr<StepResult> Collect(bool launch_next, absl::Span<const RowSampling> next_sampling,
                                      absl::FunctionRef<void()> while_running) override {
     if (!in_flight()) return absl::FailedPreconditionError("step runner: no step to collect");
     StepResult result;
     if (launch_next) {
-      ASSIGN_OR_RETURN(result.next_in_flight, LaunchNext());
+      ASSIGN_OR_RETURN(result.next_in_flight, LaunchNext(next_sampling));
     }
     while_running();
     ASSIGN_OR_RETURN(const int32_t* tokens, graphs_->Wait());
@@ -115,7 +115,7 @@ class ForwardStepRunner : public StepRunner {
     last_sampling_ = plan.sampling;
     StepResult result;
     if (plan.launch_next && plan.host_rows.empty()) {
-      ASSIGN_OR_RETURN(result.next_in_flight, LaunchNext());
+      ASSIGN_OR_RETURN(result.next_in_flight, LaunchNext({}));
     }
     while_running();
     ASSIGN_OR_RETURN(result.tokens, graphs_->Wait());
@@ -127,9 +127,10 @@ class ForwardStepRunner : public StepRunner {
     return result;
   }
 
-  // Launches the step after the newest one in flight, its rows one position on; false when
-  // it does not fit a graph. An error fails every step in flight.
-  absl::StatusOr<bool> LaunchNext() {
+  // Launches the step after the newest one in flight, its rows one position on, picked as
+  // `sampling` says (empty: as the last, one step on); false when it does not fit a graph. An
+  // error fails every step in flight.
+  absl::StatusOr<bool> LaunchNext(absl::Span<const RowSampling> sampling) {
     BatchLayout next = last_launched_;
     for (int64_t& p : next.position) ++p;
     rows_.resize(next.position.size());
@@ -141,7 +142,11 @@ class ForwardStepRunner : public StepRunner {
       return false;
     }
     previous_tokens_.assign(rows_.size(), kTokenOfPreviousStep);
-    for (RowSampling& row : last_sampling_) ++row.step;  // each row's next token
+    if (sampling.empty()) {
+      for (RowSampling& row : last_sampling_) ++row.step;  // each row's next token
+    } else {
+      last_sampling_.assign(sampling.begin(), sampling.end());
+    }
     RETURN_IF_ERROR(graphs_->Launch(previous_tokens_, next, last_sampling_));
     last_launched_ = std::move(next);
     return true;

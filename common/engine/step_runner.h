@@ -29,9 +29,9 @@ struct StepPlan {
   // Indexes into logit_rows whose logits the caller reads (sampling on the host, scoring); the
   // other rows need only their token. An eager step brings every row's.
   std::vector<int64_t> host_rows;
-  // Per logit row, how a replay picks its token on the device (temperature 0: the arg-max),
-  // or empty: every row's arg-max. The step launched behind this one draws each row's next
-  // token with the same settings, one step on.
+  // Per logit row, how a replay picks its token on the device (temperature 0 and no
+  // transforms: the arg-max), or empty: every row's arg-max. The step launched behind this one
+  // picks each row's next token with the same settings, one step on.
   std::vector<RowSampling> sampling;
   // The step after this one (the same rows one position on, each row's token the one this step
   // picked on the device) is wanted behind it, launched before this one is read: the caller
@@ -77,9 +77,13 @@ class StepRunner {
 
   // Waits for the step launched behind the last one (StepResult::next_in_flight) and returns
   // its tokens, launching the one after it first when `launch_next` (the caller has
-  // reserved its positions; honoured as in Run). An error fails every step in flight: nothing
-  // is in flight after it, and the rows must run again from what the caller has.
+  // reserved its positions; honoured as in Run), its rows picked as `next_sampling` says (as
+  // StepPlan::sampling; empty: as the step before, one step on; rows whose transforms touch
+  // tokens must come anew, their lists counting what the caller has taken). An error fails
+  // every step in flight: nothing is in flight after it, and the rows must run again from what
+  // the caller has.
   virtual absl::StatusOr<StepResult> Collect(bool launch_next,
+                                             absl::Span<const RowSampling> next_sampling,
                                              absl::FunctionRef<void()> while_running) = 0;
 
   // Whether a step launched ahead waits to be collected.

@@ -454,7 +454,7 @@ bool Scheduler::Step() {
   std::vector<int64_t> first_row;  // sampled[r]'s first logit row
   std::vector<const std::vector<int32_t>*> drafts;  // sampled[r]'s draft
   std::vector<bool> on_device;  // sampled[r]'s token is picked on the device after a replay
-  bool any_draws = false;       // a row draws with a temperature there
+  bool any_draws = false;       // a row's pick there is more than the plain arg-max
   int64_t sampled_rows = 0;
   struct ScoreRow {
     Sequence* seq;
@@ -480,7 +480,7 @@ bool Scheduler::Step() {
       // of a row whose transforms or logprobs need the host.
       std::optional<RowSampling> device;
       if (!p.seq->spec.logprobs && p.draft.empty()) device = p.seq->sampler->device_row();
-      any_draws |= device.has_value() && device->temperature > 0.0f;
+      any_draws |= device.has_value() && !device->plain_argmax();
       first_row.push_back(sampled_rows);
       for (int64_t j = own - 1; j < p.count; ++j) {
         step.logit_rows.push_back(static_cast<int64_t>(step.ids.size()) - p.count + j);
@@ -672,22 +672,28 @@ void Scheduler::ApplyKvResize() {
   pending->done(result);
 }
 
-bool Scheduler::ReserveAhead(const LaunchedRows& in_flight) {
+bool Scheduler::ReserveAhead(const LaunchedRows& in_flight, std::vector<RowSampling>* sampling) {
   const size_t n = in_flight.rows.size();
   if (!MayLaunchAhead() || n == 0 || n != running_.size() ||
       static_cast<int64_t>(n) > options_.max_batch_tokens) {
     return false;
   }
+  std::vector<RowSampling> rows;
+  bool plain = true;  // every row the arg-max of untransformed logits
   for (size_t i = 0; i < n; ++i) {
     Sequence* seq = running_[i].get();
     // running_ as it was at the launch, every row in its place, the step in flight computing
     // the position after the last one in the cache.
     if (seq != in_flight.rows[i] || seq->ticket != in_flight.tickets[i] || !seq->has_kv ||
-        seq->computed != in_flight.positions[i] || !seq->sampler->device_row() ||
-        seq->spec.logprobs || seq->spec.score_only ||
+        seq->computed != in_flight.positions[i] || seq->spec.logprobs || seq->spec.score_only ||
         seq->generated + 1 >= seq->spec.max_new_tokens) {
       return false;
     }
+    // The step launched behind the one in flight draws each row's token after that one's.
+    std::optional<RowSampling> row = seq->sampler->device_row(/*in_flight=*/1);
+    if (!row) return false;
+    plain &= row->plain_argmax();
+    rows.push_back(*std::move(row));
   }
   for (size_t i = 0; i < n; ++i) {
     // A sequence to widen first goes through an eager plan (Step).
@@ -697,6 +703,7 @@ bool Scheduler::ReserveAhead(const LaunchedRows& in_flight) {
     // Never a preemption for a step ahead: the step runs as usual once this one is read.
     if (!kv_.Reserve(in_flight.rows[i]->kv_seq, in_flight.positions[i] + 2).ok()) return false;
   }
+  if (sampling != nullptr && !plain) *sampling = std::move(rows);
   return true;
 }
 
@@ -704,8 +711,9 @@ bool Scheduler::StepAhead() {
   LaunchedRows current = std::move(*ahead_);
   ahead_.reset();
   speculation_.DraftThisStep();  // counts the step (a cooldown runs out in chains too)
-  const bool next = ReserveAhead(current);
-  absl::StatusOr<StepResult> result = runner_.Collect(next, [this] { WhileRunning(); });
+  std::vector<RowSampling> sampling;
+  const bool next = ReserveAhead(current, &sampling);
+  absl::StatusOr<StepResult> result = runner_.Collect(next, sampling, [this] { WhileRunning(); });
   if (!result.ok()) {
     // Every step in flight failed: the sequences still running decode again from what the
     // host has (their reserved positions are kept).

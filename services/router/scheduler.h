@@ -43,9 +43,9 @@ struct SchedulerOptions {
   // While a decode step runs, the next one of the same batch is asked for behind it
   // (StepPlan::launch_next: with decode graphs, its tokens the ones the first picked on the
   // GPU), so that the GPU does not wait for the host between steps. Only when every row's
-  // token is picked there (greedy, or drawn with no penalty, bias or min_tokens pending, and
-  // no logprobs), none reaches its token limit at the first step and no request waits; a row that
-  // ends at the first step (end of sequence, a stop string, a cancel) costs its row of the
+  // token is picked there (no logprobs, and at most kMaxDeviceTransformTokens tokens for its
+  // penalties and bias), none reaches its token limit at the first step and no request waits; a row
+  // that ends at the first step (end of sequence, a stop string, a cancel) costs its row of the
   // second.
   bool overlap_decode_steps = true;
   // Prompt-lookup speculation (off unless max_draft_tokens > 0): greedy and sampled decode
@@ -139,7 +139,9 @@ class Scheduler {
   // Whether the decode step behind `in_flight` (the same rows one position on, their tokens
   // the ones `in_flight` picks on the device; SchedulerOptions::overlap_decode_steps) may be asked
   // for: the batch qualifies and every row's next position is reserved (never by a preemption).
-  bool ReserveAhead(const LaunchedRows& in_flight);
+  // `sampling` (may be null) gets the rows' RowSampling for that step, empty when every row
+  // takes the arg-max of untransformed logits.
+  bool ReserveAhead(const LaunchedRows& in_flight, std::vector<RowSampling>* sampling = nullptr);
   // Whether any step may be launched ahead now: the option is on and no request waits (one
   // that waits is admitted at the next step instead).
   bool MayLaunchAhead() const;

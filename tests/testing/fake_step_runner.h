@@ -58,10 +58,11 @@ class FakeStepRunner : public StepRunner {
     return result;
   }
 
-  absl::StatusOr<StepResult> Collect(bool launch_next,
+  absl::StatusOr<StepResult> Collect(bool launch_next, absl::Span<const RowSampling> next_sampling,
                                      absl::FunctionRef<void()> while_running) override {
     std::lock_guard<std::mutex> lock(mu_);
     ++collects_;
+    if (launch_next) next_samplings_.emplace_back(next_sampling.begin(), next_sampling.end());
     if (pending_.empty()) return Violation("Collect with nothing in flight");
     Pending step = pending_.front();
     pending_.erase(pending_.begin());
@@ -106,6 +107,11 @@ class FakeStepRunner : public StepRunner {
   int collects() const {
     std::lock_guard<std::mutex> lock(mu_);
     return collects_;
+  }
+  // The rows' sampling each Collect that launched a step ahead was given.
+  std::vector<std::vector<RowSampling>> next_samplings() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return next_samplings_;
   }
   // The first contract violation seen ("" when none).
   std::string violation() const {
@@ -168,6 +174,7 @@ class FakeStepRunner : public StepRunner {
   std::vector<Pending> pending_;
   std::vector<int32_t> greedy_;
   std::vector<float> logits_;
+  std::vector<std::vector<RowSampling>> next_samplings_;
   std::string violation_;
 };
 

@@ -216,6 +216,7 @@ absl::Status CudaRouterBackend::PrepareGraphs(int max_context, int max_sequences
                                        static_cast<size_t>(max_sequences) * c.vocab_size));
   RETURN_IF_ERROR(Allocate(greedy_, max_sequences));
   RETURN_IF_ERROR(Allocate(sampling_, max_sequences));
+  RETURN_IF_ERROR(Allocate(token_history_, static_cast<size_t>(max_sequences) * kTokenHistory));
   RETURN_IF_ERROR(Allocate(argmax_scratch_, ArgmaxScratchBytes(max_sequences, c.vocab_size)));
   graph_max_context_ = max_context;
   // A wide row of an FP8 cache takes two entries a block.
@@ -225,6 +226,8 @@ absl::Status CudaRouterBackend::PrepareGraphs(int max_context, int max_sequences
   const size_t sequences = static_cast<size_t>(max_sequences);
   ASSIGN_OR_RETURN(host_[0].greedy, PinnedBuffer<int32_t>::Allocate(sequences));
   ASSIGN_OR_RETURN(host_[0].sampling, PinnedBuffer<SampleParams>::Allocate(sequences));
+  ASSIGN_OR_RETURN(host_[0].entries,
+                   PinnedBuffer<LogitEntry>::Allocate(sequences * kMaxDeviceTransformTokens));
   RETURN_IF_ERROR(
       AllocateHostInputs(host_[1], sequences, sequences * graph_max_blocks_, sequences));
   graph_prepared_sequences_ = max_sequences;
@@ -241,6 +244,8 @@ absl::Status CudaRouterBackend::AllocateHostInputs(HostInputs& inputs, size_t to
                    PinnedBuffer<int32_t>::Allocate(std::max<size_t>(table_entries, 1)));
   ASSIGN_OR_RETURN(inputs.greedy, PinnedBuffer<int32_t>::Allocate(greedy));
   ASSIGN_OR_RETURN(inputs.sampling, PinnedBuffer<SampleParams>::Allocate(greedy));
+  ASSIGN_OR_RETURN(inputs.entries,
+                   PinnedBuffer<LogitEntry>::Allocate(greedy * kMaxDeviceTransformTokens));
   return absl::OkStatus();
 }
 
@@ -284,17 +289,49 @@ absl::Status CudaRouterBackend::WriteDecodeInputs(
     host.token_seq.data()[i] = static_cast<int32_t>(i);
     host.rows.data()[i] = static_cast<int32_t>(i);
     WriteTableRow(kv, sequences[i], host.tables.data() + i * graph_max_blocks_, graph_max_blocks_);
+  }
+  return WriteSampling(host, sampling);
+}
+
+absl::Status CudaRouterBackend::WriteSampling(HostInputs& host,
+                                              absl::Span<const RowSampling> sampling) {
+  size_t entries = 0;
+  for (size_t i = 0; i < static_cast<size_t>(graph_prepared_sequences_); ++i) {
     SampleParams& p = host.sampling.data()[i];
     p = SampleParams();  // temperature 0: the arg-max stands
-    if (!sampling.empty()) {
-      const RowSampling& r = sampling[i];
-      p.temperature = r.temperature;
-      p.top_k = r.top_k;
-      p.top_p = r.top_p;
-      p.min_p = r.min_p;
-      p.seed = r.seed;
-      p.step = r.step;
+    if (i >= sampling.size()) continue;
+    const RowSampling& r = sampling[i];
+    p.temperature = r.temperature;
+    p.top_k = r.top_k;
+    p.top_p = r.top_p;
+    p.min_p = r.min_p;
+    p.seed = r.seed;
+    p.step = r.step;
+    p.repetition_penalty = r.repetition_penalty;
+    p.presence_penalty = r.presence_penalty;
+    p.frequency_penalty = r.frequency_penalty;
+    p.min_tokens = r.min_tokens;
+    p.list_step = r.list_step;
+    // The device keeps the last kTokenHistory tokens of a row: a list may not lag further.
+    if (r.step < r.list_step || r.step - r.list_step > kTokenHistory) {
+      return absl::InvalidArgumentError(absl::StrCat("cuda backend: a row's token list counts ",
+                                                     r.list_step, " outputs, too few for step ",
+                                                     r.step));
     }
+    if (r.tokens == nullptr || r.tokens->empty()) continue;
+    const std::vector<TransformToken>& list = *r.tokens;
+    if (entries + list.size() > host.entries.size()) {
+      return absl::ResourceExhaustedError(
+          "cuda backend: the rows' token lists outgrew their buffer");
+    }
+    p.list_offset = static_cast<int32_t>(entries);
+    p.list_size = static_cast<int32_t>(list.size());
+    LogitEntry* out = host.entries.data() + entries;
+    for (const TransformToken& t : list) {
+      *out++ = LogitEntry{
+          .token = t.token, .output_count = t.output_count, .bias = t.bias, .flags = t.flags};
+    }
+    entries += list.size();
   }
   return absl::OkStatus();
 }
@@ -788,13 +825,20 @@ absl::Status CudaRouterBackend::Logits(absl::Span<const int64_t> rows, Tensor& l
     if (r != graph_sequences_) {
       return absl::FailedPreconditionError("cuda backend: graph steps have a row per sequence");
     }
-    CUDA_RETURN_IF_ERROR(LaunchArgmax(logits_.data(), r, config_.vocab_size, argmax_scratch_.data(),
-                                      greedy_.data(), stream));
-    // Rows that sample draw over their arg-max; greedy rows leave at once.
+    // Rows with transforms have them applied first (their lists read from pinned memory);
+    // rows that sample draw over their arg-max, greedy rows leave at once; each row's token
+    // goes into its history for the transforms of the steps launched behind this one.
     RETURN_IF_ERROR(Stage(host_inputs().sampling.data(), static_cast<size_t>(r),
                           host_inputs().sampling, sampling_));
+    CUDA_RETURN_IF_ERROR(LaunchApplyLogitTransforms(logits_.data(), r, config_.vocab_size,
+                                                    sampling_.data(), host_inputs().entries.data(),
+                                                    token_history_.data(), stream));
+    CUDA_RETURN_IF_ERROR(LaunchArgmax(logits_.data(), r, config_.vocab_size, argmax_scratch_.data(),
+                                      greedy_.data(), stream));
     CUDA_RETURN_IF_ERROR(LaunchSample(logits_.data(), r, config_.vocab_size, sampling_.data(),
                                       greedy_.data(), stream, /*keep_greedy_rows=*/true));
+    CUDA_RETURN_IF_ERROR(
+        LaunchRecordTokens(greedy_.data(), r, sampling_.data(), token_history_.data(), stream));
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_inputs().greedy.data(), greedy_.data(),
                                          static_cast<size_t>(r) * sizeof(int32_t),
                                          cudaMemcpyDeviceToHost, stream));

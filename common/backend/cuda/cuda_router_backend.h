@@ -118,7 +118,10 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   struct HostInputs {
     PinnedBuffer<int32_t> ids, positions, token_seq, tables, rows, greedy;
     PinnedBuffer<SampleParams> sampling;
+    PinnedBuffer<LogitEntry> entries;  // the rows' transform lists, read by the device in place
   };
+  // The rows' sampling into `host` (every prepared row: those past `sampling` greedy).
+  absl::Status WriteSampling(HostInputs& host, absl::Span<const RowSampling> sampling);
   static absl::Status AllocateHostInputs(HostInputs& inputs, size_t tokens, size_t table_entries,
                                          size_t greedy);
   // Eager steps use slot 0; a graph the slot it is captured for.
@@ -190,6 +193,7 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   // sample) and, on demand, its rows.
   DeviceBuffer<int32_t> greedy_;
   DeviceBuffer<SampleParams> sampling_;
+  DeviceBuffer<int32_t> token_history_;  // [sequences][kTokenHistory] (LaunchRecordTokens)
   DeviceBuffer<uint8_t> argmax_scratch_;
   PinnedBuffer<float> pinned_logits_;
   bool graph_mode_ = false;

@@ -347,6 +347,82 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) out[blockIdx.x] = token;
 }
 
+constexpr int kTransformThreads = 256;
+
+__device__ __forceinline__ bool HasTransforms(const SampleParams& p) {
+  return p.list_size > 0 || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
+         p.frequency_penalty != 0.0f;
+}
+
+// The penalties of a token `count` times in the output (seen: in the prompt or output), as
+// logits_transforms.h defines them.
+__device__ __forceinline__ float Penalized(float x, bool seen, int count, const SampleParams& p) {
+  if (p.repetition_penalty != 1.0f && (seen || count > 0)) {
+    x = x > 0.0f ? x / p.repetition_penalty : x * p.repetition_penalty;
+  }
+  if (count > 0) x -= p.frequency_penalty * static_cast<float>(count) + p.presence_penalty;
+  return x;
+}
+
+__global__ void __launch_bounds__(kTransformThreads)
+    ApplyLogitTransformsKernel(float* __restrict__ logits, int vocab,
+                               const SampleParams* __restrict__ params,
+                               const LogitEntry* __restrict__ entries,
+                               const int32_t* __restrict__ history) {
+  const SampleParams p = params[blockIdx.x];
+  if (!HasTransforms(p)) return;
+  float* row = logits + int64_t{blockIdx.x} * vocab;
+  // The outputs after the list was made: this row's last steps, still only on the device.
+  int recent[kTokenHistory];
+  const uint64_t lag = p.step > p.list_step ? p.step - p.list_step : 0;
+  const int n_recent = lag < kTokenHistory ? static_cast<int>(lag) : kTokenHistory;
+  for (int h = 0; h < n_recent; ++h) {
+    const uint64_t step = p.list_step + static_cast<uint64_t>(h);
+    recent[h] = history[blockIdx.x * kTokenHistory + static_cast<int>(step % kTokenHistory)];
+  }
+  const LogitEntry* list = entries + p.list_offset;
+  for (int i = threadIdx.x; i < p.list_size; i += kTransformThreads) {
+    const LogitEntry e = list[i];
+    if (e.token < 0 || e.token >= vocab) continue;
+    int count = e.output_count;
+    for (int h = 0; h < n_recent; ++h) count += recent[h] == e.token;
+    float x = row[e.token] + e.bias;
+    if ((e.flags & LogitEntry::kHeldBack) && p.step < static_cast<uint64_t>(p.min_tokens)) {
+      x = -INFINITY;
+    }
+    row[e.token] = Penalized(x, (e.flags & LogitEntry::kSeen) != 0, count, p);
+  }
+  if (threadIdx.x != 0) return;
+  // Recent tokens the list does not hold (new in the output): penalized by their count there.
+  for (int h = 0; h < n_recent; ++h) {
+    const int token = recent[h];
+    bool first = token >= 0 && token < vocab;
+    for (int g = 0; g < h; ++g) first &= recent[g] != token;
+    if (!first) continue;
+    int lo = 0, hi = p.list_size;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (list[mid].token < token) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    if (lo < p.list_size && list[lo].token == token) continue;
+    int count = 0;
+    for (int g = 0; g < n_recent; ++g) count += recent[g] == token;
+    row[token] = Penalized(row[token], false, count, p);
+  }
+}
+
+__global__ void RecordTokensKernel(const int32_t* __restrict__ tokens, int n,
+                                   const SampleParams* __restrict__ params,
+                                   int32_t* __restrict__ history) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= n) return;
+  history[r * kTokenHistory + static_cast<int>(params[r].step % kTokenHistory)] = tokens[r];
+}
+
 }  // namespace
 
 int64_t ArgmaxScratchBytes(int64_t n, int64_t vocab) {
@@ -373,6 +449,25 @@ cudaError_t LaunchSample(const float* logits, int64_t n, int64_t vocab, const Sa
   if (n == 0) return cudaSuccess;
   SampleKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, static_cast<int>(vocab),
                                                                   params, out, keep_greedy_rows);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchApplyLogitTransforms(float* logits, int64_t n, int64_t vocab,
+                                       const SampleParams* params, const LogitEntry* entries,
+                                       const int32_t* history, cudaStream_t stream) {
+  if (n < 0 || n > 0x7fffffff || vocab <= 0 || vocab > 0x7fffffff) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  ApplyLogitTransformsKernel<<<static_cast<unsigned>(n), kTransformThreads, 0, stream>>>(
+      logits, static_cast<int>(vocab), params, entries, history);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRecordTokens(const int32_t* tokens, int64_t n, const SampleParams* params,
+                               int32_t* history, cudaStream_t stream) {
+  if (n < 0 || n > 0xffff) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  RecordTokensKernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+      tokens, static_cast<int>(n), params, history);
   return cudaGetLastError();
 }
 

@@ -10,6 +10,19 @@
 namespace strata::gpu {
 
 inline constexpr int kMaxSampleTopK = 1024;
+// Tokens a row's recent outputs are kept for (LaunchRecordTokens), for transforms whose token
+// list was made before them (SampleParams::list_step).
+inline constexpr int kTokenHistory = 4;
+
+// A token a row's logit transforms touch (LaunchApplyLogitTransforms).
+struct LogitEntry {
+  static constexpr uint32_t kSeen = 1;      // in the prompt or the output (repetition penalty)
+  static constexpr uint32_t kHeldBack = 2;  // cannot be drawn while step < min_tokens
+  int32_t token = 0;
+  int32_t output_count = 0;  // times in the output, as of list_step
+  float bias = 0.0f;
+  uint32_t flags = 0;
+};
 
 // Per-row sampling settings, as the host's SamplingParams plus the step counter.
 struct SampleParams {
@@ -19,6 +32,17 @@ struct SampleParams {
   float min_p = 0.0f;        // tokens below min_p x the most likely one's probability are out
   uint64_t seed = 0;         // per request
   uint64_t step = 0;         // per generated token: the Philox subsequence
+  // Transforms before the draw (vLLM's order): bias, min_tokens, then the penalties.
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  int32_t min_tokens = 0;
+  // The row's LogitEntry list, sorted by token: [list_offset, + list_size) of the launch's
+  // entries, counting the outputs before list_step; those from list_step to step (at most
+  // kTokenHistory) are read from the row's token history.
+  int32_t list_offset = 0;
+  int32_t list_size = 0;
+  uint64_t list_step = 0;
 };
 
 // out[r] = the index of the largest logits[r][i], the first on ties (0 when all are NaN), for
@@ -37,6 +61,18 @@ cudaError_t LaunchArgmax(const float* logits, int64_t n, int64_t vocab, void* sc
 // greedy rows then cost nothing here).
 cudaError_t LaunchSample(const float* logits, int64_t n, int64_t vocab, const SampleParams* params,
                          int32_t* out, cudaStream_t stream, bool keep_greedy_rows = false);
+
+// In place, the logit transforms of each row that has some (a list or a penalty), as the
+// host's Sampler applies them: logit_bias, min_tokens, the repetition penalty over the tokens
+// seen, then frequency and presence over the output's counts. entries: the rows' lists (pinned
+// host memory will do); history: [n][kTokenHistory], the rows' recent tokens by step.
+cudaError_t LaunchApplyLogitTransforms(float* logits, int64_t n, int64_t vocab,
+                                       const SampleParams* params, const LogitEntry* entries,
+                                       const int32_t* history, cudaStream_t stream);
+
+// history[r][params[r].step % kTokenHistory] = tokens[r]: each row's token of this step.
+cudaError_t LaunchRecordTokens(const int32_t* tokens, int64_t n, const SampleParams* params,
+                               int32_t* history, cudaStream_t stream);
 
 }  // namespace strata::gpu
 

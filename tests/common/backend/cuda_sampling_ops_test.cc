@@ -251,5 +251,76 @@ TEST_F(SamplingTest, DeviceDrawsAreTheHostSamplersDraws) {
   EXPECT_LE(mismatches, 1);
 }
 
+// The device's logit transforms against the host's definitions (logits_transforms.h): a
+// request's list as Sampler::device_row makes it, with two tokens taken on the device since
+// (in its token history), bias, min_tokens and the three penalties: the very same logits.
+TEST_F(SamplingTest, DeviceTransformsAreTheHosts) {
+  const int vocab = 151936;
+  std::vector<float> logits = RandomFloats(vocab, 4.0f);
+  std::vector<int32_t> prompt(500);
+  for (int32_t& t : prompt) t = RandomInt(0, vocab - 1);
+  const SamplingParams params{.temperature = 1.0f,
+                              .seed = 1,
+                              .repetition_penalty = 1.3f,
+                              .presence_penalty = 0.4f,
+                              .frequency_penalty = 0.25f,
+                              .logit_bias = {{17, 1.5f}, {prompt[3], -2.0f}, {vocab - 1, 3.0f}},
+                              .min_tokens = 50,
+                              .stop_token_ids = {11}};
+  const std::vector<int> eos = {2, 3};
+  Sampler sampler(params, prompt, eos);
+  TokenCounts counts;
+  counts.AddPrompt(prompt);
+  for (int i = 0; i < 40; ++i) {
+    const int32_t t = i % 3 == 0 ? prompt[i] : RandomInt(0, vocab - 1);
+    sampler.Accept(t);
+    counts.AddOutput(t);
+  }
+  // Two steps in flight: their tokens are on the device only (one seen before, one new).
+  const int32_t in_flight[2] = {prompt[0], RandomInt(0, vocab - 1)};
+  const std::optional<RowSampling> row = sampler.device_row(/*in_flight=*/2);
+  ASSERT_TRUE(row.has_value());
+  ASSERT_EQ(row->step, 42u);
+  ASSERT_EQ(row->list_step, 40u);
+  for (int32_t t : in_flight) counts.AddOutput(t);
+
+  std::vector<gpu::LogitEntry> entries;
+  for (const TransformToken& t : *row->tokens) {
+    entries.push_back(
+        {.token = t.token, .output_count = t.output_count, .bias = t.bias, .flags = t.flags});
+  }
+  gpu::SampleParams p{.temperature = row->temperature, .seed = row->seed, .step = row->step};
+  p.repetition_penalty = row->repetition_penalty;
+  p.presence_penalty = row->presence_penalty;
+  p.frequency_penalty = row->frequency_penalty;
+  p.min_tokens = row->min_tokens;
+  p.list_offset = 0;
+  p.list_size = static_cast<int32_t>(entries.size());
+  p.list_step = row->list_step;
+  std::vector<int32_t> history(gpu::kTokenHistory, -7);
+  history[40 % gpu::kTokenHistory] = in_flight[0];
+  history[41 % gpu::kTokenHistory] = in_flight[1];
+  float* d_logits = Put(logits);
+  const gpu::SampleParams* d_params = Put(std::vector<gpu::SampleParams>{p});
+  const gpu::LogitEntry* d_entries = Put(entries);
+  const int32_t* d_history = Put(history);
+  ASSERT_FALSE(HasFailure());
+  LAUNCH_OK(gpu::LaunchApplyLogitTransforms(d_logits, 1, vocab, d_params, d_entries, d_history,
+                                            stream()));
+  const std::vector<float> got = Get(d_logits, vocab);
+
+  std::vector<float> want = logits;
+  ApplyLogitBias(want.data(), vocab, params.logit_bias);
+  SuppressTokens(want.data(), vocab, {2, 3, 11});  // 42 < min_tokens: eos and stop ids
+  ApplyRepetitionPenalty(want.data(), vocab, counts.seen(), params.repetition_penalty);
+  ApplyFrequencyPresencePenalties(want.data(), vocab, counts.output(), params.frequency_penalty,
+                                  params.presence_penalty);
+  int64_t differ = 0;
+  for (int i = 0; i < vocab; ++i) differ += !(got[i] == want[i]);
+  RecordResult("transformed logits unlike the host's", absl::StrCat("vocab=", vocab),
+               static_cast<double>(differ), 0.0);
+  EXPECT_EQ(differ, 0);
+}
+
 }  // namespace
 }  // namespace strata::testing_cuda

@@ -5,6 +5,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -82,9 +83,62 @@ TEST(SamplerTest, DrawsDependOnSeedAndStepOnly) {
     EXPECT_EQ(row->step, 30u);
     EXPECT_EQ(row->seed, 9u);
   }
-  // A transform keeps the draw on the host.
-  Sampler penalized(SamplingParams{.temperature = 1.0f, .repetition_penalty = 1.1f});
-  EXPECT_FALSE(penalized.device_row().has_value());
+}
+
+// The transforms go to the device as a sorted list of the tokens they touch, kept up to date as
+// tokens are taken; a list too long for the device leaves the row to the host.
+TEST(SamplerTest, DeviceRowCarriesTheTransformsTokens) {
+  SamplingParams params{.temperature = 1.0f,
+                        .seed = 3,
+                        .repetition_penalty = 1.1f,
+                        .frequency_penalty = 0.5f,
+                        .logit_bias = {{9, 2.0f}},
+                        .min_tokens = 2};
+  const std::vector<int32_t> prompt = {5, 7, 5};
+  const std::vector<int> eos = {1};
+  Sampler sampler(params, prompt, eos);
+  using T = TransformToken;
+  auto list = [](const RowSampling& row) {
+    std::vector<std::tuple<int32_t, int32_t, float, uint32_t>> out;
+    for (const T& t : *row.tokens) out.emplace_back(t.token, t.output_count, t.bias, t.flags);
+    return out;
+  };
+  std::optional<RowSampling> row = sampler.device_row();
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(row->repetition_penalty, 1.1f);
+  EXPECT_EQ(row->frequency_penalty, 0.5f);
+  EXPECT_EQ(row->min_tokens, 2);
+  EXPECT_EQ(row->step, 0u);
+  EXPECT_EQ(list(*row),
+            (std::vector<std::tuple<int32_t, int32_t, float, uint32_t>>{{1, 0, 0.0f, T::kHeldBack},
+                                                                        {5, 0, 0.0f, T::kSeen},
+                                                                        {7, 0, 0.0f, T::kSeen},
+                                                                        {9, 0, 2.0f, 0}}));
+  sampler.Accept(7);
+  // One token in flight: the draw is a step on, the list as of what was taken.
+  row = sampler.device_row(/*in_flight=*/1);
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(row->step, 2u);
+  EXPECT_EQ(row->list_step, 1u);
+  EXPECT_EQ(list(*row),
+            (std::vector<std::tuple<int32_t, int32_t, float, uint32_t>>{{1, 0, 0.0f, T::kHeldBack},
+                                                                        {5, 0, 0.0f, T::kSeen},
+                                                                        {7, 1, 0.0f, T::kSeen},
+                                                                        {9, 0, 2.0f, 0}}));
+  sampler.Accept(3);  // min_tokens reached: the end token is no longer held back
+  row = sampler.device_row();
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(list(*row),
+            (std::vector<std::tuple<int32_t, int32_t, float, uint32_t>>{{3, 1, 0.0f, T::kSeen},
+                                                                        {5, 0, 0.0f, T::kSeen},
+                                                                        {7, 1, 0.0f, T::kSeen},
+                                                                        {9, 0, 2.0f, 0}}));
+  // Plain sampling has no list; too many tokens to transform stay on the host.
+  EXPECT_EQ(Sampler(SamplingParams{.temperature = 1.0f}).device_row()->tokens, nullptr);
+  std::vector<int32_t> long_prompt(kMaxDeviceTransformTokens + 1);
+  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = static_cast<int32_t>(i);
+  Sampler wide(SamplingParams{.temperature = 1.0f, .repetition_penalty = 1.2f}, long_prompt);
+  EXPECT_FALSE(wide.device_row().has_value());
 }
 
 TEST(SamplerTest, TopKOneIsGreedy) {

@@ -140,11 +140,34 @@ TEST(SchedulerPolicyTest, SampledRowsDrawOnTheDeviceAndGoAhead) {
   EXPECT_GT(h.runner().collects(), 0);  // and steps went ahead
 }
 
-TEST(SchedulerPolicyTest, PenalizedRowsAskForLogitsAndNeverForAStepAhead) {
+TEST(SchedulerPolicyTest, PenalizedRowsTakeTheirTokensToTheDevice) {
+  Harness h(/*num_blocks=*/64, {.max_batch_tokens = 64}, /*replays=*/true);
+  RequestSpec sampled = Greedy(4, 8);
+  // A penalty moves logits on the device; top_k 1 keeps the argmax of the peaked fake logits.
+  sampled.sampling = {.temperature = 0.7f, .top_k = 1, .seed = 5, .repetition_penalty = 1.1f};
+  h.RunAndExpect({sampled});
+  for (const StepPlan& plan : h.runner().plans()) {
+    EXPECT_TRUE(plan.host_rows.empty());
+    ASSERT_EQ(plan.sampling.size(), 1u);
+    const RowSampling& row = plan.sampling[0];
+    EXPECT_EQ(row.repetition_penalty, 1.1f);
+    ASSERT_NE(row.tokens, nullptr);
+    EXPECT_GE(row.tokens->size(), 4u);  // the prompt's tokens, seen
+    EXPECT_EQ(row.list_step, row.step);
+  }
+  // A step launched behind one in flight counts that one's token as the device's to add.
+  const std::vector<std::vector<RowSampling>> ahead = h.runner().next_samplings();
+  ASSERT_FALSE(ahead.empty());
+  for (const std::vector<RowSampling>& rows : ahead) {
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_EQ(rows[0].step, rows[0].list_step + 1);
+  }
+}
+
+TEST(SchedulerPolicyTest, LogprobsRowsAskForLogitsAndNeverForAStepAhead) {
   Harness h(/*num_blocks=*/64, {.max_batch_tokens = 64}, /*replays=*/true);
   RequestSpec sampled = Greedy(4, 6);
-  // A penalty moves logits on the host; top_k 1 keeps the argmax of the peaked fake logits.
-  sampled.sampling = {.temperature = 0.7f, .top_k = 1, .seed = 5, .repetition_penalty = 1.1f};
+  sampled.logprobs = true;
   h.RunAndExpect({sampled});
   for (const StepPlan& plan : h.runner().plans()) {
     EXPECT_FALSE(plan.launch_next);
