@@ -111,7 +111,7 @@ def tiers(r):
             f"{t['bytes_copied_per_token'] / 1e6:.0f} MB" + (f", {cpu:.1f} on CPU" if cpu else ''))
 
 
-rows, prefill = [], []
+rows, prefill, peer = [], [], []
 for path in sorted(glob.glob(os.path.join(a.results, '*.json'))):
     r = json.load(open(path))
     if 'decode_tok_s_mean' not in r:
@@ -119,6 +119,9 @@ for path in sorted(glob.glob(os.path.join(a.results, '*.json'))):
     name = os.path.basename(path)
     if '-prefill-' in name:  # long prompts: their own table
         prefill.append((name, r))
+        continue
+    if '-12L-' in name:  # beside llama.cpp: their own table
+        peer.append((name, r))
         continue
     rows.append({
         'file': name, 'model': r['model'].split('-zipf')[0].replace('-fp8', '').replace('-bf16', ''),
@@ -237,6 +240,47 @@ if prefill:
                 lines.append(f"| {row['name']} | {row['us']:,.0f} | {row['tflops']:.0f} |")
     lines += ['', 'Commands: ' + '; '.join(sorted({f"`{r['command']}`" for _, r in prefill})[:2]) +
               ' (the rest differ in --input-len and the flags of `strata up` in each record\'s note).', '']
+# Strata beside llama.cpp on one checkpoint and card (bench/gpu/peer_call.sh, peer_records.py).
+if peer:
+    def strata(weights, placement, prompt):
+        for n, r in peer:
+            if (r['mode'] != 'llama.cpp' and r['weights'] == weights and f'-in{prompt}-' in n
+                    and n.split('-out')[1].split('-', 1)[1].startswith(placement)):
+                return r
+        return None
+
+    lines += ['## Beside llama.cpp', '',
+              'The same checkpoint on the same card, in one call (`bench/gpu/peer_call.sh` with',
+              '`bench/gpu/plans/peer-12l.txt`): qwen3-30b-a3b\'s shape cut to 12 of 48 layers, bf16',
+              'weights with Zipf(1.0) routing; Strata quantizes it to FP8 per channel at load,',
+              'llama.cpp converts it to GGUF and q8_0. Batch 1. llama.cpp: `llama-bench` pp512,',
+              'pp4096 (prompt tokens per second) and tg128 (generated tokens per second), flash',
+              'attention on, 3 repetitions. Strata: `strata bench` on a running cluster, the prompt',
+              'over its time to first token (512 and 4,096 tokens, `--max-batch-tokens 4096`) and',
+              'the decode rate of 128 tokens after the 512-token prompt. Under a budget llama.cpp',
+              'keeps the experts of its first layers on the CPU (`-ncmoe`, the fewest layers that',
+              'leave at most 6 GiB of experts on the GPU: 24 GiB scaled by 12 / 48 layers); Strata',
+              'gets `--gpu-memory-budget 6GiB` and pages experts in. Its FP8 rows under the budget',
+              'run eager decode steps: cold experts stored in bf16 cannot be read in place into FP8',
+              'slots (an FP8 checkpoint replays decode graphs, as the bf16 rows here do).', '',
+              '| experts | Strata weights | llama.cpp weights | pp512: Strata | llama.cpp | pp4096: Strata | llama.cpp | decode: Strata | llama.cpp | machine |',
+              '|---|---|---|---|---|---|---|---|---|---|']
+    for n, l in sorted((x for x in peer if x[1]['mode'] == 'llama.cpp'),
+                       key=lambda x: (x[1]['n_cpu_moe'] > 0, x[1]['weights'] != 'q8_0')):
+        weights = 'fp8' if l['weights'] == 'q8_0' else l['weights']
+        placement = 'resident' if l['n_cpu_moe'] == 0 else 'tiered'
+        s512, s4k = strata(weights, placement, 512), strata(weights, placement, 4096)
+        cell = lambda r, k: f"**{r[k]:,.0f}**" if r else ''
+        experts = ('all on the GPU' if l['n_cpu_moe'] == 0 else
+                   f"6 GiB budget (llama.cpp: -ncmoe {l['n_cpu_moe']}, {l['expert_gib_on_gpu']:.1f} GiB on the GPU)")
+        lines.append(f"| {experts} | {weights} | {l['weights']} | {cell(s512, 'prefill_tok_s')} | "
+                     f"{l['pp512_tok_s']:,.0f} | {cell(s4k, 'prefill_tok_s')} | {l['pp4096_tok_s']:,.0f} | "
+                     f"{cell(s512, 'decode_tok_s_mean')} | {l['tg128_tok_s']:,.0f} | "
+                     f"{l['machine'].split(' (')[0]} |")
+    builds = sorted({f"llama.cpp {r['build']}" for _, r in peer if r['mode'] == 'llama.cpp'} |
+                    {f"Strata {r.get('commit', '')}" for _, r in peer if r['mode'] != 'llama.cpp'})
+    lines += ['', 'Builds: ' + ', '.join(builds) + '. Commands: each record\'s `command` '
+              '(bench/results/llama.cpp-qwen3-30b-a3b-12L-*, strata-qwen3-30b-a3b-12L-*).', '']
 # What a speculative verify step of k tokens costs against a 1-token step (verify_step_bench).
 verify = sorted(glob.glob('bench/profiles/verify-steps-*.json'))
 if verify:
