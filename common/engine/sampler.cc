@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/util/philox.h"
+#include "common/util/token_cut.h"
 
 namespace strata {
 
@@ -160,36 +161,108 @@ float Sampler::Uniform(uint32_t stream) const {
 int32_t Sampler::Sample(const float* model_logits, int64_t vocab) {
   const float* logits = Transformed(model_logits, vocab);
   if (params_.temperature == 0.0f) return static_cast<int32_t>(ArgMax(logits, vocab));
-  if ((params_.top_k <= 0 || params_.top_k >= vocab) && params_.top_p >= 1.0f) {
-    return GumbelMax(logits, vocab);
-  }
-  double total = 0.0;
-  const int64_t keep = Candidates(logits, vocab, total);
-  if (total <= 0.0) return 0;  // nothing drawable
-  return Draw(keep, total, Uniform(kPhiloxSample));
+  TokenCut cut;
+  if (!Cut(logits, vocab, cut)) return 0;  // nothing drawable
+  return GumbelMax(cut, kPhiloxSample);
 }
 
-int32_t Sampler::GumbelMax(const float* logits, int64_t vocab) const {
-  const float t = params_.temperature;
-  const float x0 = params_.min_p > 0.0f ? logits[ArgMax(logits, vocab)] / t : 0.0f;
-  float best = -std::numeric_limits<float>::infinity();
-  int32_t token = 0;
+namespace {
+
+// The cut keeping the first tokens (by key, then index) of those in `within` whose amounts
+// reach `target` (at most their total). keys[i]: token i's key, 0 when it is never kept. Four
+// 8-bit radix passes from the top digit find the cut key, each over the tokens `pool` still
+// holds (in index order), then the tokens on it are taken by index. The sampling kernel's
+// passes find the same.
+template <typename AmountFn>
+TokenCut PrefixReaching(absl::Span<const uint32_t> keys, const TokenCut& within, uint64_t target,
+                        std::vector<int32_t>& pool, AmountFn&& amount) {
+  pool.clear();
+  for (int64_t i = 0; i < std::ssize(keys); ++i) {
+    if (keys[i] != 0 && InCut(keys[i], static_cast<int32_t>(i), within)) {
+      pool.push_back(static_cast<int32_t>(i));
+    }
+  }
+  uint64_t remaining = target;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    uint64_t hist[256] = {};
+    for (int32_t i : pool) hist[(keys[i] >> shift) & 255] += amount(i);
+    uint32_t digit = 255;
+    uint64_t above = 0;
+    for (; digit > 0 && above + hist[digit] < remaining; --digit) above += hist[digit];
+    remaining -= above;
+    std::erase_if(pool, [&](int32_t i) { return ((keys[i] >> shift) & 255) != digit; });
+  }
+  // The pool holds the tokens on the cut key, by index.
+  TokenCut cut = within;
+  if (pool.empty()) return cut;  // unreachable with target <= the total
+  cut.key = keys[pool[0]];
+  uint64_t taken = 0;
+  for (int32_t i : pool) {
+    taken += amount(i);
+    if (taken >= remaining) {
+      cut.last_index = i;
+      break;
+    }
+  }
+  return cut;
+}
+
+}  // namespace
+
+bool Sampler::Cut(const float* logits, int64_t vocab, TokenCut& cut) {
+  scaled_.resize(vocab);
+  float x0 = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < vocab; ++i) {
+    scaled_[i] = logits[i] / params_.temperature;
+    x0 = std::max(x0, scaled_[i]);  // a NaN never wins
+  }
+  if (x0 == -std::numeric_limits<float>::infinity()) return false;
+  cut = TokenCut{.x0 = x0, .min_p = params_.min_p};
+  keys_.resize(vocab);
+  int64_t candidates = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const bool kept = Kept(scaled_[i], static_cast<int32_t>(i), cut);
+    keys_[i] = kept ? OrderedKey(scaled_[i]) : 0;
+    candidates += kept;
+  }
+  if (params_.top_k > 0 && params_.top_k < candidates) {
+    cut = PrefixReaching(keys_, cut, static_cast<uint64_t>(params_.top_k), pool_,
+                         [](int32_t) { return uint64_t{1}; });
+  }
+  if (params_.top_p < 1.0f) {
+    masses_.resize(vocab);
+    uint64_t total = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      masses_[i] = kept(i, cut) ? FixedMass(std::exp(scaled_[i] - x0)) : 0;
+      total += masses_[i];
+    }
+    cut = PrefixReaching(keys_, cut, NucleusTarget(params_.top_p, total), pool_,
+                         [&](int32_t i) { return masses_[i]; });
+  }
+  return true;
+}
+
+int32_t Sampler::GumbelMax(const TokenCut& cut, uint32_t stream, int32_t except) const {
+  const int64_t vocab = std::ssize(scaled_);
   const uint64_t step = static_cast<uint64_t>(generated_);
+  float best = -std::numeric_limits<float>::infinity();
+  int32_t token = -1;
   for (int64_t base = 0; base < vocab; base += 4) {
-    const Philox4 bits =
-        PhiloxBlock(params_.seed, step, kPhiloxSample, static_cast<uint32_t>(base));
-    for (int64_t i = base; i < std::min(base + 4, vocab); ++i) {
-      const float x = logits[i] / t;
-      if (params_.min_p > 0.0f && !(std::exp(x - x0) >= params_.min_p)) continue;
-      // A NaN never wins (v > best is false), as on the device.
-      const float v = x - std::log(-std::log(UniformFromBits(bits.v[i - base])));
-      if (v > best) {
+    const int64_t end = std::min(base + 4, vocab);
+    bool any = false;  // Philox only for blocks with a token kept (a nucleus is often small)
+    for (int64_t i = base; i < end; ++i) any |= i != except && kept(i, cut);
+    if (!any) continue;
+    const Philox4 bits = PhiloxBlock(params_.seed, step, stream, static_cast<uint32_t>(base));
+    for (int64_t i = base; i < end; ++i) {
+      if (i == except || !kept(i, cut)) continue;
+      const float v = GumbelScore(scaled_[i], UniformFromBits(bits.v[i - base]));
+      if (token < 0 || v > best) {
         best = v;
         token = static_cast<int32_t>(i);
       }
     }
   }
-  return token;
+  return std::max(token, 0);
 }
 
 bool Sampler::AcceptDraft(const float* model_logits, int64_t vocab, int32_t draft,
@@ -199,105 +272,23 @@ bool Sampler::AcceptDraft(const float* model_logits, int64_t vocab, int32_t draf
     replacement = static_cast<int32_t>(ArgMax(logits, vocab));
     return replacement == draft;
   }
-  double total = 0.0;
-  const int64_t keep = Candidates(logits, vocab, total);
-  if (total <= 0.0) {
+  TokenCut cut;
+  if (!Cut(logits, vocab, cut)) {
     replacement = 0;
     return false;
   }
-  double p_draft = 0.0;
-  int64_t at = -1;
-  for (int64_t i = 0; i < keep; ++i) {
-    if (candidates_[i].second == draft) {
-      p_draft = candidates_[i].first / total;
-      at = i;
-      break;
-    }
-  }
-  if (Uniform(kPhiloxDraftAccept) < p_draft) return true;
-  // The residual max(0, p - q) with q one-hot at the draft: p without the draft.
-  if (at >= 0) {
-    total -= candidates_[at].first;
-    candidates_[at].first = 0.0f;
-  }
-  replacement =
-      total > 0.0 ? Draw(keep, total, Uniform(kPhiloxDraftRedraw)) : candidates_[0].second;
-  return false;
-}
-
-int32_t Sampler::Draw(int64_t keep, double total, float u) {
-  const double draw = u * total;
-  double running = 0.0;
-  for (int64_t i = 0; i < keep; ++i) {
-    running += candidates_[i].first;
-    if (draw < running) return candidates_[i].second;
-  }
-  // Rounding: the last candidate with weight.
-  for (int64_t i = keep - 1; i > 0; --i) {
-    if (candidates_[i].first > 0.0f) return candidates_[i].second;
-  }
-  return candidates_[0].second;
-}
-
-int64_t Sampler::Candidates(const float* logits, int64_t vocab, double& total) {
-  candidates_.resize(vocab);
+  // p(draft): its weight over the kept tokens'.
+  double total = 0.0, draft_weight = 0.0;
   for (int64_t i = 0; i < vocab; ++i) {
-    // A NaN logit is never drawn (and would break the ordering below).
-    const float logit = std::isnan(logits[i]) ? -std::numeric_limits<float>::infinity() : logits[i];
-    candidates_[i] = {logit / params_.temperature, static_cast<int32_t>(i)};
+    if (!kept(i, cut)) continue;
+    const double w = std::exp(double{scaled_[i]} - cut.x0);
+    total += w;
+    if (i == draft) draft_weight = w;
   }
-  auto by_logit = [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  int64_t keep = vocab;
-  if (params_.top_k > 0 && params_.top_k < vocab) keep = params_.top_k;
-  // Only a top-k or top-p cut needs the candidates in order; plain temperature sampling draws
-  // from the whole vocabulary as it is (a full sort of 150k logits per token is not free).
-  if (keep < vocab) {
-    std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
-  }
-  // Softmax over the kept candidates (exp is monotonic: the order by logit holds).
-  float max_logit = candidates_[0].first;
-  for (int64_t i = 1; i < keep; ++i) max_logit = std::max(max_logit, candidates_[i].first);
-  total = 0.0;
-  if (max_logit == -std::numeric_limits<float>::infinity()) return keep;  // nothing drawable
-  for (int64_t i = 0; i < keep; ++i) {
-    candidates_[i].first = std::exp(candidates_[i].first - max_logit);
-    total += candidates_[i].first;
-  }
-  if (params_.min_p > 0.0f) {
-    // The weights are p / p_max (the largest is exp(0) = 1): those below min_p go, and top_p
-    // then sees the distribution renormalized without them (vLLM's order).
-    total = 0.0;
-    for (int64_t i = 0; i < keep; ++i) {
-      if (candidates_[i].first < params_.min_p) candidates_[i].first = 0.0f;
-      total += candidates_[i].first;
-    }
-  }
-  if (params_.top_p < 1.0f) {
-    // The smallest prefix with mass >= top_p. Without a top-k cut the candidates are unsorted:
-    // sort growing prefixes until one holds the mass (a few hundred tokens usually do) instead
-    // of the whole vocabulary. Same arithmetic as the cut below, so the cut falls inside.
-    int64_t sorted = keep < vocab ? keep : 0;
-    for (int64_t m = std::min<int64_t>(keep, 512); sorted == 0; m = std::min(keep, m * 8)) {
-      std::partial_sort(candidates_.begin(), candidates_.begin() + m, candidates_.begin() + keep,
-                        by_logit);
-      double mass = 0.0;
-      for (int64_t i = 0; i < m && mass < params_.top_p; ++i) mass += candidates_[i].first / total;
-      if (mass >= params_.top_p || m == keep) sorted = m;
-    }
-    double mass = 0.0;
-    int64_t cut = 0;
-    while (cut < sorted) {
-      mass += candidates_[cut].first / total;
-      ++cut;
-      if (mass >= params_.top_p) break;
-    }
-    keep = cut;
-    total = 0.0;
-    for (int64_t i = 0; i < keep; ++i) total += candidates_[i].first;
-  }
-  return keep;
+  if (Uniform(kPhiloxDraftAccept) < draft_weight / total) return true;
+  // The residual max(0, p - q) with q one-hot at the draft: p without the draft.
+  replacement = GumbelMax(cut, kPhiloxDraftRedraw, draft);
+  return false;
 }
 
 }  // namespace strata

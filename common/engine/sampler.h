@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "common/backend/row_sampling.h"
 #include "common/engine/logits_transforms.h"
+#include "common/util/token_cut.h"
 
 namespace strata {
 
@@ -85,18 +86,23 @@ class Sampler {
  private:
   // `logits`, or the transformed copy of them in scratch_.
   const float* Transformed(const float* logits, int64_t vocab);
-  // The candidates a draw picks among: candidates_[0, keep) with unnormalized weights summing
-  // to `total` (0 when nothing is drawable).
-  int64_t Candidates(const float* logits, int64_t vocab, double& total);
-  // The candidate where u x `total` falls, u in (0, 1), candidates_[0, keep) with weights
-  // summing to `total`.
-  int32_t Draw(int64_t keep, double total, float u);
-  // Temperature without a top-k or top-p cut: an exact draw in one pass (the device's too).
-  int32_t GumbelMax(const float* logits, int64_t vocab) const;
+  // The tokens a draw may pick from `logits` (token_cut.h), their logits / temperature left in
+  // scaled_; false when none is (every logit NaN or -inf).
+  bool Cut(const float* logits, int64_t vocab, TokenCut& cut);
+  // The kept token with the largest Gumbel score under the uniforms of `stream` (`except` left
+  // out): an exact draw from the kept tokens' softmax, the device's draw too.
+  int32_t GumbelMax(const TokenCut& cut, uint32_t stream, int32_t except = -1) const;
+  // Whether token i is kept (after Cut): keys_ holds 0 for those min_p and NaN rule out.
+  bool kept(int64_t i, const TokenCut& cut) const {
+    return keys_[i] != 0 && InCut(keys_[i], static_cast<int32_t>(i), cut);
+  }
   float Uniform(uint32_t stream) const;
 
   SamplingParams params_;
-  std::vector<std::pair<float, int32_t>> candidates_;
+  std::vector<float> scaled_;     // logits / temperature (Cut)
+  std::vector<uint32_t> keys_;    // OrderedKey of scaled_, 0 for tokens never kept (Cut)
+  std::vector<uint64_t> masses_;  // fixed-point weights of the kept tokens (Cut, top_p)
+  std::vector<int32_t> pool_;     // Cut's radix passes
   std::vector<float> scratch_;
   bool penalties_ = false;  // a penalty is set: counts_ are kept
   TokenCounts counts_;

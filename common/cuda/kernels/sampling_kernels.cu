@@ -5,30 +5,23 @@
 #include "common/cuda/kernels/sampling_kernels.h"
 #include "common/cuda/pdl.cuh"
 #include "common/util/philox.h"
+#include "common/util/token_cut.h"
 
 namespace strata::gpu {
 namespace {
 
 constexpr int kThreads = 1024;  // one block per row
 constexpr int kWarps = kThreads / kWarpSize;
-static_assert(kMaxSampleTopK == kThreads, "one candidate per thread");
-
-// Monotone map of floats to unsigned keys (larger float, larger key); NaN sorts lowest.
-__device__ __forceinline__ uint32_t OrderedKey(float f) {
-  if (isnan(f)) return 0;
-  const uint32_t b = __float_as_uint(f);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
 
 struct Shared {
   float best_v[kWarps];
   int best_i[kWarps];
-  int hist[256];
-  int select[3];  // chosen digit, remaining count, count of the chosen digit
-  int count;
-  float scan[kWarps];
-  float bcast[2];
-  unsigned long long cand[kThreads];
+  int count[256];                // tokens per digit of a radix pass
+  unsigned long long mass[256];  // their amounts
+  int select_digit;
+  int select_equal;
+  unsigned long long select_left;
+  unsigned long long total;
 };
 
 // The (best, idx) that ranks first over the block, its index returned to every thread (0 when
@@ -64,196 +57,197 @@ __device__ int BlockArgmax(int vocab, Shared& s, ValueFn&& value) {
   return BlockReduceArgmax(best, idx, s);
 }
 
-// Gumbel max: the arg-max of logit / T - log(-log(u)) is an exact draw from softmax(logit / T).
-// Token i's uniform is draw i of the (seed, step) stream, four tokens to a Philox block, as the
-// host's Sampler draws them. Tokens whose probability is below min_p x the largest (x0: the
-// largest logit / T) are left out.
-__device__ int GumbelMax(const float* row, int vocab, const SampleParams& p, float x0, Shared& s) {
+// The sum over the block, to every thread (integers: the same in any order).
+__device__ unsigned long long BlockSum(unsigned long long v, Shared& s) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  if (threadIdx.x == 0) s.total = 0;
+  __syncthreads();
+  if (threadIdx.x % kWarpSize == 0) atomicAdd(&s.total, v);
+  __syncthreads();
+  const unsigned long long total = s.total;
+  __syncthreads();
+  return total;
+}
+
+// Gumbel max over the kept tokens (token_cut.h): token i's uniform is draw i of the (seed,
+// step) stream, four tokens to a Philox block, as the host's Sampler draws them; blocks with
+// no token kept draw nothing.
+__device__ int GumbelMax(const float* row, int vocab, const SampleParams& p, const TokenCut& cut,
+                         Shared& s) {
   float best = -INFINITY;
   int idx = INT_MAX;
   for (int base = 4 * static_cast<int>(threadIdx.x); base < vocab; base += 4 * kThreads) {
-    const Philox4 bits = PhiloxBlock(p.seed, p.step, kPhiloxSample, static_cast<uint32_t>(base));
+    float x[4];
+    bool kept[4], any = false;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int i = base + j;
-      if (i >= vocab) break;
-      const float x = row[i] / p.temperature;
-      if (p.min_p > 0.0f && !(expf(x - x0) >= p.min_p)) continue;
-      const float v = x - logf(-logf(UniformFromBits(bits.v[j])));
-      if (RanksBefore(v, i, best, idx)) {
+      x[j] = i < vocab ? row[i] / p.temperature : NAN;
+      kept[j] = i < vocab && Kept(x[j], i, cut);
+      any |= kept[j];
+    }
+    if (!any) continue;
+    const Philox4 bits = PhiloxBlock(p.seed, p.step, kPhiloxSample, static_cast<uint32_t>(base));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (!kept[j]) continue;
+      const float v = GumbelScore(x[j], UniformFromBits(bits.v[j]));
+      if (RanksBefore(v, base + j, best, idx)) {
         best = v;
-        idx = i;
+        idx = base + j;
       }
     }
   }
   return BlockReduceArgmax(best, idx, s);
 }
 
-// The k-th largest key among the i < vocab that key_of(i, &key) accepts (at least k do), by
-// 8-bit radix passes from the top. *take_equal: how many elements equal to it belong to the
-// top k; *equal: how many equal it in all.
-template <typename KeyFn>
-__device__ uint32_t RadixSelect(int vocab, int k, Shared& s, KeyFn&& key_of, int* take_equal,
-                                int* equal) {
+// The key at which the amounts of the tokens key_of accepts, summed from the largest key down,
+// reach `target` (at most their total): four 8-bit radix passes from the top digit, as the
+// host's Sampler finds it. *left: the amount still needed from the tokens on that key;
+// *equal: how many tokens are on it. A thread adds a run of equal digits at once (the top
+// digits of 150k logits are mostly one).
+template <typename KeyFn, typename AmountFn>
+__device__ uint32_t RadixSelect(int vocab, unsigned long long target, Shared& s, KeyFn&& key_of,
+                                AmountFn&& amount, unsigned long long* left, int* equal) {
   const int lane = threadIdx.x % kWarpSize;
   uint32_t prefix = 0, mask = 0;
-  int remaining = k;
+  unsigned long long need = target;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int d = threadIdx.x; d < 256; d += kThreads) s.hist[d] = 0;
+    for (int d = threadIdx.x; d < 256; d += kThreads) {
+      s.count[d] = 0;
+      s.mass[d] = 0;
+    }
     __syncthreads();
+    int run_digit = -1, run_count = 0;
+    unsigned long long run_mass = 0;
     for (int i = threadIdx.x; i < vocab; i += kThreads) {
       uint32_t key;
-      if (key_of(i, &key) && (key & mask) == prefix) atomicAdd(&s.hist[(key >> shift) & 255], 1);
+      if (!key_of(i, &key) || (key & mask) != prefix) continue;
+      const int digit = (key >> shift) & 255;
+      if (digit != run_digit) {
+        if (run_count > 0) {
+          atomicAdd(&s.count[run_digit], run_count);
+          atomicAdd(&s.mass[run_digit], run_mass);
+        }
+        run_digit = digit;
+        run_count = 0;
+        run_mass = 0;
+      }
+      ++run_count;
+      run_mass += amount(i, key);
+    }
+    if (run_count > 0) {
+      atomicAdd(&s.count[run_digit], run_count);
+      atomicAdd(&s.mass[run_digit], run_mass);
     }
     __syncthreads();
     if (threadIdx.x < kWarpSize) {
-      // Lane l holds digits 255 - 8 l - j, j < 8: counts from the top down.
-      int c[8], local = 0;
+      // Lane l holds digits 255 - 8 l - j, j < 8: amounts from the top down.
+      unsigned long long m[8], local = 0;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        c[j] = s.hist[255 - 8 * lane - j];
-        local += c[j];
+        m[j] = s.mass[255 - 8 * lane - j];
+        local += m[j];
       }
-      int inclusive = local;
+      unsigned long long inclusive = local;
 #pragma unroll
       for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-        const int other = __shfl_up_sync(kFullMask, inclusive, offset);
+        const unsigned long long other = __shfl_up_sync(kFullMask, inclusive, offset);
         if (lane >= offset) inclusive += other;
       }
-      int cum = inclusive - local;
-      if (cum < remaining && remaining <= inclusive) {
+      unsigned long long cum = inclusive - local;
+      if (cum < need && need <= inclusive) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          if (cum < remaining && cum + c[j] >= remaining) {
-            s.select[0] = 255 - 8 * lane - j;
-            s.select[1] = remaining - cum;
-            s.select[2] = c[j];
+          if (cum < need && cum + m[j] >= need) {
+            s.select_digit = 255 - 8 * lane - j;
+            s.select_left = need - cum;
+            s.select_equal = s.count[255 - 8 * lane - j];
           }
-          cum += c[j];
+          cum += m[j];
         }
       }
     }
     __syncthreads();
-    prefix |= static_cast<uint32_t>(s.select[0]) << shift;
+    prefix |= static_cast<uint32_t>(s.select_digit) << shift;
     mask |= 255u << shift;
-    remaining = s.select[1];
+    need = s.select_left;
   }
-  *take_equal = remaining;
-  *equal = s.select[2];
+  *left = need;
+  *equal = s.select_equal;
   return prefix;
 }
 
-// Inclusive prefix sum over the block of one float per thread.
-__device__ float BlockInclusiveScan(float v, Shared& s) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  float inclusive = v;
-#pragma unroll
-  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-    const float other = __shfl_up_sync(kFullMask, inclusive, offset);
-    if (lane >= offset) inclusive += other;
-  }
-  __syncthreads();
-  if (lane == kWarpSize - 1) s.scan[warp] = inclusive;
-  __syncthreads();
-  float before = 0.0f;
-  for (int w = 0; w < warp; ++w) before += s.scan[w];
-  return before + inclusive;
-}
-
-__device__ float BlockTotal(float v, Shared& s) {
-  const float inclusive = BlockInclusiveScan(v, s);
-  __syncthreads();
-  if (threadIdx.x == kThreads - 1) s.bcast[0] = inclusive;
-  __syncthreads();
-  return s.bcast[0];
-}
-
-// Top-k candidates (sorted), softmax, top-p cut, one uniform draw.
-__device__ int SampleFromCandidates(const float* row, int vocab, const SampleParams& p, Shared& s) {
-  const bool limited = p.top_k > 0 && p.top_k < vocab;
-  const int k = min(limited ? p.top_k : kMaxSampleTopK, min(vocab, kMaxSampleTopK));
-  int take_equal, equal;
-  const uint32_t threshold = RadixSelect(
-      vocab, k, s,
+// The cut that keeps the first tokens of `within` (by key, then index) whose amounts reach
+// `target`, as the host's PrefixReaching finds it; amount(i, x) of token i, scaled logit x.
+template <typename AmountFn>
+__device__ TokenCut PrefixReaching(const float* row, int vocab, float temperature,
+                                   const TokenCut& within, unsigned long long target, Shared& s,
+                                   AmountFn&& amount) {
+  unsigned long long left;
+  int equal;
+  TokenCut cut = within;
+  cut.key = RadixSelect(
+      vocab, target, s,
       [&](int i, uint32_t* key) {
-        *key = OrderedKey(row[i]);
-        return true;
+        const float x = row[i] / temperature;
+        *key = OrderedKey(x);
+        return Kept(x, i, within);
       },
-      &take_equal, &equal);
-  // Among logits equal to the threshold keep the lowest indices: select on the index too.
-  uint32_t min_index_key = 0;
-  if (take_equal < equal) {
-    int unused_take, unused_equal;
-    min_index_key = RadixSelect(
-        vocab, take_equal, s,
+      [&](int i, uint32_t key) { return amount(FromOrderedKey(key)); }, &left, &equal);
+  // Tokens on the cut key weigh the same: the first n of them by index, n of `equal`.
+  const unsigned long long each = amount(FromOrderedKey(cut.key));
+  const unsigned long long n = (left + each - 1) / each;
+  if (n < static_cast<unsigned long long>(equal)) {
+    unsigned long long unused_left;
+    int unused_equal;
+    // The n-th lowest index: the n-th largest of 0xffffffff - index.
+    const uint32_t index_key = RadixSelect(
+        vocab, n, s,
         [&](int i, uint32_t* key) {
+          const float x = row[i] / temperature;
           *key = 0xffffffffu - static_cast<uint32_t>(i);
-          return OrderedKey(row[i]) == threshold;
+          return OrderedKey(x) == cut.key && Kept(x, i, within);
         },
-        &unused_take, &unused_equal);
+        [](int, uint32_t) { return 1ull; }, &unused_left, &unused_equal);
+    cut.last_index = static_cast<int32_t>(0xffffffffu - index_key);
+  } else if (cut.key != within.key) {
+    cut.last_index = INT32_MAX;
   }
-  if (threadIdx.x == 0) s.count = 0;
-  s.cand[threadIdx.x] = 0;  // padding sorts last
-  __syncthreads();
-  for (int i = threadIdx.x; i < vocab; i += kThreads) {
-    const uint32_t key = OrderedKey(row[i]);
-    const uint32_t index_key = 0xffffffffu - static_cast<uint32_t>(i);
-    if (key > threshold || (key == threshold && index_key >= min_index_key)) {
-      const int slot = atomicAdd(&s.count, 1);
-      if (slot < kThreads) s.cand[slot] = (static_cast<unsigned long long>(key) << 32) | index_key;
-    }
+  return cut;
+}
+
+// A draw under temperature, top-k, min_p and top-p: the kept prefix (token_cut.h) found by
+// radix passes, then Gumbel max over it. Returns 0 when no token is drawable.
+__device__ int SampleRow(const float* row, int vocab, const SampleParams& p, Shared& s) {
+  const float t = p.temperature;
+  TokenCut cut{.min_p = p.min_p};
+  const bool limited = p.top_k > 0 && p.top_k < vocab;
+  if (limited || p.min_p > 0.0f || p.top_p < 1.0f) {
+    const int top = BlockArgmax(vocab, s, [&](int i) { return row[i] / t; });
+    cut.x0 = row[top] / t;
+    if (!(cut.x0 > -INFINITY)) return 0;  // every logit NaN or -inf
   }
-  __syncthreads();
-  // Bitonic sort, descending: by logit, then by lower index.
-  for (int size = 2; size <= kThreads; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      const int i = threadIdx.x;
-      const int partner = i ^ stride;
-      if (partner > i) {
-        const unsigned long long a = s.cand[i], b = s.cand[partner];
-        const bool descending = (i & size) == 0;
-        if (descending ? a < b : a > b) {
-          s.cand[i] = b;
-          s.cand[partner] = a;
-        }
-      }
-      __syncthreads();
-    }
-  }
-  const int i = threadIdx.x;
-  const int index = static_cast<int>(0xffffffffu - static_cast<uint32_t>(s.cand[i]));
-  const float x0 =
-      row[static_cast<int>(0xffffffffu - static_cast<uint32_t>(s.cand[0]))] / p.temperature;
-  // Weights p / p_max; those below min_p go before the top-p cut (vLLM's order).
-  float e = i < k ? expf(row[index] / p.temperature - x0) : 0.0f;
-  if (e < p.min_p) e = 0.0f;
-  float z;
   if (limited) {
-    z = BlockTotal(e, s);
-  } else {
-    float part = 0.0f;
-    for (int j = threadIdx.x; j < vocab; j += kThreads) {
-      const float w = expf(row[j] / p.temperature - x0);
-      if (w >= p.min_p) part += w;
+    unsigned long long candidates = 0;
+    for (int i = threadIdx.x; i < vocab; i += kThreads) candidates += Kept(row[i] / t, i, cut);
+    if (static_cast<unsigned long long>(p.top_k) < BlockSum(candidates, s)) {
+      cut = PrefixReaching(row, vocab, t, cut, p.top_k, s, [](float) { return 1ull; });
     }
-    z = BlockTotal(part, s);
   }
-  const float inclusive = BlockInclusiveScan(e, s);
-  int keep = k;
   if (p.top_p < 1.0f) {
-    keep = min(k, 1 + __syncthreads_count(i < k && inclusive / z < p.top_p));
+    const float x0 = cut.x0;
+    unsigned long long part = 0;
+    for (int i = threadIdx.x; i < vocab; i += kThreads) {
+      const float x = row[i] / t;
+      if (Kept(x, i, cut)) part += FixedMass(expf(x - x0));
+    }
+    const unsigned long long total = BlockSum(part, s);
+    cut = PrefixReaching(row, vocab, t, cut, NucleusTarget(p.top_p, total), s,
+                         [x0](float x) { return FixedMass(expf(x - x0)); });
   }
-  if (i == keep - 1) s.bcast[1] = inclusive;
-  __syncthreads();
-  const float total = s.bcast[1];
-  const float draw = PhiloxUniform(p.seed, p.step, kPhiloxSample, 0) * total;  // in (0, total)
-  const int below = __syncthreads_count(i < keep && inclusive <= draw);
-  const int choice = min(below, keep - 1);
-  __syncthreads();
-  if (i == choice) s.best_i[0] = index;
-  __syncthreads();
-  return s.best_i[0];
+  return GumbelMax(row, vocab, p, cut, s);
 }
 
 // Greedy tokens of a large vocabulary in two launches: each of `parts` blocks a row scans one
@@ -331,19 +325,8 @@ __global__ void __launch_bounds__(kThreads)
   const SampleParams p = params[blockIdx.x];
   const bool greedy = !(p.temperature > 0.0f);
   if (greedy && keep_greedy_rows) return;
-  int token;
-  if (greedy) {
-    token = BlockArgmax(vocab, s, [&](int i) { return row[i]; });
-  } else if ((p.top_k <= 0 || p.top_k >= vocab) && p.top_p >= 1.0f) {
-    float x0 = 0.0f;
-    if (p.min_p > 0.0f) {
-      const int top = BlockArgmax(vocab, s, [&](int i) { return row[i]; });
-      x0 = row[top] / p.temperature;
-    }
-    token = GumbelMax(row, vocab, p, x0, s);
-  } else {
-    token = SampleFromCandidates(row, vocab, p, s);
-  }
+  const int token =
+      greedy ? BlockArgmax(vocab, s, [&](int i) { return row[i]; }) : SampleRow(row, vocab, p, s);
   if (threadIdx.x == 0) out[blockIdx.x] = token;
 }
 

@@ -9,7 +9,6 @@
 
 namespace strata::gpu {
 
-inline constexpr int kMaxSampleTopK = 1024;
 // Tokens a row's recent outputs are kept for (LaunchRecordTokens), for transforms whose token
 // list was made before them (SampleParams::list_step).
 inline constexpr int kTokenHistory = 4;
@@ -27,7 +26,7 @@ struct LogitEntry {
 // Per-row sampling settings, as the host's SamplingParams plus the step counter.
 struct SampleParams {
   float temperature = 0.0f;  // 0: arg-max
-  int top_k = 0;             // 0 (or >= vocab): no limit; larger than kMaxSampleTopK is clamped
+  int top_k = 0;             // 0 (or >= vocab): no limit
   float top_p = 1.0f;        // nucleus mass in (0, 1]
   float min_p = 0.0f;        // tokens below min_p x the most likely one's probability are out
   uint64_t seed = 0;         // per request
@@ -51,14 +50,11 @@ int64_t ArgmaxScratchBytes(int64_t n, int64_t vocab);
 cudaError_t LaunchArgmax(const float* logits, int64_t n, int64_t vocab, void* scratch, int32_t* out,
                          cudaStream_t stream);
 
-// out[r] = a token drawn from softmax(logits[r] / temperature) restricted to the top_k most
-// likely tokens (ties to the lower index) and then to the smallest prefix of those whose mass
-// reaches top_p, min_p applied first, as the CPU Sampler defines it. params: device array of n
-// entries. With no top-k limit and top_p < 1 the nucleus is searched among the 1024 most likely
-// tokens (mass still normalized over the whole vocabulary); without top-k and top-p the draw
-// is exact over the whole vocabulary (Gumbel max). Rows with temperature 0 get their arg-max,
-// or keep out[r] as it is when `keep_greedy_rows` (LaunchArgmax wrote it: a decode step's
-// greedy rows then cost nothing here).
+// out[r] = a token drawn from softmax(logits[r] / temperature) over the tokens top_k, min_p and
+// top_p keep (common/util/token_cut.h: the host Sampler's definition, any nucleus size, found
+// by radix passes over the row), by Gumbel max with the host's uniforms. params: device array
+// of n entries. Rows with temperature 0 get their arg-max, or keep out[r] as it is when
+// `keep_greedy_rows` (LaunchArgmax wrote it: a decode step's greedy rows then cost nothing).
 cudaError_t LaunchSample(const float* logits, int64_t n, int64_t vocab, const SampleParams* params,
                          int32_t* out, cudaStream_t stream, bool keep_greedy_rows = false);
 

@@ -214,9 +214,15 @@ TEST_F(SamplingTest, GreedyAndReproducible) {
 TEST_F(SamplingTest, DeviceDrawsAreTheHostSamplersDraws) {
   const int steps = 64;
   int64_t mismatches = 0, draws = 0;
-  for (int vocab : {64, 3000, 151936}) {
-    std::vector<float> logits = RandomFloats(vocab, 3.0f);
-    for (int i = 0; i < std::min(vocab, 200); ++i) logits[RandomInt(0, vocab - 1)] += 6.0f;
+  // Normal logits, and over the larger vocabularies 200 tokens lifted a little: several tokens
+  // are likely at each temperature (a token far above the rest would take every draw). The
+  // last, nearly flat, puts 100k tokens in a top-p nucleus.
+  for (auto [vocab, spread] :
+       {std::pair{64, 3.0f}, {3000, 3.0f}, {151936, 3.0f}, {151936, 0.05f}}) {
+    std::vector<float> logits = RandomFloats(vocab, spread);
+    for (int i = 0; vocab > 1000 && spread > 1.0f && i < 200; ++i) {
+      logits[RandomInt(0, vocab - 1)] += 3.0f;
+    }
     const SamplingParams settings[] = {
         {.temperature = 1.0f, .seed = 21},
         {.temperature = 0.7f, .top_p = 0.9f, .seed = 22},

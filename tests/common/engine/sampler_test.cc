@@ -154,24 +154,73 @@ TEST(SamplerTest, TopPKeepsOnlyTheNucleus) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(sampler.Sample(logits.data(), 4), 0);
 }
 
-// Top-p without top-k sorts only a prefix of a large vocabulary: the draws equal those of a
-// sampler that keeps the whole vocabulary sorted (top_k = vocab - 1 forces the full sort; the
-// one token it drops is far outside any nucleus here).
-TEST(SamplerTest, TopPOnLargeVocabularyMatchesAFullSort) {
+// The kept tokens by the definition, with a full sort: ranked by (logit / T, then index), the
+// top k, those of weight >= min_p, then the smallest prefix whose mass reaches top_p.
+std::set<int32_t> ReferenceKept(const std::vector<float>& logits, const SamplingParams& p) {
+  std::vector<std::pair<float, int32_t>> ranked;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    ranked.push_back({logits[i] / p.temperature, static_cast<int32_t>(i)});
+  }
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  if (p.top_k > 0 && p.top_k < std::ssize(ranked)) ranked.resize(p.top_k);
+  const float x0 = ranked[0].first;
+  std::erase_if(ranked, [&](const auto& c) { return std::exp(c.first - x0) < p.min_p; });
+  double total = 0.0;
+  for (const auto& c : ranked) total += std::exp(double{c.first} - x0);
+  std::set<int32_t> kept;
+  double mass = 0.0;
+  for (const auto& c : ranked) {
+    kept.insert(c.second);
+    mass += std::exp(double{c.first} - x0) / total;
+    if (mass >= p.top_p) break;
+  }
+  return kept;
+}
+
+// Top-k, min_p and top-p over a large vocabulary, found by radix passes instead of a sort:
+// every draw is in the set a full sort defines, and the draws spread over it.
+TEST(SamplerTest, DrawsStayInTheSortedDefinitionsSet) {
   const int64_t vocab = 151936;
   std::vector<float> logits(vocab);
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 3.0f);
   for (float& l : logits) l = normal(rng);
-  logits[vocab - 1] = -1e4f;
-  for (float top_p : {0.5f, 0.9f, 0.99f}) {
-    Sampler prefix(SamplingParams{.temperature = 0.8f, .top_p = top_p, .seed = 5});
-    Sampler full(SamplingParams{
-        .temperature = 0.8f, .top_k = static_cast<int>(vocab - 1), .top_p = top_p, .seed = 5});
-    for (int i = 0; i < 20; ++i) {
-      ASSERT_EQ(prefix.Sample(logits.data(), vocab), full.Sample(logits.data(), vocab)) << top_p;
+  for (int i = 0; i < 40; ++i) logits[1000 + 37 * i] = 11.0f;  // a group of ties at the top
+  for (const SamplingParams& params :
+       {SamplingParams{.temperature = 0.8f, .top_p = 0.9f, .seed = 5},
+        SamplingParams{.temperature = 1.0f, .top_k = 3000, .top_p = 0.95f, .seed = 5},
+        SamplingParams{.temperature = 1.2f, .top_p = 0.99f, .seed = 5, .min_p = 0.01f},
+        SamplingParams{.temperature = 0.7f, .top_k = 50, .seed = 5},
+        SamplingParams{.temperature = 1.0f, .top_k = 20, .seed = 5}}) {
+    const std::set<int32_t> kept = ReferenceKept(logits, params);
+    Sampler sampler(params);
+    std::set<int32_t> drawn;
+    for (int step = 0; step < 200; ++step) {
+      const int32_t token = sampler.Sample(logits.data(), vocab);
+      ASSERT_TRUE(kept.contains(token)) << "token " << token << " step " << step;
+      drawn.insert(token);
+      sampler.Accept(token);
     }
+    EXPECT_GT(drawn.size(), std::min<size_t>(kept.size() / 2, 20)) << kept.size() << " kept";
   }
+}
+
+// A nucleus that ends inside a run of equal logits keeps the lowest indices of the run: over a
+// flat vocabulary, top_p 0.5 keeps exactly the first half, however large.
+TEST(SamplerTest, ANucleusEndingInTiesKeepsTheLowestIndices) {
+  const int64_t vocab = 151936;
+  const std::vector<float> flat(vocab, 0.25f);
+  Sampler sampler(SamplingParams{.temperature = 0.7f, .top_p = 0.5f, .seed = 8});
+  int32_t highest = 0;
+  for (int step = 0; step < 300; ++step) {
+    const int32_t token = sampler.Sample(flat.data(), vocab);
+    ASSERT_LT(token, vocab / 2);
+    highest = std::max(highest, token);
+    sampler.Accept(token);
+  }
+  EXPECT_GT(highest, vocab / 2 - vocab / 20);  // the whole half, not a prefix of a thousand
 }
 
 TEST(SamplerTest, FrequenciesFollowTheDistribution) {
