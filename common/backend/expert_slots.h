@@ -123,6 +123,22 @@ class ExpertSlots {
   // Whether every expert SetCold named can be read in place.
   virtual bool cold_readable_in_place() const { return false; }
 
+  // Pins `memory` (the expert store's shared-memory segments, once each) for slots in device
+  // memory, so Loads from it are asynchronous DMA instead of copies through the driver's
+  // staging; the memory must stay mapped until it is unregistered or the slots go. Host slots
+  // read it as it is: nothing to do.
+  virtual absl::Status RegisterHostMemory(absl::Span<const uint8_t> memory) {
+    return absl::OkStatus();
+  }
+  // Undoes RegisterHostMemory (after the Loads from it have landed); a no-op for memory that
+  // is not registered.
+  virtual absl::Status UnregisterHostMemory(absl::Span<const uint8_t> memory) {
+    return absl::OkStatus();
+  }
+  // Waits until every Load queued so far has landed (for measurements, tests and a worker's
+  // warm start; RunExperts needs no such wait). Host slots copy as they Load.
+  virtual absl::Status WaitForLoads() { return absl::OkStatus(); }
+
   // Runs bound experts only: every slot of `routing` with an expert id >= 0 must name a
   // (layer, expert) that is bound now (an error otherwise). Host `x` and host
   // `routing` in, host `out` back, as ExpertBackend::RunExperts.

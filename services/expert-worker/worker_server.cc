@@ -222,7 +222,7 @@ absl::Status WorkerServer::CreateTiers() {
     const absl::Time start = absl::Now();
     uint64_t bytes = 0;
     for (absl::Span<const uint8_t> region : memory) {
-      RETURN_IF_ERROR(gpu::RegisterHostMemory(*slots_, region));
+      RETURN_IF_ERROR(slots_->RegisterHostMemory(region));
       bytes += region.size();
     }
     options_.log(absl::StrFormat("expert store pinned for %s: %.1f GiB in %.1f s", options_.device,
@@ -506,7 +506,7 @@ absl::Status WorkerServer::Run() {
 #if STRATA_HAVE_CUDA
       // The slots' first copies (the hot set, and on a GPU the warm start) land now, not
       // during the first request.
-      if (device_experts_ != nullptr) RETURN_IF_ERROR(gpu::WaitForLoads(*slots_));
+      if (device_experts_ != nullptr) RETURN_IF_ERROR(slots_->WaitForLoads());
 #endif
       const TierCounters& c = tiers_->counters();
       options_.log(absl::StrFormat(

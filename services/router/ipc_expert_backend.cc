@@ -32,10 +32,11 @@ absl::StatusOr<std::unique_ptr<IpcExpertBackend>> IpcExpertBackend::Create(
   ASSIGN_OR_RETURN(b->blocks_done_, gpu::DeviceBuffer<uint32_t>::Allocate(1));
   CUDA_RETURN_IF_ERROR(cudaMemset(b->blocks_done_.data(), 0, sizeof(uint32_t)));
   b->uploaded_owners_.resize(config.num_layers);
+  b->attached_.resize(b->num_workers());
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->deferred_stream_, cudaStreamNonBlocking));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->earlier_done_, cudaEventDisableTiming));
   b->watchdog_ = std::make_unique<IpcWatchdog>(context->device(), config.num_layers,
-                                               [raw = b.get()] { return raw->Connections(); });
+                                               [raw = b.get()] { return raw->Links(); });
   RETURN_IF_ERROR(b->watchdog_->Start());
   return b;
 }
@@ -96,11 +97,12 @@ absl::StatusOr<std::shared_ptr<ExpertConnection>> IpcExpertBackend::Attach(
   // Registration runs on a gRPC thread: make the router's device current there.
   CUDA_RETURN_IF_ERROR(cudaSetDevice(context_->device()));
   // The connection this one replaces goes soon: free no stream that still waits on it.
-  const std::vector<std::shared_ptr<ExpertConnection>> current = Connections();
-  if (index >= 0 && index < static_cast<int>(current.size())) {
-    if (auto* old = dynamic_cast<CudaIpcConnection*>(current[index].get())) {
-      watchdog_->ReleaseIfLost(*old);
-    }
+  if (index < 0 || index >= num_workers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert worker ", index, " of ", num_workers(), " registered"));
+  }
+  if (const std::shared_ptr<CudaIpcConnection> old = Links()[index]) {
+    watchdog_->ReleaseIfLost(*old);
   }
   cuda_ipc::LinkShape shape;
   shape.device = context_->device();
@@ -116,8 +118,25 @@ absl::StatusOr<std::shared_ptr<ExpertConnection>> IpcExpertBackend::Attach(
   ASSIGN_OR_RETURN(std::unique_ptr<cuda_ipc::RouterLink> link_buffers,
                    cuda_ipc::RouterLink::Create(shape, watchdog_->release_stream()));
   RETURN_IF_ERROR(link_buffers->Export(input_.data(), buffers));
-  return std::shared_ptr<ExpertConnection>(std::make_shared<CudaIpcConnection>(
-      std::move(channel), std::move(link_buffers), next_generation_.fetch_add(1), graph_steps));
+  auto link = std::make_shared<CudaIpcConnection>(std::move(channel), std::move(link_buffers),
+                                                  next_generation_.fetch_add(1), graph_steps);
+  {
+    std::lock_guard<std::mutex> lock(attached_mu_);
+    attached_[index] = link;
+  }
+  return std::shared_ptr<ExpertConnection>(std::move(link));
+}
+
+std::vector<std::shared_ptr<CudaIpcConnection>> IpcExpertBackend::LinksOf(
+    const std::vector<std::shared_ptr<ExpertConnection>>& connections) const {
+  std::vector<std::shared_ptr<CudaIpcConnection>> links(connections.size());
+  std::lock_guard<std::mutex> lock(attached_mu_);
+  for (size_t w = 0; w < connections.size() && w < attached_.size(); ++w) {
+    std::shared_ptr<CudaIpcConnection> link = attached_[w].lock();
+    // The identity of the objects: worker w's connection is the one Attach made.
+    if (link != nullptr && link == connections[w]) links[w] = std::move(link);
+  }
+  return links;
 }
 
 absl::Status IpcExpertBackend::UploadOwners(int layer, const std::vector<int>& owner) {
@@ -158,7 +177,7 @@ absl::Status IpcExpertBackend::Exchange(
   // Every worker that runs an expert of this layer takes part: the routing stays on the
   // device, so which of them the tokens picked is not known here.
   std::vector<int> workers;
-  std::vector<CudaIpcConnection*> links;
+  std::vector<std::shared_ptr<CudaIpcConnection>> links;
   RETURN_IF_ERROR(LinksFor(owner, connections, workers, links, failed));
   cudaStream_t stream = context_->stream();
   if (capturing_ && uploaded_owners_[layer] != owner) {
@@ -259,14 +278,14 @@ absl::Status IpcExpertBackend::Exchange(
 absl::Status IpcExpertBackend::LinksFor(
     const std::vector<int>& owner,
     const std::vector<std::shared_ptr<ExpertConnection>>& connections, std::vector<int>& workers,
-    std::vector<CudaIpcConnection*>& links, int* failed) const {
+    std::vector<std::shared_ptr<CudaIpcConnection>>& links, int* failed) const {
   workers.clear();
   for (int w = 0; w < num_workers(); ++w) {
     if (std::find(owner.begin(), owner.end(), w) != owner.end()) workers.push_back(w);
   }
-  links.assign(num_workers(), nullptr);
+  links = LinksOf(connections);
+  links.resize(num_workers());
   for (int w : workers) {
-    links[w] = dynamic_cast<CudaIpcConnection*>(connections[w].get());
     if (links[w] == nullptr || !links[w]->Alive()) {
       *failed = w;
       return absl::UnavailableError(
@@ -277,7 +296,7 @@ absl::Status IpcExpertBackend::LinksFor(
 }
 
 void IpcExpertBackend::PlanSplit(int layer, const std::vector<int>& workers,
-                                 const std::vector<CudaIpcConnection*>& links,
+                                 const std::vector<std::shared_ptr<CudaIpcConnection>>& links,
                                  gpu::RoutingSplit& split, gpu::GridSignal& signal) {
   const size_t layers = static_cast<size_t>(config().num_layers);
   static_assert(gpu::kMaxSplitTargets <= gpu::kMaxSignalFlags, "a flag pair per split target");
@@ -312,7 +331,7 @@ void IpcExpertBackend::TakeHandOff(int layer, int64_t n, gpu::GateHandOff& hand_
   const std::vector<int> owner = EffectiveOwners(layer, Usable(connections));
   if (uploaded_owners_[layer] != owner) return;  // Exchange refuses the capture
   std::vector<int> workers;
-  std::vector<CudaIpcConnection*> links;
+  std::vector<std::shared_ptr<CudaIpcConnection>> links;
   int failed = -1;
   if (!LinksFor(owner, connections, workers, links, &failed).ok()) return;
   hand_off.active = true;

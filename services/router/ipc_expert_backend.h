@@ -26,6 +26,7 @@
 #include <atomic>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -112,16 +113,21 @@ class IpcExpertBackend : public RemoteExpertBackend,
       : RemoteExpertBackend(config, std::move(placement), options),
         context_(context),
         max_tokens_(max_tokens) {}
+  // Each worker's CUDA IPC link where its connection in `connections` (a snapshot of
+  // Connections()) is the one Attach made, null elsewhere; Links() for the current ones.
+  std::vector<std::shared_ptr<CudaIpcConnection>> LinksOf(
+      const std::vector<std::shared_ptr<ExpertConnection>>& connections) const;
+  std::vector<std::shared_ptr<CudaIpcConnection>> Links() const { return LinksOf(Connections()); }
   // The workers that run an expert of `owner` and their links, checked to be connected over
   // CUDA IPC (else UNAVAILABLE, with `failed` set).
   absl::Status LinksFor(const std::vector<int>& owner,
                         const std::vector<std::shared_ptr<ExpertConnection>>& connections,
-                        std::vector<int>& workers, std::vector<CudaIpcConnection*>& links,
-                        int* failed) const;
+                        std::vector<int>& workers,
+                        std::vector<std::shared_ptr<CudaIpcConnection>>& links, int* failed) const;
   // Each worker's routing buffers, and in a capture the flags that hand `layer` to them.
   void PlanSplit(int layer, const std::vector<int>& workers,
-                 const std::vector<CudaIpcConnection*>& links, gpu::RoutingSplit& split,
-                 gpu::GridSignal& signal);
+                 const std::vector<std::shared_ptr<CudaIpcConnection>>& links,
+                 gpu::RoutingSplit& split, gpu::GridSignal& signal);
   // Puts `owner` (expert -> worker) for `layer` on the device when it changed.
   absl::Status UploadOwners(int layer, const std::vector<int>& owner);
   // out = the partials' sum ([n, hidden]; a single partial is viewed in place, `holder`
@@ -131,7 +137,7 @@ class IpcExpertBackend : public RemoteExpertBackend,
   // The captured part of Exchange: flags instead of messages and events. combine_waits (one
   // worker): the wait for its output flag is left to the combine (output_ready_flag_).
   absl::Status CaptureExchange(int layer, const std::vector<int>& workers,
-                               const std::vector<CudaIpcConnection*>& links,
+                               const std::vector<std::shared_ptr<CudaIpcConnection>>& links,
                                const std::vector<std::shared_ptr<ExpertConnection>>& connections,
                                bool combine_waits, gpu::PartialSet& partials);
   // Receives the answers to BeginGraphStep's messages: started_ gets the workers that started,
@@ -148,6 +154,10 @@ class IpcExpertBackend : public RemoteExpertBackend,
 
   gpu::CudaContext* context_;
   int max_tokens_;
+  // By worker index, the connection Attach made last (not held: SetConnection holds it, and
+  // may replace it by another kind).
+  mutable std::mutex attached_mu_;
+  std::vector<std::weak_ptr<CudaIpcConnection>> attached_;
   gpu::DeviceBuffer<gpu::bf16> input_;             // [max_tokens, hidden], read by every worker
   gpu::DeviceBuffer<gpu::bf16> sum_;               // [max_tokens, hidden]: the partials' sum
   gpu::DeviceBuffer<int32_t> owners_;              // [num_layers][num_experts]

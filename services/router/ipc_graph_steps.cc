@@ -27,8 +27,7 @@ uint64_t IpcExpertBackend::graph_version() const {
   // A tiered worker reads its misses in place during a replay: only one that cannot stops them.
   uint64_t version = 0;
   bool any = false;
-  for (const std::shared_ptr<ExpertConnection>& connection : Connections()) {
-    const auto* link = dynamic_cast<const CudaIpcConnection*>(connection.get());
+  for (const std::shared_ptr<CudaIpcConnection>& link : Links()) {
     const bool alive = link != nullptr && link->Alive();
     if (alive && !link->graph_steps()) return 0;  // its layers run eagerly
     any = any || alive;
@@ -205,7 +204,8 @@ absl::Status IpcExpertBackend::RunOut() {
 }
 
 absl::Status IpcExpertBackend::CaptureExchange(
-    int layer, const std::vector<int>& workers, const std::vector<CudaIpcConnection*>& links,
+    int layer, const std::vector<int>& workers,
+    const std::vector<std::shared_ptr<CudaIpcConnection>>& links,
     const std::vector<std::shared_ptr<ExpertConnection>>& connections, bool combine_waits,
     gpu::PartialSet& partials) {
   const size_t layers = static_cast<size_t>(config().num_layers);
@@ -229,8 +229,7 @@ absl::Status IpcExpertBackend::CaptureExchange(
     }
     partials.parts[partials.count++] = links[w]->buffers().output();
     graph_layers_[w].push_back(layer);
-    // links[w] is this connection, checked to be over CUDA IPC.
-    graph_connections_[w] = std::static_pointer_cast<CudaIpcConnection>(connections[w]);
+    graph_connections_[w] = links[w];  // connections[w], over CUDA IPC (LinksFor)
   }
   if (stamps_ != nullptr) RETURN_IF_ERROR(stamps_->Mark(stream, 3 * layer + 2));
   return absl::OkStatus();

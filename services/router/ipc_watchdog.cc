@@ -31,8 +31,7 @@ void IpcWatchdog::Watch() {
   cudaSetDevice(device_);
   std::unique_lock<std::mutex> lock(watch_mu_);
   while (!watch_cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return stopping_; })) {
-    for (const std::shared_ptr<ExpertConnection>& connection : connections_()) {
-      auto* link = dynamic_cast<CudaIpcConnection*>(connection.get());
+    for (const std::shared_ptr<CudaIpcConnection>& link : links_()) {
       if (link != nullptr) ReleaseIfLost(*link);
     }
   }

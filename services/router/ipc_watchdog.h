@@ -24,12 +24,12 @@ namespace strata {
 
 class IpcWatchdog {
  public:
-  using ConnectionList = std::function<std::vector<std::shared_ptr<ExpertConnection>>()>;
+  using LinkList = std::function<std::vector<std::shared_ptr<CudaIpcConnection>>()>;
 
-  // `connections` lists the links to watch (called from the watchdog's thread); `num_layers` is
-  // the flags' layout.
-  IpcWatchdog(int device, int num_layers, ConnectionList connections)
-      : device_(device), num_layers_(num_layers), connections_(std::move(connections)) {}
+  // `links` lists the links to watch, null for workers without one (called from the
+  // watchdog's thread); `num_layers` is the flags' layout.
+  IpcWatchdog(int device, int num_layers, LinkList links)
+      : device_(device), num_layers_(num_layers), links_(std::move(links)) {}
   ~IpcWatchdog();
 
   // Creates the release stream and starts the thread.
@@ -50,7 +50,7 @@ class IpcWatchdog {
 
   const int device_;
   const int num_layers_;
-  ConnectionList connections_;
+  LinkList links_;
   cudaStream_t release_stream_ = nullptr;
   std::atomic<bool> lost_{false};
   std::mutex release_mu_;  // ReleaseIfLost: the watchdog and registrations

@@ -87,9 +87,11 @@ class CudaExpertSlots : public ExpertSlots, public ExpertBackend, public DeviceE
   absl::Status PrepareReplay() override;
   absl::Status AfterReply() override;
 
-  absl::Status Register(absl::Span<const uint8_t> memory) { return regions_.Register(memory); }
-  absl::Status Unregister(absl::Span<const uint8_t> memory);
-  absl::Status WaitForLoads();
+  absl::Status RegisterHostMemory(absl::Span<const uint8_t> memory) override {
+    return regions_.Register(memory);
+  }
+  absl::Status UnregisterHostMemory(absl::Span<const uint8_t> memory) override;
+  absl::Status WaitForLoads() override;
 
  private:
   // A slot's weights: none; a load queued (copied at the next Sync); being copied; bound (the
@@ -723,7 +725,7 @@ absl::Status CudaExpertSlots::AfterReply() {
   return residency_->AfterReplays(uses);
 }
 
-absl::Status CudaExpertSlots::Unregister(absl::Span<const uint8_t> memory) {
+absl::Status CudaExpertSlots::UnregisterHostMemory(absl::Span<const uint8_t> memory) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_));               // copies from it must be done
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(context_->stream()));  // and reads in place
@@ -739,12 +741,6 @@ absl::Status CudaExpertSlots::WaitForLoads() {
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(context_->stream()));
   return absl::OkStatus();
-}
-
-absl::StatusOr<CudaExpertSlots*> AsCuda(ExpertSlots& slots) {
-  auto* cuda = dynamic_cast<CudaExpertSlots*>(&slots);
-  if (cuda == nullptr) return absl::InvalidArgumentError("expert slots: not CUDA expert slots");
-  return cuda;
 }
 
 }  // namespace
@@ -774,21 +770,6 @@ absl::StatusOr<std::unique_ptr<ExpertSlots>> CreateCudaExpertSlots(const ModelCo
   auto slots = std::make_unique<CudaExpertSlots>(config, options, device);
   RETURN_IF_ERROR(slots->Init());
   return slots;
-}
-
-absl::Status RegisterHostMemory(ExpertSlots& slots, absl::Span<const uint8_t> memory) {
-  ASSIGN_OR_RETURN(CudaExpertSlots * cuda, AsCuda(slots));
-  return cuda->Register(memory);
-}
-
-absl::Status UnregisterHostMemory(ExpertSlots& slots, absl::Span<const uint8_t> memory) {
-  ASSIGN_OR_RETURN(CudaExpertSlots * cuda, AsCuda(slots));
-  return cuda->Unregister(memory);
-}
-
-absl::Status WaitForLoads(ExpertSlots& slots) {
-  ASSIGN_OR_RETURN(CudaExpertSlots * cuda, AsCuda(slots));
-  return cuda->WaitForLoads();
 }
 
 }  // namespace strata::gpu

@@ -42,20 +42,6 @@ absl::StatusOr<std::unique_ptr<ExpertSlots>> CreateCudaExpertSlots(const ModelCo
                                                                    int device,
                                                                    CudaExpertSlotOptions options);
 
-// Pins `memory` (the expert store's shared-memory segments, once each) for the device, so
-// Loads from it are asynchronous DMA instead of copies through the driver's staging. Where the
-// driver refuses (no read-only registration, limits), logs a warning and returns OK: Loads from
-// it then stay correct, only slower. The memory must stay mapped until it is unregistered or
-// the slots are destroyed. InvalidArgument when `slots` are not CUDA slots.
-absl::Status RegisterHostMemory(ExpertSlots& slots, absl::Span<const uint8_t> memory);
-// Undoes RegisterHostMemory (after the Loads from it have landed); a no-op for memory that
-// is not registered.
-absl::Status UnregisterHostMemory(ExpertSlots& slots, absl::Span<const uint8_t> memory);
-
-// Waits until every Load queued so far has landed on the device (for measurements and tests;
-// RunExperts needs no such wait).
-absl::Status WaitForLoads(ExpertSlots& slots);
-
 }  // namespace strata::gpu
 
 #endif  // STRATA_COMMON_BACKEND_CUDA_CUDA_EXPERT_SLOTS_H_

@@ -311,19 +311,6 @@ TEST_F(CudaExpertSlotsTest, MatchesCudaExpertBackend) {
   }
 }
 
-// Not CUDA slots, for RegisterHostMemory's type check.
-class FakeSlots : public ExpertSlots, public ExpertBackend {
- public:
-  int num_slots() const override { return 0; }
-  uint64_t slot_bytes() const override { return 0; }
-  absl::Status Load(int, int, int, const FfnWeights&) override { return absl::OkStatus(); }
-  void Release(int) override {}
-  ExpertBackend& backend() override { return *this; }
-  absl::Status RunExperts(int, const Tensor&, const RoutingTable&, Tensor&) override {
-    return absl::OkStatus();
-  }
-};
-
 TEST_F(CudaExpertSlotsTest, Errors) {
   const Shape& s = kShapes[1];  // gpt-oss: biases
   std::unique_ptr<RandomExperts> model = MakeModel(s);
@@ -365,9 +352,6 @@ TEST_F(CudaExpertSlotsTest, Errors) {
   biased.gate_bias = HostVector(bias);
   EXPECT_TRUE(absl::IsInvalidArgument((*plain_slots)->Load(0, 0, 0, biased)));
 
-  FakeSlots fake;
-  const uint8_t byte = 0;
-  EXPECT_TRUE(absl::IsInvalidArgument(gpu::RegisterHostMemory(fake, {&byte, 1})));
   EXPECT_TRUE(absl::IsInvalidArgument(gpu::CreateCudaExpertSlots(model->config, 0, {}).status()));
 }
 
@@ -404,7 +388,7 @@ TEST_F(CudaExpertSlotsTest, LoadsRacingRuns) {
     if (!slots.Load(slot, layer, expert, *model->Find(layer, expert)).ok()) ++failures;
     ++loads;
     if (i % 5 == 0) slots.Release(slot);
-    if (i % 10 == 9 && !gpu::WaitForLoads(slots).ok()) ++failures;
+    if (i % 10 == 9 && !slots.WaitForLoads().ok()) ++failures;
   }
   stop = true;
   runner.join();
@@ -462,19 +446,19 @@ TEST_F(CudaExpertSlotsTest, LoadBandwidthRegisteredVsNot) {
     auto measure = [&] {
       constexpr int kLoads = 16;
       for (int i = 0; i < 2; ++i) EXPECT_TRUE(slots.Load(i, 0, i, *model.Find(0, i)).ok());
-      EXPECT_TRUE(gpu::WaitForLoads(slots).ok());
+      EXPECT_TRUE(slots.WaitForLoads().ok());
       const auto start = std::chrono::steady_clock::now();
       // Loads queue until the slots sync: each waited for, or only the last two would copy.
       for (int i = 0; i < kLoads; ++i) {
         EXPECT_TRUE(slots.Load(i % 2, 0, i % 2, *model.Find(0, i % 2)).ok());
-        EXPECT_TRUE(gpu::WaitForLoads(slots).ok());
+        EXPECT_TRUE(slots.WaitForLoads().ok());
       }
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       return kLoads * expert_elems * 2.0 / seconds / 1e9;  // bf16 bytes read from the host
     };
     const double unregistered = measure();
-    STATUS_ASSERT_OK(gpu::RegisterHostMemory(slots, segment));
+    STATUS_ASSERT_OK(slots.RegisterHostMemory(segment));
     unsigned flags = 0;
     const bool pinned = cudaHostGetFlags(&flags, region) == cudaSuccess;
     cudaGetLastError();
@@ -501,7 +485,7 @@ TEST_F(CudaExpertSlotsTest, LoadBandwidthRegisteredVsNot) {
     ExpectClose(format == gpu::WeightFormat::kBf16 ? "slots bf16 vs cpu" : "slots fp8 vs cpu bf16",
                 absl::StrCat(format_name, " H=2048 I=768 load then run"), Values(got), Values(want),
                 format == gpu::WeightFormat::kBf16 ? 1e-2 : 6e-2);
-    STATUS_ASSERT_OK(gpu::UnregisterHostMemory(slots, segment));
+    STATUS_ASSERT_OK(slots.UnregisterHostMemory(segment));
   }
   munmap(region, bytes);
 }

@@ -182,7 +182,7 @@ class CudaTieredSlotsTest : public CudaOpsTest {
         config_, 0, {.format = format, .max_tokens = kTokens, .num_slots = 3});
     ASSERT_TRUE(slots.ok()) << slots.status();
     slots_ = *std::move(slots);
-    STATUS_ASSERT_OK(gpu::RegisterHostMemory(*slots_, store_->memory()));
+    STATUS_ASSERT_OK(slots_->RegisterHostMemory(store_->memory()));
     for (int e = 0; e < kExperts; ++e) STATUS_ASSERT_OK(slots_->SetCold(0, e, *store_->Find(0, e)));
     ASSERT_TRUE(slots_->cold_readable_in_place());
     device_ = slots_->device_experts();
