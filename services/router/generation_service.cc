@@ -187,8 +187,8 @@ class ScoreSink : public ResponseSink {
   ScoreSink(grpc::ServerUnaryReactor* reactor, v1::ScoreResponse response, grpc::ByteBuffer* out)
       : reactor_(reactor), response_(std::move(response)), out_(out) {}
   void OnTokens(const std::vector<int32_t>& ids, const std::string& text) override {}
-  void OnScores(const std::vector<float>& logprobs) override {
-    response_.mutable_logprobs()->Add(logprobs.begin(), logprobs.end());
+  void OnScores(const std::vector<TokenLogprobs>& scores) override {
+    for (const TokenLogprobs& score : scores) response_.add_logprobs(score.logprob);
   }
   void OnFinish(FinishReason reason, const RequestUsage& usage,
                 const absl::Status& status) override {

@@ -33,9 +33,9 @@ class QueueSink : public ResponseSink {
     absl::Status status;
   };
 
-  void OnLogprobs(const std::vector<float>& logprobs) override {
+  void OnLogprobs(const std::vector<TokenLogprobs>& logprobs) override {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_logprobs_.insert(pending_logprobs_.end(), logprobs.begin(), logprobs.end());
+    for (const TokenLogprobs& l : logprobs) pending_logprobs_.push_back(l.logprob);
   }
   void OnTokens(const std::vector<int32_t>& ids, const std::string& text) override {
     Event e;
