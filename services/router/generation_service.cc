@@ -35,12 +35,36 @@ v1::FinishReason ToProto(FinishReason reason) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
+void SetLogprobs(int32_t id, const TokenLogprobs& logprobs, v1::TokenLogprobs& out) {
+  out.set_token_id(static_cast<uint32_t>(id));
+  out.set_logprob(logprobs.logprob);
+  for (const auto& [alt, logprob] : logprobs.top) {
+    v1::Logprob* top = out.add_top_logprobs();
+    top->set_token_id(static_cast<uint32_t>(alt));
+    top->set_logprob(logprob);
+  }
+}
+
+// The checks both RPCs share: at most kMaxTopLogprobs alternatives.
+absl::Status CheckTopLogprobs(uint32_t top) {
+  if (top <= static_cast<uint32_t>(kMaxTopLogprobs)) return absl::OkStatus();
+  return InvalidParam("top_logprobs", absl::StrCat("top_logprobs must be at most ", kMaxTopLogprobs,
+                                                   ", not ", top));
+}
+
 class GenerateReactor;
 
 // The scheduler's handle on a stream; outlives the reactor if the client goes away first.
+// `prompt`: the prompt's ids, for a request with prompt_logprobs.
 class StreamSink : public ResponseSink {
  public:
-  explicit StreamSink(GenerateReactor* reactor) : reactor_(reactor) {}
+  StreamSink(GenerateReactor* reactor, std::vector<int32_t> prompt)
+      : reactor_(reactor), prompt_(std::move(prompt)) {}
+  void OnLogprobs(const std::vector<TokenLogprobs>& logprobs) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.insert(pending_.end(), logprobs.begin(), logprobs.end());
+  }
+  void OnScores(const std::vector<TokenLogprobs>& scores) override;
   void OnTokens(const std::vector<int32_t>& ids, const std::string& text) override;
   void OnFinish(FinishReason reason, const RequestUsage& usage,
                 const absl::Status& status) override;
@@ -52,6 +76,8 @@ class StreamSink : public ResponseSink {
  private:
   std::mutex mu_;
   GenerateReactor* reactor_;
+  const std::vector<int32_t> prompt_;
+  std::vector<TokenLogprobs> pending_;  // OnLogprobs' until the tokens they are of
 };
 
 // Writes queued responses one at a time, merging token messages that pile up behind a write.
@@ -64,7 +90,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       Finish(ToGrpcStatus(spec.status()));
       return;
     }
-    sink_ = std::make_shared<StreamSink>(this);
+    sink_ = std::make_shared<StreamSink>(
+        this, spec->prompt_logprobs ? spec->prompt : std::vector<int32_t>());
     auto ticket = scheduler_.Submit(*std::move(spec), sink_);
     if (!ticket.ok()) {
       sink_->Detach();
@@ -85,6 +112,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       v1::GenerateResponse& back = queue_.back();
       for (uint32_t id : response.token_ids()) back.add_token_ids(id);
       back.mutable_text()->append(response.text());
+      back.mutable_logprobs()->MergeFrom(response.logprobs());
+      back.mutable_prompt_logprobs()->MergeFrom(response.prompt_logprobs());
       back.set_finish_reason(response.finish_reason());
       if (response.has_usage()) *back.mutable_usage() = response.usage();
     } else {
@@ -159,11 +188,24 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::Status final_status_;
 };
 
+void StreamSink::OnScores(const std::vector<TokenLogprobs>& scores) {
+  v1::GenerateResponse response;
+  for (size_t i = 0; i < scores.size() && i + 1 < prompt_.size(); ++i) {
+    SetLogprobs(prompt_[i + 1], scores[i], *response.add_prompt_logprobs());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reactor_ != nullptr) reactor_->Enqueue(std::move(response), false, grpc::Status::OK);
+}
+
 void StreamSink::OnTokens(const std::vector<int32_t>& ids, const std::string& text) {
   v1::GenerateResponse response;
   for (int32_t id : ids) response.add_token_ids(static_cast<uint32_t>(id));
   response.set_text(text);
   std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < ids.size() && i < pending_.size(); ++i) {
+    SetLogprobs(ids[i], pending_[i], *response.add_logprobs());
+  }
+  pending_.clear();
   if (reactor_ != nullptr) reactor_->Enqueue(std::move(response), false, grpc::Status::OK);
 }
 
@@ -184,11 +226,19 @@ void StreamSink::OnFinish(FinishReason reason, const RequestUsage& usage,
 // response until then.
 class ScoreSink : public ResponseSink {
  public:
-  ScoreSink(grpc::ServerUnaryReactor* reactor, v1::ScoreResponse response, grpc::ByteBuffer* out)
-      : reactor_(reactor), response_(std::move(response)), out_(out) {}
+  // `alternatives`: the request asked for top_logprobs (ScoreResponse.token_logprobs).
+  ScoreSink(grpc::ServerUnaryReactor* reactor, v1::ScoreResponse response, grpc::ByteBuffer* out,
+            bool alternatives)
+      : reactor_(reactor), response_(std::move(response)), out_(out), alternatives_(alternatives) {}
   void OnTokens(const std::vector<int32_t>& ids, const std::string& text) override {}
-  void OnScores(const std::vector<float>& logprobs) override {
-    response_.mutable_logprobs()->Add(logprobs.begin(), logprobs.end());
+  void OnScores(const std::vector<TokenLogprobs>& scores) override {
+    for (size_t i = 0; i < scores.size(); ++i) {
+      response_.add_logprobs(scores[i].logprob);
+      if (alternatives_ && static_cast<int>(i) + 1 < response_.token_ids_size()) {
+        SetLogprobs(static_cast<int32_t>(response_.token_ids(static_cast<int>(i) + 1)), scores[i],
+                    *response_.add_token_logprobs());
+      }
+    }
   }
   void OnFinish(FinishReason reason, const RequestUsage& usage,
                 const absl::Status& status) override {
@@ -205,6 +255,7 @@ class ScoreSink : public ResponseSink {
   grpc::ServerUnaryReactor* reactor_;
   v1::ScoreResponse response_;
   grpc::ByteBuffer* out_;
+  const bool alternatives_;
 };
 
 // A unary call answered at once: unless `admitted` refuses it (the request budget), the
@@ -305,6 +356,13 @@ absl::StatusOr<RequestSpec> GenerationService::ToSpec(const v1::GenerateRequest&
                    NormalizeSampling(sampling, config_.vocab_size, kGrpcTemperature));
   spec.stop.assign(request.stop().begin(), request.stop().end());
   spec.ignore_eos = request.ignore_eos();
+  RETURN_IF_ERROR(CheckTopLogprobs(request.top_logprobs()));
+  if (request.top_logprobs() > 0 && !request.logprobs() && !request.prompt_logprobs()) {
+    return InvalidParam("top_logprobs", "top_logprobs needs logprobs or prompt_logprobs");
+  }
+  spec.logprobs = request.logprobs();
+  spec.prompt_logprobs = request.prompt_logprobs();
+  spec.top_logprobs = static_cast<int>(request.top_logprobs());
   return spec;
 }
 
@@ -381,6 +439,8 @@ grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerCont
 absl::StatusOr<RequestSpec> GenerationService::ScoreSpec(const v1::ScoreRequest& request) const {
   RequestSpec spec;
   spec.score_only = true;
+  RETURN_IF_ERROR(CheckTopLogprobs(request.top_logprobs()));
+  spec.top_logprobs = static_cast<int>(request.top_logprobs());
   if (!request.text().empty() && request.token_ids_size() > 0) {
     return absl::InvalidArgumentError("give either text or token_ids, not both");
   }
@@ -421,8 +481,10 @@ grpc::ServerUnaryReactor* GenerationService::Score(grpc::CallbackServerContext* 
   hold->Release();
   v1::ScoreResponse scores;
   for (int32_t id : spec->prompt) scores.add_token_ids(static_cast<uint32_t>(id));
+  const bool alternatives = spec->top_logprobs > 0;
   auto submitted = scheduler_.Submit(
-      *std::move(spec), std::make_shared<ScoreSink>(reactor, std::move(scores), response));
+      *std::move(spec),
+      std::make_shared<ScoreSink>(reactor, std::move(scores), response, alternatives));
   if (!submitted.ok()) reactor->Finish(ToGrpcStatus(submitted.status()));
   return reactor;
 }

@@ -4,12 +4,24 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "common/engine/sampler.h"
 
 namespace strata {
+
+// The most alternatives a token's log-probability comes with (RequestSpec::top_logprobs): vLLM's
+// default max_logprobs, and OpenAI's bound.
+inline constexpr int kMaxTopLogprobs = 20;
+
+// A token's log-probability under the model's distribution (log softmax of the raw logits),
+// and the most likely tokens at its position with theirs: most likely first, ties by lower id.
+struct TokenLogprobs {
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // (token id, log-probability)
+};
 
 struct RequestSpec {
   std::string id;
@@ -19,11 +31,17 @@ struct RequestSpec {
   std::vector<std::string> stop;  // stop strings; need a tokenizer
   bool ignore_eos = false;
   // Report the log-probability of each generated token under the model's distribution (the
-  // logits before temperature, top-k and top-p): ResponseSink::OnLogprobs.
+  // logits before penalties, bias, temperature, top-k and top-p): ResponseSink::OnLogprobs.
   bool logprobs = false;
-  // Prefill only: report the log-probability of each prompt token after the first, generate
+  // Report the log-probability of each prompt token after the first (ResponseSink::OnScores)
+  // before generating: what an echoed prompt's log-probabilities are.
+  bool prompt_logprobs = false;
+  // Prefill only: report the prompt tokens' log-probabilities as prompt_logprobs does, generate
   // nothing (max_new_tokens is ignored).
   bool score_only = false;
+  // With logprobs, prompt_logprobs or score_only: each token's log-probability comes with this
+  // many most likely tokens at its position (TokenLogprobs::top); 0..kMaxTopLogprobs.
+  int top_logprobs = 0;
 };
 
 enum class FinishReason { kNone, kLength, kStop, kEos, kCancelled, kError };
@@ -43,9 +61,10 @@ class ResponseSink {
   // New tokens since the last call, and their text (empty without a tokenizer).
   virtual void OnTokens(const std::vector<int32_t>& ids, const std::string& text) = 0;
   // With RequestSpec::logprobs, just before each OnTokens: log p of each of its ids.
-  virtual void OnLogprobs(const std::vector<float>& logprobs) {}
-  // For score_only requests, once, before OnFinish: log p(prompt[i + 1] | prompt[0..i]).
-  virtual void OnScores(const std::vector<float>& logprobs) {}
+  virtual void OnLogprobs(const std::vector<TokenLogprobs>& logprobs) {}
+  // With RequestSpec::prompt_logprobs or score_only, once, before the first OnTokens (or
+  // OnFinish): entry i is log p(prompt[i + 1] | prompt[0..i]), one fewer than the prompt.
+  virtual void OnScores(const std::vector<TokenLogprobs>& scores) {}
   // The last call. `status` is OK unless the reason is kError.
   virtual void OnFinish(FinishReason reason, const RequestUsage& usage,
                         const absl::Status& status) = 0;

@@ -9,6 +9,7 @@
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
 #include "services/router/output_text.h"
+#include "services/router/token_logprobs.h"
 
 namespace strata {
 namespace {
@@ -17,14 +18,6 @@ using Clock = std::chrono::steady_clock;
 
 double MillisBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-// log softmax(row)[target], in double for a stable sum over a large vocabulary.
-float LogSoftmaxAt(const float* row, int64_t vocab, int32_t target) {
-  const float max = *std::max_element(row, row + vocab);
-  double sum = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(row[i] - max));
-  return static_cast<float>(row[target] - max - std::log(sum));
 }
 
 }  // namespace
@@ -39,7 +32,9 @@ struct Scheduler::Sequence {
   PagedKvCache::SequenceId kv_seq = 0;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<OutputText> text;
-  std::vector<float> scores;  // score_only: log-probabilities of prompt tokens 1..n-1
+  // score_only or prompt_logprobs: log-probabilities of prompt tokens 1..n-1, until sent.
+  std::vector<TokenLogprobs> scores;
+  bool scores_sent = false;
   int generated = 0;
   int draft_length = 0;  // speculation: tokens drafted a step now (NextDraftLength)
   Clock::time_point submitted, first_token, last_token;
@@ -119,6 +114,11 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
         "-token prompt leaves room for ", max_context_tokens_ - prompt_len, " new tokens"));
   }
   if (absl::Status s = ValidateSamplingParams(spec.sampling); !s.ok()) return s;
+  if (spec.top_logprobs < 0 || spec.top_logprobs > kMaxTopLogprobs) {
+    return InvalidParam("top_logprobs",
+                        absl::StrCat("top_logprobs must be in [0, ", kMaxTopLogprobs, "], not ",
+                                     spec.top_logprobs));
+  }
   if (!spec.score_only && spec.sampling.min_tokens > spec.max_new_tokens) {
     return InvalidParam(
         "min_tokens", absl::StrCat("'min_tokens' ", spec.sampling.min_tokens,
@@ -334,8 +334,9 @@ void Scheduler::Admit() {
   }
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
     Sequence* seq = waiting_.front().get();
-    // Cached blocks that running sequences hold cost no free block.
-    const bool match = !seq->spec.score_only;
+    // Cached blocks that running sequences hold cost no free block. A prompt to score is
+    // computed whole: a cached block's positions would give no logits.
+    const bool match = !WantsScores(*seq);
     const int64_t need =
         kv_.BlocksFor(std::ssize(seq->tokens), kv_.WantsWide(std::ssize(seq->tokens))) -
         (match ? kv_.HeldPrefixBlocks(seq->tokens) : 0);
@@ -470,7 +471,7 @@ bool Scheduler::Step() {
       step.ids.push_back(j < own ? p.seq->tokens[position] : p.draft[j - own]);
       step.batch.sequence.push_back(p.seq->kv_seq);
       step.batch.position.push_back(position);
-      if (p.seq->spec.score_only && position + 1 < length) {
+      if (WantsScores(*p.seq) && position + 1 < std::ssize(p.seq->spec.prompt)) {
         score_rows.push_back(static_cast<int64_t>(step.ids.size()) - 1);
         scored.push_back({p.seq, p.seq->tokens[position + 1]});
       }
@@ -527,13 +528,15 @@ bool Scheduler::Step() {
   for (const Planned& p : plan) Computed(p.seq, p.count - static_cast<int64_t>(p.draft.size()));
   for (size_t r = 0; r < scored.size(); ++r) {
     const float* row = result->logits(sampled_rows + static_cast<int64_t>(r));
-    scored[r].seq->scores.push_back(LogSoftmaxAt(row, vocab, scored[r].target));
+    Sequence* seq = scored[r].seq;
+    seq->scores.push_back(LogprobsAt(row, vocab, scored[r].target, seq->spec.top_logprobs));
   }
+  // A prompt's scores go out once it is computed, before its first token (posted below).
   for (const Planned& p : plan) {
-    if (p.seq->spec.score_only && p.seq->computed == static_cast<int64_t>(p.seq->tokens.size())) {
-      Post([sink = p.seq->sink, scores = std::move(p.seq->scores)] { sink->OnScores(scores); });
-      Finish(p.seq, FinishReason::kLength);
-    }
+    if (!WantsScores(*p.seq) || p.seq->computed < std::ssize(p.seq->spec.prompt)) continue;
+    p.seq->scores_sent = true;
+    Post([sink = p.seq->sink, scores = std::move(p.seq->scores)] { sink->OnScores(scores); });
+    if (p.seq->spec.score_only) Finish(p.seq, FinishReason::kLength);
   }
   bool any_draft = false;
   int64_t tokens = 0;
@@ -548,9 +551,11 @@ bool Scheduler::Step() {
     const int32_t token = result->tokens != nullptr && on_device[r]
                               ? result->tokens[row]
                               : sampler.Sample(result->logits(row), vocab);
-    const float logprob =
-        sampled[r]->spec.logprobs ? LogSoftmaxAt(result->logits(row), vocab, token) : 0.0f;
-    HandleToken(sampled[r], token, logprob);
+    TokenLogprobs logprobs;
+    if (sampled[r]->spec.logprobs) {
+      logprobs = LogprobsAt(result->logits(row), vocab, token, sampled[r]->spec.top_logprobs);
+    }
+    HandleToken(sampled[r], token, std::move(logprobs));
     ++tokens;
   }
   if (any_draft) draft_steps_.fetch_add(1);
@@ -744,7 +749,11 @@ bool Scheduler::StepAhead() {
   return true;
 }
 
-bool Scheduler::HandleToken(Sequence* seq, int32_t token, float logprob) {
+bool Scheduler::WantsScores(const Sequence& seq) {
+  return seq.spec.score_only || (seq.spec.prompt_logprobs && !seq.scores_sent);
+}
+
+bool Scheduler::HandleToken(Sequence* seq, int32_t token, TokenLogprobs logprobs) {
   const Clock::time_point now = Clock::now();
   const bool first = seq->generated == 0;
   metrics_.AddToken(first, MillisBetween(first ? seq->submitted : seq->last_token, now) / 1e3);
@@ -770,9 +779,9 @@ bool Scheduler::HandleToken(Sequence* seq, int32_t token, float logprob) {
   const bool ends_on_token = is_eos || is_stop_token;
   const bool at_length = seq->generated >= seq->spec.max_new_tokens;
   if (!update.stopped && (ends_on_token || at_length)) update.text += seq->text->Flush();
-  Post([sink = seq->sink, token, text = std::move(update.text), logprob,
+  Post([sink = seq->sink, token, text = std::move(update.text), logprobs = std::move(logprobs),
         with_logprob = seq->spec.logprobs] {
-    if (with_logprob) sink->OnLogprobs({logprob});
+    if (with_logprob) sink->OnLogprobs({logprobs});
     sink->OnTokens({token}, text);
   });
   if (update.stopped || is_stop_token) {

@@ -157,9 +157,12 @@ class Scheduler {
   // Counts a finished request and logs its line (info); `decode_ms`: first token to last.
   void Report(const Sequence& seq, FinishReason reason, const RequestUsage& usage,
               double decode_ms);
-  // `logprob`: the token's log-probability, for a sequence that asked for it. False when the
-  // token ended the sequence (then freed: `seq` must not be used again).
-  bool HandleToken(Sequence* seq, int32_t token, float logprob = 0.0f);
+  // `logprobs`: the token's log-probabilities, for a sequence that asked for them. False when
+  // the token ended the sequence (then freed: `seq` must not be used again).
+  bool HandleToken(Sequence* seq, int32_t token, TokenLogprobs logprobs = {});
+  // Whether the sequence's prompt positions give scores (score_only, or prompt_logprobs not
+  // yet sent: a preempted sequence does not score its prompt again).
+  static bool WantsScores(const Sequence& seq);
   // A decode row's draft for this step (empty: none), at most `room` tokens.
   std::vector<int32_t> Draft(const Sequence& seq, int64_t room) const;
   // Verifies `draft` against the logit rows from `first_row` (one more than the draft) and

@@ -20,13 +20,15 @@ class CollectingSink : public ResponseSink {
     ++messages_;
     if (done_) ++late_messages_;
   }
-  void OnLogprobs(const std::vector<float>& logprobs) override {
+  void OnLogprobs(const std::vector<TokenLogprobs>& logprobs) override {
     std::lock_guard<std::mutex> lock(mu_);
     logprobs_.insert(logprobs_.end(), logprobs.begin(), logprobs.end());
   }
-  void OnScores(const std::vector<float>& scores) override {
+  void OnScores(const std::vector<TokenLogprobs>& scores) override {
     std::lock_guard<std::mutex> lock(mu_);
     scores_ = scores;
+    ++score_messages_;
+    if (!tokens_.empty() || done_) ++late_scores_;
   }
   void OnFinish(FinishReason reason, const RequestUsage& usage,
                 const absl::Status& status) override {
@@ -50,13 +52,26 @@ class CollectingSink : public ResponseSink {
     std::lock_guard<std::mutex> lock(mu_);
     return tokens_;
   }
-  std::vector<float> logprobs() {
+  // The generated tokens' log-probabilities, and with their alternatives.
+  std::vector<float> logprobs() { return Values(token_logprobs()); }
+  std::vector<TokenLogprobs> token_logprobs() {
     std::lock_guard<std::mutex> lock(mu_);
     return logprobs_;
   }
-  std::vector<float> scores() {
+  // The prompt's (OnScores), and with their alternatives.
+  std::vector<float> scores() { return Values(score_logprobs()); }
+  std::vector<TokenLogprobs> score_logprobs() {
     std::lock_guard<std::mutex> lock(mu_);
     return scores_;
+  }
+  // OnScores calls, and those that came after a token or the finish (there should be none).
+  int score_messages() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return score_messages_;
+  }
+  int late_scores() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return late_scores_;
   }
   std::string text() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -83,8 +98,16 @@ class CollectingSink : public ResponseSink {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<float> logprobs_;
-  std::vector<float> scores_;
+  static std::vector<float> Values(const std::vector<TokenLogprobs>& all) {
+    std::vector<float> values;
+    for (const TokenLogprobs& l : all) values.push_back(l.logprob);
+    return values;
+  }
+
+  std::vector<TokenLogprobs> logprobs_;
+  std::vector<TokenLogprobs> scores_;
+  int score_messages_ = 0;
+  int late_scores_ = 0;
   std::vector<int32_t> tokens_;
   std::string text_;
   int messages_ = 0;

@@ -1,9 +1,9 @@
 // A StepRunner without a model, for testing what plans the steps: each row's next token is a
 // fixed function of the row's token and position (NextToken), given as greedy tokens, as
-// logits peaked at it, or both. With `replays` on it behaves like decode-graph replays: a
-// decode-only step with launch_next leaves the next step in flight for Collect. It checks what
-// a real runner relies on (every position reserved in the KV cache, Run never with a step in
-// flight) and can be told to fail a Run or a Collect.
+// logits peaked at it (RowLogit), or both. With `replays` on it behaves like decode-graph replays:
+// a decode-only step with launch_next leaves the next step in flight for Collect. It checks what a
+// real runner relies on (every position reserved in the KV cache, Run never with a step in flight)
+// and can be told to fail a Run or a Collect.
 #ifndef STRATA_TESTS_TESTING_FAKE_STEP_RUNNER_H_
 #define STRATA_TESTS_TESTING_FAKE_STEP_RUNNER_H_
 
@@ -24,8 +24,16 @@ class FakeStepRunner : public StepRunner {
     return static_cast<int32_t>((int64_t{token} * 31 + position * 7 + 1) % vocab);
   }
 
+  // A logit row peaked at `next` (20): flat at 0 below it, or with `shaped_logits` a pattern
+  // of many ties (RowLogit), for log-probabilities worth checking.
+  static float RowLogit(int32_t next, int64_t id, bool shaped) {
+    if (id == next) return 20.0f;
+    return shaped ? static_cast<float>((id * 5 + next) % 9) * 0.75f - 3.0f : 0.0f;
+  }
+
   // Decode-only steps that ask for it get the next step launched behind them.
   bool replays = false;
+  bool shaped_logits = false;
   // The Run / Collect calls (counted from 1) that fail; 0: none.
   int fail_run_call = 0;
   int fail_collect_call = 0;
@@ -158,7 +166,10 @@ class FakeStepRunner : public StepRunner {
     for (size_t r = 0; r < tokens.size(); ++r) {
       const bool wanted = !replayed || std::find(host_rows.begin(), host_rows.end(),
                                                  static_cast<int64_t>(r)) != host_rows.end();
-      if (wanted) logits_[r * vocab_ + tokens[r]] = 20.0f;
+      if (!wanted) continue;
+      for (int64_t id = 0; id < vocab_; ++id) {
+        logits_[r * vocab_ + id] = RowLogit(tokens[r], id, shaped_logits);
+      }
     }
     result.logits_base = logits_.data();
     if (replayed) result.tokens = greedy_.data();

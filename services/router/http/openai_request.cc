@@ -7,14 +7,12 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
+#include "services/router/request.h"
 
 namespace strata {
 namespace {
 
 constexpr char kCodePayload[] = "strata.openai.code";
-constexpr char kTopLogprobsRefusal[] =
-    "only the chosen token's log-probability is reported: more than 1 top log-probability is "
-    "not supported yet";
 
 bool Present(const Json& body, const char* key) {
   return body.contains(key) && !body[key].is_null();
@@ -139,6 +137,46 @@ absl::Status ParseStopAndBias(const Json& body, SamplingRequest& s) {
       return BadParam(key, absl::StrCat("'", key, "' must be a boolean"));
     }
     *field = body[key].get<bool>();
+  }
+  return absl::OkStatus();
+}
+
+// `logprobs` (completions: how many alternatives; chat: whether), chat's `top_logprobs`, and
+// completions' `echo` (with max_tokens 0: the prompt alone).
+absl::Status ParseLogprobs(const Json& body, OpenAiRequest& r) {
+  const std::string range = absl::StrCat("an integer in [0, ", kMaxTopLogprobs, "]");
+  if (Present(body, "logprobs")) {
+    const Json& l = body["logprobs"];
+    if (r.chat) {
+      if (!l.is_boolean()) return BadParam("logprobs", "'logprobs' must be a boolean");
+      r.logprobs = l.get<bool>();
+    } else {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() > kMaxTopLogprobs) {
+        return BadParam("logprobs",
+                        absl::StrCat("'logprobs' must be ", range,
+                                     ": how many of the most likely tokens come with each one"));
+      }
+      r.logprobs = true;
+      r.top_logprobs = static_cast<int>(l.get<int64_t>());
+    }
+  }
+  if (r.chat && Present(body, "top_logprobs")) {
+    const Json& t = body["top_logprobs"];
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > kMaxTopLogprobs) {
+      return BadParam("top_logprobs", absl::StrCat("'top_logprobs' must be ", range));
+    }
+    if (!r.logprobs) return BadParam("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r.top_logprobs = static_cast<int>(t.get<int64_t>());
+  }
+  if (Present(body, "echo")) {
+    if (!body["echo"].is_boolean()) return BadParam("echo", "'echo' must be a boolean");
+    if (r.chat && body["echo"].get<bool>()) {
+      return BadParam("echo", "'echo' is supported on /v1/completions only");
+    }
+    r.echo = body["echo"].get<bool>();
+  }
+  if (r.max_tokens == 0 && !r.echo) {
+    return BadParam("max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo': true)");
   }
   return absl::OkStatus();
 }
@@ -345,7 +383,8 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
   for (const char* key : max_keys) {
     if (!Present(body, key)) continue;
     const Json& v = body[key];
-    if (!v.is_number_integer() || v.get<int64_t>() < 1) {
+    // Completions take 0 with echo (checked below): the prompt alone, scored.
+    if (!v.is_number_integer() || v.get<int64_t>() < (chat ? 1 : 0)) {
       return BadParam(key, absl::StrCat("'", key, "' must be an integer of at least 1"));
     }
     r.max_tokens = v.get<int64_t>();
@@ -410,31 +449,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
       return BadParam("n", "only n = 1 is supported");
     }
   }
-  if (Present(body, "logprobs")) {
-    const Json& l = body["logprobs"];
-    if (chat) {
-      if (!l.is_boolean()) return BadParam("logprobs", "'logprobs' must be a boolean");
-      r.logprobs = l.get<bool>();
-    } else {
-      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() > 20) {
-        return BadParam("logprobs", "'logprobs' must be an integer in [0, 20]");
-      }
-      if (l.get<int64_t>() > 1) {
-        return BadParam("logprobs", kTopLogprobsRefusal);
-      }
-      r.logprobs = true;
-      r.top_logprobs = static_cast<int>(l.get<int64_t>());
-    }
-  }
-  if (chat && Present(body, "top_logprobs")) {
-    const Json& t = body["top_logprobs"];
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > 20) {
-      return BadParam("top_logprobs", "'top_logprobs' must be an integer in [0, 20]");
-    }
-    if (!r.logprobs) return BadParam("top_logprobs", "'top_logprobs' needs 'logprobs': true");
-    if (t.get<int64_t>() > 1) return BadParam("top_logprobs", kTopLogprobsRefusal);
-    r.top_logprobs = static_cast<int>(t.get<int64_t>());
-  }
+  RETURN_IF_ERROR(ParseLogprobs(body, r));
   if (Present(body, "ignore_eos")) {
     if (!body["ignore_eos"].is_boolean()) return BadParam("ignore_eos", "must be a boolean");
     r.ignore_eos = body["ignore_eos"].get<bool>();
@@ -442,9 +457,6 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
   // Options Strata does not implement are refused rather than ignored.
   if (Present(body, "best_of") && body["best_of"] != Json(1)) {
     return BadParam("best_of", "'best_of' is not supported");
-  }
-  if (Present(body, "echo") && body["echo"] != Json(false)) {
-    return BadParam("echo", "'echo' is not supported");
   }
   if (Present(body, "suffix")) return BadParam("suffix", "'suffix' is not supported");
   if (Present(body, "response_format")) {

@@ -29,16 +29,21 @@ struct OpenAiRequest {
   Json messages = Json::array();
   Json template_variables = Json::object();
   bool add_generation_prompt = true;
-  std::optional<int64_t> max_tokens;  // absent: 16 for completions, the context left for chat
+  // Absent: 16 for completions, the context left for chat; 0 only with echo.
+  std::optional<int64_t> max_tokens;
   // The sampling fields as sent (vLLM's extras too); NormalizeSampling's rules, the OpenAI default
   // temperature of 1 (kOpenAiTemperature).
   SamplingRequest sampling;
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  // Completions `logprobs: N` or chat `logprobs: true`: the chosen token's log-probability.
+  // Completions `logprobs: N` or chat `logprobs: true`: each token's log-probability, with
+  // the `top_logprobs` (completions: N) most likely tokens at its position.
   bool logprobs = false;
   int top_logprobs = 0;
+  // Completions: the prompt's text comes before the completion's (with logprobs, its tokens'
+  // log-probabilities too, the first one's null).
+  bool echo = false;
   bool ignore_eos = false;
 };
 
@@ -68,8 +73,7 @@ ApiError ToApiError(const absl::Status& status);
 
 // Parses a request body. INVALID_ARGUMENT (400) for bad JSON, missing or malformed fields,
 // keys the endpoint does not know (every one named) and options Strata does not support (n > 1,
-// best_of, echo, suffix, more than 1 top_logprobs, response_format other than text, guided
-// decoding, tools).
+// best_of, echo on chat, suffix, response_format other than text, guided decoding, tools).
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool chat);
 
 // What every endpoint's body parse shares.

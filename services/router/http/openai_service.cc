@@ -12,6 +12,7 @@
 #include "common/util/same_secret.h"
 #include "common/util/status_macros.h"
 #include "common/util/version.h"
+#include "services/router/http/openai_logprobs.h"
 
 namespace strata {
 namespace {
@@ -25,17 +26,24 @@ class QueueSink : public ResponseSink {
  public:
   struct Event {
     bool finished = false;
+    bool prompt = false;  // the prompt's log-probabilities (OnScores), in `logprobs`
     std::vector<int32_t> ids;
     std::string text;
-    std::vector<float> logprobs;
+    std::vector<TokenLogprobs> logprobs;
     FinishReason reason = FinishReason::kNone;
     RequestUsage usage;
     absl::Status status;
   };
 
-  void OnLogprobs(const std::vector<float>& logprobs) override {
+  void OnLogprobs(const std::vector<TokenLogprobs>& logprobs) override {
     std::lock_guard<std::mutex> lock(mu_);
     pending_logprobs_.insert(pending_logprobs_.end(), logprobs.begin(), logprobs.end());
+  }
+  void OnScores(const std::vector<TokenLogprobs>& scores) override {
+    Event e;
+    e.prompt = true;
+    e.logprobs = scores;
+    Push(std::move(e));
   }
   void OnTokens(const std::vector<int32_t>& ids, const std::string& text) override {
     Event e;
@@ -53,9 +61,7 @@ class QueueSink : public ResponseSink {
     e.reason = reason;
     e.usage = usage;
     e.status = status;
-    std::lock_guard<std::mutex> lock(mu_);
-    events_.push_back(std::move(e));
-    cv_.notify_one();
+    Push(std::move(e));
   }
   // The next event, or nothing after `timeout` (the caller then checks on its client).
   std::optional<Event> Next(std::chrono::milliseconds timeout) {
@@ -67,10 +73,16 @@ class QueueSink : public ResponseSink {
   }
 
  private:
+  void Push(Event e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(e));
+    cv_.notify_one();
+  }
+
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Event> events_;
-  std::vector<float> pending_logprobs_;
+  std::vector<TokenLogprobs> pending_logprobs_;
 };
 
 const char* FinishName(FinishReason reason) {
@@ -90,47 +102,6 @@ Json UsageJson(const RequestUsage& usage) {
               {"completion_tokens", usage.completion_tokens},
               {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
 }
-
-// Logprobs of generated tokens, accumulated in the shape of the endpoint.
-class LogprobsBuilder {
- public:
-  LogprobsBuilder(bool chat, int top) : chat_(chat), top_(top) {
-    if (chat) {
-      json_ = Json{{"content", Json::array()}};
-    } else {
-      json_ = Json{{"tokens", Json::array()},
-                   {"token_logprobs", Json::array()},
-                   {"top_logprobs", Json::array()},
-                   {"text_offset", Json::array()}};
-    }
-  }
-  // Only the chosen token is known: top_logprobs hold it alone.
-  void Add(const std::string& token, float logprob, size_t text_offset) {
-    if (chat_) {
-      Json bytes = Json::array();
-      for (unsigned char c : token) bytes.push_back(static_cast<int>(c));
-      Json top = Json::array();
-      if (top_ > 0) top.push_back(Json{{"token", token}, {"logprob", logprob}, {"bytes", bytes}});
-      json_["content"].push_back(
-          Json{{"token", token}, {"logprob", logprob}, {"bytes", bytes}, {"top_logprobs", top}});
-    } else {
-      json_["tokens"].push_back(token);
-      json_["token_logprobs"].push_back(logprob);
-      json_["top_logprobs"].push_back(top_ > 0 ? Json{{token, logprob}} : Json(nullptr));
-      json_["text_offset"].push_back(text_offset);
-    }
-  }
-  Json Take() {
-    Json out = std::move(json_);
-    *this = LogprobsBuilder(chat_, top_);
-    return out;
-  }
-
- private:
-  bool chat_;
-  int top_;
-  Json json_;
-};
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
@@ -307,6 +278,16 @@ absl::StatusOr<RequestSpec> OpenAiService::ToSpec(const OpenAiRequest& r) const 
   spec.stop = r.stop;
   spec.ignore_eos = r.ignore_eos;
   spec.logprobs = r.logprobs;
+  spec.top_logprobs = r.top_logprobs;
+  if (r.echo) {
+    if (tokenizer_ == nullptr) {
+      return BadParam("echo", "'echo' needs a model with a tokenizer (to write the prompt's text)");
+    }
+    // The echoed prompt's log-probabilities come from its prefill; with no tokens to generate,
+    // the prefill is all there is.
+    spec.prompt_logprobs = r.logprobs;
+    spec.score_only = max_tokens == 0;
+  }
   return spec;
 }
 
@@ -314,6 +295,13 @@ std::string OpenAiService::TokenText(int32_t id) const {
   if (tokenizer_ == nullptr) return absl::StrCat("token_id:", id);
   absl::StatusOr<std::string> text = tokenizer_->Decode({id}, /*skip_special_tokens=*/false);
   return text.ok() ? *text : absl::StrCat("token_id:", id);
+}
+
+std::string OpenAiService::EchoText(const OpenAiRequest& r,
+                                    const std::vector<int32_t>& prompt) const {
+  if (r.prompt_text) return *r.prompt_text;
+  absl::StatusOr<std::string> text = tokenizer_->Decode(prompt, /*skip_special_tokens=*/false);
+  return text.ok() ? *text : std::string();
 }
 
 void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& responder) {
@@ -324,6 +312,13 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
   const OpenAiRequest& r = *parsed;
   absl::StatusOr<RequestSpec> spec = ToSpec(r);
   if (!spec.ok()) return SendError(responder, ToApiError(spec.status()), RequestOutcome::kInvalid);
+  // What echo writes before the completion: the prompt's text, and its tokens for logprobs.
+  std::vector<int32_t> prompt_ids;
+  std::string echo_text;
+  if (r.echo) {
+    prompt_ids = spec->prompt;
+    echo_text = EchoText(r, prompt_ids);
+  }
   auto sink = std::make_shared<QueueSink>();
   absl::StatusOr<Scheduler::Ticket> ticket = scheduler_.Submit(*std::move(spec), sink);
   if (!ticket.ok()) {
@@ -345,9 +340,19 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
                 {"model", options_.model_name},
                 {"choices", Json::array({std::move(choice)})}};
   };
-  LogprobsBuilder logprobs(chat, r.top_logprobs);
+  OpenAiLogprobs logprobs(chat, r.top_logprobs, [this](int32_t id) { return TokenText(id); });
   std::string text;
   bool stream_ok = true;
+  // A piece of the choice's text, streamed with the log-probabilities added since the last.
+  auto emit = [&](const std::string& piece) {
+    text += piece;
+    if (!r.stream || !stream_ok || (piece.empty() && !r.logprobs)) return;
+    Json choice = chat ? Json{{"index", 0}, {"delta", Json{{"content", piece}}}}
+                       : Json{{"index", 0}, {"text", piece}};
+    choice["logprobs"] = r.logprobs ? logprobs.Take() : Json(nullptr);
+    choice["finish_reason"] = nullptr;
+    stream_ok = responder.WriteChunk(absl::StrCat("data: ", Dump(chunk(choice)), "\n\n")).ok();
+  };
   if (r.stream) {
     stream_ok = responder.StartStream(200, "text/event-stream").ok();
     if (stream_ok && chat) {
@@ -358,6 +363,9 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
       stream_ok = responder.WriteChunk(absl::StrCat("data: ", Dump(first), "\n\n")).ok();
     }
   }
+  // Without logprobs the echo needs nothing from the model; with them it waits for the
+  // prompt's (the prompt event below).
+  if (r.echo && !r.logprobs) emit(echo_text);
   bool cancelled = false;
   Clock::time_point last_check = arrival;
   while (true) {
@@ -374,23 +382,29 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
       }
     }
     if (!event) continue;
+    if (event->prompt) {
+      // Without logprobs the echo went out already (a score-only request scores anyway).
+      if (!r.logprobs) continue;
+      // The first prompt token has no log-probability: nothing comes before it.
+      size_t offset = 0;
+      for (size_t i = 0; i < prompt_ids.size(); ++i) {
+        const TokenLogprobs* l =
+            i > 0 && i - 1 < event->logprobs.size() ? &event->logprobs[i - 1] : nullptr;
+        logprobs.Add(prompt_ids[i], l, offset);
+        offset += TokenText(prompt_ids[i]).size();
+      }
+      emit(echo_text);
+      continue;
+    }
     if (!event->finished) {
       if (r.logprobs) {
         size_t offset = text.size();
         for (size_t i = 0; i < event->ids.size() && i < event->logprobs.size(); ++i) {
-          const std::string token = TokenText(event->ids[i]);
-          logprobs.Add(token, event->logprobs[i], offset);
-          offset += token.size();
+          logprobs.Add(event->ids[i], &event->logprobs[i], offset);
+          offset += TokenText(event->ids[i]).size();
         }
       }
-      text += event->text;
-      if (r.stream && stream_ok && (!event->text.empty() || r.logprobs)) {
-        Json choice = chat ? Json{{"index", 0}, {"delta", Json{{"content", event->text}}}}
-                           : Json{{"index", 0}, {"text", event->text}};
-        choice["logprobs"] = r.logprobs ? logprobs.Take() : Json(nullptr);
-        choice["finish_reason"] = nullptr;
-        stream_ok = responder.WriteChunk(absl::StrCat("data: ", Dump(chunk(choice)), "\n\n")).ok();
-      }
+      emit(event->text);
       continue;
     }
     // Finished.

@@ -62,6 +62,8 @@ class OpenAiService {
   absl::StatusOr<RequestSpec> ToSpec(const OpenAiRequest& request) const;
   void SendError(HttpResponder& responder, const ApiError& error, RequestOutcome outcome);
   std::string TokenText(int32_t id) const;
+  // What `echo` writes before the completion: the prompt as sent, or its ids' text.
+  std::string EchoText(const OpenAiRequest& request, const std::vector<int32_t>& prompt) const;
 
   OpenAiServiceOptions options_;
   const ModelConfig& config_;

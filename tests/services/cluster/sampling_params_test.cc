@@ -249,8 +249,8 @@ TEST_F(SamplingParamsTest, OutOfRangeValuesAreRefusedByName) {
   EXPECT_EQ(RefusedParam({{"response_format", {{"type", "json_object"}}}}), "response_format");
   EXPECT_EQ(RefusedParam({{"guided_json", {{"type", "object"}}}}), "guided_json");
   EXPECT_EQ(RefusedParam({{"n", 2}}), "n");
-  EXPECT_EQ(RefusedParam({{"echo", true}}), "echo");
-  EXPECT_EQ(RefusedParam({{"logprobs", 2}}), "logprobs");
+  EXPECT_EQ(RefusedParam({{"echo", "yes"}}), "echo");
+  EXPECT_EQ(RefusedParam({{"logprobs", 21}}), "logprobs");
   auto invalid = [&](v1::GenerateRequest r, const std::string& words) {
     const Output out = Run(r);
     EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << words;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "common/engine/local_engine.h"
 #include "common/engine/model_stack.h"
 #include "gtest/gtest.h"
@@ -144,6 +145,108 @@ TEST(SchedulerTest, LogprobsMatchScores) {
       EXPECT_NEAR(logprobs[j], scores[prompt - 1 + j], 1e-3) << "request " << i << " token " << j;
     }
   }
+}
+
+// `top` most likely first, ties by lower id, none above the chosen token's unless the chosen
+// token is in the list (where it has its value).
+void ExpectConsistentTop(const TokenLogprobs& l, int32_t chosen, size_t top,
+                         const std::string& where) {
+  ASSERT_EQ(l.top.size(), top) << where;
+  bool seen = false;
+  for (size_t k = 0; k < l.top.size(); ++k) {
+    if (k > 0) {
+      EXPECT_TRUE(l.top[k - 1].second > l.top[k].second ||
+                  (l.top[k - 1].second == l.top[k].second && l.top[k - 1].first < l.top[k].first))
+          << where << " rank " << k;
+    }
+    if (l.top[k].first == chosen) {
+      seen = true;
+      EXPECT_EQ(l.top[k].second, l.logprob) << where;
+    }
+  }
+  if (!seen && !l.top.empty()) EXPECT_LE(l.logprob, l.top.back().second) << where;
+}
+
+// prompt_logprobs: the prompt's log-probabilities come once, before the first token, equal to a
+// score-only request's (alternatives too), computed in chunks and past a cached prefix; the
+// generated tokens are unchanged and carry their alternatives (a greedy token is the first).
+TEST(SchedulerTest, PromptLogprobsComeBeforeTheTokensWithAlternatives) {
+  SchedulerHarness harness(/*num_blocks=*/256, {.max_batch_tokens = 16, .max_running = 8},
+                           /*prefix_caching=*/true);
+  std::vector<RequestSpec> specs = MixedRequests(6, 29);
+  specs[1].prompt = {7};  // nothing to score
+  // Its prefix is cached by the time it comes: scoring must compute it anyway.
+  RequestSpec warm = specs[2];
+  warm.max_new_tokens = 1;
+  auto warm_sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(harness.scheduler().Submit(warm, warm_sink).ok());
+  ASSERT_TRUE(warm_sink->Wait());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].prompt_logprobs = true;
+    specs[i].logprobs = i % 2 == 0;
+    specs[i].top_logprobs = i == 4 ? 0 : 5;
+  }
+  const std::vector<std::shared_ptr<CollectingSink>> sinks = SubmitAll(harness, specs);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->Wait());
+    const std::string where = absl::StrCat("request ", i);
+    const std::vector<int32_t> tokens = sinks[i]->tokens();
+    EXPECT_EQ(tokens, RunAlone(specs[i])) << where;
+    EXPECT_EQ(sinks[i]->score_messages(), 1) << where;
+    EXPECT_EQ(sinks[i]->late_scores(), 0) << where;
+    const std::vector<TokenLogprobs> scores = sinks[i]->score_logprobs();
+    ASSERT_EQ(scores.size(), specs[i].prompt.size() - 1) << where;
+
+    RequestSpec score;
+    score.score_only = true;
+    score.prompt = specs[i].prompt;
+    score.top_logprobs = specs[i].top_logprobs;
+    auto scored = std::make_shared<CollectingSink>();
+    ASSERT_TRUE(harness.scheduler().Submit(score, scored).ok());
+    ASSERT_TRUE(scored->Wait());
+    const std::vector<TokenLogprobs> want = scored->score_logprobs();
+    ASSERT_EQ(want.size(), scores.size()) << where;
+    for (size_t j = 0; j < scores.size(); ++j) {
+      const std::string at = absl::StrCat(where, " prompt token ", j + 1);
+      EXPECT_NEAR(scores[j].logprob, want[j].logprob, 1e-3) << at;
+      ExpectConsistentTop(scores[j], specs[i].prompt[j + 1], specs[i].top_logprobs, at);
+      ASSERT_EQ(scores[j].top.size(), want[j].top.size()) << at;
+      for (size_t k = 0; k < want[j].top.size(); ++k) {
+        EXPECT_NEAR(scores[j].top[k].second, want[j].top[k].second, 1e-3) << at;
+      }
+    }
+
+    const std::vector<TokenLogprobs> logprobs = sinks[i]->token_logprobs();
+    if (!specs[i].logprobs) {
+      EXPECT_TRUE(logprobs.empty()) << where;
+      continue;
+    }
+    ASSERT_EQ(logprobs.size(), tokens.size()) << where;
+    for (size_t j = 0; j < tokens.size(); ++j) {
+      const std::string at = absl::StrCat(where, " token ", j);
+      ExpectConsistentTop(logprobs[j], tokens[j], specs[i].top_logprobs, at);
+      if (specs[i].sampling.temperature == 0.0f && !logprobs[j].top.empty()) {
+        EXPECT_EQ(logprobs[j].top[0].first, tokens[j]) << at;
+      }
+    }
+  }
+}
+
+// Decodes outgrowing the pool are preempted and recomputed from their prompt: each prompt's
+// log-probabilities still come once, all of them.
+TEST(SchedulerTest, PromptLogprobsComeOnceThroughPreemption) {
+  SchedulerHarness harness(/*num_blocks=*/20, {.max_batch_tokens = 64, .max_running = 12});
+  std::vector<RequestSpec> specs = SizedRequests(4, 17, /*prompt_len=*/8, /*max_new_tokens=*/40);
+  for (RequestSpec& spec : specs) spec.prompt_logprobs = true;
+  const std::vector<std::shared_ptr<CollectingSink>> sinks = SubmitAll(harness, specs);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->Wait());
+    EXPECT_EQ(sinks[i]->tokens(), RunAlone(specs[i])) << "request " << i;
+    EXPECT_EQ(sinks[i]->score_messages(), 1) << "request " << i;
+    EXPECT_EQ(sinks[i]->scores().size(), specs[i].prompt.size() - 1) << "request " << i;
+  }
+  EXPECT_GT(harness.scheduler().stats().preemptions, 0);
+  EXPECT_EQ(harness.kv().free_blocks(), 20);
 }
 
 TEST(SchedulerTest, SmallPoolKeepsTheTokens) {
@@ -337,6 +440,15 @@ TEST(SchedulerTest, RejectsBadRequests) {
   bad_id.prompt = {1, 768};
   EXPECT_EQ(harness.scheduler().Submit(bad_id, sink).status().code(),
             absl::StatusCode::kInvalidArgument);
+  for (const int top : {-1, kMaxTopLogprobs + 1}) {
+    RequestSpec too_many;
+    too_many.prompt = {1};
+    too_many.logprobs = true;
+    too_many.top_logprobs = top;
+    const absl::Status refused = harness.scheduler().Submit(too_many, sink).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.message().find("top_logprobs"), std::string::npos) << refused;
+  }
   RequestSpec stop_without_tokenizer;
   stop_without_tokenizer.prompt = {1};
   stop_without_tokenizer.stop = {"x"};

@@ -1,5 +1,6 @@
 #include "services/router/http/openai_request.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace strata {
@@ -95,6 +96,62 @@ void ExpectError(const std::string& body, bool chat, const std::string& param, i
   EXPECT_FALSE(e.message.empty());
 }
 
+// Completions' `logprobs: N` and chat's `top_logprobs: N` take 0..20 alternatives; chat's
+// needs `logprobs: true`. `echo` is the completions' (with max_tokens 0 only there).
+TEST(OpenAiRequestTest, LogprobsAndEcho) {
+  for (const int n : {0, 1, 5, 20}) {
+    auto r = ParseOpenAiRequest(
+        absl::StrCat(R"({"model": "m", "prompt": "x", "logprobs": )", n, "}"), false);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->logprobs);
+    EXPECT_EQ(r->top_logprobs, n);
+    r = ParseOpenAiRequest(
+        absl::StrCat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                         "logprobs": true, "top_logprobs": )",
+                     n, "}"),
+        true);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->logprobs);
+    EXPECT_EQ(r->top_logprobs, n);
+  }
+  auto r = ParseOpenAiRequest(
+      R"({"model": "m", "prompt": "x", "echo": true, "max_tokens": 0, "logprobs": 2})", false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->echo);
+  EXPECT_EQ(r->max_tokens, 0);
+  r = ParseOpenAiRequest(R"({"model": "m", "prompt": "x", "echo": false})", false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->echo);
+  // Out of range, of the wrong type, or without what it needs: a 400 naming the field.
+  for (const char* n : {"21", "-1", "100", "1.5", "\"3\"", "true"}) {
+    ExpectError(absl::StrCat(R"({"model": "m", "prompt": "x", "logprobs": )", n, "}"), false,
+                "logprobs");
+    ExpectError(absl::StrCat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                 "logprobs": true, "top_logprobs": )",
+                             n, "}"),
+                true, "top_logprobs");
+  }
+  const ApiError e = ToApiError(
+      ParseOpenAiRequest(R"({"model": "m", "prompt": "x", "logprobs": 21})", false).status());
+  EXPECT_NE(e.message.find("[0, 20]"), std::string::npos) << e.message;
+  ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                  "top_logprobs": 2})",
+              true, "top_logprobs");
+  ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                  "logprobs": false, "top_logprobs": 2})",
+              true, "top_logprobs");
+  ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "echo": true})",
+              true, "echo");
+  ExpectError(R"({"model": "m", "prompt": "x", "echo": 1})", false, "echo");
+  ExpectError(R"({"model": "m", "prompt": "x", "echo": false, "max_tokens": 0})", false,
+              "max_tokens");
+  ExpectError(R"({"model": "m", "prompt": "x", "echo": true, "max_tokens": -1})", false,
+              "max_tokens");
+  ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                  "max_tokens": 0})",
+              true, "max_tokens");
+}
+
 TEST(OpenAiRequestTest, Errors) {
   ExpectError("{not json", false, "");
   ExpectError("[1]", false, "");
@@ -116,11 +173,6 @@ TEST(OpenAiRequestTest, Errors) {
   ExpectError(R"({"model": "m", "prompt": "x", "logprobs": true})", false, "logprobs");
   ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": 1})",
               true, "logprobs");
-  ExpectError(R"({"model": "m", "prompt": "x", "echo": true})", false, "echo");
-  ExpectError(R"({"model": "m", "prompt": "x", "logprobs": 5})", false, "logprobs");
-  ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true,
-                  "top_logprobs": 2})",
-              true, "top_logprobs");
   ExpectError(R"({"model": "m", "prompt": "x", "presence_penalty": 3})", false, "presence_penalty");
   ExpectError(R"({"model": "m", "prompt": "x", "frequency_penalty": "1"})", false,
               "frequency_penalty");

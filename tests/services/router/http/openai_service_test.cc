@@ -13,98 +13,20 @@
 #include "common/util/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "services/router/http/http_server.h"
-#include "tests/testing/fake_step_runner.h"
-#include "tests/testing/http_post.h"
+#include "tests/testing/openai_api.h"
 
 namespace strata {
 namespace {
 
-using ::strata::testing::Exchange;
-using ::strata::testing::FakeStepRunner;
+using ::strata::testing::Api;
+using ::strata::testing::BodyOf;
+using ::strata::testing::ExpectError;
 using ::strata::testing::HttpReply;
+using ::strata::testing::Named;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-const std::string kDemoModel = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
 constexpr char kKey[] = "sk-test-0123456789";
-
-ModelConfig FakeConfig(int64_t vocab) {
-  ModelConfig c;
-  c.vocab_size = vocab;
-  c.num_layers = 1;
-  c.num_kv_heads = 1;
-  c.head_dim = 1;
-  c.max_position_embeddings = 4096;
-  c.eos_token_ids = {0};
-  return c;
-}
-
-// One service on a free port: the demo's tokenizer (unless `with_tokenizer` is false) and its
-// plain chat format, the scheduler's context 64 blocks of 16 tokens.
-class Api {
- public:
-  Api(OpenAiServiceOptions options, bool with_tokenizer = true)
-      : tokenizer_(*Tokenizer::FromFile(kDemoModel + "/tokenizer.json")),
-        config_(FakeConfig(tokenizer_->vocab_size())),
-        kv_(*PagedKvCache::Create({.cache = {.block_size = 16},
-                                   .num_blocks = 64,
-                                   .num_layers = 1,
-                                   .num_kv_heads = 1,
-                                   .head_dim = 1})),
-        runner_(kv_, config_.vocab_size) {
-    const Tokenizer* tokenizer = with_tokenizer ? tokenizer_.get() : nullptr;
-    scheduler_ = std::make_unique<Scheduler>(config_, runner_, kv_, tokenizer, SchedulerOptions{});
-    scheduler_->Start();
-    service_ = std::make_unique<OpenAiService>(std::move(options), config_, *scheduler_, tokenizer,
-                                               *ChatTemplate::FromModelDir(kDemoModel));
-    server_ = *HttpServer::Start({}, [this](const HttpRequest& request, HttpResponder& responder) {
-      service_->Handle(request, responder);
-    });
-  }
-  ~Api() { server_->Shutdown(); }
-
-  HttpReply Call(const std::string& method, const std::string& path, const std::string& body = "",
-                 const std::vector<std::string>& headers = {}) {
-    return Exchange(server_->port(), method, path, body, headers);
-  }
-  HttpReply Post(const std::string& path, const Json& body,
-                 const std::vector<std::string>& headers = {}) {
-    return Call("POST", path, body.dump(), headers);
-  }
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
-  const Scheduler& scheduler() const { return *scheduler_; }
-
- private:
-  std::unique_ptr<Tokenizer> tokenizer_;
-  ModelConfig config_;
-  PagedKvCache kv_;
-  FakeStepRunner runner_;
-  std::unique_ptr<Scheduler> scheduler_;
-  std::unique_ptr<OpenAiService> service_;
-  std::unique_ptr<HttpServer> server_;
-};
-
-OpenAiServiceOptions Named(const std::string& name, const std::string& api_key = "") {
-  OpenAiServiceOptions options;
-  options.model_name = name;
-  options.api_key = api_key;
-  return options;
-}
-
-Json BodyOf(const HttpReply& reply) { return Json::parse(reply.body, nullptr, false); }
-
-// A 4xx reply's OpenAI-style error: its param and code ("" for null).
-void ExpectError(const HttpReply& reply, int status, const std::string& param,
-                 const std::string& code = "") {
-  EXPECT_EQ(reply.status, status) << reply.body;
-  const Json body = BodyOf(reply);
-  ASSERT_TRUE(body.contains("error")) << reply.body;
-  const Json& e = body["error"];
-  EXPECT_FALSE(e["message"].get<std::string>().empty());
-  EXPECT_EQ(e["param"].is_null() ? "" : e["param"].get<std::string>(), param) << reply.body;
-  EXPECT_EQ(e["code"].is_null() ? "" : e["code"].get<std::string>(), code) << reply.body;
-}
 
 TEST(OpenAiServiceTest, VersionIsTheProjects) {
   Api api(Named("strata-demo"));

@@ -1,0 +1,120 @@
+// An OpenAiService behind a real HttpServer on a free port, over a Scheduler whose steps a
+// FakeStepRunner answers (no model weights), with the demo model's tokenizer and chat format;
+// and what its tests check replies with. Needs STRATA_SOURCE_DIR.
+#ifndef STRATA_TESTS_TESTING_OPENAI_API_H_
+#define STRATA_TESTS_TESTING_OPENAI_API_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "services/router/http/http_server.h"
+#include "services/router/http/openai_service.h"
+#include "tests/testing/fake_step_runner.h"
+#include "tests/testing/http_post.h"
+
+namespace strata::testing {
+
+inline const std::string& DemoModelDir() {
+  static const std::string* dir =
+      new std::string(std::string(STRATA_SOURCE_DIR) + "/models/strata-demo");
+  return *dir;
+}
+
+inline ModelConfig FakeConfig(int64_t vocab) {
+  ModelConfig c;
+  c.vocab_size = vocab;
+  c.num_layers = 1;
+  c.num_kv_heads = 1;
+  c.head_dim = 1;
+  c.max_position_embeddings = 4096;
+  c.eos_token_ids = {0};
+  return c;
+}
+
+// One service: the demo's tokenizer (unless `with_tokenizer` is false) and its plain chat
+// format, the scheduler's context 64 blocks of 16 tokens. `shaped_logits`: the runner's rows
+// have FakeStepRunner::RowLogit's pattern below their peak.
+class Api {
+ public:
+  explicit Api(OpenAiServiceOptions options, bool with_tokenizer = true, bool shaped_logits = false)
+      : tokenizer_(*Tokenizer::FromFile(DemoModelDir() + "/tokenizer.json")),
+        config_(FakeConfig(tokenizer_->vocab_size())),
+        kv_(*PagedKvCache::Create({.cache = {.block_size = 16},
+                                   .num_blocks = 64,
+                                   .num_layers = 1,
+                                   .num_kv_heads = 1,
+                                   .head_dim = 1})),
+        runner_(kv_, config_.vocab_size) {
+    runner_.shaped_logits = shaped_logits;
+    const Tokenizer* tokenizer = with_tokenizer ? tokenizer_.get() : nullptr;
+    scheduler_ = std::make_unique<Scheduler>(config_, runner_, kv_, tokenizer, SchedulerOptions{});
+    scheduler_->Start();
+    service_ = std::make_unique<OpenAiService>(std::move(options), config_, *scheduler_, tokenizer,
+                                               *ChatTemplate::FromModelDir(DemoModelDir()));
+    server_ = *HttpServer::Start({}, [this](const HttpRequest& request, HttpResponder& responder) {
+      service_->Handle(request, responder);
+    });
+  }
+  ~Api() { server_->Shutdown(); }
+
+  HttpReply Call(const std::string& method, const std::string& path, const std::string& body = "",
+                 const std::vector<std::string>& headers = {}) {
+    return Exchange(server_->port(), method, path, body, headers);
+  }
+  HttpReply Post(const std::string& path, const Json& body,
+                 const std::vector<std::string>& headers = {}) {
+    return Call("POST", path, body.dump(), headers);
+  }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const Scheduler& scheduler() const { return *scheduler_; }
+  int64_t vocab() const { return config_.vocab_size; }
+
+ private:
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ModelConfig config_;
+  PagedKvCache kv_;
+  FakeStepRunner runner_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<OpenAiService> service_;
+  std::unique_ptr<HttpServer> server_;
+};
+
+inline OpenAiServiceOptions Named(const std::string& name, const std::string& api_key = "") {
+  OpenAiServiceOptions options;
+  options.model_name = name;
+  options.api_key = api_key;
+  return options;
+}
+
+inline Json BodyOf(const HttpReply& reply) { return Json::parse(reply.body, nullptr, false); }
+
+// The JSON events of a streamed reply (its `data: ` lines but [DONE]), in order.
+inline std::vector<Json> StreamEvents(const HttpReply& reply) {
+  std::vector<Json> events;
+  size_t at = 0;
+  while ((at = reply.body.find("data: ", at)) != std::string::npos) {
+    const size_t end = reply.body.find('\n', at);
+    const std::string data = reply.body.substr(at + 6, end - at - 6);
+    if (data != "[DONE]") events.push_back(Json::parse(data, nullptr, false));
+    at = end;
+  }
+  return events;
+}
+
+// A 4xx reply's OpenAI-style error: its param and code ("" for null).
+inline void ExpectError(const HttpReply& reply, int status, const std::string& param,
+                        const std::string& code = "") {
+  EXPECT_EQ(reply.status, status) << reply.body;
+  const Json body = BodyOf(reply);
+  ASSERT_TRUE(body.contains("error")) << reply.body;
+  const Json& e = body["error"];
+  EXPECT_FALSE(e["message"].get<std::string>().empty());
+  EXPECT_EQ(e["param"].is_null() ? "" : e["param"].get<std::string>(), param) << reply.body;
+  EXPECT_EQ(e["code"].is_null() ? "" : e["code"].get<std::string>(), code) << reply.body;
+}
+
+}  // namespace strata::testing
+
+#endif  // STRATA_TESTS_TESTING_OPENAI_API_H_
