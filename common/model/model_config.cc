@@ -348,6 +348,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
         ASSIGN_OR_RETURN(model.qkv_bias, config.Bool("qkv_bias", true));
         ASSIGN_OR_RETURN(model.shared_expert_intermediate_size,
                          config.Int("shared_expert_intermediate_size", 0, 0, kMaxIntermediate));
+        model.shared_expert_gate = model.shared_expert_intermediate_size > 0;
       }
       break;
     }

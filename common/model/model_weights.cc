@@ -162,6 +162,8 @@ absl::Status BindMoe(const Binder& b, const std::string& layer_prefix, const Mod
         ASSIGN_OR_RETURN(layer.shared_expert,
                          BindSwiGlu(b, p + "shared_expert.", "gate_proj", "up_proj", "down_proj", h,
                                     c.shared_expert_intermediate_size));
+      }
+      if (c.shared_expert_gate) {
         ASSIGN_OR_RETURN(layer.shared_expert_gate, b.Linear(p + "shared_expert_gate.weight", 1, h));
       }
       return absl::OkStatus();
