@@ -12,7 +12,7 @@
 
 namespace strata {
 
-enum class Architecture { kQwen3Moe, kMixtral, kQwen2Moe, kGptOss };
+enum class Architecture { kQwen3Moe, kMixtral, kQwen2Moe, kGptOss, kGlm4Moe };
 
 absl::string_view ArchitectureName(Architecture arch);
 
