@@ -25,9 +25,9 @@ void TopK(const float* values, int count, int k, std::vector<int>& order) {
   });
 }
 
-// DeepSeek-V3's "noaux_tc" choice as transformers computes it: sigmoid scores; a group's merit
-// is the sum of its two best biased scores; the top_k_groups best groups are eligible and the
-// top_k experts among them are chosen by biased score, weighted by unbiased score.
+// DeepSeek-V3's "noaux_tc" choice: sigmoid scores; a group's merit is the sum of its two best
+// biased scores; the top_k_groups best groups are eligible and the top_k experts among them are
+// chosen by biased score, weighted by unbiased score.
 void SelectSigmoidGrouped(const ModelConfig& c, float* logits, const float* correction_bias,
                           int32_t* experts, float* weights) {
   const int e_count = c.num_experts;
@@ -48,9 +48,11 @@ void SelectSigmoidGrouped(const ModelConfig& c, float* logits, const float* corr
       group_score[g] = v[order[0]] + (per_group > 1 ? v[order[1]] : 0.0f);
     }
     TopK(group_score.data(), groups, c.top_k_groups, order);
-    std::vector<bool> kept(groups, false);
+    thread_local std::vector<bool> kept;
+    kept.assign(groups, false);
     for (int i = 0; i < c.top_k_groups; ++i) kept[order[i]] = true;
-    // Experts of dropped groups never win: biased scores may be negative, so a 0 would not do.
+    // Experts of dropped groups never win, as in DeepSeek's reference. transformers scores them
+    // 0 instead, which differs only where a kept expert's biased score is negative.
     for (int e = 0; e < e_count; ++e) {
       if (!kept[e / per_group]) choice[e] = -std::numeric_limits<float>::infinity();
     }

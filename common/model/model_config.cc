@@ -252,9 +252,8 @@ absl::Status ParseGlm4Moe(const ConfigReader& config, ModelConfig& model) {
     model.layer_is_moe[i] = true;
   }
   // Multi-token-prediction layers (stored past num_hidden_layers) serve speculative decoding
-  // only; transformers skips them too.
-  ASSIGN_OR_RETURN(int64_t nextn, config.Int("num_nextn_predict_layers", 0, 0, kMaxLayers));
-  (void)nextn;
+  // only and are not run, as in transformers; the count is only checked.
+  RETURN_IF_ERROR(config.Int("num_nextn_predict_layers", 0, 0, kMaxLayers).status());
   return ParseGroupedRouter(config, model);
 }
 
