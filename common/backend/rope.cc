@@ -18,7 +18,8 @@ double CorrectionDim(double rotations, int dim, double base, double max_position
 
 }  // namespace
 
-RopeTable BuildRopeTable(const RopeConfig& rope, int head_dim) {
+RopeTable BuildRopeTable(const RopeConfig& rope, int rotary_dim) {
+  const int head_dim = rotary_dim;  // the width the frequencies are spread over
   const int half = head_dim / 2;
   RopeTable table;
   table.inv_freq.resize(half);
@@ -64,8 +65,8 @@ RopeTable BuildRopeTable(const RopeConfig& rope, int head_dim) {
   return table;
 }
 
-void ApplyRope(const RopeTable& table, int64_t position, float* x, int head_dim) {
-  const int half = head_dim / 2;
+void ApplyRope(const RopeTable& table, int64_t position, float* x, int rotary_dim) {
+  const int half = rotary_dim / 2;
   const float pos = static_cast<float>(position);
   for (int j = 0; j < half; ++j) {
     const float angle = pos * table.inv_freq[j];

@@ -14,11 +14,14 @@ struct RopeTable {
   float attention_scaling = 1.0f;  // multiplies cos and sin (YaRN's mscale)
 };
 
-RopeTable BuildRopeTable(const RopeConfig& rope, int head_dim);
+// `rotary_dim` is the number of dimensions turned: the head's, or fewer (partial rotary,
+// ModelConfig::rotary_dim), as transformers builds the frequencies for that width.
+RopeTable BuildRopeTable(const RopeConfig& rope, int rotary_dim);
 
-// Rotates one head in place: x[j], x[j + d/2] rotate by position * inv_freq[j] (the
-// "rotate_half" convention), scaled by attention_scaling.
-void ApplyRope(const RopeTable& table, int64_t position, float* x, int head_dim);
+// Rotates the first rotary_dim dimensions of one head in place: x[j], x[j + rotary_dim/2]
+// rotate by position * inv_freq[j] (the "rotate_half" convention), scaled by
+// attention_scaling; dimensions past rotary_dim are left as they are.
+void ApplyRope(const RopeTable& table, int64_t position, float* x, int rotary_dim);
 
 }  // namespace strata
 

@@ -137,10 +137,6 @@ absl::StatusOr<RopeConfig> ParseRope(const ConfigReader& config, absl::string_vi
   } else if (rope_reader.Has("type")) {
     ASSIGN_OR_RETURN(type, rope_reader.String("type"));
   }
-  ASSIGN_OR_RETURN(double partial, rope_reader.Number("partial_rotary_factor", 1.0));
-  if (partial != 1.0) {
-    return config.Error("partial_rotary_factor", "other than 1.0 is not supported");
-  }
   if (type == "default") return rope;
   if (type != "yarn") {
     return config.Error("rope_type",
@@ -167,6 +163,98 @@ absl::StatusOr<RopeConfig> ParseRope(const ConfigReader& config, absl::string_vi
     return config.Error("rope_parameters", "needs a positive factor and original length");
   }
   return rope;
+}
+
+// How many dimensions of each head RoPE turns: transformers' int(head_dim * factor), the factor
+// read from rope_parameters (or rope_scaling), else the top level (older GLM configs), else the
+// architecture's default. Only GLM-4.5 applies a partial factor; elsewhere it must be 1.
+absl::Status ParseRotaryDim(const ConfigReader& config, absl::string_view file_name,
+                            ModelConfig& model) {
+  const bool partial_allowed = model.arch == Architecture::kGlm4Moe;
+  double factor = partial_allowed ? 0.5 : 1.0;
+  const Json* params = config.Find("rope_parameters");
+  if (params == nullptr) params = config.Find("rope_scaling");
+  const Json empty = Json::object();
+  const ConfigReader rope_reader(params != nullptr && params->is_object() ? *params : empty,
+                                 file_name);
+  if (rope_reader.Has("partial_rotary_factor")) {
+    ASSIGN_OR_RETURN(factor, rope_reader.NumberAbove("partial_rotary_factor", 0.0));
+  } else if (config.Has("partial_rotary_factor")) {
+    ASSIGN_OR_RETURN(factor, config.NumberAbove("partial_rotary_factor", 0.0));
+  }
+  if (factor > 1.0) return config.Error("partial_rotary_factor", "must be at most 1");
+  if (factor != 1.0 && !partial_allowed) {
+    return config.Error(
+        "partial_rotary_factor",
+        absl::StrCat("other than 1.0 is not supported for ", ArchitectureName(model.arch)));
+  }
+  model.rotary_dim = static_cast<int>(model.head_dim * factor);
+  if (model.rotary_dim < 2 || model.rotary_dim % 2 != 0) {
+    return config.Error("partial_rotary_factor",
+                        absl::StrCat("gives ", model.rotary_dim, " rotary dimensions of ",
+                                     model.head_dim, "; RoPE needs a positive even count"));
+  }
+  return absl::OkStatus();
+}
+
+// The sigmoid router of DeepSeek-V3 and GLM-4.5: the "noaux_tc" choice within expert groups.
+absl::Status ParseGroupedRouter(const ConfigReader& config, ModelConfig& model) {
+  model.router_scoring = RouterScoring::kSigmoidGrouped;
+  model.router_correction_bias = true;
+  if (config.Has("scoring_func")) {
+    ASSIGN_OR_RETURN(std::string scoring, config.String("scoring_func"));
+    if (scoring != "sigmoid") {
+      return config.Error("scoring_func",
+                          absl::StrCat("\"", scoring, "\" is not supported (sigmoid)"));
+    }
+  }
+  if (config.Has("topk_method")) {
+    ASSIGN_OR_RETURN(std::string method, config.String("topk_method"));
+    if (method != "noaux_tc") {
+      return config.Error("topk_method",
+                          absl::StrCat("\"", method, "\" is not supported (noaux_tc)"));
+    }
+  }
+  ASSIGN_OR_RETURN(int64_t groups, config.Int("n_group", 1, 1, model.num_experts));
+  if (model.num_experts % groups != 0) {
+    return config.Error("n_group", absl::StrCat("must divide the ", model.num_experts, " experts"));
+  }
+  ASSIGN_OR_RETURN(int64_t top_groups, config.Int("topk_group", 1, 1, groups));
+  model.num_expert_groups = static_cast<int>(groups);
+  model.top_k_groups = static_cast<int>(top_groups);
+  ASSIGN_OR_RETURN(model.routed_scaling_factor,
+                   config.NumberAbove("routed_scaling_factor", 0.0, 1.0));
+  return absl::OkStatus();
+}
+
+// GLM-4.5: layers below first_k_dense_replace are dense; the MoE layers carry
+// n_shared_experts ungated shared experts, as one SwiGLU of n_shared_experts times the width.
+absl::Status ParseGlm4Moe(const ConfigReader& config, ModelConfig& model) {
+  ASSIGN_OR_RETURN(int64_t experts, config.Int("n_routed_experts", {}, 1, kMaxExperts));
+  model.num_experts = static_cast<int>(experts);
+  ASSIGN_OR_RETURN(model.moe_intermediate_size,
+                   config.Int("moe_intermediate_size", {}, 1, kMaxIntermediate));
+  ASSIGN_OR_RETURN(model.dense_intermediate_size,
+                   config.Int("intermediate_size", {}, 1, kMaxIntermediate));
+  ASSIGN_OR_RETURN(model.norm_topk_prob, config.Bool("norm_topk_prob", true));
+  ASSIGN_OR_RETURN(model.qk_norm, config.Bool("use_qk_norm", false));
+  ASSIGN_OR_RETURN(model.qkv_bias, config.Bool("attention_bias", false));
+  model.o_bias = false;  // attention_bias covers q, k and v only
+  ASSIGN_OR_RETURN(int64_t shared, config.Int("n_shared_experts", 1, 0, 64));
+  model.shared_expert_intermediate_size = shared * model.moe_intermediate_size;
+  if (model.shared_expert_intermediate_size > kMaxIntermediate) {
+    return config.Error("n_shared_experts", "makes the shared experts too wide");
+  }
+  ASSIGN_OR_RETURN(int64_t dense_layers,
+                   config.Int("first_k_dense_replace", 1, 0, model.num_layers));
+  model.layer_is_moe.assign(model.num_layers, false);
+  for (int i = static_cast<int>(dense_layers); i < model.num_layers; ++i) {
+    model.layer_is_moe[i] = true;
+  }
+  // Multi-token-prediction layers (stored past num_hidden_layers) serve speculative decoding
+  // only and are not run, as in transformers; the count is only checked.
+  RETURN_IF_ERROR(config.Int("num_nextn_predict_layers", 0, 0, kMaxLayers).status());
+  return ParseGroupedRouter(config, model);
 }
 
 // Layers that run a dense MLP instead of experts (Qwen2-MoE and Qwen3-MoE rule).
@@ -200,7 +288,8 @@ absl::Status ParseSlidingWindow(const ConfigReader& config, ModelConfig& model) 
       model.sliding_window.assign(model.num_layers, static_cast<int>(window));
       return absl::OkStatus();
     case Architecture::kQwen3Moe:
-    case Architecture::kQwen2Moe: {
+    case Architecture::kQwen2Moe:
+    case Architecture::kGlm4Moe: {
       ASSIGN_OR_RETURN(bool use, config.Bool("use_sliding_window", false));
       if (use && window > 0) return config.Error("use_sliding_window", "true is not supported");
       return absl::OkStatus();
@@ -264,6 +353,8 @@ absl::string_view ArchitectureName(Architecture arch) {
       return "qwen2_moe";
     case Architecture::kGptOss:
       return "gpt_oss";
+    case Architecture::kGlm4Moe:
+      return "glm4_moe";
   }
   return "?";
 }
@@ -285,10 +376,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
     model.arch = Architecture::kQwen2Moe;
   } else if (model_type == "gpt_oss") {
     model.arch = Architecture::kGptOss;
+  } else if (model_type == "glm4_moe") {
+    model.arch = Architecture::kGlm4Moe;
   } else {
     return config.Error("model_type", absl::StrCat("\"", model_type,
                                                    "\" is not a supported architecture "
-                                                   "(qwen3_moe, mixtral, qwen2_moe, gpt_oss)"));
+                                                   "(qwen3_moe, mixtral, qwen2_moe, gpt_oss, "
+                                                   "glm4_moe)"));
   }
 
   ASSIGN_OR_RETURN(model.vocab_size, config.Int("vocab_size", {}, 1, kMaxVocab));
@@ -301,6 +395,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   model.num_kv_heads = static_cast<int>(kv_heads);
   if (model.num_heads % model.num_kv_heads != 0) {
     return config.Error("num_key_value_heads", "must divide num_attention_heads");
+  }
+  if (model.arch == Architecture::kGlm4Moe && !config.Has("head_dim")) {
+    // GLM heads are not hidden/heads wide, and transformers' default has changed over time.
+    return config.Error("head_dim", "is missing");
   }
   if (config.Has("head_dim")) {
     ASSIGN_OR_RETURN(int64_t head_dim, config.Int("head_dim", {}, 1, kMaxHeadDim));
@@ -321,6 +419,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   ASSIGN_OR_RETURN(model.max_position_embeddings,
                    config.Int("max_position_embeddings", {}, 1, kMaxPositions));
   ASSIGN_OR_RETURN(model.rope, ParseRope(config, file_name));
+  RETURN_IF_ERROR(ParseRotaryDim(config, file_name, model));
   ASSIGN_OR_RETURN(model.tie_word_embeddings, config.Bool("tie_word_embeddings", false));
   RETURN_IF_ERROR(ParseEosIds(config.Find("eos_token_id"), model.eos_token_ids, file_name));
   if (config.Has("hidden_act")) {
@@ -348,6 +447,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
         ASSIGN_OR_RETURN(model.qkv_bias, config.Bool("qkv_bias", true));
         ASSIGN_OR_RETURN(model.shared_expert_intermediate_size,
                          config.Int("shared_expert_intermediate_size", 0, 0, kMaxIntermediate));
+        model.shared_expert_gate = model.shared_expert_intermediate_size > 0;
       }
       break;
     }
@@ -377,6 +477,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
       model.layer_is_moe.assign(model.num_layers, true);
       break;
     }
+    case Architecture::kGlm4Moe:
+      RETURN_IF_ERROR(ParseGlm4Moe(config, model));
+      break;
   }
   const char* top_k_key =
       config.Has("num_experts_per_tok") ? "num_experts_per_tok" : "experts_per_token";
@@ -384,6 +487,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   model.top_k = static_cast<int>(top_k);
   if (model.top_k > model.num_experts) {
     return config.Error(top_k_key, "exceeds the number of experts");
+  }
+  if (model.router_scoring == RouterScoring::kSigmoidGrouped &&
+      model.top_k > model.top_k_groups * (model.num_experts / model.num_expert_groups)) {
+    return config.Error(top_k_key, "exceeds the experts of the topk_group groups kept");
   }
   RETURN_IF_ERROR(ParseSlidingWindow(config, model));
   return model;

@@ -12,7 +12,7 @@
 
 namespace strata {
 
-enum class Architecture { kQwen3Moe, kMixtral, kQwen2Moe, kGptOss };
+enum class Architecture { kQwen3Moe, kMixtral, kQwen2Moe, kGptOss, kGlm4Moe };
 
 absl::string_view ArchitectureName(Architecture arch);
 
@@ -20,6 +20,9 @@ absl::string_view ArchitectureName(Architecture arch);
 enum class RouterScoring {
   kSoftmaxThenTopK,  // softmax over all experts, keep the top k (optionally renormalized)
   kTopKThenSoftmax,  // keep the top k logits, softmax over them (gpt-oss)
+  // Sigmoid scores; experts are chosen by score + a correction bias within the best groups,
+  // weighted by their unbiased scores (DeepSeek-V3 "noaux_tc", GLM-4.5). See routing.h.
+  kSigmoidGrouped,
 };
 
 enum class ExpertActivation {
@@ -57,7 +60,10 @@ struct ModelConfig {
   // Attention.
   bool qkv_bias = false;  // q, k, v projections carry biases
   bool o_bias = false;    // the output projection carries a bias
-  bool qk_norm = false;   // per-head RMSNorm of q and k before RoPE (Qwen3)
+  bool qk_norm = false;   // per-head RMSNorm of q and k before RoPE (Qwen3, GLM-4.5)
+  // RoPE turns each head's first rotary_dim dimensions and passes the rest through (GLM-4.5
+  // turns half); 0 means the whole head. Read it through RopeDim().
+  int rotary_dim = 0;
   bool attention_sinks = false;
   std::vector<int> sliding_window;  // per layer; 0 means full causal attention
 
@@ -68,6 +74,13 @@ struct ModelConfig {
   int64_t moe_intermediate_size = 0;
   RouterScoring router_scoring = RouterScoring::kSoftmaxThenTopK;
   bool router_bias = false;
+  // kSigmoidGrouped only: experts split into num_expert_groups equal groups, of which the
+  // top_k_groups best (by the sum of each group's two best biased scores) are eligible; the
+  // kept weights (after norm_topk_prob) are multiplied by routed_scaling_factor.
+  int num_expert_groups = 1;
+  int top_k_groups = 1;
+  double routed_scaling_factor = 1.0;
+  bool router_correction_bias = false;  // per-expert bias added to scores for choosing only
   bool expert_bias = false;
   ExpertActivation activation = ExpertActivation::kSwiGlu;
   float swiglu_alpha = 1.702f;
@@ -75,9 +88,12 @@ struct ModelConfig {
   std::vector<bool> layer_is_moe;  // per layer; false layers run a dense MLP
   int64_t dense_intermediate_size = 0;
   int64_t shared_expert_intermediate_size = 0;  // 0: no shared expert
+  bool shared_expert_gate = false;  // a sigmoid gate scales the shared expert (Qwen2-MoE)
 
   bool tie_word_embeddings = false;
   std::vector<int> eos_token_ids;
+
+  int RopeDim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
 };
 
 // Parses config.json text; errors name `file_name` and the offending key.

@@ -162,7 +162,27 @@ absl::Status BindMoe(const Binder& b, const std::string& layer_prefix, const Mod
         ASSIGN_OR_RETURN(layer.shared_expert,
                          BindSwiGlu(b, p + "shared_expert.", "gate_proj", "up_proj", "down_proj", h,
                                     c.shared_expert_intermediate_size));
+      }
+      if (c.shared_expert_gate) {
         ASSIGN_OR_RETURN(layer.shared_expert_gate, b.Linear(p + "shared_expert_gate.weight", 1, h));
+      }
+      return absl::OkStatus();
+    }
+    case Architecture::kGlm4Moe: {
+      const std::string p = layer_prefix + "mlp.";
+      ASSIGN_OR_RETURN(layer.router, b.Linear(p + "gate.weight", c.num_experts, h));
+      ASSIGN_OR_RETURN(layer.router_correction_bias,
+                       b.Vector(p + "gate.e_score_correction_bias", c.num_experts));
+      for (int e = 0; e < c.num_experts; ++e) {
+        ASSIGN_OR_RETURN(FfnWeights ffn,
+                         BindSwiGlu(b, absl::StrCat(p, "experts.", e, "."), "gate_proj", "up_proj",
+                                    "down_proj", h, c.moe_intermediate_size));
+        layer.experts.push_back(ffn);
+      }
+      if (c.shared_expert_intermediate_size > 0) {
+        ASSIGN_OR_RETURN(layer.shared_expert,
+                         BindSwiGlu(b, p + "shared_experts.", "gate_proj", "up_proj", "down_proj",
+                                    h, c.shared_expert_intermediate_size));
       }
       return absl::OkStatus();
     }

@@ -70,9 +70,10 @@ struct LayerWeights {
   // MoE layers.
   WeightMatrix router;  // [num_experts, hidden]
   WeightVector router_bias;
+  WeightVector router_correction_bias;  // [num_experts], added to scores for choosing only
   std::vector<FfnWeights> experts;
-  std::optional<FfnWeights> shared_expert;
-  WeightMatrix shared_expert_gate;  // [1, hidden]
+  std::optional<FfnWeights> shared_expert;  // added to every token's output
+  WeightMatrix shared_expert_gate;          // [1, hidden]; absent when ungated
   // Dense layers.
   std::optional<FfnWeights> dense_mlp;
 };

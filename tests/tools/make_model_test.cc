@@ -140,6 +140,44 @@ TEST(MakeModelTest, TinyMixtralLoadsWithMixtralNames) {
   EXPECT_TRUE((*model)->checkpoint->Has("model.layers.1.block_sparse_moe.experts.7.w2.weight"));
 }
 
+// GLM's names and extras: dense layer 0, q/k/v biases, q/k norms, a zero correction bias, one
+// ungated shared expert; the CPU backend runs it.
+TEST(MakeModelTest, TinyGlm4LoadsAndRuns) {
+  TempDir tmp;
+  MakeModelOptions options = Tiny(tmp.File("g"));
+  options.shape = "tiny-glm4";
+  options.skew = "zipf:1";
+  ASSERT_TRUE(MakeModel(options).ok());
+  auto model = LoadModel(tmp.File("g"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config;
+  EXPECT_EQ(c.arch, Architecture::kGlm4Moe);
+  EXPECT_EQ(c.layer_is_moe, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(c.RopeDim(), 16);
+  EXPECT_TRUE(c.qk_norm && c.qkv_bias);
+  EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 2.5);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 32);
+  // Every layer: 2 norms, q/k/v/o and 3 biases, 2 q/k norms; then the dense layer's MLP, or
+  // the gate, its correction bias, 8 x 3 expert and 3 shared-expert matrices.
+  EXPECT_EQ((*model)->checkpoint->num_tensors(), 3u + (11u + 3u) + 2u * (13u + 3u * 8u + 3u));
+  const LayerWeights& moe = (*model)->weights.layers[1];
+  for (int e = 0; e < 8; ++e) EXPECT_EQ(moe.router_correction_bias.At(e), 0.0f);
+  EXPECT_TRUE(moe.shared_expert.has_value());
+  const nlohmann::json sidecar = ReadJson(tmp.File("g") + "/strata_make_model.json");
+  EXPECT_EQ(sidecar["skew"]["expert_order"].size(), 3u);
+  EXPECT_TRUE(sidecar["skew"]["expert_order"][0].empty());
+  EXPECT_TRUE(ReadJson(tmp.File("g") + "/generation_config.json")["bos_token_id"].is_null());
+
+  LocalEngineOptions engine_options;
+  engine_options.model_dir = tmp.File("g");
+  engine_options.num_threads = 2;
+  auto engine = LocalEngine::Create(engine_options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto logits = (*engine)->Logits({1, 5, 9, 200});
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  for (int64_t i = 0; i < logits->size(); ++i) ASSERT_TRUE(std::isfinite(logits->data()[i]));
+}
+
 TEST(MakeModelTest, ValuesFollowTheHuggingFaceInitInEveryDtype) {
   for (const char* dtype : {"bf16", "f16", "f32"}) {
     TempDir tmp;
@@ -366,7 +404,10 @@ TEST(MakeModelTest, FullShapesHaveTheBriefsParameterCounts) {
   TempDir tmp;
   for (auto [shape, billions, shards] : {std::tuple{"qwen3-30b-a3b", 30.5, 16},
                                          {"mixtral-8x7b", 46.7, 24},
-                                         {"seed-125b", 128.0, 65}}) {
+                                         {"seed-125b", 128.0, 65},
+                                         // Without the multi-token-prediction layer.
+                                         {"glm-4.5", 352.7, 179},
+                                         {"glm-4.5-air", 106.9, 54}}) {
     MakeModelOptions options;
     options.shape = shape;
     options.out_dir = tmp.File(shape);
@@ -456,7 +497,8 @@ TEST(MakeModelTest, BadArgumentsGetClearErrors) {
   MakeModelOptions o = Tiny(tmp.File("x"));
   o.shape = "llama-7b";
   EXPECT_THAT(error(o), HasSubstr("unknown shape \"llama-7b\" (qwen3-30b-a3b, mixtral-8x7b, "
-                                  "seed-125b, tiny-qwen3, tiny-mixtral)"));
+                                  "seed-125b, tiny-qwen3, tiny-mixtral, glm-4.5, glm-4.5-air, "
+                                  "tiny-glm4)"));
   for (const char* bad : {"zipf:", "zipf:abc", "pareto:1", "zipf:-1", "zipf:nan", "zipf:11"}) {
     o = Tiny(tmp.File("x"));
     o.skew = bad;

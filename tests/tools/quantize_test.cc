@@ -198,6 +198,35 @@ TEST(QuantizeTest, OracleLoadsAndLogitsStayClose) {
   EXPECT_LT(e.relative, 0.15);
 }
 
+// GLM-4.5: the router and its correction bias stay as they were (the choice of experts flips on
+// small errors), the shared experts and the dense layer's MLP become FP8.
+TEST(QuantizeTest, Glm4MoeKeepsTheRouterAndQuantizesSharedExperts) {
+  const std::string glm = std::string(STRATA_SOURCE_DIR) + "/tests/data/oracles/glm4_moe";
+  TempDir tmp;
+  const std::string out = tmp.File("fp8");
+  auto result = Quantize(Options(glm, out));
+  ASSERT_TRUE(result.ok()) << result.status();
+  // Layer 0: 4 attention and 3 dense MLP linears; layers 1-2: 4 attention, 16 x 3 expert and
+  // 3 shared-expert linears.
+  EXPECT_EQ(result->quantized_tensors, 7 + 2 * (4 + 16 * 3 + 3));
+  const Tensors in = Read(glm + "/model.safetensors");
+  const Tensors q = Read(out + "/model.safetensors");
+  for (const char* kept :
+       {"model.layers.1.mlp.gate.weight", "model.layers.1.mlp.gate.e_score_correction_bias",
+        "model.layers.2.self_attn.q_proj.bias"}) {
+    ASSERT_EQ(q.entries.at(kept).dtype, in.entries.at(kept).dtype) << kept;
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(q.data(kept)), q.size(kept)),
+              std::string(reinterpret_cast<const char*>(in.data(kept)), in.size(kept)))
+        << kept;
+  }
+  EXPECT_EQ(q.entries.at("model.layers.1.mlp.shared_experts.up_proj.weight").dtype, "F8_E4M3");
+  EXPECT_EQ(q.entries.at("model.layers.0.mlp.down_proj.weight").dtype, "F8_E4M3");
+  const LogitError e = CompareLogits(glm, out, {1, 17, 200, 33, 4, 90, 300, 7, 12, 450});
+  std::cout << "glm4_moe: relative logit error " << e.relative << ", argmax agreement "
+            << e.argmax_agreement << "\n";
+  EXPECT_LT(e.relative, 0.15);
+}
+
 TEST(QuantizeTest, DemoModelLoadsAndLogitsStayClose) {
   TempDir tmp;
   const std::string out = tmp.File("demo-fp8");

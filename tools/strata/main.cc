@@ -88,7 +88,8 @@ ABSL_FLAG(bool, expert_stats, false, "Per-layer expert activation counts and Gin
 ABSL_FLAG(std::string, hit_rates, "",
           "Shares of the (layer, expert) pairs, e.g. 0.25,0.5: hit rates of expert caches that "
           "size over the text's routing replayed as decode steps (in process)");
-ABSL_FLAG(std::string, shape, "", "qwen3-30b-a3b, mixtral-8x7b, seed-125b, tiny-qwen3");
+ABSL_FLAG(std::string, shape, "",
+          "qwen3-30b-a3b, mixtral-8x7b, seed-125b, glm-4.5, glm-4.5-air, tiny-qwen3");
 ABSL_FLAG(std::string, dtype, "bf16",
           "bf16, f16, f32, or fp8 (FP8 E4M3 experts with per-row F32 scales, the rest bf16)");
 ABSL_FLAG(std::string, skew, "none", "zipf:S, expert popularity ~ 1/rank^S");

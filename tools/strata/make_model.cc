@@ -51,6 +51,14 @@ const std::vector<ModelShape>& Shapes() {
        151643, 151645},
       {"tiny-qwen3", "qwen3_moe", 2, 64, 256, 8, 2, 32, 128, 4, 2, 16, 1e6, 1e-6, 2048, 1, 2},
       {"tiny-mixtral", "mixtral", 2, 64, 256, 8, 2, 32, 0, 4, 2, 16, 1e6, 1e-5, 2048, 1, 2},
+      // GLM-4.5 (355B with its multi-token-prediction layer, which is not made) and GLM-4.5-Air;
+      // then dense_layers, qk_norm, routed_scaling_factor.
+      {"glm-4.5", "glm4_moe", 92,  5120, 151552, 160, 8,      1536, 12288, 96,
+       8,         128,        1e6, 1e-5, 131072, -1,  151329, 3,    true,  2.5},
+      {"glm-4.5-air", "glm4_moe", 46,   4096,   151552, 128,    8, 1408,  10944, 96, 8,
+       128,           1e6,        1e-5, 131072, -1,     151329, 1, false, 1.0},
+      {"tiny-glm4", "glm4_moe", 3,   64,   256,  8,  2, 32, 128,  4,
+       2,           32,         1e6, 1e-5, 2048, -1, 2, 1,  true, 2.5},
   };
   return *shapes;
 }
@@ -145,6 +153,7 @@ struct TensorSpec {
   DType dtype = DType::kBF16;
   // F32 [rows]: the FP8 row scales of the matrix whose std this is (std * max|z| / 448).
   bool fp8_scales = false;
+  bool zeros = false;  // a bias that starts at 0 (GLM's router correction bias)
   int64_t numel() const {
     return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
   }
@@ -179,12 +188,13 @@ void Fill(const TensorSpec& t, int64_t begin, int64_t n, uint8_t* out) {
     }
     return;
   }
-  if (t.ones) {
+  if (t.ones || t.zeros) {
+    const float v = t.ones ? 1.0f : 0.0f;
     for (int64_t i = begin; i < end; ++i) {
       if (dtype == DType::kF32) {
-        out32[i - begin] = 1.0f;
+        out32[i - begin] = v;
       } else {
-        out16[i - begin] = dtype == DType::kBF16 ? FloatToBf16(1.0f) : FloatToF16(1.0f);
+        out16[i - begin] = dtype == DType::kBF16 ? FloatToBf16(v) : FloatToF16(v);
       }
     }
     return;
@@ -241,7 +251,17 @@ std::vector<TensorSpec> PlanTensors(const ModelShape& s, int layers, uint64_t se
   auto ones = [&](std::string name, int64_t size) {
     plan.push_back({std::move(name), {size}, true, 1.0f, {}, 0});
   };
-  const bool qwen = s.model_type == "qwen3_moe";
+  auto zeros = [&](std::string name, int64_t size) {
+    plan.push_back({std::move(name), {size}, false, 0.0f, {}, 0});
+    plan.back().zeros = true;
+  };
+  auto swiglu = [&](const std::string& x, int64_t width) {
+    normal(x + "gate_proj.weight", {width, s.hidden});
+    normal(x + "up_proj.weight", {width, s.hidden});
+    normal(x + "down_proj.weight", {s.hidden, width});
+  };
+  const bool glm = s.model_type == "glm4_moe";
+  const bool qwen = s.model_type == "qwen3_moe" || glm;  // Qwen's module names
   const int64_t h = s.hidden, q_dim = int64_t{s.heads} * s.head_dim;
   const int64_t kv_dim = int64_t{s.kv_heads} * s.head_dim;
   normal("model.embed_tokens.weight", {s.vocab, h});
@@ -249,16 +269,27 @@ std::vector<TensorSpec> PlanTensors(const ModelShape& s, int layers, uint64_t se
     const std::string p = absl::StrCat("model.layers.", l, ".");
     ones(p + "input_layernorm.weight", h);
     normal(p + "self_attn.q_proj.weight", {q_dim, h});
+    if (glm) normal(p + "self_attn.q_proj.bias", {q_dim});
     normal(p + "self_attn.k_proj.weight", {kv_dim, h});
+    if (glm) normal(p + "self_attn.k_proj.bias", {kv_dim});
     normal(p + "self_attn.v_proj.weight", {kv_dim, h});
+    if (glm) normal(p + "self_attn.v_proj.bias", {kv_dim});
     normal(p + "self_attn.o_proj.weight", {h, q_dim});
-    if (qwen) {
+    if (glm ? s.qk_norm : qwen) {
       ones(p + "self_attn.q_norm.weight", s.head_dim);
       ones(p + "self_attn.k_norm.weight", s.head_dim);
     }
     ones(p + "post_attention_layernorm.weight", h);
+    if (l < s.dense_layers) {
+      swiglu(p + "mlp.", s.dense_ffn);
+      if (skew != nullptr) orders->push_back({});  // expert_order stays indexed by layer
+      continue;
+    }
     const std::string moe = p + (qwen ? "mlp." : "block_sparse_moe.");
     TensorSpec& gate = normal(moe + "gate.weight", {s.experts, h});
+    // With one group and a zero correction bias the sigmoid router ranks experts by logit,
+    // as the skew's construction assumes.
+    if (glm) zeros(moe + "gate.e_score_correction_bias", s.experts);
     if (skew != nullptr) {
       orders->push_back(ExpertOrder(seed, l, s.experts));
       gate.row_scale.resize(s.experts);
@@ -272,6 +303,7 @@ std::vector<TensorSpec> PlanTensors(const ModelShape& s, int layers, uint64_t se
       normal(x + (qwen ? "up_proj" : "w3") + ".weight", {s.expert_ffn, h});
       normal(x + (qwen ? "down_proj" : "w2") + ".weight", {h, s.expert_ffn});
     }
+    if (glm) swiglu(moe + "shared_experts.", s.expert_ffn);
   }
   ones("model.norm.weight", h);
   normal("lm_head.weight", {s.vocab, h});
@@ -302,10 +334,14 @@ std::vector<TensorSpec> WithFp8Experts(std::vector<TensorSpec> plan) {
 // config.json as transformers writes it (keys sorted).
 nlohmann::json ConfigJson(const ModelShape& s, int layers, absl::string_view torch_dtype) {
   const bool qwen = s.model_type == "qwen3_moe";
+  const bool glm = s.model_type == "glm4_moe";
   nlohmann::json c = {
-      {"architectures", {qwen ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM"}},
+      {"architectures",
+       {qwen  ? "Qwen3MoeForCausalLM"
+        : glm ? "Glm4MoeForCausalLM"
+              : "MixtralForCausalLM"}},
       {"attention_dropout", 0.0},
-      {"bos_token_id", s.bos_token_id},
+      {"bos_token_id", s.bos_token_id >= 0 ? nlohmann::json(s.bos_token_id) : nullptr},
       {"eos_token_id", s.eos_token_id},
       {"head_dim", s.head_dim},
       {"hidden_act", "silu"},
@@ -339,6 +375,22 @@ nlohmann::json ConfigJson(const ModelShape& s, int layers, absl::string_view tor
               {"rope_scaling", nullptr},
               {"router_aux_loss_coef", 0.001},
               {"use_sliding_window", false}});
+  } else if (glm) {
+    c.update({{"attention_bias", true},
+              {"first_k_dense_replace", s.dense_layers},
+              {"intermediate_size", s.dense_ffn},
+              {"moe_intermediate_size", s.expert_ffn},
+              {"n_group", 1},
+              {"n_routed_experts", s.experts},
+              {"n_shared_experts", 1},
+              {"norm_topk_prob", true},
+              {"num_nextn_predict_layers", 0},
+              {"partial_rotary_factor", 0.5},
+              {"rope_scaling", nullptr},
+              {"routed_scaling_factor", s.routed_scaling_factor},
+              {"topk_group", 1},
+              {"use_qk_norm", s.qk_norm}});
+    c.erase("sliding_window");
   } else {
     c.update({{"intermediate_size", s.expert_ffn},
               {"num_local_experts", s.experts},
@@ -677,10 +729,11 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
   RETURN_IF_ERROR(WriteText(dir / "model.safetensors.index.json", index.dump(2) + "\n"));
   RETURN_IF_ERROR(
       WriteText(dir / "config.json", ConfigJson(shape, layers, torch_dtype).dump(2) + "\n"));
-  const nlohmann::json generation = {{"_from_model_config", true},
-                                     {"bos_token_id", shape.bos_token_id},
-                                     {"eos_token_id", shape.eos_token_id},
-                                     {"transformers_version", "4.51.0"}};
+  const nlohmann::json generation = {
+      {"_from_model_config", true},
+      {"bos_token_id", shape.bos_token_id >= 0 ? nlohmann::json(shape.bos_token_id) : nullptr},
+      {"eos_token_id", shape.eos_token_id},
+      {"transformers_version", "4.51.0"}};
   RETURN_IF_ERROR(WriteText(dir / "generation_config.json", generation.dump(2) + "\n"));
 
   OrderedJson sidecar;

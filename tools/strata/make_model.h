@@ -17,7 +17,7 @@ namespace strata {
 // The architecture of one benchmark shape (BRIEF.md §3), as config.json spells it.
 struct ModelShape {
   std::string name;
-  std::string model_type;  // "qwen3_moe" or "mixtral"
+  std::string model_type;  // "qwen3_moe", "mixtral" or "glm4_moe"
   int layers = 0;
   int64_t hidden = 0;
   int64_t vocab = 0;
@@ -31,11 +31,17 @@ struct ModelShape {
   double rope_theta = 1e6;
   double rms_norm_eps = 1e-6;
   int64_t max_position_embeddings = 0;
-  int bos_token_id = 0;
+  int bos_token_id = 0;  // negative: none (GLM)
   int eos_token_id = 0;
+  // glm4_moe only: first_k_dense_replace, use_qk_norm, routed_scaling_factor. One ungated
+  // shared expert of expert_ffn, one expert group, partial_rotary_factor 0.5.
+  int dense_layers = 0;
+  bool qk_norm = false;
+  double routed_scaling_factor = 1.0;
 };
 
-// qwen3-30b-a3b, mixtral-8x7b, seed-125b, and tiny-qwen3 / tiny-mixtral for tests.
+// qwen3-30b-a3b, mixtral-8x7b, seed-125b, glm-4.5, glm-4.5-air, and tiny-qwen3 / tiny-mixtral /
+// tiny-glm4 for tests.
 std::vector<std::string> ModelShapeNames();
 absl::StatusOr<ModelShape> FindModelShape(absl::string_view name);
 

@@ -8,7 +8,7 @@
 namespace strata {
 
 std::vector<std::string> QuantizableModelTypes() {
-  return {"qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss"};
+  return {"qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe"};
 }
 
 bool IsQuantizableModelType(absl::string_view model_type) {

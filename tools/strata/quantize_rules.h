@@ -13,7 +13,8 @@
 
 namespace strata {
 
-// config.json model types whose checkpoints quantize: qwen3_moe, qwen2_moe, mixtral, gpt_oss.
+// config.json model types whose checkpoints quantize: qwen3_moe, qwen2_moe, mixtral, gpt_oss,
+// glm4_moe.
 bool IsQuantizableModelType(absl::string_view model_type);
 std::vector<std::string> QuantizableModelTypes();
 

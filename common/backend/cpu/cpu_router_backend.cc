@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_kernels.h"
+#include "common/backend/routing.h"
 #include "common/tensor/dtype.h"
 #include "common/util/status_macros.h"
 
@@ -16,7 +17,13 @@ CpuRouterBackend::CpuRouterBackend(const Model& model, ThreadPool& pool)
     : config_(model.config),
       weights_(model.weights),
       pool_(pool),
-      rope_(BuildRopeTable(model.config.rope, model.config.head_dim)) {}
+      rope_(BuildRopeTable(model.config.rope, model.config.RopeDim())) {
+  correction_bias_.resize(weights_.layers.size());
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    const WeightVector& bias = weights_.layers[l].router_correction_bias;
+    for (int64_t e = 0; e < bias.size; ++e) correction_bias_[l].push_back(bias.At(e));
+  }
+}
 
 absl::Status CpuRouterBackend::BeginStep(absl::Span<const int32_t> ids, const BatchLayout& batch,
                                          PagedKvCache& kv) {
@@ -76,12 +83,12 @@ absl::Status CpuRouterBackend::Attention(int layer) {
     for (int head = 0; head < c.num_heads; ++head) {
       float* qh = q_.row(t) + head * d;
       if (c.qk_norm) cpu::RmsNorm(qh, a.q_norm, d, c.rms_norm_eps, qh);
-      ApplyRope(rope_, pos, qh, d);
+      ApplyRope(rope_, pos, qh, c.RopeDim());
     }
     for (int head = 0; head < c.num_kv_heads; ++head) {
       float* kh = k_.row(t) + head * d;
       if (c.qk_norm) cpu::RmsNorm(kh, a.k_norm, d, c.rms_norm_eps, kh);
-      ApplyRope(rope_, pos, kh, d);
+      ApplyRope(rope_, pos, kh, c.RopeDim());
     }
   }
   WriteKv(layer, kv);
@@ -232,37 +239,6 @@ absl::Status CpuRouterBackend::ReportKvRange(PagedKvCache& kv) {
   return absl::OkStatus();
 }
 
-void CpuRouterBackend::SelectExperts(float* logits, float temperature, int32_t* experts,
-                                     float* weights) const {
-  const int e_count = config_.num_experts;
-  const int k = config_.top_k;
-  for (int e = 0; e < e_count; ++e) logits[e] /= temperature;
-  auto softmax = [](float* v, int count) {
-    const float m = *std::max_element(v, v + count);
-    float sum = 0.0f;
-    for (int i = 0; i < count; ++i) sum += (v[i] = std::exp(v[i] - m));
-    for (int i = 0; i < count; ++i) v[i] /= sum;
-  };
-  if (config_.router_scoring == RouterScoring::kSoftmaxThenTopK) softmax(logits, e_count);
-  // Top k by value; ties go to the lower expert id.
-  std::vector<int> order(e_count);
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int x, int y) {
-    return logits[x] > logits[y] || (logits[x] == logits[y] && x < y);
-  });
-  for (int i = 0; i < k; ++i) {
-    experts[i] = order[i];
-    weights[i] = logits[order[i]];
-  }
-  if (config_.router_scoring == RouterScoring::kTopKThenSoftmax) {
-    softmax(weights, k);
-  } else if (config_.norm_topk_prob) {
-    float sum = 0.0f;
-    for (int i = 0; i < k; ++i) sum += weights[i];
-    for (int i = 0; i < k; ++i) weights[i] /= sum;
-  }
-}
-
 absl::Status CpuRouterBackend::PrepareFfn(int layer, float temperature, Tensor& ffn_input,
                                           RoutingTable& routing) {
   RETURN_IF_ERROR(NormAndRoute(layer, temperature, ffn_input_, routing));
@@ -297,8 +273,10 @@ absl::Status CpuRouterBackend::NormAndRoute(int layer, float temperature, Tensor
   gate_logits_.Resize(n, e_count);
   cpu::Linear(pool_, ffn_input.data(), n, lw.router, lw.router_bias, gate_logits_.data());
   routing.Resize(n, config_.top_k);
+  const float* bias = correction_bias_[layer].empty() ? nullptr : correction_bias_[layer].data();
   for (int64_t t = 0; t < n; ++t) {
-    SelectExperts(gate_logits_.row(t), temperature, routing.expert.data() + t * config_.top_k,
+    SelectExperts(config_, gate_logits_.row(t), temperature, bias,
+                  routing.expert.data() + t * config_.top_k,
                   routing.weight.data() + t * config_.top_k);
   }
   return absl::OkStatus();

@@ -2,6 +2,8 @@
 #ifndef STRATA_COMMON_BACKEND_CPU_CPU_ROUTER_BACKEND_H_
 #define STRATA_COMMON_BACKEND_CPU_CPU_ROUTER_BACKEND_H_
 
+#include <vector>
+
 #include "common/backend/backend.h"
 #include "common/backend/rope.h"
 #include "common/model/model_weights.h"
@@ -34,13 +36,12 @@ class CpuRouterBackend : public RouterBackend {
   // out = post_attention_norm(hidden_) of `layer`, and its routing on MoE layers.
   absl::Status NormAndRoute(int layer, float temperature, Tensor& out, RoutingTable& routing);
 
-  // Writes the top-k experts and weights of one token from its gate logits.
-  void SelectExperts(float* logits, float temperature, int32_t* experts, float* weights) const;
-
   const ModelConfig& config_;
   const ModelWeights& weights_;
   ThreadPool& pool_;
   RopeTable rope_;
+  // Each layer's router correction bias as float32; empty where it has none.
+  std::vector<std::vector<float>> correction_bias_;
   // The step: its layout, its KV cache, the residual stream and the FFN input.
   BatchLayout batch_;
   // Calibration of an FP8 cache: the largest |key| and |value| per (layer, kv head) written

@@ -4,6 +4,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/backend/cuda_model_support.h"
 #include "common/cuda/kernels/elementwise_kernels.h"
 #include "common/cuda/kernels/embedding_kernels.h"
 #include "common/cuda/kernels/gemv_kernels.h"
@@ -50,6 +51,7 @@ absl::StatusOr<std::unique_ptr<CudaRouterBackend>> CudaRouterBackend::Create(
 
 absl::Status CudaRouterBackend::Load(const Model& model, const KvPoolOptions& kv) {
   const ModelConfig& c = config_;
+  RETURN_IF_ERROR(CudaRouterSupports(c));
   if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) {
     return absl::UnimplementedError(absl::StrCat(
         "the CUDA attention kernel takes head_dim 64, 128 or 256; this model has ", c.head_dim));

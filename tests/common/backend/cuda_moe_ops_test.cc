@@ -57,7 +57,8 @@ void ReleaseHeldStream(cudaStream_t stream, uint32_t* flag, std::vector<GuardedC
   CUDA_ASSERT_OK(cudaStreamDestroy(side));
 }
 
-// CpuRouterBackend::SelectExperts, on a copy of one token's logits.
+// SelectExperts (common/backend/routing.h) of the softmax scorings, on a copy of one token's
+// logits.
 void SelectExpertsRef(std::vector<float> logits, int k, float temperature, gpu::GateScoring scoring,
                       bool renormalize, int32_t* experts, float* weights) {
   const int e_count = static_cast<int>(logits.size());

@@ -90,6 +90,58 @@ TEST(ModelConfigTest, GptOss) {
   EXPECT_TRUE(c->qkv_bias && c->o_bias);
 }
 
+TEST(ModelConfigTest, Glm4Moe) {
+  auto c = LoadModelConfig(OracleDir("glm4_moe"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->arch, Architecture::kGlm4Moe);
+  EXPECT_EQ(c->head_dim, 32);  // hidden_size / heads would be 16
+  EXPECT_EQ(c->rotary_dim, 16);
+  EXPECT_EQ(c->RopeDim(), 16);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_FALSE(c->o_bias);
+  EXPECT_EQ(c->num_experts, 16);
+  EXPECT_EQ(c->top_k, 4);
+  EXPECT_EQ(c->router_scoring, RouterScoring::kSigmoidGrouped);
+  EXPECT_TRUE(c->router_correction_bias);
+  EXPECT_EQ(c->num_expert_groups, 4);
+  EXPECT_EQ(c->top_k_groups, 2);
+  EXPECT_DOUBLE_EQ(c->routed_scaling_factor, 2.5);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_EQ(c->shared_expert_intermediate_size, 32);
+  EXPECT_FALSE(c->shared_expert_gate);
+  EXPECT_EQ(c->dense_intermediate_size, 128);
+  EXPECT_EQ(c->layer_is_moe, (std::vector<bool>{false, true, true}));
+}
+
+// GLM-4.5's own config.json (transformers 4.54): partial_rotary_factor and rope_theta at the
+// top level, two shared experts here, a multi-token-prediction layer that is not run.
+TEST(ModelConfigTest, Glm4MoeOlderSpelling) {
+  const std::string text = R"({"model_type": "glm4_moe", "vocab_size": 64, "hidden_size": 32,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "partial_rotary_factor": 0.5, "rope_theta": 1000000, "rope_scaling": null,
+    "max_position_embeddings": 128, "n_routed_experts": 8, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 8, "intermediate_size": 48, "n_shared_experts": 2,
+    "first_k_dense_replace": 3, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0,
+    "num_nextn_predict_layers": 1, "use_qk_norm": false, "attention_bias": true})";
+  auto c = ParseModelConfig(text, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope.theta, 1000000.0);
+  EXPECT_EQ(c->rotary_dim, 8);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_EQ(c->shared_expert_intermediate_size, 16);
+  EXPECT_EQ(c->layer_is_moe, (std::vector<bool>{false, false, false, true}));
+  EXPECT_EQ(c->num_expert_groups, 1);
+}
+
+TEST(ModelConfigTest, RopeDimIsTheWholeHeadUnlessSet) {
+  ModelConfig c;
+  c.head_dim = 64;
+  EXPECT_EQ(c.RopeDim(), 64);
+  c.rotary_dim = 32;
+  EXPECT_EQ(c.RopeDim(), 32);
+}
+
 TEST(ModelConfigTest, OlderRopeSpelling) {
   const std::string text = R"({"model_type": "mixtral", "vocab_size": 32, "hidden_size": 16,
     "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -169,6 +221,64 @@ INSTANTIATE_TEST_SUITE_P(
         std::make_pair(R"({"rope_theta": -10000})", "\"rope_theta\" must be greater than 0"),
         std::make_pair(R"({"eos_token_id": 4294967296})", "eos_token_id"),
         std::make_pair(R"({"eos_token_id": [1, -2]})", "eos_token_id")));
+
+// The same for GLM-4.5's keys: unsupported router, rope and group settings are refused.
+class BadGlmConfigTest : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
+
+TEST_P(BadGlmConfigTest, ClearError) {
+  nlohmann::json base = {{"model_type", "glm4_moe"},
+                         {"vocab_size", 32},
+                         {"hidden_size", 16},
+                         {"num_hidden_layers", 2},
+                         {"num_attention_heads", 2},
+                         {"num_key_value_heads", 1},
+                         {"max_position_embeddings", 64},
+                         {"n_routed_experts", 8},
+                         {"num_experts_per_tok", 2},
+                         {"moe_intermediate_size", 8},
+                         {"intermediate_size", 32},
+                         {"head_dim", 16},
+                         {"n_group", 4},
+                         {"topk_group", 2}};
+  base.merge_patch(nlohmann::json::parse(GetParam().first));
+  auto c = ParseModelConfig(base.dump(), "some/config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("some/config.json"));
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr(GetParam().second));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BadGlmConfigTest,
+    ::testing::Values(
+        std::make_pair(R"({"head_dim": null})", "\"head_dim\" is missing"),
+        std::make_pair(R"({"n_routed_experts": null})", "\"n_routed_experts\" is missing"),
+        std::make_pair(R"({"n_group": 3})", "\"n_group\" must divide the 8 experts"),
+        std::make_pair(R"({"n_group": 16})", "\"n_group\" must be at most 8"),
+        std::make_pair(R"({"topk_group": 5})", "\"topk_group\" must be at most 4"),
+        std::make_pair(R"({"topk_group": 1, "num_experts_per_tok": 3})",
+                       "exceeds the experts of the topk_group groups kept"),
+        std::make_pair(R"({"scoring_func": "softmax"})", "\"scoring_func\" \"softmax\""),
+        std::make_pair(R"({"topk_method": "greedy"})", "\"topk_method\" \"greedy\""),
+        std::make_pair(R"({"routed_scaling_factor": 0})",
+                       "\"routed_scaling_factor\" must be greater than 0"),
+        std::make_pair(R"({"first_k_dense_replace": 3})",
+                       "\"first_k_dense_replace\" must be at most 2"),
+        std::make_pair(R"({"partial_rotary_factor": 0.05})", "gives 0 rotary dimensions"),
+        std::make_pair(R"({"rope_parameters": {"partial_rotary_factor": 1.5}})",
+                       "\"partial_rotary_factor\" must be at most 1"),
+        std::make_pair(R"({"hidden_act": "gelu"})", "\"hidden_act\" other than")));
+
+TEST(ModelConfigTest, PartialRotaryOnlyForGlm) {
+  const std::string text = R"({"model_type": "mixtral", "vocab_size": 32, "hidden_size": 16,
+    "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 64,
+    "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+    "rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5}})";
+  auto c = ParseModelConfig(text, "config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("\"partial_rotary_factor\" other than 1.0 is not supported for mixtral"));
+}
 
 TEST(ModelConfigTest, NotJson) {
   auto c = ParseModelConfig("{oops", "config.json");

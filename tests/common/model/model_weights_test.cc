@@ -59,7 +59,7 @@ void CopyModel(const std::string& oracle, const TempDir& dir, Edit edit) {
 
 TEST(ModelWeightsTest, LoadsEveryOracle) {
   for (const char* name :
-       {"qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss", "qwen3_moe_dense_tied"}) {
+       {"qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss", "qwen3_moe_dense_tied", "glm4_moe"}) {
     auto model = LoadModel(std::string(STRATA_TEST_DATA_DIR) + "/oracles/" + name);
     ASSERT_TRUE(model.ok()) << name << ": " << model.status();
     EXPECT_EQ((*model)->weights.layers.size(), static_cast<size_t>((*model)->config.num_layers));
@@ -73,6 +73,26 @@ TEST(ModelWeightsTest, TiedEmbeddingsShareTheMatrix) {
   EXPECT_TRUE((*model)->weights.layers[0].dense_mlp.has_value());
   EXPECT_TRUE((*model)->weights.layers[0].experts.empty());
   EXPECT_EQ((*model)->weights.layers[1].experts.size(), 12u);
+}
+
+TEST(ModelWeightsTest, Glm4MoeRouterBiasAndUngatedSharedExperts) {
+  auto model = LoadModel(std::string(STRATA_TEST_DATA_DIR) + "/oracles/glm4_moe");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelWeights& w = (*model)->weights;
+  EXPECT_TRUE(w.layers[0].dense_mlp.has_value());
+  EXPECT_FALSE(w.layers[0].router_correction_bias.present());
+  for (int l : {1, 2}) {
+    const LayerWeights& layer = w.layers[l];
+    EXPECT_EQ(layer.experts.size(), 16u);
+    EXPECT_EQ(layer.router_correction_bias.size, 16);
+    ASSERT_TRUE(layer.shared_expert.has_value());
+    EXPECT_EQ(layer.shared_expert->gate.out, 32);
+    EXPECT_FALSE(layer.shared_expert_gate.present());
+  }
+  const AttentionWeights& a = w.layers[0].attention;
+  EXPECT_TRUE(a.q_bias.present() && a.k_bias.present() && a.v_bias.present());
+  EXPECT_FALSE(a.o_bias.present());
+  EXPECT_EQ(a.q_norm.size, 32);
 }
 
 TEST(ModelWeightsTest, GptOssInterleavedExpertLayout) {

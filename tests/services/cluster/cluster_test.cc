@@ -56,7 +56,7 @@ TEST_P(OracleClusterTest, TwoWorkersMatchTheOracle) {
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
-// Every oracle model (tests/data/oracles), all four architectures and their variants.
+// Every oracle model (tests/data/oracles): every architecture and its variants.
 INSTANTIATE_TEST_SUITE_P(AllOracles, OracleClusterTest,
                          ::testing::ValuesIn(::strata::testing::OracleNames()),
                          [](const auto& info) { return info.param; });

@@ -1,0 +1,30 @@
+#include "common/backend/cuda_model_support.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace strata {
+
+absl::Status CudaRouterSupports(const ModelConfig& c) {
+  std::vector<std::string> missing;
+  if (c.RopeDim() != c.head_dim) {
+    missing.push_back(absl::StrCat("partial rotary embedding (RoPE on ", c.RopeDim(), " of ",
+                                   c.head_dim, " head dimensions)"));
+  }
+  if (c.router_scoring == RouterScoring::kSigmoidGrouped) {
+    missing.push_back(
+        "sigmoid group-limited routing with a correction bias and routed_scaling_factor");
+  }
+  if (c.shared_expert_intermediate_size > 0 && !c.shared_expert_gate) {
+    missing.push_back("shared experts without a gate");
+  }
+  if (missing.empty()) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat("the CUDA backend cannot run this ",
+                                               ArchitectureName(c.arch), " model yet: it lacks ",
+                                               absl::StrJoin(missing, "; "), ". Use --device cpu"));
+}
+
+}  // namespace strata

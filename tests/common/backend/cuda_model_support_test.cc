@@ -1,0 +1,35 @@
+#include "common/backend/cuda_model_support.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/oracles.h"
+
+namespace strata {
+namespace {
+
+using ::strata::testing::OracleDir;
+using ::testing::HasSubstr;
+
+TEST(CudaModelSupportTest, RefusesGlm4MoeNamingWhatIsMissing) {
+  auto c = LoadModelConfig(OracleDir("glm4_moe"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const absl::Status s = CudaRouterSupports(*c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("glm4_moe"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("partial rotary embedding (RoPE on 16 of 32"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("sigmoid group-limited routing"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shared experts without a gate"));
+}
+
+TEST(CudaModelSupportTest, TakesTheOtherArchitectures) {
+  for (const char* name : {"qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"}) {
+    auto c = LoadModelConfig(OracleDir(name));
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE(CudaRouterSupports(*c).ok()) << name;
+  }
+}
+
+}  // namespace
+}  // namespace strata
