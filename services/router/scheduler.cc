@@ -385,16 +385,37 @@ void Scheduler::Preempt(Sequence* seq) {
 bool Scheduler::Step() {
   if (ahead_) return StepAhead();
   if (running_.empty()) return false;
-  struct Planned {
-    Sequence* seq;
-    int64_t count;               // positions computed this step (with the draft's)
-    std::vector<int32_t> draft;  // a decode row's drafted tokens, after its own
-  };
+  std::vector<Planned> plan = PlanStep();
+  ReserveKv(plan);
+  if (plan.empty()) return false;
+  StepLayout layout = LayOut(plan);
+  LaunchedRows rows;
+  if (layout.scored.empty() && layout.step.ids.size() == layout.sampled.size()) {  // decodes only
+    rows.rows = layout.sampled;
+    for (Sequence* seq : layout.sampled) rows.tickets.push_back(seq->ticket);
+    rows.positions.assign(layout.step.batch.position.begin(), layout.step.batch.position.end());
+    layout.step.launch_next = ReserveAhead(rows);
+  }
+  const Clock::time_point started = Clock::now();
+  absl::StatusOr<StepResult> result = runner_.Run(layout.step, [this] { WhileRunning(); });
+  const double seconds = MillisBetween(started, Clock::now()) / 1e3;
+  if (!result.ok()) {
+    for (const Planned& p : plan) Finish(p.seq, FinishReason::kError, result.status());
+    return true;
+  }
+  if (result->next_in_flight) {
+    steps_ahead_.fetch_add(1);
+    for (int64_t& position : rows.positions) ++position;
+    ahead_ = std::move(rows);
+  }
+  TakeResults(plan, layout, *result, seconds);
+  return true;
+}
+
+std::vector<Scheduler::Planned> Scheduler::PlanStep() {
   std::vector<Planned> plan;
   int64_t budget = options_.max_batch_tokens;
   const bool drafting = speculation_.DraftThisStep();
-  // Decodes first (one token each and their drafts, latency-critical), then prefill chunks in
-  // admission order.
   for (int pass = 0; pass < 2; ++pass) {
     for (auto& owned : running_) {
       Sequence* seq = owned.get();
@@ -408,7 +429,10 @@ bool Scheduler::Step() {
       budget -= count;
     }
   }
-  // Reserve KV; when the pool is short (decodes outgrew it), preempt the latest arrivals.
+  return plan;
+}
+
+void Scheduler::ReserveKv(std::vector<Planned>& plan) {
   for (size_t i = 0; i < plan.size();) {
     Sequence* seq = plan[i].seq;
     if (!seq->has_kv) {
@@ -448,20 +472,12 @@ bool Scheduler::Step() {
         std::find_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.seq == seq; }) -
         plan.begin());
   }
-  if (plan.empty()) return false;
+}
 
-  StepPlan step;
-  std::vector<Sequence*> sampled;  // the first logit rows: one each, more with a draft
-  std::vector<int64_t> first_row;  // sampled[r]'s first logit row
-  std::vector<const std::vector<int32_t>*> drafts;  // sampled[r]'s draft
-  std::vector<bool> on_device;  // sampled[r]'s token is picked on the device after a replay
-  bool any_draws = false;       // a row's pick there is more than the plain arg-max
-  int64_t sampled_rows = 0;
-  struct ScoreRow {
-    Sequence* seq;
-    int32_t target;  // the token whose log-probability the row gives
-  };
-  std::vector<ScoreRow> scored;  // the logit rows after those
+Scheduler::StepLayout Scheduler::LayOut(const std::vector<Planned>& plan) {
+  StepLayout layout;
+  StepPlan& step = layout.step;
+  bool any_draws = false;  // a row's pick on the device is more than the plain arg-max
   std::vector<int64_t> score_rows;
   for (const Planned& p : plan) {
     const int64_t length = static_cast<int64_t>(p.seq->tokens.size());
@@ -473,26 +489,25 @@ bool Scheduler::Step() {
       step.batch.position.push_back(position);
       if (WantsScores(*p.seq) && position + 1 < std::ssize(p.seq->spec.prompt)) {
         score_rows.push_back(static_cast<int64_t>(step.ids.size()) - 1);
-        scored.push_back({p.seq, p.seq->tokens[position + 1]});
+        layout.scored.push_back({p.seq, p.seq->tokens[position + 1]});
       }
     }
-    if (!p.seq->spec.score_only && p.seq->computed + own == length) {
-      // A drafted row's logits come back for its own token and every drafted one; so do those
-      // of a row whose transforms or logprobs need the host.
-      std::optional<RowSampling> device;
-      if (!p.seq->spec.logprobs && p.draft.empty()) device = p.seq->sampler->device_row();
-      any_draws |= device.has_value() && !device->plain_argmax();
-      first_row.push_back(sampled_rows);
-      for (int64_t j = own - 1; j < p.count; ++j) {
-        step.logit_rows.push_back(static_cast<int64_t>(step.ids.size()) - p.count + j);
-        step.sampling.push_back(device.value_or(RowSampling()));
-        if (!device) step.host_rows.push_back(sampled_rows);
-        ++sampled_rows;
-      }
-      sampled.push_back(p.seq);
-      drafts.push_back(&p.draft);
-      on_device.push_back(device.has_value());
+    if (p.seq->spec.score_only || p.seq->computed + own != length) continue;
+    // A drafted row's logits come back for its own token and every drafted one; so do those
+    // of a row whose transforms or logprobs need the host.
+    std::optional<RowSampling> device;
+    if (!p.seq->spec.logprobs && p.draft.empty()) device = p.seq->sampler->device_row();
+    any_draws |= device.has_value() && !device->plain_argmax();
+    layout.first_row.push_back(layout.sampled_rows);
+    for (int64_t j = own - 1; j < p.count; ++j) {
+      step.logit_rows.push_back(static_cast<int64_t>(step.ids.size()) - p.count + j);
+      step.sampling.push_back(device.value_or(RowSampling()));
+      if (!device) step.host_rows.push_back(layout.sampled_rows);
+      ++layout.sampled_rows;
     }
+    layout.sampled.push_back(p.seq);
+    layout.drafts.push_back(&p.draft);
+    layout.on_device.push_back(device.has_value());
   }
   step.logit_rows.insert(step.logit_rows.end(), score_rows.begin(), score_rows.end());
   if (any_draws) {
@@ -501,35 +516,21 @@ bool Scheduler::Step() {
     step.sampling.clear();  // every row's arg-max
   }
   // The score rows' logits come to the host too; the other rows need their greedy token only.
-  for (size_t r = 0; r < scored.size(); ++r) {
-    step.host_rows.push_back(sampled_rows + static_cast<int64_t>(r));
+  for (size_t r = 0; r < layout.scored.size(); ++r) {
+    step.host_rows.push_back(layout.sampled_rows + static_cast<int64_t>(r));
   }
-  LaunchedRows rows;
-  if (scored.empty() && step.ids.size() == sampled.size()) {  // decodes only
-    rows.rows = sampled;
-    for (Sequence* seq : sampled) rows.tickets.push_back(seq->ticket);
-    rows.positions.assign(step.batch.position.begin(), step.batch.position.end());
-    step.launch_next = ReserveAhead(rows);
-  }
-  const Clock::time_point started = Clock::now();
-  absl::StatusOr<StepResult> result = runner_.Run(step, [this] { WhileRunning(); });
-  const double seconds = MillisBetween(started, Clock::now()) / 1e3;
-  if (!result.ok()) {
-    for (const Planned& p : plan) Finish(p.seq, FinishReason::kError, result.status());
-    return true;
-  }
-  if (result->next_in_flight) {
-    steps_ahead_.fetch_add(1);
-    for (int64_t& position : rows.positions) ++position;
-    ahead_ = std::move(rows);
-  }
+  return layout;
+}
+
+void Scheduler::TakeResults(const std::vector<Planned>& plan, const StepLayout& layout,
+                            const StepResult& result, double seconds) {
   const int64_t vocab = config_.vocab_size;
   // A draft's positions count once verified (VerifyDraft).
   for (const Planned& p : plan) Computed(p.seq, p.count - static_cast<int64_t>(p.draft.size()));
-  for (size_t r = 0; r < scored.size(); ++r) {
-    const float* row = result->logits(sampled_rows + static_cast<int64_t>(r));
-    Sequence* seq = scored[r].seq;
-    seq->scores.push_back(LogprobsAt(row, vocab, scored[r].target, seq->spec.top_logprobs));
+  for (size_t r = 0; r < layout.scored.size(); ++r) {
+    const float* row = result.logits(layout.sampled_rows + static_cast<int64_t>(r));
+    Sequence* seq = layout.scored[r].seq;
+    seq->scores.push_back(LogprobsAt(row, vocab, layout.scored[r].target, seq->spec.top_logprobs));
   }
   // A prompt's scores go out once it is computed, before its first token (posted below).
   for (const Planned& p : plan) {
@@ -540,27 +541,27 @@ bool Scheduler::Step() {
   }
   bool any_draft = false;
   int64_t tokens = 0;
-  for (size_t r = 0; r < sampled.size(); ++r) {
-    if (!drafts[r]->empty()) {
+  for (size_t r = 0; r < layout.sampled.size(); ++r) {
+    Sequence* seq = layout.sampled[r];
+    const int64_t row = layout.first_row[r];
+    if (!layout.drafts[r]->empty()) {
       any_draft = true;
-      tokens += VerifyDraft(sampled[r], *result, first_row[r], *drafts[r]);
+      tokens += VerifyDraft(seq, result, row, *layout.drafts[r]);
       continue;
     }
-    const int64_t row = first_row[r];
-    Sampler& sampler = *sampled[r]->sampler;
-    const int32_t token = result->tokens != nullptr && on_device[r]
-                              ? result->tokens[row]
-                              : sampler.Sample(result->logits(row), vocab);
+    const int32_t token = result.tokens != nullptr && layout.on_device[r]
+                              ? result.tokens[row]
+                              : seq->sampler->Sample(result.logits(row), vocab);
     TokenLogprobs logprobs;
-    if (sampled[r]->spec.logprobs) {
-      logprobs = LogprobsAt(result->logits(row), vocab, token, sampled[r]->spec.top_logprobs);
+    if (seq->spec.logprobs) {
+      logprobs = LogprobsAt(result.logits(row), vocab, token, seq->spec.top_logprobs);
     }
-    HandleToken(sampled[r], token, std::move(logprobs));
+    HandleToken(seq, token, std::move(logprobs));
     ++tokens;
   }
   if (any_draft) draft_steps_.fetch_add(1);
   // Whether drafting pays, from decode-only steps.
-  if (scored.empty() && static_cast<int64_t>(sampled.size()) == static_cast<int64_t>(plan.size())) {
+  if (layout.scored.empty() && std::ssize(layout.sampled) == std::ssize(plan)) {
     bool decode_only = true;
     for (const Planned& p : plan) decode_only &= p.count == 1 + std::ssize(p.draft);
     if (decode_only) {
@@ -568,7 +569,6 @@ bool Scheduler::Step() {
       speculation_turned_off_.store(speculation_.times_turned_off());
     }
   }
-  return true;
 }
 
 void Scheduler::Computed(Sequence* seq, int64_t count) {

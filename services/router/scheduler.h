@@ -128,8 +128,41 @@ class Scheduler {
   struct Sequence;
 
   void Loop();
-  // One forward step over the running batch; false when there was nothing to run.
+  // One forward step over the running batch (PlanStep, ReserveKv, LayOut, the run,
+  // TakeResults); false when there was nothing to run.
   bool Step();
+  // A running sequence's share of a step.
+  struct Planned {
+    Sequence* seq;
+    int64_t count;               // positions computed this step (with the draft's)
+    std::vector<int32_t> draft;  // a decode row's drafted tokens, after its own
+  };
+  // The step's rows within max_batch_tokens: decodes first (one token each and their drafts,
+  // latency-critical), then prefill chunks in admission order.
+  std::vector<Planned> PlanStep();
+  // Reserves the plan's KV; when the pool is short (decodes outgrew it), preempts the latest
+  // arrivals (out of the plan too), or ends a lone sequence the pool cannot grow for.
+  void ReserveKv(std::vector<Planned>& plan);
+  // Which logit rows a step's sequences get: its sampled rows first (one each, more with a
+  // draft), then the prompt positions that give scores.
+  struct StepLayout {
+    struct ScoreRow {
+      Sequence* seq;
+      int32_t target;  // the token whose log-probability the row gives
+    };
+    StepPlan step;
+    std::vector<Sequence*> sampled;
+    std::vector<int64_t> first_row;                   // sampled[r]'s first logit row
+    std::vector<const std::vector<int32_t>*> drafts;  // sampled[r]'s draft
+    std::vector<bool> on_device;  // sampled[r]'s token is picked on the device after a replay
+    int64_t sampled_rows = 0;
+    std::vector<ScoreRow> scored;  // the rows after the sampled ones
+  };
+  StepLayout LayOut(const std::vector<Planned>& plan);
+  // After the run: positions computed, scores kept (and sent once a prompt is done), tokens
+  // taken (drafts verified), and whether drafting paid in this step.
+  void TakeResults(const std::vector<Planned>& plan, const StepLayout& layout,
+                   const StepResult& result, double seconds);
   // A decode step in flight: its rows (running_ at launch) and the position each computes.
   struct LaunchedRows {
     std::vector<Sequence*> rows;
