@@ -227,9 +227,10 @@ absl::Status ParseGroupedRouter(const ConfigReader& config, ModelConfig& model) 
   return absl::OkStatus();
 }
 
-// GLM-4.5: layers below first_k_dense_replace are dense; the MoE layers carry
+// GLM-4.5 and DeepSeek-V3: layers below first_k_dense_replace are dense; the MoE layers carry
 // n_shared_experts ungated shared experts, as one SwiGLU of n_shared_experts times the width.
-absl::Status ParseGlm4Moe(const ConfigReader& config, ModelConfig& model) {
+absl::Status ParseDenseThenMoe(const ConfigReader& config, int64_t default_dense_layers,
+                               ModelConfig& model) {
   ASSIGN_OR_RETURN(int64_t experts, config.Int("n_routed_experts", {}, 1, kMaxExperts));
   model.num_experts = static_cast<int>(experts);
   ASSIGN_OR_RETURN(model.moe_intermediate_size,
@@ -237,16 +238,13 @@ absl::Status ParseGlm4Moe(const ConfigReader& config, ModelConfig& model) {
   ASSIGN_OR_RETURN(model.dense_intermediate_size,
                    config.Int("intermediate_size", {}, 1, kMaxIntermediate));
   ASSIGN_OR_RETURN(model.norm_topk_prob, config.Bool("norm_topk_prob", true));
-  ASSIGN_OR_RETURN(model.qk_norm, config.Bool("use_qk_norm", false));
-  ASSIGN_OR_RETURN(model.qkv_bias, config.Bool("attention_bias", false));
-  model.o_bias = false;  // attention_bias covers q, k and v only
   ASSIGN_OR_RETURN(int64_t shared, config.Int("n_shared_experts", 1, 0, 64));
   model.shared_expert_intermediate_size = shared * model.moe_intermediate_size;
   if (model.shared_expert_intermediate_size > kMaxIntermediate) {
     return config.Error("n_shared_experts", "makes the shared experts too wide");
   }
   ASSIGN_OR_RETURN(int64_t dense_layers,
-                   config.Int("first_k_dense_replace", 1, 0, model.num_layers));
+                   config.Int("first_k_dense_replace", default_dense_layers, 0, model.num_layers));
   model.layer_is_moe.assign(model.num_layers, false);
   for (int i = static_cast<int>(dense_layers); i < model.num_layers; ++i) {
     model.layer_is_moe[i] = true;
@@ -255,6 +253,55 @@ absl::Status ParseGlm4Moe(const ConfigReader& config, ModelConfig& model) {
   // only and are not run, as in transformers; the count is only checked.
   RETURN_IF_ERROR(config.Int("num_nextn_predict_layers", 0, 0, kMaxLayers).status());
   return ParseGroupedRouter(config, model);
+}
+
+absl::Status ParseGlm4Moe(const ConfigReader& config, ModelConfig& model) {
+  ASSIGN_OR_RETURN(model.qk_norm, config.Bool("use_qk_norm", false));
+  ASSIGN_OR_RETURN(model.qkv_bias, config.Bool("attention_bias", false));
+  model.o_bias = false;  // attention_bias covers q, k and v only
+  return ParseDenseThenMoe(config, 1, model);
+}
+
+// DeepSeek-V3 (and Kimi-K2): multi-head latent attention, then GLM-4.5's MoE layout. Called
+// before the RoPE is parsed: it sets head_dim and rotary_dim from the MLA dimensions.
+absl::Status ParseDeepseekV3Attention(const ConfigReader& config, ModelConfig& model) {
+  ASSIGN_OR_RETURN(int64_t nope, config.Int("qk_nope_head_dim", {}, 1, kMaxHeadDim));
+  ASSIGN_OR_RETURN(int64_t rope, config.Int("qk_rope_head_dim", {}, 2, kMaxHeadDim));
+  ASSIGN_OR_RETURN(int64_t v_dim, config.Int("v_head_dim", {}, 1, kMaxHeadDim));
+  ASSIGN_OR_RETURN(int64_t kv_rank, config.Int("kv_lora_rank", {}, 1, kMaxHidden));
+  if (rope % 2 != 0) return config.Error("qk_rope_head_dim", "must be even for RoPE");
+  if (nope + rope > kMaxHeadDim) {
+    return config.Error("qk_nope_head_dim", "and qk_rope_head_dim make the heads too wide");
+  }
+  // null (DeepSeek-V2-Lite's style) projects queries straight from the hidden state.
+  if (config.Has("q_lora_rank")) {
+    ASSIGN_OR_RETURN(int64_t q_rank, config.Int("q_lora_rank", {}, 1, kMaxHidden));
+    model.q_lora_rank = static_cast<int>(q_rank);
+  }
+  ASSIGN_OR_RETURN(bool bias, config.Bool("attention_bias", false));
+  if (bias) return config.Error("attention_bias", "true is not supported for deepseek_v3");
+  ASSIGN_OR_RETURN(int64_t freq, config.Int("moe_layer_freq", 1, 1, kMaxLayers));
+  if (freq != 1) return config.Error("moe_layer_freq", "other than 1 is not supported");
+  ASSIGN_OR_RETURN(model.rope_interleave, config.Bool("rope_interleave", true));
+  model.qk_nope_head_dim = static_cast<int>(nope);
+  model.v_head_dim = static_cast<int>(v_dim);
+  model.kv_lora_rank = static_cast<int>(kv_rank);
+  model.head_dim = static_cast<int>(nope + rope);
+  model.rotary_dim = static_cast<int>(rope);
+  model.num_kv_heads = 1;  // the cache keeps one latent row per token
+  return absl::OkStatus();
+}
+
+// transformers' DeepseekV3Attention: head_dim^-0.5, times mscale(factor, mscale_all_dim)^2
+// when the RoPE is scaled and mscale_all_dim is set and nonzero.
+void SetDeepseekSoftmaxScale(ModelConfig& model) {
+  double scale = 1.0 / std::sqrt(static_cast<double>(model.head_dim));
+  if (model.rope.type != RopeConfig::Type::kDefault && model.rope.mscale_all_dim &&
+      *model.rope.mscale_all_dim != 0.0 && model.rope.factor > 1.0) {
+    const double m = 0.1 * *model.rope.mscale_all_dim * std::log(model.rope.factor) + 1.0;
+    scale *= m * m;
+  }
+  model.softmax_scale = scale;
 }
 
 // Layers that run a dense MLP instead of experts (Qwen2-MoE and Qwen3-MoE rule).
@@ -289,7 +336,8 @@ absl::Status ParseSlidingWindow(const ConfigReader& config, ModelConfig& model) 
       return absl::OkStatus();
     case Architecture::kQwen3Moe:
     case Architecture::kQwen2Moe:
-    case Architecture::kGlm4Moe: {
+    case Architecture::kGlm4Moe:
+    case Architecture::kDeepseekV3: {
       ASSIGN_OR_RETURN(bool use, config.Bool("use_sliding_window", false));
       if (use && window > 0) return config.Error("use_sliding_window", "true is not supported");
       return absl::OkStatus();
@@ -355,6 +403,8 @@ absl::string_view ArchitectureName(Architecture arch) {
       return "gpt_oss";
     case Architecture::kGlm4Moe:
       return "glm4_moe";
+    case Architecture::kDeepseekV3:
+      return "deepseek_v3";
   }
   return "?";
 }
@@ -378,11 +428,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
     model.arch = Architecture::kGptOss;
   } else if (model_type == "glm4_moe") {
     model.arch = Architecture::kGlm4Moe;
+  } else if (model_type == "deepseek_v3" || model_type == "kimi_k2") {
+    model.arch = Architecture::kDeepseekV3;
   } else {
     return config.Error("model_type", absl::StrCat("\"", model_type,
                                                    "\" is not a supported architecture "
                                                    "(qwen3_moe, mixtral, qwen2_moe, gpt_oss, "
-                                                   "glm4_moe)"));
+                                                   "glm4_moe, deepseek_v3)"));
   }
 
   ASSIGN_OR_RETURN(model.vocab_size, config.Int("vocab_size", {}, 1, kMaxVocab));
@@ -400,7 +452,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
     // GLM heads are not hidden/heads wide, and transformers' default has changed over time.
     return config.Error("head_dim", "is missing");
   }
-  if (config.Has("head_dim")) {
+  if (model.arch == Architecture::kDeepseekV3) {
+    // config.json's head_dim is the RoPE width there; the MLA dimensions set the heads.
+    RETURN_IF_ERROR(ParseDeepseekV3Attention(config, model));
+  } else if (config.Has("head_dim")) {
     ASSIGN_OR_RETURN(int64_t head_dim, config.Int("head_dim", {}, 1, kMaxHeadDim));
     model.head_dim = static_cast<int>(head_dim);
   } else {
@@ -419,7 +474,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   ASSIGN_OR_RETURN(model.max_position_embeddings,
                    config.Int("max_position_embeddings", {}, 1, kMaxPositions));
   ASSIGN_OR_RETURN(model.rope, ParseRope(config, file_name));
-  RETURN_IF_ERROR(ParseRotaryDim(config, file_name, model));
+  if (model.mla()) {
+    SetDeepseekSoftmaxScale(model);
+  } else {
+    RETURN_IF_ERROR(ParseRotaryDim(config, file_name, model));
+  }
   ASSIGN_OR_RETURN(model.tie_word_embeddings, config.Bool("tie_word_embeddings", false));
   RETURN_IF_ERROR(ParseEosIds(config.Find("eos_token_id"), model.eos_token_ids, file_name));
   if (config.Has("hidden_act")) {
@@ -480,6 +539,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
     case Architecture::kGlm4Moe:
       RETURN_IF_ERROR(ParseGlm4Moe(config, model));
       break;
+    case Architecture::kDeepseekV3:
+      // transformers' DeepseekV3Config defaults to three dense layers.
+      RETURN_IF_ERROR(ParseDenseThenMoe(config, 3, model));
+      break;
   }
   const char* top_k_key =
       config.Has("num_experts_per_tok") ? "num_experts_per_tok" : "experts_per_token";
@@ -521,9 +584,19 @@ double LinearFlopsPerToken(const ModelConfig& c) {
   const double hidden = static_cast<double>(c.hidden_size);
   const double q = static_cast<double>(c.num_heads) * c.head_dim;
   const double kv = static_cast<double>(c.num_kv_heads) * c.head_dim;
+  double attention = hidden * (2 * q + 2 * kv);
+  if (c.mla()) {
+    // The absorbed form: q (through the q latent when there is one), the kv latent and k_pe,
+    // each head's q_nope into the latent and its latent output to v, then o.
+    const double heads = c.num_heads;
+    const double q_in = c.q_lora_rank > 0 ? hidden * c.q_lora_rank + c.q_lora_rank * q : hidden * q;
+    attention = q_in + hidden * c.KvHeadDim() +
+                heads * c.kv_lora_rank * (c.qk_nope_head_dim + c.v_head_dim) +
+                heads * c.v_head_dim * hidden;
+  }
   double per_token = 0.0;
   for (int layer = 0; layer < c.num_layers; ++layer) {
-    per_token += hidden * (2 * q + 2 * kv);
+    per_token += attention;
     const bool moe =
         layer < static_cast<int>(c.layer_is_moe.size()) ? c.layer_is_moe[layer] : c.num_experts > 0;
     if (moe) {
@@ -539,6 +612,10 @@ double LinearFlopsPerToken(const ModelConfig& c) {
 }
 
 double AttentionFlopsPerPair(const ModelConfig& c) {
+  if (c.mla()) {
+    // Scores over [latent; k_pe], values over the latent, per head.
+    return 2.0 * c.num_layers * static_cast<double>(c.num_heads) * (c.KvHeadDim() + c.kv_lora_rank);
+  }
   return 4.0 * c.num_layers * static_cast<double>(c.num_heads) * c.head_dim;
 }
 
