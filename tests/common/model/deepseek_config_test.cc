@@ -13,6 +13,56 @@ namespace {
 
 using ::testing::HasSubstr;
 
+std::string OracleDir(const std::string& name) {
+  return std::string(STRATA_TEST_DATA_DIR) + "/oracles/" + name;
+}
+
+TEST(DeepseekConfigTest, OracleModel) {
+  auto c = LoadModelConfig(OracleDir("deepseek_v3"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->arch, Architecture::kDeepseekV3);
+  EXPECT_EQ(ArchitectureName(c->arch), "deepseek_v3");
+  EXPECT_TRUE(c->mla());
+  EXPECT_EQ(c->q_lora_rank, 48);
+  EXPECT_EQ(c->kv_lora_rank, 32);
+  EXPECT_EQ(c->qk_nope_head_dim, 16);
+  EXPECT_EQ(c->RopeDim(), 8);
+  EXPECT_EQ(c->head_dim, 24);  // config.json's head_dim (8) is the RoPE width
+  EXPECT_EQ(c->v_head_dim, 16);
+  EXPECT_EQ(c->num_heads, 4);
+  EXPECT_EQ(c->num_kv_heads, 1);  // one latent row per token
+  EXPECT_EQ(c->KvHeadDim(), 40);
+  EXPECT_TRUE(c->KvValuesInKeys());
+  EXPECT_TRUE(c->rope_interleave);
+  EXPECT_EQ(c->rope.type, RopeConfig::Type::kYarn);
+  EXPECT_DOUBLE_EQ(c->rope.factor, 4.0);
+  EXPECT_DOUBLE_EQ(c->rope.original_max_position_embeddings, 128.0);
+  const double m = 0.1 * std::log(4.0) + 1.0;
+  EXPECT_NEAR(c->softmax_scale, m * m / std::sqrt(24.0), 1e-12);
+  EXPECT_EQ(c->router_scoring, RouterScoring::kSigmoidGrouped);
+  EXPECT_TRUE(c->router_correction_bias);
+  EXPECT_EQ(c->num_experts, 16);
+  EXPECT_EQ(c->top_k, 4);
+  EXPECT_EQ(c->num_expert_groups, 4);
+  EXPECT_EQ(c->top_k_groups, 2);
+  EXPECT_DOUBLE_EQ(c->routed_scaling_factor, 2.5);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_EQ(c->shared_expert_intermediate_size, 32);
+  EXPECT_FALSE(c->shared_expert_gate);
+  EXPECT_EQ(c->dense_intermediate_size, 128);
+  EXPECT_EQ(c->layer_is_moe, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(c->sliding_window, (std::vector<int>{0, 0, 0}));
+}
+
+// The attention FLOPs count the absorbed form: per head and pair, [latent; k_pe] for the
+// score and the latent for the value.
+TEST(DeepseekConfigTest, AttentionFlopsOfTheLatentForm) {
+  auto c = LoadModelConfig(OracleDir("deepseek_v3"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(AttentionFlopsPerPair(*c), 2.0 * 3 * 4 * (40 + 32));
+  EXPECT_GT(LinearFlopsPerToken(*c), 0.0);
+}
+
 // DeepSeek-V3's own config.json spelling (transformers 4.x): rope_scaling, q_lora_rank null as
 // DeepSeek-V2-Lite has it, defaults for rope_interleave and first_k_dense_replace, an MTP layer.
 TEST(DeepseekConfigTest, NoQueryLatentAndOlderSpelling) {
