@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/model/config_reader.h"
+#include "common/model/deepseek_config.h"
 #include "common/util/read_file.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -13,108 +15,18 @@
 namespace strata {
 namespace {
 
-using Json = nlohmann::json;
-
-// Upper bounds of config.json values, far above every released model (DeepSeek-V3: 61 layers,
-// hidden 7168, 256 experts, vocab 129280; Llama 3.1 405B: 126 layers, hidden 16384) and low
-// enough that nothing sized from them overflows or allocates absurdly before the checkpoint is
-// compared with them.
-constexpr int64_t kMaxConfigInt = int64_t{1} << 40;
-constexpr int64_t kMaxLayers = 1024;
-constexpr int64_t kMaxHeads = 1024;
-constexpr int64_t kMaxHeadDim = 1024;
-constexpr int64_t kMaxHidden = int64_t{1} << 17;
-constexpr int64_t kMaxIntermediate = int64_t{1} << 20;
-constexpr int64_t kMaxVocab = int64_t{1} << 24;
-constexpr int64_t kMaxExperts = int64_t{1} << 14;
-constexpr int64_t kMaxTopK = 256;
-constexpr int64_t kMaxPositions = int64_t{1} << 24;
-constexpr int64_t kMaxTokenId = std::numeric_limits<int32_t>::max();
-
-// Typed access to config keys with errors that name the file and the key.
-class ConfigReader {
- public:
-  ConfigReader(const Json& json, absl::string_view file_name)
-      : json_(json), file_name_(file_name) {}
-
-  bool Has(absl::string_view key) const {
-    auto it = json_.find(std::string(key));
-    return it != json_.end() && !it->is_null();
-  }
-  const Json* Find(absl::string_view key) const {
-    auto it = json_.find(std::string(key));
-    return (it == json_.end() || it->is_null()) ? nullptr : &*it;
-  }
-
-  absl::Status Error(absl::string_view key, absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat(file_name_, ": \"", key, "\" ", what));
-  }
-
-  // An integer in [min, max], read as 64 bits: a value that would not fit the field it goes to
-  // (or would size an allocation past reason) is an error naming the key, never a narrowing.
-  absl::StatusOr<int64_t> Int(absl::string_view key, std::optional<int64_t> fallback = {},
-                              int64_t min = 1, int64_t max = kMaxConfigInt) const {
-    const Json* v = Find(key);
-    if (v == nullptr) {
-      if (fallback) return *fallback;
-      return Error(key, "is missing");
-    }
-    if (!v->is_number_integer()) return Error(key, "must be an integer");
-    // nlohmann keeps integers above INT64_MAX as unsigned: those are out of range too.
-    if (v->is_number_unsigned() &&
-        v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return Error(key, absl::StrCat("must be at most ", max, ", got ", v->get<uint64_t>()));
-    }
-    const int64_t value = v->get<int64_t>();
-    if (value < min) return Error(key, absl::StrCat("must be at least ", min, ", got ", value));
-    if (value > max) return Error(key, absl::StrCat("must be at most ", max, ", got ", value));
-    return value;
-  }
-
-  absl::StatusOr<double> Number(absl::string_view key, std::optional<double> fallback = {}) const {
-    const Json* v = Find(key);
-    if (v == nullptr) {
-      if (fallback) return *fallback;
-      return Error(key, "is missing");
-    }
-    if (!v->is_number()) return Error(key, "must be a number");
-    const double value = v->get<double>();
-    if (!std::isfinite(value)) return Error(key, "must be finite");
-    return value;
-  }
-
-  // A finite number greater than `above` (and below `below`, when given).
-  absl::StatusOr<double> NumberAbove(absl::string_view key, double above,
-                                     std::optional<double> fallback = {},
-                                     std::optional<double> below = {}) const {
-    ASSIGN_OR_RETURN(const double value, Number(key, fallback));
-    if (!(value > above)) {
-      return Error(key, absl::StrCat("must be greater than ", above, ", got ", value));
-    }
-    if (below && !(value < *below)) {
-      return Error(key, absl::StrCat("must be less than ", *below, ", got ", value));
-    }
-    return value;
-  }
-
-  absl::StatusOr<bool> Bool(absl::string_view key, bool fallback) const {
-    const Json* v = Find(key);
-    if (v == nullptr) return fallback;
-    if (!v->is_boolean()) return Error(key, "must be true or false");
-    return v->get<bool>();
-  }
-
-  absl::StatusOr<std::string> String(absl::string_view key) const {
-    const Json* v = Find(key);
-    if (v == nullptr) return Error(key, "is missing");
-    if (!v->is_string()) return Error(key, "must be a string");
-    return v->get<std::string>();
-  }
-
- private:
-  const Json& json_;
-  absl::string_view file_name_;
-};
+using config_internal::ConfigReader;
+using config_internal::Json;
+using config_internal::kMaxExperts;
+using config_internal::kMaxHeadDim;
+using config_internal::kMaxHeads;
+using config_internal::kMaxHidden;
+using config_internal::kMaxIntermediate;
+using config_internal::kMaxLayers;
+using config_internal::kMaxPositions;
+using config_internal::kMaxTokenId;
+using config_internal::kMaxTopK;
+using config_internal::kMaxVocab;
 
 absl::StatusOr<RopeConfig> ParseRope(const ConfigReader& config, absl::string_view file_name) {
   RopeConfig rope;
@@ -195,113 +107,6 @@ absl::Status ParseRotaryDim(const ConfigReader& config, absl::string_view file_n
                                      model.head_dim, "; RoPE needs a positive even count"));
   }
   return absl::OkStatus();
-}
-
-// The sigmoid router of DeepSeek-V3 and GLM-4.5: the "noaux_tc" choice within expert groups.
-absl::Status ParseGroupedRouter(const ConfigReader& config, ModelConfig& model) {
-  model.router_scoring = RouterScoring::kSigmoidGrouped;
-  model.router_correction_bias = true;
-  if (config.Has("scoring_func")) {
-    ASSIGN_OR_RETURN(std::string scoring, config.String("scoring_func"));
-    if (scoring != "sigmoid") {
-      return config.Error("scoring_func",
-                          absl::StrCat("\"", scoring, "\" is not supported (sigmoid)"));
-    }
-  }
-  if (config.Has("topk_method")) {
-    ASSIGN_OR_RETURN(std::string method, config.String("topk_method"));
-    if (method != "noaux_tc") {
-      return config.Error("topk_method",
-                          absl::StrCat("\"", method, "\" is not supported (noaux_tc)"));
-    }
-  }
-  ASSIGN_OR_RETURN(int64_t groups, config.Int("n_group", 1, 1, model.num_experts));
-  if (model.num_experts % groups != 0) {
-    return config.Error("n_group", absl::StrCat("must divide the ", model.num_experts, " experts"));
-  }
-  ASSIGN_OR_RETURN(int64_t top_groups, config.Int("topk_group", 1, 1, groups));
-  model.num_expert_groups = static_cast<int>(groups);
-  model.top_k_groups = static_cast<int>(top_groups);
-  ASSIGN_OR_RETURN(model.routed_scaling_factor,
-                   config.NumberAbove("routed_scaling_factor", 0.0, 1.0));
-  return absl::OkStatus();
-}
-
-// GLM-4.5 and DeepSeek-V3: layers below first_k_dense_replace are dense; the MoE layers carry
-// n_shared_experts ungated shared experts, as one SwiGLU of n_shared_experts times the width.
-absl::Status ParseDenseThenMoe(const ConfigReader& config, int64_t default_dense_layers,
-                               ModelConfig& model) {
-  ASSIGN_OR_RETURN(int64_t experts, config.Int("n_routed_experts", {}, 1, kMaxExperts));
-  model.num_experts = static_cast<int>(experts);
-  ASSIGN_OR_RETURN(model.moe_intermediate_size,
-                   config.Int("moe_intermediate_size", {}, 1, kMaxIntermediate));
-  ASSIGN_OR_RETURN(model.dense_intermediate_size,
-                   config.Int("intermediate_size", {}, 1, kMaxIntermediate));
-  ASSIGN_OR_RETURN(model.norm_topk_prob, config.Bool("norm_topk_prob", true));
-  ASSIGN_OR_RETURN(int64_t shared, config.Int("n_shared_experts", 1, 0, 64));
-  model.shared_expert_intermediate_size = shared * model.moe_intermediate_size;
-  if (model.shared_expert_intermediate_size > kMaxIntermediate) {
-    return config.Error("n_shared_experts", "makes the shared experts too wide");
-  }
-  ASSIGN_OR_RETURN(int64_t dense_layers,
-                   config.Int("first_k_dense_replace", default_dense_layers, 0, model.num_layers));
-  model.layer_is_moe.assign(model.num_layers, false);
-  for (int i = static_cast<int>(dense_layers); i < model.num_layers; ++i) {
-    model.layer_is_moe[i] = true;
-  }
-  // Multi-token-prediction layers (stored past num_hidden_layers) serve speculative decoding
-  // only and are not run, as in transformers; the count is only checked.
-  RETURN_IF_ERROR(config.Int("num_nextn_predict_layers", 0, 0, kMaxLayers).status());
-  return ParseGroupedRouter(config, model);
-}
-
-absl::Status ParseGlm4Moe(const ConfigReader& config, ModelConfig& model) {
-  ASSIGN_OR_RETURN(model.qk_norm, config.Bool("use_qk_norm", false));
-  ASSIGN_OR_RETURN(model.qkv_bias, config.Bool("attention_bias", false));
-  model.o_bias = false;  // attention_bias covers q, k and v only
-  return ParseDenseThenMoe(config, 1, model);
-}
-
-// DeepSeek-V3 (and Kimi-K2): multi-head latent attention, then GLM-4.5's MoE layout. Called
-// before the RoPE is parsed: it sets head_dim and rotary_dim from the MLA dimensions.
-absl::Status ParseDeepseekV3Attention(const ConfigReader& config, ModelConfig& model) {
-  ASSIGN_OR_RETURN(int64_t nope, config.Int("qk_nope_head_dim", {}, 1, kMaxHeadDim));
-  ASSIGN_OR_RETURN(int64_t rope, config.Int("qk_rope_head_dim", {}, 2, kMaxHeadDim));
-  ASSIGN_OR_RETURN(int64_t v_dim, config.Int("v_head_dim", {}, 1, kMaxHeadDim));
-  ASSIGN_OR_RETURN(int64_t kv_rank, config.Int("kv_lora_rank", {}, 1, kMaxHidden));
-  if (rope % 2 != 0) return config.Error("qk_rope_head_dim", "must be even for RoPE");
-  if (nope + rope > kMaxHeadDim) {
-    return config.Error("qk_nope_head_dim", "and qk_rope_head_dim make the heads too wide");
-  }
-  // null (DeepSeek-V2-Lite's style) projects queries straight from the hidden state.
-  if (config.Has("q_lora_rank")) {
-    ASSIGN_OR_RETURN(int64_t q_rank, config.Int("q_lora_rank", {}, 1, kMaxHidden));
-    model.q_lora_rank = static_cast<int>(q_rank);
-  }
-  ASSIGN_OR_RETURN(bool bias, config.Bool("attention_bias", false));
-  if (bias) return config.Error("attention_bias", "true is not supported for deepseek_v3");
-  ASSIGN_OR_RETURN(int64_t freq, config.Int("moe_layer_freq", 1, 1, kMaxLayers));
-  if (freq != 1) return config.Error("moe_layer_freq", "other than 1 is not supported");
-  ASSIGN_OR_RETURN(model.rope_interleave, config.Bool("rope_interleave", true));
-  model.qk_nope_head_dim = static_cast<int>(nope);
-  model.v_head_dim = static_cast<int>(v_dim);
-  model.kv_lora_rank = static_cast<int>(kv_rank);
-  model.head_dim = static_cast<int>(nope + rope);
-  model.rotary_dim = static_cast<int>(rope);
-  model.num_kv_heads = 1;  // the cache keeps one latent row per token
-  return absl::OkStatus();
-}
-
-// transformers' DeepseekV3Attention: head_dim^-0.5, times mscale(factor, mscale_all_dim)^2
-// when the RoPE is scaled and mscale_all_dim is set and nonzero.
-void SetDeepseekSoftmaxScale(ModelConfig& model) {
-  double scale = 1.0 / std::sqrt(static_cast<double>(model.head_dim));
-  if (model.rope.type != RopeConfig::Type::kDefault && model.rope.mscale_all_dim &&
-      *model.rope.mscale_all_dim != 0.0 && model.rope.factor > 1.0) {
-    const double m = 0.1 * *model.rope.mscale_all_dim * std::log(model.rope.factor) + 1.0;
-    scale *= m * m;
-  }
-  model.softmax_scale = scale;
 }
 
 // Layers that run a dense MLP instead of experts (Qwen2-MoE and Qwen3-MoE rule).
@@ -454,7 +259,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   }
   if (model.arch == Architecture::kDeepseekV3) {
     // config.json's head_dim is the RoPE width there; the MLA dimensions set the heads.
-    RETURN_IF_ERROR(ParseDeepseekV3Attention(config, model));
+    RETURN_IF_ERROR(config_internal::ParseDeepseekV3Attention(config, model));
   } else if (config.Has("head_dim")) {
     ASSIGN_OR_RETURN(int64_t head_dim, config.Int("head_dim", {}, 1, kMaxHeadDim));
     model.head_dim = static_cast<int>(head_dim);
@@ -475,7 +280,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
                    config.Int("max_position_embeddings", {}, 1, kMaxPositions));
   ASSIGN_OR_RETURN(model.rope, ParseRope(config, file_name));
   if (model.mla()) {
-    SetDeepseekSoftmaxScale(model);
+    config_internal::SetDeepseekSoftmaxScale(model);
   } else {
     RETURN_IF_ERROR(ParseRotaryDim(config, file_name, model));
   }
@@ -537,11 +342,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
       break;
     }
     case Architecture::kGlm4Moe:
-      RETURN_IF_ERROR(ParseGlm4Moe(config, model));
+      RETURN_IF_ERROR(config_internal::ParseGlm4Moe(config, model));
       break;
     case Architecture::kDeepseekV3:
       // transformers' DeepseekV3Config defaults to three dense layers.
-      RETURN_IF_ERROR(ParseDenseThenMoe(config, 3, model));
+      RETURN_IF_ERROR(config_internal::ParseDenseThenMoe(config, 3, model));
       break;
   }
   const char* top_k_key =
