@@ -1,5 +1,6 @@
 #include "common/backend/cuda_model_support.h"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -10,7 +11,18 @@ namespace strata {
 
 absl::Status CudaRouterSupports(const ModelConfig& c) {
   std::vector<std::string> missing;
-  if (c.RopeDim() != c.head_dim) {
+  if (c.mla()) {
+    missing.push_back(absl::StrCat("multi-head latent attention (a latent KV cache of ",
+                                   c.KvHeadDim(),
+                                   " values per token and layer, q/kv low-rank "
+                                   "projections with their norms)"));
+  }
+  if (c.rope_interleave) missing.push_back("interleaved RoPE");
+  if (c.softmax_scale > 0.0 &&
+      std::abs(c.softmax_scale * std::sqrt(static_cast<double>(c.head_dim)) - 1.0) > 1e-12) {
+    missing.push_back("a YaRN mscale on the softmax scale");
+  }
+  if (c.RopeDim() != c.head_dim && !c.mla()) {
     missing.push_back(absl::StrCat("partial rotary embedding (RoPE on ", c.RopeDim(), " of ",
                                    c.head_dim, " head dimensions)"));
   }

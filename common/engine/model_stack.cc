@@ -61,7 +61,8 @@ absl::Status ModelStack::CreateKv() {
   kv.cache = options_.kv;
   kv.num_layers = c.num_layers;
   kv.num_kv_heads = c.num_kv_heads;
-  kv.head_dim = c.head_dim;
+  kv.head_dim = c.KvHeadDim();
+  kv.values_in_keys = c.KvValuesInKeys();
   if (kv.cache.block_size <= 0) {
     return absl::InvalidArgumentError("kv_cache.block_size must be positive");
   }

@@ -32,7 +32,8 @@ const char* KvDtypeName(KvDtype dtype) {
 }
 
 int64_t KvBlockBytes(const KvPoolOptions& o) {
-  return int64_t{o.num_layers} * 2 * o.cache.block_size * o.num_kv_heads * o.head_dim *
+  const int64_t parts = o.values_in_keys ? 1 : 2;
+  return int64_t{o.num_layers} * parts * o.cache.block_size * o.num_kv_heads * o.head_dim *
          o.element_bytes;
 }
 
@@ -54,12 +55,17 @@ absl::StatusOr<PagedKvCache> PagedKvCache::Create(const KvPoolOptions& options) 
                                                    ") must be 0 or more and calibration_tokens (",
                                                    options.cache.calibration_tokens, ") positive"));
   }
+  if (options.values_in_keys && options.fp8()) {
+    return absl::UnimplementedError(
+        "kv cache: FP8 is not supported for multi-head latent attention's latent cache; use "
+        "dtype auto or bf16");
+  }
   return PagedKvCache(options);
 }
 
 PagedKvCache::PagedKvCache(const KvPoolOptions& options) : options_(options) {
   slot_floats_ = int64_t{options.num_kv_heads} * options.head_dim;
-  block_floats_ = 2 * options.cache.block_size * slot_floats_;
+  block_floats_ = (options.values_in_keys ? 1 : 2) * options.cache.block_size * slot_floats_;
   active_blocks_ = options.initial_blocks > 0 ? options.initial_blocks : options.num_blocks;
   ResizeHostStorage();
   if (options.fp8()) {

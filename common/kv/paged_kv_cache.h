@@ -66,6 +66,10 @@ struct KvPoolOptions {
   // Bytes a key or value element takes where the blocks live: float32 on the host, 2 for a
   // device backend's bf16 storage, 1 for FP8. Sizes the pool from a byte budget (KvBlockBytes).
   int element_bytes = 4;
+  // The values are the keys (multi-head latent attention: one row per token holds the
+  // normalized latent, which is both, then k_pe), so blocks keep no value rows and value()
+  // is key(). Not with FP8.
+  bool values_in_keys = false;
 
   // FP8 E4M3 keys and values (element_bytes 1). Host storage: a block is E4M3 codes
   // [k|v][slot][kv_head][head_dim]; a wide sequence's key or value block is bf16
@@ -99,7 +103,8 @@ struct PrefixCacheStats {
   int64_t evictions = 0;      // registered blocks taken for other data
 };
 
-// Bytes one block takes across all layers (keys and values, element_bytes each).
+// Bytes one block takes across all layers (keys and values, element_bytes each; keys only when
+// values_in_keys).
 int64_t KvBlockBytes(const KvPoolOptions& options);
 
 class PagedKvCache {
@@ -212,8 +217,9 @@ class PagedKvCache {
   // [block_size][num_kv_heads * head_dim]. Lets attention walk a block table directly. The
   // storage is block-major: [block][layer][k|v][slot][kv_head][head_dim].
   float* block_data(int layer, int block, int kv) {
+    const int64_t part = options_.values_in_keys ? 0 : kv;
     return storage_.data() + (int64_t{block} * options_.num_layers + layer) * block_floats_ +
-           int64_t{kv} * options_.cache.block_size * slot_floats_;
+           part * options_.cache.block_size * slot_floats_;
   }
 
  private:

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/model/config_reader.h"
+#include "common/model/deepseek_config.h"
 #include "common/util/read_file.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -13,108 +15,18 @@
 namespace strata {
 namespace {
 
-using Json = nlohmann::json;
-
-// Upper bounds of config.json values, far above every released model (DeepSeek-V3: 61 layers,
-// hidden 7168, 256 experts, vocab 129280; Llama 3.1 405B: 126 layers, hidden 16384) and low
-// enough that nothing sized from them overflows or allocates absurdly before the checkpoint is
-// compared with them.
-constexpr int64_t kMaxConfigInt = int64_t{1} << 40;
-constexpr int64_t kMaxLayers = 1024;
-constexpr int64_t kMaxHeads = 1024;
-constexpr int64_t kMaxHeadDim = 1024;
-constexpr int64_t kMaxHidden = int64_t{1} << 17;
-constexpr int64_t kMaxIntermediate = int64_t{1} << 20;
-constexpr int64_t kMaxVocab = int64_t{1} << 24;
-constexpr int64_t kMaxExperts = int64_t{1} << 14;
-constexpr int64_t kMaxTopK = 256;
-constexpr int64_t kMaxPositions = int64_t{1} << 24;
-constexpr int64_t kMaxTokenId = std::numeric_limits<int32_t>::max();
-
-// Typed access to config keys with errors that name the file and the key.
-class ConfigReader {
- public:
-  ConfigReader(const Json& json, absl::string_view file_name)
-      : json_(json), file_name_(file_name) {}
-
-  bool Has(absl::string_view key) const {
-    auto it = json_.find(std::string(key));
-    return it != json_.end() && !it->is_null();
-  }
-  const Json* Find(absl::string_view key) const {
-    auto it = json_.find(std::string(key));
-    return (it == json_.end() || it->is_null()) ? nullptr : &*it;
-  }
-
-  absl::Status Error(absl::string_view key, absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat(file_name_, ": \"", key, "\" ", what));
-  }
-
-  // An integer in [min, max], read as 64 bits: a value that would not fit the field it goes to
-  // (or would size an allocation past reason) is an error naming the key, never a narrowing.
-  absl::StatusOr<int64_t> Int(absl::string_view key, std::optional<int64_t> fallback = {},
-                              int64_t min = 1, int64_t max = kMaxConfigInt) const {
-    const Json* v = Find(key);
-    if (v == nullptr) {
-      if (fallback) return *fallback;
-      return Error(key, "is missing");
-    }
-    if (!v->is_number_integer()) return Error(key, "must be an integer");
-    // nlohmann keeps integers above INT64_MAX as unsigned: those are out of range too.
-    if (v->is_number_unsigned() &&
-        v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return Error(key, absl::StrCat("must be at most ", max, ", got ", v->get<uint64_t>()));
-    }
-    const int64_t value = v->get<int64_t>();
-    if (value < min) return Error(key, absl::StrCat("must be at least ", min, ", got ", value));
-    if (value > max) return Error(key, absl::StrCat("must be at most ", max, ", got ", value));
-    return value;
-  }
-
-  absl::StatusOr<double> Number(absl::string_view key, std::optional<double> fallback = {}) const {
-    const Json* v = Find(key);
-    if (v == nullptr) {
-      if (fallback) return *fallback;
-      return Error(key, "is missing");
-    }
-    if (!v->is_number()) return Error(key, "must be a number");
-    const double value = v->get<double>();
-    if (!std::isfinite(value)) return Error(key, "must be finite");
-    return value;
-  }
-
-  // A finite number greater than `above` (and below `below`, when given).
-  absl::StatusOr<double> NumberAbove(absl::string_view key, double above,
-                                     std::optional<double> fallback = {},
-                                     std::optional<double> below = {}) const {
-    ASSIGN_OR_RETURN(const double value, Number(key, fallback));
-    if (!(value > above)) {
-      return Error(key, absl::StrCat("must be greater than ", above, ", got ", value));
-    }
-    if (below && !(value < *below)) {
-      return Error(key, absl::StrCat("must be less than ", *below, ", got ", value));
-    }
-    return value;
-  }
-
-  absl::StatusOr<bool> Bool(absl::string_view key, bool fallback) const {
-    const Json* v = Find(key);
-    if (v == nullptr) return fallback;
-    if (!v->is_boolean()) return Error(key, "must be true or false");
-    return v->get<bool>();
-  }
-
-  absl::StatusOr<std::string> String(absl::string_view key) const {
-    const Json* v = Find(key);
-    if (v == nullptr) return Error(key, "is missing");
-    if (!v->is_string()) return Error(key, "must be a string");
-    return v->get<std::string>();
-  }
-
- private:
-  const Json& json_;
-  absl::string_view file_name_;
-};
+using config_internal::ConfigReader;
+using config_internal::Json;
+using config_internal::kMaxExperts;
+using config_internal::kMaxHeadDim;
+using config_internal::kMaxHeads;
+using config_internal::kMaxHidden;
+using config_internal::kMaxIntermediate;
+using config_internal::kMaxLayers;
+using config_internal::kMaxPositions;
+using config_internal::kMaxTokenId;
+using config_internal::kMaxTopK;
+using config_internal::kMaxVocab;
 
 absl::StatusOr<RopeConfig> ParseRope(const ConfigReader& config, absl::string_view file_name) {
   RopeConfig rope;
@@ -197,66 +109,6 @@ absl::Status ParseRotaryDim(const ConfigReader& config, absl::string_view file_n
   return absl::OkStatus();
 }
 
-// The sigmoid router of DeepSeek-V3 and GLM-4.5: the "noaux_tc" choice within expert groups.
-absl::Status ParseGroupedRouter(const ConfigReader& config, ModelConfig& model) {
-  model.router_scoring = RouterScoring::kSigmoidGrouped;
-  model.router_correction_bias = true;
-  if (config.Has("scoring_func")) {
-    ASSIGN_OR_RETURN(std::string scoring, config.String("scoring_func"));
-    if (scoring != "sigmoid") {
-      return config.Error("scoring_func",
-                          absl::StrCat("\"", scoring, "\" is not supported (sigmoid)"));
-    }
-  }
-  if (config.Has("topk_method")) {
-    ASSIGN_OR_RETURN(std::string method, config.String("topk_method"));
-    if (method != "noaux_tc") {
-      return config.Error("topk_method",
-                          absl::StrCat("\"", method, "\" is not supported (noaux_tc)"));
-    }
-  }
-  ASSIGN_OR_RETURN(int64_t groups, config.Int("n_group", 1, 1, model.num_experts));
-  if (model.num_experts % groups != 0) {
-    return config.Error("n_group", absl::StrCat("must divide the ", model.num_experts, " experts"));
-  }
-  ASSIGN_OR_RETURN(int64_t top_groups, config.Int("topk_group", 1, 1, groups));
-  model.num_expert_groups = static_cast<int>(groups);
-  model.top_k_groups = static_cast<int>(top_groups);
-  ASSIGN_OR_RETURN(model.routed_scaling_factor,
-                   config.NumberAbove("routed_scaling_factor", 0.0, 1.0));
-  return absl::OkStatus();
-}
-
-// GLM-4.5: layers below first_k_dense_replace are dense; the MoE layers carry
-// n_shared_experts ungated shared experts, as one SwiGLU of n_shared_experts times the width.
-absl::Status ParseGlm4Moe(const ConfigReader& config, ModelConfig& model) {
-  ASSIGN_OR_RETURN(int64_t experts, config.Int("n_routed_experts", {}, 1, kMaxExperts));
-  model.num_experts = static_cast<int>(experts);
-  ASSIGN_OR_RETURN(model.moe_intermediate_size,
-                   config.Int("moe_intermediate_size", {}, 1, kMaxIntermediate));
-  ASSIGN_OR_RETURN(model.dense_intermediate_size,
-                   config.Int("intermediate_size", {}, 1, kMaxIntermediate));
-  ASSIGN_OR_RETURN(model.norm_topk_prob, config.Bool("norm_topk_prob", true));
-  ASSIGN_OR_RETURN(model.qk_norm, config.Bool("use_qk_norm", false));
-  ASSIGN_OR_RETURN(model.qkv_bias, config.Bool("attention_bias", false));
-  model.o_bias = false;  // attention_bias covers q, k and v only
-  ASSIGN_OR_RETURN(int64_t shared, config.Int("n_shared_experts", 1, 0, 64));
-  model.shared_expert_intermediate_size = shared * model.moe_intermediate_size;
-  if (model.shared_expert_intermediate_size > kMaxIntermediate) {
-    return config.Error("n_shared_experts", "makes the shared experts too wide");
-  }
-  ASSIGN_OR_RETURN(int64_t dense_layers,
-                   config.Int("first_k_dense_replace", 1, 0, model.num_layers));
-  model.layer_is_moe.assign(model.num_layers, false);
-  for (int i = static_cast<int>(dense_layers); i < model.num_layers; ++i) {
-    model.layer_is_moe[i] = true;
-  }
-  // Multi-token-prediction layers (stored past num_hidden_layers) serve speculative decoding
-  // only and are not run, as in transformers; the count is only checked.
-  RETURN_IF_ERROR(config.Int("num_nextn_predict_layers", 0, 0, kMaxLayers).status());
-  return ParseGroupedRouter(config, model);
-}
-
 // Layers that run a dense MLP instead of experts (Qwen2-MoE and Qwen3-MoE rule).
 absl::Status ParseSparseLayers(const ConfigReader& config, ModelConfig& model) {
   ASSIGN_OR_RETURN(int64_t step, config.Int("decoder_sparse_step", 1, 1, kMaxLayers));
@@ -289,7 +141,8 @@ absl::Status ParseSlidingWindow(const ConfigReader& config, ModelConfig& model) 
       return absl::OkStatus();
     case Architecture::kQwen3Moe:
     case Architecture::kQwen2Moe:
-    case Architecture::kGlm4Moe: {
+    case Architecture::kGlm4Moe:
+    case Architecture::kDeepseekV3: {
       ASSIGN_OR_RETURN(bool use, config.Bool("use_sliding_window", false));
       if (use && window > 0) return config.Error("use_sliding_window", "true is not supported");
       return absl::OkStatus();
@@ -355,6 +208,8 @@ absl::string_view ArchitectureName(Architecture arch) {
       return "gpt_oss";
     case Architecture::kGlm4Moe:
       return "glm4_moe";
+    case Architecture::kDeepseekV3:
+      return "deepseek_v3";
   }
   return "?";
 }
@@ -378,11 +233,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
     model.arch = Architecture::kGptOss;
   } else if (model_type == "glm4_moe") {
     model.arch = Architecture::kGlm4Moe;
+  } else if (model_type == "deepseek_v3" || model_type == "kimi_k2") {
+    model.arch = Architecture::kDeepseekV3;
   } else {
     return config.Error("model_type", absl::StrCat("\"", model_type,
                                                    "\" is not a supported architecture "
                                                    "(qwen3_moe, mixtral, qwen2_moe, gpt_oss, "
-                                                   "glm4_moe)"));
+                                                   "glm4_moe, deepseek_v3)"));
   }
 
   ASSIGN_OR_RETURN(model.vocab_size, config.Int("vocab_size", {}, 1, kMaxVocab));
@@ -400,7 +257,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
     // GLM heads are not hidden/heads wide, and transformers' default has changed over time.
     return config.Error("head_dim", "is missing");
   }
-  if (config.Has("head_dim")) {
+  if (model.arch == Architecture::kDeepseekV3) {
+    // config.json's head_dim is the RoPE width there; the MLA dimensions set the heads.
+    RETURN_IF_ERROR(config_internal::ParseDeepseekV3Attention(config, model));
+  } else if (config.Has("head_dim")) {
     ASSIGN_OR_RETURN(int64_t head_dim, config.Int("head_dim", {}, 1, kMaxHeadDim));
     model.head_dim = static_cast<int>(head_dim);
   } else {
@@ -419,7 +279,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   ASSIGN_OR_RETURN(model.max_position_embeddings,
                    config.Int("max_position_embeddings", {}, 1, kMaxPositions));
   ASSIGN_OR_RETURN(model.rope, ParseRope(config, file_name));
-  RETURN_IF_ERROR(ParseRotaryDim(config, file_name, model));
+  if (model.mla()) {
+    config_internal::SetDeepseekSoftmaxScale(model);
+  } else {
+    RETURN_IF_ERROR(ParseRotaryDim(config, file_name, model));
+  }
   ASSIGN_OR_RETURN(model.tie_word_embeddings, config.Bool("tie_word_embeddings", false));
   RETURN_IF_ERROR(ParseEosIds(config.Find("eos_token_id"), model.eos_token_ids, file_name));
   if (config.Has("hidden_act")) {
@@ -478,7 +342,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
       break;
     }
     case Architecture::kGlm4Moe:
-      RETURN_IF_ERROR(ParseGlm4Moe(config, model));
+      RETURN_IF_ERROR(config_internal::ParseGlm4Moe(config, model));
+      break;
+    case Architecture::kDeepseekV3:
+      // transformers' DeepseekV3Config defaults to three dense layers.
+      RETURN_IF_ERROR(config_internal::ParseDenseThenMoe(config, 3, model));
       break;
   }
   const char* top_k_key =
@@ -521,9 +389,19 @@ double LinearFlopsPerToken(const ModelConfig& c) {
   const double hidden = static_cast<double>(c.hidden_size);
   const double q = static_cast<double>(c.num_heads) * c.head_dim;
   const double kv = static_cast<double>(c.num_kv_heads) * c.head_dim;
+  double attention = hidden * (2 * q + 2 * kv);
+  if (c.mla()) {
+    // The absorbed form: q (through the q latent when there is one), the kv latent and k_pe,
+    // each head's q_nope into the latent and its latent output to v, then o.
+    const double heads = c.num_heads;
+    const double q_in = c.q_lora_rank > 0 ? hidden * c.q_lora_rank + c.q_lora_rank * q : hidden * q;
+    attention = q_in + hidden * c.KvHeadDim() +
+                heads * c.kv_lora_rank * (c.qk_nope_head_dim + c.v_head_dim) +
+                heads * c.v_head_dim * hidden;
+  }
   double per_token = 0.0;
   for (int layer = 0; layer < c.num_layers; ++layer) {
-    per_token += hidden * (2 * q + 2 * kv);
+    per_token += attention;
     const bool moe =
         layer < static_cast<int>(c.layer_is_moe.size()) ? c.layer_is_moe[layer] : c.num_experts > 0;
     if (moe) {
@@ -539,6 +417,10 @@ double LinearFlopsPerToken(const ModelConfig& c) {
 }
 
 double AttentionFlopsPerPair(const ModelConfig& c) {
+  if (c.mla()) {
+    // Scores over [latent; k_pe], values over the latent, per head.
+    return 2.0 * c.num_layers * static_cast<double>(c.num_heads) * (c.KvHeadDim() + c.kv_lora_rank);
+  }
   return 4.0 * c.num_layers * static_cast<double>(c.num_heads) * c.head_dim;
 }
 

@@ -12,7 +12,7 @@
 
 namespace strata {
 
-enum class Architecture { kQwen3Moe, kMixtral, kQwen2Moe, kGptOss, kGlm4Moe };
+enum class Architecture { kQwen3Moe, kMixtral, kQwen2Moe, kGptOss, kGlm4Moe, kDeepseekV3 };
 
 absl::string_view ArchitectureName(Architecture arch);
 
@@ -67,6 +67,22 @@ struct ModelConfig {
   bool attention_sinks = false;
   std::vector<int> sliding_window;  // per layer; 0 means full causal attention
 
+  // Multi-head latent attention (DeepSeek-V3); kv_lora_rank 0 means ordinary attention. A
+  // head's query and key are head_dim = qk_nope_head_dim + rotary_dim wide (the RoPE part
+  // last), its value v_head_dim. Keys and values come from one kv_lora_rank latent per token
+  // (normalized) plus one rotary_dim k_pe shared by the heads, and that is what the KV cache
+  // keeps: one "kv head" of KvHeadDim() floats, num_kv_heads 1.
+  int q_lora_rank = 0;  // 0: q_proj straight from the hidden state
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int v_head_dim = 0;
+  // RoPE on pairs of adjacent dimensions (DeepSeek's layout: transformers moves the even
+  // dimensions before the odd ones, then rotates halves).
+  bool rope_interleave = false;
+  // The softmax scale; 0 means head_dim^-0.5. DeepSeek-V3 multiplies it by YaRN's
+  // mscale(factor, mscale_all_dim)^2.
+  double softmax_scale = 0.0;  // per layer; 0 means full causal attention
+
   // Mixture of experts.
   int num_experts = 0;
   int top_k = 0;
@@ -94,6 +110,12 @@ struct ModelConfig {
   std::vector<int> eos_token_ids;
 
   int RopeDim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
+  bool mla() const { return kv_lora_rank > 0; }
+  // The width of one KV-cache row per kv head: the latent and k_pe under MLA, else a head.
+  int KvHeadDim() const { return mla() ? kv_lora_rank + RopeDim() : head_dim; }
+  // Whether values live in the key rows (MLA: the latent is both), so the cache keeps no
+  // separate value rows.
+  bool KvValuesInKeys() const { return mla(); }
 };
 
 // Parses config.json text; errors name `file_name` and the offending key.

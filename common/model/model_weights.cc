@@ -116,8 +116,35 @@ absl::StatusOr<std::vector<FfnWeights>> BindGptOssExperts(const Binder& b,
   return experts;
 }
 
+// DeepSeek-V3's multi-head latent attention (no biases).
+absl::StatusOr<AttentionWeights> BindLatentAttention(const Binder& b, const std::string& prefix,
+                                                     const ModelConfig& c) {
+  const int64_t h = c.hidden_size;
+  const int64_t heads = c.num_heads;
+  AttentionWeights a;
+  if (c.q_lora_rank > 0) {
+    ASSIGN_OR_RETURN(a.q_a, b.Linear(prefix + "q_a_proj.weight", c.q_lora_rank, h));
+    ASSIGN_OR_RETURN(a.q_a_norm, b.Vector(prefix + "q_a_layernorm.weight", c.q_lora_rank));
+    ASSIGN_OR_RETURN(a.q, b.Linear(prefix + "q_b_proj.weight", heads * c.head_dim, c.q_lora_rank));
+  } else {
+    ASSIGN_OR_RETURN(a.q, b.Linear(prefix + "q_proj.weight", heads * c.head_dim, h));
+  }
+  ASSIGN_OR_RETURN(a.kv_a, b.Linear(prefix + "kv_a_proj_with_mqa.weight", c.KvHeadDim(), h));
+  ASSIGN_OR_RETURN(a.kv_a_norm, b.Vector(prefix + "kv_a_layernorm.weight", c.kv_lora_rank));
+  ASSIGN_OR_RETURN(a.kv_b, b.Linear(prefix + "kv_b_proj.weight",
+                                    heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank));
+  // Attention reads kv_b_proj transposed (queries into latent space); per-row FP8 scales do
+  // not follow a transpose.
+  if (a.kv_b.scale != nullptr) {
+    return absl::UnimplementedError(absl::StrCat(prefix, "kv_b_proj.weight: FP8 is not supported"));
+  }
+  ASSIGN_OR_RETURN(a.o, b.Linear(prefix + "o_proj.weight", h, heads * c.v_head_dim));
+  return a;
+}
+
 absl::StatusOr<AttentionWeights> BindAttention(const Binder& b, const std::string& prefix,
                                                const ModelConfig& c) {
+  if (c.mla()) return BindLatentAttention(b, prefix, c);
   const int64_t h = c.hidden_size;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
@@ -168,7 +195,8 @@ absl::Status BindMoe(const Binder& b, const std::string& layer_prefix, const Mod
       }
       return absl::OkStatus();
     }
-    case Architecture::kGlm4Moe: {
+    case Architecture::kGlm4Moe:
+    case Architecture::kDeepseekV3: {
       const std::string p = layer_prefix + "mlp.";
       ASSIGN_OR_RETURN(layer.router, b.Linear(p + "gate.weight", c.num_experts, h));
       ASSIGN_OR_RETURN(layer.router_correction_bias,

@@ -61,6 +61,15 @@ struct AttentionWeights {
   WeightVector q_bias, k_bias, v_bias, o_bias;
   WeightVector q_norm, k_norm;  // per-head RMSNorm (Qwen3)
   WeightVector sinks;           // one logit per head (gpt-oss)
+  // Multi-head latent attention (DeepSeek-V3); k and v are absent. q is q_b_proj
+  // [heads * head_dim, q_lora_rank] after q_a [q_lora_rank, hidden] and its norm, or q_proj.
+  WeightMatrix q_a;
+  WeightVector q_a_norm;
+  WeightMatrix kv_a;  // kv_a_proj_with_mqa: [kv_lora_rank + rope dim, hidden]
+  WeightVector kv_a_norm;
+  // kv_b_proj: [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]; per head, its k_nope
+  // rows then its v rows.
+  WeightMatrix kv_b;
 };
 
 struct LayerWeights {

@@ -57,6 +57,7 @@ absl::Status CpuRouterBackend::BeginStep(absl::Span<const int32_t> ids, const Ba
 
 absl::Status CpuRouterBackend::Attention(int layer) {
   if (kv_ == nullptr) return absl::FailedPreconditionError("attention: no step begun");
+  if (config_.mla()) return LatentAttention(layer);
   const BatchLayout& batch = batch_;
   PagedKvCache& kv = *kv_;
   Tensor& hidden = hidden_;

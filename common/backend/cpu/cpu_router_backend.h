@@ -33,6 +33,13 @@ class CpuRouterBackend : public RouterBackend {
   // Attention of token t's query head over its sequence's keys, into out[head_dim].
   void AttendHead(int layer, PagedKvCache& kv, int64_t t, int head, std::vector<float>& scores,
                   float* out) const;
+  // Multi-head latent attention (cpu_latent_attention.cc): the layer's attention in the
+  // absorbed form over the latent cache rows.
+  absl::Status LatentAttention(int layer);
+  // Softmax attention of one absorbed query row [rank + rope] of token t over its
+  // sequence's cached rows, the weighted latents into out[kv_lora_rank].
+  void AttendLatentHead(int layer, int64_t t, const float* query, std::vector<float>& scores,
+                        float* out) const;
   // out = post_attention_norm(hidden_) of `layer`, and its routing on MoE layers.
   absl::Status NormAndRoute(int layer, float temperature, Tensor& out, RoutingTable& routing);
 
@@ -53,6 +60,7 @@ class CpuRouterBackend : public RouterBackend {
   // Scratch buffers reused across calls.
   Tensor normed_, predict_input_, q_, k_, v_, attn_out_, proj_out_, gate_logits_, ffn_scratch_,
       ffn_out_;
+  Tensor mla_q_latent_, mla_queries_, mla_gather_, mla_head_out_, mla_latent_out_;
 };
 
 }  // namespace strata

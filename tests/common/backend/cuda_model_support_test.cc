@@ -23,6 +23,21 @@ TEST(CudaModelSupportTest, RefusesGlm4MoeNamingWhatIsMissing) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("shared experts without a gate"));
 }
 
+TEST(CudaModelSupportTest, RefusesDeepseekV3NamingWhatIsMissing) {
+  auto c = LoadModelConfig(OracleDir("deepseek_v3"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const absl::Status s = CudaRouterSupports(*c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  const std::string message(s.message());
+  EXPECT_THAT(message, HasSubstr("deepseek_v3"));
+  EXPECT_THAT(message, HasSubstr("multi-head latent attention (a latent KV cache of 40 values"));
+  EXPECT_THAT(message, HasSubstr("interleaved RoPE"));
+  EXPECT_THAT(message, HasSubstr("a YaRN mscale on the softmax scale"));
+  EXPECT_THAT(message, HasSubstr("sigmoid group-limited routing"));
+  EXPECT_THAT(message, HasSubstr("shared experts without a gate"));
+  EXPECT_THAT(message, HasSubstr("Use --device cpu"));
+}
+
 TEST(CudaModelSupportTest, TakesTheOtherArchitectures) {
   for (const char* name : {"qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"}) {
     auto c = LoadModelConfig(OracleDir(name));

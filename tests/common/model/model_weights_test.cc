@@ -58,8 +58,8 @@ void CopyModel(const std::string& oracle, const TempDir& dir, Edit edit) {
 }
 
 TEST(ModelWeightsTest, LoadsEveryOracle) {
-  for (const char* name :
-       {"qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss", "qwen3_moe_dense_tied", "glm4_moe"}) {
+  for (const char* name : {"qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss", "qwen3_moe_dense_tied",
+                           "glm4_moe", "deepseek_v3"}) {
     auto model = LoadModel(std::string(STRATA_TEST_DATA_DIR) + "/oracles/" + name);
     ASSERT_TRUE(model.ok()) << name << ": " << model.status();
     EXPECT_EQ((*model)->weights.layers.size(), static_cast<size_t>((*model)->config.num_layers));
@@ -93,6 +93,80 @@ TEST(ModelWeightsTest, Glm4MoeRouterBiasAndUngatedSharedExperts) {
   EXPECT_TRUE(a.q_bias.present() && a.k_bias.present() && a.v_bias.present());
   EXPECT_FALSE(a.o_bias.present());
   EXPECT_EQ(a.q_norm.size, 32);
+}
+
+TEST(ModelWeightsTest, DeepseekV3LatentAttention) {
+  auto model = LoadModel(std::string(STRATA_TEST_DATA_DIR) + "/oracles/deepseek_v3");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelWeights& w = (*model)->weights;
+  for (const LayerWeights& layer : w.layers) {
+    const AttentionWeights& a = layer.attention;
+    EXPECT_EQ(a.q_a.out, 48);
+    EXPECT_EQ(a.q_a_norm.size, 48);
+    EXPECT_EQ(a.q.out, 4 * 24);  // q_b_proj
+    EXPECT_EQ(a.q.in, 48);
+    EXPECT_EQ(a.kv_a.out, 32 + 8);
+    EXPECT_EQ(a.kv_a_norm.size, 32);
+    EXPECT_EQ(a.kv_b.out, 4 * (16 + 16));
+    EXPECT_EQ(a.kv_b.in, 32);
+    EXPECT_EQ(a.o.in, 4 * 16);
+    EXPECT_FALSE(a.k.present() || a.v.present() || a.q_bias.present() || a.o_bias.present());
+  }
+  EXPECT_TRUE(w.layers[0].dense_mlp.has_value());
+  EXPECT_EQ(w.layers[0].dense_mlp->gate.out, 128);
+  for (int l : {1, 2}) {
+    const LayerWeights& layer = w.layers[l];
+    EXPECT_EQ(layer.experts.size(), 16u);
+    EXPECT_EQ(layer.router_correction_bias.size, 16);
+    ASSERT_TRUE(layer.shared_expert.has_value());
+    EXPECT_EQ(layer.shared_expert->gate.out, 32);
+    EXPECT_FALSE(layer.shared_expert_gate.present());
+  }
+}
+
+// Without q_lora_rank the queries come straight from q_proj.
+TEST(ModelWeightsTest, DeepseekV3WithoutQueryLatentBindsQProj) {
+  TempDir dir;
+  const fs::path src = fs::path(STRATA_TEST_DATA_DIR) / "oracles" / "deepseek_v3";
+  std::string config = ReadAll((src / "config.json").string());
+  const std::string rank = "\"q_lora_rank\": 48";
+  config.replace(config.find(rank), rank.size(), "\"q_lora_rank\": null");
+  RewriteModel("deepseek_v3", dir,
+               [](const SafetensorsEntry& e, std::vector<uint8_t>& bytes, SafetensorsBuilder& b) {
+                 if (e.name.find("q_a_") != std::string::npos) return;
+                 const size_t at = e.name.find("q_b_proj");
+                 if (at == std::string::npos) {
+                   b.Add(e.name, e.dtype, e.shape, bytes);
+                   return;
+                 }
+                 // A [96, 64] q_proj in its place: the q_b_proj bytes twice, reshaped.
+                 std::vector<uint8_t> q(bytes);
+                 q.insert(q.end(), bytes.begin(), bytes.end());
+                 q.resize(96 * 64 * 2);
+                 b.Add(e.name.substr(0, at) + "q_proj.weight", e.dtype, {96, 64}, q);
+               });
+  {
+    std::ofstream out(dir.File("config.json"), std::ios::trunc);
+    out << config;
+  }
+  auto model = LoadModel(dir.path());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const AttentionWeights& a = (*model)->weights.layers[1].attention;
+  EXPECT_FALSE(a.q_a.present());
+  EXPECT_EQ(a.q.out, 96);
+  EXPECT_EQ(a.q.in, 64);
+
+  TempDir missing;
+  RewriteModel("deepseek_v3", missing,
+               [](const SafetensorsEntry& e, std::vector<uint8_t>& bytes, SafetensorsBuilder& b) {
+                 if (e.name != "model.layers.2.self_attn.kv_a_layernorm.weight") {
+                   b.Add(e.name, e.dtype, e.shape, bytes);
+                 }
+               });
+  auto bad = LoadModel(missing.path());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("model.layers.2.self_attn.kv_a_layernorm.weight"));
 }
 
 TEST(ModelWeightsTest, GptOssInterleavedExpertLayout) {
