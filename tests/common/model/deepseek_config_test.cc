@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/model/config_refusal.h"
 
 namespace strata {
 namespace {
@@ -117,12 +118,7 @@ TEST_P(BadDeepseekConfigTest, ClearError) {
     "n_routed_experts": 16, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
     "moe_intermediate_size": 32, "intermediate_size": 128, "n_shared_experts": 1,
     "first_k_dense_replace": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": true})");
-  base.merge_patch(nlohmann::json::parse(GetParam().first));
-  auto c = ParseModelConfig(base.dump(), "some/config.json");
-  ASSERT_FALSE(c.ok());
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("some/config.json"));
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr(GetParam().second));
+  ExpectRefused(base, GetParam().first, GetParam().second);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -5,6 +5,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/model/config_refusal.h"
 
 namespace strata {
 namespace {
@@ -162,12 +163,7 @@ TEST_P(BadConfigTest, ClearError) {
       {"num_hidden_layers", 2},        {"num_attention_heads", 2}, {"num_key_value_heads", 1},
       {"max_position_embeddings", 64}, {"num_experts", 4},         {"num_experts_per_tok", 2},
       {"moe_intermediate_size", 8},    {"intermediate_size", 32}};
-  base.merge_patch(nlohmann::json::parse(GetParam().first));
-  auto c = ParseModelConfig(base.dump(), "some/config.json");
-  ASSERT_FALSE(c.ok());
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("some/config.json"));
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr(GetParam().second));
+  ExpectRefused(base, GetParam().first, GetParam().second);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -240,12 +236,7 @@ TEST_P(BadGlmConfigTest, ClearError) {
                          {"head_dim", 16},
                          {"n_group", 4},
                          {"topk_group", 2}};
-  base.merge_patch(nlohmann::json::parse(GetParam().first));
-  auto c = ParseModelConfig(base.dump(), "some/config.json");
-  ASSERT_FALSE(c.ok());
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("some/config.json"));
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr(GetParam().second));
+  ExpectRefused(base, GetParam().first, GetParam().second);
 }
 
 INSTANTIATE_TEST_SUITE_P(
