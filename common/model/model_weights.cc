@@ -176,31 +176,18 @@ absl::Status BindMoe(const Binder& b, const std::string& layer_prefix, const Mod
   const int64_t h = c.hidden_size;
   switch (c.arch) {
     case Architecture::kQwen3Moe:
-    case Architecture::kQwen2Moe: {
-      const std::string p = layer_prefix + "mlp.";
-      ASSIGN_OR_RETURN(layer.router, b.Linear(p + "gate.weight", c.num_experts, h));
-      for (int e = 0; e < c.num_experts; ++e) {
-        ASSIGN_OR_RETURN(FfnWeights ffn,
-                         BindSwiGlu(b, absl::StrCat(p, "experts.", e, "."), "gate_proj", "up_proj",
-                                    "down_proj", h, c.moe_intermediate_size));
-        layer.experts.push_back(ffn);
-      }
-      if (c.shared_expert_intermediate_size > 0) {
-        ASSIGN_OR_RETURN(layer.shared_expert,
-                         BindSwiGlu(b, p + "shared_expert.", "gate_proj", "up_proj", "down_proj", h,
-                                    c.shared_expert_intermediate_size));
-      }
-      if (c.shared_expert_gate) {
-        ASSIGN_OR_RETURN(layer.shared_expert_gate, b.Linear(p + "shared_expert_gate.weight", 1, h));
-      }
-      return absl::OkStatus();
-    }
+    case Architecture::kQwen2Moe:
     case Architecture::kGlm4Moe:
     case Architecture::kDeepseekV3: {
       const std::string p = layer_prefix + "mlp.";
+      // GLM-4.5's and DeepSeek-V3's gate carries the bias that picks experts, and their shared
+      // experts are named in the plural.
+      const bool grouped = c.arch == Architecture::kGlm4Moe || c.arch == Architecture::kDeepseekV3;
       ASSIGN_OR_RETURN(layer.router, b.Linear(p + "gate.weight", c.num_experts, h));
-      ASSIGN_OR_RETURN(layer.router_correction_bias,
-                       b.Vector(p + "gate.e_score_correction_bias", c.num_experts));
+      if (grouped) {
+        ASSIGN_OR_RETURN(layer.router_correction_bias,
+                         b.Vector(p + "gate.e_score_correction_bias", c.num_experts));
+      }
       for (int e = 0; e < c.num_experts; ++e) {
         ASSIGN_OR_RETURN(FfnWeights ffn,
                          BindSwiGlu(b, absl::StrCat(p, "experts.", e, "."), "gate_proj", "up_proj",
@@ -208,9 +195,13 @@ absl::Status BindMoe(const Binder& b, const std::string& layer_prefix, const Mod
         layer.experts.push_back(ffn);
       }
       if (c.shared_expert_intermediate_size > 0) {
-        ASSIGN_OR_RETURN(layer.shared_expert,
-                         BindSwiGlu(b, p + "shared_experts.", "gate_proj", "up_proj", "down_proj",
-                                    h, c.shared_expert_intermediate_size));
+        ASSIGN_OR_RETURN(
+            layer.shared_expert,
+            BindSwiGlu(b, p + (grouped ? "shared_experts." : "shared_expert."), "gate_proj",
+                       "up_proj", "down_proj", h, c.shared_expert_intermediate_size));
+      }
+      if (c.shared_expert_gate) {
+        ASSIGN_OR_RETURN(layer.shared_expert_gate, b.Linear(p + "shared_expert_gate.weight", 1, h));
       }
       return absl::OkStatus();
     }
