@@ -13,8 +13,22 @@
 #include <vector>
 
 #include "common/engine/step_runner.h"
+#include "common/model/model_config.h"
 
 namespace strata::testing {
+
+// The smallest model the scheduler accepts beside a FakeStepRunner: one layer, one head of one
+// dimension, token 0 the end of sequence.
+inline ModelConfig FakeConfig(int64_t vocab) {
+  ModelConfig c;
+  c.vocab_size = vocab;
+  c.num_layers = 1;
+  c.num_kv_heads = 1;
+  c.head_dim = 1;
+  c.max_position_embeddings = 4096;
+  c.eos_token_ids = {0};
+  return c;
+}
 
 class FakeStepRunner : public StepRunner {
  public:

@@ -22,17 +22,6 @@ inline const std::string& DemoModelDir() {
   return *dir;
 }
 
-inline ModelConfig FakeConfig(int64_t vocab) {
-  ModelConfig c;
-  c.vocab_size = vocab;
-  c.num_layers = 1;
-  c.num_kv_heads = 1;
-  c.head_dim = 1;
-  c.max_position_embeddings = 4096;
-  c.eos_token_ids = {0};
-  return c;
-}
-
 // One service: the demo's tokenizer (unless `with_tokenizer` is false) and its plain chat
 // format, the scheduler's context 64 blocks of 16 tokens. `shaped_logits`: the runner's rows
 // have FakeStepRunner::RowLogit's pattern below their peak.

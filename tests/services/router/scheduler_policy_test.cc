@@ -18,17 +18,6 @@ using ::strata::testing::FakeStepRunner;
 
 constexpr int64_t kVocab = 97;
 
-ModelConfig FakeConfig() {
-  ModelConfig c;
-  c.vocab_size = kVocab;
-  c.num_layers = 1;
-  c.num_kv_heads = 1;
-  c.head_dim = 1;
-  c.max_position_embeddings = 4096;
-  c.eos_token_ids = {0};
-  return c;
-}
-
 // What one request produces alone: each token NextToken of the one before at its position.
 std::vector<int32_t> Expected(const RequestSpec& spec) {
   std::vector<int32_t> out;
@@ -45,7 +34,7 @@ class Harness {
  public:
   Harness(int num_blocks, SchedulerOptions options, bool replays, bool prefix_caching = false,
           int initial_blocks = 0)
-      : config_(FakeConfig()),
+      : config_(::strata::testing::FakeConfig(kVocab)),
         kv_(*PagedKvCache::Create({.cache = {.block_size = 4, .prefix_caching = prefix_caching},
                                    .num_blocks = num_blocks,
                                    .initial_blocks = initial_blocks,
