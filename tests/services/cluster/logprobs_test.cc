@@ -11,36 +11,20 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "strata/v1/generation.grpc.pb.h"
-#include "tests/testing/cluster_process.h"
+#include "tests/testing/demo_cluster_test.h"
 #include "tests/testing/http_post.h"
 
 namespace strata {
 namespace {
 
 using Json = nlohmann::json;
-using ::strata::testing::ClusterProcess;
 
-const std::string kDemoModel = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
 constexpr char kPrompt[] = "In the beginning God created the heaven";
 // Decode rows and a scored prompt's rows are computed in other batches.
 constexpr double kTolerance = 2e-3;
 
-class LogprobsTest : public ::testing::Test {
+class LogprobsTest : public ::strata::testing::DemoClusterTest {
  protected:
-  static void SetUpTestSuite() {
-    http_port_ = ::strata::testing::FreeTcpPort();
-    cluster_ = new ClusterProcess({"--model=" + kDemoModel, "--workers=1", "--threads=1",
-                                   "--http-port=" + std::to_string(http_port_)});
-    stub_ = v1::Generation::NewStub(
-                grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()))
-                .release();
-  }
-  static void TearDownTestSuite() {
-    delete stub_;
-    delete cluster_;
-  }
-  void SetUp() override { ASSERT_FALSE(cluster_->address().empty()) << "no cluster"; }
-
   static std::vector<uint32_t> Tokenize(const std::string& text) {
     grpc::ClientContext context;
     v1::TokenizeRequest request;
@@ -70,15 +54,7 @@ class LogprobsTest : public ::testing::Test {
     while (reader->Read(&response)) messages.push_back(response);
     return reader->Finish();
   }
-
-  static ClusterProcess* cluster_;
-  static v1::Generation::Stub* stub_;
-  static int http_port_;
 };
-
-ClusterProcess* LogprobsTest::cluster_ = nullptr;
-v1::Generation::Stub* LogprobsTest::stub_ = nullptr;
-int LogprobsTest::http_port_ = 0;
 
 // Both entries' values, and their alternatives' (ids where no near-tie could swap them).
 void ExpectSame(const v1::TokenLogprobs& got, const v1::TokenLogprobs& want,

@@ -12,16 +12,14 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "strata/v1/generation.grpc.pb.h"
-#include "tests/testing/cluster_process.h"
+#include "tests/testing/demo_cluster_test.h"
 #include "tests/testing/http_post.h"
 
 namespace strata {
 namespace {
 
 using Json = nlohmann::json;
-using ::strata::testing::ClusterProcess;
 
-const std::string kDemoModel = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
 constexpr char kPrompt[] = "In the beginning";
 constexpr uint32_t kEos = 0;  // strata-demo's <|endoftext|>, a special token
 
@@ -32,22 +30,8 @@ struct Output {
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
 };
 
-class SamplingParamsTest : public ::testing::Test {
+class SamplingParamsTest : public ::strata::testing::DemoClusterTest {
  protected:
-  static void SetUpTestSuite() {
-    http_port_ = ::strata::testing::FreeTcpPort();
-    cluster_ = new ClusterProcess({"--model=" + kDemoModel, "--workers=1", "--threads=1",
-                                   "--http-port=" + std::to_string(http_port_)});
-    stub_ = v1::Generation::NewStub(
-                grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()))
-                .release();
-  }
-  static void TearDownTestSuite() {
-    delete stub_;
-    delete cluster_;
-  }
-  void SetUp() override { ASSERT_FALSE(cluster_->address().empty()) << "no cluster"; }
-
   // Greedy (the gRPC default), `max_new` tokens after kPrompt.
   static v1::GenerateRequest Request(int max_new, bool ignore_eos = true) {
     v1::GenerateRequest r;
@@ -99,15 +83,7 @@ class SamplingParamsTest : public ::testing::Test {
     if (parsed.is_discarded() || !parsed["error"]["param"].is_string()) return "(none)";
     return parsed["error"]["param"].get<std::string>();
   }
-
-  static ClusterProcess* cluster_;
-  static v1::Generation::Stub* stub_;
-  static int http_port_;
 };
-
-ClusterProcess* SamplingParamsTest::cluster_ = nullptr;
-v1::Generation::Stub* SamplingParamsTest::stub_ = nullptr;
-int SamplingParamsTest::http_port_ = 0;
 
 TEST_F(SamplingParamsTest, LogitBiasMakesGreedyPickTheToken) {
   const Output base = Run(Request(6));
