@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -248,14 +249,12 @@ int32_t Sampler::GumbelMax(const TokenCut& cut, uint32_t stream, int32_t except)
   float best = -std::numeric_limits<float>::infinity();
   int32_t token = -1;
   for (int64_t base = 0; base < vocab; base += 4) {
-    const int64_t end = std::min(base + 4, vocab);
-    bool any = false;  // Philox only for blocks with a token kept (a nucleus is often small)
-    for (int64_t i = base; i < end; ++i) any |= i != except && kept(i, cut);
-    if (!any) continue;
-    const Philox4 bits = PhiloxBlock(params_.seed, step, stream, static_cast<uint32_t>(base));
-    for (int64_t i = base; i < end; ++i) {
+    // Philox only for blocks with a token kept (a nucleus is often small).
+    std::optional<Philox4> bits;
+    for (int64_t i = base; i < std::min(base + 4, vocab); ++i) {
       if (i == except || !kept(i, cut)) continue;
-      const float v = GumbelScore(scaled_[i], UniformFromBits(bits.v[i - base]));
+      if (!bits) bits = PhiloxBlock(params_.seed, step, stream, static_cast<uint32_t>(base));
+      const float v = GumbelScore(scaled_[i], UniformFromBits(bits->v[i - base]));
       if (token < 0 || v > best) {
         best = v;
         token = static_cast<int32_t>(i);
