@@ -9,7 +9,8 @@
 #                              processes (optional)
 #   drop                       deletes the current model (the next may not fit beside it)
 #   budget SECONDS             skips the rest once the call has run this long
-# Unpacks .device-ipc/bundle.tar.xz, .device-ipc/oracles.tar.xz, .device-base/base-bin.tar.xz.
+# Unpacks .device-ipc/bundle.tar.xz, .device-ipc/oracles.tar.xz, .device-demo/demo.tar.xz and
+# .device-base/base-bin.tar.xz.
 # The device tool brings back at most 8 files: everything lands in /tmp/tiers-out, packed into
 # OUT_DIR/results.tgz, with summary.txt.
 #   TESTS="cuda_ipc_test" bash bench/gpu/tiers_call.sh OUT_DIR PLAN_FILE
@@ -18,6 +19,7 @@ final=$1 plan=$2 out=/tmp/tiers-out
 mkdir -p "$final" "$out" .device-ipc
 tar xJf .device-ipc/bundle.tar.xz -C .device-ipc
 [ -f .device-ipc/oracles.tar.xz ] && tar xJf .device-ipc/oracles.tar.xz
+[ -f .device-demo/demo.tar.xz ] && tar xJf .device-demo/demo.tar.xz  # the demo model's tests
 [ -f .device-base/base-bin.tar.xz ] && tar xJf .device-base/base-bin.tar.xz -C .device-base
 export LD_LIBRARY_PATH=$PWD/.device-ipc/lib:/usr/local/cuda/lib64 NCCL_NVLS_ENABLE=0
 start=$SECONDS
