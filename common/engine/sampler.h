@@ -76,8 +76,8 @@ class Sampler {
   // The settings a device picks this request's next token with (RowSampling: the GPU's decode
   // step applies the transforms and draws there), or nullopt while the host must: more tokens
   // to transform than kMaxDeviceTransformTokens, or a grammar (its mask is the host's). The
-  // caller knows the other cases: logprobs, drafts. `in_flight`: tokens of this request already launched and not yet Accepted (the
-  // row's step counts them; its token list does not).
+  // caller knows the other cases: logprobs, drafts. `in_flight`: tokens of this request already
+  // launched and not yet Accepted (the row's step counts them; its token list does not).
   std::optional<RowSampling> device_row(int in_flight = 0);
 
   // Greedy: Sample is the argmax of the model's logits, which a device may compute instead.

@@ -8,7 +8,7 @@ namespace {
 class UnavailableCompiler : public GrammarCompiler {
  public:
   explicit UnavailableCompiler(absl::Status reason)
-      : GrammarCompiler(GrammarCompilerOptions{.max_cached_grammars = 0}),
+      : GrammarCompiler(GrammarCompilerOptions{.max_cached_grammars = 0, .compile_threads = 1}),
         reason_(std::move(reason)) {}
 
  protected:
@@ -41,7 +41,8 @@ std::string GrammarCacheKey(const ResponseFormat& format) {
       break;
     case ResponseFormat::Type::kChoice:
       // Each choice with its length first: no two lists share a key.
-      for (const std::string& choice : format.choices) absl::StrAppend(&key, choice.size(), ":", choice);
+      for (const std::string& choice : format.choices)
+        absl::StrAppend(&key, choice.size(), ":", choice);
       break;
   }
   return key;

@@ -5,6 +5,7 @@
 #define STRATA_COMMON_GRAMMAR_RESPONSE_FORMAT_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace strata {
@@ -17,6 +18,30 @@ struct ResponseFormat {
   std::vector<std::string> choices;  // kChoice: the output is exactly one of these
 
   bool constrained() const { return type != Type::kText; }
+
+  static ResponseFormat JsonObject() { return Of(Type::kJsonObject); }
+  static ResponseFormat JsonSchema(std::string schema) {
+    ResponseFormat f = Of(Type::kJsonSchema);
+    f.json_schema = std::move(schema);
+    return f;
+  }
+  static ResponseFormat Regex(std::string regex) {
+    ResponseFormat f = Of(Type::kRegex);
+    f.regex = std::move(regex);
+    return f;
+  }
+  static ResponseFormat Choice(std::vector<std::string> choices) {
+    ResponseFormat f = Of(Type::kChoice);
+    f.choices = std::move(choices);
+    return f;
+  }
+
+ private:
+  static ResponseFormat Of(Type type) {
+    ResponseFormat f;
+    f.type = type;
+    return f;
+  }
 };
 
 }  // namespace strata

@@ -72,8 +72,7 @@ std::unique_ptr<GrammarCompiler> CreateGrammarCompiler(const Tokenizer* tokenize
                                .eos_token_ids = config.eos_token_ids,
                                .vocab_size = config.vocab_size});
   if (compiler.ok()) return *std::move(compiler);
-  Log(LogLevel::kWarning,
-      absl::StrCat("structured output is off: ", compiler.status().message()));
+  Log(LogLevel::kWarning, absl::StrCat("structured output is off: ", compiler.status().message()));
   return GrammarCompiler::Unavailable(compiler.status());
 }
 

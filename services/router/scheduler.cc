@@ -775,7 +775,8 @@ bool Scheduler::HandleToken(Sequence* seq, int32_t token, TokenLogprobs logprobs
   if (!seq->sampler->Accept(token)) {
     // Only a row whose every token was masked out gets here (NaN or -inf logits).
     Finish(seq, FinishReason::kError,
-           absl::InternalError(absl::StrCat("token ", token, " is not allowed by the request's "
+           absl::InternalError(absl::StrCat("token ", token,
+                                            " is not allowed by the request's "
                                             "response format (no token was)")));
     return false;
   }

@@ -13,8 +13,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/engine/sampling_request.h"
-#include "services/router/http/openai_response_format.h"
 #include "nlohmann/json.hpp"
+#include "services/router/http/openai_response_format.h"
 
 namespace strata {
 

@@ -45,8 +45,8 @@ absl::StatusOr<ResponseFormat> FromResponseFormat(const Json& f) {
     return BadParam(kParam, "'response_format' of type json_schema needs a 'json_schema' object");
   }
   const Json& s = f["json_schema"];
-  RETURN_IF_ERROR(OnlyKeys(s, "response_format.json_schema",
-                           {"name", "description", "schema", "strict"}));
+  RETURN_IF_ERROR(
+      OnlyKeys(s, "response_format.json_schema", {"name", "description", "schema", "strict"}));
   if (!Present(s, "name") || !s["name"].is_string()) {
     return BadParam("response_format.json_schema", "'json_schema' needs a string 'name'");
   }
@@ -98,8 +98,9 @@ absl::StatusOr<ResponseFormat> FromGuidedChoice(const Json& choices) {
 absl::StatusOr<RequestedFormat> ParseResponseFormat(const Json& body) {
   for (const char* key : {"guided_grammar", "structured_outputs"}) {
     if (Present(body, key)) {
-      return BadParam(key, absl::StrCat("'", key, "' is not supported: use response_format, "
-                                                  "guided_json, guided_regex or guided_choice"));
+      return BadParam(key, absl::StrCat("'", key,
+                                        "' is not supported: use response_format, "
+                                        "guided_json, guided_regex or guided_choice"));
     }
   }
   if (Present(body, "guided_decoding_backend")) {
