@@ -21,7 +21,7 @@ def main(path):
                 valid += 1
             except (json.JSONDecodeError, jsonschema.ValidationError) as e:
                 print(f"invalid: {record['text']!r}: {e}", file=sys.stderr)
-    print(f"{valid} of {total} outputs parse and validate (jsonschema {version("jsonschema")})")
+    print(f"{valid} of {total} outputs parse and validate (jsonschema {version('jsonschema')})")
     return 0 if total > 0 and valid == total else 1
 
 
