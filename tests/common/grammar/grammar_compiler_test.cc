@@ -3,6 +3,7 @@
 #include "common/grammar/grammar_compiler.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <memory>
 #include <set>
 #include <string>
@@ -104,6 +105,11 @@ class GrammarCompilerTest : public ::testing::Test {
     return grammar.ok() ? (*grammar)->NewConstraint() : nullptr;
   }
 
+  // Takes `tokens` in order, each one allowed.
+  static void AcceptAll(TokenConstraint& constraint, std::initializer_list<int> tokens) {
+    for (int token : tokens) ASSERT_TRUE(constraint.Accept(token)) << kTokens[token];
+  }
+
   // The tokens the constraint lets through now.
   static std::set<int> Allowed(TokenConstraint& constraint) {
     std::vector<float> logits(kModelVocab, 1.0f);
@@ -168,11 +174,9 @@ TEST_F(GrammarCompilerTest, IntegerBoundsAndEnumsNarrowTheMask) {
                           "b": {"type": "integer", "minimum": 1, "maximum": 2}},
                           "required": ["a", "b"]})"));
   ASSERT_NE(c, nullptr);
-  for (int token : {kOpenQuote, kA, kQuote, kColon, kSpace, kQuote}) ASSERT_TRUE(c->Accept(token));
+  AcceptAll(*c, {kOpenQuote, kA, kQuote, kColon, kSpace, kQuote});
   EXPECT_EQ(Allowed(*c), (std::set<int>{kB, kX}));
-  for (int token : {kX, kQuote, kComma, kSpace, kQuote, kB, kQuote, kColon, kSpace}) {
-    ASSERT_TRUE(c->Accept(token));
-  }
+  AcceptAll(*c, {kX, kQuote, kComma, kSpace, kQuote, kB, kQuote, kColon, kSpace});
   EXPECT_EQ(Allowed(*c), (std::set<int>{kOne, kTwo}));
   ASSERT_TRUE(c->Accept(kTwo));
   EXPECT_EQ(Allowed(*c), (std::set<int>{kClose}));
@@ -189,10 +193,8 @@ TEST_F(GrammarCompilerTest, JsonObjectTakesAnyObjectAndNothingElse) {
   EXPECT_EQ(Allowed(*c), (std::set<int>{kEnd}));
   // Any property and value.
   std::unique_ptr<TokenConstraint> d = Start(ResponseFormat::JsonObject());
-  for (int token :
-       {kOpenQuote, kX, kQuote, kColon, kSpace, kOpenList, kNull, kCloseList, kClose, kEnd}) {
-    ASSERT_TRUE(d->Accept(token)) << kTokens[token];
-  }
+  AcceptAll(*d,
+            {kOpenQuote, kX, kQuote, kColon, kSpace, kOpenList, kNull, kCloseList, kClose, kEnd});
   EXPECT_TRUE(d->terminated());
 }
 
