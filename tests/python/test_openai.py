@@ -246,8 +246,9 @@ class OpenAiApiTest(unittest.TestCase):
                 jsonschema.validate(value, schema)
             self.assertEqual(set(value), {"name", "age"})
             self.assertTrue(0 <= value["age"] <= 120)
-        obj = self.client.completions.create(model=MODEL, prompt="{", max_tokens=64, seed=3,
-                                             response_format={"type": "json_object"})
+        obj = self.client.completions.create(
+            model=MODEL, prompt="{", max_tokens=64, seed=3,
+            extra_body={"response_format": {"type": "json_object"}})
         self.assertTrue(obj.choices[0].text.startswith("{"), obj.choices[0].text)
         choice = self.client.completions.create(model=MODEL, prompt="Yes or no?", max_tokens=8,
                                                 extra_body={"guided_choice": ["yes", "no"]})
@@ -255,8 +256,8 @@ class OpenAiApiTest(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as caught:
             self.client.completions.create(
                 model=MODEL, prompt="x", max_tokens=4,
-                response_format={"type": "json_schema", "json_schema": {
-                    "name": "bad", "schema": {"type": "integer", "minimum": 3, "maximum": 1}}})
+                extra_body={"response_format": {"type": "json_schema", "json_schema": {
+                    "name": "bad", "schema": {"type": "integer", "minimum": 3, "maximum": 1}}}})
         self.assertEqual(caught.exception.body["param"], "response_format")
 
     def test_client_disconnect_cancels(self):
