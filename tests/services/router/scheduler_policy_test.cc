@@ -291,7 +291,8 @@ TEST(SchedulerPolicyTest, ConstrainedRowsDrawOnTheHostWithoutDraftsAndEndWithThe
   SchedulerOptions options{.max_batch_tokens = 64};
   options.speculation.max_draft_tokens = 4;
   RequestSpec spec = Greedy(0, 10);
-  for (int i = 0; i < 24; ++i) spec.prompt.push_back(5 + i % 3);  // prompt lookup drafts here
+  // Every token once: prompt lookup finds any last token and drafts what followed it.
+  for (int32_t i = 0; i < kVocab; ++i) spec.prompt.push_back(i);
   {
     Harness free(/*num_blocks=*/64, options, /*replays=*/true);
     free.RunAndExpect({spec});
