@@ -3,7 +3,8 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config python3 python3-grpcio python3-protobuf
+  build-essential cmake ninja-build pkg-config curl ca-certificates
+  python3 python3-grpcio python3-protobuf
   python3-venv python3-pip
   libabsl-dev nlohmann-json3-dev libyaml-cpp-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler

@@ -39,8 +39,8 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
 }
 
 Sampler::Sampler(const SamplingParams& params, absl::Span<const int32_t> prompt,
-                 absl::Span<const int> eos)
-    : params_(params) {
+                 absl::Span<const int> eos, std::unique_ptr<TokenConstraint> constraint)
+    : params_(params), constraint_(std::move(constraint)) {
   penalties_ = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
                params_.frequency_penalty != 0.0f;
   if (penalties_ && params_.repetition_penalty != 1.0f) counts_.AddPrompt(prompt);
@@ -51,12 +51,13 @@ Sampler::Sampler(const SamplingParams& params, absl::Span<const int32_t> prompt,
   }
 }
 
-void Sampler::Accept(int32_t token) {
+bool Sampler::Accept(int32_t token) {
   ++generated_;
   if (penalties_) {
     counts_.AddOutput(token);
     if (device_list_ != nullptr) outputs_since_list_.push_back(token);
   }
+  return constraint_ == nullptr || constraint_->Accept(token);
 }
 
 const float* Sampler::Transformed(const float* logits, int64_t vocab) {
@@ -71,6 +72,8 @@ const float* Sampler::Transformed(const float* logits, int64_t vocab) {
     ApplyFrequencyPresencePenalties(x, vocab, counts_.output(), params_.frequency_penalty,
                                     params_.presence_penalty);
   }
+  // Last: nothing after it may lift a token the grammar rules out.
+  if (constraint_ != nullptr) constraint_->MaskLogits(x, vocab);
   return x;
 }
 
@@ -103,6 +106,7 @@ std::optional<RowSampling> Sampler::device_row(int in_flight) {
                   .min_p = params_.min_p,
                   .seed = params_.seed,
                   .step = static_cast<uint64_t>(generated_ + in_flight)};
+  if (constraint_ != nullptr) return std::nullopt;  // the mask is computed here
   if (!transforms()) {
     row.list_step = row.step;
     return row;

@@ -1,5 +1,6 @@
 // Picks the next token from a row of logits: greedy, or temperature with top-k / top-p /
-// min_p, after the request's logit transforms (logits_transforms.h). Draws are Philox
+// min_p, after the request's logit transforms (logits_transforms.h) and its grammar's mask
+// (token_constraint.h). Draws are Philox
 // uniforms of (seed, token index) (common/util/philox.h), the ones the device's sampling kernel
 // takes: a token is the same whether the host or the GPU picked it (up to rounding).
 #ifndef STRATA_COMMON_ENGINE_SAMPLER_H_
@@ -15,6 +16,7 @@
 #include "absl/types/span.h"
 #include "common/backend/row_sampling.h"
 #include "common/engine/logits_transforms.h"
+#include "common/engine/token_constraint.h"
 #include "common/util/token_cut.h"
 
 namespace strata {
@@ -49,28 +51,33 @@ int64_t ArgMax(const float* values, int64_t n);
 class Sampler {
  public:
   // `prompt`: the tokens the repetition penalty counts besides the output's; `eos`: the tokens
-  // min_tokens holds back with stop_token_ids (none for a request that ignores them).
+  // min_tokens holds back with stop_token_ids (none for a request that ignores them);
+  // `constraint`: the grammar the output follows (null: none), masked after every transform.
   explicit Sampler(const SamplingParams& params, absl::Span<const int32_t> prompt = {},
-                   absl::Span<const int> eos = {});
+                   absl::Span<const int> eos = {},
+                   std::unique_ptr<TokenConstraint> constraint = nullptr);
 
   // The next token from `logits` (the model's row: this sampler applies its transforms to a
   // copy of it).
   int32_t Sample(const float* logits, int64_t vocab);
-  // Every generated token, in order, once it is taken: the penalties and min_tokens count it.
-  void Accept(int32_t token);
+  // Every generated token, in order, once it is taken: the penalties and min_tokens count it,
+  // the grammar advances past it. False when the grammar does not allow it (the request
+  // cannot go on).
+  bool Accept(int32_t token);
 
   // Speculative decoding: whether the drafted token `draft` (proposed with certainty, as a
   // prompt-lookup draft is) stands where this sampler would draw from `logits`. Greedy: it is
   // the argmax. Otherwise exact rejection sampling: accepted with the probability p(draft) this
   // sampler gives it (temperature, top-k, top-p applied); when rejected, `replacement` is drawn
   // from p without the draft, renormalized, so the token that results is distributed as p.
+  // Not for a constrained sampler: its mask holds for the next token only (no drafts).
   bool AcceptDraft(const float* logits, int64_t vocab, int32_t draft, int32_t& replacement);
 
   // The settings a device picks this request's next token with (RowSampling: the GPU's decode
   // step applies the transforms and draws there), or nullopt while the host must: more tokens
-  // to transform than kMaxDeviceTransformTokens. The caller knows the other cases: logprobs,
-  // drafts. `in_flight`: tokens of this request already launched and not yet Accepted (the
-  // row's step counts them; its token list does not).
+  // to transform than kMaxDeviceTransformTokens, or a grammar (its mask is the host's). The
+  // caller knows the other cases: logprobs, drafts. `in_flight`: tokens of this request already
+  // launched and not yet Accepted (the row's step counts them; its token list does not).
   std::optional<RowSampling> device_row(int in_flight = 0);
 
   // Greedy: Sample is the argmax of the model's logits, which a device may compute instead.
@@ -80,8 +87,12 @@ class Sampler {
   // Whether Sample changes the logits before it picks, now.
   bool transforms() const {
     return penalties_ || !params_.logit_bias.empty() ||
-           (generated_ < params_.min_tokens && !held_back_.empty());
+           (generated_ < params_.min_tokens && !held_back_.empty()) || constraint_ != nullptr;
   }
+  // Whether a grammar constrains the output, and whether it is complete (it took an
+  // end-of-sequence token).
+  bool constrained() const { return constraint_ != nullptr; }
+  bool constraint_terminated() const { return constraint_ != nullptr && constraint_->terminated(); }
 
  private:
   // `logits`, or the transformed copy of them in scratch_.
@@ -107,6 +118,7 @@ class Sampler {
   bool penalties_ = false;  // a penalty is set: counts_ are kept
   TokenCounts counts_;
   std::vector<int32_t> held_back_;  // until min_tokens: eos and stop_token_ids
+  std::unique_ptr<TokenConstraint> constraint_;
   int generated_ = 0;
   // The device's copy of the transforms' tokens (device_row), as of list_step_ outputs, and
   // the outputs taken since: it is updated, not rebuilt, as tokens come.

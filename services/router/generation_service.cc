@@ -279,12 +279,13 @@ grpc::ServerUnaryReactor* AnswerNow(
 
 GenerationService::GenerationService(const ModelConfig& config, Scheduler& scheduler,
                                      const Tokenizer* tokenizer, int num_workers,
-                                     RequestBudgetOptions budget)
+                                     RequestBudgetOptions budget, GrammarCompiler* grammar)
     : config_(config),
       scheduler_(scheduler),
       tokenizer_(tokenizer),
       num_workers_(num_workers),
-      budget_(budget) {}
+      budget_(budget),
+      grammar_(grammar) {}
 
 absl::StatusOr<RequestSpec> GenerationService::ToSpec(const v1::GenerateRequest& request) const {
   RequestSpec spec;
@@ -363,7 +364,46 @@ absl::StatusOr<RequestSpec> GenerationService::ToSpec(const v1::GenerateRequest&
   spec.logprobs = request.logprobs();
   spec.prompt_logprobs = request.prompt_logprobs();
   spec.top_logprobs = static_cast<int>(request.top_logprobs());
+  if (request.has_response_format()) {
+    ASSIGN_OR_RETURN(spec.constraint, CompileFormat(request.response_format()));
+  }
   return spec;
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledConstraint>> GenerationService::CompileFormat(
+    const v1::ResponseFormat& proto) const {
+  ResponseFormat format;
+  switch (proto.type()) {
+    case v1::ResponseFormat::TYPE_TEXT:
+      return nullptr;
+    case v1::ResponseFormat::TYPE_JSON_OBJECT:
+      format.type = ResponseFormat::Type::kJsonObject;
+      break;
+    case v1::ResponseFormat::TYPE_JSON_SCHEMA:
+      format.type = ResponseFormat::Type::kJsonSchema;
+      format.json_schema = proto.json_schema();
+      break;
+    case v1::ResponseFormat::TYPE_REGEX:
+      format.type = ResponseFormat::Type::kRegex;
+      format.regex = proto.regex();
+      break;
+    case v1::ResponseFormat::TYPE_CHOICE:
+      format.type = ResponseFormat::Type::kChoice;
+      format.choices.assign(proto.choices().begin(), proto.choices().end());
+      break;
+    default:
+      return InvalidParam("response_format",
+                          absl::StrCat("response_format.type ", proto.type(), " is not known"));
+  }
+  if (grammar_ == nullptr) {
+    return InvalidParam("response_format", "structured output is not available on this server");
+  }
+  absl::StatusOr<std::shared_ptr<const CompiledConstraint>> compiled = grammar_->Compile(format);
+  if (!compiled.ok()) {
+    return InvalidParam("response_format",
+                        absl::StrCat("response_format: ", compiled.status().message()));
+  }
+  return compiled;
 }
 
 absl::StatusOr<RequestBudget::Hold> GenerationService::TakeBudget(

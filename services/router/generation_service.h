@@ -6,6 +6,7 @@
 
 #include <functional>
 
+#include "common/grammar/grammar_compiler.h"
 #include "common/model/model_config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/grpc_status.h"
@@ -25,9 +26,11 @@ using RawGenerationService = v1::Generation::WithRawCallbackMethod_Generate<
 class GenerationService final : public RawGenerationService {
  public:
   // `tokenizer` may be null (ids only). `num_workers` is reported by ModelInfo. `budget`
-  // bounds the bytes of requests being prepared (request_budget.h).
+  // bounds the bytes of requests being prepared (request_budget.h). `grammar` compiles
+  // response formats (null: every one is refused); it must outlive the service.
   GenerationService(const ModelConfig& config, Scheduler& scheduler, const Tokenizer* tokenizer,
-                    int num_workers, RequestBudgetOptions budget = {});
+                    int num_workers, RequestBudgetOptions budget = {},
+                    GrammarCompiler* grammar = nullptr);
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;
@@ -49,6 +52,10 @@ class GenerationService final : public RawGenerationService {
   absl::StatusOr<RequestSpec> ScoreSpec(const v1::ScoreRequest& request) const;
 
  private:
+  // The grammar of a request's response format; null for text. INVALID_ARGUMENT naming
+  // response_format when it cannot be compiled.
+  absl::StatusOr<std::shared_ptr<const CompiledConstraint>> CompileFormat(
+      const v1::ResponseFormat& format) const;
   absl::StatusOr<RequestBudget::Hold> TakeBudget(const grpc::CallbackServerContext& context,
                                                  const grpc::ByteBuffer& request);
 
@@ -57,6 +64,7 @@ class GenerationService final : public RawGenerationService {
   const Tokenizer* tokenizer_;
   int num_workers_;
   RequestBudget budget_;
+  GrammarCompiler* grammar_;
 };
 
 }  // namespace strata

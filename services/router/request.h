@@ -3,12 +3,14 @@
 #define STRATA_SERVICES_ROUTER_REQUEST_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "common/engine/sampler.h"
+#include "common/engine/token_constraint.h"
 
 namespace strata {
 
@@ -42,6 +44,10 @@ struct RequestSpec {
   // With logprobs, prompt_logprobs or score_only: each token's log-probability comes with this
   // many most likely tokens at its position (TokenLogprobs::top); 0..kMaxTopLogprobs.
   int top_logprobs = 0;
+  // The grammar the output follows (a response format's, common/grammar/); null: free text.
+  // Its tokens are picked on the host (the mask is computed there), without drafts; the
+  // request ends once the grammar is complete and has taken an end-of-sequence token.
+  std::shared_ptr<const CompiledConstraint> constraint;
 };
 
 enum class FinishReason { kNone, kLength, kStop, kEos, kCancelled, kError };

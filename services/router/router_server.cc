@@ -15,6 +15,7 @@
 #include "common/util/counter_since.h"
 #include "common/util/grpc_listen.h"
 #include "common/util/process.h"
+#include "common/util/read_file.h"
 #include "common/util/status_macros.h"
 #include "common/util/tunables.h"
 #include "services/router/router_limits.h"
@@ -54,6 +55,27 @@ absl::Status CheckOptions(const RouterOptions& o) {
   return CheckInternalListener("the internal listener", o.internal_listen, o.token);
 }
 
+// Structured output over this model's vocabulary; one that refuses every format, saying why,
+// when the model or the build cannot have it.
+std::unique_ptr<GrammarCompiler> CreateGrammarCompiler(const Tokenizer* tokenizer,
+                                                       const std::string& tokenizer_path,
+                                                       const ModelConfig& config) {
+  if (tokenizer == nullptr) {
+    return GrammarCompiler::Unavailable(absl::FailedPreconditionError(
+        "structured output needs the model's tokenizer.json, which it lacks"));
+  }
+  absl::StatusOr<std::string> json = ReadFileToString(tokenizer_path);
+  if (!json.ok()) return GrammarCompiler::Unavailable(json.status());
+  absl::StatusOr<std::unique_ptr<GrammarCompiler>> compiler =
+      GrammarCompiler::Create({.tokenizer = tokenizer,
+                               .tokenizer_json = *std::move(json),
+                               .eos_token_ids = config.eos_token_ids,
+                               .vocab_size = config.vocab_size});
+  if (compiler.ok()) return *std::move(compiler);
+  Log(LogLevel::kWarning, absl::StrCat("structured output is off: ", compiler.status().message()));
+  return GrammarCompiler::Unavailable(compiler.status());
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOptions& options) {
@@ -85,6 +107,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   if (std::filesystem::exists(tokenizer_path, ec)) {
     ASSIGN_OR_RETURN(s->tokenizer_, Tokenizer::FromFile(tokenizer_path));
   }
+  s->grammar_ = CreateGrammarCompiler(s->tokenizer_.get(), tokenizer_path, c);
 
   // Channels an earlier router of this cluster made and was killed before its workers took.
   ShmChannel::RemoveOrphans(options.channel_prefix + "-w");
@@ -166,8 +189,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   // Requests being prepared (parsed, tokenized): a few of the largest at once, two a client.
   const RequestBudgetOptions budget{.total_bytes = int64_t{4} * options.max_request_bytes,
                                     .per_client_bytes = int64_t{2} * options.max_request_bytes};
-  s->generation_ = std::make_unique<GenerationService>(c, *s->scheduler_, s->tokenizer_.get(),
-                                                       options.num_workers, budget);
+  s->generation_ = std::make_unique<GenerationService>(
+      c, *s->scheduler_, s->tokenizer_.get(), options.num_workers, budget, s->grammar_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -224,6 +247,7 @@ absl::Status RouterServer::StartHttp() {
   }
   service.snapshot = [this] { return Snapshot(); };
   service.ready = [this] { return ready(); };
+  service.grammar = grammar_.get();
   openai_ = std::make_unique<OpenAiService>(std::move(service), stack_->config(), *scheduler_,
                                             tokenizer_.get(), std::move(chat_template));
   HttpServerOptions http = options_.http;

@@ -18,6 +18,7 @@
 #include "common/cluster/cluster_token.h"
 #include "common/engine/model_stack.h"
 #include "common/engine/step_runner.h"
+#include "common/grammar/grammar_compiler.h"
 #include "common/placement/hot_ratio.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/admin_service.h"
@@ -133,6 +134,7 @@ class RouterServer {
   RouterOptions options_;
   std::unique_ptr<ModelStack> stack_;  // model, router backend, KV cache; local experts
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<GrammarCompiler> grammar_;  // response formats (refuses all without a tokenizer)
   std::unique_ptr<RemoteExpertBackend> remote_;  // num_workers > 0
   std::unique_ptr<HotRatioControl> hot_ratio_;
   std::unique_ptr<KvLending> lending_;  // kv_share_expert_memory

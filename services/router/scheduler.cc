@@ -124,6 +124,12 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
         "min_tokens", absl::StrCat("'min_tokens' ", spec.sampling.min_tokens,
                                    " is more than the request's max tokens ", spec.max_new_tokens));
   }
+  // A grammar complete only with an end-of-sequence token cannot also hold that token back.
+  if (spec.constraint != nullptr && spec.sampling.min_tokens > 0) {
+    return InvalidParam("min_tokens",
+                        "'min_tokens' cannot be combined with a response format: the format's "
+                        "grammar decides where the output ends");
+  }
   if (!spec.stop.empty() && tokenizer_ == nullptr) {
     return absl::InvalidArgumentError("stop strings need a model with a tokenizer");
   }
@@ -149,7 +155,8 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
   const std::vector<int>& eos = config_.eos_token_ids;
   seq->sampler = std::make_unique<Sampler>(
       seq->spec.sampling, seq->spec.prompt,
-      seq->spec.ignore_eos ? absl::Span<const int>() : absl::Span<const int>(eos));
+      seq->spec.ignore_eos ? absl::Span<const int>() : absl::Span<const int>(eos),
+      seq->spec.constraint != nullptr ? seq->spec.constraint->NewConstraint() : nullptr);
   seq->draft_length = options_.speculation.max_draft_tokens;
   seq->text = std::make_unique<OutputText>(tokenizer_, seq->spec.stop,
                                            seq->spec.sampling.skip_special_tokens,
@@ -584,7 +591,11 @@ bool Scheduler::MayLaunchAhead() const {
 
 std::vector<int32_t> Scheduler::Draft(const Sequence& seq, int64_t room) const {
   const SpeculationOptions& o = options_.speculation;
-  if (seq.spec.score_only || seq.spec.logprobs || seq.draft_length <= 0) return {};
+  // A grammar's mask is known for the next token only: its rows take no drafts.
+  if (seq.spec.score_only || seq.spec.logprobs || seq.draft_length <= 0 ||
+      seq.sampler->constrained()) {
+    return {};
+  }
   // The draft's tokens and the one after them must stay within the request and the context.
   const int64_t max_tokens =
       std::min<int64_t>({seq.draft_length, room, seq.spec.max_new_tokens - seq.generated - 1,
@@ -761,7 +772,14 @@ bool Scheduler::HandleToken(Sequence* seq, int32_t token, TokenLogprobs logprobs
   seq->last_token = now;
   seq->tokens.push_back(token);
   ++seq->generated;
-  seq->sampler->Accept(token);
+  if (!seq->sampler->Accept(token)) {
+    // Only a row whose every token was masked out gets here (NaN or -inf logits).
+    Finish(seq, FinishReason::kError,
+           absl::InternalError(absl::StrCat("token ", token,
+                                            " is not allowed by the request's "
+                                            "response format (no token was)")));
+    return false;
+  }
   const SamplingParams& sampling = seq->spec.sampling;
   const std::vector<int>& eos = config_.eos_token_ids;
   // At least min_tokens tokens come before the one that ends the request, whatever ends it
@@ -771,12 +789,14 @@ bool Scheduler::HandleToken(Sequence* seq, int32_t token, TokenLogprobs logprobs
       ready && !seq->spec.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end();
   const bool is_stop_token = ready && std::binary_search(sampling.stop_token_ids.begin(),
                                                          sampling.stop_token_ids.end(), token);
+  // A grammar ends the output once it took an end-of-sequence token, ignore_eos or not.
+  const bool grammar_done = seq->sampler->constraint_terminated();
   OutputText::Update update;
   // An ending token's text is left out unless include_stop_str_in_output (vLLM's rule).
-  if (!(is_eos || is_stop_token) || sampling.include_stop_str_in_output) {
+  if (!(is_eos || is_stop_token || grammar_done) || sampling.include_stop_str_in_output) {
     update = seq->text->Add(token, ready);
   }
-  const bool ends_on_token = is_eos || is_stop_token;
+  const bool ends_on_token = is_eos || is_stop_token || grammar_done;
   const bool at_length = seq->generated >= seq->spec.max_new_tokens;
   if (!update.stopped && (ends_on_token || at_length)) update.text += seq->text->Flush();
   Post([sink = seq->sink, token, text = std::move(update.text), logprobs = std::move(logprobs),
@@ -784,7 +804,7 @@ bool Scheduler::HandleToken(Sequence* seq, int32_t token, TokenLogprobs logprobs
     if (with_logprob) sink->OnLogprobs({logprobs});
     sink->OnTokens({token}, text);
   });
-  if (update.stopped || is_stop_token) {
+  if (update.stopped || is_stop_token || (grammar_done && !is_eos)) {
     Finish(seq, FinishReason::kStop);
   } else if (is_eos) {
     Finish(seq, FinishReason::kEos);

@@ -218,6 +218,48 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual(status, 405)
         self.assertApiError(status, payload)
 
+    def test_response_format(self):
+        schema = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+                  "properties": {"name": {"type": "string", "maxLength": 16},
+                                 "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+        response_format = {"type": "json_schema",
+                           "json_schema": {"name": "person", "schema": schema, "strict": True}}
+        try:
+            first = self.client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "A person, as JSON"}],
+                max_tokens=200, temperature=1.0, seed=11, response_format=response_format)
+        except openai.BadRequestError as e:
+            if "without its grammar engine" in str(e):
+                self.skipTest("the server was built without xgrammar")
+            raise
+        try:
+            import jsonschema
+        except ImportError:
+            jsonschema = None
+        for seed in range(11, 15):
+            c = first if seed == 11 else self.client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "A person, as JSON"}],
+                max_tokens=200, temperature=1.0, seed=seed, response_format=response_format)
+            value = json.loads(c.choices[0].message.content)
+            self.assertEqual(c.choices[0].finish_reason, "stop")
+            if jsonschema is not None:
+                jsonschema.validate(value, schema)
+            self.assertEqual(set(value), {"name", "age"})
+            self.assertTrue(0 <= value["age"] <= 120)
+        obj = self.client.completions.create(
+            model=MODEL, prompt="{", max_tokens=64, seed=3,
+            extra_body={"response_format": {"type": "json_object"}})
+        self.assertTrue(obj.choices[0].text.startswith("{"), obj.choices[0].text)
+        choice = self.client.completions.create(model=MODEL, prompt="Yes or no?", max_tokens=8,
+                                                extra_body={"guided_choice": ["yes", "no"]})
+        self.assertIn(choice.choices[0].text, ("yes", "no"))
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.completions.create(
+                model=MODEL, prompt="x", max_tokens=4,
+                extra_body={"response_format": {"type": "json_schema", "json_schema": {
+                    "name": "bad", "schema": {"type": "integer", "minimum": 3, "maximum": 1}}}})
+        self.assertEqual(caught.exception.body["param"], "response_format")
+
     def test_client_disconnect_cancels(self):
         def cancelled():
             families = {f.name: f for f in text_string_to_metric_families(

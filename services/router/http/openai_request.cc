@@ -459,23 +459,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
     return BadParam("best_of", "'best_of' is not supported");
   }
   if (Present(body, "suffix")) return BadParam("suffix", "'suffix' is not supported");
-  if (Present(body, "response_format")) {
-    // Plain text is what every request gets; a schema or JSON mode would need constrained
-    // decoding.
-    const Json& f = body["response_format"];
-    if (!(f.is_object() && f.contains("type") && f["type"] == Json("text"))) {
-      return BadParam("response_format",
-                      "'response_format' other than {\"type\": \"text\"} is not supported yet "
-                      "(no constrained decoding)");
-    }
-  }
-  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                          "guided_decoding_backend", "structured_outputs"}) {
-    if (Present(body, key)) {
-      return BadParam(key,
-                      absl::StrCat("'", key, "' is not supported yet (no constrained decoding)"));
-    }
-  }
+  ASSIGN_OR_RETURN(r.format, ParseResponseFormat(body));
   if (Present(body, "tools") && !body["tools"].empty()) {
     return BadParam("tools", "tool calling is not supported");
   }

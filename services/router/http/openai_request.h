@@ -14,6 +14,7 @@
 #include "absl/types/span.h"
 #include "common/engine/sampling_request.h"
 #include "nlohmann/json.hpp"
+#include "services/router/http/openai_response_format.h"
 
 namespace strata {
 
@@ -45,6 +46,8 @@ struct OpenAiRequest {
   // log-probabilities too, the first one's null).
   bool echo = false;
   bool ignore_eos = false;
+  // response_format, or vLLM's guided_json / guided_regex / guided_choice.
+  RequestedFormat format;
 };
 
 inline constexpr double kOpenAiTemperature = 1.0;
@@ -73,7 +76,7 @@ ApiError ToApiError(const absl::Status& status);
 
 // Parses a request body. INVALID_ARGUMENT (400) for bad JSON, missing or malformed fields,
 // keys the endpoint does not know (every one named) and options Strata does not support (n > 1,
-// best_of, echo on chat, suffix, response_format other than text, guided decoding, tools).
+// best_of, echo on chat, suffix, guided_grammar, tools).
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool chat);
 
 // What every endpoint's body parse shares.

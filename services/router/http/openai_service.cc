@@ -277,6 +277,15 @@ absl::StatusOr<RequestSpec> OpenAiService::ToSpec(const OpenAiRequest& r) const 
                    NormalizeSampling(r.sampling, config_.vocab_size, kOpenAiTemperature));
   spec.stop = r.stop;
   spec.ignore_eos = r.ignore_eos;
+  if (r.format.format.constrained()) {
+    if (options_.grammar == nullptr) {
+      return BadParam(r.format.param, "structured output is not available on this server");
+    }
+    absl::StatusOr<std::shared_ptr<const CompiledConstraint>> grammar =
+        options_.grammar->Compile(r.format.format);
+    if (!grammar.ok()) return BadParam(r.format.param, grammar.status().message());
+    spec.constraint = *std::move(grammar);
+  }
   spec.logprobs = r.logprobs;
   spec.top_logprobs = r.top_logprobs;
   if (r.echo) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/chat/chat_template.h"
+#include "common/grammar/grammar_compiler.h"
 #include "common/model/model_config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/http/http_server.h"
@@ -30,6 +31,8 @@ struct OpenAiServiceOptions {
   std::function<RouterSnapshot()> snapshot;
   // Whether the router serves (every worker registered), for /health.
   std::function<bool()> ready;
+  // Compiles response formats (must outlive the service); null: every one is refused.
+  GrammarCompiler* grammar = nullptr;
 };
 
 class OpenAiService {

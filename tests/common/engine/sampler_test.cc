@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <random>
 #include <set>
 #include <tuple>
@@ -287,6 +288,52 @@ TEST(SamplerTest, DraftAcceptanceKeepsTheDistribution) {
   EXPECT_TRUE(greedy.AcceptDraft(logits.data(), 5, 0, replacement));
   EXPECT_FALSE(greedy.AcceptDraft(logits.data(), 5, 4, replacement));
   EXPECT_EQ(replacement, 0);
+}
+
+// A grammar that allows the even tokens only, counting what it was given.
+class EvenTokens : public TokenConstraint {
+ public:
+  void MaskLogits(float* logits, int64_t vocab) override {
+    for (int64_t i = 1; i < vocab; i += 2) logits[i] = -std::numeric_limits<float>::infinity();
+  }
+  bool Accept(int32_t token) override {
+    ++accepted;
+    return token % 2 == 0;
+  }
+  bool terminated() const override { return accepted >= 3; }
+  int accepted = 0;
+};
+
+TEST(SamplerTest, AConstraintMasksBeforeTheDraw) {
+  // Greedy: the best allowed token, not the best one.
+  Sampler greedy(SamplingParams{}, {}, {}, std::make_unique<EvenTokens>());
+  const std::vector<float> logits = {0.5f, 9.0f, 1.0f, 8.0f};
+  EXPECT_EQ(greedy.Sample(logits.data(), 4), 2);
+  EXPECT_FALSE(greedy.greedy());  // the device's arg-max would ignore the mask
+  EXPECT_FALSE(greedy.device_row().has_value());
+  EXPECT_TRUE(greedy.constrained());
+  // Sampled: never a masked token, whatever the seed.
+  std::set<int32_t> drawn;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    SamplingParams params;
+    params.temperature = 1.0f;
+    params.seed = seed;
+    Sampler sampler(params, {}, {}, std::make_unique<EvenTokens>());
+    drawn.insert(sampler.Sample(logits.data(), 4));
+  }
+  EXPECT_EQ(drawn, (std::set<int32_t>{0, 2}));
+}
+
+TEST(SamplerTest, AcceptReportsWhatTheConstraintRefuses) {
+  Sampler sampler(SamplingParams{}, {}, {}, std::make_unique<EvenTokens>());
+  EXPECT_TRUE(sampler.Accept(4));
+  EXPECT_FALSE(sampler.Accept(3));
+  EXPECT_FALSE(sampler.constraint_terminated());
+  EXPECT_TRUE(sampler.Accept(0));
+  EXPECT_TRUE(sampler.constraint_terminated());
+  Sampler free(SamplingParams{});
+  EXPECT_TRUE(free.Accept(3));
+  EXPECT_FALSE(free.constraint_terminated());
 }
 
 }  // namespace

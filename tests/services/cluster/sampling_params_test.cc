@@ -222,8 +222,8 @@ TEST_F(SamplingParamsTest, OutOfRangeValuesAreRefusedByName) {
   EXPECT_EQ(RefusedParam({{"logit_bias", {{"5", 150}}}}), "logit_bias");
   EXPECT_EQ(RefusedParam({{"stop_token_ids", {9000}}}), "stop_token_ids");
   EXPECT_EQ(RefusedParam({{"max_tokens", 4}, {"min_tokens", 5}}), "min_tokens");
-  EXPECT_EQ(RefusedParam({{"response_format", {{"type", "json_object"}}}}), "response_format");
-  EXPECT_EQ(RefusedParam({{"guided_json", {{"type", "object"}}}}), "guided_json");
+  EXPECT_EQ(RefusedParam({{"response_format", {{"type", "xml"}}}}), "response_format");
+  EXPECT_EQ(RefusedParam({{"guided_json", 5}}), "guided_json");
   EXPECT_EQ(RefusedParam({{"n", 2}}), "n");
   EXPECT_EQ(RefusedParam({{"echo", "yes"}}), "echo");
   EXPECT_EQ(RefusedParam({{"logprobs", 21}}), "logprobs");

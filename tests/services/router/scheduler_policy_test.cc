@@ -259,5 +259,71 @@ TEST(SchedulerPolicyTest, PreemptionWithPrefixCachingKeepsTheTokensAndTheBlocks)
   EXPECT_EQ(h.kv().free_blocks(), 12);
 }
 
+// A grammar that lets every token through and is complete after three.
+class CompleteAfterThree : public CompiledConstraint {
+ public:
+  std::unique_ptr<TokenConstraint> NewConstraint() const override {
+    class Counter : public TokenConstraint {
+     public:
+      void MaskLogits(float*, int64_t) override {}
+      bool Accept(int32_t) override { return ++taken_ <= 3; }
+      bool terminated() const override { return taken_ >= 3; }
+
+     private:
+      int taken_ = 0;
+    };
+    return std::make_unique<Counter>();
+  }
+};
+
+// Whether any decode row of the run's plans carried a draft, and whether every row's logits
+// came to the host.
+std::pair<bool, bool> DraftsAndHostRows(const std::vector<StepPlan>& plans) {
+  bool drafts = false, host = true;
+  for (const StepPlan& plan : plans) {
+    drafts |= plan.logit_rows.size() > 1;
+    host &= plan.host_rows.size() == plan.logit_rows.size();
+  }
+  return {drafts, host};
+}
+
+TEST(SchedulerPolicyTest, ConstrainedRowsDrawOnTheHostWithoutDraftsAndEndWithTheirGrammar) {
+  SchedulerOptions options{.max_batch_tokens = 64};
+  options.speculation.max_draft_tokens = 4;
+  RequestSpec spec = Greedy(0, 10);
+  // Every token once: prompt lookup finds any last token and drafts what followed it.
+  for (int32_t i = 0; i < kVocab; ++i) spec.prompt.push_back(i);
+  {
+    Harness free(/*num_blocks=*/64, options, /*replays=*/true);
+    free.RunAndExpect({spec});
+    EXPECT_TRUE(DraftsAndHostRows(free.runner().plans()).first) << "no drafts to leave out";
+  }
+  Harness h(/*num_blocks=*/64, options, /*replays=*/true);
+  spec.constraint = std::make_shared<CompleteAfterThree>();
+  auto sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(h.scheduler().Submit(spec, sink).ok());
+  h.scheduler().Start();
+  ASSERT_TRUE(sink->Wait(10));
+  // Complete after three tokens: the request ends there, ignore_eos or not.
+  EXPECT_EQ(sink->reason(), FinishReason::kStop);
+  std::vector<int32_t> expected = Expected(spec);
+  expected.resize(3);
+  EXPECT_EQ(sink->tokens(), expected);
+  const auto [drafts, host] = DraftsAndHostRows(h.runner().plans());
+  EXPECT_FALSE(drafts);
+  EXPECT_TRUE(host);
+  EXPECT_EQ(h.runner().collects(), 0);  // nothing launched ahead of the host's draw
+  EXPECT_EQ(h.runner().violation(), "");
+}
+
+TEST(SchedulerPolicyTest, ConstrainedRequestsRefuseMinTokens) {
+  Harness h(/*num_blocks=*/64, {}, /*replays=*/false);
+  RequestSpec spec = Greedy(4, 6);
+  spec.sampling.min_tokens = 2;
+  spec.constraint = std::make_shared<CompleteAfterThree>();
+  EXPECT_EQ(h.scheduler().Submit(spec, std::make_shared<CollectingSink>()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace strata

@@ -190,10 +190,18 @@ TEST(OpenAiRequestTest, Errors) {
               "skip_special_tokens");
   ExpectError(R"({"model": "m", "prompt": "x", "include_stop_str_in_output": "y"})", false,
               "include_stop_str_in_output");
-  ExpectError(R"({"model": "m", "prompt": "x", "response_format": {"type": "json_object"}})", false,
+  ExpectError(R"({"model": "m", "prompt": "x", "response_format": {"type": "xml"}})", false,
               "response_format");
-  ExpectError(R"({"model": "m", "prompt": "x", "guided_json": {}})", false, "guided_json");
-  ExpectError(R"({"model": "m", "prompt": "x", "guided_regex": "a+"})", false, "guided_regex");
+  ExpectError(R"({"model": "m", "prompt": "x", "response_format": {"type": "json_schema"}})", false,
+              "response_format");
+  ExpectError(R"({"model": "m", "prompt": "x", "guided_json": 5})", false, "guided_json");
+  ExpectError(R"({"model": "m", "prompt": "x", "guided_regex": ["a+"]})", false, "guided_regex");
+  ExpectError(R"({"model": "m", "prompt": "x", "guided_choice": ["a", 1]})", false,
+              "guided_choice");
+  ExpectError(R"({"model": "m", "prompt": "x", "guided_grammar": "root ::= \"a\""})", false,
+              "guided_grammar");
+  ExpectError(R"({"model": "m", "prompt": "x", "guided_json": {}, "guided_regex": "a"})", false,
+              "guided_regex");
   ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{}]})",
               true, "tools");
 }
@@ -270,6 +278,36 @@ TEST(OpenAiRequestTest, ErrorBodyAndStatusMapping) {
   EXPECT_EQ(ToApiError(absl::UnavailableError("draining")).status, 503);
   EXPECT_EQ(ErrorBody(ToApiError(absl::InternalError("x"))),
             R"({"error":{"message":"x","type":"server_error","param":null,"code":null}})");
+}
+
+// The structured-output fields, read into one ResponseFormat; the grammar is compiled later.
+TEST(OpenAiRequestTest, ResponseFormatsAreRead) {
+  auto schema = ParseOpenAiRequest(
+      R"({"model": "m", "prompt": "x", "response_format": {"type": "json_schema",
+          "json_schema": {"name": "p", "strict": true, "schema": {"type": "object"}}}})",
+      false);
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  EXPECT_EQ(schema->format.param, "response_format");
+  EXPECT_EQ(schema->format.format.type, ResponseFormat::Type::kJsonSchema);
+  EXPECT_EQ(schema->format.format.json_schema, R"({"type":"object"})");
+  auto object = ParseOpenAiRequest(
+      R"({"model": "m", "prompt": "x", "response_format": {"type": "json_object"}})", false);
+  ASSERT_TRUE(object.ok());
+  EXPECT_EQ(object->format.format.type, ResponseFormat::Type::kJsonObject);
+  auto text = ParseOpenAiRequest(
+      R"({"model": "m", "prompt": "x", "response_format": {"type": "text"}})", false);
+  ASSERT_TRUE(text.ok());
+  EXPECT_FALSE(text->format.format.constrained());
+  auto choice = ParseOpenAiRequest(
+      R"({"model": "m", "prompt": "x", "guided_choice": ["yes", "no"],
+          "guided_decoding_backend": "xgrammar"})",
+      false);
+  ASSERT_TRUE(choice.ok());
+  EXPECT_EQ(choice->format.param, "guided_choice");
+  EXPECT_EQ(choice->format.format.choices, (std::vector<std::string>{"yes", "no"}));
+  auto guided = ParseOpenAiRequest(R"({"model": "m", "prompt": "x", "guided_json": "{}"})", false);
+  ASSERT_TRUE(guided.ok());
+  EXPECT_EQ(guided->format.format.json_schema, "{}");
 }
 
 }  // namespace
