@@ -79,7 +79,7 @@ def config(name, r):
     elif name.endswith('-predict.json'):
         words.append('next-layer prediction on the device (eager steps; accuracy in the stats)')
     if '-cold-cpu' in name:
-        words.append("**cold experts on strata-cache's CPUs** (`--cold-experts cpu`, eager steps)")
+        words.append("**cold experts on strata-expert-store's CPUs** (`--cold-experts cpu`, eager steps)")
     elif '-cold-split' in name:
         words.append('**cold experts shared between copies and the CPUs** '
                      '(`--cold-experts split`, eager steps)')

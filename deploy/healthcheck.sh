@@ -5,8 +5,8 @@
 #
 #   strata-healthcheck tcp HOST:PORT
 #       Passes when something accepts a TCP connection on HOST:PORT (bash's /dev/tcp). For the
-#       router this means "listening" (it listens before the workers register); for the cache it
-#       means "ready" (the cache loads every expert before it listens).
+#       router this means "listening" (it listens before the workers register); for the expert
+#       store it means "ready" (the store loads every expert before it listens).
 #   strata-healthcheck ready ADDRESS [WORKERS]
 #       Passes when the router answers Admin.Stats (`strata stats`) and every worker it waits for
 #       is connected, i.e. registered: the state in which it prints READY and its grpc.health.v1
@@ -27,7 +27,7 @@
 #       Passes when the standard gRPC health RPC (grpc.health.v1.Health/Check) on HOST:PORT
 #       answers SERVING for SERVICE (default "": the whole server). On the router's client port
 #       that is the state the router reports itself: SERVING once every worker has registered,
-#       NOT_SERVING while one is missing; on strata-cache's port, SERVING once it listens (it
+#       NOT_SERVING while one is missing; on strata-expert-store's port, SERVING once it listens (it
 #       loads every expert first). Needs no token, sends no request through the model. bash
 #       speaks the HTTP/2 (h2c, prior knowledge) and protobuf bytes of this one call itself over
 #       /dev/tcp, so the image needs no grpc_health_probe; it prints the status it got when it

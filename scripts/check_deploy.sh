@@ -7,10 +7,10 @@
 #   - the wiring that Strata needs in both compose files (shared IPC and PID namespaces, fixed
 #     ports, the router's internal listener on 0.0.0.0:50053 and the workers' --router pointing
 #     at it, the router serving HTTP (--http-port), no port published but the client port 50051
-#     and that HTTP port, the router's and the cache's health checks on the gRPC health RPC
+#     and that HTTP port, the router's and the expert store's health checks on the gRPC health RPC
 #     (strata-healthcheck grpc), a memory limit on every service and a CPU limit on every strata
 #     process, the router's --threads within its CPU limit, the model mounted read-only where
-#     --model points, the cluster token required from the environment in the cache, the router
+#     --model points, the cluster token required from the environment in the expert store, the router
 #     and every worker, --workers matching the worker services, distinct indexes,
 #     restart: unless-stopped, --max-batch-tokens agreeing);
 #   - the GPU file's GPU path: it builds the CUDA variant, the router runs on cuda:0, every GPU
@@ -27,7 +27,7 @@
 #     path annotations on the Pod and the Service, CPU and memory requests and limits (limits not
 #     below requests) on every container, the model mounted read-only where --model points,
 #     the cluster token from one Secret
-#     (secretKeyRef, never a literal) in the cache, the router and every worker), no GPUs in the
+#     (secretKeyRef, never a literal) in the expert store, the router and every worker), no GPUs in the
 #     CPU one, and in the GPU one one ResourceClaim referenced by the mps
 #     sidecar, the router and every worker, with a GPU per worker; `kubectl kustomize` too when
 #     kubectl is installed, and `kubernetes-validate --strict` (Kubernetes 1.34 schemas) when
@@ -181,7 +181,7 @@ def compose_checks(name, gpu):
     check(isinstance(raw, dict) and "services" in raw, f"{name}: YAML with services")
     doc = resolved or raw
     services = doc.get("services", {})
-    expected = ("shm", "cache", "router") + (("mps",) if gpu else ())
+    expected = ("shm", "expert-store", "router") + (("mps",) if gpu else ())
     for s in expected:
         check(s in services, f"{name}: service {s}")
     if not gpu:
@@ -211,7 +211,7 @@ def compose_checks(name, gpu):
               f"{name}: passes CUDA_VERSION and CUDA_ARCHITECTURES")
     images = {s: v.get("image") for s, v in services.items()}
     check(len(set(images.values())) == 1, f"{name}: every service uses one image ({set(images.values())})")
-    for s in ["cache", "router"] + workers + (["mps"] if gpu else []):
+    for s in ["expert-store", "router"] + workers + (["mps"] if gpu else []):
         v = services.get(s, {})
         check(v.get("ipc") == "service:shm", f"{name}: {s} joins shm's IPC namespace")
         check(v.get("pid") == "service:shm", f"{name}: {s} joins shm's PID namespace")
@@ -224,11 +224,11 @@ def compose_checks(name, gpu):
               f"{name}: {s} mounts the model read-only where its --model={model_dir} points, under /models/")
         check(any(a.startswith("--log-level=") for a in v.get("command", [])),
               f"{name}: {s} passes --log-level")
-    cache = services.get("cache", {}).get("command", [])
+    store = services.get("expert-store", {}).get("command", [])
     router_service = services.get("router", {})
     router = router_service.get("command", [])
-    check(cache[:1] == ["strata-cache"] and flag(cache, "listen") == "0.0.0.0:50052",
-          f"{name}: cache listens on 0.0.0.0:50052")
+    check(store[:1] == ["strata-expert-store"] and flag(store, "listen") == "0.0.0.0:50052",
+          f"{name}: expert-store listens on 0.0.0.0:50052")
     check(router[:1] == ["strata-router"] and flag(router, "listen") == "0.0.0.0:50051",
           f"{name}: router listens on 0.0.0.0:50051 (clients)")
     internal = flag(router, "internal-listen")
@@ -245,16 +245,16 @@ def compose_checks(name, gpu):
           f" ({port_targets(router_service)})")
     published = {s: port_targets(v) for s, v in services.items() if s != "router" and port_targets(v)}
     check(not published, f"{name}: no other service publishes a port ({published})")
-    check("healthcheck" in services.get("cache", {}) and "healthcheck" in router_service,
-          f"{name}: cache and router have health checks")
+    check("healthcheck" in services.get("expert-store", {}) and "healthcheck" in router_service,
+          f"{name}: expert-store and router have health checks")
     # Both use the standard gRPC health RPC (strata-healthcheck grpc): on the router's client
-    # port it is SERVING once every worker has registered; on the cache's, once it has loaded.
+    # port it is SERVING once every worker has registered; on the store's, once it has loaded.
     test = (router_service.get("healthcheck", {}) or {}).get("test", [])
     check(test == ["CMD", "strata-healthcheck", "grpc", "127.0.0.1:50051"],
           f"{name}: the router's health check is grpc.health.v1 on its client port ({test[1:]})")
-    test = (services.get("cache", {}).get("healthcheck", {}) or {}).get("test", [])
+    test = (services.get("expert-store", {}).get("healthcheck", {}) or {}).get("test", [])
     check(test == ["CMD", "strata-healthcheck", "grpc", "127.0.0.1:50052"],
-          f"{name}: the cache's health check is grpc.health.v1 on 50052 ({test[1:]})")
+          f"{name}: the expert store's health check is grpc.health.v1 on 50052 ({test[1:]})")
     # Resource limits: memory for every container, a CPU quota for every strata process.
     def limit(v, key):
         value = v.get(key)
@@ -275,7 +275,7 @@ def compose_checks(name, gpu):
     # The cluster token: required from the environment (not written in the file), in every
     # strata process's container.
     raw_services = raw.get("services", {}) or {}
-    for s in ["cache", "router"] + workers:
+    for s in ["expert-store", "router"] + workers:
         written = env_of(raw_services.get(s, {}) or {}).get(TOKEN)
         check(isinstance(written, str) and REQUIRED_TOKEN.fullmatch(written),
               f"{name}: {s} requires {TOKEN} from the environment (${{{TOKEN}:?...}}, no token in the file)")
@@ -322,9 +322,9 @@ def compose_checks(name, gpu):
         v = services[w]
         cmd = v.get("command", [])
         check(cmd[:1] == ["strata-worker"], f"{name}: {w} runs strata-worker")
-        check(flag(cmd, "cache") == "cache:50052" and flag(cmd, "router") == "router:50053",
-              f"{name}: {w} reaches cache:50052 and the router's internal listener router:50053 by service name"
-              f" ({flag(cmd, 'cache')}, {flag(cmd, 'router')})")
+        check(flag(cmd, "store-address") == "expert-store:50052" and flag(cmd, "router") == "router:50053",
+              f"{name}: {w} reaches expert-store:50052 and the router's internal listener router:50053 by service name"
+              f" ({flag(cmd, 'store-address')}, {flag(cmd, 'router')})")
         check(flag(cmd, "transport") in (None, "shm"), f"{name}: {w} uses the shm transport")
         check(flag(cmd, "max-batch-tokens") == flag(router, "max-batch-tokens"),
               f"{name}: {w} and the router agree on --max-batch-tokens")
@@ -494,7 +494,7 @@ def k8s_checks(directory, gpu):
         containers = {c["name"]: c for c in spec["containers"]}
         inits = {c["name"]: c for c in spec.get("initContainers", []) or []}
         everything = {**containers, **inits}
-        for name in ("cache", "router"):
+        for name in ("expert-store", "router"):
             check(name in containers, f"{tag}: container {name}")
         workers = sorted((n for n in containers if re.fullmatch(r"worker-\d+", n)), key=lambda w: int(w[7:]))
         check(workers, f"{tag}: worker containers ({', '.join(workers)})")
@@ -522,9 +522,9 @@ def k8s_checks(directory, gpu):
                 if requests.get(r) and hard.get(r):
                     check(quantity(hard[r]) >= quantity(requests[r]),
                           f"{tag}: {n}'s {r} limit {hard[r]} is not below its request {requests[r]}")
-        cache, router = containers.get("cache", {}), containers.get("router", {})
-        ccmd, rcmd = cache.get("command", []), router.get("command", [])
-        check(flag(ccmd, "listen") == "0.0.0.0:50052", f"{tag}: cache listens on 50052")
+        store, router = containers.get("expert-store", {}), containers.get("router", {})
+        scmd, rcmd = store.get("command", []), router.get("command", [])
+        check(flag(scmd, "listen") == "0.0.0.0:50052", f"{tag}: expert-store listens on 50052")
         check(flag(rcmd, "listen") == "0.0.0.0:50051", f"{tag}: router listens on 50051 (clients)")
         check(flag(rcmd, "internal-listen") == "127.0.0.1:50053",
               f"{tag}: router's internal listener (Coordinator, Admin) on the Pod's loopback,"
@@ -534,8 +534,8 @@ def k8s_checks(directory, gpu):
         check(get(router, "readinessProbe.grpc.port") == 50051, f"{tag}: router readiness is the gRPC health on 50051")
         check(get(router, "livenessProbe.tcpSocket.port") == 50051,
               f"{tag}: router liveness is a TCP check (gRPC health is NOT_SERVING while a worker restarts)")
-        check(get(cache, "livenessProbe.grpc.port") == 50052 or get(cache, "startupProbe.grpc.port") == 50052,
-              f"{tag}: cache has a gRPC probe on 50052")
+        check(get(store, "livenessProbe.grpc.port") == 50052 or get(store, "startupProbe.grpc.port") == 50052,
+              f"{tag}: expert-store has a gRPC probe on 50052")
         rports = {p.get("name"): p["containerPort"] for p in router.get("ports", [])}
         http_port = flag(rcmd, "http-port")
         check(http_port is not None and http_port.isdigit() and rports.get("http") == int(http_port),
@@ -555,7 +555,7 @@ def k8s_checks(directory, gpu):
         check(50053 not in rports.values(), f"{tag}: the internal port 50053 is no containerPort of the router")
         # The cluster token: one Secret, by reference, in every strata process's container.
         refs = {}
-        for n in ["cache", "router"] + workers:
+        for n in ["expert-store", "router"] + workers:
             entries = [e for e in containers.get(n, {}).get("env", []) or [] if e.get("name") == "STRATA_CLUSTER_TOKEN"]
             ref = get(entries[0], "valueFrom.secretKeyRef") if len(entries) == 1 else None
             check(ref and ref.get("name") and ref.get("key") and "value" not in entries[0],
@@ -571,9 +571,9 @@ def k8s_checks(directory, gpu):
             cmd = containers[w].get("command", [])
             indexes.append(flag(cmd, "index"))
             devices.append(flag(cmd, "device"))
-            check(flag(cmd, "cache") == "127.0.0.1:50052" and flag(cmd, "router") == "127.0.0.1:50053",
-                  f"{tag}: {w} reaches the cache and the router's internal listener on localhost"
-                  f" ({flag(cmd, 'cache')}, {flag(cmd, 'router')})")
+            check(flag(cmd, "store-address") == "127.0.0.1:50052" and flag(cmd, "router") == "127.0.0.1:50053",
+                  f"{tag}: {w} reaches the expert store and the router's internal listener on localhost"
+                  f" ({flag(cmd, 'store-address')}, {flag(cmd, 'router')})")
             check(flag(cmd, "max-batch-tokens") == flag(rcmd, "max-batch-tokens"),
                   f"{tag}: {w} and the router agree on --max-batch-tokens")
             check(flag(cmd, "weights") == flag(rcmd, "weights"), f"{tag}: {w} and the router agree on --weights")
@@ -618,8 +618,8 @@ def k8s_checks(directory, gpu):
                   f"{tag}: workers on claimed GPUs ({devices}, {count} claimed)")
             if len(workers) <= count:
                 check(len(set(devices)) == len(devices), f"{tag}: one GPU per worker ({devices})")
-            check("cache" not in [n for n in containers if get(containers[n], "resources.claims")],
-                  f"{tag}: the cache holds no GPU")
+            check("expert-store" not in [n for n in containers if get(containers[n], "resources.claims")],
+                  f"{tag}: the expert store holds no GPU")
         for svc in services:
             check(all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()),
                   f"{tag}: Service {svc['metadata']['name']} selects the Pod")
@@ -777,8 +777,8 @@ else
 fi
 
 # ---- runtime packages (needs a build) ---------------------------------------------------------
-bins=(build/bin/strata build/bin/strata-cache build/bin/strata-worker build/bin/strata-router)
-if [ -x build/bin/strata-router ] && [ -x build/bin/strata-worker ] && [ -x build/bin/strata-cache ] && [ -x build/bin/strata ]; then
+bins=(build/bin/strata build/bin/strata-expert-store build/bin/strata-worker build/bin/strata-router)
+if [ -x build/bin/strata-router ] && [ -x build/bin/strata-worker ] && [ -x build/bin/strata-expert-store ] && [ -x build/bin/strata ]; then
   if packages=$(deploy/runtime-packages.sh "${bins[@]}" 2>"$tmp/rp.err"); then
     pass "runtime packages of build/bin: $(echo $packages)"
     missing=()

@@ -3,7 +3,7 @@
 # checks the running cluster from outside, through its published ports:
 #   1. grpc.health.v1 Check on the published client port reaches SERVING (a Python gRPC client,
 #      and deploy/healthcheck.sh's bash one from the host), and Docker reports the router's and
-#      the cache's own health checks (the same RPC, run inside the containers) healthy;
+#      the expert store's own health checks (the same RPC, run inside the containers) healthy;
 #   2. a Generate through the published client port (the `strata generate` client, run from the
 #      image on the host network) returns the tokens asked for;
 #   3. POST /v1/chat/completions and GET /v1/models, /health and /metrics through the published
@@ -221,7 +221,7 @@ answer=$(deploy/healthcheck.sh grpc "127.0.0.1:$STRATA_PORT" 2>&1) && ok=0 || ok
 check "strata-healthcheck grpc (bash) from the host on 127.0.0.1:$STRATA_PORT ${answer:+($answer)}" [ "$ok" -eq 0 ]
 # Docker's view: the containers' own health checks (strata-healthcheck grpc inside them).
 docker_health() { docker inspect -f '{{.State.Health.Status}}' "$(container "$1")" 2>/dev/null; }
-for service in cache router; do
+for service in expert-store router; do
   state=""
   for _ in $(seq 60); do
     state=$(docker_health "$service")
@@ -232,7 +232,7 @@ for service in cache router; do
 done
 published=$(docker port "$(container router)" | awk '{print $1}' | sort -u | tr '\n' ' ')
 check "the router publishes only 50051/tcp and 8000/tcp ($published)" [ "$published" = "50051/tcp 8000/tcp " ]
-check "the cache publishes nothing" [ -z "$(docker port "$(container cache)")" ]
+check "the expert store publishes nothing" [ -z "$(docker port "$(container expert-store)")" ]
 
 # ---- Generate through the published client port ---------------------------------------------
 # The `strata` client of the image, on the host's network: it reaches the cluster the way any
@@ -447,14 +447,14 @@ check "while running, the shm container's /dev/shm holds the cluster's segments 
   grep -q '^strata' "$tmp/shm.running"
 # The strata processes first, by SIGTERM as `down` would stop them, the shm container (the
 # owner of the IPC namespace) still up, so its /dev/shm can be looked at afterwards.
-compose stop --timeout 60 cache router worker-0 worker-1 >/dev/null 2>&1 ||
-  fail "docker-compose stop of cache, router and workers"
+compose stop --timeout 60 expert-store router worker-0 worker-1 >/dev/null 2>&1 ||
+  fail "docker-compose stop of the expert store, router and workers"
 left=$(docker exec "$shm_container" ls -A /dev/shm 2>&1) || left="(cannot list: $left)"
 check "after an ordered stop, nothing is left in the shm container's /dev/shm (${left:-empty})" [ -z "$left" ]
-exit_codes=$(for s in cache router worker-0 worker-1; do
+exit_codes=$(for s in expert-store router worker-0 worker-1; do
   printf '%s=%s ' "$s" "$(docker inspect -f '{{.State.ExitCode}}' "$(container "$s")")"; done)
-check "cache, router and workers exited 0 on SIGTERM ($exit_codes)" \
-  [ "$exit_codes" = "cache=0 router=0 worker-0=0 worker-1=0 " ]
+check "expert store, router and workers exited 0 on SIGTERM ($exit_codes)" \
+  [ "$exit_codes" = "expert-store=0 router=0 worker-0=0 worker-1=0 " ]
 compose down --remove-orphans --timeout 60 >"$tmp/down.log" 2>&1 || fail "docker-compose down: $(cat "$tmp/down.log")"
 remaining=$(docker ps -aq --filter "label=com.docker.compose.project=$project" | wc -l)
 check "docker-compose down left no container of the project ($remaining)" [ "$remaining" -eq 0 ]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine, builds, starts a cluster (strata-cache, two strata-worker processes,
+# Sets up a fresh machine, builds, starts a cluster (strata-expert-store, two strata-worker processes,
 # strata-router) on the bundled demo model, and generates a continuation of a text prompt.
 #   scripts/demo.sh ["prompt text"]     (MODEL=dir WORKERS=n to change the model or workers)
 set -euo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Workers on another host, played by two network namespaces on this one: the router in one,
-# strata-cache and two gRPC-transport workers in the other ("host B", with its own /dev/shm
+# strata-expert-store and two gRPC-transport workers in the other ("host B", with its own /dev/shm
 # and IPC namespace, so nothing but the network joins them), linked by a veth pair. Checks:
 #   1. health SERVING through the link;
 #   2. greedy tokens through the split equal those of `strata up` with every process on this
@@ -44,7 +44,7 @@ if [ "$(id -u)" -ne 0 ]; then echo "SKIP: network namespaces need root"; exit 77
 if ! command -v ip >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
 fi
-for b in strata strata-router strata-worker strata-cache; do
+for b in strata strata-router strata-worker strata-expert-store; do
   [ -x "$BIN/$b" ] || die "$BIN/$b is missing: build first (scripts/build.sh)"
 done
 
@@ -158,7 +158,7 @@ start_router() {
   pids+=("$ROUTER")
 }
 start_worker() {  # $1: index. (nsenter execs: $! is the worker itself, not a subshell.)
-  nsenter --target "$HOST_B" --net --mount --ipc -- "$BIN/strata-worker" --model="$MODEL" --cache=127.0.0.1:50052 --router="$ADDR_R:50053" \
+  nsenter --target "$HOST_B" --net --mount --ipc -- "$BIN/strata-worker" --model="$MODEL" --store-address=127.0.0.1:50052 --router="$ADDR_R:50053" \
     --index="$1" --transport=grpc --listen="$ADDR_W:5006$1" --threads="$THREADS" \
     --log-level=info >>"$WORK/worker$1.log" 2>&1 &
   WORKER[$1]=$!
@@ -167,11 +167,11 @@ start_worker() {  # $1: index. (nsenter execs: $! is the worker itself, not a su
 declare -a WORKER
 t0=$(now)
 start_router
-nsenter --target "$HOST_B" --net --mount --ipc -- "$BIN/strata-cache" --model="$MODEL" --listen=127.0.0.1:50052 \
-  --segment-prefix="strata-netns-$ID" >"$WORK/cache.out" 2>"$WORK/cache.log" &
+nsenter --target "$HOST_B" --net --mount --ipc -- "$BIN/strata-expert-store" --model="$MODEL" --listen=127.0.0.1:50052 \
+  --segment-prefix="strata-netns-$ID" >"$WORK/store.out" 2>"$WORK/store.log" &
 pids+=("$!")
-for _ in $(seq 300); do grep -q '^READY ' "$WORK/cache.out" && break; sleep 0.1; done
-grep -q '^READY ' "$WORK/cache.out" || die "strata-cache on host B: $(tail -3 "$WORK/cache.log")"
+for _ in $(seq 300); do grep -q '^READY ' "$WORK/store.out" && break; sleep 0.1; done
+grep -q '^READY ' "$WORK/store.out" || die "strata-expert-store on host B: $(tail -3 "$WORK/store.log")"
 start_worker 0
 start_worker 1
 R="127.0.0.1:50051"

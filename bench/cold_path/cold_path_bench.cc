@@ -6,8 +6,8 @@
 //      cycling over enough experts that every call reads its weights from DRAM, fitted to
 //      time = bytes / cpu_bytes_per_s + tokens * 6 * hidden * intermediate / cpu_flops;
 //   3. with --model, the CPU tier's fixed cost: round trips of a one-token request with no
-//      expert of its own through a CacheServer and a CpuTierClient in this process, back to
-//      back (both sides spinning) and 1 ms apart (the cache's thread asleep, as between the
+//      expert of its own through a ExpertStoreServer and a CpuTierClient in this process, back to
+//      back (both sides spinning) and 1 ms apart (the store's thread asleep, as between the
 //      layers of a real step).
 //
 //   cold_path_bench [--hidden 2048 --intermediate 768] [--fp8] [--threads 0] [--model DIR]
@@ -27,7 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/backend/cpu/cpu_expert_backend.h"
-#include "services/expert-store/cache_server.h"
+#include "services/expert-store/expert_store_server.h"
 #include "services/expert-worker/cpu_tier_client.h"
 
 ABSL_FLAG(int64_t, hidden, 2048, "Expert input size (default: Qwen3-30B-A3B)");
@@ -191,12 +191,12 @@ void ExpertThroughput(int threads) {
 }
 
 void RoundTrip(const std::string& model, int threads) {
-  CacheOptions options;
+  ExpertStoreServerOptions options;
   options.model_dir = model;
   options.store.segment_prefix = absl::StrCat("strata_cold_path_bench_", ::getpid());
   options.store.bind_numa = false;
   options.cpu_tier.num_threads = threads;
-  auto server = CacheServer::Start(options);
+  auto server = ExpertStoreServer::Start(options);
   if (!server.ok()) {
     std::printf("round trip: %s\n", std::string(server.status().message()).c_str());
     return;

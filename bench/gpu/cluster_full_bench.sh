@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: whole benchmark shapes through the GPU cluster (strata-cache, strata-router
+# On the GPU machine: whole benchmark shapes through the GPU cluster (strata-expert-store, strata-router
 # on cuda:0, workers on GPUs, CUDA IPC, MPS, decode steps by CUDA graph replay on both sides),
 # `strata bench` 128 in / 512 out, and the transformers peer on the same weights in the same
 # call. Stages, comma-separated, each "what:shape:weights:workers:concurrency" or "peer:shape";
@@ -13,7 +13,7 @@
 # hf-peer-bench.py in .device-ipc/. OUT_DIR gets the bench JSON files (as soon as each is
 # written), logs.tgz and a summary; a table is printed last.
 # CHECKPOINT_DTYPE=fp8 in the environment makes the checkpoints with FP8 experts (make-model
-# --dtype fp8, half the bytes) and EXPERT_STORE=in-place has strata-cache map them where they
+# --dtype fp8, half the bytes) and EXPERT_STORE=in-place has strata-expert-store map them where they
 # are: the whole seed-125b on the two-GPU machine needs both. KV_CACHE_MB sets the router's KV
 # pool (4096 MiB by default: 32 requests of 640 tokens need about 2 GiB for qwen3 in bf16).
 # UP_ARGS adds flags to `strata up` (e.g. UP_ARGS=--overlap-steps=false), recorded with the

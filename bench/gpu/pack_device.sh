@@ -14,7 +14,7 @@ build=${1:-build}
 stage=$(mktemp -d)
 mkdir -p "$stage/bin" .device-ipc .device-demo
 # BINS overrides the list (e.g. to add decode_bench or kernel_bench when the call has room).
-for b in ${BINS:-strata strata-router strata-worker strata-cache cuda_cluster_test cuda_engine_test \
+for b in ${BINS:-strata strata-router strata-worker strata-expert-store cuda_cluster_test cuda_engine_test \
          cuda_demo_model_test cuda_ops_test cuda_ipc_test cuda_expert_slots_test \
          cuda_tiered_slots_test cuda_tiers_test}; do
   cp "$build/bin/$b" "$stage/bin/"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: a cluster (strata-cache + router + one GPU worker) on an 8-layer cut of
+# On the GPU machine: a cluster (strata-expert-store + router + one GPU worker) on an 8-layer cut of
 # the qwen3-30b-a3b shape (Zipf-skewed random routing), with every expert resident and with a
 # GPU memory budget that holds about half of them, at two hot ratios. For each: `strata bench`
 # (batch 1, 128 in / 256 out) and the worker's tier counters. The hot set is re-picked from

@@ -3,7 +3,7 @@
 # worker stopped while decode steps replay graphs), then bench/gpu/plans/trust.txt, decode
 # through the GPU cluster before and after. Carries .device-ipc (bench/gpu/pack_device.sh
 # BUILD_DIR), .device-demo and .device-base/base-bin.tar.xz (the base build's strata,
-# strata-router, strata-worker and strata-cache under bin/, and COMMIT), with models/ and
+# strata-router, strata-worker and strata-expert-store under bin/, and COMMIT), with models/ and
 # tests/data/oracles/ moved aside for the call. OUT_DIR gets summary.txt, the tests' logs and
 # ab/ (tiers_call.sh's results.tgz and summary).
 #   bash bench/gpu/trust_call.sh OUT_DIR [BUILD_DIR_NAME]

@@ -26,7 +26,7 @@ absl::Status CudaRouterSupports(const ModelConfig& c) {
     missing.push_back(absl::StrCat("partial rotary embedding (RoPE on ", c.RopeDim(), " of ",
                                    c.head_dim, " head dimensions)"));
   }
-  if (c.router_scoring == RouterScoring::kSigmoidGrouped) {
+  if (c.gate_scoring == GateScoring::kSigmoidGrouped) {
     missing.push_back(
         "sigmoid group-limited routing with a correction bias and routed_scaling_factor");
   }

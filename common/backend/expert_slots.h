@@ -53,7 +53,7 @@ struct ExpertUse {
 };
 
 // Computes some of an eager layer step's experts off the device while the device runs the
-// others: strata-cache's CPU tier, where the cold experts' weights already are.
+// others: strata-expert-store's CPU tier, where the cold experts' weights already are.
 class HostExpertTier {
  public:
   virtual ~HostExpertTier() = default;

@@ -79,18 +79,18 @@ void SelectExperts(const ModelConfig& config, float* logits, float temperature,
   const int e_count = config.num_experts;
   const int k = config.top_k;
   for (int e = 0; e < e_count; ++e) logits[e] /= temperature;
-  if (config.router_scoring == RouterScoring::kSigmoidGrouped) {
+  if (config.gate_scoring == GateScoring::kSigmoidGrouped) {
     SelectSigmoidGrouped(config, logits, correction_bias, experts, weights);
     return;
   }
-  if (config.router_scoring == RouterScoring::kSoftmaxThenTopK) Softmax(logits, e_count);
+  if (config.gate_scoring == GateScoring::kSoftmaxThenTopK) Softmax(logits, e_count);
   thread_local std::vector<int> order;
   TopK(logits, e_count, k, order);
   for (int i = 0; i < k; ++i) {
     experts[i] = order[i];
     weights[i] = logits[order[i]];
   }
-  if (config.router_scoring == RouterScoring::kTopKThenSoftmax) {
+  if (config.gate_scoring == GateScoring::kTopKThenSoftmax) {
     Softmax(weights, k);
   } else if (config.norm_topk_prob) {
     float sum = 0.0f;

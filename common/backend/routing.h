@@ -1,5 +1,5 @@
 // How one token's gate logits choose its experts and weigh them: the rules of every
-// RouterScoring, defined once for the CPU backend and as the reference the GPU gate kernels
+// GateScoring, defined once for the CPU backend and as the reference the GPU gate kernels
 // are tested against.
 #ifndef STRATA_COMMON_BACKEND_ROUTING_H_
 #define STRATA_COMMON_BACKEND_ROUTING_H_

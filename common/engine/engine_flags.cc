@@ -9,7 +9,14 @@
 
 // The help says what a flag does on the CPU and on a GPU alike: both programs run on either.
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
-ABSL_FLAG(double, router_temperature, 1.0, "Softmax temperature of the MoE gate");
+namespace {
+constexpr double kDefaultGateTemperature = 1.0;
+}  // namespace
+
+ABSL_FLAG(double, gate_temperature, kDefaultGateTemperature, "Softmax temperature of the MoE gate");
+// Scripts written before the gate's temperature had its own name still pass this.
+ABSL_FLAG(std::optional<double>, router_temperature, std::nullopt,
+          "deprecated: --gate-temperature, its older name");
 ABSL_FLAG(int, kv_block_size, strata::KvCacheOptions().block_size,
           "Token slots per KV-cache block");
 ABSL_FLAG(int64_t, kv_cache_mb, strata::KvCacheOptions().memory_mb,
@@ -39,6 +46,12 @@ absl::StatusOr<KvCacheOptions> KvCacheOptionsFromFlags(KvCacheOptions options) {
   options.fp16_above_tokens = absl::GetFlag(FLAGS_kv_cache_fp16_above_tokens);
   options.calibration_tokens = absl::GetFlag(FLAGS_kv_cache_calibration_tokens);
   return options;
+}
+
+double GateTemperatureFromFlags() {
+  const std::optional<double> older = absl::GetFlag(FLAGS_router_temperature);
+  const double gate = absl::GetFlag(FLAGS_gate_temperature);
+  return older.has_value() && gate == kDefaultGateTemperature ? *older : gate;
 }
 
 absl::string_view EngineFlagsFile() { return __FILE__; }

@@ -5,6 +5,7 @@
 #define STRATA_COMMON_ENGINE_ENGINE_FLAGS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/flags/declare.h"
@@ -13,7 +14,8 @@
 #include "common/kv/paged_kv_cache.h"
 
 ABSL_DECLARE_FLAG(int, threads);
-ABSL_DECLARE_FLAG(double, router_temperature);
+ABSL_DECLARE_FLAG(double, gate_temperature);
+ABSL_DECLARE_FLAG(std::optional<double>, router_temperature);
 ABSL_DECLARE_FLAG(int, kv_block_size);
 ABSL_DECLARE_FLAG(int64_t, kv_cache_mb);
 ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
@@ -26,6 +28,10 @@ namespace strata {
 // share_expert_memory: a router's own) are kept. INVALID_ARGUMENT naming the flag for a dtype
 // that is not one.
 absl::StatusOr<KvCacheOptions> KvCacheOptionsFromFlags(KvCacheOptions options = {});
+
+// --gate-temperature, or --router-temperature (its older name) when that is given and
+// --gate-temperature is left at its default.
+double GateTemperatureFromFlags();
 
 // The file that defines these flags, for a program's help (DocsOfFlagsIn).
 absl::string_view EngineFlagsFile();

@@ -17,8 +17,8 @@ absl::Status ForwardPass::Check(absl::Span<const int32_t> ids, const BatchLayout
     return absl::InvalidArgumentError(
         absl::StrCat("forward: ", ids.size(), " ids for a batch of ", batch.num_tokens()));
   }
-  if (!(options_.router_temperature > 0.0f)) {
-    return absl::InvalidArgumentError("router_temperature must be positive");
+  if (!(options_.gate_temperature > 0.0f)) {
+    return absl::InvalidArgumentError("gate_temperature must be positive");
   }
   return absl::OkStatus();
 }
@@ -32,7 +32,7 @@ absl::Status ForwardPass::Run(absl::Span<const int32_t> ids, const BatchLayout& 
   predicted_layer_ = -1;
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     RETURN_IF_ERROR(router_.Attention(layer));
-    RETURN_IF_ERROR(router_.PrepareFfn(layer, options_.router_temperature, ffn_input_, routing_));
+    RETURN_IF_ERROR(router_.PrepareFfn(layer, options_.gate_temperature, ffn_input_, routing_));
     RETURN_IF_ERROR(router_.DenseFfn(layer));
     if (config_.layer_is_moe[layer]) {
       if (predicted_layer_ == layer) ScorePrediction(routing_);
@@ -56,7 +56,7 @@ absl::Status ForwardPass::PredictNext(int layer) {
   }
   // The next layer's gate sees norm(hidden + its attention); without the attention yet, this
   // layer's output is the best guess, and the copies overlap that attention.
-  RETURN_IF_ERROR(router_.PredictRouting(next, options_.router_temperature, predicted_));
+  RETURN_IF_ERROR(router_.PredictRouting(next, options_.gate_temperature, predicted_));
   // Device routing is scored by the backend (DevicePredictionCounts); none is sent.
   if (predicted_.on_device() || predicted_.tokens == 0) return absl::OkStatus();
   experts_.Prefetch(next, predicted_);

@@ -12,7 +12,7 @@
 namespace strata {
 
 struct ForwardOptions {
-  float router_temperature = 1.0f;  // gate logits are divided by this before scoring
+  float gate_temperature = 1.0f;  // gate logits are divided by this before scoring
   // Sees every MoE layer's routing (expert activation statistics); may be empty.
   std::function<void(int layer, const RoutingTable& routing)> on_routing;
   // Sees every batch before it runs (the router sets the hot ratio by context length).

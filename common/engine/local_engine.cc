@@ -13,8 +13,8 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
   if (options.prefill_chunk_tokens <= 0) {
     return absl::InvalidArgumentError("prefill_chunk_tokens must be positive");
   }
-  if (!(options.router_temperature > 0.0f)) {
-    return absl::InvalidArgumentError("router_temperature must be positive");
+  if (!(options.gate_temperature > 0.0f)) {
+    return absl::InvalidArgumentError("gate_temperature must be positive");
   }
   std::unique_ptr<LocalEngine> engine(new LocalEngine());
   engine->options_ = options;
@@ -32,7 +32,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
   ASSIGN_OR_RETURN(engine->stack_, ModelStack::Create(options.model_dir, stack));
   engine->kv_ = &engine->stack_->kv();
   StepRunnerOptions runner;
-  runner.forward.router_temperature = options.router_temperature;
+  runner.forward.gate_temperature = options.gate_temperature;
   runner.forward.on_routing = options.on_routing;
   // Decode steps replay one graph while the sequence fits its context.
   runner.cuda_graphs = options.cuda_graphs;

@@ -24,7 +24,7 @@ struct LocalEngineOptions {
   // The pool holds one sequence of the model's context at most (one sequence at a time); off,
   // kv.memory_mb alone sizes it (sequences of one's own, RunStep).
   bool kv_within_context = true;
-  float router_temperature = 1.0f;
+  float gate_temperature = 1.0f;
   // "cpu" (the float32 reference) or "cuda" / "cuda:N" (bf16 on a GPU, when built with CUDA).
   std::string device = "cpu";
   // Weights on a GPU: "bf16" or "fp8" (E4M3 experts and attention projections, per-output-channel

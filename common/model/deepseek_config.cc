@@ -11,7 +11,7 @@ namespace {
 
 // The sigmoid router of DeepSeek-V3 and GLM-4.5: the "noaux_tc" choice within expert groups.
 absl::Status ParseGroupedRouter(const ConfigReader& config, ModelConfig& model) {
-  model.router_scoring = RouterScoring::kSigmoidGrouped;
+  model.gate_scoring = GateScoring::kSigmoidGrouped;
   model.router_correction_bias = true;
   if (config.Has("scoring_func")) {
     ASSIGN_OR_RETURN(std::string scoring, config.String("scoring_func"));

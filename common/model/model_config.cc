@@ -329,7 +329,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
       model.num_experts = static_cast<int>(experts);
       ASSIGN_OR_RETURN(model.moe_intermediate_size,
                        config.Int("intermediate_size", {}, 1, kMaxIntermediate));
-      model.router_scoring = RouterScoring::kTopKThenSoftmax;
+      model.gate_scoring = GateScoring::kTopKThenSoftmax;
       model.router_bias = true;
       model.expert_bias = true;
       model.attention_sinks = true;
@@ -356,7 +356,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   if (model.top_k > model.num_experts) {
     return config.Error(top_k_key, "exceeds the number of experts");
   }
-  if (model.router_scoring == RouterScoring::kSigmoidGrouped &&
+  if (model.gate_scoring == GateScoring::kSigmoidGrouped &&
       model.top_k > model.top_k_groups * (model.num_experts / model.num_expert_groups)) {
     return config.Error(top_k_key, "exceeds the experts of the topk_group groups kept");
   }

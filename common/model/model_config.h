@@ -17,7 +17,7 @@ enum class Architecture { kQwen3Moe, kMixtral, kQwen2Moe, kGptOss, kGlm4Moe, kDe
 absl::string_view ArchitectureName(Architecture arch);
 
 // How gate logits become expert weights.
-enum class RouterScoring {
+enum class GateScoring {
   kSoftmaxThenTopK,  // softmax over all experts, keep the top k (optionally renormalized)
   kTopKThenSoftmax,  // keep the top k logits, softmax over them (gpt-oss)
   // Sigmoid scores; experts are chosen by score + a correction bias within the best groups,
@@ -88,7 +88,7 @@ struct ModelConfig {
   int top_k = 0;
   bool norm_topk_prob = false;  // renormalize the kept weights to sum to 1
   int64_t moe_intermediate_size = 0;
-  RouterScoring router_scoring = RouterScoring::kSoftmaxThenTopK;
+  GateScoring gate_scoring = GateScoring::kSoftmaxThenTopK;
   bool router_bias = false;
   // kSigmoidGrouped only: experts split into num_expert_groups equal groups, of which the
   // top_k_groups best (by the sum of each group's two best biased scores) are eligible; the

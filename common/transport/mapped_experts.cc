@@ -27,9 +27,9 @@ struct MappedExperts::Mapping {
 absl::Status MappedExperts::CheckFileUnchanged(const v1::SharedSegmentInfo& segment) {
   const absl::StatusOr<FileStamp> now = StampFile(segment.file_path());
   if (!now.ok() || *now != FileStamp{segment.bytes(), segment.file_mtime_ns()}) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint file ", segment.file_path(),
-                     " changed (or went) since strata-cache mapped it; restart strata-cache"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint file ", segment.file_path(),
+        " changed (or went) since strata-expert-store mapped it; restart strata-expert-store"));
   }
   return absl::OkStatus();
 }

@@ -116,7 +116,7 @@ void CpuTierService::Serve(ShmChannel& channel) {
       status = absl::InvalidArgumentError(absl::StrCat(
           "CPU tier: a response of ", request->num_tokens, " tokens exceeds the channel's slots"));
     }
-    // Beats around the work (the worker fails a wait on a cache whose heartbeat stands still),
+    // Beats around the work (the worker fails a wait on a store whose heartbeat stands still),
     // also after waiting for the backend behind another worker's request.
     channel.Heartbeat();
     if (status.ok()) {

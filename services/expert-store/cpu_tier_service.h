@@ -1,4 +1,4 @@
-// strata-cache's CPU tier: runs workers' expert requests on this process's CPUs, reading the
+// strata-expert-store's CPU tier: runs workers' expert requests on this process's CPUs, reading the
 // weights in place from the store's shared memory, so that a worker can have a cold expert
 // computed here instead of copying it to its GPU.
 //
@@ -41,7 +41,7 @@ struct CpuTierOptions {
 class CpuTierService {
  public:
   // `layout` gives the store's layout; it is called once, at the first Attach, when the
-  // store's segments are mapped (and the thread pool started): a cache that no worker asks
+  // store's segments are mapped (and the thread pool started): a store that no worker asks
   // for CPU compute spends nothing on it.
   CpuTierService(ModelConfig config, std::function<v1::ExpertLayout()> layout,
                  CpuTierOptions options = {});

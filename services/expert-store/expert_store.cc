@@ -161,17 +161,17 @@ absl::StatusOr<StoreMeta> ReadMeta(const std::string& name) {
   return DecodeMeta(segment->data(), segment->size());
 }
 
-// Two strata-cache processes must never share a store: each removes it when it stops.
+// Two strata-expert-store processes must never share a store: each removes it when it stops.
 absl::Status CheckOwnerGone(const StoreMeta& meta, const std::string& prefix) {
   if (ProcessAlive(meta.owner_pid, meta.owner_start_time)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the expert store \"", prefix, "\" belongs to strata-cache pid ", meta.owner_pid,
+        "the expert store \"", prefix, "\" belongs to strata-expert-store pid ", meta.owner_pid,
         ", which is running; stop it or use another --segment-prefix"));
   }
   return absl::OkStatus();
 }
 
-// Removes the store a gone strata-cache left under `prefix` (its segments, then its meta);
+// Removes the store a gone strata-expert-store left under `prefix` (its segments, then its meta);
 // FailedPrecondition when its owner still runs. The segments are this user's own found under
 // the prefix, never names read from the meta.
 absl::Status RemoveGoneStore(const std::string& prefix) {
@@ -251,7 +251,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Build(const Model& mod
   if (options.in_place) return MapInPlace(model, options);
   const auto start = std::chrono::steady_clock::now();
   const std::string meta_name = MetaName(options.segment_prefix);
-  // Replace what a gone strata-cache left under this prefix.
+  // Replace what a gone strata-expert-store left under this prefix.
   RETURN_IF_ERROR(RemoveGoneStore(options.segment_prefix));
   ASSIGN_OR_RETURN(const ModelIdentity identity, IdentifyModel(model.dir));
 

@@ -1,9 +1,9 @@
 // The CPU-side store of every expert's weights: copied once from the checkpoint into named
 // shared memory, one segment per NUMA node with its pages bound to that node, so any worker
 // process can map them read-only. The layout (layer, expert, tensor -> segment, offset, dtype,
-// shape) is what strata-cache publishes over gRPC. A meta segment (store_meta.h) records the
-// layout, the model and a checksum of every segment, so that a strata-cache restarted after a
-// SIGKILL re-attaches to the segments instead of copying the model again.
+// shape) is what strata-expert-store publishes over gRPC. A meta segment (store_meta.h) records the
+// layout, the model and a checksum of every segment, so that a strata-expert-store restarted after
+// a SIGKILL re-attaches to the segments instead of copying the model again.
 #ifndef STRATA_SERVICES_EXPERT_STORE_EXPERT_STORE_H_
 #define STRATA_SERVICES_EXPERT_STORE_EXPERT_STORE_H_
 
@@ -43,13 +43,13 @@ class ExpertStore {
   // owner is still running.
   static absl::StatusOr<std::unique_ptr<ExpertStore>> Build(const Model& model,
                                                             const ExpertStoreOptions& options);
-  // Adopts the store a killed strata-cache left under the prefix (same generation, nothing
+  // Adopts the store a killed strata-expert-store left under the prefix (same generation, nothing
   // copied) when its meta, its layout and model and every segment's checksum match `model`;
   // otherwise says why through options.log and Builds.
   static absl::StatusOr<std::unique_ptr<ExpertStore>> Attach(const Model& model,
                                                              const ExpertStoreOptions& options);
   // options.in_place: the layout of the checkpoint's own files; its generation follows the
-  // checkpoint, so a restarted strata-cache hands the workers the same one.
+  // checkpoint, so a restarted strata-expert-store hands the workers the same one.
   static absl::StatusOr<std::unique_ptr<ExpertStore>> MapInPlace(const Model& model,
                                                                  const ExpertStoreOptions& options);
   // Removes the segments: an ordered stop. After a SIGKILL they stay, for Attach.

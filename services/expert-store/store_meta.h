@@ -1,5 +1,5 @@
-// The expert store's meta segment, "<prefix>-experts-meta": what a restarted strata-cache needs
-// to re-attach to the data segments a killed one left behind, and to check that they still
+// The expert store's meta segment, "<prefix>-experts-meta": what a restarted strata-expert-store
+// needs to re-attach to the data segments a killed one left behind, and to check that they still
 // hold what it would build.
 //
 // A separate segment rather than a header in each data segment: the data segments stay plain
@@ -35,7 +35,7 @@ struct StoreMeta {
   ModelIdentity model;
   std::vector<uint64_t> segment_checksums;  // ChunkedChecksum of each layout segment's bytes
   v1::ExpertLayout layout;
-  pid_t owner_pid = 0;  // the strata-cache that removes the store when it stops
+  pid_t owner_pid = 0;  // the strata-expert-store that removes the store when it stops
   uint64_t owner_start_time = 0;
 };
 

@@ -1,6 +1,6 @@
 // Where a worker runs an expert that is on none of its GPU slots (a cold expert): copy its
-// weights from strata-cache's shared memory into a slot and run it on the GPU, or have
-// strata-cache compute it on its CPUs where the weights already are (CpuTierClient).
+// weights from strata-expert-store's shared memory into a slot and run it on the GPU, or have
+// strata-expert-store compute it on its CPUs where the weights already are (CpuTierClient).
 //
 // Estimated seconds for one (expert, layer request) pair of `tokens` tokens:
 //   copy = expert_bytes / copy_bytes_per_s / (1 + copy_reuses)
@@ -52,8 +52,8 @@ struct ColdPathOptions {
   double cpu_bytes_per_s = 1.2e10;
   double cpu_flops = 5.8e10;
   // Fixed cost of one CPU-tier request, measured there as a one-token request with no expert
-  // through CacheServer and CpuTierClient: 2 us back to back (both sides spinning), 35-40 us
-  // with requests 1 ms apart (the cache's thread asleep, as between a worker's layers);
+  // through ExpertStoreServer and CpuTierClient: 2 us back to back (both sides spinning), 35-40 us
+  // with requests 1 ms apart (the store's thread asleep, as between a worker's layers);
   // about 110 us when the two sides share one core (each waits out the other's spin).
   double cpu_overhead_s = 40e-6;
   // Further uses a copied expert is expected to serve while resident (see above).
@@ -71,7 +71,7 @@ ColdPath ChooseColdPath(const ColdPathOptions& options, uint64_t expert_bytes, i
 
 // Sets options' cpu_flops and cpu_bytes_per_s from the CPU tier's seconds for one expert of
 // `expert_bytes` at 1 and at 8 tokens: 7 tokens more cost 7 x 6 x hidden x intermediate /
-// cpu_flops, the rest of the one-token time is streaming (requests back to back, the cache's
+// cpu_flops, the rest of the one-token time is streaming (requests back to back, the store's
 // thread awake: no fixed cost taken off). False, leaving options as they were, when the two
 // times are too close to tell the terms apart (a fixed cost or a cache dominates: streaming
 // under a quarter of the one-token time).
@@ -79,8 +79,8 @@ bool FitCpuRates(double one_token_s, double eight_tokens_s, uint64_t expert_byte
                  int64_t intermediate, ColdPathOptions& options);
 
 // One layer step's misses shared between the two paths, which run at once (the copies and the
-// GPU's work on one side, strata-cache's CPUs on the other): each miss goes to the path whose
-// running total it ends sooner (list scheduling), so that the step waits for the later of the
+// GPU's work on one side, strata-expert-store's CPUs on the other): each miss goes to the path
+// whose running total it ends sooner (list scheduling), so that the step waits for the later of the
 // two totals rather than their sum. A lone miss goes where ChooseColdPath sends it; forced
 // modes ignore the totals. Not thread-safe.
 class ColdPathSplit {

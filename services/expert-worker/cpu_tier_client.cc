@@ -17,16 +17,16 @@
 namespace strata {
 namespace {
 
-// Attaching is an shm_open and a thread start on the cache's side, plus, the first time, the
+// Attaching is an shm_open and a thread start on the expert store's side, plus, the first time, the
 // mapping of its segments.
 constexpr auto kAttachDeadline = std::chrono::seconds(10);
 constexpr absl::Duration kSubmitWait = absl::Seconds(10);
-constexpr absl::Duration kCacheHeartbeatTimeout = absl::Seconds(3);
+constexpr absl::Duration kStoreHeartbeatTimeout = absl::Seconds(3);
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CpuTierClient>> CpuTierClient::Connect(
-    const std::string& cache_address, const std::string& channel_name_prefix, int max_tokens,
+    const std::string& store_address, const std::string& channel_name_prefix, int max_tokens,
     int top_k, int hidden_size, const ClusterToken& token) {
   if (max_tokens <= 0 || top_k <= 0 || hidden_size <= 0) {
     return absl::InvalidArgumentError("CPU tier: max_tokens, top_k and hidden_size must be > 0");
@@ -38,14 +38,15 @@ absl::StatusOr<std::unique_ptr<CpuTierClient>> CpuTierClient::Connect(
   ShmChannelOptions options;
   options.slots = 2;  // one layer in flight, plus room to queue the next
   options.slot_bytes = ExpertSlotBytes(max_tokens, top_k, hidden_size);
-  // A cache that stops answering (stopped, stuck) fails the wait within this, and the worker
-  // copies those experts in instead; the cache beats for every request it takes and answers.
-  options.heartbeat_timeout = kCacheHeartbeatTimeout;
+  // An expert store that stops answering (stopped, stuck) fails the wait within this, and the
+  // worker copies those experts in instead; the expert store beats for every request it takes and
+  // answers.
+  options.heartbeat_timeout = kStoreHeartbeatTimeout;
   auto channel = ShmChannel::Create(name, options);
   if (!channel.ok()) return channel.status();
 
   auto stub = v1::ExpertStore::NewStub(
-      grpc::CreateChannel(cache_address, grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(store_address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + kAttachDeadline);
   token.Attach(context);
@@ -56,9 +57,9 @@ absl::StatusOr<std::unique_ptr<CpuTierClient>> CpuTierClient::Connect(
   const grpc::Status s = stub->AttachCompute(&context, request, &response);
   if (!s.ok()) {
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("CPU tier at ", cache_address, ": ", s.error_message()));
+                        absl::StrCat("CPU tier at ", store_address, ": ", s.error_message()));
   }
-  // The cache opened it before answering; this only catches it dying right after.
+  // The expert store opened it before answering; this only catches it dying right after.
   if (absl::Status peer = channel->WaitForPeer(absl::Seconds(1)); !peer.ok()) return peer;
   // Both sides have it mapped: drop the name so that a crash of either leaves nothing behind.
   channel->segment().Unlink().IgnoreError();
@@ -111,7 +112,7 @@ absl::Status CpuTierClient::Collect(Tensor& partial, absl::Duration timeout) {
     if (pending_.empty()) return absl::FailedPreconditionError("CPU tier: nothing submitted");
     expected = pending_.front();
   }
-  // In slices: while the cache computes, each slice tells the waiting worker's liveness so.
+  // In slices: while the expert store computes, each slice tells the waiting worker's liveness so.
   const absl::Time deadline = absl::Now() + timeout;
   absl::StatusOr<absl::Span<const uint8_t>> bytes;
   while (true) {
@@ -199,8 +200,8 @@ absl::StatusOr<double> TimeCpuTierExpert(CpuTierClient& client,
   Tensor partial;
   std::vector<double> seconds;
   // Two passes, the second timed: the first read of an expert also maps its pages into
-  // strata-cache (a fault per page), which a serving CPU tier has long done for the experts it
-  // computes; the others read in between have evicted it from the CPU's caches.
+  // strata-expert-store (a fault per page), which a serving CPU tier has long done for the experts
+  // it computes; the others read in between have evicted it from the CPU's caches.
   for (int pass = 0; pass < 2; ++pass) {
     for (const auto& [layer, expert] : experts) {
       request.layer = static_cast<uint32_t>(layer);

@@ -1,10 +1,11 @@
-// The worker's end of strata-cache's CPU tier: a shared-memory channel this worker creates
-// and strata-cache serves (ExpertStore.AttachCompute). A layer's cold experts go out as one
+// The worker's end of strata-expert-store's CPU tier: a shared-memory channel this worker creates
+// and strata-expert-store serves (ExpertStore.AttachCompute). A layer's cold experts go out as one
 // kRun request (the slots of other experts -1, as the router sends them) with Submit; the
 // worker runs its resident experts on its GPU meanwhile, then Collects the CPU's partial sums
 // and adds them in.
 //
-//   ASSIGN_OR_RETURN(auto cpu, CpuTierClient::Connect(cache, "strata_w3_cpu", 512, 8, 2048));
+//   ASSIGN_OR_RETURN(auto cpu,
+//                    CpuTierClient::Connect(store_address, "strata_w3_cpu", 512, 8, 2048));
 //   RETURN_IF_ERROR(cpu->Submit(cold_request));
 //   ... GPU work ...
 //   absl::Status s = cpu->Collect(partial, absl::Seconds(30));  // UNAVAILABLE: copy instead
@@ -33,28 +34,28 @@ namespace strata {
 class CpuTierClient {
  public:
   // Creates the channel "<channel_name_prefix>-<random>" with slots for requests of up to
-  // `max_tokens` tokens and asks strata-cache at `cache_address` to serve it (the call carries
-  // `token`); returns once it does. The gRPC status of a refusal, UNAVAILABLE if the cache
-  // does not answer in time.
+  // `max_tokens` tokens and asks strata-expert-store at `store_address` to serve it (the call
+  // carries `token`); returns once it does. The gRPC status of a refusal, UNAVAILABLE if the expert
+  // store does not answer in time.
   static absl::StatusOr<std::unique_ptr<CpuTierClient>> Connect(
-      const std::string& cache_address, const std::string& channel_name_prefix, int max_tokens,
+      const std::string& store_address, const std::string& channel_name_prefix, int max_tokens,
       int top_k, int hidden_size, const ClusterToken& token = ClusterToken());
-  // Detaches: strata-cache ends its thread for this channel.
+  // Detaches: strata-expert-store ends its thread for this channel.
   ~CpuTierClient() = default;
 
   // Writes a kRun request into the channel. Waits only for a free request slot, when more
   // than two requests are outstanding (up to 10 s). INVALID_ARGUMENT for another kind or a
-  // request larger than max_tokens allows; UNAVAILABLE once the cache is gone.
+  // request larger than max_tokens allows; UNAVAILABLE once the expert store is gone.
   absl::Status Submit(const ExpertRequestView& request);
 
   // Waits up to `timeout` for the response to the oldest outstanding request and copies its
   // partial sums into `partial` ([num_tokens, hidden_size] float32). DEADLINE_EXCEEDED if it
-  // is not there yet (call again: it stays outstanding); UNAVAILABLE promptly once the cache
-  // died or detached; INTERNAL with the cache's message when it failed the request;
+  // is not there yet (call again: it stays outstanding); UNAVAILABLE promptly once the expert store
+  // died or detached; INTERNAL with the expert store's message when it failed the request;
   // FAILED_PRECONDITION with nothing outstanding; DATA_LOSS for a corrupt response.
   absl::Status Collect(Tensor& partial, absl::Duration timeout);
 
-  // Whether strata-cache's end is attached and its process runs.
+  // Whether strata-expert-store's end is attached and its process runs.
   bool Alive() const;
   // Gives the channel up after a request whose answer will not be collected (a timeout, an
   // error between Submit and Collect): a late answer would be taken for the next request's.
@@ -63,7 +64,7 @@ class CpuTierClient {
   bool abandoned() const { return abandoned_.load(); }
   // Requests submitted and not collected yet.
   int outstanding() const;
-  // Called every 100 ms Collect waits on a live cache (a worker's liveness: it is waiting on
+  // Called every 100 ms Collect waits on a live expert store (a worker's liveness: it is waiting on
   // work that progresses elsewhere). Set before use.
   void set_on_wait(std::function<void()> on_wait) { on_wait_ = std::move(on_wait); }
   const std::string& channel_name() const { return name_; }

@@ -3,7 +3,7 @@
 //          pinned in slots;
 //  - warm: the remaining slots, filled on demand and emptied by a replacement policy;
 //  - cold: everything else, read from the expert store's shared memory when used (copied into
-//          a warm slot, or computed by strata-cache's CPU tier when the cost model says so);
+//          a warm slot, or computed by strata-expert-store's CPU tier when the cost model says so);
 //          on slots that read cold experts in place (a GPU's, over PCIe), replayed decode steps
 //          run a miss from where it is and the tiers copy it in afterwards when it is worth a
 //          slot (AfterReplays).

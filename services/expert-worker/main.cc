@@ -1,6 +1,6 @@
-// strata-worker --model DIR --cache ADDRESS --router ADDRESS --index I [--device cpu]
-// Runs the experts the router sends it, reading their weights from strata-cache's shared
-// memory. Start order does not matter: it waits for the cache and the router.
+// strata-worker --model DIR --store-address ADDRESS --router ADDRESS --index I [--device cpu]
+// Runs the experts the router sends it, reading their weights from strata-expert-store's
+// shared memory. Start order does not matter: it waits for the expert store and the router.
 #include <atomic>
 #include <cstdlib>
 #include <iostream>
@@ -16,13 +16,16 @@
 #include "services/expert-worker/worker_server.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json is read)");
-ABSL_FLAG(std::string, cache, "", "strata-cache address: unix:PATH or HOST:PORT");
+ABSL_FLAG(std::string, store_address, "", "strata-expert-store's address: unix:PATH or HOST:PORT");
+// The older name of --store-address, still taken from the scripts that pass it.
+ABSL_FLAG(std::string, cache, "", "deprecated: --store-address");
 ABSL_FLAG(std::string, router, "",
           "strata-router's internal listener (Coordinator): unix:PATH or HOST:PORT");
-ABSL_FLAG(std::string, cluster_token_file, "",
-          "File holding the cluster token carried by every call to the router and the cache, "
-          "and required of the router's (this user's, mode 0600); empty: $STRATA_CLUSTER_TOKEN, "
-          "or none");
+ABSL_FLAG(
+    std::string, cluster_token_file, "",
+    "File holding the cluster token carried by every call to the router and the expert store, "
+    "and required of the router's (this user's, mode 0600); empty: $STRATA_CLUSTER_TOKEN, "
+    "or none");
 ABSL_FLAG(std::string, channel_prefix, "strata",
           "Prefix of the shared-memory channels this worker creates (its CPU tier's)");
 ABSL_FLAG(int, index, 0, "This worker's index, 0 .. workers - 1");
@@ -33,11 +36,12 @@ ABSL_FLAG(std::string, gpu_memory_budget, "",
           "Expert memory of this worker (e.g. 24GiB; on --device cpu its private memory): hot "
           "and warm expert slots plus step buffers. Empty keeps every expert resident");
 ABSL_FLAG(std::string, cache_policy, "lfu", "Warm-slot replacement: lru or lfu (with aging)");
-ABSL_FLAG(std::string, cold_experts, "auto",
-          "Experts in no slot: copy them in, have strata-cache compute them on its CPUs (cpu), "
-          "let the cost model share them between the two (auto; on the CUDA IPC path replayed "
-          "decode steps read them in place, eager ones share them, and the router keeps the "
-          "faster), or share them with every step eager on the CUDA IPC path too (split)");
+ABSL_FLAG(
+    std::string, cold_experts, "auto",
+    "Experts in no slot: copy them in, have strata-expert-store compute them on its CPUs (cpu), "
+    "let the cost model share them between the two (auto; on the CUDA IPC path replayed "
+    "decode steps read them in place, eager ones share them, and the router keeps the "
+    "faster), or share them with every step eager on the CUDA IPC path too (split)");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 uses every hardware thread");
 ABSL_FLAG(std::string, transport, "shm", "shm (same host) or grpc (router on another host)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "ExpertWorker address for --transport grpc");
@@ -48,8 +52,8 @@ int main(int argc, char** argv) {
   strata::RateLimitProtobufLog();
   strata::ParseDaemonFlags(
       argc, argv, "strata-worker",
-      "strata-worker --model DIR --cache ADDRESS --router ADDRESS --index I [flags]: runs "
-      "the experts\nthe router sends it, from strata-cache's shared memory",
+      "strata-worker --model DIR --store-address ADDRESS --router ADDRESS --index I [flags]: "
+      "runs the experts\nthe router sends it, from strata-expert-store's shared memory",
       {__FILE__});
   const int index = absl::GetFlag(FLAGS_index);
   strata::SetProgramName(absl::StrCat("strata-worker[", index, "]"));
@@ -59,7 +63,11 @@ int main(int argc, char** argv) {
   }
   strata::WorkerOptions options;
   options.model_dir = absl::GetFlag(FLAGS_model);
-  options.cache_address = absl::GetFlag(FLAGS_cache);
+  options.store_address = absl::GetFlag(FLAGS_store_address);
+  if (options.store_address.empty() && !absl::GetFlag(FLAGS_cache).empty()) {
+    std::cerr << "strata-worker: --cache is deprecated, use --store-address\n";
+    options.store_address = absl::GetFlag(FLAGS_cache);
+  }
   options.router_address = absl::GetFlag(FLAGS_router);
   options.index = index;
   options.device = absl::GetFlag(FLAGS_device);
@@ -116,12 +124,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.log = [](const std::string& line) { strata::StatusLine(line); };
-  if (options.model_dir.empty() || options.cache_address.empty() ||
+  if (options.model_dir.empty() || options.store_address.empty() ||
       options.router_address.empty()) {
-    std::cerr << "strata-worker: --model, --cache and --router are required\n";
+    std::cerr << "strata-worker: --model, --store-address and --router are required\n";
     return 2;
   }
-  // Signals are handled from the start: Create may wait a long time for strata-cache.
+  // Signals are handled from the start: Create may wait a long time for strata-expert-store.
   static std::atomic<strata::WorkerServer*> running{nullptr};
   std::thread signals([] {
     strata::WaitForTerminationSignal();

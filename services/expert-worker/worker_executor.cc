@@ -90,7 +90,7 @@ absl::Status WorkerExecutor::RunOnCpuTier(const ExpertRequestView& request,
   local.experts = local_ids_;
   remote.experts = cpu_ids_;
   remote.hot_ratio = -1.0f;
-  // The cache computes its share while this worker computes the resident experts.
+  // The expert store computes its share while this worker computes the resident experts.
   absl::Status status = cpu_tier_->Submit(remote);
   bool local_done = false;
   if (status.ok()) {
@@ -103,7 +103,7 @@ absl::Status WorkerExecutor::RunOnCpuTier(const ExpertRequestView& request,
       return absl::OkStatus();
     }
   }
-  // strata-cache failed or went away: copy those experts in and run them here from now on.
+  // strata-expert-store failed or went away: copy those experts in and run them here from now on.
   Log(LogLevel::kWarning,
       absl::StrCat("CPU tier failed (", status.message(), "); copying its experts instead"));
   // A late response would put the channel out of step: stop using it altogether (the GPU

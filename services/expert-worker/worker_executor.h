@@ -1,6 +1,6 @@
 // Runs the router's per-layer messages on this worker: on a backend that holds every expert
 // (no memory budget), or through the expert tiers (a budget), whose misses are copied from the
-// expert store or computed by strata-cache's CPU tier.
+// expert store or computed by strata-expert-store's CPU tier.
 #ifndef STRATA_SERVICES_EXPERT_WORKER_WORKER_EXECUTOR_H_
 #define STRATA_SERVICES_EXPERT_WORKER_WORKER_EXECUTOR_H_
 
@@ -20,7 +20,7 @@ class WorkerExecutor {
   // Experts in `slots`, managed by `tiers`.
   WorkerExecutor(const ModelConfig& config, ExpertTiers& tiers, ExpertSlots& slots);
 
-  // Sends the misses `choose` picks to strata-cache's CPU tier (null `client`: none).
+  // Sends the misses `choose` picks to strata-expert-store's CPU tier (null `client`: none).
   void SetCpuTier(CpuTierClient* client, ColdPathChooser choose);
 
   // A kRun request: the weighted sum of its experts per token into partial(). Applies the

@@ -83,26 +83,26 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   w->incarnation_ = (static_cast<uint64_t>(rd()) << 20) ^ static_cast<uint64_t>(::getpid());
   ASSIGN_OR_RETURN(w->config_, LoadModelConfig(options.model_dir));
 
-  auto cache = v1::ExpertStore::NewStub(
-      grpc::CreateChannel(options.cache_address, grpc::InsecureChannelCredentials()));
+  auto store = v1::ExpertStore::NewStub(
+      grpc::CreateChannel(options.store_address, grpc::InsecureChannelCredentials()));
   std::function<absl::StatusOr<v1::ExpertLayout>()> fetch =
       [&]() -> absl::StatusOr<v1::ExpertLayout> {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     options.token.Attach(context);
     v1::ExpertLayout layout;
-    const grpc::Status s = cache->GetLayout(&context, v1::GetLayoutRequest(), &layout);
+    const grpc::Status s = store->GetLayout(&context, v1::GetLayoutRequest(), &layout);
     if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
       return absl::FailedPreconditionError(
-          absl::StrCat("strata-cache refused this worker: ", s.error_message()));
+          absl::StrCat("strata-expert-store refused this worker: ", s.error_message()));
     }
     if (!s.ok()) return absl::UnavailableError(s.error_message());
     return layout;
   };
   ASSIGN_OR_RETURN(
       v1::ExpertLayout layout,
-      RetryUntil(fetch, w->stopping_, absl::StrCat("strata-cache at ", options.cache_address),
-                 options.log));
+      RetryUntil(fetch, w->stopping_,
+                 absl::StrCat("strata-expert-store at ", options.store_address), options.log));
   ASSIGN_OR_RETURN(w->experts_, MappedExperts::Map(layout, w->config_));
   const bool in_place = layout.segments_size() > 0 && !layout.segments(0).file_path().empty();
   options.log(
@@ -259,7 +259,7 @@ void WorkerServer::AttachCpuTier() {
     return;
   }
   auto client = CpuTierClient::Connect(
-      options_.cache_address, absl::StrCat(options_.channel_prefix, "-cpu-w", options_.index),
+      options_.store_address, absl::StrCat(options_.channel_prefix, "-cpu-w", options_.index),
       options_.max_tokens_per_step, config_.top_k, static_cast<int>(config_.hidden_size),
       options_.token);
   if (!client.ok()) {
@@ -295,7 +295,7 @@ void WorkerServer::AttachCpuTier() {
         std::make_unique<CpuHostTier>(*cpu_tier_, static_cast<int>(config_.hidden_size));
     tiers_->AttachHostTier(cpu_host_tier_.get(), chooser());
   }
-  options_.log("CPU tier attached: strata-cache computes cold experts the cost model picks");
+  options_.log("CPU tier attached: strata-expert-store computes cold experts the cost model picks");
 }
 
 absl::Status WorkerServer::CalibrateCpuTier() {

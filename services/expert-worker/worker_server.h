@@ -31,7 +31,7 @@ namespace strata {
 
 struct WorkerOptions {
   std::string model_dir;       // for config.json; weights come from the expert store
-  std::string cache_address;   // strata-cache: unix:PATH or HOST:PORT
+  std::string store_address;   // strata-expert-store: unix:PATH or HOST:PORT
   std::string router_address;  // the router's internal listener: unix:PATH or HOST:PORT
   ClusterToken token;          // carried by every call to them; required of the router's
   // Names of the shared-memory channels this worker creates (its CPU tier's) start with it.
@@ -45,7 +45,7 @@ struct WorkerOptions {
   // every expert resident (the GPU copies them all at start, the CPU reads the store in place).
   uint64_t memory_budget = 0;
   ExpertTierOptions tiers;
-  ColdPathOptions cold_path;  // misses: copied, or computed by strata-cache's CPU
+  ColdPathOptions cold_path;  // misses: copied, or computed by strata-expert-store's CPU
   v1::Transport transport = v1::TRANSPORT_SHARED_MEMORY;
   std::string listen = "127.0.0.1:0";  // ExpertWorker service, for TRANSPORT_GRPC
   // Profiling: a file CUDA IPC graph steps append GPU clock stamps to (see WorkerLink).
@@ -56,7 +56,7 @@ struct WorkerOptions {
 
 class WorkerServer {
  public:
-  // Loads the config and maps the expert store (waiting for strata-cache as long as needed).
+  // Loads the config and maps the expert store (waiting for strata-expert-store as long as needed).
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Create(const WorkerOptions& options);
   ~WorkerServer();
 
@@ -68,8 +68,8 @@ class WorkerServer {
   WorkerServer() = default;
   absl::StatusOr<v1::RegisterWorkerResponse> Register();
   absl::Status CreateTiers();
-  // Attaches strata-cache's CPU tier unless misses are always copied; logs and goes on
-  // without it when the cache cannot take it.
+  // Attaches strata-expert-store's CPU tier unless misses are always copied; logs and goes on
+  // without it when the expert store cannot take it.
   void AttachCpuTier();
   // Times the CPU tier once attached and sets the cost model's CPU rates from it; an error
   // when a timing request failed (the tier is then not used).

@@ -6,8 +6,8 @@
 #include "common/cluster/cluster_token.h"
 #include "common/engine/step_runner.h"
 #include "common/placement/hot_ratio.h"
-#include "services/router/remote_expert_backend.h"
 #include "services/router/scheduler.h"
+#include "services/router/worker_expert_backend.h"
 #include "strata/v1/cluster.grpc.pb.h"
 
 namespace strata {
@@ -16,7 +16,7 @@ class AdminService final : public v1::Admin::CallbackService {
  public:
   // `experts` and `hot_ratio` are null when the router runs the experts itself.
   AdminService(Scheduler& scheduler, const PagedKvCache& kv, const StepRunner& runner,
-               const RemoteExpertBackend* experts, HotRatioControl* hot_ratio, ClusterToken token)
+               const WorkerExpertBackend* experts, HotRatioControl* hot_ratio, ClusterToken token)
       : scheduler_(scheduler),
         kv_(kv),
         runner_(runner),
@@ -38,7 +38,7 @@ class AdminService final : public v1::Admin::CallbackService {
   Scheduler& scheduler_;
   const PagedKvCache& kv_;
   const StepRunner& runner_;
-  const RemoteExpertBackend* experts_;
+  const WorkerExpertBackend* experts_;
   HotRatioControl* hot_ratio_;
   const ClusterToken token_;
 };

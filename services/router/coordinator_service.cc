@@ -8,7 +8,7 @@
 
 namespace strata {
 
-CoordinatorService::CoordinatorService(const ModelConfig& config, RemoteExpertBackend& experts,
+CoordinatorService::CoordinatorService(const ModelConfig& config, WorkerExpertBackend& experts,
                                        CoordinatorOptions options)
     : config_(config), experts_(experts), options_(std::move(options)) {}
 

@@ -1,5 +1,5 @@
 // strata.v1.Coordinator: expert workers register here; each gets a connection installed in
-// the router's RemoteExpertBackend and learns which experts it owns. Served on the router's
+// the router's WorkerExpertBackend and learns which experts it owns. Served on the router's
 // internal listener only; a registration without the cluster token is refused, so nothing but
 // the cluster's own workers can take experts over.
 #ifndef STRATA_SERVICES_ROUTER_COORDINATOR_SERVICE_H_
@@ -15,8 +15,8 @@
 #include "absl/time/time.h"
 #include "common/cluster/cluster_token.h"
 #include "common/placement/placement_plan.h"
-#include "services/router/remote_expert_backend.h"
 #include "services/router/shm_expert_connection.h"
+#include "services/router/worker_expert_backend.h"
 #include "strata/v1/cluster.grpc.pb.h"
 
 namespace strata {
@@ -34,7 +34,7 @@ struct CoordinatorOptions {
       cuda_ipc;
   std::string router_device = "cpu";  // for messages
   // The router's GPU (cudaDeviceProp::uuid bytes) when it runs on one: a CUDA IPC worker there
-  // shares its memory (RemoteExpertBackend::shares_memory). Empty for a CPU router, whose CPU
+  // shares its memory (WorkerExpertBackend::shares_memory). Empty for a CPU router, whose CPU
   // workers on shared memory share the host's.
   std::string router_gpu_uuid;
   ClusterToken token;  // every registration must carry it
@@ -45,7 +45,7 @@ struct CoordinatorOptions {
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  CoordinatorService(const ModelConfig& config, RemoteExpertBackend& experts,
+  CoordinatorService(const ModelConfig& config, WorkerExpertBackend& experts,
                      CoordinatorOptions options);
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
@@ -61,7 +61,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
 
  private:
   const ModelConfig& config_;
-  RemoteExpertBackend& experts_;
+  WorkerExpertBackend& experts_;
   CoordinatorOptions options_;
   std::mutex mu_;
   std::set<uint32_t> registered_;  // worker indexes seen

@@ -12,7 +12,7 @@
 
 namespace strata {
 absl::StatusOr<std::unique_ptr<IpcExpertBackend>> IpcExpertBackend::Create(
-    const ModelConfig& config, PlacementPlan placement, RemoteExpertOptions options,
+    const ModelConfig& config, PlacementPlan placement, WorkerExpertOptions options,
     gpu::CudaContext* context, int max_tokens) {
   if (placement.num_workers > gpu::kMaxSplitTargets) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA IPC experts: at most ",

@@ -4,7 +4,7 @@
 // worker reads and writes each worker's routing (other workers' experts -1); eager steps then
 // hand each worker the layer by an event and a kDeviceRun message, and the router's stream
 // waits for the workers' output events and sums the partials. Placement, liveness and
-// rerouting are RemoteExpertBackend's.
+// rerouting are WorkerExpertBackend's.
 //
 // Decode steps replayed as CUDA graphs (DecodeGraphs; ipc_graph_steps.cc) hand layers over by
 // flags: each captured layer's routing split (or the router's gate kernel, TakeHandOff) also
@@ -18,7 +18,7 @@
 // them.
 //
 // A worker that dies before answering costs its layer, which runs again on the others (as
-// RemoteExpertBackend does). One that dies after answering is the watchdog's (ipc_watchdog.h):
+// WorkerExpertBackend does). One that dies after answering is the watchdog's (ipc_watchdog.h):
 // FinishStep then aborts the step so that it runs again without that worker.
 #ifndef STRATA_SERVICES_ROUTER_IPC_EXPERT_BACKEND_H_
 #define STRATA_SERVICES_ROUTER_IPC_EXPERT_BACKEND_H_
@@ -40,13 +40,13 @@
 #include "common/transport/cuda_ipc/router_link.h"
 #include "services/router/cuda_ipc_connection.h"
 #include "services/router/ipc_watchdog.h"
-#include "services/router/remote_expert_backend.h"
 #include "services/router/shm_expert_connection.h"
+#include "services/router/worker_expert_backend.h"
 #include "strata/v1/cluster.pb.h"
 
 namespace strata {
 
-class IpcExpertBackend : public RemoteExpertBackend,
+class IpcExpertBackend : public WorkerExpertBackend,
                          public GraphStepExperts,
                          public gpu::GateHandOffSource {
  public:
@@ -54,7 +54,7 @@ class IpcExpertBackend : public RemoteExpertBackend,
   // router backend uses; the context must outlive the backend.
   static absl::StatusOr<std::unique_ptr<IpcExpertBackend>> Create(const ModelConfig& config,
                                                                   PlacementPlan placement,
-                                                                  RemoteExpertOptions options,
+                                                                  WorkerExpertOptions options,
                                                                   gpu::CudaContext* context,
                                                                   int max_tokens);
   ~IpcExpertBackend() override;
@@ -108,9 +108,9 @@ class IpcExpertBackend : public RemoteExpertBackend,
                         Tensor& out, int* failed) override;
 
  private:
-  IpcExpertBackend(const ModelConfig& config, PlacementPlan placement, RemoteExpertOptions options,
+  IpcExpertBackend(const ModelConfig& config, PlacementPlan placement, WorkerExpertOptions options,
                    gpu::CudaContext* context, int max_tokens)
-      : RemoteExpertBackend(config, std::move(placement), options),
+      : WorkerExpertBackend(config, std::move(placement), options),
         context_(context),
         max_tokens_(max_tokens) {}
   // Each worker's CUDA IPC link where its connection in `connections` (a snapshot of

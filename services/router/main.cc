@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
                  "at least 1\n";
     return 2;
   }
-  options.router_temperature = static_cast<float>(absl::GetFlag(FLAGS_router_temperature));
+  options.gate_temperature = static_cast<float>(strata::GateTemperatureFromFlags());
   options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
   options.scheduler.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
@@ -213,8 +213,8 @@ int main(int argc, char** argv) {
     std::cerr << "strata-router: --model is required\n";
     return 2;
   }
-  if (!(options.router_temperature > 0)) {
-    std::cerr << "strata-router: --router-temperature must be positive\n";
+  if (!(options.gate_temperature > 0)) {
+    std::cerr << "strata-router: --gate-temperature must be positive\n";
     return 2;
   }
   if (!(absl::GetFlag(FLAGS_drain_timeout_s) >= 0)) {

@@ -125,18 +125,19 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
       placement = std::move(plan.plan);
       coordinator.calibration = std::move(plan.counts);
     }
-    RETURN_IF_ERROR(s->CreateRemoteExperts(std::move(placement), coordinator));
+    RETURN_IF_ERROR(s->CreateWorkerExperts(std::move(placement), coordinator));
     s->hot_ratio_ = std::make_unique<HotRatioControl>(options.hot_ratio_policy);
     if (options.hot_ratio >= 0.0f) RETURN_IF_ERROR(s->hot_ratio_->SetFixed(options.hot_ratio));
-    s->remote_->set_hot_ratio(s->hot_ratio_->Update(0));
-    s->remote_->set_fp8_activations(options.fp8_activations);
+    s->worker_experts_->set_hot_ratio(s->hot_ratio_->Update(0));
+    s->worker_experts_->set_fp8_activations(options.fp8_activations);
   }
-  ExpertBackend& experts =
-      s->remote_ != nullptr ? *s->remote_ : static_cast<ExpertBackend&>(*s->stack_->experts());
+  ExpertBackend& experts = s->worker_experts_ != nullptr
+                               ? *s->worker_experts_
+                               : static_cast<ExpertBackend&>(*s->stack_->experts());
   StepRunnerOptions runner;
   ForwardOptions& forward_options = runner.forward;
-  forward_options.router_temperature = options.router_temperature;
-  if (s->remote_ != nullptr) {
+  forward_options.gate_temperature = options.gate_temperature;
+  if (s->worker_experts_ != nullptr) {
     // Only while a worker keeps some experts cold (wants_prefetch). A GPU router predicts on
     // the device, for its accuracy (eager steps; CudaRouterBackend::PredictRouting).
     forward_options.predict_next_experts = options.prefetch;
@@ -152,7 +153,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
       int64_t longest = 0;
       for (int64_t p : batch.position) longest = std::max(longest, p + 1);
       const float ratio = server->hot_ratio_->Update(longest);
-      server->remote_->set_hot_ratio(ratio);
+      server->worker_experts_->set_hot_ratio(ratio);
       if (server->lending_ != nullptr) server->LendKvMemory(ratio);
     };
   }
@@ -202,14 +203,16 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   // descriptor back: a flood of bare connections cannot hold them all.
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10'000);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 10 * 60'000);
-  s->admin_ = std::make_unique<AdminService>(*s->scheduler_, s->stack_->kv(), *s->runner_,
-                                             s->remote_.get(), s->hot_ratio_.get(), options.token);
+  s->admin_ =
+      std::make_unique<AdminService>(*s->scheduler_, s->stack_->kv(), *s->runner_,
+                                     s->worker_experts_.get(), s->hot_ratio_.get(), options.token);
   // The cluster's own processes and its operators.
   grpc::ServerBuilder internal;
   internal.RegisterService(s->admin_.get());
-  if (s->remote_ != nullptr) {
+  if (s->worker_experts_ != nullptr) {
     coordinator.token = options.token;
-    s->coordinator_ = std::make_unique<CoordinatorService>(c, *s->remote_, std::move(coordinator));
+    s->coordinator_ =
+        std::make_unique<CoordinatorService>(c, *s->worker_experts_, std::move(coordinator));
     internal.RegisterService(s->coordinator_.get());
   }
   ASSIGN_OR_RETURN(ListeningServer internal_listening,
@@ -285,14 +288,14 @@ RouterSnapshot RouterServer::Snapshot() const {
   r.prefetch_predicted = p.predicted;
   r.prefetch_correct = p.correct;
   r.prefetch_actual = p.actual;
-  if (remote_ != nullptr) {
-    r.reroutes = remote_->reroutes();
-    r.expert_wire_bytes_sent = remote_->wire_bytes().sent.load();
-    r.expert_wire_bytes_received = remote_->wire_bytes().received.load();
-    for (int w = 0; w < remote_->num_workers(); ++w) {
-      const TierCounters t = remote_->tiers(w);
+  if (worker_experts_ != nullptr) {
+    r.reroutes = worker_experts_->reroutes();
+    r.expert_wire_bytes_sent = worker_experts_->wire_bytes().sent.load();
+    r.expert_wire_bytes_received = worker_experts_->wire_bytes().received.load();
+    for (int w = 0; w < worker_experts_->num_workers(); ++w) {
+      const TierCounters t = worker_experts_->tiers(w);
       r.workers.push_back({.index = w,
-                           .connected = remote_->connected(w),
+                           .connected = worker_experts_->connected(w),
                            .hot_hits = t.hot_hits,
                            .warm_hits = t.warm_hits,
                            .misses = t.misses,
@@ -304,11 +307,11 @@ RouterSnapshot RouterServer::Snapshot() const {
   return r;
 }
 
-absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
+absl::Status RouterServer::CreateWorkerExperts(PlacementPlan placement,
                                                CoordinatorOptions& coordinator) {
   const ModelConfig& c = stack_->config();
-  const RemoteExpertOptions remote{.timeout = options_.expert_timeout,
-                                   .kill_stalled_after = options_.worker_kill_after};
+  const WorkerExpertOptions worker_options{.timeout = options_.expert_timeout,
+                                           .kill_stalled_after = options_.worker_kill_after};
   owned_experts_.assign(placement.num_workers, 0);
   for (int layer = 0; layer < c.num_layers; ++layer) {
     if (!c.layer_is_moe[layer]) continue;
@@ -317,15 +320,17 @@ absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
     }
   }
   if (stack_->device_index() < 0) {
-    remote_ = std::make_unique<RemoteExpertBackend>(c, std::move(placement), remote);
+    worker_experts_ =
+        std::make_unique<WorkerExpertBackend>(c, std::move(placement), worker_options);
     return absl::OkStatus();
   }
 #if STRATA_HAVE_CUDA
   gpu::DeviceRouter* device = stack_->router().device_router();
   if (device == nullptr) return absl::InternalError("a GPU router without its device hooks");
-  ASSIGN_OR_RETURN(std::unique_ptr<IpcExpertBackend> ipc,
-                   IpcExpertBackend::Create(c, std::move(placement), remote, device->context(),
-                                            std::max(options_.scheduler.max_batch_tokens, 1)));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<IpcExpertBackend> ipc,
+      IpcExpertBackend::Create(c, std::move(placement), worker_options, device->context(),
+                               std::max(options_.scheduler.max_batch_tokens, 1)));
   if (!options_.gpu_clock_stamps.empty()) {
     RETURN_IF_ERROR(ipc->StampClocks(options_.gpu_clock_stamps));
   }
@@ -340,7 +345,7 @@ absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
   };
   // The router's gate kernel hands captured decode layers to the workers itself.
   device->SetGateHandOffSource(ipc.get());
-  remote_ = std::move(ipc);
+  worker_experts_ = std::move(ipc);
   return absl::OkStatus();
 #else
   return absl::UnimplementedError("this build has no CUDA backend (nvcc was not found)");
@@ -348,17 +353,17 @@ absl::Status RouterServer::CreateRemoteExperts(PlacementPlan placement,
 }
 
 void RouterServer::LendKvMemory(float ratio) {
-  const int n = remote_->num_workers();
+  const int n = worker_experts_->num_workers();
   std::vector<LendingWorker> workers(n);
   for (int w = 0; w < n; ++w) {
-    const TierCounters t = remote_->tiers(w);
-    workers[w] = {.shares = remote_->shares_memory(w) && remote_->connected(w),
+    const TierCounters t = worker_experts_->tiers(w);
+    workers[w] = {.shares = worker_experts_->shares_memory(w) && worker_experts_->connected(w),
                   .owned = owned_experts_[w],
                   .slot_bytes = t.slot_bytes,
                   .lent = t.lent_slots};
   }
   const std::optional<int> resize = lending_->Step(ratio, workers, stack_->kv().active_blocks());
-  for (int w = 0; w < n; ++w) remote_->set_lent_slots(w, lending_->asks()[w]);
+  for (int w = 0; w < n; ++w) worker_experts_->set_lent_slots(w, lending_->asks()[w]);
   if (!resize) return;
   // Applied between steps, on this thread (Scheduler::ResizeKv).
   scheduler_->ResizeKv(
@@ -377,8 +382,9 @@ void RouterServer::MonitorWorkers() {
   ExpertUses reported_uses = WorkerExpertUses();
   while (!stopping_.load()) {
     // A worker that stopped answering is noticed here even while no request runs.
-    if (remote_ != nullptr) remote_->CheckWorkers();
-    const bool all = remote_ == nullptr || remote_->num_connected() == remote_->num_workers();
+    if (worker_experts_ != nullptr) worker_experts_->CheckWorkers();
+    const bool all = worker_experts_ == nullptr ||
+                     worker_experts_->num_connected() == worker_experts_->num_workers();
     if (all != ready_.load()) {
       ready_.store(all);
       server_->GetHealthCheckService()->SetServingStatus(all);
@@ -393,9 +399,9 @@ void RouterServer::MonitorWorkers() {
 
 ExpertUses RouterServer::WorkerExpertUses() const {
   ExpertUses uses;
-  if (remote_ == nullptr) return uses;
-  for (int w = 0; w < remote_->num_workers(); ++w) {
-    const TierCounters t = remote_->tiers(w);
+  if (worker_experts_ == nullptr) return uses;
+  for (int w = 0; w < worker_experts_->num_workers(); ++w) {
+    const TierCounters t = worker_experts_->tiers(w);
     uses.hot += t.hot_hits;
     uses.warm += t.warm_hits;
     uses.cold += t.misses;

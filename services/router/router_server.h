@@ -28,8 +28,8 @@
 #include "services/router/http/http_server.h"
 #include "services/router/http/openai_service.h"
 #include "services/router/kv_lending.h"
-#include "services/router/remote_expert_backend.h"
 #include "services/router/scheduler.h"
+#include "services/router/worker_expert_backend.h"
 
 namespace strata {
 
@@ -54,7 +54,7 @@ struct RouterOptions {
   // blocks computed for them (prefix_caching); with share_expert_memory, one memory budget for
   // the pool and the expert slots of the workers on this router's device (KvLending).
   KvCacheOptions kv;
-  float router_temperature = 1.0f;
+  float gate_temperature = 1.0f;
   SchedulerOptions scheduler;
   // speculative.draft_model: drafts from this model (DraftModel) instead of prompt lookup.
   std::string draft_model_dir;
@@ -128,14 +128,14 @@ class RouterServer {
   void LendKvMemory(float ratio);
   RouterSnapshot Snapshot() const;
 
-  // Builds remote_ (num_workers > 0) for the placement, on the stack's device.
-  absl::Status CreateRemoteExperts(PlacementPlan placement, CoordinatorOptions& coordinator);
+  // Builds worker_experts_ (num_workers > 0) for the placement, on the stack's device.
+  absl::Status CreateWorkerExperts(PlacementPlan placement, CoordinatorOptions& coordinator);
 
   RouterOptions options_;
   std::unique_ptr<ModelStack> stack_;  // model, router backend, KV cache; local experts
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<GrammarCompiler> grammar_;  // response formats (refuses all without a tokenizer)
-  std::unique_ptr<RemoteExpertBackend> remote_;  // num_workers > 0
+  std::unique_ptr<WorkerExpertBackend> worker_experts_;  // num_workers > 0
   std::unique_ptr<HotRatioControl> hot_ratio_;
   std::unique_ptr<KvLending> lending_;  // kv_share_expert_memory
   std::vector<int> owned_experts_;      // (layer, expert) pairs, by worker

@@ -106,7 +106,7 @@ class Cluster:
                 return line.split()[1]
 
     def child_pids(self):
-        """The processes `strata up` started (cache, workers, router)."""
+        """The processes `strata up` started (expert store, workers, router)."""
         pids = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -372,7 +372,7 @@ class ShutdownTest(unittest.TestCase):
         cluster = Cluster(os.path.join(ORACLES, "qwen3_moe"), workers=2)
         try:
             children = cluster.child_pids()
-            self.assertGreaterEqual(len(children), 3, "cache, 2 workers and a router")
+            self.assertGreaterEqual(len(children), 3, "expert store, 2 workers and a router")
             with Client(cluster.address) as client:
                 self.assertEqual(len(client.generate_all(token_ids=[1, 2, 3], max_new_tokens=4,
                                                          ignore_eos=True,

@@ -356,7 +356,7 @@ class ApiKeyAndServedNameTest(unittest.TestCase):
             self.assertEqual(cluster.raw("GET", path)[0], 200, path)
         # The key is on no process's command line but the one it was typed on.
         daemons = [line for line in command_lines(cluster.proc.pid)
-                   if any(d in line for d in ("strata-router", "strata-worker", "strata-cache"))]
+                   if any(d in line for d in ("strata-router", "strata-worker", "strata-expert-store"))]
         self.assertEqual(len(daemons), 4, daemons)
         for line in daemons:
             self.assertNotIn(self.KEY, line)

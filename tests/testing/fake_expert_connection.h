@@ -1,5 +1,5 @@
 // An expert worker in the test's own process, for unit tests of the router's expert backend
-// (RemoteExpertBackend) without worker processes, shared memory or GPUs. It answers each
+// (WorkerExpertBackend) without worker processes, shared memory or GPUs. It answers each
 // request as strata-worker does: the request and the response go through the wire encoding
 // (expert_wire.h), and the request's experts run on a CpuExpertBackend over the same model
 // (ExpertExecutor). It works out the answer when a request is sent and hands answers out in

@@ -26,19 +26,34 @@ std::string Write(const std::string& name, const std::string& text) {
 TEST(ClusterConfigTest, YamlWithNestedKeys) {
   ClusterConfig c;
   ASSERT_TRUE(LoadClusterConfig(Write("a.yaml",
-                                      "model: /m\nworkers: 3\nrouter_temperature: 0.7\n"
+                                      "model: /m\nworkers: 3\ngate_temperature: 0.7\n"
                                       "kv_cache:\n  block_size: 16\n  memory_mb: 512\n"
                                       "max_queued_requests: 9\ntransport: grpc\n"),
                                 c)
                   .ok());
   EXPECT_EQ(c.model, "/m");
   EXPECT_EQ(c.workers, 3);
-  EXPECT_FLOAT_EQ(c.router_temperature, 0.7f);
+  EXPECT_FLOAT_EQ(c.gate_temperature, 0.7f);
   EXPECT_EQ(c.kv.block_size, 16);
   EXPECT_EQ(c.kv.memory_mb, 512);
   EXPECT_EQ(c.max_queued_requests, 9);
   EXPECT_EQ(c.transport, "grpc");
   EXPECT_EQ(c.max_running, 64);  // untouched keys keep their defaults
+}
+
+// router_temperature, the gate temperature's older name, is still taken as a key and a flag,
+// and reaches the router under the new one.
+TEST(ClusterConfigTest, OlderNameOfTheGateTemperature) {
+  ClusterConfig c;
+  ASSERT_TRUE(LoadClusterConfig(Write("older.yaml", "router_temperature: 0.7\n"), c).ok());
+  EXPECT_FLOAT_EQ(c.gate_temperature, 0.7f);
+  ASSERT_TRUE(ApplyClusterFlags({"--router-temperature", "0.5"}, c).ok());
+  EXPECT_FLOAT_EQ(c.gate_temperature, 0.5f);
+  ASSERT_TRUE(ApplyClusterFlags({"--gate-temperature=0.25"}, c).ok());
+  EXPECT_FLOAT_EQ(c.gate_temperature, 0.25f);
+  const auto router = DaemonArgs(c, Daemon::kRouter);
+  EXPECT_NE(std::find(router.begin(), router.end(), "--gate-temperature=0.25"), router.end());
+  for (const std::string& arg : router) EXPECT_THAT(arg, Not(HasSubstr("router-temperature")));
 }
 
 TEST(ClusterConfigTest, Json) {
@@ -106,6 +121,7 @@ TEST(ClusterConfigTest, Errors) {
   EXPECT_THAT(message("kv_cache:\n  blocksize: 3\n"),
               HasSubstr("unknown key \"kv_cache.blocksize\""));
   EXPECT_THAT(message("workers: many\n"), HasSubstr("bad value for \"workers\""));
+  EXPECT_THAT(message("gate_temperature: 0\n"), HasSubstr("bad value for \"gate_temperature\""));
   EXPECT_THAT(message("router_temperature: 0\n"),
               HasSubstr("bad value for \"router_temperature\""));
   EXPECT_THAT(message("transport: carrier-pigeon\n"), HasSubstr("bad value for \"transport\""));
@@ -174,7 +190,7 @@ TEST(ClusterConfigTest, RouterDevice) {
   c.router_device.clear();
   c.gpu_memory_budget = "8GiB";  // tiered workers on GPUs take CUDA IPC too
   EXPECT_EQ(*RouterDevice(c), "cuda:0");
-  c.cold_experts = "cpu";  // the workers hand strata-cache's CPUs the rows themselves
+  c.cold_experts = "cpu";  // the workers hand strata-expert-store's CPUs the rows themselves
   EXPECT_EQ(*RouterDevice(c), "cuda:0");
   c.cold_experts = "split";
   EXPECT_EQ(*RouterDevice(c), "cuda:0");
@@ -234,11 +250,11 @@ TEST(ClusterConfigTest, EachDaemonGetsItsKeys) {
   auto has = [](const std::vector<std::string>& args, const std::string& arg) {
     return std::find(args.begin(), args.end(), arg) != args.end();
   };
-  const auto cache = DaemonArgs(c, Daemon::kCache);
+  const auto store = DaemonArgs(c, Daemon::kExpertStore);
   const auto router = DaemonArgs(c, Daemon::kRouter);
   const auto worker = DaemonArgs(c, Daemon::kWorker);
-  for (const auto* args : {&cache, &router, &worker}) EXPECT_TRUE(has(*args, "--model=/m"));
-  EXPECT_TRUE(has(cache, "--expert-store=in-place"));
+  for (const auto* args : {&store, &router, &worker}) EXPECT_TRUE(has(*args, "--model=/m"));
+  EXPECT_TRUE(has(store, "--expert-store=in-place"));
   EXPECT_TRUE(has(router, "--kv-cache-mb=4096"));
   EXPECT_TRUE(has(router, "--cuda-graph-max-batch=32"));
   EXPECT_TRUE(has(router, "--prefetch=true"));
@@ -247,7 +263,7 @@ TEST(ClusterConfigTest, EachDaemonGetsItsKeys) {
   EXPECT_TRUE(has(worker, "--gpu-memory-budget=8GiB"));
   EXPECT_FALSE(has(worker, "--kv-cache-mb=4096"));
   EXPECT_FALSE(has(router, "--gpu-memory-budget=8GiB"));
-  for (const auto* args : {&cache, &router, &worker}) {
+  for (const auto* args : {&store, &router, &worker}) {
     for (const std::string& a : *args) EXPECT_EQ(a.find("--mps"), std::string::npos) << a;
   }
 }
@@ -266,7 +282,7 @@ TEST(ClusterConfigTest, ServedModelNameAndApiKey) {
   EXPECT_TRUE(CheckClusterConfig(c).ok());
   const auto router = DaemonArgs(c, Daemon::kRouter);
   EXPECT_NE(std::find(router.begin(), router.end(), "--served-model-name=org/model"), router.end());
-  for (const Daemon daemon : {Daemon::kCache, Daemon::kRouter, Daemon::kWorker}) {
+  for (const Daemon daemon : {Daemon::kExpertStore, Daemon::kRouter, Daemon::kWorker}) {
     for (const std::string& arg : DaemonArgs(c, daemon)) {
       EXPECT_THAT(arg, Not(HasSubstr("sk-flag-123")));
       EXPECT_THAT(arg, Not(HasSubstr("api-key")));

@@ -76,7 +76,7 @@ TEST(DemoModelTest, HeldOutPerplexityWithinOnePercentOfTransformers) {
   for (const char* temperature : {"1.0", "0.7"}) {
     EvalOptions options;
     options.engine = EngineOptions();
-    options.engine.router_temperature = std::stof(temperature);
+    options.engine.gate_temperature = std::stof(temperature);
     options.text_file = kHeldout;
     options.expert_stats = std::string(temperature) == "1.0";
     auto result = Evaluate(options);
@@ -85,7 +85,7 @@ TEST(DemoModelTest, HeldOutPerplexityWithinOnePercentOfTransformers) {
     EXPECT_EQ(result->tokens, ref["tokens"].get<int64_t>());
     const double expected = ref["perplexity"].get<double>();
     EXPECT_NEAR(result->perplexity, expected, 0.01 * expected)
-        << "router temperature " << temperature;
+        << "gate temperature " << temperature;
     if (options.expert_stats) {
       EXPECT_EQ(result->expert_counts,
                 ref["expert_counts"].get<std::vector<std::vector<int64_t>>>());

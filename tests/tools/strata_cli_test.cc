@@ -100,7 +100,8 @@ TEST(StrataCliTest, Errors) {
        "exceed the 2048-token context"},
       {"generate --model " + kModel + " --ids 1 --temperature -1",
        "'temperature' must be in [0, 2]"},
-      {"generate --model " + kModel + " --ids 1 --router-temperature 0", "router_temperature"},
+      {"generate --model " + kModel + " --ids 1 --gate-temperature 0", "gate_temperature"},
+      {"generate --model " + kModel + " --ids 1 --router-temperature 0", "gate_temperature"},
       {"frobnicate --model " + kModel, "unknown command"},
       {"generate --model " + kModel + " --ids 1 --stop x", "--stop needs --server"},
       {"generate --model " + kModel, "--prompt or --ids is required"},
@@ -185,6 +186,7 @@ TEST(StrataCliTest, EachCommandsHelpIsItsOwn) {
                                            "kv-cache-fp16-above-tokens",
                                            "kv-cache-calibration-tokens",
                                            "prefill-chunk",
+                                           "gate-temperature",
                                            "router-temperature",
                                            "log-level"};
   auto with_engine = [&](std::vector<std::string> flags) {
@@ -270,8 +272,8 @@ TEST(StrataCliTest, EngineFlagsReadAlikeInBothPrograms) {
   const auto router_flags = FlagLines(router.out);
   const auto tool_flags = FlagLines(RunStrata("generate --help").out);
   for (const char* flag :
-       {"threads", "router-temperature", "kv-block-size", "kv-cache-mb", "kv-cache-dtype",
-        "kv-cache-fp16-above-tokens", "kv-cache-calibration-tokens"}) {
+       {"threads", "gate-temperature", "router-temperature", "kv-block-size", "kv-cache-mb",
+        "kv-cache-dtype", "kv-cache-fp16-above-tokens", "kv-cache-calibration-tokens"}) {
     ASSERT_TRUE(router_flags.contains(flag)) << flag;
     ASSERT_TRUE(tool_flags.contains(flag)) << flag;
     EXPECT_EQ(router_flags.at(flag), tool_flags.at(flag)) << flag;
@@ -292,9 +294,10 @@ TEST(StrataCliTest, UnknownFlagNamesTheNearest) {
 
 // The daemons print their own usage with dashed flag names, without Abseil's warnings.
 TEST(StrataCliTest, DaemonsHelpAndUnknownFlags) {
-  const std::pair<const char*, const char*> daemons[] = {{"strata-router", "--kv-cache-mb"},
-                                                         {"strata-worker", "--gpu-memory-budget"},
-                                                         {"strata-cache", "--segment-prefix"}};
+  const std::pair<const char*, const char*> daemons[] = {
+      {"strata-router", "--kv-cache-mb"},
+      {"strata-worker", "--gpu-memory-budget"},
+      {"strata-expert-store", "--segment-prefix"}};
   for (const auto& [daemon, flag] : daemons) {
     const std::string bin = absl::StrCat(STRATA_BIN_DIR, "/", daemon);
     const Result r = ::strata::testing::RunCommand(bin + " --help");

@@ -153,7 +153,7 @@ std::function<absl::Status(const T&)> Within(T lo, T hi) {
   };
 }
 
-constexpr int kCache = static_cast<int>(Daemon::kCache);
+constexpr int kExpertStore = static_cast<int>(Daemon::kExpertStore);
 constexpr int kRouter = static_cast<int>(Daemon::kRouter);
 constexpr int kWorker = static_cast<int>(Daemon::kWorker);
 
@@ -162,7 +162,7 @@ const std::map<std::string, Key>& Keys() {
   static const auto* keys = new std::map<std::string, Key>{
       {"model", KeyOf<S>("model", &ClusterConfig::model)
                     .Help("Hugging Face model directory (config.json, safetensors, tokenizer)")
-                    .To(kCache | kRouter | kWorker)},
+                    .To(kExpertStore | kRouter | kWorker)},
       {"workers", KeyOf<int>("workers", &ClusterConfig::workers, Positive<int>)
                       .Help("expert worker processes")
                       .To(kRouter)},
@@ -234,17 +234,18 @@ const std::map<std::string, Key>& Keys() {
                                return OneOf(v, {"debug", "info", "warning", "error"});
                              })
                         .Help("debug, info, warning or error")
-                        .To(kCache | kRouter | kWorker)},
+                        .To(kExpertStore | kRouter | kWorker)},
       {"threads", KeyOf<int>("threads", &ClusterConfig::threads_per_process, Within(0, kMaxThreads))
                       .Help("CPU threads per process; 0: every hardware thread")
                       .To(kRouter | kWorker)},
       {"cpu_tier_threads",
        KeyOf<int>("cpu-tier-threads", &ClusterConfig::cpu_tier_threads, Within(0, kMaxThreads))
-           .Help("threads strata-cache computes cold experts on; 0: every hardware thread")
-           .To(kCache)},
-      {"router_temperature",
-       KeyOf<double>("router-temperature", &ClusterConfig::router_temperature, Positive<float>)
-           .Help("softmax temperature of the MoE gate")
+           .Help("threads strata-expert-store computes cold experts on; 0: every hardware thread")
+           .To(kExpertStore)},
+      {"gate_temperature",
+       KeyOf<double>("gate-temperature", &ClusterConfig::gate_temperature, Positive<float>)
+           .Help("softmax temperature of the MoE gate (older name: router_temperature, "
+                 "--router-temperature, still taken)")
            .To(kRouter)},
       {"kv_cache.block_size",
        KvKeyOf<int>("kv-block-size", &KvCacheOptions::block_size, Positive<int>).To(kRouter)},
@@ -340,22 +341,23 @@ const std::map<std::string, Key>& Keys() {
                                 })
                            .Help("warm-slot replacement: lru or lfu")
                            .To(kWorker)},
-      {"cold_experts", KeyOf<S>("cold-experts", &ClusterConfig::cold_experts,
-                                [](const S& v) {
-                                  return OneOf(v, {"auto", "copy", "cpu", "split"});
-                                })
-                           .Help("experts in no slot: copy, cpu (strata-cache computes them), "
-                                 "auto (the cost model shares them; on GPUs decode graphs read "
-                                 "them in place, eager steps share them, the router keeps the "
-                                 "faster) or split (shared on GPUs too, every step eager)")
-                           .To(kWorker)},
+      {"cold_experts",
+       KeyOf<S>("cold-experts", &ClusterConfig::cold_experts,
+                [](const S& v) {
+                  return OneOf(v, {"auto", "copy", "cpu", "split"});
+                })
+           .Help("experts in no slot: copy, cpu (strata-expert-store computes them), "
+                 "auto (the cost model shares them; on GPUs decode graphs read "
+                 "them in place, eager steps share them, the router keeps the "
+                 "faster) or split (shared on GPUs too, every step eager)")
+           .To(kWorker)},
       {"expert_store", KeyOf<S>("expert-store", &ClusterConfig::expert_store,
                                 [](const S& v) {
                                   return OneOf(v, {"copy", "in-place"});
                                 })
                            .Help("copy the experts into shared memory, or map the checkpoint's "
                                  "files in place")
-                           .To(kCache)},
+                           .To(kExpertStore)},
       {"prefetch", KeyOf<bool>("prefetch", &ClusterConfig::prefetch)
                        .Help("predict the next layer's experts and prefetch them")
                        .To(kRouter)},
@@ -383,15 +385,29 @@ const std::map<std::string, Key>& Keys() {
   return *keys;
 }
 
+// Keys renamed since configs were first written: the older name reads as the new one.
+const std::map<std::string, std::string>& OlderKeyNames() {
+  static const auto* names = new std::map<std::string, std::string>{
+      {"router_temperature", "gate_temperature"},
+  };
+  return *names;
+}
+
+// `name`, or the key it is the older name of.
+std::string CurrentKeyName(const std::string& name) {
+  auto it = OlderKeyNames().find(name);
+  return it == OlderKeyNames().end() ? name : it->second;
+}
+
 absl::Status Apply(const YAML::Node& map, const std::string& prefix, const std::string& path,
                    ClusterConfig& config) {
   for (const auto& item : map) {
-    const std::string name = prefix + item.first.as<std::string>();
+    const std::string name = prefix + item.first.as<std::string>();  // as written
     if (item.second.IsMap()) {
       if (absl::Status s = Apply(item.second, name + ".", path, config); !s.ok()) return s;
       continue;
     }
-    auto it = Keys().find(name);
+    auto it = Keys().find(CurrentKeyName(name));
     if (it == Keys().end()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": unknown key \"", name, "\""));
     }
@@ -410,7 +426,7 @@ absl::Status Apply(const YAML::Node& map, const std::string& prefix, const std::
 
 absl::StatusOr<std::string> RouterDevice(const ClusterConfig& c) {
   // Tiered workers too: misses are copied in, read in place on their GPUs, or computed by
-  // strata-cache's CPUs (the worker hands them the layer's rows itself).
+  // strata-expert-store's CPUs (the worker hands them the layer's rows itself).
   const bool ipc_workers = c.device == "cuda" && c.transport == "shm";
   if (c.router_device.empty()) return ipc_workers ? std::string("cuda:0") : std::string("cpu");
   const absl::StatusOr<int> index = ParseDevice(c.router_device);
@@ -455,6 +471,12 @@ namespace {
 const Key* KeyOfFlag(const std::string& flag) {
   for (const auto& [name, key] : Keys()) {
     if (!key.flag.empty() && key.flag == flag) return &key;
+  }
+  // An older key's flag: its name dashed.
+  for (const auto& [older, current] : OlderKeyNames()) {
+    std::string older_flag = older;
+    std::replace(older_flag.begin(), older_flag.end(), '_', '-');
+    if (older_flag == flag) return &Keys().at(current);
   }
   return nullptr;
 }

@@ -1,6 +1,6 @@
 // The configuration of a cluster started by `strata up`: a YAML or JSON file whose keys read
-// like the design (router_temperature, kv_cache.block_size, ...), overridden by
-// command-line flags.
+// like the design (gate_temperature, kv_cache.block_size, ...), overridden by command-line
+// flags. A few keys have an older name that is still taken (OlderKeyNames in the .cc).
 #ifndef STRATA_TOOLS_STRATA_CLUSTER_CONFIG_H_
 #define STRATA_TOOLS_STRATA_CLUSTER_CONFIG_H_
 
@@ -33,9 +33,9 @@ struct ClusterConfig {
   // gRPC transport: activations as f32, or fp8 (E4M3, a scale per token).
   std::string expert_activations = "f32";
   std::string log_level = "warning";
-  int threads_per_process = 0;  // 0: every hardware thread
-  int cpu_tier_threads = 0;     // strata-cache's CPU tier; 0: every hardware thread
-  float router_temperature = 1.0f;
+  int threads_per_process = 0;          // 0: every hardware thread
+  int cpu_tier_threads = 0;             // strata-expert-store's CPU tier; 0: every hardware thread
+  float gate_temperature = 1.0f;        // the MoE gate's softmax temperature
   KvCacheOptions kv;                    // the router's KV pool (kv_cache.*)
   int speculative_tokens = 0;           // prompt-lookup drafts a step at most; 0: no speculation
   int speculative_ngram = 3;            // the longest suffix looked up
@@ -53,9 +53,10 @@ struct ClusterConfig {
   std::string gpu_memory_budget;   // per worker, e.g. 24GiB; empty: every expert resident
   std::string hot_ratio = "auto";  // a number in [0, 1], or auto (hot_ratio_policy)
   std::string hot_ratio_policy = HotRatioPolicy().ToString();
-  std::string cache_policy = "lfu";   // warm slots: lru or lfu
-  std::string cold_experts = "auto";  // copy, cpu (strata-cache computes them), auto or split
-  // strata-cache: copy the experts into NUMA-local shared memory, or map the checkpoint's
+  std::string cache_policy = "lfu";  // warm slots: lru or lfu
+  std::string cold_experts =
+      "auto";  // copy, cpu (strata-expert-store computes them), auto or split
+  // strata-expert-store: copy the experts into NUMA-local shared memory, or map the checkpoint's
   // files in place (in-place: no second copy in memory).
   std::string expert_store = "copy";
   bool prefetch = true;
@@ -84,7 +85,7 @@ std::string ClusterFlagsHelp();
 // The processes `strata up` starts, and the flags each takes from the config: every key handed
 // to `daemon`, as --flag=value (the supervisor adds what it derives itself: addresses, devices,
 // indexes).
-enum class Daemon { kCache = 1, kRouter = 2, kWorker = 4 };
+enum class Daemon { kExpertStore = 1, kRouter = 2, kWorker = 4 };
 std::vector<std::string> DaemonArgs(const ClusterConfig& config, Daemon daemon);
 
 // Every value of `config` kept to the rules the file's keys are read with, and a router device
@@ -97,7 +98,7 @@ std::vector<std::string> ClusterConfigFlags();
 
 // Where the router runs: router_device when set; otherwise cuda:0 for GPU workers that talk
 // shared memory, with or without a memory budget (activations then stay on the GPUs, by CUDA
-// IPC; a worker hands strata-cache's CPU tier its rows itself); cpu for everything else.
+// IPC; a worker hands strata-expert-store's CPU tier its rows itself); cpu for everything else.
 // INVALID_ARGUMENT when a GPU router is asked for with workers that cannot share its device
 // buffers.
 absl::StatusOr<std::string> RouterDevice(const ClusterConfig& config);

@@ -158,6 +158,7 @@ const std::vector<CommandFlag> kEngineFlags = {"device",
                                                "kv-cache-fp16-above-tokens",
                                                "kv-cache-calibration-tokens",
                                                "prefill-chunk",
+                                               "gate-temperature",
                                                "router-temperature",
                                                "log-level"};
 
@@ -337,7 +338,7 @@ absl::StatusOr<strata::LocalEngineOptions> EngineOptionsFromFlags() {
   options.num_threads = absl::GetFlag(FLAGS_threads);
   ASSIGN_OR_RETURN(options.kv, strata::KvCacheOptionsFromFlags());
   options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk);
-  options.router_temperature = static_cast<float>(absl::GetFlag(FLAGS_router_temperature));
+  options.gate_temperature = static_cast<float>(strata::GateTemperatureFromFlags());
   options.device = absl::GetFlag(FLAGS_device);
   options.expert_weights = absl::GetFlag(FLAGS_weights);
   return options;
@@ -473,10 +474,11 @@ absl::Status Up(const std::vector<std::string>& args, const std::string& self) {
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--help" || args[i] == "-h") {
-      std::cout << "strata up [--config FILE] [flags]: starts strata-cache, strata-router and "
-                   "the workers; prints READY <host>:<port>\n"
-                   "  --config FILE  YAML or JSON with the keys below; flags override it\n"
-                << strata::ClusterFlagsHelp();
+      std::cout
+          << "strata up [--config FILE] [flags]: starts strata-expert-store, strata-router and "
+             "the workers; prints READY <host>:<port>\n"
+             "  --config FILE  YAML or JSON with the keys below; flags override it\n"
+          << strata::ClusterFlagsHelp();
       return absl::OkStatus();
     }
     if (args[i] == "--config" && i + 1 < args.size()) {

@@ -25,7 +25,7 @@ std::vector<std::string> QuantizableModelTypes();
 bool IsFp8Linear(absl::string_view name, absl::Span<const int64_t> shape);
 
 // The nn.Linear modules that keep their 16-bit weights and so go in the config's `ignore`
-// list: the MoE routers (their top-k choice flips on small errors) and the shared-expert gate.
+// list: the MoE gates (their top-k choice flips on small errors) and the shared-expert gate.
 // `lm_head` is added by QuantizationConfigJson whether or not the head is tied.
 bool IsIgnoredLinear(absl::string_view name);
 

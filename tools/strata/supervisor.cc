@@ -45,11 +45,12 @@ class Supervisor {
   // memory, both named with a random id (what a SIGKILLed `strata up` of this user left goes),
   // and the CUDA MPS daemon its GPU processes share a GPU through.
   absl::Status Prepare();
-  // strata-cache, then strata-router, then the workers, each once the one before listens.
+  // strata-expert-store, then strata-router, then the workers, each once the one before listens.
   // Any error stops what was started.
   absl::Status StartProcesses();
-  // One poll loop over the router's stdout until it prints READY, a restarted cache's until it
-  // is back, and the signals (SIGCHLD too, `signals` blocked by the caller) through a signalfd.
+  // One poll loop over the router's stdout until it prints READY, a restarted expert store's
+  // until it is back, and the signals (SIGCHLD too, `signals` blocked by the caller) through a
+  // signalfd.
   absl::Status Supervise(const sigset_t& signals);
 
  private:
@@ -57,8 +58,8 @@ class Supervisor {
   std::vector<std::string> ArgsOf(const char* binary, Daemon daemon,
                                   std::vector<std::string> derived) const;
   std::string WorkerDevice(int index) const;
-  // Stops the router (draining for up to `router_grace`), the workers and the cache; returns
-  // the router's exit status.
+  // Stops the router (draining for up to `router_grace`), the workers and the expert store;
+  // returns the router's exit status.
   int StopAll(absl::Duration router_grace);
   // Stops the whole cluster and returns `status`.
   absl::Status Fail(absl::Duration router_grace, absl::Status status) {
@@ -70,7 +71,7 @@ class Supervisor {
   // The router's READY: announced once (the cluster's info written, READY printed), later
   // only logged (a restarted router).
   void TakeRouterReady();
-  void TakeCacheReady();
+  void TakeStoreReady();
   // A child that exited: restarted, or the error that ends the cluster.
   absl::Status OnExit(pid_t pid, int status);
 
@@ -83,16 +84,17 @@ class Supervisor {
   std::unique_ptr<MpsDaemon> mps_;
   std::string token_flag_;
   std::string router_internal_;
-  std::string cache_address_;
-  Child cache_, router_;
+  std::string store_address_;
+  Child store_, router_;
   std::vector<Child> workers_;
   bool ready_ = false;      // the router printed READY since it (last) started
   bool announced_ = false;  // READY printed (once: a restarted router only logs)
   absl::Time router_stopped_;
-  // A restarted strata-cache: whether its stdout is watched for READY, and whether it got there.
-  bool cache_starting_ = false;
-  bool cache_back_ = true;
-  absl::Time cache_stopped_;
+  // A restarted strata-expert-store: whether its stdout is watched for READY, and whether it
+  // got there.
+  bool store_starting_ = false;
+  bool store_back_ = true;
+  absl::Time store_stopped_;
 };
 
 absl::Status Supervisor::Prepare() {
@@ -135,20 +137,20 @@ std::string Supervisor::WorkerDevice(int index) const {
 
 absl::Status Supervisor::StartProcesses() {
   const std::string prefix = dir_->shm_prefix();
-  cache_ = Child{"strata-cache", ArgsOf("strata-cache", Daemon::kCache,
-                                        {"--listen=" + dir_->socket("cache"),
-                                         "--segment-prefix=" + prefix, token_flag_})};
-  RETURN_IF_ERROR(Spawn(cache_));
-  absl::StatusOr<std::string> cache_address = AwaitLine(cache_, "READY ", absl::Minutes(30));
-  if (!cache_address.ok()) {
-    Stop(cache_, absl::Seconds(2));
-    return cache_address.status();
+  store_ = Child{"strata-expert-store", ArgsOf("strata-expert-store", Daemon::kExpertStore,
+                                               {"--listen=" + dir_->socket("expert-store"),
+                                                "--segment-prefix=" + prefix, token_flag_})};
+  RETURN_IF_ERROR(Spawn(store_));
+  absl::StatusOr<std::string> store_address = AwaitLine(store_, "READY ", absl::Minutes(30));
+  if (!store_address.ok()) {
+    Stop(store_, absl::Seconds(2));
+    return store_address.status();
   }
-  cache_address_ = *cache_address;
-  DrainInBackground(cache_);
-  // A restarted cache listens where the workers look for it and, with the same segment prefix,
-  // re-attaches to the store the dead one left.
-  SetListenAddress(cache_, cache_address_);
+  store_address_ = *store_address;
+  DrainInBackground(store_);
+  // A restarted expert store listens where the workers look for it and, with the same segment
+  // prefix, re-attaches to the store the dead one left.
+  SetListenAddress(store_, store_address_);
 
   router_ = Child{"strata-router",
                   ArgsOf("strata-router", Daemon::kRouter,
@@ -169,8 +171,8 @@ absl::Status Supervisor::StartProcesses() {
     workers_[i] =
         Child{absl::StrCat("strata-worker[", i, "]"),
               ArgsOf("strata-worker", Daemon::kWorker,
-                     {"--cache=" + cache_address_, "--router=" + router_internal_, token_flag_,
-                      "--channel-prefix=" + prefix, absl::StrCat("--index=", i),
+                     {"--store-address=" + store_address_, "--router=" + router_internal_,
+                      token_flag_, "--channel-prefix=" + prefix, absl::StrCat("--index=", i),
                       "--device=" + WorkerDevice(i), absl::StrCat("--listen=", c_.host, ":0")})};
     if (absl::Status s = Spawn(workers_[i]); !s.ok()) return Fail(absl::Seconds(1), s);
     DrainInBackground(workers_[i]);
@@ -181,7 +183,7 @@ absl::Status Supervisor::StartProcesses() {
 int Supervisor::StopAll(absl::Duration router_grace) {
   const int router_exit = Stop(router_, router_grace);
   for (Child& w : workers_) Stop(w, absl::Seconds(5));
-  Stop(cache_, absl::Seconds(5));
+  Stop(store_, absl::Seconds(5));
   return router_exit;
 }
 
@@ -211,34 +213,34 @@ void Supervisor::TakeRouterReady() {
   DrainInBackground(router_);
 }
 
-void Supervisor::TakeCacheReady() {
-  const bool open = ReadStdout(cache_);
-  if (std::optional<std::string> address = TakeLineWithPrefix(cache_.unread, "READY ")) {
-    StatusLine(absl::StrCat("strata-cache is back at ", *address, ", ",
-                            absl::ToInt64Milliseconds(absl::Now() - cache_stopped_),
+void Supervisor::TakeStoreReady() {
+  const bool open = ReadStdout(store_);
+  if (std::optional<std::string> address = TakeLineWithPrefix(store_.unread, "READY ")) {
+    StatusLine(absl::StrCat("strata-expert-store is back at ", *address, ", ",
+                            absl::ToInt64Milliseconds(absl::Now() - store_stopped_),
                             " ms after it stopped"));
-    cache_back_ = true;
-    DrainInBackground(cache_);
-    cache_starting_ = false;
+    store_back_ = true;
+    DrainInBackground(store_);
+    store_starting_ = false;
   } else if (!open) {
-    cache_starting_ = false;  // it exited: SIGCHLD says how
+    store_starting_ = false;  // it exited: SIGCHLD says how
   }
 }
 
 absl::Status Supervisor::OnExit(pid_t pid, int status) {
-  if (pid == cache_.pid) {
+  if (pid == store_.pid) {
     // The workers keep serving from their mappings of its segments meanwhile. A restart that
     // exits with an error before READY would only fail again.
-    cache_.pid = -1;
-    if (!cache_back_ && WIFEXITED(status)) {
+    store_.pid = -1;
+    if (!store_back_ && WIFEXITED(status)) {
       return Fail(absl::Seconds(5),
-                  absl::InternalError(
-                      absl::StrCat("strata-cache failed to restart (", Describe(status), ")")));
+                  absl::InternalError(absl::StrCat("strata-expert-store failed to restart (",
+                                                   Describe(status), ")")));
     }
-    cache_back_ = false;
-    cache_stopped_ = absl::Now();
-    if (absl::Status s = Restart(cache_, status); !s.ok()) return Fail(absl::Seconds(2), s);
-    cache_starting_ = true;
+    store_back_ = false;
+    store_stopped_ = absl::Now();
+    if (absl::Status s = Restart(store_, status); !s.ok()) return Fail(absl::Seconds(2), s);
+    store_starting_ = true;
     return absl::OkStatus();
   }
   if (pid == router_.pid) {
@@ -280,7 +282,7 @@ absl::Status Supervisor::Supervise(const sigset_t& signals) {
   while (true) {
     pollfd fds[3] = {{signal_fd, POLLIN, 0},
                      {ready_ ? -1 : router_.stdout_fd, POLLIN, 0},
-                     {cache_starting_ ? cache_.stdout_fd : -1, POLLIN, 0}};
+                     {store_starting_ ? store_.stdout_fd : -1, POLLIN, 0}};
     if (::poll(fds, 3, 1000) < 0 && errno != EINTR) {
       return Fail(absl::Seconds(1), absl::InternalError("poll failed"));
     }
@@ -289,7 +291,7 @@ absl::Status Supervisor::Supervise(const sigset_t& signals) {
       if (fds[1].revents & (POLLIN | POLLHUP)) ReadStdout(router_);
       TakeRouterReady();
     }
-    if (cache_starting_ && (fds[2].revents & (POLLIN | POLLHUP))) TakeCacheReady();
+    if (store_starting_ && (fds[2].revents & (POLLIN | POLLHUP))) TakeStoreReady();
     if (!(fds[0].revents & POLLIN)) continue;
     signalfd_siginfo info;
     if (::read(signal_fd, &info, sizeof(info)) != sizeof(info)) continue;

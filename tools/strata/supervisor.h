@@ -1,7 +1,7 @@
-// `strata up`: starts strata-cache, the workers and strata-router as separate processes,
-// prints "READY <host>:<port>" when Generate is served, restarts a worker or strata-cache that
-// dies (the cache on the same address, re-attaching to its shared memory), and stops
-// them all on SIGINT/SIGTERM.
+// `strata up`: starts strata-expert-store, the workers and strata-router as separate
+// processes, prints "READY <host>:<port>" when Generate is served, restarts a worker or
+// strata-expert-store that dies (the store on the same address, re-attaching to its shared
+// memory), and stops them all on SIGINT/SIGTERM.
 #ifndef STRATA_TOOLS_STRATA_SUPERVISOR_H_
 #define STRATA_TOOLS_STRATA_SUPERVISOR_H_
 
@@ -15,7 +15,7 @@ namespace strata {
 
 struct SupervisorOptions {
   ClusterConfig cluster;
-  std::string bin_dir;  // where strata-cache, strata-worker and strata-router are
+  std::string bin_dir;  // where strata-expert-store, strata-worker and strata-router are
 };
 
 // Runs the cluster until SIGINT/SIGTERM (blocked by the caller) and returns the router's

@@ -9,7 +9,7 @@ Method (the same as `strata eval`): the file is encoded with the model's tokeniz
 special tokens; the ids are cut into consecutive windows of --window tokens (the last may be
 shorter; one of a single token is dropped); each window runs from position 0 with no BOS, and
 positions 1..len-1 are scored. perplexity = exp(mean negative log-likelihood). Repeated for
-each router temperature (gate logits divided by T, done by scaling the gate weights by 1/T).
+each gate temperature (gate logits divided by T, done by scaling the gate weights by 1/T).
 Also records, at T = 1, the argmax token of every scored position and the number of times each
 expert of each MoE layer was selected (for the activation Gini).
 """

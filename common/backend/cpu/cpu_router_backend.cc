@@ -258,7 +258,7 @@ absl::Status CpuRouterBackend::PredictRouting(int layer, float temperature,
 absl::Status CpuRouterBackend::NormAndRoute(int layer, float temperature, Tensor& ffn_input,
                                             RoutingTable& routing) {
   if (!(temperature > 0.0f)) {
-    return absl::InvalidArgumentError("router temperature must be positive");
+    return absl::InvalidArgumentError("gate temperature must be positive");
   }
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t n = hidden_.rows();

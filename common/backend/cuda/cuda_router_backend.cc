@@ -640,9 +640,11 @@ MoeGateParams CudaRouterBackend::GateParams(float temperature) const {
   gate.num_experts = config_.num_experts;
   gate.top_k = config_.top_k;
   gate.temperature = temperature;
-  gate.scoring = config_.router_scoring == RouterScoring::kTopKThenSoftmax
-                     ? GateScoring::kTopKThenSoftmax
-                     : GateScoring::kSoftmaxThenTopK;
+  // The model's scoring (strata::GateScoring) as the kernels' (gpu::GateScoring, without the
+  // sigmoid-grouped one CudaRouterSupports turns away).
+  gate.scoring = config_.gate_scoring == strata::GateScoring::kTopKThenSoftmax
+                     ? gpu::GateScoring::kTopKThenSoftmax
+                     : gpu::GateScoring::kSoftmaxThenTopK;
   gate.renormalize = config_.norm_topk_prob;
   return gate;
 }
@@ -682,8 +684,7 @@ absl::Status CudaRouterBackend::PrepareFfn(int layer, float temperature, Tensor&
   const bool fused = pending_post_norm_ == layer && temperature > 0.0f;
   if (pending_post_norm_ >= 0 && !fused) RETURN_IF_ERROR(ApplyPostNorm(pending_post_norm_));
   pending_post_norm_ = -1;
-  if (!(temperature > 0.0f))
-    return absl::InvalidArgumentError("router temperature must be positive");
+  if (!(temperature > 0.0f)) return absl::InvalidArgumentError("gate temperature must be positive");
   const ModelConfig& c = config_;
   const int64_t n = step_tokens_;
   ffn_input = Tensor::DeviceView(normed_.data(), n, c.hidden_size, keep_alive_);

@@ -1,6 +1,6 @@
 // One eager layer step whose experts are shared between the device and a host tier
-// (strata-cache's CPU tier): the routing is split in two, the host tier's share goes out with
-// the step's activations while the device runs the rest, and the host's weighted sums are
+// (strata-expert-store's CPU tier): the routing is split in two, the host tier's share goes out
+// with the step's activations while the device runs the rest, and the host's weighted sums are
 // added into the device's output before the step's output is handed back.
 //
 //   ASSIGN_OR_RETURN(const int32_t* device_ids, split.Begin(...));   // host tier starts

@@ -1,4 +1,4 @@
-// The MoE router's selection: gate logits -> (expert id, weight) for the top k experts of each
+// The MoE gate's selection: gate logits -> (expert id, weight) for the top k experts of each
 // token, in either scoring order the supported models use.
 #ifndef STRATA_COMMON_CUDA_KERNELS_MOE_GATE_KERNELS_H_
 #define STRATA_COMMON_CUDA_KERNELS_MOE_GATE_KERNELS_H_

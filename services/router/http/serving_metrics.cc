@@ -106,7 +106,7 @@ std::string RenderMetrics(const ServingMetrics& s, const RequestMetrics& request
   }
   for (const auto& worker : r.workers) {
     w.Counter("strata_worker_tier_misses_total",
-              "Expert uses not resident (cold: copied in or computed by strata-cache)",
+              "Expert uses not resident (cold: copied in or computed by strata-expert-store)",
               static_cast<double>(worker.misses), {{"worker", absl::StrCat(worker.index)}});
   }
   for (const auto& worker : r.workers) {

@@ -54,7 +54,7 @@ struct RouterSnapshot {
     bool connected = false;
     uint64_t hot_hits = 0;
     uint64_t warm_hits = 0;
-    uint64_t misses = 0;  // cold: copied in or computed by strata-cache
+    uint64_t misses = 0;  // cold: copied in or computed by strata-expert-store
     uint64_t prefetch_loads = 0;
     uint64_t prefetch_hits = 0;
     uint32_t lent_slots = 0;  // expert slots lent to the KV pool

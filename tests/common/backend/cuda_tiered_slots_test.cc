@@ -112,7 +112,7 @@ class RecordingResidency : public SlotResidency {
   std::vector<int> made_resident;
 };
 
-// strata-cache's CPU tier in miniature: the CPU backend over the same store, or a tier that
+// strata-expert-store's CPU tier in miniature: the CPU backend over the same store, or a tier that
 // fails its answers.
 class CpuHostTier : public HostExpertTier {
  public:
@@ -131,7 +131,7 @@ class CpuHostTier : public HostExpertTier {
     return absl::OkStatus();
   }
   absl::Status Collect(Tensor& partial) override {
-    if (fail) return absl::UnavailableError("the cache went away");
+    if (fail) return absl::UnavailableError("the expert store went away");
     return backend_.RunExperts(layer_, x_, routing_, partial);
   }
   void Abandon() override { abandoned = true; }

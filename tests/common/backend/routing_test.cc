@@ -19,7 +19,7 @@ ModelConfig SigmoidGrouped(int experts, int groups, int top_groups, int top_k) {
   ModelConfig c;
   c.num_experts = experts;
   c.top_k = top_k;
-  c.router_scoring = RouterScoring::kSigmoidGrouped;
+  c.gate_scoring = GateScoring::kSigmoidGrouped;
   c.router_correction_bias = true;
   c.num_expert_groups = groups;
   c.top_k_groups = top_groups;
@@ -89,7 +89,7 @@ TEST(RoutingTest, SoftmaxScoringsUnchanged) {
   Choice got = Select(c, {1.0f, 3.0f, 3.0f, 0.0f}, {});
   EXPECT_THAT(got.experts, ElementsAre(1, 2));  // a tie goes to the lower id
   EXPECT_FLOAT_EQ(got.weights[0], 0.5f);
-  c.router_scoring = RouterScoring::kTopKThenSoftmax;
+  c.gate_scoring = GateScoring::kTopKThenSoftmax;
   got = Select(c, {0.0f, std::log(3.0f), -95.0f, -1.0f}, {});
   EXPECT_THAT(got.experts, ElementsAre(1, 0));
   EXPECT_FLOAT_EQ(got.weights[0], 0.75f);

@@ -40,7 +40,7 @@ TEST(DeepseekConfigTest, OracleModel) {
   EXPECT_DOUBLE_EQ(c->rope.original_max_position_embeddings, 128.0);
   const double m = 0.1 * std::log(4.0) + 1.0;
   EXPECT_NEAR(c->softmax_scale, m * m / std::sqrt(24.0), 1e-12);
-  EXPECT_EQ(c->router_scoring, RouterScoring::kSigmoidGrouped);
+  EXPECT_EQ(c->gate_scoring, GateScoring::kSigmoidGrouped);
   EXPECT_TRUE(c->router_correction_bias);
   EXPECT_EQ(c->num_experts, 16);
   EXPECT_EQ(c->top_k, 4);

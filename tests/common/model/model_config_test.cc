@@ -80,7 +80,7 @@ TEST(ModelConfigTest, Qwen2MoeSharedExpert) {
 TEST(ModelConfigTest, GptOss) {
   auto c = LoadModelConfig(OracleDir("gpt_oss"));
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->router_scoring, RouterScoring::kTopKThenSoftmax);
+  EXPECT_EQ(c->gate_scoring, GateScoring::kTopKThenSoftmax);
   EXPECT_EQ(c->activation, ExpertActivation::kClampedSwiGlu);
   EXPECT_EQ(c->sliding_window, (std::vector<int>{8, 0, 8}));
   EXPECT_EQ(c->rope.type, RopeConfig::Type::kYarn);
@@ -103,7 +103,7 @@ TEST(ModelConfigTest, Glm4Moe) {
   EXPECT_FALSE(c->o_bias);
   EXPECT_EQ(c->num_experts, 16);
   EXPECT_EQ(c->top_k, 4);
-  EXPECT_EQ(c->router_scoring, RouterScoring::kSigmoidGrouped);
+  EXPECT_EQ(c->gate_scoring, GateScoring::kSigmoidGrouped);
   EXPECT_TRUE(c->router_correction_bias);
   EXPECT_EQ(c->num_expert_groups, 4);
   EXPECT_EQ(c->top_k_groups, 2);

@@ -1,5 +1,5 @@
-// The cluster as separate processes (`strata up`: cache, workers, router) on loopback, driven
-// through the public gRPC API.
+// The cluster as separate processes (`strata up`: expert store, workers, router) on loopback,
+// driven through the public gRPC API.
 #include <grpcpp/grpcpp.h>
 
 #include <fstream>
@@ -86,7 +86,7 @@ TEST(ClusterTest, Fp8CheckpointMatchesInProcess) {
 
   // Workers that hold every expert, and workers whose memory budget holds only some of them
   // (copied into slots as needed, scales with them).
-  // And strata-cache mapping the checkpoint in place.
+  // And strata-expert-store mapping the checkpoint in place.
   for (const std::string extra : {"", "--gpu-memory-budget=1MiB", "--expert-store=in-place"}) {
     std::vector<std::string> args = {"--model=" + make.out_dir, "--workers=2", "--threads=1"};
     if (!extra.empty()) args.push_back(extra);

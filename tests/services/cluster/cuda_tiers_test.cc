@@ -148,7 +148,7 @@ TEST(CudaTiersTest, Fp8SlotsOverABf16StoreRunEagerlyWithTheResidentTokens) {
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
-// Cold experts on strata-cache's CPUs with the router on the GPU (`--cold-experts cpu`): the
+// Cold experts on strata-expert-store's CPUs with the router on the GPU (`--cold-experts cpu`): the
 // worker runs its layers eagerly, hands the CPU tier the rows of its cold experts and adds the
 // CPU's float sums into its bf16 output, one rounding more than the resident cluster's (and the
 // CPU's own order of sums), so a greedy sequence may part from the resident one where two tokens

@@ -1,5 +1,5 @@
 // The cluster's life: health before and after workers register, draining on SIGTERM, a worker
-// or strata-cache killed and restarted by the supervisor, a full queue, and a config file.
+// or strata-expert-store killed and restarted by the supervisor, a full queue, and a config file.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
@@ -66,18 +66,19 @@ TEST(LifecycleTest, NotServingUntilEveryWorkerRegisters) {
   ASSERT_FALSE(router_address.empty());
   EXPECT_EQ(Health(router_address), kNotServing);
   EXPECT_EQ(Health(router_address, "strata.v1.Generation"), kNotServing);
-  // A worker started before its cache waits for it.
+  // A worker started before its expert store waits for it.
   ChildProcess worker({kBin + "/strata-worker", "--model=" + model, "--router=" + internal,
-                       "--cache=127.0.0.1:1", "--index=0", "--threads=1", token});
+                       "--store-address=127.0.0.1:1", "--index=0", "--threads=1", token});
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(Health(router_address), kNotServing);
   worker.Stop();
-  ChildProcess cache(
-      {kBin + "/strata-cache", "--model=" + model, "--segment-prefix=" + prefix, token});
-  const std::string cache_address = cache.AwaitLine("READY ");
-  ASSERT_FALSE(cache_address.empty());
+  ChildProcess store(
+      {kBin + "/strata-expert-store", "--model=" + model, "--segment-prefix=" + prefix, token});
+  const std::string store_address = store.AwaitLine("READY ");
+  ASSERT_FALSE(store_address.empty());
+  // Under the address flag's older name, --cache, which scripts may still pass.
   ChildProcess worker2({kBin + "/strata-worker", "--model=" + model, "--router=" + internal,
-                        "--cache=" + cache_address, "--index=0", "--threads=1", token});
+                        "--cache=" + store_address, "--index=0", "--threads=1", token});
   EXPECT_TRUE(WaitForHealth(router_address, kServing));
   EXPECT_EQ(Health(router_address, "strata.v1.Generation"), kServing);
   EXPECT_EQ(router.AwaitLine("READY "), router_address);
@@ -216,7 +217,7 @@ std::string FlagOf(pid_t pid, const std::string& flag) {
   return "";
 }
 
-// The generation of the expert store strata-cache at `address` serves (the call carries the
+// The generation of the expert store strata-expert-store at `address` serves (the call carries the
 // cluster's `token`); 0 if it does not answer.
 uint64_t StoreGeneration(const std::string& address, const ClusterToken& token) {
   auto stub =
@@ -234,11 +235,11 @@ std::string ReadFile(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
-// strata-cache killed with SIGKILL in the middle of generation: the workers keep serving from
-// its shared memory, so the request completes with the tokens of an undisturbed run; the
-// supervisor restarts the cache on the same address, it re-attaches to the store (same
+// strata-expert-store killed with SIGKILL in the middle of generation: the workers keep serving
+// from its shared memory, so the request completes with the tokens of an undisturbed run; the
+// supervisor restarts the expert store on the same address, it re-attaches to the store (same
 // generation, nothing copied), and later requests are served.
-TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
+TEST(LifecycleTest, KilledExpertStoreRestartsAndReattaches) {
   const TempDir dir;
   const std::string log = dir.File("cluster.log");
   ClusterProcess cluster({"--model=" + OracleDir("qwen3_moe_long"), "--workers=2", "--threads=1"},
@@ -250,12 +251,12 @@ TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
   const std::string segment_prefix = cluster_dir.shm_prefix();
   auto token = ClusterToken::FromFile(cluster_dir.token_file());
   ASSERT_TRUE(token.ok()) << token.status();
-  const std::string cache_address =
-      FlagOf(ChildWithArgs(cluster.pid(), "strata-worker", "--index=0"), "--cache=");
-  ASSERT_EQ(cache_address, cluster_dir.socket("cache"));
-  const uint64_t generation = StoreGeneration(cache_address, *token);
+  const std::string store_address =
+      FlagOf(ChildWithArgs(cluster.pid(), "strata-worker", "--index=0"), "--store-address=");
+  ASSERT_EQ(store_address, cluster_dir.socket("expert-store"));
+  const uint64_t generation = StoreGeneration(store_address, *token);
   // The store serves the cluster's own processes only.
-  EXPECT_EQ(StoreGeneration(cache_address, ClusterToken()), 0u);
+  EXPECT_EQ(StoreGeneration(store_address, ClusterToken()), 0u);
   ASSERT_NE(generation, 0u);
 
   std::vector<uint32_t> prompt(12);
@@ -267,27 +268,29 @@ TEST(LifecycleTest, KilledCacheRestartsAndReattaches) {
   FirstTokens first;
   auto running = GenerateGreedyAsync(cluster.address(), prompt, kNewTokens, first.Callback());
   ASSERT_TRUE(first.Wait()) << "no first token";
-  pid_t cache = -1;
-  ASSERT_NO_FATAL_FAILURE(KillChild(cluster.pid(), "strata-cache", "--segment-prefix=", &cache));
+  pid_t store = -1;
+  ASSERT_NO_FATAL_FAILURE(
+      KillChild(cluster.pid(), "strata-expert-store", "--segment-prefix=", &store));
   const Generated g = running.get();
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
   EXPECT_EQ(g.tokens, undisturbed.tokens);
 
   // Back on the same address with the same store.
   uint64_t restarted = 0;
-  EXPECT_TRUE(PollUntil([&] { return (restarted = StoreGeneration(cache_address, *token)) != 0; },
+  EXPECT_TRUE(PollUntil([&] { return (restarted = StoreGeneration(store_address, *token)) != 0; },
                         std::chrono::seconds(30)));
   EXPECT_EQ(restarted, generation);
-  const pid_t replacement = ChildWithArgs(cluster.pid(), "strata-cache", "--segment-prefix=");
+  const pid_t replacement =
+      ChildWithArgs(cluster.pid(), "strata-expert-store", "--segment-prefix=");
   EXPECT_GT(replacement, 0);
-  EXPECT_NE(replacement, cache);
-  EXPECT_EQ(FlagOf(replacement, "--listen="), cache_address);
+  EXPECT_NE(replacement, store);
+  EXPECT_EQ(FlagOf(replacement, "--listen="), store_address);
   std::string logged;
-  const std::string back = "strata-cache is back at " + cache_address;
+  const std::string back = "strata-expert-store is back at " + store_address;
   EXPECT_TRUE(PollUntil([&] { return (logged = ReadFile(log)).find(back) != std::string::npos; },
                         std::chrono::seconds(5)));
   EXPECT_NE(logged.find(absl::StrFormat(
-                "strata-cache: re-attached to 1 segment(s), generation %016x", generation)),
+                "strata-expert-store: re-attached to 1 segment(s), generation %016x", generation)),
             std::string::npos)
       << logged;
   EXPECT_NE(logged.find(back), std::string::npos) << logged;
@@ -387,7 +390,7 @@ TEST(LifecycleTest, FullQueueGivesResourceExhausted) {
 TEST(LifecycleTest, ConfigFileWithFlagOverrides) {
   const std::string path = ::testing::TempDir() + "/cluster.yaml";
   std::ofstream(path) << "model: " << OracleDir("qwen2_moe") << "\n"
-                      << "workers: 2\nthreads: 1\nrouter_temperature: 1.0\n"
+                      << "workers: 2\nthreads: 1\ngate_temperature: 1.0\n"
                       << "kv_cache:\n  block_size: 16\n  memory_mb: 64\n";
   // The flag overrides the file's worker count.
   ClusterProcess cluster({"--config=" + path, "--workers=1"});

@@ -1,6 +1,6 @@
 // Expert tiers through the whole cluster (`strata up` with a memory budget smaller than the
 // model's experts): the same greedy tokens as the model in one process, through cold loads
-// and prefetch; the CPU tier of strata-cache; the hot ratio changed at run time.
+// and prefetch; the CPU tier of strata-expert-store; the hot ratio changed at run time.
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>

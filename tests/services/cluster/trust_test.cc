@@ -206,10 +206,10 @@ TEST(TrustTest, InternalServicesAreOffTheClientPortAndNeedTheToken) {
     fake.clear_protocol_version();  // a build from before the field
     EXPECT_EQ(register_at(info.internal, token), grpc::StatusCode::FAILED_PRECONDITION);
   }
-  // strata-cache's listener too.
+  // strata-expert-store's listener too.
   {
     auto stub = v1::ExpertStore::NewStub(
-        grpc::CreateChannel(dir.socket("cache"), grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(dir.socket("expert-store"), grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     v1::ExpertLayout layout;
@@ -541,7 +541,7 @@ TEST(TrustTest, AKilledClusterIsSweptByTheNextOne) {
     // strata up and all its children killed, as the OOM killer would: the supervisor first
     // held (it would restart them), its children killed, then it.
     ASSERT_EQ(::kill(cluster.pid(), SIGSTOP), 0);
-    for (const char* name : {"strata-router", "strata-worker", "strata-cache"}) {
+    for (const char* name : {"strata-router", "strata-worker", "strata-expert-store"}) {
       for (pid_t child; (child = ChildWithArgs(cluster.pid(), name, "--")) > 0;) {
         ::kill(child, SIGKILL);
         PollUntil([&] { return ChildWithArgs(cluster.pid(), name, "--") != child; },

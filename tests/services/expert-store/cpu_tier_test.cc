@@ -1,6 +1,6 @@
-// strata-cache's CPU tier end to end in one process: a CacheServer on an oracle model, a
-// CpuTierClient (the worker's end), and a CpuExpertBackend of this process over the same
-// shared memory as the reference.
+// strata-expert-store's CPU tier end to end in one process: a ExpertStoreServer on an oracle model,
+// a CpuTierClient (the worker's end), and a CpuExpertBackend of this process over the same shared
+// memory as the reference.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
@@ -18,7 +18,7 @@
 #include "common/transport/mapped_experts.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "services/expert-store/cache_server.h"
+#include "services/expert-store/expert_store_server.h"
 #include "services/expert-worker/cpu_tier_client.h"
 #include "strata/v1/cluster.grpc.pb.h"
 #include "tests/common/shm/shm_test_util.h"
@@ -32,27 +32,27 @@ using shm_test::ScopedShmName;
 const std::string kModel = std::string(STRATA_TEST_DATA_DIR) + "/oracles/qwen3_moe";
 constexpr int kMaxTokens = 16;
 
-// The cluster token the test's cache requires (on TCP it must require one).
+// The cluster token the test's expert store requires (on TCP it must require one).
 const ClusterToken& Token() {
   static const ClusterToken* token =
       new ClusterToken(*ClusterToken::FromSecret(std::string(48, 'k')));
   return *token;
 }
 
-std::unique_ptr<CacheServer> StartCache() {
+std::unique_ptr<ExpertStoreServer> StartStore() {
   static int counter = 0;
-  CacheOptions options;
+  ExpertStoreServerOptions options;
   options.token = Token();
   options.model_dir = kModel;
   options.store.segment_prefix = absl::StrCat("strata_test_cputier_", ::getpid(), "_", counter++);
   options.store.bind_numa = false;
   options.cpu_tier.num_threads = 2;
-  auto server = CacheServer::Start(options);
+  auto server = ExpertStoreServer::Start(options);
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? *std::move(server) : nullptr;
 }
 
-// Waits until the cache serves `n` channels (threads end asynchronously).
+// Waits until the store serves `n` channels (threads end asynchronously).
 bool WaitForChannels(CpuTierService& tier, int n, absl::Duration timeout = absl::Seconds(5)) {
   const absl::Time deadline = absl::Now() + timeout;
   while (tier.active_channels() != n) {
@@ -87,7 +87,7 @@ struct Request {
 class CpuTierTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    server_ = StartCache();
+    server_ = StartStore();
     ASSERT_NE(server_, nullptr);
     auto model = LoadModel(kModel);
     ASSERT_TRUE(model.ok()) << model.status();
@@ -157,7 +157,7 @@ class CpuTierTest : public ::testing::Test {
   }
 
   ThreadPool pool_{2};
-  std::unique_ptr<CacheServer> server_;
+  std::unique_ptr<ExpertStoreServer> server_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<CpuRouterBackend> router_;
   std::unique_ptr<MappedExperts> local_experts_;
@@ -331,8 +331,8 @@ TEST_F(CpuTierTest, MalformedMessagesGetErrorResponses) {
   EXPECT_EQ(partial, Local(*good));
 }
 
-// strata-cache serves only its own cluster: a call without the cluster token (or with another
-// cluster's) is refused before anything is looked at.
+// strata-expert-store serves only its own cluster: a call without the cluster token (or with
+// another cluster's) is refused before anything is looked at.
 TEST_F(CpuTierTest, CallsWithoutTheClusterTokenAreRefused) {
   auto stub = v1::ExpertStore::NewStub(
       grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
@@ -351,12 +351,12 @@ TEST_F(CpuTierTest, CallsWithoutTheClusterTokenAreRefused) {
   EXPECT_EQ(server_->cpu_tier().active_channels(), 0);
 }
 
-// On TCP the cache must have a token: without one it does not start.
+// On TCP the expert store must have a token: without one it does not start.
 TEST(CpuTierStartTest, TcpWithoutATokenIsRefused) {
-  CacheOptions options;
+  ExpertStoreServerOptions options;
   options.model_dir = kModel;
   options.listen = "127.0.0.1:0";
-  auto server = CacheServer::Start(options);
+  auto server = ExpertStoreServer::Start(options);
   EXPECT_TRUE(absl::IsInvalidArgument(server.status())) << server.status();
   EXPECT_THAT(std::string(server.status().message()), ::testing::HasSubstr("cluster token"));
 }
@@ -376,7 +376,7 @@ TEST_F(CpuTierTest, AttachRefusesMissingAndForeignChannels) {
   EXPECT_TRUE(WaitForChannels(server_->cpu_tier(), 0));
 }
 
-TEST_F(CpuTierTest, ClosingTheClientEndsTheCacheThread) {
+TEST_F(CpuTierTest, ClosingTheClientEndsTheStoreThread) {
   auto client = Connect();
   ASSERT_NE(client, nullptr);
   ASSERT_EQ(server_->cpu_tier().active_channels(), 1);
@@ -384,7 +384,7 @@ TEST_F(CpuTierTest, ClosingTheClientEndsTheCacheThread) {
   EXPECT_TRUE(WaitForChannels(server_->cpu_tier(), 0));
 }
 
-TEST_F(CpuTierTest, AKilledWorkerEndsTheCacheThread) {
+TEST_F(CpuTierTest, AKilledWorkerEndsTheStoreThread) {
   ScopedShmName name("cputier_killed");
   // The child only touches shared memory (no gRPC after fork); the parent attaches for it.
   ForkedChild worker([&] {
@@ -409,7 +409,7 @@ TEST_F(CpuTierTest, AKilledWorkerEndsTheCacheThread) {
   EXPECT_LT(absl::Now() - killed, absl::Seconds(2));  // liveness, not a timeout
 }
 
-TEST_F(CpuTierTest, StoppingTheCacheReleasesTheWorker) {
+TEST_F(CpuTierTest, StoppingTheStoreReleasesTheWorker) {
   auto client = Connect();
   ASSERT_NE(client, nullptr);
   auto request = MakeRequest(1, 0, 3);

@@ -1,4 +1,4 @@
-// Re-attaching to the store a killed strata-cache left behind: adopted when intact, rebuilt
+// Re-attaching to the store a killed strata-expert-store left behind: adopted when intact, rebuilt
 // (with a new generation) when anything about it does not match.
 #include "services/expert-store/expert_store.h"
 
@@ -64,7 +64,7 @@ class ExpertStoreTest : public ::testing::Test {
   }
 
   // Builds the store in a child process that then dies without removing it, as a SIGKILLed
-  // strata-cache does; returns the layout it built.
+  // strata-expert-store does; returns the layout it built.
   v1::ExpertLayout BuildAndDie(const std::string& model_dir) {
     const std::string layout_file = temp_.File("layout.pb");
     const pid_t child = ::fork();
@@ -130,7 +130,7 @@ TEST_F(ExpertStoreTest, ReattachesWithoutCopying) {
                                                built.generation())));
   EXPECT_THAT(Log(), Not(HasSubstr("not re-attaching")));
 
-  // A second strata-cache must not adopt a store its owner is still serving.
+  // A second strata-expert-store must not adopt a store its owner is still serving.
   auto second = ExpertStore::Attach(**model, Options());
   EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
   EXPECT_TRUE(absl::IsFailedPrecondition(ExpertStore::Build(**model, Options()).status()));

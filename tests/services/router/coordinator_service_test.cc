@@ -1,6 +1,6 @@
 // CoordinatorService::Register without gRPC or worker processes: what a registration is told
 // (its channel, transport, experts, calibration, hot ratio), what it installs in the router's
-// RemoteExpertBackend, and the registrations it refuses with a reason.
+// WorkerExpertBackend, and the registrations it refuses with a reason.
 #include "services/router/coordinator_service.h"
 
 #include <unistd.h>
@@ -15,7 +15,7 @@
 #include "common/cluster/protocol_version.h"
 #include "common/model/model_config.h"
 #include "gtest/gtest.h"
-#include "services/router/remote_expert_backend.h"
+#include "services/router/worker_expert_backend.h"
 
 namespace strata {
 namespace {
@@ -23,10 +23,10 @@ namespace {
 const std::string kModel = std::string(STRATA_TEST_DATA_DIR) + "/oracles/qwen3_moe";
 
 // The router's expert backend, its installed connections in view.
-class InspectedExperts : public RemoteExpertBackend {
+class InspectedExperts : public WorkerExpertBackend {
  public:
-  using RemoteExpertBackend::Connections;
-  using RemoteExpertBackend::RemoteExpertBackend;
+  using WorkerExpertBackend::Connections;
+  using WorkerExpertBackend::WorkerExpertBackend;
 };
 
 class CoordinatorServiceTest : public ::testing::Test {
@@ -37,7 +37,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     config_ = *std::move(config);
     experts_ = std::make_unique<InspectedExperts>(
         config_, PlacementPlan::Contiguous(config_.num_layers, config_.num_experts, kWorkers),
-        RemoteExpertOptions{});
+        WorkerExpertOptions{});
     // Channel names unique to this process: tests run in parallel.
     options_.channel_prefix = absl::StrCat("strata-coord-test-", ::getpid());
     options_.max_tokens_per_step = 8;

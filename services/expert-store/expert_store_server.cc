@@ -1,4 +1,4 @@
-#include "services/expert-store/cache_server.h"
+#include "services/expert-store/expert_store_server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 
@@ -9,9 +9,10 @@
 
 namespace strata {
 
-absl::StatusOr<std::unique_ptr<CacheServer>> CacheServer::Start(const CacheOptions& options) {
-  RETURN_IF_ERROR(CheckInternalListener("strata-cache", options.listen, options.token));
-  std::unique_ptr<CacheServer> s(new CacheServer());
+absl::StatusOr<std::unique_ptr<ExpertStoreServer>> ExpertStoreServer::Start(
+    const ExpertStoreServerOptions& options) {
+  RETURN_IF_ERROR(CheckInternalListener("strata-expert-store", options.listen, options.token));
+  std::unique_ptr<ExpertStoreServer> s(new ExpertStoreServer());
   s->token_ = options.token;
   ASSIGN_OR_RETURN(s->model_, LoadModel(options.model_dir));
   ASSIGN_OR_RETURN(s->store_, options.reattach ? ExpertStore::Attach(*s->model_, options.store)
@@ -29,13 +30,13 @@ absl::StatusOr<std::unique_ptr<CacheServer>> CacheServer::Start(const CacheOptio
   return s;
 }
 
-CacheServer::~CacheServer() {
+ExpertStoreServer::~ExpertStoreServer() {
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 }
 
-grpc::ServerUnaryReactor* CacheServer::GetLayout(grpc::CallbackServerContext* context,
-                                                 const v1::GetLayoutRequest* request,
-                                                 v1::ExpertLayout* response) {
+grpc::ServerUnaryReactor* ExpertStoreServer::GetLayout(grpc::CallbackServerContext* context,
+                                                       const v1::GetLayoutRequest* request,
+                                                       v1::ExpertLayout* response) {
   auto* reactor = context->DefaultReactor();
   const absl::Status allowed = token_.Check(*context);
   if (allowed.ok()) *response = store_->layout();
@@ -43,9 +44,9 @@ grpc::ServerUnaryReactor* CacheServer::GetLayout(grpc::CallbackServerContext* co
   return reactor;
 }
 
-grpc::ServerUnaryReactor* CacheServer::AttachCompute(grpc::CallbackServerContext* context,
-                                                     const v1::AttachComputeRequest* request,
-                                                     v1::AttachComputeResponse* response) {
+grpc::ServerUnaryReactor* ExpertStoreServer::AttachCompute(grpc::CallbackServerContext* context,
+                                                           const v1::AttachComputeRequest* request,
+                                                           v1::AttachComputeResponse* response) {
   // Quick: the worker created the channel before asking; serving runs on a thread of its own.
   absl::Status status = token_.Check(*context);
   if (status.ok()) {

@@ -1,7 +1,7 @@
-// strata-cache: builds the expert store in shared memory and serves its layout
+// strata-expert-store: builds the expert store in shared memory and serves its layout
 // (strata.v1.ExpertStore) to the workers, every call checked for the cluster token.
-#ifndef STRATA_SERVICES_EXPERT_STORE_CACHE_SERVER_H_
-#define STRATA_SERVICES_EXPERT_STORE_CACHE_SERVER_H_
+#ifndef STRATA_SERVICES_EXPERT_STORE_EXPERT_STORE_SERVER_H_
+#define STRATA_SERVICES_EXPERT_STORE_EXPERT_STORE_SERVER_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -16,20 +16,22 @@
 
 namespace strata {
 
-struct CacheOptions {
+struct ExpertStoreServerOptions {
   std::string model_dir;
   std::string listen = "127.0.0.1:0";  // unix:PATH, or HOST:PORT with a token
   ClusterToken token;
   ExpertStoreOptions store;
-  // Adopt the store a killed strata-cache left under store.segment_prefix when it checks out.
+  // Adopt the store a killed strata-expert-store left under store.segment_prefix when it checks
+  // out.
   bool reattach = true;
   CpuTierOptions cpu_tier;
 };
 
-class CacheServer final : public v1::ExpertStore::CallbackService {
+class ExpertStoreServer final : public v1::ExpertStore::CallbackService {
  public:
-  static absl::StatusOr<std::unique_ptr<CacheServer>> Start(const CacheOptions& options);
-  ~CacheServer() override;
+  static absl::StatusOr<std::unique_ptr<ExpertStoreServer>> Start(
+      const ExpertStoreServerOptions& options);
+  ~ExpertStoreServer() override;
 
   const std::string& address() const { return address_; }
   const ExpertStore& store() const { return *store_; }
@@ -43,7 +45,7 @@ class CacheServer final : public v1::ExpertStore::CallbackService {
                                           v1::AttachComputeResponse* response) override;
 
  private:
-  CacheServer() = default;
+  ExpertStoreServer() = default;
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<ExpertStore> store_;
@@ -55,4 +57,4 @@ class CacheServer final : public v1::ExpertStore::CallbackService {
 
 }  // namespace strata
 
-#endif  // STRATA_SERVICES_EXPERT_STORE_CACHE_SERVER_H_
+#endif  // STRATA_SERVICES_EXPERT_STORE_EXPERT_STORE_SERVER_H_

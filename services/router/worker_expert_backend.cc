@@ -1,4 +1,4 @@
-#include "services/router/remote_expert_backend.h"
+#include "services/router/worker_expert_backend.h"
 
 #include <signal.h>
 
@@ -11,8 +11,8 @@
 
 namespace strata {
 
-RemoteExpertBackend::RemoteExpertBackend(const ModelConfig& config, PlacementPlan placement,
-                                         RemoteExpertOptions options)
+WorkerExpertBackend::WorkerExpertBackend(const ModelConfig& config, PlacementPlan placement,
+                                         WorkerExpertOptions options)
     : config_(config),
       placement_(std::move(placement)),
       num_workers_(placement_.num_workers),
@@ -32,25 +32,25 @@ RemoteExpertBackend::RemoteExpertBackend(const ModelConfig& config, PlacementPla
   }
 }
 
-void RemoteExpertBackend::set_lent_slots(int index, uint32_t slots) {
+void WorkerExpertBackend::set_lent_slots(int index, uint32_t slots) {
   if (index >= 0 && index < num_workers_) lent_slots_[index].store(slots);
 }
 
-uint32_t RemoteExpertBackend::lent_slots(int index) const {
+uint32_t WorkerExpertBackend::lent_slots(int index) const {
   return index >= 0 && index < num_workers_ ? lent_slots_[index].load() : 0;
 }
 
-TierCounters RemoteExpertBackend::tiers(int index) const {
+TierCounters WorkerExpertBackend::tiers(int index) const {
   std::lock_guard<std::mutex> lock(mu_);
   return index >= 0 && index < num_workers_ ? tiers_[index] : TierCounters();
 }
 
-std::vector<std::shared_ptr<ExpertConnection>> RemoteExpertBackend::Connections() const {
+std::vector<std::shared_ptr<ExpertConnection>> WorkerExpertBackend::Connections() const {
   std::lock_guard<std::mutex> lock(mu_);
   return connections_;
 }
 
-void RemoteExpertBackend::SetConnection(int index, std::shared_ptr<ExpertConnection> connection,
+void WorkerExpertBackend::SetConnection(int index, std::shared_ptr<ExpertConnection> connection,
                                         bool wants_prefetch, bool shares_memory) {
   std::lock_guard<std::mutex> lock(mu_);
   connections_.at(index) = std::move(connection);
@@ -60,12 +60,12 @@ void RemoteExpertBackend::SetConnection(int index, std::shared_ptr<ExpertConnect
       static_cast<int>(std::count(wants_prefetch_.begin(), wants_prefetch_.end(), true)));
 }
 
-bool RemoteExpertBackend::shares_memory(int index) const {
+bool WorkerExpertBackend::shares_memory(int index) const {
   std::lock_guard<std::mutex> lock(mu_);
   return index >= 0 && index < num_workers_ && shares_memory_[index];
 }
 
-bool RemoteExpertBackend::wants_prefetch() const {
+bool WorkerExpertBackend::wants_prefetch() const {
   // Asked every MoE layer: without a tiered worker (the common case) no lock, no liveness check.
   if (tiered_workers_.load() == 0) return false;
   std::lock_guard<std::mutex> lock(mu_);
@@ -75,13 +75,13 @@ bool RemoteExpertBackend::wants_prefetch() const {
   return false;
 }
 
-int RemoteExpertBackend::num_connected() const {
+int WorkerExpertBackend::num_connected() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int>(std::count_if(connections_.begin(), connections_.end(),
                                         [](const auto& c) { return c && c->Alive(); }));
 }
 
-bool RemoteExpertBackend::connected(int index) const {
+bool WorkerExpertBackend::connected(int index) const {
   std::lock_guard<std::mutex> lock(mu_);
   return index >= 0 && index < num_workers_ && connections_[index] && connections_[index]->Alive();
 }
@@ -98,7 +98,7 @@ WorkerFailure FailureOf(const ExpertConnection& connection, const absl::Status& 
 
 }  // namespace
 
-std::vector<bool> RemoteExpertBackend::Usable(
+std::vector<bool> WorkerExpertBackend::Usable(
     const std::vector<std::shared_ptr<ExpertConnection>>& connections) {
   std::vector<bool> usable(num_workers_);
   for (int w = 0; w < num_workers_; ++w) {
@@ -128,7 +128,7 @@ std::vector<bool> RemoteExpertBackend::Usable(
   return usable;
 }
 
-void RemoteExpertBackend::Failed(int w, ExpertConnection& connection, const absl::Status& why) {
+void WorkerExpertBackend::Failed(int w, ExpertConnection& connection, const absl::Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
   connection.Abandon();
   if (connections_[w].get() != &connection) return;  // replaced meanwhile
@@ -136,7 +136,7 @@ void RemoteExpertBackend::Failed(int w, ExpertConnection& connection, const absl
   was_usable_[w].store(false);
 }
 
-void RemoteExpertBackend::CheckWorkers() {
+void WorkerExpertBackend::CheckWorkers() {
   Usable(Connections());
   std::lock_guard<std::mutex> lock(mu_);
   for (int w = 0; w < num_workers_; ++w) {
@@ -156,13 +156,13 @@ void RemoteExpertBackend::CheckWorkers() {
   }
 }
 
-std::optional<WorkerFailure> RemoteExpertBackend::failure(int index) const {
+std::optional<WorkerFailure> WorkerExpertBackend::failure(int index) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (index < 0 || index >= num_workers_) return std::nullopt;
   return failures_[index];
 }
 
-std::vector<int> RemoteExpertBackend::EffectiveOwners(int layer,
+std::vector<int> WorkerExpertBackend::EffectiveOwners(int layer,
                                                       const std::vector<bool>& usable) const {
   const std::vector<int>& planned = placement_.owner.at(layer);
   std::vector<int> alive;
@@ -177,7 +177,7 @@ std::vector<int> RemoteExpertBackend::EffectiveOwners(int layer,
   return owner;
 }
 
-void RemoteExpertBackend::Prefetch(int layer, const RoutingTable& predicted) {
+void WorkerExpertBackend::Prefetch(int layer, const RoutingTable& predicted) {
   std::vector<std::shared_ptr<ExpertConnection>> connections;
   std::vector<bool> hinted;
   {
@@ -200,7 +200,7 @@ void RemoteExpertBackend::Prefetch(int layer, const RoutingTable& predicted) {
   }
 }
 
-absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
+absl::Status WorkerExpertBackend::RunExperts(int layer, const Tensor& x,
                                              const RoutingTable& routing, Tensor& out) {
   const std::vector<std::shared_ptr<ExpertConnection>> connections = Connections();
   std::vector<bool> usable = Usable(connections);
@@ -224,7 +224,7 @@ absl::Status RemoteExpertBackend::RunExperts(int layer, const Tensor& x,
   return absl::UnavailableError("every expert worker failed");
 }
 
-absl::Status RemoteExpertBackend::Exchange(
+absl::Status WorkerExpertBackend::Exchange(
     int layer, const Tensor& x, const RoutingTable& routing, const std::vector<int>& owner,
     const std::vector<std::shared_ptr<ExpertConnection>>& connections, Tensor& out, int* failed) {
   const int64_t n = x.rows();
@@ -315,7 +315,7 @@ absl::Status RemoteExpertBackend::Exchange(
   return status;
 }
 
-absl::Status RemoteExpertBackend::ReceiveResponse(
+absl::Status WorkerExpertBackend::ReceiveResponse(
     int w, ExpertConnection& connection, uint64_t step,
     absl::FunctionRef<absl::Status(const ExpertResponseView&)> consume, bool* transport_failed) {
   absl::Status consumed;

@@ -1,9 +1,9 @@
-// RemoteExpertBackend, the router's expert backend, over in-process fake workers
+// WorkerExpertBackend, the router's expert backend, over in-process fake workers
 // (tests/testing/fake_expert_connection.h) that run their experts on the CPU: how it splits a
 // layer between the workers, and how it reroutes a layer when a worker fails during it, is
 // gone, answers late, or comes back. The reference is the same experts run in this process
 // on a CpuExpertBackend.
-#include "services/router/remote_expert_backend.h"
+#include "services/router/worker_expert_backend.h"
 
 #include <algorithm>
 #include <cmath>
@@ -81,7 +81,7 @@ std::vector<float> Values(const Tensor& t) {
 
 using Workers = std::vector<std::shared_ptr<FakeExpertConnection>>;
 
-class RemoteExpertBackendTest : public ::testing::Test {
+class WorkerExpertBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto model = LoadModel(kModel);
@@ -109,12 +109,12 @@ class RemoteExpertBackendTest : public ::testing::Test {
 
   // A backend with the experts split evenly between `workers` (contiguous ranges: with 3
   // workers, experts 0-5, 6-10 and 11-15), each connected.
-  std::unique_ptr<RemoteExpertBackend> Backend(const Workers& workers,
+  std::unique_ptr<WorkerExpertBackend> Backend(const Workers& workers,
                                                absl::Duration timeout = absl::Seconds(10)) {
     const int n = static_cast<int>(workers.size());
-    auto backend = std::make_unique<RemoteExpertBackend>(
+    auto backend = std::make_unique<WorkerExpertBackend>(
         config(), PlacementPlan::Contiguous(config().num_layers, config().num_experts, n),
-        RemoteExpertOptions{.timeout = timeout});
+        WorkerExpertOptions{.timeout = timeout});
     for (int w = 0; w < n; ++w) backend->SetConnection(w, workers[w]);
     return backend;
   }
@@ -219,7 +219,7 @@ class RemoteExpertBackendTest : public ::testing::Test {
   }
 
   // Of those, the ones worker `w` owns in the plan.
-  static std::vector<int32_t> RoutedOwnedBy(const LayerInput& in, const RemoteExpertBackend& b,
+  static std::vector<int32_t> RoutedOwnedBy(const LayerInput& in, const WorkerExpertBackend& b,
                                             int w) {
     std::vector<int32_t> experts;
     for (int32_t e : Routed(in)) {
@@ -245,7 +245,7 @@ class RemoteExpertBackendTest : public ::testing::Test {
   // What worker `w` of the plan should be sent when it is there: nothing, or one request with
   // the routed experts it owns.
   static std::vector<std::vector<int32_t>> OwnShare(const LayerInput& in,
-                                                    const RemoteExpertBackend& b, int w) {
+                                                    const WorkerExpertBackend& b, int w) {
     std::vector<int32_t> experts = RoutedOwnedBy(in, b, w);
     if (experts.empty()) return {};
     return {experts};
@@ -278,7 +278,7 @@ class RemoteExpertBackendTest : public ::testing::Test {
 // of its experts as a single local backend would. Against one local backend over all the
 // experts it is only equal within rounding, since that adds the experts' outputs of a token
 // in expert order in one sum, where the router adds per-worker sums (with one worker, exact).
-TEST_F(RemoteExpertBackendTest, AllWorkersAliveMatchLocalExperts) {
+TEST_F(WorkerExpertBackendTest, AllWorkersAliveMatchLocalExperts) {
   for (int num_workers : {1, 2, 3}) {
     SCOPED_TRACE(::testing::Message() << num_workers << " workers");
     const Workers workers = MakeWorkers(num_workers);
@@ -319,7 +319,7 @@ TEST_F(RemoteExpertBackendTest, AllWorkersAliveMatchLocalExperts) {
 // worker's experts on top of their own; the result is still the local one; the reroute is
 // counted once; the dead worker shows as not connected. The next layer leaves it out from the
 // start: not counted as a reroute, and it is sent nothing.
-TEST_F(RemoteExpertBackendTest, AWorkerFailingOnSendIsRoutedAround) {
+TEST_F(WorkerExpertBackendTest, AWorkerFailingOnSendIsRoutedAround) {
   const std::vector<LayerInput> inputs = LayerInputs(9);
   for (int dead = 0; dead < 3; ++dead) {
     SCOPED_TRACE(::testing::Message() << "worker " << dead << " dies");
@@ -366,7 +366,7 @@ TEST_F(RemoteExpertBackendTest, AWorkerFailingOnSendIsRoutedAround) {
 // Receive fails. The answers the others owe for that exchange are still collected (each
 // channel stays one response per request), the layer runs again without it, and the result is
 // the local one. The gone worker is noticed by its connection, not by waiting out the timeout.
-TEST_F(RemoteExpertBackendTest, AWorkerVanishingBeforeItAnswersIsRoutedAround) {
+TEST_F(WorkerExpertBackendTest, AWorkerVanishingBeforeItAnswersIsRoutedAround) {
   const std::vector<LayerInput> inputs = LayerInputs(9);
   for (int dead = 0; dead < 3; ++dead) {
     SCOPED_TRACE(::testing::Message() << "worker " << dead << " dies");
@@ -402,7 +402,7 @@ TEST_F(RemoteExpertBackendTest, AWorkerVanishingBeforeItAnswersIsRoutedAround) {
 // A slow worker, still alive: the wait for its answer times out and the layer runs again
 // without it. It stays connected and gets its experts in the next layer, where its late
 // answer to the abandoned exchange comes first and is skipped.
-TEST_F(RemoteExpertBackendTest, ALateAnswerIsRoutedAroundThenSkipped) {
+TEST_F(WorkerExpertBackendTest, ALateAnswerIsRoutedAroundThenSkipped) {
   const std::vector<LayerInput> inputs = LayerInputs(9);
   Workers workers = MakeWorkers(3);
   workers[2]->late_on = 1;
@@ -437,14 +437,14 @@ TEST_F(RemoteExpertBackendTest, ALateAnswerIsRoutedAroundThenSkipped) {
 
 // Without a worker the layer cannot run: UNAVAILABLE, at once, whether none was ever
 // connected, every one failed during the layer, or every one is gone before it.
-TEST_F(RemoteExpertBackendTest, NoWorkerLeftIsUnavailableWithoutHanging) {
+TEST_F(WorkerExpertBackendTest, NoWorkerLeftIsUnavailableWithoutHanging) {
   const std::vector<LayerInput> inputs = LayerInputs(9);
   const LayerInput& in = inputs[0];
   Tensor out;
   {
-    RemoteExpertBackend none(
+    WorkerExpertBackend none(
         config(), PlacementPlan::Contiguous(config().num_layers, config().num_experts, 2),
-        RemoteExpertOptions{.timeout = absl::Seconds(30)});
+        WorkerExpertOptions{.timeout = absl::Seconds(30)});
     const absl::Status status = none.RunExperts(in.layer, in.x, in.routing, out);
     EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
     EXPECT_EQ(none.num_connected(), 0);
@@ -475,7 +475,7 @@ TEST_F(RemoteExpertBackendTest, NoWorkerLeftIsUnavailableWithoutHanging) {
 // A worker that is gone before a layer (killed between steps) is left out of it, and a new
 // connection for it (the restarted worker registering again) takes its experts back: from the
 // next layer on each worker is sent only its own experts again.
-TEST_F(RemoteExpertBackendTest, ARestartedWorkerTakesItsExpertsBack) {
+TEST_F(WorkerExpertBackendTest, ARestartedWorkerTakesItsExpertsBack) {
   const std::vector<LayerInput> inputs = LayerInputs(9);
   Workers workers = MakeWorkers(3);
   auto backend = Backend(workers);
@@ -507,10 +507,10 @@ TEST_F(RemoteExpertBackendTest, ARestartedWorkerTakesItsExpertsBack) {
   ExpectInStep(workers);
 }
 
-// The whole model with the remote backend as its experts, a worker vanishing in the middle of
+// The whole model with the workers' backend as its experts, a worker vanishing in the middle of
 // the step: the step's logits are still those of the local experts (to rounding), so the
 // request that was in flight loses nothing.
-TEST_F(RemoteExpertBackendTest, AStepSurvivesAWorkerDyingInIt) {
+TEST_F(WorkerExpertBackendTest, AStepSurvivesAWorkerDyingInIt) {
   const std::vector<int32_t> ids = RandomIds(12, 5);
   const Tensor want = Forward(*local_, ids);
   Workers workers = MakeWorkers(3);

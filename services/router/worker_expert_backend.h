@@ -1,7 +1,9 @@
-// The router's ExpertBackend: sends each worker only the tokens routed to the experts it owns,
-// over that worker's connection, and sums the partial results the workers send back.
-#ifndef STRATA_SERVICES_ROUTER_REMOTE_EXPERT_BACKEND_H_
-#define STRATA_SERVICES_ROUTER_REMOTE_EXPERT_BACKEND_H_
+// The router's ExpertBackend over its workers: sends each worker only the tokens routed to the
+// experts it owns, over that worker's connection (a shared-memory ring or a gRPC stream), and
+// sums the partial results the workers send back. Placement, liveness and rerouting are here
+// for every transport; IpcExpertBackend derives from it for workers on GPUs of this host.
+#ifndef STRATA_SERVICES_ROUTER_WORKER_EXPERT_BACKEND_H_
+#define STRATA_SERVICES_ROUTER_WORKER_EXPERT_BACKEND_H_
 
 #include <atomic>
 #include <memory>
@@ -18,7 +20,7 @@
 
 namespace strata {
 
-struct RemoteExpertOptions {
+struct WorkerExpertOptions {
   // Per layer exchange: the backstop for a worker whose liveness the transport cannot tell
   // (the shared-memory channels' heartbeats find a stopped one far sooner).
   absl::Duration timeout = absl::Seconds(60);
@@ -36,11 +38,11 @@ struct WorkerFailure {
   bool killed = false;                               // the router killed that process
 };
 
-class RemoteExpertBackend : public ExpertBackend {
+class WorkerExpertBackend : public ExpertBackend {
  public:
-  RemoteExpertBackend(const ModelConfig& config, PlacementPlan placement,
-                      RemoteExpertOptions options);
-  ~RemoteExpertBackend() override = default;
+  WorkerExpertBackend(const ModelConfig& config, PlacementPlan placement,
+                      WorkerExpertOptions options);
+  ~WorkerExpertBackend() override = default;
 
   // Installs (or replaces, after a restart) worker `index`'s connection; `wants_prefetch`: the
   // worker keeps only some experts resident and takes prefetch hints. Thread-safe.
@@ -118,7 +120,7 @@ class RemoteExpertBackend : public ExpertBackend {
   const ModelConfig& config_;
   PlacementPlan placement_;
   int num_workers_;
-  RemoteExpertOptions options_;
+  WorkerExpertOptions options_;
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<ExpertConnection>> connections_;
   uint64_t step_ = 0;
@@ -149,4 +151,4 @@ class RemoteExpertBackend : public ExpertBackend {
 
 }  // namespace strata
 
-#endif  // STRATA_SERVICES_ROUTER_REMOTE_EXPERT_BACKEND_H_
+#endif  // STRATA_SERVICES_ROUTER_WORKER_EXPERT_BACKEND_H_
