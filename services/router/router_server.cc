@@ -211,6 +211,8 @@ absl::Status RouterServer::StartHttp() {
   OpenAiServiceOptions service;
   service.model_name = options_.served_model_name;
   service.api_key = options_.api_key;
+  ASSIGN_OR_RETURN(service.tool_call_format,
+                   ChooseToolCallFormat(options_.tool_call_parser, chat_template));
   if (service.model_name.empty()) {
     service.model_name =
         std::filesystem::path(options_.model_dir).lexically_normal().filename().string();

@@ -1,5 +1,6 @@
 // A StepRunner without a model, for testing what plans the steps: each row's next token is a
-// fixed function of the row's token and position (NextToken), given as greedy tokens, as
+// fixed function of the row's token and position (NextToken), or with a `script` the script's
+// tokens in turn for every request and then the end of sequence, given as greedy tokens, as
 // logits peaked at it (RowLogit), or both. With `replays` on it behaves like decode-graph replays:
 // a decode-only step with launch_next leaves the next step in flight for Collect. It checks what a
 // real runner relies on (every position reserved in the KV cache, Run never with a step in flight)
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -52,6 +54,15 @@ class FakeStepRunner : public StepRunner {
   int fail_run_call = 0;
   int fail_collect_call = 0;
 
+  // Every request's reply: these tokens, then token 0 (FakeConfig's end of sequence). Eager
+  // steps only (not with `replays`). A request's first logit row is told from a decode row by
+  // its position: not the one after its sequence slot's last logit row, or not alone in the
+  // step (a prefill's last chunk).
+  void SetScript(std::vector<int32_t> script) {
+    std::lock_guard<std::mutex> lock(mu_);
+    script_ = std::move(script);
+  }
+
   absl::StatusOr<StepResult> Run(const StepPlan& plan,
                                  absl::FunctionRef<void()> while_running) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -67,7 +78,8 @@ class FakeStepRunner : public StepRunner {
     if (runs_ == fail_run_call) return absl::InternalError("injected step failure");
     std::vector<int32_t> tokens;
     for (int64_t row : plan.logit_rows) {
-      tokens.push_back(NextToken(plan.ids[row], plan.batch.position[row], vocab_));
+      tokens.push_back(script_.empty() ? NextToken(plan.ids[row], plan.batch.position[row], vocab_)
+                                       : ScriptToken(plan, row));
     }
     const bool decode_only = plan.logit_rows.size() == plan.ids.size();
     StepResult result = Answer(tokens, /*replayed=*/replays && decode_only, plan.host_rows);
@@ -152,6 +164,19 @@ class FakeStepRunner : public StepRunner {
     return absl::InternalError(what);
   }
 
+  // The script's next token for the sequence of `row`.
+  int32_t ScriptToken(const StepPlan& plan, int64_t row) {
+    const int64_t slot = plan.batch.sequence[row];
+    const int64_t position = plan.batch.position[row];
+    const int64_t rows_of_slot = std::count(plan.batch.sequence.begin(), plan.batch.sequence.end(),
+                                            plan.batch.sequence[row]);
+    ScriptState& state = script_states_[slot];
+    if (rows_of_slot > 1 || position != state.next_position) state.next_index = 0;
+    state.next_position = position + 1;
+    const size_t index = state.next_index++;
+    return index < script_.size() ? script_[index] : 0;
+  }
+
   bool ReservedOneMore(const BatchLayout& batch) const {
     for (int64_t i = 0; i < batch.num_tokens(); ++i) {
       if (batch.position[i] + 1 >= kv_.capacity(batch.sequence[i])) return false;
@@ -201,6 +226,12 @@ class FakeStepRunner : public StepRunner {
   std::vector<float> logits_;
   std::vector<std::vector<RowSampling>> next_samplings_;
   std::string violation_;
+  struct ScriptState {
+    int64_t next_position = -1;  // a decode row of the same request comes here
+    size_t next_index = 0;
+  };
+  std::vector<int32_t> script_;
+  std::map<int64_t, ScriptState> script_states_;  // by sequence slot
 };
 
 }  // namespace strata::testing

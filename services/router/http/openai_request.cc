@@ -76,12 +76,14 @@ absl::Status ParseMessages(const Json& messages, OpenAiRequest& r) {
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
       return BadParam(absl::StrCat("messages[", i, "].role"), "each message needs a string 'role'");
     }
-    if (!m.contains("content")) {
+    // An assistant's tool calls may come without content.
+    if (!m.contains("content") && !HasToolCalls(m)) {
       return BadParam(absl::StrCat("messages[", i, "].content"), "each message needs 'content'");
     }
-    ASSIGN_OR_RETURN(std::string text, ContentText(m["content"], i));
+    ASSIGN_OR_RETURN(std::string text, ContentText(m.value("content", Json()), i));
     Json message = m;  // other keys (name, reasoning_content) stay for the template
     message["content"] = std::move(text);
+    RETURN_IF_ERROR(ParseMessageToolFields(m, i, message));
     r.messages.push_back(std::move(message));
   }
   return absl::OkStatus();
@@ -358,7 +360,7 @@ absl::Status ParseChatFields(const Json& body, OpenAiRequest& r) {
     }
     r.add_generation_prompt = body["add_generation_prompt"].get<bool>();
   }
-  return absl::OkStatus();
+  return ParseToolFields(body, r.tools);
 }
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool chat) {
@@ -475,18 +477,6 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
       return BadParam(key,
                       absl::StrCat("'", key, "' is not supported yet (no constrained decoding)"));
     }
-  }
-  if (Present(body, "tools") && !body["tools"].empty()) {
-    return BadParam("tools", "tool calling is not supported");
-  }
-  // Without tools, "none" and "auto" both mean plain text, and parallel calls have nothing to
-  // call.
-  if (Present(body, "tool_choice") && body["tool_choice"] != Json("none") &&
-      body["tool_choice"] != Json("auto")) {
-    return BadParam("tool_choice", "tool calling is not supported");
-  }
-  if (Present(body, "parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean()) {
-    return BadParam("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
   }
   // An end user's id, for the provider's abuse monitoring: nothing here reads it.
   if (Present(body, "user") && !body["user"].is_string()) {

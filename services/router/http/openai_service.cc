@@ -13,6 +13,7 @@
 #include "common/util/status_macros.h"
 #include "common/util/version.h"
 #include "services/router/http/openai_logprobs.h"
+#include "services/router/http/openai_tool_calls.h"
 
 namespace strata {
 namespace {
@@ -115,6 +116,8 @@ OpenAiService::OpenAiService(OpenAiServiceOptions options, const ModelConfig& co
       scheduler_(scheduler),
       tokenizer_(tokenizer),
       chat_template_(std::move(chat_template)),
+      tool_format_(options_.tool_call_format.value_or(
+          ChooseToolCallFormat("auto", chat_template_).value_or(ToolCallFormat::kNone))),
       created_(static_cast<int64_t>(std::time(nullptr))) {}
 
 void OpenAiService::SendError(HttpResponder& responder, const ApiError& error,
@@ -238,10 +241,26 @@ absl::StatusOr<std::vector<int32_t>> OpenAiService::PromptIds(const OpenAiReques
 }
 
 absl::StatusOr<std::string> OpenAiService::ChatText(const OpenAiRequest& r) const {
+  Json variables = r.template_variables;
+  if (r.tools.offered()) {
+    if (tool_format_ == ToolCallFormat::kNone) {
+      return BadParam("tools",
+                      "this model's chat template has no tool-call format the server reads; "
+                      "a router started with --tool-call-parser hermes reads <tool_call> blocks");
+    }
+    variables["tools"] = r.tools.tools;
+  }
   absl::StatusOr<std::string> rendered =
-      chat_template_.Render(r.messages, r.add_generation_prompt, r.template_variables);
+      chat_template_.Render(r.messages, r.add_generation_prompt, variables);
   if (!rendered.ok()) return BadParam("messages", rendered.status().message());
-  return rendered;
+  return *rendered + ForcedPrefix(r);
+}
+
+std::string OpenAiService::ForcedPrefix(const OpenAiRequest& r) const {
+  if (!r.tools.offered() || r.tools.choice == ToolChoice::kAuto) return "";
+  return ForcedCallPrefix(tool_format_, r.tools.choice == ToolChoice::kFunction
+                                            ? std::optional<std::string>(r.tools.function)
+                                            : std::nullopt);
 }
 
 absl::Status OpenAiService::CheckModel(absl::string_view model) const {
@@ -341,17 +360,39 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
                 {"choices", Json::array({std::move(choice)})}};
   };
   OpenAiLogprobs logprobs(chat, r.top_logprobs, [this](int32_t id) { return TokenText(id); });
+  // With tools offered the reply goes through the tool-call parser (a named function: one call).
+  std::unique_ptr<ChatToolCalls> tool_calls;
+  if (r.tools.offered()) {
+    tool_calls = std::make_unique<ChatToolCalls>(
+        tool_format_, r.tools.parallel && r.tools.choice != ToolChoice::kFunction, ForcedPrefix(r));
+  }
   std::string text;
   bool stream_ok = true;
-  // A piece of the choice's text, streamed with the log-probabilities added since the last.
-  auto emit = [&](const std::string& piece) {
-    text += piece;
-    if (!r.stream || !stream_ok || (piece.empty() && !r.logprobs)) return;
-    Json choice = chat ? Json{{"index", 0}, {"delta", Json{{"content", piece}}}}
-                       : Json{{"index", 0}, {"text", piece}};
+  // One streamed chunk of the choice, with the log-probabilities added since the last.
+  auto send = [&](Json choice) {
     choice["logprobs"] = r.logprobs ? logprobs.Take() : Json(nullptr);
     choice["finish_reason"] = nullptr;
     stream_ok = responder.WriteChunk(absl::StrCat("data: ", Dump(chunk(choice)), "\n\n")).ok();
+  };
+  // Chat deltas; one is sent for log-probabilities even when the parser holds the text back.
+  auto send_deltas = [&](std::vector<Json> deltas) {
+    if (deltas.empty() && r.logprobs) deltas.push_back(Json{{"content", ""}});
+    for (Json& delta : deltas) {
+      if (stream_ok) send(Json{{"index", 0}, {"delta", std::move(delta)}});
+    }
+  };
+  // A piece of the choice's text.
+  auto emit = [&](const std::string& piece) {
+    text += piece;
+    std::vector<Json> deltas;
+    if (tool_calls != nullptr) {
+      deltas = tool_calls->Feed(piece);
+    } else if (!piece.empty()) {
+      deltas.push_back(Json{{"content", piece}});
+    }
+    if (!r.stream || !stream_ok) return;
+    if (chat) return send_deltas(std::move(deltas));
+    if (!piece.empty() || r.logprobs) send(Json{{"index", 0}, {"text", piece}});
   };
   if (r.stream) {
     stream_ok = responder.StartStream(200, "text/event-stream").ok();
@@ -433,6 +474,11 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
     metrics_.Count(RequestOutcome::kSuccess);
     const Json usage = UsageJson(event->usage);
     const char* finish = FinishName(event->reason);
+    if (tool_calls != nullptr) {
+      std::vector<Json> deltas = tool_calls->Finish();
+      if (r.stream && !deltas.empty()) send_deltas(std::move(deltas));
+      if (tool_calls->called()) finish = "tool_calls";
+    }
     if (r.stream) {
       Json choice =
           chat ? Json{{"index", 0}, {"delta", Json::object()}} : Json{{"index", 0}, {"text", ""}};
@@ -452,6 +498,10 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
     Json choice =
         chat ? Json{{"index", 0}, {"message", Json{{"role", "assistant"}, {"content", text}}}}
              : Json{{"index", 0}, {"text", text}};
+    if (tool_calls != nullptr) {
+      choice["message"]["content"] = tool_calls->content();
+      if (tool_calls->called()) choice["message"]["tool_calls"] = tool_calls->tool_calls();
+    }
     choice["logprobs"] = r.logprobs ? logprobs.Take() : Json(nullptr);
     choice["finish_reason"] = finish;
     Json body = chunk(std::move(choice));

@@ -195,7 +195,7 @@ TEST(OpenAiRequestTest, Errors) {
   ExpectError(R"({"model": "m", "prompt": "x", "guided_json": {}})", false, "guided_json");
   ExpectError(R"({"model": "m", "prompt": "x", "guided_regex": "a+"})", false, "guided_regex");
   ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{}]})",
-              true, "tools");
+              true, "tools[0]");
 }
 
 // Every key is read or refused: one no endpoint knows (or the other endpoint's) is a 400
