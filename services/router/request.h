@@ -16,6 +16,9 @@ namespace strata {
 // default max_logprobs, and OpenAI's bound.
 inline constexpr int kMaxTopLogprobs = 20;
 
+// The most samples one request may ask for (RequestSpec::n).
+inline constexpr int kMaxSamples = 16;
+
 // A token's log-probability under the model's distribution (log softmax of the raw logits),
 // and the most likely tokens at its position with theirs: most likely first, ties by lower id.
 struct TokenLogprobs {
@@ -42,6 +45,12 @@ struct RequestSpec {
   // With logprobs, prompt_logprobs or score_only: each token's log-probability comes with this
   // many most likely tokens at its position (TokenLogprobs::top); 0..kMaxTopLogprobs.
   int top_logprobs = 0;
+  // Samples of the prompt, 1..kMaxSamples: the prompt is prefilled once, then the sequence
+  // forks into n sharing its KV blocks (the last partial one copied), each drawing its tokens
+  // from its own seed, sample i's being sampling.seed + i (so sample i is what a request of
+  // one sample with that seed gets). Each has its own sink (Scheduler::Submit); prompt scores
+  // (prompt_logprobs) go to the first one's only. Not with score_only.
+  int n = 1;
 };
 
 enum class FinishReason { kNone, kLength, kStop, kEos, kCancelled, kError };

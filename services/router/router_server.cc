@@ -253,6 +253,7 @@ RouterSnapshot RouterServer::Snapshot() const {
   r.graph_steps = s.graph_steps;
   r.replay_or_eager = s.replay_or_eager;
   r.preemptions = s.preemptions;
+  r.prompt_tokens_computed = s.prompt_tokens_computed;
   r.prefix_queried_tokens = s.prefix_queried_tokens;
   r.prefix_hit_tokens = s.prefix_hit_tokens;
   r.prefix_cached_blocks = s.prefix_cached_blocks;

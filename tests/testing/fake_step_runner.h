@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "common/engine/step_runner.h"
@@ -42,7 +44,8 @@ class FakeStepRunner : public StepRunner {
 
   // A logit row peaked at `next` (20): flat at 0 below it, or with `shaped_logits` a pattern
   // of many ties (RowLogit), for log-probabilities worth checking.
-  static float RowLogit(int32_t next, int64_t id, bool shaped) {
+  static float RowLogit(int32_t next, int64_t id, bool shaped, bool flat = false) {
+    if (flat) return 0.0f;
     if (id == next) return 20.0f;
     return shaped ? static_cast<float>((id * 5 + next) % 9) * 0.75f - 3.0f : 0.0f;
   }
@@ -50,6 +53,10 @@ class FakeStepRunner : public StepRunner {
   // Decode-only steps that ask for it get the next step launched behind them.
   bool replays = false;
   bool shaped_logits = false;
+  // Every logit 0: a sampled token is the draw alone (greedy ones the lowest id).
+  bool flat_logits = false;
+  // How long each Run takes: requests that stay under way long enough to be cancelled.
+  std::chrono::milliseconds run_time{0};
   // The Run / Collect calls (counted from 1) that fail; 0: none.
   int fail_run_call = 0;
   int fail_collect_call = 0;
@@ -65,9 +72,11 @@ class FakeStepRunner : public StepRunner {
 
   absl::StatusOr<StepResult> Run(const StepPlan& plan,
                                  absl::FunctionRef<void()> while_running) override {
+    std::this_thread::sleep_for(run_time);
     std::lock_guard<std::mutex> lock(mu_);
     ++runs_;
     plans_.push_back(plan);
+    max_blocks_in_use_ = std::max(max_blocks_in_use_, kv_.blocks_in_use());
     if (!pending_.empty()) return Violation("Run with a step in flight");
     for (int64_t i = 0; i < plan.batch.num_tokens(); ++i) {
       if (plan.batch.position[i] >= kv_.capacity(plan.batch.sequence[i])) {
@@ -138,6 +147,11 @@ class FakeStepRunner : public StepRunner {
     std::lock_guard<std::mutex> lock(mu_);
     return plans_;
   }
+  // The most KV blocks sequences held at a Run.
+  int64_t max_blocks_in_use() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_blocks_in_use_;
+  }
   int collects() const {
     std::lock_guard<std::mutex> lock(mu_);
     return collects_;
@@ -207,7 +221,7 @@ class FakeStepRunner : public StepRunner {
                                                  static_cast<int64_t>(r)) != host_rows.end();
       if (!wanted) continue;
       for (int64_t id = 0; id < vocab_; ++id) {
-        logits_[r * vocab_ + id] = RowLogit(tokens[r], id, shaped_logits);
+        logits_[r * vocab_ + id] = RowLogit(tokens[r], id, shaped_logits, flat_logits);
       }
     }
     result.logits_base = logits_.data();
@@ -220,6 +234,7 @@ class FakeStepRunner : public StepRunner {
   mutable std::mutex mu_;
   int runs_ = 0;
   int collects_ = 0;
+  int64_t max_blocks_in_use_ = 0;
   std::vector<StepPlan> plans_;
   std::vector<Pending> pending_;
   std::vector<int32_t> greedy_;
