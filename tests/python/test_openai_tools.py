@@ -7,10 +7,9 @@ step runner whose every reply is a given text. What is checked is what the serve
 client make of a known reply: the parse into `tool_calls`, the streamed deltas as the client
 puts them together, and a conversation sent back with the calls and their results.
 
-Needs the `openai` package (scripts/setup_python.sh BUILD_DIR/venv); exits 77 (CTest's skip)
-without it. Environment (CTest sets both):
-  STRATA_BIN_DIR     where scripted_openai_server is (default: build/bin)
-  STRATA_SOURCE_DIR  the repository root (default: two levels above this file)
+Needs the `openai` package (scripts/setup_python.sh BUILD_DIR/venv); without it the test says
+so and exits 77 (CTest's skip). $STRATA_BIN_DIR is where scripted_openai_server is (CTest sets
+it; default: build/bin).
 """
 
 import json
@@ -19,17 +18,13 @@ import subprocess
 import sys
 import unittest
 
-SKIP = 77
 try:
     import openai
-except ImportError as e:
-    print(f"SKIP: {sys.executable} cannot import openai ({e}); "
-          "run scripts/setup_python.sh BUILD_DIR/venv", file=sys.stderr)
-    sys.exit(SKIP)
+except ImportError as missing:
+    sys.exit(print(f"SKIP: {missing}; run scripts/setup_python.sh BUILD_DIR/venv") or 77)
 
-SOURCE_DIR = os.environ.get("STRATA_SOURCE_DIR") or os.path.abspath(
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-BIN_DIR = os.environ.get("STRATA_BIN_DIR") or os.path.join(SOURCE_DIR, "build", "bin")
+BIN_DIR = os.environ.get("STRATA_BIN_DIR") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "bin")
 MODEL = "strata-demo"
 
 TWO_CALLS = ('Checking both.\n<tool_call>\n{"name": "get_weather", "arguments": '

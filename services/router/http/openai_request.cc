@@ -447,9 +447,12 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
     r.include_usage = o.contains("include_usage") && o["include_usage"].get<bool>();
   }
   if (Present(body, "n")) {
-    if (!body["n"].is_number_integer() || body["n"].get<int64_t>() != 1) {
-      return BadParam("n", "only n = 1 is supported");
+    const Json& n = body["n"];
+    if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > kMaxSamples) {
+      return BadParam("n", absl::StrCat("'n' must be an integer in [1, ", kMaxSamples,
+                                        "]: the choices sampled from one prefill of the prompt"));
     }
+    r.n = static_cast<int>(n.get<int64_t>());
   }
   RETURN_IF_ERROR(ParseLogprobs(body, r));
   if (Present(body, "ignore_eos")) {
@@ -458,7 +461,8 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
   }
   // Options Strata does not implement are refused rather than ignored.
   if (Present(body, "best_of") && body["best_of"] != Json(1)) {
-    return BadParam("best_of", "'best_of' is not supported");
+    return BadParam("best_of",
+                    "'best_of' is not supported (no ranking of samples); 'n' returns every one");
   }
   if (Present(body, "suffix")) return BadParam("suffix", "'suffix' is not supported");
   if (Present(body, "response_format")) {

@@ -47,6 +47,8 @@ struct OpenAiRequest {
   // log-probabilities too, the first one's null).
   bool echo = false;
   bool ignore_eos = false;
+  // Choices: samples of the prompt sharing its prefill (RequestSpec::n), 1..kMaxSamples.
+  int n = 1;
 };
 
 inline constexpr double kOpenAiTemperature = 1.0;
@@ -74,8 +76,9 @@ absl::Status ModelNotFound(absl::string_view requested, absl::string_view served
 ApiError ToApiError(const absl::Status& status);
 
 // Parses a request body. INVALID_ARGUMENT (400) for bad JSON, missing or malformed fields,
-// keys the endpoint does not know (every one named) and options Strata does not support (n > 1,
-// best_of, echo on chat, suffix, response_format other than text, guided decoding).
+// keys the endpoint does not know (every one named) and options Strata does not support (n
+// above kMaxSamples, best_of, echo on chat, suffix, response_format other than text, guided
+// decoding).
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool chat);
 
 // What every endpoint's body parse shares.

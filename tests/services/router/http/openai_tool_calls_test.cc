@@ -10,17 +10,8 @@
 #include "gtest/gtest.h"
 #include "tests/testing/openai_api.h"
 
-namespace strata {
+namespace strata::testing {
 namespace {
-
-using ::strata::testing::Api;
-using ::strata::testing::BodyOf;
-using ::strata::testing::ExpectError;
-using ::strata::testing::HttpReply;
-using ::strata::testing::Named;
-using ::strata::testing::StreamEvents;
-using ::testing::HasSubstr;
-using ::testing::StartsWith;
 
 constexpr char kTwoCalls[] =
     "Checking both.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
@@ -130,7 +121,7 @@ TEST(OpenAiToolCallsTest, StreamedDeltasAddUpToTheSameCalls) {
     if (delta.contains("tool_calls")) call_seen = true;
     if (delta.contains("content") && delta["content"].is_string()) {
       const std::string content = delta["content"];
-      EXPECT_THAT(content, ::testing::Not(HasSubstr("<tool")));
+      EXPECT_THAT(content, ::testing::Not(::testing::HasSubstr("<tool")));
       EXPECT_TRUE(content.empty() || !call_seen) << content;
     }
   }
@@ -278,4 +269,4 @@ TEST(OpenAiToolCallsTest, ModelsWithoutAToolFormatRefuseTools) {
 }
 
 }  // namespace
-}  // namespace strata
+}  // namespace strata::testing
