@@ -23,6 +23,25 @@ std::string TokenText(const nlohmann::json& config, const char* key) {
   return "";
 }
 
+// An assistant message's tool calls as Hermes blocks: {"name", "arguments"} as json.dumps
+// writes them (arguments left as they are when they are a string).
+std::string PlainToolCalls(const jinja::Value& message) {
+  std::string out;
+  auto calls = message.find("tool_calls");
+  if (calls == message.end() || !calls->is_array()) return out;
+  for (const jinja::Value& c : *calls) {
+    const jinja::Value& f = c.contains("function") ? c["function"] : c;
+    const jinja::Value arguments = f.value("arguments", jinja::Value::object());
+    absl::StrAppend(
+        &out, out.empty() ? "" : "\n",
+        "<tool_call>\n{\"name\": ", jinja::ToJson(f.value("name", jinja::Value("")), 0),
+        ", \"arguments\": ",
+        arguments.is_string() ? arguments.get<std::string>() : jinja::ToJson(arguments, 0),
+        "}\n</tool_call>");
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(const std::string& source,
@@ -31,6 +50,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(const std::string& source,
   ASSIGN_OR_RETURN(jinja::Body body, jinja::Parse(source));
   ChatTemplate t;
   t.body_ = std::make_shared<const jinja::Body>(std::move(body));
+  t.source_ = source;
   t.bos_token_ = std::move(bos_token);
   t.eos_token_ = std::move(eos_token);
   return t;
@@ -77,9 +97,14 @@ absl::StatusOr<std::string> ChatTemplate::Render(const jinja::Value& messages,
                                                  const jinja::Value& variables) const {
   if (body_ == nullptr) {
     std::string out;
+    if (variables.is_object() && variables.contains("tools") && jinja::Truthy(variables["tools"])) {
+      absl::StrAppend(&out, "tools: ", jinja::ToJson(variables["tools"], 0), "\n");
+    }
     for (const auto& m : messages) {
-      absl::StrAppend(&out, jinja::ToText(m.value("role", jinja::Value(""))), ": ",
-                      jinja::ToText(m.value("content", jinja::Value(""))), "\n");
+      const std::string content = jinja::ToText(m.value("content", jinja::Value("")));
+      const std::string calls = PlainToolCalls(m);
+      absl::StrAppend(&out, jinja::ToText(m.value("role", jinja::Value(""))), ": ", content,
+                      !content.empty() && !calls.empty() ? "\n" : "", calls, "\n");
     }
     if (add_generation_prompt) out += "assistant:";
     return out;

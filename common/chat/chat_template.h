@@ -27,15 +27,19 @@ class ChatTemplate {
   static absl::StatusOr<ChatTemplate> FromModelDir(const std::string& model_dir);
 
   bool has_template() const { return body_ != nullptr; }
+  // The template's text ("" for the plain format).
+  const std::string& source() const { return source_; }
 
   // `messages`: [{"role": ..., "content": "..."}, ...]. add_generation_prompt opens the
   // assistant's turn. The keys of `variables` (an object, or null) are further names the
-  // template sees, e.g. enable_thinking.
+  // template sees, e.g. enable_thinking, or tools (OpenAI's list of
+  // {"type": "function", "function": {...}}, as apply_chat_template takes them).
   absl::StatusOr<std::string> Render(const jinja::Value& messages, bool add_generation_prompt,
                                      const jinja::Value& variables = nullptr) const;
 
  private:
   std::shared_ptr<const jinja::Body> body_;
+  std::string source_;
   std::string bos_token_;
   std::string eos_token_;
 };

@@ -75,8 +75,8 @@ PagedKvCache::PagedKvCache(const KvPoolOptions& options) : options_(options) {
   }
   // Hand out low block ids first.
   for (int b = active_blocks_ - 1; b >= 0; --b) free_.push_back(b);
+  blocks_.resize(options.num_blocks);
   if (options.cache.prefix_caching) {
-    blocks_.resize(options.num_blocks);
     cached_tokens_.resize(static_cast<size_t>(options.num_blocks) * options.cache.block_size);
   }
 }
@@ -85,7 +85,7 @@ int PagedKvCache::TakeBlock() {
   if (!free_.empty()) {
     const int b = free_.back();
     free_.pop_back();
-    if (options_.cache.prefix_caching) blocks_[b].refs = 1;
+    blocks_[b].refs = 1;
     return b;
   }
   const int b = idle_cached_.front();
@@ -317,17 +317,15 @@ absl::StatusOr<int64_t> PagedKvCache::Resize(int num_blocks) {
       }
       const int dst = free_below.back();
       free_below.pop_back();
-      if (options_.cache.prefix_caching) {
-        BlockState& from = blocks_[b];
-        if (from.registered) {
-          cached_[from.hash] = dst;
-          std::copy_n(cached_tokens_.begin() + int64_t{b} * options_.cache.block_size,
-                      options_.cache.block_size,
-                      cached_tokens_.begin() + int64_t{dst} * options_.cache.block_size);
-        }
-        blocks_[dst] = from;
-        from = BlockState();
+      BlockState& from = blocks_[b];
+      if (from.registered) {
+        cached_[from.hash] = dst;
+        std::copy_n(cached_tokens_.begin() + int64_t{b} * options_.cache.block_size,
+                    options_.cache.block_size,
+                    cached_tokens_.begin() + int64_t{dst} * options_.cache.block_size);
       }
+      blocks_[dst] = from;
+      from = BlockState();
       moves.push_back({b, dst, -1});
       moved[b] = dst;
       b = dst;
@@ -456,11 +454,46 @@ void PagedKvCache::Release(SequenceId seq) {
   wide_.erase(seq);
 }
 
-void PagedKvCache::ReleaseBlock(int b) {
-  if (!options_.cache.prefix_caching) {
-    free_.push_back(b);
-    return;
+absl::StatusOr<PagedKvCache::SequenceId> PagedKvCache::Fork(SequenceId parent, int64_t num_tokens) {
+  auto it = tables_.find(parent);
+  if (it == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("kv cache: unknown sequence ", parent));
   }
+  if (num_tokens < 0 || num_tokens > capacity(parent)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv cache: ", num_tokens, " tokens to fork; the sequence holds ", capacity(parent)));
+  }
+  const bool is_wide = wide(parent);
+  const int per = is_wide ? 2 : 1;
+  const int64_t full = num_tokens / options_.cache.block_size;
+  const int copies = num_tokens % options_.cache.block_size != 0 ? per : 0;
+  if (copies > free_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "kv cache: ", copies, " blocks needed to fork a sequence, ", free_blocks(), " free"));
+  }
+  const std::vector<int> source = it->second;  // AddSequence may move the tables
+  const SequenceId child = AddSequence(is_wide);
+  std::vector<int>& table = tables_[child];
+  for (int64_t i = 0; i < full * per; ++i) {
+    ++blocks_[source[i]].refs;
+    table.push_back(source[i]);
+  }
+  std::vector<KvBlockMove> moves;
+  for (int part = 0; part < copies; ++part) {
+    const int dst = TakeBlock();
+    moves.push_back({source[full * per + part], dst, -1});
+    table.push_back(dst);
+  }
+  committed_blocks_[child] = std::min(committed_blocks_[parent], full);
+  if (options_.host_storage) {
+    MoveOnHost(moves);
+  } else {
+    moves_.insert(moves_.end(), moves.begin(), moves.end());
+  }
+  return child;
+}
+
+void PagedKvCache::ReleaseBlock(int b) {
   BlockState& block = blocks_[b];
   if (--block.refs > 0) return;
   if (block.registered) {

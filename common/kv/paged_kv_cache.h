@@ -1,11 +1,13 @@
 // A paged key/value cache: fixed-size blocks of token slots handed to sequences on demand,
 // so memory is not reserved for a sequence's maximum length up front.
 //
+// Blocks are shared by reference count. A sequence forked from another (Fork: the samples of
+// one prompt) shares its full blocks and copies the last partial one, which both write after.
 // With prefix caching, a full block whose keys and values are computed is registered under a
 // hash of every token up to its end (its own and its prefix's), so a later sequence with the
-// same leading tokens takes the block instead of computing it again. Blocks are shared by
-// reference count; a registered block nobody holds stays cached, and is the first taken again
-// (least recently released first) when the free blocks run out.
+// same leading tokens takes the block instead of computing it again; a registered block nobody
+// holds stays cached, and is the first taken again (least recently released first) when the
+// free blocks run out.
 #ifndef STRATA_COMMON_KV_PAGED_KV_CACHE_H_
 #define STRATA_COMMON_KV_PAGED_KV_CACHE_H_
 
@@ -159,6 +161,12 @@ class PagedKvCache {
   absl::Status Reserve(SequenceId seq, int64_t num_tokens);
   // Returns the sequence's blocks to the pool (registered ones stay cached).
   void Release(SequenceId seq);
+  // A new sequence holding the first `num_tokens` positions of `parent` (reserved), of its
+  // width: their full blocks shared, the partial block after them copied into a new one (its
+  // positions past `num_tokens` are the new sequence's to write). RESOURCE_EXHAUSTED, with
+  // nothing changed, when the pool lacks the blocks to copy. A device backend copies the
+  // blocks TakeMoves hands it.
+  absl::StatusOr<SequenceId> Fork(SequenceId parent, int64_t num_tokens);
 
   // Prefix caching (a no-op returning 0 when it is off). Gives an empty `seq` the cached blocks
   // that hold the longest run of leading full blocks of `tokens`, leaving at least the last
@@ -245,7 +253,7 @@ class PagedKvCache {
   void MoveOnHost(absl::Span<const KvBlockMove> moves);
 
   struct BlockState {
-    int refs = 0;
+    int refs = 0;                   // sequences holding it
     bool registered = false;        // in cached_, its tokens in cached_tokens_
     uint64_t hash = 0;              // valid for committed blocks (registered or not)
     uint64_t parent = 0;            // the prefix's hash before it

@@ -56,10 +56,11 @@ class GenerateReactor;
 
 // The scheduler's handle on a stream; outlives the reactor if the client goes away first.
 // `prompt`: the prompt's ids, for a request with prompt_logprobs.
+// `index`: the sample's (GenerateRequest.n).
 class StreamSink : public ResponseSink {
  public:
-  StreamSink(GenerateReactor* reactor, std::vector<int32_t> prompt)
-      : reactor_(reactor), prompt_(std::move(prompt)) {}
+  StreamSink(GenerateReactor* reactor, int index, std::vector<int32_t> prompt)
+      : reactor_(reactor), index_(index), prompt_(std::move(prompt)) {}
   void OnLogprobs(const std::vector<TokenLogprobs>& logprobs) override {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.insert(pending_.end(), logprobs.begin(), logprobs.end());
@@ -76,11 +77,13 @@ class StreamSink : public ResponseSink {
  private:
   std::mutex mu_;
   GenerateReactor* reactor_;
+  const int index_;
   const std::vector<int32_t> prompt_;
   std::vector<TokenLogprobs> pending_;  // OnLogprobs' until the tokens they are of
 };
 
-// Writes queued responses one at a time, merging token messages that pile up behind a write.
+// Writes queued responses one at a time, merging token messages of a sample that pile up
+// behind a write; finishes once every sample has.
 class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GenerateReactor(Scheduler& scheduler) : scheduler_(scheduler) {}
@@ -90,11 +93,19 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       Finish(ToGrpcStatus(spec.status()));
       return;
     }
-    sink_ = std::make_shared<StreamSink>(
-        this, spec->prompt_logprobs ? spec->prompt : std::vector<int32_t>());
-    auto ticket = scheduler_.Submit(*std::move(spec), sink_);
+    std::vector<std::shared_ptr<ResponseSink>> sinks;
+    for (int i = 0; i < spec->n; ++i) {
+      sinks_.push_back(std::make_shared<StreamSink>(
+          this, i, spec->prompt_logprobs ? spec->prompt : std::vector<int32_t>()));
+      sinks.push_back(sinks_.back());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      unfinished_ = spec->n;
+    }
+    auto ticket = scheduler_.Submit(*std::move(spec), std::move(sinks));
     if (!ticket.ok()) {
-      sink_->Detach();
+      for (auto& sink : sinks_) sink->Detach();
       Finish(ToGrpcStatus(ticket.status()));
       return;
     }
@@ -103,11 +114,13 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     submitted_ = true;
   }
 
+  // `last`: the sample's last message.
   void Enqueue(v1::GenerateResponse response, bool last, grpc::Status status) {
     std::unique_lock<std::mutex> lock(mu_);
     if (finishing_) return;
     if (!queue_.empty() && !(writing_ && queue_.size() == 1) &&
-        queue_.back().finish_reason() == v1::FINISH_REASON_UNSPECIFIED) {
+        queue_.back().finish_reason() == v1::FINISH_REASON_UNSPECIFIED &&
+        queue_.back().index() == response.index()) {
       // Merge into the last queued (not yet written) message.
       v1::GenerateResponse& back = queue_.back();
       for (uint32_t id : response.token_ids()) back.add_token_ids(id);
@@ -119,10 +132,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     } else {
       queue_.push_back(std::move(response));
     }
-    if (last) {
-      done_ = true;
-      final_status_ = status;
-    }
+    // The call's status is the first failed sample's.
+    if (last && final_status_.ok()) final_status_ = status;
+    if (last && --unfinished_ == 0) done_ = true;
     WriteNext(lock);
   }
 
@@ -148,7 +160,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void OnDone() override {
-    if (sink_) sink_->Detach();
+    for (auto& sink : sinks_) sink->Detach();
     delete this;
   }
 
@@ -176,8 +188,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   Scheduler& scheduler_;
-  std::shared_ptr<StreamSink> sink_;
+  std::vector<std::shared_ptr<StreamSink>> sinks_;
   std::mutex mu_;
+  int unfinished_ = 0;  // samples
   std::deque<v1::GenerateResponse> queue_;
   grpc::ByteBuffer wire_;  // the message being written
   bool writing_ = false;
@@ -190,6 +203,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 void StreamSink::OnScores(const std::vector<TokenLogprobs>& scores) {
   v1::GenerateResponse response;
+  response.set_index(static_cast<uint32_t>(index_));
   for (size_t i = 0; i < scores.size() && i + 1 < prompt_.size(); ++i) {
     SetLogprobs(prompt_[i + 1], scores[i], *response.add_prompt_logprobs());
   }
@@ -199,6 +213,7 @@ void StreamSink::OnScores(const std::vector<TokenLogprobs>& scores) {
 
 void StreamSink::OnTokens(const std::vector<int32_t>& ids, const std::string& text) {
   v1::GenerateResponse response;
+  response.set_index(static_cast<uint32_t>(index_));
   for (int32_t id : ids) response.add_token_ids(static_cast<uint32_t>(id));
   response.set_text(text);
   std::lock_guard<std::mutex> lock(mu_);
@@ -212,6 +227,7 @@ void StreamSink::OnTokens(const std::vector<int32_t>& ids, const std::string& te
 void StreamSink::OnFinish(FinishReason reason, const RequestUsage& usage,
                           const absl::Status& status) {
   v1::GenerateResponse response;
+  response.set_index(static_cast<uint32_t>(index_));
   response.set_finish_reason(ToProto(reason));
   v1::Usage* u = response.mutable_usage();
   u->set_prompt_tokens(usage.prompt_tokens);
@@ -367,6 +383,11 @@ absl::StatusOr<RequestSpec> GenerationService::ToSpec(const v1::GenerateRequest&
   if (request.has_response_format()) {
     ASSIGN_OR_RETURN(spec.constraint, CompileFormat(request.response_format()));
   }
+  if (request.n() > static_cast<uint32_t>(kMaxSamples)) {
+    return InvalidParam("n",
+                        absl::StrCat("n must be at most ", kMaxSamples, ", not ", request.n()));
+  }
+  spec.n = std::max<int>(1, static_cast<int>(request.n()));
   return spec;
 }
 

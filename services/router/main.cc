@@ -44,6 +44,10 @@ ABSL_FLAG(std::string, api_key, "",
           "A key the HTTP API asks of /v1/* and /tokenize, /detokenize as 'Authorization: "
           "Bearer KEY' (401 otherwise; /health, /metrics, /version stay open); empty: "
           "$STRATA_API_KEY, or none");
+ABSL_FLAG(std::string, tool_call_parser, "auto",
+          "How the HTTP API reads the model's tool calls: hermes (<tool_call> blocks of JSON), "
+          "none (requests with tools refused), or auto: hermes when the chat template writes "
+          "such blocks or the model has none (the plain format writes them), none otherwise");
 ABSL_FLAG(int, workers, 1, "Expert workers to wait for; 0 runs the experts in this process");
 ABSL_FLAG(std::string, plan, "", "Expert placement from `strata plan`; default: contiguous");
 ABSL_FLAG(std::string, router_device, "cpu",
@@ -132,6 +136,7 @@ int main(int argc, char** argv) {
               << " printable ASCII characters without spaces\n";
     return 2;
   }
+  options.tool_call_parser = absl::GetFlag(FLAGS_tool_call_parser);
   options.plan_file = absl::GetFlag(FLAGS_plan);
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_router_device);

@@ -18,6 +18,9 @@ namespace strata {
 // default max_logprobs, and OpenAI's bound.
 inline constexpr int kMaxTopLogprobs = 20;
 
+// The most samples one request may ask for (RequestSpec::n).
+inline constexpr int kMaxSamples = 16;
+
 // A token's log-probability under the model's distribution (log softmax of the raw logits),
 // and the most likely tokens at its position with theirs: most likely first, ties by lower id.
 struct TokenLogprobs {
@@ -48,6 +51,12 @@ struct RequestSpec {
   // Its tokens are picked on the host (the mask is computed there), without drafts; the
   // request ends once the grammar is complete and has taken an end-of-sequence token.
   std::shared_ptr<const CompiledConstraint> constraint;
+  // Samples of the prompt, 1..kMaxSamples: the prompt is prefilled once, then the sequence
+  // forks into n sharing its KV blocks (the last partial one copied), each drawing its tokens
+  // from its own seed, sample i's being sampling.seed + i (so sample i is what a request of
+  // one sample with that seed gets). Each has its own sink (Scheduler::Submit); prompt scores
+  // (prompt_logprobs) go to the first one's only. Not with score_only.
+  int n = 1;
 };
 
 enum class FinishReason { kNone, kLength, kStop, kEos, kCancelled, kError };

@@ -237,6 +237,8 @@ absl::Status RouterServer::StartHttp() {
   OpenAiServiceOptions service;
   service.model_name = options_.served_model_name;
   service.api_key = options_.api_key;
+  ASSIGN_OR_RETURN(service.tool_call_format,
+                   ChooseToolCallFormat(options_.tool_call_parser, chat_template));
   if (service.model_name.empty()) {
     service.model_name =
         std::filesystem::path(options_.model_dir).lexically_normal().filename().string();
@@ -278,6 +280,7 @@ RouterSnapshot RouterServer::Snapshot() const {
   r.graph_steps = s.graph_steps;
   r.replay_or_eager = s.replay_or_eager;
   r.preemptions = s.preemptions;
+  r.prompt_tokens_computed = s.prompt_tokens_computed;
   r.prefix_queried_tokens = s.prefix_queried_tokens;
   r.prefix_hit_tokens = s.prefix_hit_tokens;
   r.prefix_cached_blocks = s.prefix_cached_blocks;

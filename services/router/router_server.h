@@ -90,6 +90,8 @@ struct RouterOptions {
   std::string served_model_name;
   // The HTTP API's key (IsApiKey), asked of /v1/* and the tokenizer's routes; empty: none.
   std::string api_key;
+  // How the HTTP API reads the model's tool calls (ChooseToolCallFormat's names).
+  std::string tool_call_parser = "auto";
 };
 
 class RouterServer {

@@ -20,10 +20,32 @@ double MillisBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
+// A sequence's sampler. The seed is the spec's (the front end's: NormalizeSampling draws one
+// where the client sent none). min_tokens holds back the end-of-sequence tokens only where
+// they end the request.
+// The seed is the front end's (NormalizeSampling draws one where the client sent none).
+// min_tokens holds back the end-of-sequence tokens only where they end the request. Each sample
+// of a request gets its own grammar state.
+std::unique_ptr<Sampler> NewSampler(const RequestSpec& spec, const std::vector<int>& eos) {
+  return std::make_unique<Sampler>(
+      spec.sampling, spec.prompt,
+      spec.ignore_eos ? absl::Span<const int>() : absl::Span<const int>(eos),
+      spec.constraint != nullptr ? spec.constraint->NewConstraint() : nullptr);
+}
+
+std::unique_ptr<OutputText> NewOutputText(const RequestSpec& spec, const Tokenizer* tokenizer) {
+  return std::make_unique<OutputText>(tokenizer, spec.stop, spec.sampling.skip_special_tokens,
+                                      spec.sampling.include_stop_str_in_output);
+}
+
 }  // namespace
 
 struct Scheduler::Sequence {
   Ticket ticket = 0;
+  Ticket request = 0;  // Submit's: every sample of the request is cancelled by it
+  int sample = 0;      // the index among the request's samples
+  // Samples 1..n-1's sinks, until they fork off once the prompt is computed.
+  std::vector<std::shared_ptr<ResponseSink>> fork_sinks;
   RequestSpec spec;
   std::shared_ptr<ResponseSink> sink;
   std::vector<int32_t> tokens;  // prompt, then every generated token
@@ -84,10 +106,20 @@ absl::Status Scheduler::CheckTextFits(absl::string_view what, size_t bytes, bool
                                                  max_context_tokens_));
 }
 
-absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
-                                                    std::shared_ptr<ResponseSink> sink) {
+absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(
+    RequestSpec spec, std::vector<std::shared_ptr<ResponseSink>> sinks) {
   const int64_t prompt_len = static_cast<int64_t>(spec.prompt.size());
   if (prompt_len == 0) return absl::InvalidArgumentError("the prompt is empty");
+  if (spec.n < 1 || spec.n > kMaxSamples) {
+    return InvalidParam("n", absl::StrCat("n must be in [1, ", kMaxSamples, "], not ", spec.n));
+  }
+  if (static_cast<int>(sinks.size()) != spec.n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.n, " samples need as many sinks, not ", sinks.size()));
+  }
+  if (spec.score_only && spec.n != 1) {
+    return InvalidParam("n", "a prompt scored alone has one sample");
+  }
   for (size_t i = 0; i < spec.prompt.size(); ++i) {
     if (spec.prompt[i] < 0 || spec.prompt[i] >= config_.vocab_size) {
       return absl::InvalidArgumentError(
@@ -148,19 +180,12 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
 
   auto seq = std::make_unique<Sequence>();
   seq->spec = std::move(spec);
-  seq->sink = std::move(sink);
+  seq->sink = std::move(sinks[0]);
+  seq->fork_sinks.assign(sinks.begin() + 1, sinks.end());
   seq->tokens = seq->spec.prompt;
-  // The seed is the front end's (NormalizeSampling draws one where the client sent none).
-  // min_tokens holds back the end-of-sequence tokens only where they end the request.
-  const std::vector<int>& eos = config_.eos_token_ids;
-  seq->sampler = std::make_unique<Sampler>(
-      seq->spec.sampling, seq->spec.prompt,
-      seq->spec.ignore_eos ? absl::Span<const int>() : absl::Span<const int>(eos),
-      seq->spec.constraint != nullptr ? seq->spec.constraint->NewConstraint() : nullptr);
+  seq->sampler = NewSampler(seq->spec, config_.eos_token_ids);
   seq->draft_length = options_.speculation.max_draft_tokens;
-  seq->text = std::make_unique<OutputText>(tokenizer_, seq->spec.stop,
-                                           seq->spec.sampling.skip_special_tokens,
-                                           seq->spec.sampling.include_stop_str_in_output);
+  seq->text = NewOutputText(seq->spec, tokenizer_);
   seq->submitted = Clock::now();
   Ticket ticket;
   {
@@ -173,8 +198,11 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(RequestSpec spec,
       return absl::ResourceExhaustedError(absl::StrCat(
           "too many requests waiting (", options_.max_queued_requests, "); retry later"));
     }
-    ticket = next_ticket_++;
+    // Sample i's ticket is ticket + i.
+    ticket = next_ticket_;
+    next_ticket_ += seq->spec.n;
     seq->ticket = ticket;
+    seq->request = ticket;
     incoming_.push_back(std::move(seq));
     queued_.fetch_add(1);
   }
@@ -213,6 +241,7 @@ Scheduler::Stats Scheduler::stats() const {
   s.waiting = queued_.load();
   s.running = running_count_.load();
   s.free_kv_blocks = free_kv_blocks_.load();
+  s.prompt_tokens_computed = prompt_tokens_computed_.load();
   s.prefix_queried_tokens = prefix_queried_tokens_.load();
   s.prefix_hit_tokens = prefix_hit_tokens_.load();
   s.prefix_cached_blocks = prefix_cached_blocks_.load();
@@ -296,13 +325,14 @@ void Scheduler::ApplyCancellations() {
   }
   if (cancelled.empty()) return;
   for (size_t i = 0; i < waiting_.size();) {
-    if (cancelled.contains(waiting_[i]->ticket)) {
+    if (cancelled.contains(waiting_[i]->request)) {
       std::unique_ptr<Sequence> seq = std::move(waiting_[i]);
       waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
       RequestUsage usage;
       usage.prompt_tokens = static_cast<int>(seq->spec.prompt.size());
       usage.completion_tokens = seq->generated;
       Report(*seq, FinishReason::kCancelled, usage, 0);
+      FinishUnforked(seq.get(), FinishReason::kCancelled, CutOffStatus());
       // Posted (unsent) before it stops counting as queued: Drain never sees neither.
       Post([sink = seq->sink, usage, status = CutOffStatus()] {
         sink->OnFinish(FinishReason::kCancelled, usage, status);
@@ -315,7 +345,7 @@ void Scheduler::ApplyCancellations() {
   // Finish() erases from running_, so collect first.
   std::vector<Sequence*> doomed;
   for (auto& seq : running_) {
-    if (cancelled.contains(seq->ticket)) doomed.push_back(seq.get());
+    if (cancelled.contains(seq->request)) doomed.push_back(seq.get());
   }
   for (Sequence* seq : doomed) Finish(seq, FinishReason::kCancelled, CutOffStatus());
 }
@@ -341,6 +371,11 @@ void Scheduler::Admit() {
   }
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
     Sequence* seq = waiting_.front().get();
+    // A request's samples take their places in the batch together (alone, any number).
+    const int places = 1 + static_cast<int>(seq->fork_sinks.size());
+    if (!running_.empty() && static_cast<int>(running_.size()) + places > options_.max_running) {
+      break;
+    }
     // Cached blocks that running sequences hold cost no free block. A prompt to score is
     // computed whole: a cached block's positions would give no logits.
     const bool match = !WantsScores(*seq);
@@ -501,9 +536,12 @@ Scheduler::StepLayout Scheduler::LayOut(const std::vector<Planned>& plan) {
     }
     if (p.seq->spec.score_only || p.seq->computed + own != length) continue;
     // A drafted row's logits come back for its own token and every drafted one; so do those
-    // of a row whose transforms or logprobs need the host.
+    // of a row whose transforms or logprobs need the host, and of a prompt's last row when its
+    // samples fork off there (each draws from it).
     std::optional<RowSampling> device;
-    if (!p.seq->spec.logprobs && p.draft.empty()) device = p.seq->sampler->device_row();
+    if (!p.seq->spec.logprobs && p.draft.empty() && p.seq->fork_sinks.empty()) {
+      device = p.seq->sampler->device_row();
+    }
     any_draws |= device.has_value() && !device->plain_argmax();
     layout.first_row.push_back(layout.sampled_rows);
     for (int64_t j = own - 1; j < p.count; ++j) {
@@ -533,7 +571,13 @@ void Scheduler::TakeResults(const std::vector<Planned>& plan, const StepLayout& 
                             const StepResult& result, double seconds) {
   const int64_t vocab = config_.vocab_size;
   // A draft's positions count once verified (VerifyDraft).
-  for (const Planned& p : plan) Computed(p.seq, p.count - static_cast<int64_t>(p.draft.size()));
+  for (const Planned& p : plan) {
+    const int64_t own = p.count - static_cast<int64_t>(p.draft.size());
+    const int64_t prompt = static_cast<int64_t>(p.seq->spec.prompt.size());
+    prompt_tokens_computed_.fetch_add(
+        std::max<int64_t>(0, std::min(p.seq->computed + own, prompt) - p.seq->computed));
+    Computed(p.seq, own);
+  }
   for (size_t r = 0; r < layout.scored.size(); ++r) {
     const float* row = result.logits(layout.sampled_rows + static_cast<int64_t>(r));
     Sequence* seq = layout.scored[r].seq;
@@ -556,6 +600,7 @@ void Scheduler::TakeResults(const std::vector<Planned>& plan, const StepLayout& 
       tokens += VerifyDraft(seq, result, row, *layout.drafts[r]);
       continue;
     }
+    if (!seq->fork_sinks.empty()) ForkSamples(seq, result.logits(row));
     const int32_t token = result.tokens != nullptr && layout.on_device[r]
                               ? result.tokens[row]
                               : seq->sampler->Sample(result.logits(row), vocab);
@@ -760,6 +805,52 @@ bool Scheduler::StepAhead() {
   return true;
 }
 
+void Scheduler::ForkSamples(Sequence* parent, const float* logits) {
+  std::vector<std::shared_ptr<ResponseSink>> sinks;
+  sinks.swap(parent->fork_sinks);
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    auto owned = std::make_unique<Sequence>();
+    Sequence* seq = owned.get();
+    seq->sample = static_cast<int>(i) + 1;
+    seq->ticket = parent->ticket + seq->sample;
+    seq->request = parent->request;
+    seq->spec = parent->spec;
+    seq->spec.sampling.seed = parent->spec.sampling.seed + seq->sample;  // wraps, as uint64
+    seq->spec.prompt_logprobs = false;  // the prompt's scores went to the first sample
+    seq->sink = std::move(sinks[i]);
+    seq->tokens = parent->tokens;
+    seq->sampler = NewSampler(seq->spec, config_.eos_token_ids);
+    seq->draft_length = options_.speculation.max_draft_tokens;
+    seq->text = NewOutputText(seq->spec, tokenizer_);
+    seq->submitted = parent->submitted;
+    // Without a block to copy the partial one into, the sample computes the prompt again.
+    absl::StatusOr<PagedKvCache::SequenceId> forked = kv_.Fork(parent->kv_seq, parent->computed);
+    if (forked.ok()) {
+      seq->kv_seq = *forked;
+      seq->has_kv = true;
+      seq->computed = parent->computed;
+    }
+    running_.push_back(std::move(owned));
+    running_count_.store(static_cast<int>(running_.size()));
+    const int32_t token = seq->sampler->Sample(logits, config_.vocab_size);
+    TokenLogprobs logprobs;
+    if (seq->spec.logprobs) {
+      logprobs = LogprobsAt(logits, config_.vocab_size, token, seq->spec.top_logprobs);
+    }
+    HandleToken(seq, token, std::move(logprobs));
+  }
+}
+
+void Scheduler::FinishUnforked(Sequence* seq, FinishReason reason, const absl::Status& status) {
+  RequestUsage usage;
+  usage.prompt_tokens = static_cast<int>(seq->spec.prompt.size());
+  for (std::shared_ptr<ResponseSink>& sink : seq->fork_sinks) {
+    Post(
+        [sink = std::move(sink), reason, usage, status] { sink->OnFinish(reason, usage, status); });
+  }
+  seq->fork_sinks.clear();
+}
+
 bool Scheduler::WantsScores(const Sequence& seq) {
   return seq.spec.score_only || (seq.spec.prompt_logprobs && !seq.scores_sent);
 }
@@ -819,6 +910,7 @@ bool Scheduler::HandleToken(Sequence* seq, int32_t token, TokenLogprobs logprobs
 void Scheduler::Finish(Sequence* seq, FinishReason reason, const absl::Status& status) {
   if (seq->has_kv) kv_.Release(seq->kv_seq);
   seq->has_kv = false;
+  FinishUnforked(seq, reason, status);
   if (options_.speculation.draft_model != nullptr) {
     options_.speculation.draft_model->Forget(seq->ticket);
   }
@@ -843,11 +935,14 @@ void Scheduler::Finish(Sequence* seq, FinishReason reason, const absl::Status& s
 
 void Scheduler::Report(const Sequence& seq, FinishReason reason, const RequestUsage& usage,
                        double decode_ms) {
-  metrics_.Record(usage, decode_ms);
+  // A request's prompt counts once, with its first sample.
+  RequestUsage counted = usage;
+  if (seq.sample > 0) counted.prompt_tokens = 0;
+  metrics_.Record(counted, decode_ms);
   if (!LogEnabled(LogLevel::kInfo)) return;
-  Log(LogLevel::kInfo,
-      FinishedRequestLine(seq.spec.id.empty() ? absl::StrCat("#", seq.ticket) : seq.spec.id, reason,
-                          usage));
+  std::string id = seq.spec.id.empty() ? absl::StrCat("#", seq.request) : seq.spec.id;
+  if (seq.spec.n > 1) absl::StrAppend(&id, " sample ", seq.sample);
+  Log(LogLevel::kInfo, FinishedRequestLine(id, reason, usage));
 }
 
 }  // namespace strata

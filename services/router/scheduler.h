@@ -67,9 +67,13 @@ class Scheduler {
   void Start();
 
   // Validates and queues a request: INVALID_ARGUMENT for bad input, RESOURCE_EXHAUSTED when
-  // the queue is full, UNAVAILABLE while draining. The sink receives the output.
-  absl::StatusOr<Ticket> Submit(RequestSpec spec, std::shared_ptr<ResponseSink> sink);
-  // Ends a request (its sink gets kCancelled) and frees its KV blocks.
+  // the queue is full, UNAVAILABLE while draining. `sinks` receive the output of the request's
+  // samples, one each (spec.n of them).
+  absl::StatusOr<Ticket> Submit(RequestSpec spec, std::vector<std::shared_ptr<ResponseSink>> sinks);
+  absl::StatusOr<Ticket> Submit(RequestSpec spec, std::shared_ptr<ResponseSink> sink) {
+    return Submit(std::move(spec), std::vector<std::shared_ptr<ResponseSink>>{std::move(sink)});
+  }
+  // Ends a request, every sample of it (their sinks get kCancelled), and frees its KV blocks.
   void Cancel(Ticket ticket);
   // Refuses new requests, waits up to `timeout` for those in flight, then cancels the rest.
   // True when everything finished in time.
@@ -108,6 +112,9 @@ class Scheduler {
     double graph_between_us = 0;   // mean
     int64_t steps_ahead = 0;       // steps asked for behind the one before (launch_next)
     ReplayOrEager::Counts replay_or_eager;
+    // Prompt positions whose keys and values steps computed: a prompt's prefill once for all
+    // its samples, not its cached prefix; again after a preemption.
+    int64_t prompt_tokens_computed = 0;
     // Prefix caching: prompt tokens looked up, and found with their keys and values cached.
     int64_t prefix_queried_tokens = 0;
     int64_t prefix_hit_tokens = 0;
@@ -193,6 +200,11 @@ class Scheduler {
   // `logprobs`: the token's log-probabilities, for a sequence that asked for them. False when
   // the token ended the sequence (then freed: `seq` must not be used again).
   bool HandleToken(Sequence* seq, int32_t token, TokenLogprobs logprobs = {});
+  // A request's prompt is computed: its other samples fork off `parent` (RequestSpec::n), each
+  // sharing its KV blocks and drawing its first token from the prompt's last `logits` row.
+  void ForkSamples(Sequence* parent, const float* logits);
+  // The samples of a request that ends before its prompt is computed end with it.
+  void FinishUnforked(Sequence* seq, FinishReason reason, const absl::Status& status);
   // Whether the sequence's prompt positions give scores (score_only, or prompt_logprobs not
   // yet sent: a preempted sequence does not score its prompt again).
   static bool WantsScores(const Sequence& seq);
@@ -259,6 +271,7 @@ class Scheduler {
   std::atomic<int64_t> speculation_turned_off_{0};
   std::atomic<bool> kv_scales_ready_{false};
   std::atomic<int> free_kv_blocks_{0};  // as of the engine thread's last step
+  std::atomic<int64_t> prompt_tokens_computed_{0};
   std::atomic<int64_t> prefix_queried_tokens_{0};
   std::atomic<int64_t> prefix_hit_tokens_{0};
   std::atomic<int64_t> prefix_cached_blocks_{0};

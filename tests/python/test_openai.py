@@ -176,6 +176,38 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual(sample(42), first)
         self.assertNotEqual({sample(s) for s in (1, 2, 3)}, {first})
 
+    def test_n_choices(self):
+        # Four samples of one prefill: different at temperature 1, choice i the request of one
+        # sample with seed 7 + i.
+        prompt = "The old sailor looked at the sea"
+        c = self.client.completions.create(model=MODEL, prompt=prompt, max_tokens=10,
+                                           temperature=1.0, seed=7, n=4,
+                                           extra_body={"ignore_eos": True})
+        self.assertEqual([ch.index for ch in c.choices], [0, 1, 2, 3])
+        texts = [ch.text for ch in c.choices]
+        self.assertGreaterEqual(len(set(texts)), 3, texts)
+        self.assertEqual(c.usage.completion_tokens, 40)
+        alone = self.client.completions.create(model=MODEL, prompt=prompt, max_tokens=10,
+                                               temperature=1.0, seed=9,
+                                               extra_body={"ignore_eos": True})
+        self.assertEqual(alone.usage.prompt_tokens, c.usage.prompt_tokens)
+        self.assertEqual(alone.choices[0].text, texts[2])
+        # Streamed chat: each chunk is one choice's, by index.
+        messages = [{"role": "user", "content": "Tell me about the sea."}]
+        whole = self.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
+                                                    temperature=1.0, seed=3, n=2)
+        parts = {0: "", 1: ""}
+        finishes = {}
+        for chunk in self.client.chat.completions.create(model=MODEL, messages=messages,
+                                                         max_tokens=8, temperature=1.0, seed=3,
+                                                         n=2, stream=True):
+            for ch in chunk.choices:
+                parts[ch.index] += ch.delta.content or ""
+                if ch.finish_reason:
+                    finishes[ch.index] = ch.finish_reason
+        self.assertEqual(finishes, {0: "length", 1: "length"})
+        self.assertEqual([parts[0], parts[1]], [ch.message.content for ch in whole.choices])
+
     def test_logprobs(self):
         c = self.client.completions.create(model=MODEL, prompt="In the beginning", max_tokens=5,
                                            temperature=0, logprobs=0)
@@ -196,7 +228,7 @@ class OpenAiApiTest(unittest.TestCase):
             self.client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
         self.assertEqual(caught.exception.body["code"], "model_not_found")
         with self.assertRaises(openai.BadRequestError):
-            self.client.completions.create(model=MODEL, prompt="x", max_tokens=2, n=2)
+            self.client.completions.create(model=MODEL, prompt="x", max_tokens=2, n=17)
         status, payload = self.cluster.raw("POST", "/v1/completions", b"{not json")
         self.assertEqual(status, 400)
         self.assertApiError(status, payload)

@@ -1,5 +1,6 @@
 // A StepRunner without a model, for testing what plans the steps: each row's next token is a
-// fixed function of the row's token and position (NextToken), given as greedy tokens, as
+// fixed function of the row's token and position (NextToken), or with a `script` the script's
+// tokens in turn for every request and then the end of sequence, given as greedy tokens, as
 // logits peaked at it (RowLogit), or both. With `replays` on it behaves like decode-graph replays:
 // a decode-only step with launch_next leaves the next step in flight for Collect. It checks what a
 // real runner relies on (every position reserved in the KV cache, Run never with a step in flight)
@@ -9,7 +10,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "common/engine/step_runner.h"
@@ -40,7 +44,8 @@ class FakeStepRunner : public StepRunner {
 
   // A logit row peaked at `next` (20): flat at 0 below it, or with `shaped_logits` a pattern
   // of many ties (RowLogit), for log-probabilities worth checking.
-  static float RowLogit(int32_t next, int64_t id, bool shaped) {
+  static float RowLogit(int32_t next, int64_t id, bool shaped, bool flat = false) {
+    if (flat) return 0.0f;
     if (id == next) return 20.0f;
     return shaped ? static_cast<float>((id * 5 + next) % 9) * 0.75f - 3.0f : 0.0f;
   }
@@ -48,15 +53,30 @@ class FakeStepRunner : public StepRunner {
   // Decode-only steps that ask for it get the next step launched behind them.
   bool replays = false;
   bool shaped_logits = false;
+  // Every logit 0: a sampled token is the draw alone (greedy ones the lowest id).
+  bool flat_logits = false;
+  // How long each Run takes: requests that stay under way long enough to be cancelled.
+  std::chrono::milliseconds run_time{0};
   // The Run / Collect calls (counted from 1) that fail; 0: none.
   int fail_run_call = 0;
   int fail_collect_call = 0;
 
+  // Every request's reply: these tokens, then token 0 (FakeConfig's end of sequence). Eager
+  // steps only (not with `replays`). A request's first logit row is told from a decode row by
+  // its position: not the one after its sequence slot's last logit row, or not alone in the
+  // step (a prefill's last chunk).
+  void SetScript(std::vector<int32_t> script) {
+    std::lock_guard<std::mutex> lock(mu_);
+    script_ = std::move(script);
+  }
+
   absl::StatusOr<StepResult> Run(const StepPlan& plan,
                                  absl::FunctionRef<void()> while_running) override {
+    std::this_thread::sleep_for(run_time);
     std::lock_guard<std::mutex> lock(mu_);
     ++runs_;
     plans_.push_back(plan);
+    max_blocks_in_use_ = std::max(max_blocks_in_use_, kv_.blocks_in_use());
     if (!pending_.empty()) return Violation("Run with a step in flight");
     for (int64_t i = 0; i < plan.batch.num_tokens(); ++i) {
       if (plan.batch.position[i] >= kv_.capacity(plan.batch.sequence[i])) {
@@ -67,7 +87,8 @@ class FakeStepRunner : public StepRunner {
     if (runs_ == fail_run_call) return absl::InternalError("injected step failure");
     std::vector<int32_t> tokens;
     for (int64_t row : plan.logit_rows) {
-      tokens.push_back(NextToken(plan.ids[row], plan.batch.position[row], vocab_));
+      tokens.push_back(script_.empty() ? NextToken(plan.ids[row], plan.batch.position[row], vocab_)
+                                       : ScriptToken(plan, row));
     }
     const bool decode_only = plan.logit_rows.size() == plan.ids.size();
     StepResult result = Answer(tokens, /*replayed=*/replays && decode_only, plan.host_rows);
@@ -126,6 +147,11 @@ class FakeStepRunner : public StepRunner {
     std::lock_guard<std::mutex> lock(mu_);
     return plans_;
   }
+  // The most KV blocks sequences held at a Run.
+  int64_t max_blocks_in_use() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_blocks_in_use_;
+  }
   int collects() const {
     std::lock_guard<std::mutex> lock(mu_);
     return collects_;
@@ -150,6 +176,19 @@ class FakeStepRunner : public StepRunner {
   absl::Status Violation(const std::string& what) {
     if (violation_.empty()) violation_ = what;
     return absl::InternalError(what);
+  }
+
+  // The script's next token for the sequence of `row`.
+  int32_t ScriptToken(const StepPlan& plan, int64_t row) {
+    const int64_t slot = plan.batch.sequence[row];
+    const int64_t position = plan.batch.position[row];
+    const int64_t rows_of_slot = std::count(plan.batch.sequence.begin(), plan.batch.sequence.end(),
+                                            plan.batch.sequence[row]);
+    ScriptState& state = script_states_[slot];
+    if (rows_of_slot > 1 || position != state.next_position) state.next_index = 0;
+    state.next_position = position + 1;
+    const size_t index = state.next_index++;
+    return index < script_.size() ? script_[index] : 0;
   }
 
   bool ReservedOneMore(const BatchLayout& batch) const {
@@ -182,7 +221,7 @@ class FakeStepRunner : public StepRunner {
                                                  static_cast<int64_t>(r)) != host_rows.end();
       if (!wanted) continue;
       for (int64_t id = 0; id < vocab_; ++id) {
-        logits_[r * vocab_ + id] = RowLogit(tokens[r], id, shaped_logits);
+        logits_[r * vocab_ + id] = RowLogit(tokens[r], id, shaped_logits, flat_logits);
       }
     }
     result.logits_base = logits_.data();
@@ -195,12 +234,19 @@ class FakeStepRunner : public StepRunner {
   mutable std::mutex mu_;
   int runs_ = 0;
   int collects_ = 0;
+  int64_t max_blocks_in_use_ = 0;
   std::vector<StepPlan> plans_;
   std::vector<Pending> pending_;
   std::vector<int32_t> greedy_;
   std::vector<float> logits_;
   std::vector<std::vector<RowSampling>> next_samplings_;
   std::string violation_;
+  struct ScriptState {
+    int64_t next_position = -1;  // a decode row of the same request comes here
+    size_t next_index = 0;
+  };
+  std::vector<int32_t> script_;
+  std::map<int64_t, ScriptState> script_states_;  // by sequence slot
 };
 
 }  // namespace strata::testing

@@ -56,7 +56,13 @@ class Api {
                  const std::vector<std::string>& headers = {}) {
     return Call("POST", path, body.dump(), headers);
   }
+  // Every request's reply is `text` (its tokens), then the end of sequence (see
+  // FakeStepRunner::SetScript).
+  void SetScript(const std::string& text) {
+    runner_.SetScript(*tokenizer_->Encode(text, /*add_special_tokens=*/false));
+  }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
+  int port() const { return server_->port(); }
   const Scheduler& scheduler() const { return *scheduler_; }
   int64_t vocab() const { return config_.vocab_size; }
 

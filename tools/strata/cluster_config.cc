@@ -215,6 +215,15 @@ const std::map<std::string, Key>& Keys() {
                  "'Authorization: Bearer KEY' (401 otherwise; /health, /metrics, /version stay "
                  "open); empty: $STRATA_API_KEY, or none. Handed to the router in its "
                  "environment")},
+      {"tool_call_parser",
+       KeyOf<S>("tool-call-parser", &ClusterConfig::tool_call_parser,
+                [](const S& v) {
+                  return OneOf(v, {"auto", "hermes", "none"});
+                })
+           .Help("how the HTTP API reads the model's tool calls: hermes (<tool_call> blocks of "
+                 "JSON), none (tools refused), or auto: hermes when the chat template writes "
+                 "such blocks or there is no template")
+           .To(kRouter)},
       {"transport", KeyOf<S>("transport", &ClusterConfig::transport,
                              [](const S& v) {
                                return OneOf(v, {"shm", "grpc"});

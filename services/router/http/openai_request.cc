@@ -76,12 +76,14 @@ absl::Status ParseMessages(const Json& messages, OpenAiRequest& r) {
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
       return BadParam(absl::StrCat("messages[", i, "].role"), "each message needs a string 'role'");
     }
-    if (!m.contains("content")) {
+    // An assistant's tool calls may come without content.
+    if (!m.contains("content") && !HasToolCalls(m)) {
       return BadParam(absl::StrCat("messages[", i, "].content"), "each message needs 'content'");
     }
-    ASSIGN_OR_RETURN(std::string text, ContentText(m["content"], i));
+    ASSIGN_OR_RETURN(std::string text, ContentText(m.value("content", Json()), i));
     Json message = m;  // other keys (name, reasoning_content) stay for the template
     message["content"] = std::move(text);
+    RETURN_IF_ERROR(ParseMessageToolFields(m, i, message));
     r.messages.push_back(std::move(message));
   }
   return absl::OkStatus();
@@ -358,7 +360,7 @@ absl::Status ParseChatFields(const Json& body, OpenAiRequest& r) {
     }
     r.add_generation_prompt = body["add_generation_prompt"].get<bool>();
   }
-  return absl::OkStatus();
+  return ParseToolFields(body, r.tools);
 }
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool chat) {
@@ -445,9 +447,12 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
     r.include_usage = o.contains("include_usage") && o["include_usage"].get<bool>();
   }
   if (Present(body, "n")) {
-    if (!body["n"].is_number_integer() || body["n"].get<int64_t>() != 1) {
-      return BadParam("n", "only n = 1 is supported");
+    const Json& n = body["n"];
+    if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > kMaxSamples) {
+      return BadParam("n", absl::StrCat("'n' must be an integer in [1, ", kMaxSamples,
+                                        "]: the choices sampled from one prefill of the prompt"));
     }
+    r.n = static_cast<int>(n.get<int64_t>());
   }
   RETURN_IF_ERROR(ParseLogprobs(body, r));
   if (Present(body, "ignore_eos")) {
@@ -456,22 +461,11 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
   }
   // Options Strata does not implement are refused rather than ignored.
   if (Present(body, "best_of") && body["best_of"] != Json(1)) {
-    return BadParam("best_of", "'best_of' is not supported");
+    return BadParam("best_of",
+                    "'best_of' is not supported (no ranking of samples); 'n' returns every one");
   }
   if (Present(body, "suffix")) return BadParam("suffix", "'suffix' is not supported");
   ASSIGN_OR_RETURN(r.format, ParseResponseFormat(body));
-  if (Present(body, "tools") && !body["tools"].empty()) {
-    return BadParam("tools", "tool calling is not supported");
-  }
-  // Without tools, "none" and "auto" both mean plain text, and parallel calls have nothing to
-  // call.
-  if (Present(body, "tool_choice") && body["tool_choice"] != Json("none") &&
-      body["tool_choice"] != Json("auto")) {
-    return BadParam("tool_choice", "tool calling is not supported");
-  }
-  if (Present(body, "parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean()) {
-    return BadParam("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
-  }
   // An end user's id, for the provider's abuse monitoring: nothing here reads it.
   if (Present(body, "user") && !body["user"].is_string()) {
     return BadParam("user", "'user' must be a string");

@@ -15,6 +15,7 @@
 #include "common/engine/sampling_request.h"
 #include "nlohmann/json.hpp"
 #include "services/router/http/openai_response_format.h"
+#include "services/router/http/openai_tools.h"
 
 namespace strata {
 
@@ -30,6 +31,7 @@ struct OpenAiRequest {
   Json messages = Json::array();
   Json template_variables = Json::object();
   bool add_generation_prompt = true;
+  ToolRequest tools;  // chat
   // Absent: 16 for completions, the context left for chat; 0 only with echo.
   std::optional<int64_t> max_tokens;
   // The sampling fields as sent (vLLM's extras too); NormalizeSampling's rules, the OpenAI default
@@ -48,6 +50,8 @@ struct OpenAiRequest {
   bool ignore_eos = false;
   // response_format, or vLLM's guided_json / guided_regex / guided_choice.
   RequestedFormat format;
+  // Choices: samples of the prompt sharing its prefill (RequestSpec::n), 1..kMaxSamples.
+  int n = 1;
 };
 
 inline constexpr double kOpenAiTemperature = 1.0;
@@ -75,8 +79,8 @@ absl::Status ModelNotFound(absl::string_view requested, absl::string_view served
 ApiError ToApiError(const absl::Status& status);
 
 // Parses a request body. INVALID_ARGUMENT (400) for bad JSON, missing or malformed fields,
-// keys the endpoint does not know (every one named) and options Strata does not support (n > 1,
-// best_of, echo on chat, suffix, guided_grammar, tools).
+// keys the endpoint does not know (every one named) and options Strata does not support (n
+// above kMaxSamples, best_of, echo on chat, suffix, guided_grammar).
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool chat);
 
 // What every endpoint's body parse shares.
@@ -86,7 +90,8 @@ absl::StatusOr<Json> ParseJsonObject(absl::string_view body);
 // INVALID_ARGUMENT naming every key of `body` in none of the `known` lists (param: the first).
 absl::Status RefuseUnknownKeys(const Json& body,
                                std::initializer_list<absl::Span<const absl::string_view>> known);
-// A chat's `messages` (required), `chat_template_kwargs` and `add_generation_prompt` into `r`.
+// A chat's `messages` (required), `chat_template_kwargs`, `add_generation_prompt` and tools
+// (openai_tools.h) into `r`.
 absl::Status ParseChatFields(const Json& body, OpenAiRequest& r);
 
 }  // namespace strata

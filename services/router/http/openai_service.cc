@@ -12,7 +12,7 @@
 #include "common/util/same_secret.h"
 #include "common/util/status_macros.h"
 #include "common/util/version.h"
-#include "services/router/http/openai_logprobs.h"
+#include "services/router/http/openai_choice.h"
 
 namespace strata {
 namespace {
@@ -21,81 +21,85 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kBearer[] = "Bearer ";
 
-// The scheduler's output for one request, queued for the connection thread that waits on it.
-class QueueSink : public ResponseSink {
- public:
-  struct Event {
-    bool finished = false;
-    bool prompt = false;  // the prompt's log-probabilities (OnScores), in `logprobs`
-    std::vector<int32_t> ids;
-    std::string text;
-    std::vector<TokenLogprobs> logprobs;
-    FinishReason reason = FinishReason::kNone;
-    RequestUsage usage;
-    absl::Status status;
-  };
+// What the scheduler sends a request's samples, queued for the connection thread that waits on
+// the request.
+struct SampleEvent {
+  int index = 0;  // the sample's
+  bool finished = false;
+  bool prompt = false;  // the prompt's log-probabilities (OnScores), in `logprobs`
+  std::vector<int32_t> ids;
+  std::string text;
+  std::vector<TokenLogprobs> logprobs;
+  FinishReason reason = FinishReason::kNone;
+  RequestUsage usage;
+  absl::Status status;
+};
 
-  void OnLogprobs(const std::vector<TokenLogprobs>& logprobs) override {
+class EventQueue {
+ public:
+  void Push(SampleEvent e) {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_logprobs_.insert(pending_logprobs_.end(), logprobs.begin(), logprobs.end());
-  }
-  void OnScores(const std::vector<TokenLogprobs>& scores) override {
-    Event e;
-    e.prompt = true;
-    e.logprobs = scores;
-    Push(std::move(e));
-  }
-  void OnTokens(const std::vector<int32_t>& ids, const std::string& text) override {
-    Event e;
-    e.ids = ids;
-    e.text = text;
-    std::lock_guard<std::mutex> lock(mu_);
-    e.logprobs.swap(pending_logprobs_);
     events_.push_back(std::move(e));
     cv_.notify_one();
   }
-  void OnFinish(FinishReason reason, const RequestUsage& usage,
-                const absl::Status& status) override {
-    Event e;
-    e.finished = true;
-    e.reason = reason;
-    e.usage = usage;
-    e.status = status;
-    Push(std::move(e));
-  }
   // The next event, or nothing after `timeout` (the caller then checks on its client).
-  std::optional<Event> Next(std::chrono::milliseconds timeout) {
+  std::optional<SampleEvent> Next(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu_);
     if (!cv_.wait_for(lock, timeout, [this] { return !events_.empty(); })) return std::nullopt;
-    Event e = std::move(events_.front());
+    SampleEvent e = std::move(events_.front());
     events_.pop_front();
     return e;
   }
 
  private:
-  void Push(Event e) {
-    std::lock_guard<std::mutex> lock(mu_);
-    events_.push_back(std::move(e));
-    cv_.notify_one();
-  }
-
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Event> events_;
-  std::vector<TokenLogprobs> pending_logprobs_;
+  std::deque<SampleEvent> events_;
 };
 
-const char* FinishName(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kStop:
-    case FinishReason::kEos:
-      return "stop";
-    default:
-      return "abort";
+// One sample's output into the request's queue. Called on the scheduler's thread only.
+class SampleSink : public ResponseSink {
+ public:
+  SampleSink(std::shared_ptr<EventQueue> queue, int index)
+      : queue_(std::move(queue)), index_(index) {}
+
+  void OnLogprobs(const std::vector<TokenLogprobs>& logprobs) override {
+    pending_logprobs_.insert(pending_logprobs_.end(), logprobs.begin(), logprobs.end());
   }
-}
+  void OnScores(const std::vector<TokenLogprobs>& scores) override {
+    SampleEvent e = Event();
+    e.prompt = true;
+    e.logprobs = scores;
+    queue_->Push(std::move(e));
+  }
+  void OnTokens(const std::vector<int32_t>& ids, const std::string& text) override {
+    SampleEvent e = Event();
+    e.ids = ids;
+    e.text = text;
+    e.logprobs.swap(pending_logprobs_);
+    queue_->Push(std::move(e));
+  }
+  void OnFinish(FinishReason reason, const RequestUsage& usage,
+                const absl::Status& status) override {
+    SampleEvent e = Event();
+    e.finished = true;
+    e.reason = reason;
+    e.usage = usage;
+    e.status = status;
+    queue_->Push(std::move(e));
+  }
+
+ private:
+  SampleEvent Event() const {
+    SampleEvent e;
+    e.index = index_;
+    return e;
+  }
+
+  std::shared_ptr<EventQueue> queue_;
+  const int index_;
+  std::vector<TokenLogprobs> pending_logprobs_;
+};
 
 Json UsageJson(const RequestUsage& usage) {
   return Json{{"prompt_tokens", usage.prompt_tokens},
@@ -115,6 +119,8 @@ OpenAiService::OpenAiService(OpenAiServiceOptions options, const ModelConfig& co
       scheduler_(scheduler),
       tokenizer_(tokenizer),
       chat_template_(std::move(chat_template)),
+      tool_format_(options_.tool_call_format.value_or(
+          ChooseToolCallFormat("auto", chat_template_).value_or(ToolCallFormat::kNone))),
       created_(static_cast<int64_t>(std::time(nullptr))) {}
 
 void OpenAiService::SendError(HttpResponder& responder, const ApiError& error,
@@ -238,10 +244,26 @@ absl::StatusOr<std::vector<int32_t>> OpenAiService::PromptIds(const OpenAiReques
 }
 
 absl::StatusOr<std::string> OpenAiService::ChatText(const OpenAiRequest& r) const {
+  Json variables = r.template_variables;
+  if (r.tools.offered()) {
+    if (tool_format_ == ToolCallFormat::kNone) {
+      return BadParam("tools",
+                      "this model's chat template has no tool-call format the server reads; "
+                      "a router started with --tool-call-parser hermes reads <tool_call> blocks");
+    }
+    variables["tools"] = r.tools.tools;
+  }
   absl::StatusOr<std::string> rendered =
-      chat_template_.Render(r.messages, r.add_generation_prompt, r.template_variables);
+      chat_template_.Render(r.messages, r.add_generation_prompt, variables);
   if (!rendered.ok()) return BadParam("messages", rendered.status().message());
-  return rendered;
+  return *rendered + ForcedPrefix(r);
+}
+
+std::string OpenAiService::ForcedPrefix(const OpenAiRequest& r) const {
+  if (!r.tools.offered() || r.tools.choice == ToolChoice::kAuto) return "";
+  return ForcedCallPrefix(tool_format_, r.tools.choice == ToolChoice::kFunction
+                                            ? std::optional<std::string>(r.tools.function)
+                                            : std::nullopt);
 }
 
 absl::Status OpenAiService::CheckModel(absl::string_view model) const {
@@ -288,6 +310,7 @@ absl::StatusOr<RequestSpec> OpenAiService::ToSpec(const OpenAiRequest& r) const 
   }
   spec.logprobs = r.logprobs;
   spec.top_logprobs = r.top_logprobs;
+  spec.n = r.n;
   if (r.echo) {
     if (tokenizer_ == nullptr) {
       return BadParam("echo", "'echo' needs a model with a tokenizer (to write the prompt's text)");
@@ -296,6 +319,11 @@ absl::StatusOr<RequestSpec> OpenAiService::ToSpec(const OpenAiRequest& r) const 
     // the prefill is all there is.
     spec.prompt_logprobs = r.logprobs;
     spec.score_only = max_tokens == 0;
+    if (spec.score_only && r.n > 1) {
+      return BadParam("n",
+                      "'n' above 1 needs tokens to generate ('max_tokens': 0 with 'echo' "
+                      "scores the prompt alone)");
+    }
   }
   return spec;
 }
@@ -328,8 +356,11 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
     prompt_ids = spec->prompt;
     echo_text = EchoText(r, prompt_ids);
   }
-  auto sink = std::make_shared<QueueSink>();
-  absl::StatusOr<Scheduler::Ticket> ticket = scheduler_.Submit(*std::move(spec), sink);
+  const int n = spec->n;
+  auto queue = std::make_shared<EventQueue>();
+  std::vector<std::shared_ptr<ResponseSink>> sinks;
+  for (int i = 0; i < n; ++i) sinks.push_back(std::make_shared<SampleSink>(queue, i));
+  absl::StatusOr<Scheduler::Ticket> ticket = scheduler_.Submit(*std::move(spec), sinks);
   if (!ticket.ok()) {
     const ApiError e = ToApiError(ticket.status());
     return SendError(
@@ -342,46 +373,56 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
   const char* object =
       chat ? (r.stream ? "chat.completion.chunk" : "chat.completion") : "text_completion";
-  auto chunk = [&](Json choice) {
+  auto chunk = [&](Json choices) {
     return Json{{"id", id},
                 {"object", object},
                 {"created", created},
                 {"model", options_.model_name},
-                {"choices", Json::array({std::move(choice)})}};
+                {"choices", std::move(choices)}};
   };
-  OpenAiLogprobs logprobs(chat, r.top_logprobs, [this](int32_t id) { return TokenText(id); });
-  std::string text;
+  // Choice i is sample i's. With tools offered each reply goes through the tool-call parser (a
+  // named function: one call).
+  std::vector<std::unique_ptr<OpenAiChoice>> choices;
+  for (int i = 0; i < n; ++i) {
+    std::unique_ptr<ChatToolCalls> tool_calls;
+    if (r.tools.offered()) {
+      tool_calls = std::make_unique<ChatToolCalls>(
+          tool_format_, r.tools.parallel && r.tools.choice != ToolChoice::kFunction,
+          ForcedPrefix(r));
+    }
+    choices.push_back(std::make_unique<OpenAiChoice>(
+        i, r, [this](int32_t token) { return TokenText(token); }, std::move(tool_calls)));
+  }
   bool stream_ok = true;
-  // A piece of the choice's text, streamed with the log-probabilities added since the last.
-  auto emit = [&](const std::string& piece) {
-    text += piece;
-    if (!r.stream || !stream_ok || (piece.empty() && !r.logprobs)) return;
-    Json choice = chat ? Json{{"index", 0}, {"delta", Json{{"content", piece}}}}
-                       : Json{{"index", 0}, {"text", piece}};
-    choice["logprobs"] = r.logprobs ? logprobs.Take() : Json(nullptr);
-    choice["finish_reason"] = nullptr;
-    stream_ok = responder.WriteChunk(absl::StrCat("data: ", Dump(chunk(choice)), "\n\n")).ok();
+  // Each streamed choice in its own chunk, as OpenAI sends them.
+  auto send = [&](std::vector<Json> stream_choices) {
+    for (Json& choice : stream_choices) {
+      if (!stream_ok) return;
+      stream_ok = responder
+                      .WriteChunk(absl::StrCat(
+                          "data: ", Dump(chunk(Json::array({std::move(choice)}))), "\n\n"))
+                      .ok();
+    }
   };
   if (r.stream) {
     stream_ok = responder.StartStream(200, "text/event-stream").ok();
-    if (stream_ok && chat) {
-      Json first = chunk(Json{{"index", 0},
-                              {"delta", Json{{"role", "assistant"}, {"content", ""}}},
-                              {"logprobs", nullptr},
-                              {"finish_reason", nullptr}});
-      stream_ok = responder.WriteChunk(absl::StrCat("data: ", Dump(first), "\n\n")).ok();
-    }
+    for (auto& choice : choices) send(choice->Start());
   }
   // Without logprobs the echo needs nothing from the model; with them it waits for the
-  // prompt's (the prompt event below).
-  if (r.echo && !r.logprobs) emit(echo_text);
+  // prompt's (the prompt event below, sent to the first sample for all).
+  if (r.echo && !r.logprobs) {
+    for (auto& choice : choices) send(choice->Echo(echo_text, prompt_ids, nullptr));
+  }
+  int unfinished = n;
+  RequestUsage usage;                  // the prompt once, every sample's tokens
+  std::optional<SampleEvent> failure;  // the first sample that failed (or was cut off)
   bool cancelled = false;
   Clock::time_point last_check = arrival;
-  while (true) {
-    std::optional<QueueSink::Event> event = sink->Next(std::chrono::milliseconds(50));
+  while (unfinished > 0) {
+    std::optional<SampleEvent> event = queue->Next(std::chrono::milliseconds(50));
     // A client that went away (or a failed write) cancels the request: checked every 50 ms
-    // even while tokens keep coming. The loop then waits for the finish, so that nothing of
-    // the request is left behind.
+    // even while tokens keep coming. The loop then waits for every sample's finish, so that
+    // nothing of the request is left behind.
     if (!cancelled && (!stream_ok || Clock::now() - last_check > std::chrono::milliseconds(50))) {
       last_check = Clock::now();
       if (!stream_ok || responder.ClientGone()) {
@@ -391,83 +432,69 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
       }
     }
     if (!event) continue;
+    OpenAiChoice& choice = *choices[event->index];
     if (event->prompt) {
       // Without logprobs the echo went out already (a score-only request scores anyway).
       if (!r.logprobs) continue;
-      // The first prompt token has no log-probability: nothing comes before it.
-      size_t offset = 0;
-      for (size_t i = 0; i < prompt_ids.size(); ++i) {
-        const TokenLogprobs* l =
-            i > 0 && i - 1 < event->logprobs.size() ? &event->logprobs[i - 1] : nullptr;
-        logprobs.Add(prompt_ids[i], l, offset);
-        offset += TokenText(prompt_ids[i]).size();
-      }
-      emit(echo_text);
+      for (auto& c : choices) send(c->Echo(echo_text, prompt_ids, &event->logprobs));
       continue;
     }
     if (!event->finished) {
-      if (r.logprobs) {
-        size_t offset = text.size();
-        for (size_t i = 0; i < event->ids.size() && i < event->logprobs.size(); ++i) {
-          logprobs.Add(event->ids[i], &event->logprobs[i], offset);
-          offset += TokenText(event->ids[i]).size();
-        }
-      }
-      emit(event->text);
+      send(choice.Add(event->ids, event->text, event->logprobs));
       continue;
     }
-    // Finished.
-    if (!stream_ok) {
-      responder.set_keep_alive(false);
-      metrics_.Count(RequestOutcome::kCancelled);
-      if (!responder.responded()) responder.Send(499, "application/json", "{}").IgnoreError();
-      return;
-    }
+    --unfinished;
+    usage.prompt_tokens = event->usage.prompt_tokens;
+    usage.completion_tokens += event->usage.completion_tokens;
     if (event->reason == FinishReason::kError || event->reason == FinishReason::kCancelled) {
-      const ApiError e =
-          event->reason == FinishReason::kError
-              ? ApiError{500, "server_error", std::string(event->status.message()), "", ""}
-              : ApiError{503, "server_error", "the server is shutting down", "", ""};
-      metrics_.Count(event->reason == FinishReason::kError ? RequestOutcome::kError
-                                                           : RequestOutcome::kCancelled);
-      if (r.stream) {
-        responder.WriteChunk(absl::StrCat("data: ", ErrorBody(e), "\n\ndata: [DONE]\n\n"))
-            .IgnoreError();
-        responder.EndStream().IgnoreError();
-      } else {
-        responder.Send(e.status, "application/json", ErrorBody(e)).IgnoreError();
+      // One sample's failure is the request's: the others are stopped.
+      if (!failure.has_value()) {
+        failure = std::move(*event);
+        if (unfinished > 0) scheduler_.Cancel(*ticket);
       }
-      return;
+      continue;
     }
-    metrics_.Count(RequestOutcome::kSuccess);
-    const Json usage = UsageJson(event->usage);
-    const char* finish = FinishName(event->reason);
-    if (r.stream) {
-      Json choice =
-          chat ? Json{{"index", 0}, {"delta", Json::object()}} : Json{{"index", 0}, {"text", ""}};
-      choice["logprobs"] = nullptr;
-      choice["finish_reason"] = finish;
-      std::string out = absl::StrCat("data: ", Dump(chunk(choice)), "\n\n");
-      if (r.include_usage) {
-        Json last = chunk(Json());
-        last["choices"] = Json::array();
-        last["usage"] = usage;
-        absl::StrAppend(&out, "data: ", Dump(last), "\n\n");
-      }
-      out += "data: [DONE]\n\n";
-      if (responder.WriteChunk(out).ok()) responder.EndStream().IgnoreError();
-      return;
-    }
-    Json choice =
-        chat ? Json{{"index", 0}, {"message", Json{{"role", "assistant"}, {"content", text}}}}
-             : Json{{"index", 0}, {"text", text}};
-    choice["logprobs"] = r.logprobs ? logprobs.Take() : Json(nullptr);
-    choice["finish_reason"] = finish;
-    Json body = chunk(std::move(choice));
-    body["usage"] = usage;
-    responder.Send(200, "application/json", Dump(body)).IgnoreError();
+    send(choice.Finish(event->reason));
+  }
+  if (cancelled) {
+    responder.set_keep_alive(false);
+    metrics_.Count(RequestOutcome::kCancelled);
+    if (!responder.responded()) responder.Send(499, "application/json", "{}").IgnoreError();
     return;
   }
+  if (failure.has_value()) {
+    const ApiError e =
+        failure->reason == FinishReason::kError
+            ? ApiError{500, "server_error", std::string(failure->status.message()), "", ""}
+            : ApiError{503, "server_error", "the server is shutting down", "", ""};
+    metrics_.Count(failure->reason == FinishReason::kError ? RequestOutcome::kError
+                                                           : RequestOutcome::kCancelled);
+    if (r.stream) {
+      responder.WriteChunk(absl::StrCat("data: ", ErrorBody(e), "\n\ndata: [DONE]\n\n"))
+          .IgnoreError();
+      responder.EndStream().IgnoreError();
+    } else {
+      responder.Send(e.status, "application/json", ErrorBody(e)).IgnoreError();
+    }
+    return;
+  }
+  metrics_.Count(RequestOutcome::kSuccess);
+  if (r.stream) {
+    std::string out;
+    if (r.include_usage) {
+      Json last = chunk(Json::array());
+      last["usage"] = UsageJson(usage);
+      absl::StrAppend(&out, "data: ", Dump(last), "\n\n");
+    }
+    out += "data: [DONE]\n\n";
+    if (responder.WriteChunk(out).ok()) responder.EndStream().IgnoreError();
+    return;
+  }
+  Json whole = Json::array();
+  for (auto& choice : choices) whole.push_back(choice->Whole());
+  Json body = chunk(std::move(whole));
+  body["usage"] = UsageJson(usage);
+  responder.Send(200, "application/json", Dump(body)).IgnoreError();
 }
 
 }  // namespace strata

@@ -9,10 +9,12 @@
 
 #include <atomic>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "common/chat/chat_template.h"
 #include "common/grammar/grammar_compiler.h"
+#include "common/chat/tool_call_parser.h"
 #include "common/model/model_config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/http/http_server.h"
@@ -33,6 +35,8 @@ struct OpenAiServiceOptions {
   std::function<bool()> ready;
   // Compiles response formats (must outlive the service); null: every one is refused.
   GrammarCompiler* grammar = nullptr;
+  // How the model writes tool calls; unset: ChooseToolCallFormat's "auto" for its template.
+  std::optional<ToolCallFormat> tool_call_format;
 };
 
 class OpenAiService {
@@ -55,8 +59,12 @@ class OpenAiService {
   void Detokenize(const HttpRequest& http, HttpResponder& responder) const;
   // NOT_FOUND (404 model_not_found) unless `model` is the one served.
   absl::Status CheckModel(absl::string_view model) const;
-  // A chat request's messages through the model's chat template (or the plain format).
+  // A chat request's messages through the model's chat template (or the plain format), with
+  // its tools when they are offered, and ForcedPrefix after it.
   absl::StatusOr<std::string> ChatText(const OpenAiRequest& request) const;
+  // What the assistant's turn starts with when the request's tool_choice asks for a call:
+  // "required" or a named function make the reply begin as a call (ForcedCallPrefix).
+  std::string ForcedPrefix(const OpenAiRequest& request) const;
   // Whether a chat's text is encoded with the tokenizer's special tokens: only in the plain
   // format, as a template writes its own (as apply_chat_template assumes).
   bool ChatAddsSpecialTokens() const { return !chat_template_.has_template(); }
@@ -73,6 +81,7 @@ class OpenAiService {
   Scheduler& scheduler_;
   const Tokenizer* tokenizer_;
   ChatTemplate chat_template_;
+  ToolCallFormat tool_format_;
   ServingMetrics metrics_;
   std::atomic<uint64_t> next_id_{1};
   int64_t created_;

@@ -64,6 +64,10 @@ std::string RenderMetrics(const ServingMetrics& s, const RequestMetrics& request
           r.replay_or_eager.eager ? 1 : 0);
   w.Counter("strata_preemptions_total", "Sequences preempted for KV blocks (later recomputed)",
             static_cast<double>(r.preemptions));
+  w.Counter("strata_prompt_tokens_computed_total",
+            "Prompt positions whose keys and values steps computed (cached prefixes and the "
+            "other samples of a request with n > 1 cost none; a preempted request's again)",
+            static_cast<double>(r.prompt_tokens_computed));
   w.Counter("strata_prefix_cache_queried_tokens_total",
             "Prompt tokens looked up in the prefix cache at admission",
             static_cast<double>(r.prefix_queried_tokens));

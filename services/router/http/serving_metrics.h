@@ -37,8 +37,9 @@ struct RouterSnapshot {
   int64_t graph_steps = 0;  // of steps, replayed as CUDA graphs
   ReplayOrEager::Counts replay_or_eager;
   int64_t preemptions = 0;
-  int64_t prefix_queried_tokens = 0;  // prompt tokens looked up in the prefix cache
-  int64_t prefix_hit_tokens = 0;      // of those, found cached
+  int64_t prompt_tokens_computed = 0;  // prompt positions steps computed (prefill)
+  int64_t prefix_queried_tokens = 0;   // prompt tokens looked up in the prefix cache
+  int64_t prefix_hit_tokens = 0;       // of those, found cached
   int64_t prefix_cached_blocks = 0;
   int64_t draft_tokens = 0;           // speculation: drafted
   int64_t accepted_draft_tokens = 0;  // and accepted

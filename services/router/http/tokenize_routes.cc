@@ -13,12 +13,9 @@ namespace {
 
 constexpr absl::string_view kPromptKeys[] = {"model", "prompt", "add_special_tokens",
                                              "return_token_strs"};
-constexpr absl::string_view kChatKeys[] = {"model",
-                                           "messages",
-                                           "add_generation_prompt",
-                                           "chat_template_kwargs",
-                                           "add_special_tokens",
-                                           "return_token_strs"};
+constexpr absl::string_view kChatKeys[] = {
+    "model", "messages",           "add_generation_prompt", "chat_template_kwargs",
+    "tools", "add_special_tokens", "return_token_strs"};
 constexpr absl::string_view kDetokenizeKeys[] = {"model", "tokens"};
 
 // POST /tokenize's body: a completion's prompt or a chat's messages.

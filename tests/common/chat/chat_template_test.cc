@@ -112,6 +112,109 @@ TEST(ChatTemplateTest, DemoModelHasNoTemplate) {
   EXPECT_FALSE(t->has_template());
 }
 
+// A conversation with tools: parallel calls answered by two tool messages.
+Value ToolConversation() {
+  return Value::parse(R"([
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Weather in Paris and Tokyo?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+      {"id": "call_1", "type": "function",
+       "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+      {"id": "call_2", "type": "function",
+       "function": {"name": "get_weather", "arguments": {"city": "東京"}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "22C"}])");
+}
+
+Value WeatherTools() {
+  Value variables = Value::object();
+  variables["tools"] = Value::parse(R"([{"type": "function", "function": {
+      "name": "get_weather", "description": "Weather now", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
+  return variables;
+}
+
+constexpr char kQwen3ToolsPreamble[] =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+    "provided with function signatures within <tools></tools> XML tags:\n<tools>\n";
+constexpr char kQwen3ToolsCoda[] =
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+    "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+
+TEST(ChatTemplateTest, Qwen3WithToolsCallsAndResponses) {
+  auto out = Load("qwen3.jinja").Render(ToolConversation(), true, WeatherTools());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, std::string("<|im_start|>system\nYou are terse.\n\n") + kQwen3ToolsPreamble +
+                      "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+                      "\"description\": \"Weather now\", \"parameters\": {\"type\": \"object\", "
+                      "\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": "
+                      "[\"city\"]}}}" +
+                      kQwen3ToolsCoda +
+                      "<|im_start|>user\nWeather in Paris and Tokyo?<|im_end|>\n"
+                      "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", "
+                      "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n"
+                      "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"東京\"}}\n"
+                      "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n18C\n"
+                      "</tool_response>\n<tool_response>\n22C\n</tool_response><|im_end|>\n"
+                      "<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplateTest, Qwen3ToolCallWithTextAndStringArguments) {
+  Value variables = Value::object();
+  variables["tools"] = Value::parse(
+      R"([{"type": "function", "function": {"name": "now", "parameters": {"type": "object",
+          "properties": {}}}}])");
+  auto out = Load("qwen3.jinja")
+                 .Render(Value::parse(R"([
+    {"role": "user", "content": "Time?"},
+    {"role": "assistant", "content": "Let me look.", "tool_calls": [{"id": "call_9",
+     "type": "function", "function": {"name": "now", "arguments": "{\"tz\": \"UTC\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_9", "content": "12:00"},
+    {"role": "assistant", "content": "It is noon."}])"),
+                         false, variables);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, std::string("<|im_start|>system\n") + kQwen3ToolsPreamble +
+                      "{\"type\": \"function\", \"function\": {\"name\": \"now\", \"parameters\": "
+                      "{\"type\": \"object\", \"properties\": {}}}}" +
+                      kQwen3ToolsCoda +
+                      "<|im_start|>user\nTime?<|im_end|>\n<|im_start|>assistant\nLet me look.\n"
+                      "<tool_call>\n{\"name\": \"now\", \"arguments\": {\"tz\": \"UTC\"}}\n"
+                      "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n12:00\n"
+                      "</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+                      "It is noon.<|im_end|>\n");
+}
+
+// The demo model has no template: the plain format, with the tools on a first line and the
+// calls as Hermes blocks.
+TEST(ChatTemplateTest, DemoModelPlainFormatWithTools) {
+  auto t =
+      ChatTemplate::FromModelDir(std::string(STRATA_TEST_DATA_DIR) + "/../../models/strata-demo");
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto out = t->Render(ToolConversation(), true, WeatherTools());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "tools: [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+            "\"description\": \"Weather now\", \"parameters\": {\"type\": \"object\", "
+            "\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}]\n"
+            "system: You are terse.\nuser: Weather in Paris and Tokyo?\nassistant: <tool_call>\n"
+            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"東京\"}}\n"
+            "</tool_call>\ntool: 18C\ntool: 22C\nassistant:");
+  // Without tools nothing changes.
+  auto plain = t->Render(Alternating(), true, Value::object());
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(*plain, "user: Hi\nassistant: Hello!\nuser: Bye\nassistant:");
+  // Text before a call is on its own line.
+  auto with_text = t->Render(Value::parse(R"([{"role": "assistant", "content": "Checking.",
+      "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]}])"),
+                             false);
+  ASSERT_TRUE(with_text.ok());
+  EXPECT_EQ(*with_text,
+            "assistant: Checking.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n"
+            "</tool_call>\n");
+}
+
 TEST(JinjaTest, ExpressionsAndWhitespace) {
   const std::string source =
       "{% for m in messages %}\n  {{ m.role }}: {{ m.content|trim }}\n{% endfor %}"

@@ -224,7 +224,7 @@ TEST_F(SamplingParamsTest, OutOfRangeValuesAreRefusedByName) {
   EXPECT_EQ(RefusedParam({{"max_tokens", 4}, {"min_tokens", 5}}), "min_tokens");
   EXPECT_EQ(RefusedParam({{"response_format", {{"type", "xml"}}}}), "response_format");
   EXPECT_EQ(RefusedParam({{"guided_json", 5}}), "guided_json");
-  EXPECT_EQ(RefusedParam({{"n", 2}}), "n");
+  EXPECT_EQ(RefusedParam({{"n", 17}}), "n");
   EXPECT_EQ(RefusedParam({{"echo", "yes"}}), "echo");
   EXPECT_EQ(RefusedParam({{"logprobs", 21}}), "logprobs");
   auto invalid = [&](v1::GenerateRequest r, const std::string& words) {

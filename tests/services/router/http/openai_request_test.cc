@@ -164,7 +164,7 @@ TEST(OpenAiRequestTest, Errors) {
       R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", true,
       "messages[0].content");
   ExpectError(R"({"model": "m", "prompt": ["a", "b"]})", false, "prompt");
-  ExpectError(R"({"model": "m", "prompt": "x", "n": 2})", false, "n");
+  ExpectError(R"({"model": "m", "prompt": "x", "n": 17})", false, "n");
   ExpectError(R"({"model": "m", "prompt": "x", "max_tokens": 0})", false, "max_tokens");
   ExpectError(R"({"model": "m", "prompt": "x", "temperature": 3})", false, "temperature");
   ExpectError(R"({"model": "m", "prompt": "x", "top_p": 0})", false, "top_p");
@@ -203,7 +203,7 @@ TEST(OpenAiRequestTest, Errors) {
   ExpectError(R"({"model": "m", "prompt": "x", "guided_json": {}, "guided_regex": "a"})", false,
               "guided_regex");
   ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{}]})",
-              true, "tools");
+              true, "tools[0]");
 }
 
 // Every key is read or refused: one no endpoint knows (or the other endpoint's) is a 400
