@@ -46,6 +46,8 @@ def config(name, r):
         words.append(f"sampled ({', '.join(knobs)})")
         if '-device-sampling-' in name:
             words.append('picked on the device, steps launched ahead')
+        if '-device-sampling-radix-' in name:
+            words.append('one block a row, radix passes (0fefb73)')
     elif 'zipf1' in name:
         words.append('greedy')
     if 'prefix-cache-' in name:
@@ -177,10 +179,15 @@ lines += ['',
           '**Sampled decoding.** The rows "picked on the device" (build 28d6ad3, H100) draw their',
           'tokens inside the replayed decode step, penalties too, with steps launched ahead: T 0.7 and',
           'top_p 0.9 decode at 96% of greedy at batch 1 (334.7 against 349.1 tok/s) and 93% with 8',
-          'requests (118.4 against 127.6). Their first token waited about 35 ms longer: the host drew',
-          'it with a sort of this random model\'s nearly flat distribution, which 0fefb73 replaces by',
-          'linear radix passes (not measured on a GPU yet). The older sampled rows (T=1, 2aa8ef3)',
-          'copied every step\'s logits to the host.',
+          'requests (118.4 against 127.6). The kernel of 0fefb73 (any top-k and nucleus size, the host',
+          'Sampler\'s draws exactly) made them slower, measured on build fe4dcbe ("radix" rows): 65% of',
+          'greedy at batch 1 (225.0 against 348.7) and 83% with 8 requests (105.2 against 127.3). This',
+          'random model\'s rows are nearly flat, so a top_p 0.9 nucleus holds most of the vocabulary,',
+          'and one block a row took about 1.6 ms more a step than greedy (its radix passes on one SM,',
+          'all threads adding into one histogram: the likely cause, not profiled). Its successor finds',
+          'a row\'s cut on a cluster of 8 blocks (a band of',
+          'ranked tokens for peaked rows, radix passes with per-group histograms for flat ones) and',
+          'draws over the row on many blocks; it is not measured on a GPU yet.',
           '']
 # Records whose median TTFT includes a prefix-cache hit (bench/profiles/prefill-h100/README.md):
 # their other request (P95 of two) is the whole prefill.
