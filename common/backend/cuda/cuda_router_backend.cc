@@ -220,6 +220,7 @@ absl::Status CudaRouterBackend::PrepareGraphs(int max_context, int max_sequences
   RETURN_IF_ERROR(Allocate(sampling_, max_sequences));
   RETURN_IF_ERROR(Allocate(token_history_, static_cast<size_t>(max_sequences) * kTokenHistory));
   RETURN_IF_ERROR(Allocate(argmax_scratch_, ArgmaxScratchBytes(max_sequences, c.vocab_size)));
+  RETURN_IF_ERROR(Allocate(sample_scratch_, SampleScratchBytes(max_sequences, c.vocab_size)));
   graph_max_context_ = max_context;
   // A wide row of an FP8 cache takes two entries a block.
   graph_max_blocks_ =
@@ -839,7 +840,8 @@ absl::Status CudaRouterBackend::Logits(absl::Span<const int64_t> rows, Tensor& l
     CUDA_RETURN_IF_ERROR(LaunchArgmax(logits_.data(), r, config_.vocab_size, argmax_scratch_.data(),
                                       greedy_.data(), stream));
     CUDA_RETURN_IF_ERROR(LaunchSample(logits_.data(), r, config_.vocab_size, sampling_.data(),
-                                      greedy_.data(), stream, /*keep_greedy_rows=*/true));
+                                      sample_scratch_.data(), greedy_.data(), stream,
+                                      /*keep_greedy_rows=*/true));
     CUDA_RETURN_IF_ERROR(
         LaunchRecordTokens(greedy_.data(), r, sampling_.data(), token_history_.data(), stream));
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_inputs().greedy.data(), greedy_.data(),

@@ -195,6 +195,7 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   DeviceBuffer<SampleParams> sampling_;
   DeviceBuffer<int32_t> token_history_;  // [sequences][kTokenHistory] (LaunchRecordTokens)
   DeviceBuffer<uint8_t> argmax_scratch_;
+  DeviceBuffer<uint8_t> sample_scratch_;  // LaunchSample's
   PinnedBuffer<float> pinned_logits_;
   bool graph_mode_ = false;
   int graph_slot_ = 0;

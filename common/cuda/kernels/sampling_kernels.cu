@@ -2,6 +2,7 @@
 #include <climits>
 
 #include "common/cuda/device_utils.cuh"
+#include "common/cuda/kernels/row_cut.cuh"
 #include "common/cuda/kernels/sampling_kernels.h"
 #include "common/cuda/pdl.cuh"
 #include "common/util/philox.h"
@@ -9,246 +10,6 @@
 
 namespace strata::gpu {
 namespace {
-
-constexpr int kThreads = 1024;  // one block per row
-constexpr int kWarps = kThreads / kWarpSize;
-
-struct Shared {
-  float best_v[kWarps];
-  int best_i[kWarps];
-  int count[256];                // tokens per digit of a radix pass
-  unsigned long long mass[256];  // their amounts
-  int select_digit;
-  int select_equal;
-  unsigned long long select_left;
-  unsigned long long total;
-};
-
-// The (best, idx) that ranks first over the block, its index returned to every thread (0 when
-// no thread holds one: all NaN).
-__device__ int BlockReduceArgmax(float best, int idx, Shared& s) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  WarpArgmax(best, idx);
-  __syncthreads();
-  if (lane == 0) {
-    s.best_v[warp] = best;
-    s.best_i[warp] = idx;
-  }
-  __syncthreads();
-  best = s.best_v[lane];
-  idx = s.best_i[lane];
-  WarpArgmax(best, idx);
-  return idx == INT_MAX ? 0 : idx;
-}
-
-// Arg-max over i < vocab of value(i), returned to every thread.
-template <typename ValueFn>
-__device__ int BlockArgmax(int vocab, Shared& s, ValueFn&& value) {
-  float best = -INFINITY;
-  int idx = INT_MAX;
-  for (int i = threadIdx.x; i < vocab; i += kThreads) {
-    const float v = value(i);
-    if (RanksBefore(v, i, best, idx)) {
-      best = v;
-      idx = i;
-    }
-  }
-  return BlockReduceArgmax(best, idx, s);
-}
-
-// The sum over the block, to every thread (integers: the same in any order).
-__device__ unsigned long long BlockSum(unsigned long long v, Shared& s) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
-  if (threadIdx.x == 0) s.total = 0;
-  __syncthreads();
-  if (threadIdx.x % kWarpSize == 0) atomicAdd(&s.total, v);
-  __syncthreads();
-  const unsigned long long total = s.total;
-  __syncthreads();
-  return total;
-}
-
-// Gumbel max over the kept tokens (token_cut.h): token i's uniform is draw i of the (seed,
-// step) stream, four tokens to a Philox block, as the host's Sampler draws them; blocks with
-// no token kept draw nothing.
-__device__ int GumbelMax(const float* row, int vocab, const SampleParams& p, const TokenCut& cut,
-                         Shared& s) {
-  float best = -INFINITY;
-  int idx = INT_MAX;
-  for (int base = 4 * static_cast<int>(threadIdx.x); base < vocab; base += 4 * kThreads) {
-    float x[4];
-    bool kept[4], any = false;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int i = base + j;
-      x[j] = i < vocab ? row[i] / p.temperature : NAN;
-      kept[j] = i < vocab && Kept(x[j], i, cut);
-      any |= kept[j];
-    }
-    if (!any) continue;
-    const Philox4 bits = PhiloxBlock(p.seed, p.step, kPhiloxSample, static_cast<uint32_t>(base));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (!kept[j]) continue;
-      const float v = GumbelScore(x[j], UniformFromBits(bits.v[j]));
-      if (RanksBefore(v, base + j, best, idx)) {
-        best = v;
-        idx = base + j;
-      }
-    }
-  }
-  return BlockReduceArgmax(best, idx, s);
-}
-
-// The key at which the amounts of the tokens key_of accepts, summed from the largest key down,
-// reach `target` (at most their total): four 8-bit radix passes from the top digit, as the
-// host's Sampler finds it. *left: the amount still needed from the tokens on that key;
-// *equal: how many tokens are on it. A thread adds a run of equal digits at once (the top
-// digits of 150k logits are mostly one).
-template <typename KeyFn, typename AmountFn>
-__device__ uint32_t RadixSelect(int vocab, unsigned long long target, Shared& s, KeyFn&& key_of,
-                                AmountFn&& amount, unsigned long long* left, int* equal) {
-  const int lane = threadIdx.x % kWarpSize;
-  uint32_t prefix = 0, mask = 0;
-  unsigned long long need = target;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int d = threadIdx.x; d < 256; d += kThreads) {
-      s.count[d] = 0;
-      s.mass[d] = 0;
-    }
-    __syncthreads();
-    int run_digit = -1, run_count = 0;
-    unsigned long long run_mass = 0;
-    for (int i = threadIdx.x; i < vocab; i += kThreads) {
-      uint32_t key;
-      if (!key_of(i, &key) || (key & mask) != prefix) continue;
-      const int digit = (key >> shift) & 255;
-      if (digit != run_digit) {
-        if (run_count > 0) {
-          atomicAdd(&s.count[run_digit], run_count);
-          atomicAdd(&s.mass[run_digit], run_mass);
-        }
-        run_digit = digit;
-        run_count = 0;
-        run_mass = 0;
-      }
-      ++run_count;
-      run_mass += amount(i, key);
-    }
-    if (run_count > 0) {
-      atomicAdd(&s.count[run_digit], run_count);
-      atomicAdd(&s.mass[run_digit], run_mass);
-    }
-    __syncthreads();
-    if (threadIdx.x < kWarpSize) {
-      // Lane l holds digits 255 - 8 l - j, j < 8: amounts from the top down.
-      unsigned long long m[8], local = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        m[j] = s.mass[255 - 8 * lane - j];
-        local += m[j];
-      }
-      unsigned long long inclusive = local;
-#pragma unroll
-      for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-        const unsigned long long other = __shfl_up_sync(kFullMask, inclusive, offset);
-        if (lane >= offset) inclusive += other;
-      }
-      unsigned long long cum = inclusive - local;
-      if (cum < need && need <= inclusive) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          if (cum < need && cum + m[j] >= need) {
-            s.select_digit = 255 - 8 * lane - j;
-            s.select_left = need - cum;
-            s.select_equal = s.count[255 - 8 * lane - j];
-          }
-          cum += m[j];
-        }
-      }
-    }
-    __syncthreads();
-    prefix |= static_cast<uint32_t>(s.select_digit) << shift;
-    mask |= 255u << shift;
-    need = s.select_left;
-  }
-  *left = need;
-  *equal = s.select_equal;
-  return prefix;
-}
-
-// The cut that keeps the first tokens of `within` (by key, then index) whose amounts reach
-// `target`, as the host's PrefixReaching finds it; amount(i, x) of token i, scaled logit x.
-template <typename AmountFn>
-__device__ TokenCut PrefixReaching(const float* row, int vocab, float temperature,
-                                   const TokenCut& within, unsigned long long target, Shared& s,
-                                   AmountFn&& amount) {
-  unsigned long long left;
-  int equal;
-  TokenCut cut = within;
-  cut.key = RadixSelect(
-      vocab, target, s,
-      [&](int i, uint32_t* key) {
-        const float x = row[i] / temperature;
-        *key = OrderedKey(x);
-        return Kept(x, i, within);
-      },
-      [&](int i, uint32_t key) { return amount(FromOrderedKey(key)); }, &left, &equal);
-  // Tokens on the cut key weigh the same: the first n of them by index, n of `equal`.
-  const unsigned long long each = amount(FromOrderedKey(cut.key));
-  const unsigned long long n = (left + each - 1) / each;
-  if (n < static_cast<unsigned long long>(equal)) {
-    unsigned long long unused_left;
-    int unused_equal;
-    // The n-th lowest index: the n-th largest of 0xffffffff - index.
-    const uint32_t index_key = RadixSelect(
-        vocab, n, s,
-        [&](int i, uint32_t* key) {
-          const float x = row[i] / temperature;
-          *key = 0xffffffffu - static_cast<uint32_t>(i);
-          return OrderedKey(x) == cut.key && Kept(x, i, within);
-        },
-        [](int, uint32_t) { return 1ull; }, &unused_left, &unused_equal);
-    cut.last_index = static_cast<int32_t>(0xffffffffu - index_key);
-  } else if (cut.key != within.key) {
-    cut.last_index = INT32_MAX;
-  }
-  return cut;
-}
-
-// A draw under temperature, top-k, min_p and top-p: the kept prefix (token_cut.h) found by
-// radix passes, then Gumbel max over it. Returns 0 when no token is drawable.
-__device__ int SampleRow(const float* row, int vocab, const SampleParams& p, Shared& s) {
-  const float t = p.temperature;
-  TokenCut cut{.min_p = p.min_p};
-  const bool limited = p.top_k > 0 && p.top_k < vocab;
-  if (limited || p.min_p > 0.0f || p.top_p < 1.0f) {
-    const int top = BlockArgmax(vocab, s, [&](int i) { return row[i] / t; });
-    cut.x0 = row[top] / t;
-    if (!(cut.x0 > -INFINITY)) return 0;  // every logit NaN or -inf
-  }
-  if (limited) {
-    unsigned long long candidates = 0;
-    for (int i = threadIdx.x; i < vocab; i += kThreads) candidates += Kept(row[i] / t, i, cut);
-    if (static_cast<unsigned long long>(p.top_k) < BlockSum(candidates, s)) {
-      cut = PrefixReaching(row, vocab, t, cut, p.top_k, s, [](float) { return 1ull; });
-    }
-  }
-  if (p.top_p < 1.0f) {
-    const float x0 = cut.x0;
-    unsigned long long part = 0;
-    for (int i = threadIdx.x; i < vocab; i += kThreads) {
-      const float x = row[i] / t;
-      if (Kept(x, i, cut)) part += FixedMass(expf(x - x0));
-    }
-    const unsigned long long total = BlockSum(part, s);
-    cut = PrefixReaching(row, vocab, t, cut, NucleusTarget(p.top_p, total), s,
-                         [x0](float x) { return FixedMass(expf(x - x0)); });
-  }
-  return GumbelMax(row, vocab, p, cut, s);
-}
 
 // Greedy tokens of a large vocabulary in two launches: each of `parts` blocks a row scans one
 // slice (one block a row would scan 150k logits from a single SM), then a warp a row picks
@@ -316,18 +77,114 @@ int ArgmaxParts(int64_t vocab) {
       std::clamp<int64_t>((vocab + kArgmaxSlice - 1) / kArgmaxSlice, 1, kMaxArgmaxParts));
 }
 
-__global__ void __launch_bounds__(kThreads)
-    SampleKernel(const float* __restrict__ logits, int vocab,
-                 const SampleParams* __restrict__ params, int32_t* __restrict__ out,
-                 bool keep_greedy_rows) {
-  __shared__ Shared s;
-  const float* row = logits + int64_t{blockIdx.x} * vocab;
-  const SampleParams p = params[blockIdx.x];
-  const bool greedy = !(p.temperature > 0.0f);
-  if (greedy && keep_greedy_rows) return;
-  const int token =
-      greedy ? BlockArgmax(vocab, s, [&](int i) { return row[i]; }) : SampleRow(row, vocab, p, s);
-  if (threadIdx.x == 0) out[blockIdx.x] = token;
+// A sampled row's state between its kernels.
+struct RowCut {
+  TokenCut cut;
+  int32_t draw;  // 1: GumbelSliceKernel draws over the row under `cut`; 0: out[r] is final
+};
+
+// Each row's token or cut, on a cluster of row_cut::kCutBlocks blocks: greedy rows their
+// arg-max (or nothing when `keep_greedy_rows`: LaunchArgmax wrote out[r], for every row),
+// sampled rows row_cut::SampleRow's outcome.
+__global__ void __cluster_dims__(row_cut::kCutBlocks, 1, 1) __launch_bounds__(row_cut::kThreads)
+    SampleCutKernel(const float* __restrict__ logits, int vocab,
+                    const SampleParams* __restrict__ params, int32_t* __restrict__ out,
+                    bool keep_greedy_rows, RowCut* __restrict__ cuts) {
+  __shared__ row_cut::Shared s;
+  row_cut::Cluster c{.group = cooperative_groups::this_cluster()};
+  c.rank = static_cast<int>(c.group.block_rank());
+  const int r = static_cast<int>(blockIdx.x) / row_cut::kCutBlocks;
+  const float* row = logits + int64_t{r} * vocab;
+  const SampleParams p = params[r];
+  if (c.rank == 0) {
+    for (int d = threadIdx.x; d < 256; d += row_cut::kThreads) s.meet[0][d] = 0;
+    if (threadIdx.x == 0) s.n_candidates = 0;
+  }
+  c.group.sync();  // every block runs, block 0's meeting places are clear
+  int32_t token;
+  row_cut::RowDraw draw;
+  if (!(p.temperature > 0.0f)) {
+    token =
+        keep_greedy_rows ? -2 : row_cut::ClusterArgmax(vocab, s, c, [&](int i) { return row[i]; });
+  } else {
+    draw = row_cut::SampleRow(row, vocab, p, keep_greedy_rows ? out[r] : -1, s, c);
+    token = draw.token;
+  }
+  c.group.sync();  // nothing reads block 0's shared memory any more: it may exit
+  if (c.rank != 0 || threadIdx.x != 0) return;
+  cuts[r] = {draw.cut, token == -1};
+  if (token >= 0) out[r] = token;
+}
+
+constexpr int kGumbelThreads = 256;
+
+// Gumbel max over the kept tokens of one slice of a row (ArgmaxParts slices, each a multiple
+// of four tokens): token i's uniform is draw i of the (seed, step) stream, four tokens to a
+// Philox block, as the host's Sampler draws them; blocks with no token kept draw nothing.
+__global__ void __launch_bounds__(kGumbelThreads)
+    GumbelSliceKernel(const float* __restrict__ logits, int vocab, int parts,
+                      const SampleParams* __restrict__ params, const RowCut* __restrict__ cuts,
+                      ArgmaxPartial* __restrict__ partial) {
+  __shared__ ArgmaxPartial warps[kGumbelThreads / kWarpSize];
+  const RowCut rc = cuts[blockIdx.y];
+  if (!rc.draw) return;
+  const SampleParams p = params[blockIdx.y];
+  const float* row = logits + int64_t{blockIdx.y} * vocab;
+  const int per = ((vocab + parts - 1) / parts + 3) / 4 * 4;
+  const int begin = static_cast<int>(blockIdx.x) * per;
+  const int end = min(vocab, begin + per);
+  float best = -INFINITY;
+  int idx = INT_MAX;
+  for (int base = begin + 4 * static_cast<int>(threadIdx.x); base < end;
+       base += 4 * kGumbelThreads) {
+    float x[4];
+    bool kept[4], any = false;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = base + j;
+      x[j] = i < end ? row[i] / p.temperature : NAN;
+      kept[j] = i < end && Kept(x[j], i, rc.cut);
+      any |= kept[j];
+    }
+    if (!any) continue;
+    const Philox4 bits = PhiloxBlock(p.seed, p.step, kPhiloxSample, static_cast<uint32_t>(base));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (!kept[j]) continue;
+      const float v = GumbelScore(x[j], UniformFromBits(bits.v[j]));
+      if (RanksBefore(v, base + j, best, idx)) {
+        best = v;
+        idx = base + j;
+      }
+    }
+  }
+  WarpArgmax(best, idx);
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  if (lane == 0) warps[warp] = {best, idx};
+  __syncthreads();
+  if (warp != 0) return;
+  best = lane < kGumbelThreads / kWarpSize ? warps[lane].value : -INFINITY;
+  idx = lane < kGumbelThreads / kWarpSize ? warps[lane].index : INT_MAX;
+  WarpArgmax(best, idx);
+  if (lane == 0) partial[int64_t{blockIdx.y} * parts + blockIdx.x] = {best, idx};
+}
+
+// The rows GumbelSliceKernel drew over: the best of their slices' draws (0: none kept).
+__global__ void __launch_bounds__(kWarpSize)
+    GumbelFinishKernel(const ArgmaxPartial* __restrict__ partial, int parts,
+                       const RowCut* __restrict__ cuts, int32_t* __restrict__ out) {
+  if (!cuts[blockIdx.x].draw) return;
+  const ArgmaxPartial* row = partial + int64_t{blockIdx.x} * parts;
+  float best = -INFINITY;
+  int idx = INT_MAX;
+  for (int p = threadIdx.x; p < parts; p += kWarpSize) {
+    if (RanksBefore(row[p].value, row[p].index, best, idx)) {
+      best = row[p].value;
+      idx = row[p].index;
+    }
+  }
+  WarpArgmax(best, idx);
+  if (threadIdx.x == 0) out[blockIdx.x] = idx == INT_MAX ? 0 : idx;
 }
 
 constexpr int kTransformThreads = 256;
@@ -426,12 +283,24 @@ cudaError_t LaunchArgmax(const float* logits, int64_t n, int64_t vocab, void* sc
                    static_cast<const ArgmaxPartial*>(partial), parts, out);
 }
 
+int64_t SampleScratchBytes(int64_t n, int64_t vocab) {
+  return n * (static_cast<int64_t>(sizeof(RowCut)) +
+              ArgmaxParts(vocab) * static_cast<int64_t>(sizeof(ArgmaxPartial)));
+}
+
 cudaError_t LaunchSample(const float* logits, int64_t n, int64_t vocab, const SampleParams* params,
-                         int32_t* out, cudaStream_t stream, bool keep_greedy_rows) {
-  if (n < 0 || n > 0x7fffffff || vocab <= 0 || vocab > 0x7fffffff) return cudaErrorInvalidValue;
+                         void* scratch, int32_t* out, cudaStream_t stream, bool keep_greedy_rows) {
+  if (n < 0 || n > 0xffff || vocab <= 0 || vocab > 0x7fffffff) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  SampleKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, static_cast<int>(vocab),
-                                                                  params, out, keep_greedy_rows);
+  const int parts = ArgmaxParts(vocab);
+  auto* cuts = static_cast<RowCut*>(scratch);
+  auto* partial = reinterpret_cast<ArgmaxPartial*>(cuts + n);
+  const unsigned rows = static_cast<unsigned>(n);
+  SampleCutKernel<<<rows * row_cut::kCutBlocks, row_cut::kThreads, 0, stream>>>(
+      logits, static_cast<int>(vocab), params, out, keep_greedy_rows, cuts);
+  GumbelSliceKernel<<<dim3(parts, rows), kGumbelThreads, 0, stream>>>(
+      logits, static_cast<int>(vocab), parts, params, cuts, partial);
+  GumbelFinishKernel<<<rows, kWarpSize, 0, stream>>>(partial, parts, cuts, out);
   return cudaGetLastError();
 }
 

@@ -56,8 +56,10 @@ RefDistribution Reference(const std::vector<float>& logits, float temperature, i
 
 class SamplingTest : public CudaOpsTest {
  protected:
-  // Samples `rows` copies of `logits` with steps 0..rows-1.
-  std::vector<int32_t> Sample(const std::vector<float>& logits, int rows, gpu::SampleParams p) {
+  // Samples `rows` copies of `logits` with steps 0..rows-1; after_argmax: as a decode step
+  // does, the arg-max first, the draw reading it (keep_greedy_rows).
+  std::vector<int32_t> Sample(const std::vector<float>& logits, int rows, gpu::SampleParams p,
+                              bool after_argmax = false) {
     const int64_t vocab = static_cast<int64_t>(logits.size());
     std::vector<float> all(rows * vocab);
     std::vector<gpu::SampleParams> params(rows, p);
@@ -68,9 +70,15 @@ class SamplingTest : public CudaOpsTest {
     const float* d_logits = Put(all);
     const gpu::SampleParams* d_params = Put(params);
     int32_t* d_out = Poisoned<int32_t>(rows);
+    uint8_t* d_scratch = Poisoned<uint8_t>(gpu::SampleScratchBytes(rows, vocab));
+    uint8_t* d_argmax_scratch = Poisoned<uint8_t>(gpu::ArgmaxScratchBytes(rows, vocab));
     if (HasFailure()) return {};
-    const cudaError_t launched =
-        gpu::LaunchSample(d_logits, rows, vocab, d_params, d_out, stream());
+    if (after_argmax) {
+      EXPECT_EQ(gpu::LaunchArgmax(d_logits, rows, vocab, d_argmax_scratch, d_out, stream()),
+                cudaSuccess);
+    }
+    const cudaError_t launched = gpu::LaunchSample(d_logits, rows, vocab, d_params, d_scratch,
+                                                   d_out, stream(), after_argmax);
     EXPECT_EQ(launched, cudaSuccess) << cudaGetErrorString(launched);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
     EXPECT_EQ(cudaStreamSynchronize(stream()), cudaSuccess);
@@ -216,13 +224,23 @@ TEST_F(SamplingTest, DeviceDrawsAreTheHostSamplersDraws) {
   int64_t mismatches = 0, draws = 0;
   // Normal logits, and over the larger vocabularies 200 tokens lifted a little: several tokens
   // are likely at each temperature (a token far above the rest would take every draw). The
-  // last, nearly flat, puts 100k tokens in a top-p nucleus.
-  for (auto [vocab, spread] :
-       {std::pair{64, 3.0f}, {3000, 3.0f}, {151936, 3.0f}, {151936, 0.05f}}) {
+  // last, nearly flat, puts 100k tokens in a top-p nucleus. Rounded logits tie many tokens,
+  // so cuts fall among equal logits and are taken by index.
+  struct Logits {
+    int vocab;
+    float spread;
+    bool rounded;
+  };
+  for (auto [vocab, spread, rounded] : {Logits{64, 3.0f, false},
+                                        {3000, 3.0f, false},
+                                        {151936, 3.0f, false},
+                                        {151936, 3.0f, true},
+                                        {151936, 0.05f, false}}) {
     std::vector<float> logits = RandomFloats(vocab, spread);
     for (int i = 0; vocab > 1000 && spread > 1.0f && i < 200; ++i) {
       logits[RandomInt(0, vocab - 1)] += 3.0f;
     }
+    for (float& x : logits) x = rounded ? std::round(2.0f * x) / 2.0f : x;
     const SamplingParams settings[] = {
         {.temperature = 1.0f, .seed = 21},
         {.temperature = 0.7f, .top_p = 0.9f, .seed = 22},
@@ -238,7 +256,8 @@ TEST_F(SamplingTest, DeviceDrawsAreTheHostSamplersDraws) {
                                 .min_p = s.min_p,
                                 .seed = s.seed,
                                 .step = 0};
-      const std::vector<int32_t> device = Sample(logits, steps, p);  // steps 0 .. steps - 1
+      // Steps 0 .. steps - 1; half the settings as a decode step draws, after the arg-max.
+      const std::vector<int32_t> device = Sample(logits, steps, p, s.seed % 2 == 0);
       ASSERT_EQ(device.size(), static_cast<size_t>(steps));
       Sampler host(s);
       std::set<int32_t> distinct;
