@@ -62,6 +62,17 @@ struct Cluster {
   __device__ int first() const { return rank * kThreads + static_cast<int>(threadIdx.x); }
 };
 
+// The sum of v over the lanes up to this one.
+__device__ unsigned long long WarpInclusiveSum(unsigned long long v) {
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+    const unsigned long long other = __shfl_up_sync(kFullMask, v, offset);
+    if (lane >= offset) v += other;
+  }
+  return v;
+}
+
 // The (best, idx) that ranks first over the block, to every thread (idx INT_MAX: none).
 __device__ void BlockReduceArgmax(float& best, int& idx, Shared& s) {
   const int lane = threadIdx.x % kWarpSize;
@@ -187,12 +198,7 @@ __device__ uint32_t RadixSelect(int vocab, unsigned long long target, Shared& s,
         m[j] = s.values[255 - 8 * lane - j];
         local += m[j];
       }
-      unsigned long long inclusive = local;
-#pragma unroll
-      for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-        const unsigned long long other = __shfl_up_sync(kFullMask, inclusive, offset);
-        if (lane >= offset) inclusive += other;
-      }
+      const unsigned long long inclusive = WarpInclusiveSum(local);
       unsigned long long cum = inclusive - local;
       if (cum < need && need <= inclusive) {
 #pragma unroll
@@ -370,23 +376,12 @@ __device__ int PositionReaching(int n, float x0, unsigned long long target, Shar
     m[r] = begin + r < n ? WordMass(s.candidates[begin + r], x0) : 0;
     local += m[r];
   }
-  unsigned long long inclusive = local;
-#pragma unroll
-  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-    const unsigned long long other = __shfl_up_sync(kFullMask, inclusive, offset);
-    if (lane >= offset) inclusive += other;
-  }
+  const unsigned long long inclusive = WarpInclusiveSum(local);
   if (lane == kWarpSize - 1) s.values[warp] = inclusive;  // the warps' totals
   __syncthreads();
   if (warp == 0) {
     const unsigned long long total = s.values[lane];
-    unsigned long long before = total;
-#pragma unroll
-    for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-      const unsigned long long other = __shfl_up_sync(kFullMask, before, offset);
-      if (lane >= offset) before += other;
-    }
-    s.values[kWarps + lane] = before - total;
+    s.values[kWarps + lane] = WarpInclusiveSum(total) - total;
   }
   __syncthreads();
   unsigned long long cum = s.values[kWarps + warp] + inclusive - local;

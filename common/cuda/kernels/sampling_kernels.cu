@@ -14,7 +14,7 @@ namespace {
 // Greedy tokens of a large vocabulary in two launches: each of `parts` blocks a row scans one
 // slice (one block a row would scan 150k logits from a single SM), then a warp a row picks
 // among the slices' winners.
-constexpr int kArgmaxThreads = 256;
+constexpr int kSliceThreads = 256;
 constexpr int kArgmaxSlice = 4096;  // logits a block scans, about
 constexpr int kMaxArgmaxParts = 64;
 
@@ -23,43 +23,22 @@ struct ArgmaxPartial {
   int index;  // INT_MAX: nothing in the slice ranks (all NaN)
 };
 
-__global__ void __launch_bounds__(kArgmaxThreads)
-    ArgmaxSliceKernel(const float* __restrict__ logits, int vocab, int parts,
-                      ArgmaxPartial* __restrict__ partial) {
-  __shared__ ArgmaxPartial warps[kArgmaxThreads / kWarpSize];
-  PdlLaunchDependents();
-  PdlWait();
-  const float* row = logits + int64_t{blockIdx.y} * vocab;
-  const int per = (vocab + parts - 1) / parts;
-  const int begin = static_cast<int>(blockIdx.x) * per;
-  const int end = min(vocab, begin + per);
-  float best = -INFINITY;
-  int idx = INT_MAX;
-#pragma unroll 4
-  for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kArgmaxThreads) {
-    const float v = row[i];
-    if (RanksBefore(v, i, best, idx)) {
-      best = v;
-      idx = i;
-    }
-  }
+// A slice block's (best, idx) over its threads, written by its first thread to `slot`.
+__device__ void WriteSlicePartial(float best, int idx, ArgmaxPartial* warps, ArgmaxPartial& slot) {
   WarpArgmax(best, idx);
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   if (lane == 0) warps[warp] = {best, idx};
   __syncthreads();
   if (warp != 0) return;
-  best = lane < kArgmaxThreads / kWarpSize ? warps[lane].value : -INFINITY;
-  idx = lane < kArgmaxThreads / kWarpSize ? warps[lane].index : INT_MAX;
+  best = lane < kSliceThreads / kWarpSize ? warps[lane].value : -INFINITY;
+  idx = lane < kSliceThreads / kWarpSize ? warps[lane].index : INT_MAX;
   WarpArgmax(best, idx);
-  if (lane == 0) partial[int64_t{blockIdx.y} * parts + blockIdx.x] = {best, idx};
+  if (lane == 0) slot = {best, idx};
 }
 
-__global__ void __launch_bounds__(kWarpSize)
-    ArgmaxFinishKernel(const ArgmaxPartial* __restrict__ partial, int parts,
-                       int32_t* __restrict__ out) {
-  PdlLaunchDependents();
-  PdlWait();
-  const ArgmaxPartial* row = partial + int64_t{blockIdx.x} * parts;
+// The index that ranks first among a row's slice partials, to a warp (0 when none ranks: all
+// NaN, or nothing kept).
+__device__ int BestOfParts(const ArgmaxPartial* row, int parts) {
   float best = -INFINITY;
   int idx = INT_MAX;
   for (int p = threadIdx.x; p < parts; p += kWarpSize) {
@@ -69,7 +48,39 @@ __global__ void __launch_bounds__(kWarpSize)
     }
   }
   WarpArgmax(best, idx);
-  if (threadIdx.x == 0) out[blockIdx.x] = idx == INT_MAX ? 0 : idx;  // all NaN: token 0
+  return idx == INT_MAX ? 0 : idx;
+}
+
+__global__ void __launch_bounds__(kSliceThreads)
+    ArgmaxSliceKernel(const float* __restrict__ logits, int vocab, int parts,
+                      ArgmaxPartial* __restrict__ partial) {
+  __shared__ ArgmaxPartial warps[kSliceThreads / kWarpSize];
+  PdlLaunchDependents();
+  PdlWait();
+  const float* row = logits + int64_t{blockIdx.y} * vocab;
+  const int per = (vocab + parts - 1) / parts;
+  const int begin = static_cast<int>(blockIdx.x) * per;
+  const int end = min(vocab, begin + per);
+  float best = -INFINITY;
+  int idx = INT_MAX;
+#pragma unroll 4
+  for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kSliceThreads) {
+    const float v = row[i];
+    if (RanksBefore(v, i, best, idx)) {
+      best = v;
+      idx = i;
+    }
+  }
+  WriteSlicePartial(best, idx, warps, partial[int64_t{blockIdx.y} * parts + blockIdx.x]);
+}
+
+__global__ void __launch_bounds__(kWarpSize)
+    ArgmaxFinishKernel(const ArgmaxPartial* __restrict__ partial, int parts,
+                       int32_t* __restrict__ out) {
+  PdlLaunchDependents();
+  PdlWait();
+  const int idx = BestOfParts(partial + int64_t{blockIdx.x} * parts, parts);
+  if (threadIdx.x == 0) out[blockIdx.x] = idx;
 }
 
 int ArgmaxParts(int64_t vocab) {
@@ -116,16 +127,14 @@ __global__ void __cluster_dims__(row_cut::kCutBlocks, 1, 1) __launch_bounds__(ro
   if (token >= 0) out[r] = token;
 }
 
-constexpr int kGumbelThreads = 256;
-
 // Gumbel max over the kept tokens of one slice of a row (ArgmaxParts slices, each a multiple
 // of four tokens): token i's uniform is draw i of the (seed, step) stream, four tokens to a
 // Philox block, as the host's Sampler draws them; blocks with no token kept draw nothing.
-__global__ void __launch_bounds__(kGumbelThreads)
+__global__ void __launch_bounds__(kSliceThreads)
     GumbelSliceKernel(const float* __restrict__ logits, int vocab, int parts,
                       const SampleParams* __restrict__ params, const RowCut* __restrict__ cuts,
                       ArgmaxPartial* __restrict__ partial) {
-  __shared__ ArgmaxPartial warps[kGumbelThreads / kWarpSize];
+  __shared__ ArgmaxPartial warps[kSliceThreads / kWarpSize];
   const RowCut rc = cuts[blockIdx.y];
   if (!rc.draw) return;
   const SampleParams p = params[blockIdx.y];
@@ -136,7 +145,7 @@ __global__ void __launch_bounds__(kGumbelThreads)
   float best = -INFINITY;
   int idx = INT_MAX;
   for (int base = begin + 4 * static_cast<int>(threadIdx.x); base < end;
-       base += 4 * kGumbelThreads) {
+       base += 4 * kSliceThreads) {
     float x[4];
     bool kept[4], any = false;
 #pragma unroll
@@ -158,15 +167,7 @@ __global__ void __launch_bounds__(kGumbelThreads)
       }
     }
   }
-  WarpArgmax(best, idx);
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  if (lane == 0) warps[warp] = {best, idx};
-  __syncthreads();
-  if (warp != 0) return;
-  best = lane < kGumbelThreads / kWarpSize ? warps[lane].value : -INFINITY;
-  idx = lane < kGumbelThreads / kWarpSize ? warps[lane].index : INT_MAX;
-  WarpArgmax(best, idx);
-  if (lane == 0) partial[int64_t{blockIdx.y} * parts + blockIdx.x] = {best, idx};
+  WriteSlicePartial(best, idx, warps, partial[int64_t{blockIdx.y} * parts + blockIdx.x]);
 }
 
 // The rows GumbelSliceKernel drew over: the best of their slices' draws (0: none kept).
@@ -174,17 +175,8 @@ __global__ void __launch_bounds__(kWarpSize)
     GumbelFinishKernel(const ArgmaxPartial* __restrict__ partial, int parts,
                        const RowCut* __restrict__ cuts, int32_t* __restrict__ out) {
   if (!cuts[blockIdx.x].draw) return;
-  const ArgmaxPartial* row = partial + int64_t{blockIdx.x} * parts;
-  float best = -INFINITY;
-  int idx = INT_MAX;
-  for (int p = threadIdx.x; p < parts; p += kWarpSize) {
-    if (RanksBefore(row[p].value, row[p].index, best, idx)) {
-      best = row[p].value;
-      idx = row[p].index;
-    }
-  }
-  WarpArgmax(best, idx);
-  if (threadIdx.x == 0) out[blockIdx.x] = idx == INT_MAX ? 0 : idx;
+  const int idx = BestOfParts(partial + int64_t{blockIdx.x} * parts, parts);
+  if (threadIdx.x == 0) out[blockIdx.x] = idx;
 }
 
 constexpr int kTransformThreads = 256;
@@ -276,7 +268,7 @@ cudaError_t LaunchArgmax(const float* logits, int64_t n, int64_t vocab, void* sc
   const int parts = ArgmaxParts(vocab);
   auto* partial = static_cast<ArgmaxPartial*>(scratch);
   const cudaError_t sliced =
-      LaunchPdl(ArgmaxSliceKernel, dim3(parts, static_cast<unsigned>(n)), dim3(kArgmaxThreads), 0,
+      LaunchPdl(ArgmaxSliceKernel, dim3(parts, static_cast<unsigned>(n)), dim3(kSliceThreads), 0,
                 stream, logits, static_cast<int>(vocab), parts, partial);
   if (sliced != cudaSuccess) return sliced;
   return LaunchPdl(ArgmaxFinishKernel, dim3(static_cast<unsigned>(n)), dim3(kWarpSize), 0, stream,
@@ -298,7 +290,7 @@ cudaError_t LaunchSample(const float* logits, int64_t n, int64_t vocab, const Sa
   const unsigned rows = static_cast<unsigned>(n);
   SampleCutKernel<<<rows * row_cut::kCutBlocks, row_cut::kThreads, 0, stream>>>(
       logits, static_cast<int>(vocab), params, out, keep_greedy_rows, cuts);
-  GumbelSliceKernel<<<dim3(parts, rows), kGumbelThreads, 0, stream>>>(
+  GumbelSliceKernel<<<dim3(parts, rows), kSliceThreads, 0, stream>>>(
       logits, static_cast<int>(vocab), parts, params, cuts, partial);
   GumbelFinishKernel<<<rows, kWarpSize, 0, stream>>>(partial, parts, cuts, out);
   return cudaGetLastError();
