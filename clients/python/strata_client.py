@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -144,6 +144,7 @@ class Chunk:
     text: str
     finish_reason: Optional[FinishReason]
     usage: Optional[Usage]
+    index: int = 0  # the sample it belongs to (make_request's n)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,9 +214,17 @@ class Client:
                      logit_bias: Optional[Dict[int, float]] = None,
                      stop_token_ids: Sequence[int] = (), min_tokens: int = 0,
                      include_stop_str_in_output: bool = False,
-                     skip_special_tokens: Optional[bool] = None):
+                     skip_special_tokens: Optional[bool] = None,
+                     logprobs: bool = False, prompt_logprobs: bool = False,
+                     top_logprobs: int = 0, n: int = 1,
+                     json_schema: Optional[Union[dict, str]] = None,
+                     json_object: bool = False, regex: Optional[str] = None,
+                     choices: Optional[Sequence[str]] = None):
         """The GenerateRequest message for these arguments (exactly one of prompt, token_ids).
-        The sampling parameters are vLLM's (docs/http.md has the table)."""
+        The sampling parameters are vLLM's (docs/http.md has the table). n: samples sharing
+        one prefill (messages carry their sample's `index`). At most one of json_schema (a dict
+        or its JSON text), json_object, regex and choices constrains the text
+        (docs/structured-output.md)."""
         if (prompt is None) == (token_ids is None):
             raise ValueError("give exactly one of prompt and token_ids")
         if isinstance(stop, str):
@@ -234,7 +243,25 @@ class Client:
             ignore_eos=ignore_eos,
             stop_token_ids=[int(i) for i in stop_token_ids],
             min_tokens=min_tokens,
-            include_stop_str_in_output=include_stop_str_in_output)
+            include_stop_str_in_output=include_stop_str_in_output,
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs, top_logprobs=top_logprobs, n=n)
+        formats = [f for f in (json_schema is not None, json_object, regex is not None,
+                               choices is not None) if f]
+        if len(formats) > 1:
+            raise ValueError("give at most one of json_schema, json_object, regex and choices")
+        kind = generation_pb2.ResponseFormat
+        if json_schema is not None:
+            request.response_format.type = kind.TYPE_JSON_SCHEMA
+            request.response_format.json_schema = (
+                json_schema if isinstance(json_schema, str) else json.dumps(json_schema))
+        elif json_object:
+            request.response_format.type = kind.TYPE_JSON_OBJECT
+        elif regex is not None:
+            request.response_format.type = kind.TYPE_REGEX
+            request.response_format.regex = regex
+        elif choices is not None:
+            request.response_format.type = kind.TYPE_CHOICE
+            request.response_format.choices.extend(choices)
         for token, bias in (logit_bias or {}).items():
             request.sampling.logit_bias[int(token)] = float(bias)
         if skip_special_tokens is not None:
@@ -274,10 +301,11 @@ class Client:
             reason = FinishReason(m.finish_reason)
             yield Chunk(token_ids=list(m.token_ids), text=m.text,
                         finish_reason=None if reason == FinishReason.UNSPECIFIED else reason,
-                        usage=_usage(m))
+                        usage=_usage(m), index=m.index)
 
     def generate_all(self, *args, **kwargs) -> GenerateResult:
-        """generate() run to the end: (token_ids, text, finish_reason, usage)."""
+        """generate() run to the end: (token_ids, text, finish_reason, usage). One sample: with
+        n > 1, group generate()'s chunks by their index."""
         ids: List[int] = []
         text: List[str] = []
         reason = FinishReason.UNSPECIFIED

@@ -419,6 +419,26 @@ class DemoTextTest(ClusterTestCase):
         self.assertEqual("".join(c.text for c in chunks), result.text)
         self.assertEqual([i for c in chunks for i in c.token_ids], result.token_ids)
 
+    def test_samples_and_a_constrained_choice(self):
+        # n samples from one prefill: chunks carry their sample's index, and sample i is the
+        # request of one sample with seed + i.
+        args = dict(prompt="Once upon a time", max_new_tokens=6, ignore_eos=True,
+                    temperature=1.0, timeout=RPC_TIMEOUT)
+        texts = ["", ""]
+        for chunk in self.client.generate(seed=11, n=2, **args):
+            texts[chunk.index] += chunk.text
+        for i in (0, 1):
+            self.assertEqual(texts[i], self.client.generate_all(seed=11 + i, **args).text)
+        try:
+            result = self.client.generate_all(prompt="Once upon a time", max_new_tokens=8,
+                                              temperature=1.0, seed=5, choices=["yes", "no"],
+                                              timeout=RPC_TIMEOUT)
+        except StrataError as e:
+            if "grammar engine" in e.details:
+                self.skipTest(e.details)
+            raise
+        self.assertIn(result.text, ("yes", "no"))
+
     def test_tokenize_detokenize_round_trip(self):
         sentence = "In the beginning God created the heaven and the earth, said Mr. Darcy."
         ids = self.client.tokenize(sentence, timeout=RPC_TIMEOUT)
