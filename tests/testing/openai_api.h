@@ -1,6 +1,5 @@
-// An OpenAiService behind a real HttpServer on a free port, over a Scheduler whose steps a
-// FakeStepRunner answers (no model weights), with the demo model's tokenizer and chat format;
-// and what its tests check replies with. Needs STRATA_SOURCE_DIR.
+// An OpenAiService behind a real HttpServer on a free port, over a FakeScheduler, with the demo
+// model's chat format; and what its tests check replies with. Needs STRATA_SOURCE_DIR.
 #ifndef STRATA_TESTS_TESTING_OPENAI_API_H_
 #define STRATA_TESTS_TESTING_OPENAI_API_H_
 
@@ -11,16 +10,10 @@
 #include "gtest/gtest.h"
 #include "services/router/http/http_server.h"
 #include "services/router/http/openai_service.h"
-#include "tests/testing/fake_step_runner.h"
+#include "tests/testing/fake_scheduler.h"
 #include "tests/testing/http_post.h"
 
 namespace strata::testing {
-
-inline const std::string& DemoModelDir() {
-  static const std::string* dir =
-      new std::string(std::string(STRATA_SOURCE_DIR) + "/models/strata-demo");
-  return *dir;
-}
 
 // One service: the demo's tokenizer (unless `with_tokenizer` is false) and its plain chat
 // format, the scheduler's context 64 blocks of 16 tokens. `shaped_logits`: the runner's rows
@@ -28,19 +21,9 @@ inline const std::string& DemoModelDir() {
 class Api {
  public:
   explicit Api(OpenAiServiceOptions options, bool with_tokenizer = true, bool shaped_logits = false)
-      : tokenizer_(*Tokenizer::FromFile(DemoModelDir() + "/tokenizer.json")),
-        config_(FakeConfig(tokenizer_->vocab_size())),
-        kv_(*PagedKvCache::Create({.cache = {.block_size = 16},
-                                   .num_blocks = 64,
-                                   .num_layers = 1,
-                                   .num_kv_heads = 1,
-                                   .head_dim = 1})),
-        runner_(kv_, config_.vocab_size) {
-    runner_.shaped_logits = shaped_logits;
-    const Tokenizer* tokenizer = with_tokenizer ? tokenizer_.get() : nullptr;
-    scheduler_ = std::make_unique<Scheduler>(config_, runner_, kv_, tokenizer, SchedulerOptions{});
-    scheduler_->Start();
-    service_ = std::make_unique<OpenAiService>(std::move(options), config_, *scheduler_, tokenizer,
+      : fake_(with_tokenizer, shaped_logits) {
+    service_ = std::make_unique<OpenAiService>(std::move(options), fake_.config, *fake_.scheduler,
+                                               with_tokenizer ? fake_.tokenizer.get() : nullptr,
                                                *ChatTemplate::FromModelDir(DemoModelDir()));
     server_ = *HttpServer::Start({}, [this](const HttpRequest& request, HttpResponder& responder) {
       service_->Handle(request, responder);
@@ -58,20 +41,14 @@ class Api {
   }
   // Every request's reply is `text` (its tokens), then the end of sequence (see
   // FakeStepRunner::SetScript).
-  void SetScript(const std::string& text) {
-    runner_.SetScript(*tokenizer_->Encode(text, /*add_special_tokens=*/false));
-  }
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  void SetScript(const std::string& text) { fake_.SetScript(text); }
+  const Tokenizer& tokenizer() const { return *fake_.tokenizer; }
   int port() const { return server_->port(); }
-  const Scheduler& scheduler() const { return *scheduler_; }
-  int64_t vocab() const { return config_.vocab_size; }
+  const Scheduler& scheduler() const { return *fake_.scheduler; }
+  int64_t vocab() const { return fake_.config.vocab_size; }
 
  private:
-  std::unique_ptr<Tokenizer> tokenizer_;
-  ModelConfig config_;
-  PagedKvCache kv_;
-  FakeStepRunner runner_;
-  std::unique_ptr<Scheduler> scheduler_;
+  FakeScheduler fake_;
   std::unique_ptr<OpenAiService> service_;
   std::unique_ptr<HttpServer> server_;
 };

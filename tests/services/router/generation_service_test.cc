@@ -1,5 +1,5 @@
-// GenerationService alone: its gRPC handlers on a local server over a Scheduler whose steps a
-// FakeStepRunner answers (no model weights), with the demo model's tokenizer.
+// GenerationService alone: its gRPC handlers on a local server over a FakeScheduler (no model
+// weights; the demo model's tokenizer).
 #include "services/router/generation_service.h"
 
 #include <grpcpp/grpcpp.h>
@@ -9,34 +9,19 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "strata/v1/generation.grpc.pb.h"
-#include "tests/testing/fake_step_runner.h"
+#include "tests/testing/fake_scheduler.h"
 
 namespace strata {
 namespace {
 
-using testing::FakeConfig;
-using testing::FakeStepRunner;
-
-const std::string kDemoDir = std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
-
 class GenerationServiceTest : public ::testing::Test {
  protected:
-  GenerationServiceTest()
-      : tokenizer_(*Tokenizer::FromFile(kDemoDir + "/tokenizer.json")),
-        config_(FakeConfig(tokenizer_->vocab_size())),
-        kv_(*PagedKvCache::Create({.cache = {.block_size = 16},
-                                   .num_blocks = 64,
-                                   .num_layers = 1,
-                                   .num_kv_heads = 1,
-                                   .head_dim = 1})),
-        runner_(kv_, config_.vocab_size) {
-    scheduler_ =
-        std::make_unique<Scheduler>(config_, runner_, kv_, tokenizer_.get(), SchedulerOptions{});
-    scheduler_->Start();
-    service_ = std::make_unique<GenerationService>(config_, *scheduler_, tokenizer_.get(),
-                                                   /*num_workers=*/3);
+  GenerationServiceTest() {
+    service_ = std::make_unique<GenerationService>(fake_.config, *fake_.scheduler,
+                                                   fake_.tokenizer.get(), /*num_workers=*/3);
     int port = 0;
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -49,8 +34,7 @@ class GenerationServiceTest : public ::testing::Test {
 
   // Every request's reply: `text`'s tokens, then the end of sequence.
   std::vector<uint32_t> Script(const std::string& text) {
-    const std::vector<int32_t> ids = *tokenizer_->Encode(text, /*add_special_tokens=*/false);
-    runner_.SetScript(ids);
+    const std::vector<int32_t> ids = fake_.SetScript(text);
     return std::vector<uint32_t>(ids.begin(), ids.end());
   }
 
@@ -65,11 +49,7 @@ class GenerationServiceTest : public ::testing::Test {
     return reader->Finish();
   }
 
-  std::unique_ptr<Tokenizer> tokenizer_;
-  ModelConfig config_;
-  PagedKvCache kv_;
-  FakeStepRunner runner_;
-  std::unique_ptr<Scheduler> scheduler_;
+  testing::FakeScheduler fake_;
   std::unique_ptr<GenerationService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::Generation::Stub> stub_;
@@ -96,7 +76,7 @@ TEST_F(GenerationServiceTest, ATextPromptStreamsTheRepliesTokensAndText) {
   const v1::GenerateResponse& last = messages.back();
   EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_EOS);
   EXPECT_EQ(last.usage().prompt_tokens(),
-            tokenizer_->Encode("It is a truth", /*add_special_tokens=*/true)->size());
+            fake_.tokenizer->Encode("It is a truth", /*add_special_tokens=*/true)->size());
   EXPECT_EQ(last.usage().completion_tokens(), expected.size());
 }
 
@@ -143,7 +123,7 @@ TEST_F(GenerationServiceTest, BadRequestsAreRefusedNamingWhatIsWrong) {
   cases[2].request.add_prompt_token_ids(5);
   cases[2].request.mutable_sampling()->set_top_p(2.0f);
   cases[3].what = "prompt token id";  // beyond the vocabulary
-  cases[3].request.add_prompt_token_ids(static_cast<uint32_t>(config_.vocab_size) + 7);
+  cases[3].request.add_prompt_token_ids(static_cast<uint32_t>(fake_.config.vocab_size) + 7);
   for (Case& c : cases) {
     c.request.set_max_new_tokens(4);
     std::vector<v1::GenerateResponse> messages;
@@ -159,7 +139,7 @@ TEST_F(GenerationServiceTest, ModelInfoAndTheTokenizerRoundTrip) {
   grpc::ClientContext info_context;
   v1::ModelInfoResponse info;
   ASSERT_TRUE(stub_->ModelInfo(&info_context, v1::ModelInfoRequest(), &info).ok());
-  EXPECT_EQ(info.vocab_size(), static_cast<uint32_t>(config_.vocab_size));
+  EXPECT_EQ(info.vocab_size(), static_cast<uint32_t>(fake_.config.vocab_size));
   EXPECT_EQ(info.num_workers(), 3u);
   EXPECT_TRUE(info.has_tokenizer());
   EXPECT_EQ(std::vector<uint32_t>(info.eos_token_ids().begin(), info.eos_token_ids().end()),
