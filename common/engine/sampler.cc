@@ -100,13 +100,13 @@ int64_t ArgMax(const float* values, int64_t n) {
 }
 
 std::optional<RowSampling> Sampler::device_row(int in_flight) {
+  if (constraint_ != nullptr) return std::nullopt;  // the mask is computed here
   RowSampling row{.temperature = params_.temperature,
                   .top_k = params_.top_k,
                   .top_p = params_.top_p,
                   .min_p = params_.min_p,
                   .seed = params_.seed,
                   .step = static_cast<uint64_t>(generated_ + in_flight)};
-  if (constraint_ != nullptr) return std::nullopt;  // the mask is computed here
   if (!transforms()) {
     row.list_step = row.step;
     return row;
