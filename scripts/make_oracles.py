@@ -47,6 +47,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import (  # noqa: E402
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
     MixtralConfig,
@@ -62,6 +64,7 @@ ARCHS = {
     "mixtral": (MixtralConfig, MixtralForCausalLM),
     "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM),
     "gpt_oss": (GptOssConfig, GptOssForCausalLM),
+    "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
 }
 
 # Defaults for every model (a spec may override): a large init so logits are not tiny.
@@ -144,12 +147,26 @@ SPECS = {
                                          beta_fast=32.0, beta_slow=1.0,
                                          original_max_position_embeddings=4096, truncate=False)),
     ),
+    "glm4_moe_hd64": dict(
+        # GLM-4.5's pieces at a head size the GPU attention takes: partial rotary (half of each
+        # head), q/k norms, q/k/v biases, layer 0 dense, sigmoid group-limited routing x 2.5 and
+        # an ungated shared expert. partial_rotary_factor is set after the config is built
+        # (set_after): versions keep it at the top level or inside rope_parameters.
+        arch="glm4_moe", seed=25, prompts=[60, 12], new_tokens=8, dense_layers=[0],
+        config=dict(vocab_size=512, hidden_size=128, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=64, intermediate_size=128,
+                    moe_intermediate_size=64, n_routed_experts=16, num_experts_per_tok=4,
+                    n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                    norm_topk_prob=True, first_k_dense_replace=1, use_qk_norm=True,
+                    attention_bias=True),
+        set_after=dict(partial_rotary_factor=0.5),
+    ),
 }
 
 # Expected attention head_dim per model (checked on the built modules).
 HEAD_DIM = {"qwen3_moe_long": 16, "qwen3_moe_dense_tied": 32, "mixtral_long": 16,
             "qwen2_moe_long": 16, "gpt_oss_long": 16, "qwen3_moe_hd64": 64, "mixtral_hd128": 128,
-            "qwen2_moe_hd64": 64, "gpt_oss_hd64": 64}
+            "qwen2_moe_hd64": 64, "gpt_oss_hd64": 64, "glm4_moe_hd64": 64}
 
 MAX_ORACLE_BYTES = 3_000_000
 
@@ -173,6 +190,10 @@ def make_config(spec):
             fail(f"{spec['arch']} config: {key} = {got!r}, wanted {want!r}")
     if config.model_type != spec["arch"]:
         fail(f"model_type {config.model_type!r} != {spec['arch']!r}")
+    for key, value in spec.get("set_after", {}).items():
+        setattr(config, key, value)
+        if isinstance(getattr(config, "rope_parameters", None), dict):
+            config.rope_parameters[key] = value
     return config
 
 

@@ -28,9 +28,9 @@ cp ../shared/tools/hf-peer-bench.py "$stage/"
 { git rev-parse --short HEAD | tr -d '\n'; git diff --quiet HEAD -- common services tools proto || echo -n -dirty; echo; } >"$stage/COMMIT"
 # xz -9e: its larger window finds the libraries' repeats, about 30% smaller than tar's -J.
 tar cf - -C "$stage" bin lib hf-peer-bench.py COMMIT | xz -9e -T0 >.device-ipc/bundle.tar.xz
-# The oracles the GPU attention takes (head_dim 64 and 128).
+# The oracles the GPU attention takes (head_dim 64 and 128; any with latent attention).
 [ -f .device-ipc/oracles.tar.xz ] || tar cJf .device-ipc/oracles.tar.xz \
-  tests/data/oracles/{qwen3_moe_hd64,mixtral_hd128,qwen2_moe_hd64,gpt_oss_hd64}
+  tests/data/oracles/{qwen3_moe_hd64,mixtral_hd128,qwen2_moe_hd64,gpt_oss_hd64,deepseek_v3}
 [ -f .device-demo/demo.tar.xz ] || tar cJf .device-demo/demo.tar.xz models/strata-demo
 rm -rf "$stage"
 ls -la .device-ipc/*.tar.xz .device-demo/*.tar.xz

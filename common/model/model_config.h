@@ -81,7 +81,7 @@ struct ModelConfig {
   bool rope_interleave = false;
   // The softmax scale; 0 means head_dim^-0.5. DeepSeek-V3 multiplies it by YaRN's
   // mscale(factor, mscale_all_dim)^2.
-  double softmax_scale = 0.0;  // per layer; 0 means full causal attention
+  double softmax_scale = 0.0;
 
   // Mixture of experts.
   int num_experts = 0;

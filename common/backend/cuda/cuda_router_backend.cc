@@ -52,7 +52,7 @@ absl::StatusOr<std::unique_ptr<CudaRouterBackend>> CudaRouterBackend::Create(
 absl::Status CudaRouterBackend::Load(const Model& model, const KvPoolOptions& kv) {
   const ModelConfig& c = config_;
   RETURN_IF_ERROR(CudaRouterSupports(c));
-  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) {
+  if (!c.mla() && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) {
     return absl::UnimplementedError(absl::StrCat(
         "the CUDA attention kernel takes head_dim 64, 128 or 256; this model has ", c.head_dim));
   }
@@ -76,13 +76,17 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvPoolOptions& kv
     const AttentionWeights& a = src.attention;
     const WeightFormat format = options_.attention_format;
     ASSIGN_OR_RETURN(dst.q, store_.Matrix(a.q, a.q_bias, format));
-    ASSIGN_OR_RETURN(dst.k, store_.Matrix(a.k, a.k_bias, format));
-    ASSIGN_OR_RETURN(dst.v, store_.Matrix(a.v, a.v_bias, format));
+    if (c.mla()) {
+      RETURN_IF_ERROR(LoadLatentWeights(a, format, dst));
+    } else {
+      ASSIGN_OR_RETURN(dst.k, store_.Matrix(a.k, a.k_bias, format));
+      ASSIGN_OR_RETURN(dst.v, store_.Matrix(a.v, a.v_bias, format));
+    }
     ASSIGN_OR_RETURN(dst.o, store_.Matrix(a.o, a.o_bias, format));
     if (format == WeightFormat::kFp8E4M3) {
       // Steps past the GEMV's token count dequantize into scratch: sized now, before a graph
       // captures such a step.
-      for (const DeviceWeight* m : {&dst.q, &dst.k, &dst.v, &dst.o}) {
+      for (const DeviceWeight* m : {&dst.q, &dst.k, &dst.v, &dst.o, &dst.q_a, &dst.kv_a}) {
         RETURN_IF_ERROR(linear_.ReserveFp8Scratch(m->out * m->in));
       }
     }
@@ -93,6 +97,7 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvPoolOptions& kv
     ASSIGN_OR_RETURN(dst.sinks, store_.FloatVector(a.sinks));
     if (c.layer_is_moe[l]) {
       ASSIGN_OR_RETURN(dst.router, store_.Matrix(src.router, src.router_bias));
+      ASSIGN_OR_RETURN(dst.correction_bias, store_.FloatVector(src.router_correction_bias));
     }
     const FfnWeights* ffn = src.dense_mlp       ? &*src.dense_mlp
                             : src.shared_expert ? &*src.shared_expert
@@ -111,7 +116,7 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvPoolOptions& kv
                        store_.Vector(WeightVector{row.data(), DType::kF32, g.in, 1}));
     }
   }
-  const RopeTable rope = BuildRopeTable(c.rope, c.head_dim);
+  const RopeTable rope = BuildRopeTable(c.rope, c.RopeDim());
   ASSIGN_OR_RETURN(float* inv_freq, store_.Upload(rope.inv_freq.data(), rope.inv_freq.size()));
   inv_freq_ = inv_freq;
   attention_scaling_ = rope.attention_scaling;
@@ -120,7 +125,9 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvPoolOptions& kv
   kv_fp8_ = kv.fp8();
   // Block-major: every layer of a block together, so that the blocks past a shrunk pool's end
   // (PagedKvCache::Resize) are one range. An FP8 block is half a bf16 one.
-  kv_block_bytes_ = PagedKvBlockBytes(kv.cache.block_size, kv_dim, kv.fp8());
+  // A latent cache's rows are keys and values at once: no value rows.
+  kv_block_bytes_ =
+      PagedKvBlockBytes(kv.cache.block_size, kv_dim, kv.fp8()) / (c.KvValuesInKeys() ? 2 : 1);
   // Addresses for every block the pool may grow to; memory for the active ones (SyncKv
   // follows Resize, so a shrunk pool's memory goes back to the device).
   ASSIGN_OR_RETURN(kv_memory_,
@@ -143,7 +150,13 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvPoolOptions& kv
   RETURN_IF_ERROR(Allocate(q_, t * q_dim));
   RETURN_IF_ERROR(Allocate(k_, t * kv_dim));
   RETURN_IF_ERROR(Allocate(v_, t * kv_dim));
-  RETURN_IF_ERROR(Allocate(attn_, t * q_dim));
+  RETURN_IF_ERROR(
+      Allocate(attn_, t * std::max<int64_t>(q_dim, int64_t{c.num_heads} * c.v_head_dim)));
+  if (c.mla()) {
+    RETURN_IF_ERROR(Allocate(latent_q_, t * std::max(c.q_lora_rank, 1)));
+    RETURN_IF_ERROR(Allocate(latent_queries_, t * c.num_heads * kv_dim));
+    RETURN_IF_ERROR(Allocate(latent_out_, t * c.num_heads * c.kv_lora_rank));
+  }
   RETURN_IF_ERROR(Allocate(proj_, t * h));
   RETURN_IF_ERROR(Allocate(ffn_out_, t * h));
   RETURN_IF_ERROR(Allocate(gathered_, t * h));
@@ -178,8 +191,11 @@ absl::Status CudaRouterBackend::Load(const Model& model, const KvPoolOptions& kv
     PagedAttentionParams params;
     params.num_heads = c.num_heads;
     params.head_dim = c.head_dim;
-    const size_t bytes = ClusterDecodeWorkspaceBytes(
-        std::min<int64_t>(options_.max_tokens, 2 * int64_t{context_->num_sms()}), params);
+    const size_t bytes =
+        c.mla()
+            ? 0  // the latent attention needs none
+            : ClusterDecodeWorkspaceBytes(
+                  std::min<int64_t>(options_.max_tokens, 2 * int64_t{context_->num_sms()}), params);
     RETURN_IF_ERROR(Allocate(cluster_workspace_, std::max<size_t>(bytes, 16)));
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cluster_workspace_.data(), 0, cluster_workspace_.size(),
                                          context_->stream()));
@@ -209,7 +225,7 @@ absl::Status CudaRouterBackend::PrepareGraphs(int max_context, int max_sequences
   params.out_stride = params.q_stride;
   params.max_context = max_context;
   size_t workspace = 0;
-  for (int n = 1; n <= max_sequences; ++n) {
+  for (int n = 1; n <= max_sequences && !c.mla(); ++n) {
     workspace =
         std::max(workspace, PlanPagedAttention(n, params, context_->num_sms()).workspace_bytes);
   }
@@ -535,6 +551,7 @@ absl::Status CudaRouterBackend::UploadBatch(const BatchLayout& batch, PagedKvCac
 
 absl::Status CudaRouterBackend::Attention(int layer) {
   const ModelConfig& c = config_;
+  if (c.mla()) return LatentAttention(layer);
   const LayerWeights& lw = layers_[layer];
   const int64_t n = step_tokens_;
   cudaStream_t stream = context_->stream();
@@ -555,6 +572,7 @@ absl::Status CudaRouterBackend::Attention(int layer) {
   rope.num_heads = c.num_heads;
   rope.num_kv_heads = c.num_kv_heads;
   rope.head_dim = c.head_dim;
+  rope.rope_dim = c.RopeDim();
   rope.q_stride = q_dim;
   rope.k_stride = kv_dim;
   rope.inv_freq = inv_freq_;
@@ -563,19 +581,7 @@ absl::Status CudaRouterBackend::Attention(int layer) {
   rope.k_norm = lw.k_norm;
   rope.eps = static_cast<float>(c.rms_norm_eps);
 
-  PagedKvLayer cache;
-  cache.data = reinterpret_cast<bf16*>(kv_memory_.data()) + layer * (kv_block_bytes_ / 2);
-  cache.block_stride = kv_block_bytes_ * c.num_layers;
-  cache.block_tables = block_tables_.data();
-  cache.max_blocks_per_seq = max_blocks_per_seq_;
-  cache.block_size = block_size_;
-  cache.num_kv_heads = c.num_kv_heads;
-  cache.head_dim = c.head_dim;
-  if (kv_fp8_) {
-    cache.fp8 = true;
-    cache.k_scale = kv_scales_.data() + int64_t{layer} * 2 * c.num_kv_heads;
-    cache.v_scale = cache.k_scale + c.num_kv_heads;
-  }
+  const PagedKvLayer cache = KvLayer(layer);
   const TokenBatch tokens{token_seq_.data(), positions_.data(), n};
 
   PagedAttentionParams params;
@@ -602,7 +608,8 @@ absl::Status CudaRouterBackend::Attention(int layer) {
     }
     RETURN_IF_ERROR(Allocate(attention_workspace_, plan.workspace_bytes));
   }
-  if (plan.cluster && n <= kGemvMaxTokens && one_token_per_sequence_ && !observe_kv_) {
+  if (plan.cluster && n <= kGemvMaxTokens && one_token_per_sequence_ && !observe_kv_ &&
+      c.RopeDim() == c.head_dim) {
     // Decode: q/k norm + rope and the cache append happen inside the attention kernel.
     CUDA_RETURN_IF_ERROR(LaunchPagedDecodeWithRope(q_.data(), k_.data(), v_.data(), kv_dim, tokens,
                                                    cache, params, rope, plan, workspace.data(),
@@ -620,7 +627,30 @@ absl::Status CudaRouterBackend::Attention(int layer) {
     CUDA_RETURN_IF_ERROR(LaunchPagedAttention(q_.data(), tokens, cache, params, plan,
                                               workspace.data(), attn_.data(), stream));
   }
-  RETURN_IF_ERROR(linear_.Run(lw.o, attn_.data(), n, proj_.data(), OutType::kBf16));
+  return FinishAttention(layer);
+}
+
+PagedKvLayer CudaRouterBackend::KvLayer(int layer) const {
+  const ModelConfig& c = config_;
+  PagedKvLayer cache;
+  cache.data = reinterpret_cast<bf16*>(kv_memory_.data()) + layer * (kv_block_bytes_ / 2);
+  cache.block_stride = kv_block_bytes_ * c.num_layers;
+  cache.block_tables = block_tables_.data();
+  cache.max_blocks_per_seq = max_blocks_per_seq_;
+  cache.block_size = block_size_;
+  cache.num_kv_heads = c.num_kv_heads;
+  cache.head_dim = c.KvHeadDim();
+  if (kv_fp8_) {
+    cache.fp8 = true;
+    cache.k_scale = kv_scales_.data() + int64_t{layer} * 2 * c.num_kv_heads;
+    cache.v_scale = cache.k_scale + c.num_kv_heads;
+  }
+  return cache;
+}
+
+absl::Status CudaRouterBackend::FinishAttention(int layer) {
+  const int64_t n = step_tokens_;
+  RETURN_IF_ERROR(linear_.Run(layers_[layer].o, attn_.data(), n, proj_.data(), OutType::kBf16));
   current_layer_ = layer;
   if (FusesNormAndGate(layer, n)) {
     pending_post_norm_ = layer;  // PrepareFfn's kernel adds and normalizes
@@ -636,16 +666,26 @@ absl::Status CudaRouterBackend::ApplyPostNorm(int layer) {
   return absl::OkStatus();
 }
 
-MoeGateParams CudaRouterBackend::GateParams(float temperature) const {
+MoeGateParams CudaRouterBackend::GateParams(int layer, float temperature) const {
   MoeGateParams gate;
   gate.num_experts = config_.num_experts;
   gate.top_k = config_.top_k;
   gate.temperature = temperature;
-  // The model's scoring (strata::GateScoring) as the kernels' (gpu::GateScoring, without the
-  // sigmoid-grouped one CudaRouterSupports turns away).
-  gate.scoring = config_.gate_scoring == strata::GateScoring::kTopKThenSoftmax
-                     ? gpu::GateScoring::kTopKThenSoftmax
-                     : gpu::GateScoring::kSoftmaxThenTopK;
+  // The model's scoring (strata::GateScoring) as the kernels' (gpu::GateScoring).
+  switch (config_.gate_scoring) {
+    case strata::GateScoring::kTopKThenSoftmax:
+      gate.scoring = gpu::GateScoring::kTopKThenSoftmax;
+      break;
+    case strata::GateScoring::kSigmoidGrouped:
+      gate.scoring = gpu::GateScoring::kSigmoidGrouped;
+      gate.correction_bias = layers_[layer].correction_bias;
+      gate.num_groups = config_.num_expert_groups;
+      gate.top_k_groups = config_.top_k_groups;
+      gate.scaling = static_cast<float>(config_.routed_scaling_factor);
+      break;
+    default:
+      gate.scoring = gpu::GateScoring::kSoftmaxThenTopK;
+  }
   gate.renormalize = config_.norm_topk_prob;
   return gate;
 }
@@ -675,7 +715,7 @@ bool CudaRouterBackend::FusesNormAndGate(int layer, int64_t n) {
   const DeviceWeight& router = layers_[layer].router;
   return config_.layer_is_moe[layer] && router.format == WeightFormat::kBf16 &&
          router.in == config_.hidden_size && router.out == config_.num_experts &&
-         AddNormGateAccepts(NormGateArgs(layer, n), GateParams(1.0f));
+         AddNormGateAccepts(NormGateArgs(layer, n), GateParams(layer, 1.0f));
 }
 
 absl::Status CudaRouterBackend::PrepareFfn(int layer, float temperature, Tensor& ffn_input,
@@ -698,7 +738,7 @@ absl::Status CudaRouterBackend::PrepareFfn(int layer, float temperature, Tensor&
     routing.device_weight = nullptr;
     return absl::OkStatus();
   }
-  const MoeGateParams gate = GateParams(temperature);
+  const MoeGateParams gate = GateParams(layer, temperature);
   if (fused) {
     AddNormGateArgs args = NormGateArgs(layer, n);
     if (hand_off_source_ != nullptr) {
@@ -776,7 +816,7 @@ absl::Status CudaRouterBackend::PredictRouting(int layer, float temperature,
                                      stream));
   RETURN_IF_ERROR(linear_.Run(layers_[layer].router, predict_normed_.data(), n, gate_logits_.data(),
                               OutType::kF32));
-  CUDA_RETURN_IF_ERROR(LaunchMoeGate(gate_logits_.data(), n, GateParams(temperature),
+  CUDA_RETURN_IF_ERROR(LaunchMoeGate(gate_logits_.data(), n, GateParams(layer, temperature),
                                      predicted_ids_.data(), predicted_weights_.data(), stream));
   predicted_layer_ = layer;
   predicted.tokens = n;

@@ -85,7 +85,12 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
     DeviceWeight router;   // MoE layers
     bool has_ffn = false;  // a dense MLP (dense layers) or a shared expert (MoE layers)
     ExpertWeightTable ffn;
-    const bf16* shared_gate = nullptr;  // [hidden]: the shared expert's sigmoid gate
+    const bf16* shared_gate = nullptr;       // [hidden]: the shared expert's sigmoid gate
+    const float* correction_bias = nullptr;  // [num_experts]: sigmoid-grouped gates' bias
+    // Multi-head latent attention (k and v absent; q is q_b_proj when q_a is present).
+    DeviceWeight q_a, kv_a, kv_b;
+    const bf16* q_a_norm = nullptr;
+    const bf16* kv_a_norm = nullptr;
   };
 
   CudaRouterBackend(const Model& model, CudaContext* context, CudaBackendOptions options)
@@ -98,12 +103,21 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   // The norm weight applied after layer `layer`'s residual stream is complete.
   const bf16* NextNorm(int layer) const;
   // The gate's parameters for this model at `temperature`.
-  MoeGateParams GateParams(float temperature) const;
+  MoeGateParams GateParams(int layer, float temperature) const;
   // Layer `layer`'s post-attention add + norm, gate and top-k for a step of n tokens as one
   // launch's arguments (LaunchAddNormGate; no hand-off).
   AddNormGateArgs NormGateArgs(int layer, int64_t n);
   // Whether they run as that one launch: Attention then leaves the add + norm to PrepareFfn.
   bool FusesNormAndGate(int layer, int64_t n);
+  // Multi-head latent attention's weights (cuda_latent_attention.cc).
+  absl::Status LoadLatentWeights(const AttentionWeights& a, WeightFormat format, LayerWeights& dst);
+  // Attention of a latent-attention layer, into attn_ [n, heads * v_head_dim].
+  absl::Status LatentAttention(int layer);
+  // Layer `layer`'s part of the paged KV cache, with this step's block tables.
+  PagedKvLayer KvLayer(int layer) const;
+  // o_proj of attn_ into proj_, then the post-attention add + norm (or its hand-over to
+  // PrepareFfn).
+  absl::Status FinishAttention(int layer);
   // The post-attention add + norm Attention left to PrepareFfn, as its own launch.
   absl::Status ApplyPostNorm(int layer);
   // hidden += x, then normed_ = RmsNorm(hidden) with the weight of the next consumer.
@@ -172,6 +186,9 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
 
   // Activations, sized for options_.max_tokens.
   DeviceBuffer<bf16> hidden_, normed_, q_, k_, v_, attn_, proj_, ffn_out_, gathered_;
+  // Latent attention's: q_a's output, the queries in cache space [n, heads, rank + rope] and
+  // the heads' latent outputs [n, heads, rank].
+  DeviceBuffer<bf16> latent_q_, latent_queries_, latent_out_;
   DeviceBuffer<float> gate_logits_, logits_;
   // PredictRouting's: the next layer's normed residual, its predicted routing, and the running
   // counts (predicted, correct, actual), copied to the host after every step.

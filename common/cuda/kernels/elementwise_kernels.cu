@@ -37,12 +37,15 @@ __global__ void __launch_bounds__(kThreads)
                               bf16* __restrict__ out) {
   __shared__ float scratch[kThreads / kWarpSize];
   const int64_t t = blockIdx.x;
-  float dot = 0.0f;
-  for (int64_t i = threadIdx.x; i < hidden; i += kThreads) {
-    dot += __bfloat162float(x[t * hidden + i]) * __bfloat162float(gate_weight[i]);
+  float gate = 1.0f;  // ungated shared experts (DeepSeek-V3, GLM-4.5)
+  if (gate_weight != nullptr) {
+    float dot = 0.0f;
+    for (int64_t i = threadIdx.x; i < hidden; i += kThreads) {
+      dot += __bfloat162float(x[t * hidden + i]) * __bfloat162float(gate_weight[i]);
+    }
+    dot = BlockSum(dot, scratch);
+    gate = 1.0f / (1.0f + expf(-dot));
   }
-  dot = BlockSum(dot, scratch);
-  const float gate = 1.0f / (1.0f + expf(-dot));
   for (int64_t i = threadIdx.x; i < hidden; i += kThreads) {
     const int64_t j = t * hidden + i;
     out[j] = __float2bfloat16(__bfloat162float(out[j]) + gate * __bfloat162float(shared_out[j]));

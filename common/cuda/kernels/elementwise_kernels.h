@@ -19,7 +19,8 @@ cudaError_t LaunchDequantizeFp8(const uint8_t* fp8, const float* scale, int64_t 
                                 bf16* w, cudaStream_t stream);
 
 // out[t] += sigmoid(x[t] . gate_weight) * shared_out[t] for t < n; x, shared_out and out are
-// [n, hidden] row-major, gate_weight [hidden] (the [1, hidden] shared_expert_gate).
+// [n, hidden] row-major, gate_weight [hidden] (the [1, hidden] shared_expert_gate) or null: an
+// ungated shared expert, added whole.
 cudaError_t LaunchSharedExpertGateAdd(const bf16* x, const bf16* gate_weight,
                                       const bf16* shared_out, int64_t n, int64_t hidden, bf16* out,
                                       cudaStream_t stream);

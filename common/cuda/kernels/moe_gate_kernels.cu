@@ -7,9 +7,56 @@ namespace strata::gpu {
 namespace {
 
 constexpr int kThreads = 128;  // one warp per token
-constexpr int kPerLane = kMaxGateExperts / kWarpSize;
+// Scores a lane holds: 8 up to 256 experts, 12 up to 384 (Kimi-K2).
+constexpr int kMaxPerLane = kMaxGateExperts / kWarpSize;
+
+__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Group-limited choice: a group's merit is the sum of its two best biased scores; experts
+// outside the top_k_groups best groups (ties to the lower group) get -inf, so they never win.
+template <int kPerLane>
+__device__ void DropWeakGroups(float (&v)[kPerLane], const MoeGateParams& p, int lane, int warp) {
+  __shared__ float staged[kThreads / kWarpSize][kMaxGateExperts];
+  __shared__ float merit[kThreads / kWarpSize][kMaxGateExperts];
+  float* score = staged[warp];
+  float* group_merit = merit[warp];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + i * kWarpSize;
+    if (e < p.num_experts) score[e] = v[i];
+  }
+  __syncwarp();
+  const int per_group = p.num_experts / p.num_groups;
+  for (int g = lane; g < p.num_groups; g += kWarpSize) {
+    float first = -INFINITY, second = -INFINITY;
+    for (int j = 0; j < per_group; ++j) {
+      const float x = score[g * per_group + j];
+      if (x > first) {
+        second = first;
+        first = x;
+      } else if (x > second) {
+        second = x;
+      }
+    }
+    group_merit[g] = per_group > 1 ? first + second : first;
+  }
+  __syncwarp();
+  // A lane's experts belong to groups it ranks on its own: rank = groups that rank before.
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + i * kWarpSize;
+    if (e >= p.num_experts) continue;
+    const int g = e / per_group;
+    int rank = 0;
+    for (int o = 0; o < p.num_groups; ++o) {
+      rank += RanksBefore(group_merit[o], o, group_merit[g], g) ? 1 : 0;
+    }
+    if (rank >= p.top_k_groups) v[i] = -INFINITY;
+  }
+}
 
 // Lane l holds experts l, l + 32, ...; top k by k rounds of a warp-wide arg-max.
+template <int kPerLane>
 __global__ void __launch_bounds__(kThreads)
     MoeGateKernel(const float* __restrict__ logits, int64_t n, MoeGateParams p,
                   int32_t* __restrict__ expert_ids, float* __restrict__ weights) {
@@ -42,6 +89,21 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kPerLane; ++i) v[i] /= sum;
   }
 
+  const bool sigmoid = p.scoring == GateScoring::kSigmoidGrouped;
+  if (sigmoid) {
+    // Ranked by biased score (v); the weights are the unbiased scores, recomputed below.
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + i * kWarpSize;
+      if (e < p.num_experts) {
+        v[i] = Sigmoid(v[i]) + (p.correction_bias != nullptr ? p.correction_bias[e] : 0.0f);
+      }
+    }
+    if (p.top_k_groups < p.num_groups) {
+      DropWeakGroups(v, p, lane, threadIdx.x / kWarpSize);
+    }
+  }
+
   unsigned taken = 0;  // bit i: this lane's expert lane + 32 i is already selected
   float kept[kMaxGateTopK];
   int kept_id[kMaxGateTopK];
@@ -63,7 +125,7 @@ __global__ void __launch_bounds__(kThreads)
     if (best_id < p.num_experts && best_id % kWarpSize == lane) {
       taken |= 1u << (best_id / kWarpSize);
     }
-    kept[round] = best;
+    kept[round] = sigmoid && best_id < p.num_experts ? Sigmoid(row[best_id] / p.temperature) : best;
     kept_id[round] = best_id;
   }
 
@@ -111,8 +173,11 @@ cudaError_t LaunchScoreRoutingPrediction(const int32_t* predicted, const int32_t
 }
 
 bool ValidMoeGateParams(const MoeGateParams& p) {
+  const bool groups_ok = p.num_groups >= 1 && p.num_experts % p.num_groups == 0 &&
+                         p.top_k_groups >= 1 && p.top_k_groups <= p.num_groups;
   return p.num_experts > 0 && p.num_experts <= kMaxGateExperts && p.top_k > 0 &&
-         p.top_k <= kMaxGateTopK && p.top_k <= p.num_experts && p.temperature > 0.0f;
+         p.top_k <= kMaxGateTopK && p.top_k <= p.num_experts && p.temperature > 0.0f &&
+         (p.scoring != GateScoring::kSigmoidGrouped || groups_ok);
 }
 
 cudaError_t LaunchMoeGate(const float* logits, int64_t n, const MoeGateParams& params,
@@ -120,8 +185,12 @@ cudaError_t LaunchMoeGate(const float* logits, int64_t n, const MoeGateParams& p
   if (n < 0 || !ValidMoeGateParams(params)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const int64_t blocks = (n + kThreads / kWarpSize - 1) / (kThreads / kWarpSize);
-  return LaunchPdl(MoeGateKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
-                   logits, n, params, expert_ids, weights);
+  if (params.num_experts <= 8 * kWarpSize) {
+    return LaunchPdl(MoeGateKernel<8>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
+                     stream, logits, n, params, expert_ids, weights);
+  }
+  return LaunchPdl(MoeGateKernel<kMaxPerLane>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
+                   0, stream, logits, n, params, expert_ids, weights);
 }
 
 }  // namespace strata::gpu

@@ -10,9 +10,13 @@ namespace strata::gpu {
 enum class GateScoring : int {
   kSoftmaxThenTopK = 0,  // softmax over all experts, keep the top k (optionally renormalized)
   kTopKThenSoftmax = 1,  // keep the top k logits, softmax over those (gpt-oss)
+  // Sigmoid scores; the top k by score + correction_bias among the best top_k_groups groups
+  // (a group's merit: the sum of its two best biased scores), weighted by the unbiased scores,
+  // renormalized (+1e-20) when asked, times `scaling` (DeepSeek-V3, GLM-4.5).
+  kSigmoidGrouped = 2,
 };
 
-inline constexpr int kMaxGateExperts = 256;
+inline constexpr int kMaxGateExperts = 384;  // Kimi-K2's
 inline constexpr int kMaxGateTopK = 8;
 
 struct MoeGateParams {
@@ -20,7 +24,12 @@ struct MoeGateParams {
   int top_k = 0;             // <= kMaxGateTopK and <= num_experts
   float temperature = 1.0f;  // logits are divided by it first; > 0
   GateScoring scoring = GateScoring::kSoftmaxThenTopK;
-  bool renormalize = false;  // SoftmaxThenTopK only: kept weights sum to 1
+  bool renormalize = false;  // SoftmaxThenTopK, SigmoidGrouped: kept weights sum to 1
+  // kSigmoidGrouped only:
+  const float* correction_bias = nullptr;  // [num_experts], device, or null (zeros)
+  int num_groups = 1;                      // divides num_experts
+  int top_k_groups = 1;                    // <= num_groups
+  float scaling = 1.0f;                    // routed_scaling_factor
 };
 
 // The limits above, and a positive temperature.

@@ -8,7 +8,8 @@
 namespace strata::gpu {
 
 // kept[0, top_k): the selected scores (probabilities for kSoftmaxThenTopK, scaled logits for
-// kTopKThenSoftmax), best first; kept_id the experts. Writes ids[i], weights[i] for i < top_k.
+// kTopKThenSoftmax, unbiased sigmoid scores for kSigmoidGrouped), best first; kept_id the experts.
+// Writes ids[i], weights[i] for i < top_k.
 __device__ __forceinline__ void WriteGateSelection(float (&kept)[kMaxGateTopK],
                                                    const int (&kept_id)[kMaxGateTopK],
                                                    const MoeGateParams& p,
@@ -26,6 +27,16 @@ __device__ __forceinline__ void WriteGateSelection(float (&kept)[kMaxGateTopK],
     }
 #pragma unroll
     for (int i = 0; i < kMaxGateTopK; ++i) kept[i] /= sum;
+  } else if (p.scoring == GateScoring::kSigmoidGrouped) {
+    // routing.cc's order of operations, with its guard against a zero sum.
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxGateTopK; ++i) sum += i < p.top_k ? kept[i] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxGateTopK; ++i) {
+      if (p.renormalize) kept[i] /= sum + 1e-20f;
+      kept[i] *= p.scaling;
+    }
   } else if (p.renormalize) {
     float sum = 0.0f;
 #pragma unroll

@@ -15,6 +15,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarpSize;  // one gate row (expert) a warp
 constexpr int64_t kMaxTokens = 4;
 constexpr int64_t kMaxHidden = 4096;
+constexpr int kMaxExperts = 256;  // the fused gate's score array
 // A block's shared memory without opting in: 48 KB, the static arrays' share included.
 constexpr int64_t kStaticSharedBytes = 2048;  // checked against the arrays below
 constexpr int64_t kMaxDynamicSharedBytes = 48 * 1024 - kStaticSharedBytes;
@@ -25,7 +26,7 @@ int64_t DynamicSharedBytes(int64_t n, int64_t hidden) { return 2 * n * hidden * 
 // The fixed-size shared arrays of a block.
 struct GateShared {
   float scratch[kWarps];
-  float score[kMaxGateExperts];
+  float score[kMaxExperts];
   float kept[kMaxGateTopK];
   int kept_id[kMaxGateTopK];
   int32_t route_id[kMaxTokens * kMaxGateTopK];  // the selection, for the hand-off
@@ -230,7 +231,9 @@ cudaError_t LaunchForTokens(const AddNormGateArgs& a, const MoeGateParams& p, un
 
 bool AddNormGateFits(int64_t n, int64_t hidden, const MoeGateParams& params) {
   return n >= 1 && n <= kMaxTokens && hidden > 0 && hidden % 8 == 0 && hidden <= kMaxHidden &&
-         DynamicSharedBytes(n, hidden) <= kMaxDynamicSharedBytes && ValidMoeGateParams(params);
+         DynamicSharedBytes(n, hidden) <= kMaxDynamicSharedBytes && ValidMoeGateParams(params) &&
+         params.num_experts <= kMaxExperts &&
+         params.scoring != GateScoring::kSigmoidGrouped;  // LaunchMoeGate's alone
 }
 
 bool AddNormGateAccepts(const AddNormGateArgs& a, const MoeGateParams& p) {

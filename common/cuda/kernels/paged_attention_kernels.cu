@@ -941,9 +941,9 @@ cudaError_t LaunchPagedDecodeWithRope(const bf16* q, const bf16* k, const bf16* 
   if (!plan.cluster || !ValidParams(p) || kv.num_kv_heads != p.num_kv_heads ||
       kv.head_dim != p.head_dim || kv.block_size <= 0 || tokens.n < 0 || !ValidClusterPlan(plan) ||
       tokens.n * plan.num_splits > 0x7fffffff || rope.head_dim != p.head_dim ||
-      rope.num_heads != p.num_heads || rope.num_kv_heads != p.num_kv_heads ||
-      rope.inv_freq == nullptr || k == nullptr || v == nullptr ||
-      (plan.groups > 1 && workspace == nullptr) ||
+      (rope.rope_dim != 0 && rope.rope_dim != rope.head_dim) || rope.num_heads != p.num_heads ||
+      rope.num_kv_heads != p.num_kv_heads || rope.inv_freq == nullptr || k == nullptr ||
+      v == nullptr || (plan.groups > 1 && workspace == nullptr) ||
       reinterpret_cast<uintptr_t>(workspace) % 16 != 0 ||
       (kv.fp8 && (kv.k_scale == nullptr || kv.v_scale == nullptr)) ||
       reinterpret_cast<uintptr_t>(kv.data) % 16 != 0 ||

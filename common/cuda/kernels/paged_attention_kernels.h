@@ -83,7 +83,8 @@ cudaError_t LaunchPagedAttention(const bf16* q, const TokenBatch& tokens, const 
 // (plan.cluster) whose tokens all belong to different sequences: q [n, q_stride], k and v
 // [n, kv_stride] are the step's raw projections (unrotated); each token's key (normalized and
 // rotated) and value go into the cache at its position, and the output is as
-// LaunchPagedAttention's after those two launches. q and k are not modified.
+// LaunchPagedAttention's after those two launches. q and k are not modified. Full rotary only
+// (rope.rope_dim 0 or head_dim).
 cudaError_t LaunchPagedDecodeWithRope(const bf16* q, const bf16* k, const bf16* v,
                                       int64_t kv_stride, const TokenBatch& tokens,
                                       const PagedKvLayer& kv, const PagedAttentionParams& params,

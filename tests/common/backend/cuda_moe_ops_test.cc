@@ -16,6 +16,7 @@
 #include "absl/types/span.h"
 #include "common/backend/cpu/cpu_kernels.h"
 #include "common/backend/cuda/expert_repack.h"
+#include "common/backend/routing.h"
 #include "common/cuda/flag_poll_kernels.h"
 #include "common/cuda/kernels/expert_split_kernels.h"
 #include "common/cuda/kernels/fp8_quant.h"
@@ -165,6 +166,70 @@ TEST_F(CudaOpsTest, MoeGate) {
     RecordResult("moe gate ids (mismatches)", shape, static_cast<double>(mismatched), 0.0);
     EXPECT_EQ(mismatched, 0) << shape;
     ExpectClose("moe gate weights", shape, got_w, want_w, 1e-5);
+  }
+}
+
+// DeepSeek-V3 / GLM-4.5 routing against the CPU backend's SelectExperts (routing.h).
+TEST_F(CudaOpsTest, MoeGateSigmoidGroupedMatchesSelectExperts) {
+  struct Case {
+    int64_t n;
+    int experts, top_k, groups, top_k_groups;
+    bool renormalize, bias;
+    float scaling, temperature;
+  };
+  const Case cases[] = {
+      {5, 16, 4, 4, 2, true, true, 2.5f, 1.0f},    // the glm4_moe oracle's shape
+      {9, 256, 8, 8, 4, true, true, 2.5f, 1.0f},   // DeepSeek-V3's
+      {3, 160, 8, 1, 1, true, true, 2.5f, 0.7f},   // GLM-4.5's (no group limit)
+      {7, 64, 6, 8, 3, false, false, 1.0f, 1.0f},  // unnormalized, no bias
+      {33, 128, 8, 1, 1, true, true, 1.0f, 1.3f},  // GLM-4.5-Air's
+  };
+  for (const Case& c : cases) {
+    ModelConfig config;
+    config.num_experts = c.experts;
+    config.top_k = c.top_k;
+    config.gate_scoring = GateScoring::kSigmoidGrouped;
+    config.num_expert_groups = c.groups;
+    config.top_k_groups = c.top_k_groups;
+    config.norm_topk_prob = c.renormalize;
+    config.routed_scaling_factor = c.scaling;
+    const std::vector<float> logits = RandomFloats(c.n * c.experts, 3.0f);
+    // Biases of the size of the scores' spread, so they change the choice.
+    const std::vector<float> bias = c.bias ? RandomFloats(c.experts, 0.3f) : std::vector<float>();
+    const int64_t slots = c.n * c.top_k;
+    std::vector<int32_t> ref_ids(slots);
+    std::vector<float> ref_w(slots);
+    for (int64_t t = 0; t < c.n; ++t) {
+      std::vector<float> row(logits.begin() + t * c.experts, logits.begin() + (t + 1) * c.experts);
+      SelectExperts(config, row.data(), c.temperature, c.bias ? bias.data() : nullptr,
+                    ref_ids.data() + t * c.top_k, ref_w.data() + t * c.top_k);
+    }
+    const float* d_logits = Put(logits);
+    const float* d_bias = c.bias ? Put(bias) : nullptr;
+    int32_t* d_ids = Poisoned<int32_t>(slots);
+    float* d_w = Poisoned<float>(slots);
+    ASSERT_FALSE(HasFailure());
+    gpu::MoeGateParams params{.num_experts = c.experts,
+                              .top_k = c.top_k,
+                              .temperature = c.temperature,
+                              .scoring = gpu::GateScoring::kSigmoidGrouped,
+                              .renormalize = c.renormalize};
+    params.correction_bias = d_bias;
+    params.num_groups = c.groups;
+    params.top_k_groups = c.top_k_groups;
+    params.scaling = c.scaling;
+    LAUNCH_OK(gpu::LaunchMoeGate(d_logits, c.n, params, d_ids, d_w, stream()));
+    const std::vector<int32_t> ids = Get(d_ids, slots);
+    const std::vector<float> w = Get(d_w, slots);
+    const std::string shape = absl::StrCat("n=", c.n, " E=", c.experts, " k=", c.top_k, " groups ",
+                                           c.top_k_groups, "/", c.groups, " T=", c.temperature);
+    // Random float logits leave no near-ties among sigmoid scores at this size: ids exact.
+    int64_t mismatched = 0;
+    for (int64_t s = 0; s < slots; ++s) mismatched += ids[s] != ref_ids[s];
+    RecordResult("sigmoid grouped gate ids (mismatches)", shape, static_cast<double>(mismatched),
+                 0.0);
+    EXPECT_EQ(mismatched, 0) << shape;
+    ExpectClose("sigmoid grouped gate weights", shape, w, ref_w, 1e-5);
   }
 }
 

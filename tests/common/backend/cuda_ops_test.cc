@@ -127,13 +127,20 @@ struct RopeCase {
   int64_t n;
   int heads, kv_heads, head_dim;
   bool qk_norm, yarn, fused_qkv;
+  int rope_dim = 0;  // partial rotary (GLM-4.5); 0: the whole head
 };
 
 TEST_F(CudaOpsTest, QkNormRope) {
   const RopeCase cases[] = {
-      {3, 4, 2, 64, true, false, false},   {17, 8, 2, 128, false, true, true},
-      {1, 32, 4, 128, true, false, true},  {17, 8, 8, 64, true, true, false},
+      {3, 4, 2, 64, true, false, false},
+      {17, 8, 2, 128, false, true, true},
+      {1, 32, 4, 128, true, false, true},
+      {17, 8, 8, 64, true, true, false},
       {3, 4, 1, 256, false, false, false},
+      // GLM-4.5's half-rotated heads, and the glm4_moe oracle's (a pair of 8 inside one lane).
+      {17, 12, 2, 128, true, false, false, 64},
+      {5, 4, 2, 32, true, false, true, 16},
+      {3, 4, 2, 64, false, true, false, 48},
   };
   const float eps = 1e-6f;
   for (const RopeCase& c : cases) {
@@ -147,7 +154,8 @@ TEST_F(CudaOpsTest, QkNormRope) {
     } else {
       rope.theta = 1000000.0;
     }
-    const RopeTable table = BuildRopeTable(rope, c.head_dim);
+    const int rope_dim = c.rope_dim > 0 ? c.rope_dim : c.head_dim;
+    const RopeTable table = BuildRopeTable(rope, rope_dim);
     const int64_t d = c.head_dim;
     const int64_t q_dim = c.heads * d, kv_dim = c.kv_heads * d;
     // Fused: one [n, q | k | v] buffer, as a fused qkv projection writes it.
@@ -175,7 +183,7 @@ TEST_F(CudaOpsTest, QkNormRope) {
           x[i] = is_q ? q_at(t, h * d + i) : k_at(t, (h - c.heads) * d + i);
         }
         if (c.qk_norm) cpu::RmsNorm(x, HostVector(is_q ? q_norm : k_norm), d, eps, x);
-        ApplyRope(table, pos[t], x, c.head_dim);
+        ApplyRope(table, pos[t], x, rope_dim);
       }
     }
 
@@ -189,6 +197,7 @@ TEST_F(CudaOpsTest, QkNormRope) {
     gpu::QkRopeParams params{.num_heads = c.heads,
                              .num_kv_heads = c.kv_heads,
                              .head_dim = c.head_dim,
+                             .rope_dim = c.rope_dim,
                              .q_stride = q_stride,
                              .k_stride = k_stride,
                              .inv_freq = d_freq,
@@ -215,7 +224,8 @@ TEST_F(CudaOpsTest, QkNormRope) {
     }
     const std::string shape =
         absl::StrCat("n=", c.n, " h=", c.heads, "/", c.kv_heads, " d=", d, c.qk_norm ? " norm" : "",
-                     c.yarn ? " yarn" : "", c.fused_qkv ? " fused" : "");
+                     c.yarn ? " yarn" : "", c.fused_qkv ? " fused" : "",
+                     c.rope_dim > 0 ? absl::StrCat(" rope ", c.rope_dim) : "");
     ExpectClose("qk norm+rope q", shape, out_q, ref_q, 1e-2);
     ExpectClose("qk norm+rope k", shape, out_k, ref_k, 1e-2);
     if (c.fused_qkv) ExpectClose("qk norm+rope v untouched", shape, v_got, v_ref, 0.0);
