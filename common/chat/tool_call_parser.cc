@@ -182,6 +182,63 @@ std::string ForcedCallPrefix(ToolCallFormat format, const std::optional<std::str
                       ", \"arguments\": ");
 }
 
+namespace {
+
+// Ordered: a schema's properties keep the order the client wrote them in.
+using Json = nlohmann::ordered_json;
+
+Json Literal(std::string value) { return {{"type", "const_string"}, {"value", std::move(value)}}; }
+
+// One function's call after `lead`: the arguments for its schema, then the block's end.
+Json CallAfter(std::string lead, const Json& function) {
+  Json schema = function.contains("parameters") && function["parameters"].is_object()
+                    ? function["parameters"]
+                    : Json{{"type", "object"}};
+  Json elements = Json::array();
+  if (!lead.empty()) elements.push_back(Literal(std::move(lead)));
+  // At most one whitespace character where JSON allows any: a model free to put any amount
+  // there can spend its whole budget on spaces (as response_format's schemas allow none).
+  elements.push_back(
+      {{"type", "json_schema"}, {"json_schema", std::move(schema)}, {"max_whitespace_cnt", 1}});
+  elements.push_back(Literal(absl::StrCat("}\n", kClose)));
+  return {{"type", "sequence"}, {"elements", std::move(elements)}};
+}
+
+std::string NameField(const std::string& name) {
+  return absl::StrCat("{\"name\": ", jinja::ToJson(jinja::Value(name), 0), ", \"arguments\": ");
+}
+
+}  // namespace
+
+std::optional<std::string> ForcedCallGrammar(ToolCallFormat format, const Json& tools,
+                                             const std::optional<std::string>& function,
+                                             bool parallel) {
+  if (format != ToolCallFormat::kHermes) return std::nullopt;
+  Json any_call = {{"type", "or"}, {"elements", Json::array()}};
+  for (const Json& tool : tools) {
+    const Json& f = tool["function"];
+    const std::string name = f.value("name", "");
+    if (function.has_value()) {
+      // The prefix wrote the name: the arguments come next.
+      if (name == *function) {
+        return Json{{"type", "structural_tag"}, {"format", CallAfter("", f)}}.dump();
+      }
+      continue;
+    }
+    any_call["elements"].push_back(CallAfter(NameField(name), f));
+  }
+  if (function.has_value() || any_call["elements"].empty()) return std::nullopt;
+  Json grammar = any_call["elements"].size() == 1 ? any_call["elements"][0] : any_call;
+  if (parallel) {
+    // The prefix opened the first block; later ones open themselves.
+    Json more = {{"type", "sequence"},
+                 {"elements", {Literal(absl::StrCat("\n", kOpen, "\n")), grammar}}};
+    grammar = {{"type", "sequence"},
+               {"elements", {grammar, {{"type", "star"}, {"content", std::move(more)}}}}};
+  }
+  return Json{{"type", "structural_tag"}, {"format", std::move(grammar)}}.dump();
+}
+
 std::vector<ReplyPiece> ParseToolCalls(ToolCallFormat format, absl::string_view reply) {
   std::unique_ptr<ToolCallParser> parser = NewToolCallParser(format);
   if (parser == nullptr) return {{std::string(reply), std::nullopt}};

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/chat/chat_template.h"
+#include "nlohmann/json.hpp"
 
 namespace strata {
 
@@ -60,6 +61,16 @@ std::unique_ptr<ToolCallParser> NewToolCallParser(ToolCallFormat format);
 // What the assistant's turn starts with so that its reply is a call: of `function` when given,
 // of any function otherwise. Feed it to the parser before the reply.
 std::string ForcedCallPrefix(ToolCallFormat format, const std::optional<std::string>& function);
+
+// The structural tag (xgrammar's JSON, ResponseFormat::StructuralTag) that holds a reply begun
+// with ForcedCallPrefix to whole calls: the arguments valid for the function's `parameters`
+// schema (any object when it has none), the block closed, nothing after it; with no `function`
+// any of `tools` (the OpenAI request's list) and, when `parallel`, more whole blocks after the
+// first. Null for kNone.
+std::optional<std::string> ForcedCallGrammar(ToolCallFormat format,
+                                             const nlohmann::ordered_json& tools,
+                                             const std::optional<std::string>& function,
+                                             bool parallel);
 
 // The whole reply at once.
 std::vector<ReplyPiece> ParseToolCalls(ToolCallFormat format, absl::string_view reply);

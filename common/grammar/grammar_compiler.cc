@@ -39,6 +39,9 @@ std::string GrammarCacheKey(const ResponseFormat& format) {
     case ResponseFormat::Type::kRegex:
       key += format.regex;
       break;
+    case ResponseFormat::Type::kStructuralTag:
+      key += format.structural_tag;
+      break;
     case ResponseFormat::Type::kChoice:
       // Each choice with its length first: no two lists share a key.
       for (const std::string& choice : format.choices)

@@ -124,6 +124,9 @@ class XgrammarCompiler : public GrammarCompiler {
           grammar = compiler_.CompileGrammar(ebnf);
           break;
         }
+        case ResponseFormat::Type::kStructuralTag:
+          grammar = compiler_.CompileStructuralTag(format.structural_tag);
+          break;
         case ResponseFormat::Type::kText:
           return absl::InvalidArgumentError("a text response format has no grammar");
       }

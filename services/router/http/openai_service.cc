@@ -266,6 +266,22 @@ std::string OpenAiService::ForcedPrefix(const OpenAiRequest& r) const {
                                             : std::nullopt);
 }
 
+std::optional<ResponseFormat> OpenAiService::ForcedCallFormat(const OpenAiRequest& r) const {
+  // Without a grammar engine a forced call is only started (ForcedPrefix), not held to its
+  // schema.
+  if (options_.grammar == nullptr || !r.tools.offered() ||
+      (r.tools.choice != ToolChoice::kRequired && r.tools.choice != ToolChoice::kFunction)) {
+    return std::nullopt;
+  }
+  std::optional<std::string> tag = ForcedCallGrammar(
+      tool_format_, r.tools.tools,
+      r.tools.choice == ToolChoice::kFunction ? std::optional<std::string>(r.tools.function)
+                                              : std::nullopt,
+      r.tools.parallel);
+  if (!tag.has_value()) return std::nullopt;
+  return ResponseFormat::StructuralTag(*std::move(tag));
+}
+
 absl::Status OpenAiService::CheckModel(absl::string_view model) const {
   if (model == options_.model_name) return absl::OkStatus();
   return ModelNotFound(model, options_.model_name);
@@ -299,13 +315,25 @@ absl::StatusOr<RequestSpec> OpenAiService::ToSpec(const OpenAiRequest& r) const 
                    NormalizeSampling(r.sampling, config_.vocab_size, kOpenAiTemperature));
   spec.stop = r.stop;
   spec.ignore_eos = r.ignore_eos;
-  if (r.format.format.constrained()) {
+  ResponseFormat format = r.format.format;
+  std::string format_param = r.format.param;
+  if (std::optional<ResponseFormat> calls = ForcedCallFormat(r)) {
+    if (format.constrained()) {
+      return BadParam(format_param,
+                      absl::StrCat("'", format_param,
+                                   "' cannot be combined with a tool_choice that forces a call "
+                                   "(the call's arguments follow the function's parameters)"));
+    }
+    format = *std::move(calls);
+    format_param = "tools";
+  }
+  if (format.constrained()) {
     if (options_.grammar == nullptr) {
-      return BadParam(r.format.param, "structured output is not available on this server");
+      return BadParam(format_param, "structured output is not available on this server");
     }
     absl::StatusOr<std::shared_ptr<const CompiledConstraint>> grammar =
-        options_.grammar->Compile(r.format.format);
-    if (!grammar.ok()) return BadParam(r.format.param, grammar.status().message());
+        options_.grammar->Compile(format);
+    if (!grammar.ok()) return BadParam(format_param, grammar.status().message());
     spec.constraint = *std::move(grammar);
   }
   spec.logprobs = r.logprobs;

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "common/chat/chat_template.h"
-#include "common/grammar/grammar_compiler.h"
 #include "common/chat/tool_call_parser.h"
+#include "common/grammar/grammar_compiler.h"
 #include "common/model/model_config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/http/http_server.h"
@@ -65,6 +65,9 @@ class OpenAiService {
   // What the assistant's turn starts with when the request's tool_choice asks for a call:
   // "required" or a named function make the reply begin as a call (ForcedCallPrefix).
   std::string ForcedPrefix(const OpenAiRequest& request) const;
+  // A forced call (tool_choice "required" or a named function) held to whole calls whose
+  // arguments follow the function's schema, when the server has a grammar engine.
+  std::optional<ResponseFormat> ForcedCallFormat(const OpenAiRequest& request) const;
   // Whether a chat's text is encoded with the tokenizer's special tokens: only in the plain
   // format, as a template writes its own (as apply_chat_template assumes).
   bool ChatAddsSpecialTokens() const { return !chat_template_.has_template(); }

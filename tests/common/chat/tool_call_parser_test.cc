@@ -135,6 +135,38 @@ TEST(ToolCallParserTest, ForcedPrefixStartsTheCall) {
   EXPECT_EQ(ForcedCallPrefix(ToolCallFormat::kNone, std::nullopt), "");
 }
 
+TEST(ToolCallParserTest, ForcedCallGrammarHoldsTheCallToItsSchema) {
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(R"([
+    {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+     "properties": {"x": {"type": "integer"}}}}},
+    {"type": "function", "function": {"name": "g"}}])");
+  EXPECT_FALSE(ForcedCallGrammar(ToolCallFormat::kNone, tools, std::nullopt, true).has_value());
+  EXPECT_FALSE(ForcedCallGrammar(ToolCallFormat::kHermes, tools, "h", false).has_value());
+  // Named: the prefix wrote the name; the arguments for f's schema, then the block's end.
+  const auto named =
+      nlohmann::json::parse(*ForcedCallGrammar(ToolCallFormat::kHermes, tools, "f", true));
+  EXPECT_EQ(named["type"], "structural_tag");
+  const auto& seq = named["format"]["elements"];
+  ASSERT_EQ(seq.size(), 2u);
+  EXPECT_EQ(seq[0]["json_schema"]["properties"]["x"]["type"], "integer");
+  EXPECT_EQ(seq[0]["max_whitespace_cnt"], 1);
+  EXPECT_EQ(seq[1]["value"], "}\n</tool_call>");
+  // Required, one call: either function, its name written first; g takes any object.
+  const auto one = nlohmann::json::parse(
+      *ForcedCallGrammar(ToolCallFormat::kHermes, tools, std::nullopt, false));
+  ASSERT_EQ(one["format"]["type"], "or");
+  const auto& g = one["format"]["elements"][1]["elements"];
+  EXPECT_EQ(g[0]["value"], "{\"name\": \"g\", \"arguments\": ");
+  EXPECT_EQ(g[1]["json_schema"], nlohmann::json({{"type", "object"}}));
+  // Parallel: later blocks open themselves.
+  const auto many =
+      nlohmann::json::parse(*ForcedCallGrammar(ToolCallFormat::kHermes, tools, std::nullopt, true));
+  ASSERT_EQ(many["format"]["type"], "sequence");
+  const auto& more = many["format"]["elements"][1];
+  EXPECT_EQ(more["type"], "star");
+  EXPECT_EQ(more["content"]["elements"][0]["value"], "\n<tool_call>\n");
+}
+
 // Every way of cutting the replies in two and three pieces gives what the whole reply gives.
 TEST(ToolCallParserTest, ChunksSplitAnywhere) {
   const std::vector<std::string> replies = {

@@ -245,6 +245,53 @@ TEST_F(StructuredOutputTest, GrpcGenerateTakesAResponseFormat) {
       << status.error_message();
 }
 
+// tool_choice "required" or a named function: sampled replies are whole calls whose arguments
+// validate against the function's parameters, however little the demo model knows of tools.
+TEST_F(StructuredOutputTest, ForcedToolCallsFollowTheParameters) {
+  const Json weather = Json::parse(kSchemas[0]);
+  const Json pick = Json::parse(kSchemas[1]);
+  const Json tools = {
+      {{"type", "function"}, {"function", {{"name", "get_person"}, {"parameters", weather}}}},
+      {{"type", "function"}, {"function", {{"name", "pick_color"}, {"parameters", pick}}}}};
+  const Json named = {{"type", "function"}, {"function", {{"name", "pick_color"}}}};
+  int calls = 0, replies = 0;
+  for (int seed = 0; seed < 12; ++seed) {
+    const bool required = seed % 2 == 0;
+    Json body = {{"messages", {{{"role", "user"}, {"content", "Use a tool."}}}},
+                 {"tools", tools},
+                 {"tool_choice", required ? Json("required") : named},
+                 {"parallel_tool_calls", seed % 4 == 0},
+                 {"temperature", 1.0},
+                 {"seed", seed},
+                 {"max_tokens", kMaxTokens}};
+    const ::strata::testing::HttpReply reply = Post("/v1/chat/completions", body);
+    ASSERT_EQ(reply.status, 200) << reply.body;
+    const Json choice = Json::parse(reply.body)["choices"][0];
+    ++replies;
+    ASSERT_EQ(choice["finish_reason"], "tool_calls") << reply.body;
+    const Json& made = choice["message"]["tool_calls"];
+    ASSERT_GE(made.size(), 1u) << reply.body;
+    for (const Json& call : made) {
+      const std::string name = call["function"]["name"];
+      if (!required) EXPECT_EQ(name, "pick_color");
+      ASSERT_TRUE(name == "get_person" || name == "pick_color") << name;
+      const Json arguments = Json::parse(call["function"]["arguments"].get<std::string>());
+      EXPECT_EQ(SchemaViolation(name == "get_person" ? weather : pick, arguments), "")
+          << arguments.dump();
+      ++calls;
+    }
+  }
+  std::printf("forced tool calls: %d calls in %d replies, every one valid\n", calls, replies);
+  // A response format beside a forced call is refused, naming it.
+  const ::strata::testing::HttpReply both =
+      Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                    {"tools", tools},
+                                    {"tool_choice", "required"},
+                                    {"response_format", {{"type", "json_object"}}}});
+  ASSERT_EQ(both.status, 400) << both.body;
+  EXPECT_EQ(Json::parse(both.body)["error"]["param"], "response_format");
+}
+
 TEST_F(StructuredOutputTest, BadFormatsAreRefusedByName) {
   auto schema_format = [](Json schema) {
     return Json{{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}}}};
