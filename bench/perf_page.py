@@ -48,6 +48,8 @@ def config(name, r):
             words.append('picked on the device, steps launched ahead')
         if '-device-sampling-radix-' in name:
             words.append('one block a row, radix passes (0fefb73)')
+        if '-device-sampling-cut-' in name:
+            words.append('a row\'s cut on a cluster of 8 blocks (row_cut.cuh)')
     elif 'zipf1' in name:
         words.append('greedy')
     if 'prefix-cache-' in name:
@@ -184,10 +186,13 @@ lines += ['',
           'greedy at batch 1 (225.0 against 348.7) and 83% with 8 requests (105.2 against 127.3). This',
           'random model\'s rows are nearly flat, so a top_p 0.9 nucleus holds most of the vocabulary,',
           'and one block a row took about 1.6 ms more a step than greedy (its radix passes on one SM,',
-          'all threads adding into one histogram: the likely cause, not profiled). Its successor finds',
-          'a row\'s cut on a cluster of 8 blocks (a band of',
-          'ranked tokens for peaked rows, radix passes with per-group histograms for flat ones) and',
-          'draws over the row on many blocks; it is not measured on a GPU yet.',
+          'all threads adding into one histogram). Its successor ("cut" rows, build ef7ff0f\'s kernels,',
+          'H100) finds a row\'s cut on a cluster of 8 blocks (a band of ranked tokens for peaked rows,',
+          'radix passes whose per-group histograms meet in block 0 for flat ones) and draws over the',
+          'row on many blocks: T 0.7 / top_p 0.9 at 94% of greedy at batch 1 (326.9 against 348.2',
+          'tok/s), 94% with repetition_penalty 1.1, 95% with top_k 50, T 1 alone at 99.8%; with 8',
+          'requests 97% (120.5 against 124.6) and 97% with the penalty. Greedy is where it was (348.7',
+          'on fe4dcbe).',
           '']
 # Records whose median TTFT includes a prefix-cache hit (bench/profiles/prefill-h100/README.md):
 # their other request (P95 of two) is the whole prefill.
