@@ -8,9 +8,30 @@
 #include "absl/strings/str_join.h"
 
 namespace strata {
+namespace {
+
+// The kernels and uploads read one float32 scale per output row; block scales would be applied
+// to the wrong elements, so such weights are refused rather than computed wrong.
+std::string BlockScaledFp8(const ModelConfig& c) {
+  return absl::StrCat("block-scaled FP8 weights (quantization_config weight_block_size [",
+                      c.fp8_block_rows, ", ", c.fp8_block_cols,
+                      "]: each matrix's weight_scale_inv holds a scale per block; it takes "
+                      "per-row FP8 scales only)");
+}
+
+}  // namespace
+
+absl::Status CudaExpertsSupport(const ModelConfig& c) {
+  if (!c.fp8_block_scaled()) return absl::OkStatus();
+  return absl::UnimplementedError(
+      absl::StrCat("the CUDA expert backend cannot load ", BlockScaledFp8(c),
+                   ". Use --device cpu, or strata quantize a 16-bit checkpoint with "
+                   "--fp8-scaling channel"));
+}
 
 absl::Status CudaRouterSupports(const ModelConfig& c) {
   std::vector<std::string> missing;
+  if (c.fp8_block_scaled()) missing.push_back(BlockScaledFp8(c));
   // The latent attention (mla) applies DeepSeek's interleaved RoPE and scaled softmax itself;
   // the standard attention kernels do neither.
   if (c.rope_interleave && !c.mla()) missing.push_back("interleaved RoPE");

@@ -13,6 +13,10 @@ namespace strata {
 // than producing wrong tokens.
 absl::Status CudaRouterSupports(const ModelConfig& config);
 
+// OK when the CUDA expert backends (resident, tiered) can load `config`'s expert weights; else
+// UnimplementedError saying what they lack (block-scaled FP8: they take per-row scales only).
+absl::Status CudaExpertsSupport(const ModelConfig& config);
+
 }  // namespace strata
 
 #endif  // STRATA_COMMON_BACKEND_CUDA_MODEL_SUPPORT_H_

@@ -109,6 +109,50 @@ absl::Status ParseRotaryDim(const ConfigReader& config, absl::string_view file_n
   return absl::OkStatus();
 }
 
+// quantization_config with quant_method "fp8" (DeepSeek-V3's, transformers' fine-grained FP8):
+// E4M3 weights scaled per weight_block_size block. Other methods (compressed-tensors' per-row
+// scales) describe nothing the binder needs and are left to it.
+absl::Status ParseQuantization(const ConfigReader& config, absl::string_view file_name,
+                               ModelConfig& model) {
+  const Json* quantization = config.Find("quantization_config");
+  if (quantization == nullptr) return absl::OkStatus();
+  if (!quantization->is_object()) return config.Error("quantization_config", "must be an object");
+  const ConfigReader q(*quantization, file_name);
+  if (!q.Has("quant_method")) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::string method, q.String("quant_method"));
+  if (method != "fp8") return absl::OkStatus();
+  auto error = [&](absl::string_view key, absl::string_view what) {
+    return config.Error(absl::StrCat("quantization_config.", key), what);
+  };
+  if (q.Has("fmt")) {
+    ASSIGN_OR_RETURN(std::string fmt, q.String("fmt"));
+    if (fmt != "e4m3") return error("fmt", absl::StrCat("\"", fmt, "\" is not supported (e4m3)"));
+  }
+  if (q.Has("activation_scheme")) {
+    // Activations stay float32 on the CPU (bf16 on a GPU) either way; static schemes come with
+    // input scales this loader does not read.
+    ASSIGN_OR_RETURN(std::string scheme, q.String("activation_scheme"));
+    if (scheme != "dynamic") {
+      return error("activation_scheme",
+                   absl::StrCat("\"", scheme, "\" is not supported (dynamic)"));
+    }
+  }
+  const Json* block = q.Find("weight_block_size");
+  if (block == nullptr) {
+    return error("weight_block_size",
+                 "is missing: fp8 weights are supported with block scales (e.g. [128, 128])");
+  }
+  if (!block->is_array() || block->size() != 2 || !(*block)[0].is_number_integer() ||
+      !(*block)[1].is_number_integer() || (*block)[0].get<int64_t>() < 1 ||
+      (*block)[1].get<int64_t>() < 1 || (*block)[0].get<int64_t>() > kMaxHidden ||
+      (*block)[1].get<int64_t>() > kMaxHidden) {
+    return error("weight_block_size", "must be two positive integers, [rows, columns]");
+  }
+  model.fp8_block_rows = static_cast<int>((*block)[0].get<int64_t>());
+  model.fp8_block_cols = static_cast<int>((*block)[1].get<int64_t>());
+  return absl::OkStatus();
+}
+
 // Layers that run a dense MLP instead of experts (Qwen2-MoE and Qwen3-MoE rule).
 absl::Status ParseSparseLayers(const ConfigReader& config, ModelConfig& model) {
   ASSIGN_OR_RETURN(int64_t step, config.Int("decoder_sparse_step", 1, 1, kMaxLayers));
@@ -361,6 +405,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
     return config.Error(top_k_key, "exceeds the experts of the topk_group groups kept");
   }
   RETURN_IF_ERROR(ParseSlidingWindow(config, model));
+  RETURN_IF_ERROR(ParseQuantization(config, file_name, model));
   return model;
 }
 

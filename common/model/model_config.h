@@ -106,11 +106,18 @@ struct ModelConfig {
   int64_t shared_expert_intermediate_size = 0;  // 0: no shared expert
   bool shared_expert_gate = false;  // a sigmoid gate scales the shared expert (Qwen2-MoE)
 
+  // Block-scaled FP8 weights (quantization_config quant_method "fp8", DeepSeek's layout): an FP8
+  // matrix's `weight_scale_inv` holds one scale per block of fp8_block_rows x fp8_block_cols
+  // elements (weight_block_size). 0: no such config, FP8 matrices need per-row scales.
+  int fp8_block_rows = 0;
+  int fp8_block_cols = 0;
+
   bool tie_word_embeddings = false;
   std::vector<int> eos_token_ids;
 
   int RopeDim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
   bool mla() const { return kv_lora_rank > 0; }
+  bool fp8_block_scaled() const { return fp8_block_rows > 0; }
   // The width of one KV-cache row per kv head: the latent and k_pe under MLA, else a head.
   int KvHeadDim() const { return mla() ? kv_lora_rank + RopeDim() : head_dim; }
   // Whether values live in the key rows (MLA: the latent is both), so the cache keeps no

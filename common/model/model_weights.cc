@@ -10,17 +10,23 @@ namespace {
 class Binder {
  public:
   // 16-bit row scales are converted into `converted` (a ModelWeights' storage).
-  Binder(const Checkpoint& checkpoint, std::vector<std::unique_ptr<float[]>>* converted)
-      : checkpoint_(checkpoint), converted_(converted) {}
+  Binder(const ModelConfig& config, const Checkpoint& checkpoint,
+         std::vector<std::unique_ptr<float[]>>* converted)
+      : config_(config), checkpoint_(checkpoint), converted_(converted) {}
 
-  // A row-major [out, in] matrix, as nn.Linear stores it. FP8 E4M3 weights need their
-  // per-row float32 scales next to them, as `<name>_scale` of shape [out, 1] or [out] (the
-  // per-channel layout of compressed-tensors checkpoints).
+  // A row-major [out, in] matrix, as nn.Linear stores it. FP8 E4M3 weights need their scales
+  // next to them: per row as `<name>_scale` of shape [out, 1] or [out] (the per-channel layout
+  // of compressed-tensors checkpoints), or per block as `<name>_scale_inv` (DeepSeek's layout,
+  // with the block size in config.json).
   absl::StatusOr<WeightMatrix> Linear(const std::string& name, int64_t out, int64_t in) const {
     ASSIGN_OR_RETURN(TensorRef t, checkpoint_.Get(name, {out, in}));
     WeightMatrix m{t.data, t.dtype, out, in, /*out_stride=*/in, /*in_stride=*/1};
     if (t.dtype == DType::kF8E4M3) {
-      ASSIGN_OR_RETURN(m.scale, RowScales(name, out));
+      if (!checkpoint_.Has(name + "_scale") && checkpoint_.Has(name + "_scale_inv")) {
+        ASSIGN_OR_RETURN(m.blocks, BlockScales(name, t, out, in));
+      } else {
+        ASSIGN_OR_RETURN(m.scale, RowScales(name, out));
+      }
     }
     return m;
   }
@@ -44,13 +50,40 @@ class Binder {
   }
 
  private:
+  // Float32 [ceil(out / block rows), ceil(in / block cols)], as DeepSeek stores them; taken as
+  // they are (no requantization).
+  absl::StatusOr<Fp8BlockScales> BlockScales(const std::string& name, const TensorRef& weight,
+                                             int64_t out, int64_t in) const {
+    const std::string scale_name = name + "_scale_inv";
+    if (!config_.fp8_block_scaled()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          scale_name,
+          ": block-scaled FP8 needs the block size, quantization_config "
+          "{\"quant_method\": \"fp8\", \"weight_block_size\": [rows, cols]} in config.json"));
+    }
+    Fp8BlockScales b;
+    b.origin = static_cast<const uint8_t*>(weight.data);
+    b.rows = out;
+    b.cols = in;
+    b.block_rows = config_.fp8_block_rows;
+    b.block_cols = config_.fp8_block_cols;
+    absl::StatusOr<TensorRef> s = checkpoint_.Get(scale_name, {b.grid_rows(), b.grid_cols()});
+    if (!s.ok()) {
+      return absl::Status(
+          s.status().code(),
+          absl::StrCat(scale_name, " must hold one scale per ", b.block_rows, "x", b.block_cols,
+                       " block of ", name, " [", out, ", ", in, "]: ", s.status().message()));
+    }
+    if (s->dtype != DType::kF32) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(scale_name, ": block scales must be F32, not ", DTypeName(s->dtype)));
+    }
+    b.data = static_cast<const float*>(s->data);
+    return b;
+  }
+
   absl::StatusOr<const float*> RowScales(const std::string& name, int64_t out) const {
     const std::string scale_name = name + "_scale";
-    if (!checkpoint_.Has(scale_name) && checkpoint_.Has(name + "_scale_inv")) {
-      return absl::UnimplementedError(absl::StrCat(name, " has block-wise FP8 scales (", name,
-                                                   "_scale_inv); only per-row scales (", scale_name,
-                                                   ", [out] or [out, 1]) are supported"));
-    }
     absl::StatusOr<TensorRef> s = checkpoint_.Get(scale_name, {out, 1});
     if (!s.ok() && checkpoint_.Has(scale_name)) s = checkpoint_.Get(scale_name, {out});
     if (!s.ok()) {
@@ -70,6 +103,7 @@ class Binder {
     return converted_->back().get();
   }
 
+  const ModelConfig& config_;
   const Checkpoint& checkpoint_;
   std::vector<std::unique_ptr<float[]>>* converted_;
 };
@@ -134,9 +168,10 @@ absl::StatusOr<AttentionWeights> BindLatentAttention(const Binder& b, const std:
   ASSIGN_OR_RETURN(a.kv_b, b.Linear(prefix + "kv_b_proj.weight",
                                     heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank));
   // Attention reads kv_b_proj transposed (queries into latent space); per-row FP8 scales do
-  // not follow a transpose.
+  // not follow a transpose, block scales do (DeepSeek ships kv_b_proj so).
   if (a.kv_b.scale != nullptr) {
-    return absl::UnimplementedError(absl::StrCat(prefix, "kv_b_proj.weight: FP8 is not supported"));
+    return absl::UnimplementedError(absl::StrCat(
+        prefix, "kv_b_proj.weight: FP8 with per-row scales is not supported (block scales are)"));
   }
   ASSIGN_OR_RETURN(a.o, b.Linear(prefix + "o_proj.weight", h, heads * c.v_head_dim));
   return a;
@@ -230,7 +265,7 @@ absl::Status BindMoe(const Binder& b, const std::string& layer_prefix, const Mod
 
 absl::StatusOr<ModelWeights> BindModelWeights(const ModelConfig& c, const Checkpoint& checkpoint) {
   ModelWeights w;
-  const Binder b(checkpoint, &w.converted_scales);
+  const Binder b(c, checkpoint, &w.converted_scales);
   const int64_t h = c.hidden_size;
   ASSIGN_OR_RETURN(w.embedding, b.Linear("model.embed_tokens.weight", c.vocab_size, h));
   if (c.tie_word_embeddings) {

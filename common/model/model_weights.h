@@ -15,10 +15,37 @@
 
 namespace strata {
 
+// DeepSeek's block-scaled FP8 layout: one float32 scale (`weight_scale_inv`) per block of
+// block_rows x block_cols elements of the stored [rows, cols] row-major FP8 tensor, themselves
+// row-major [ceil(rows / block_rows), ceil(cols / block_cols)]; the last block of a row or
+// column is partial when rows or cols is not a multiple. A scale is found from the element's
+// place in the stored tensor (`origin` is its element (0, 0)), so views into the tensor (a
+// slice of rows, a transpose) keep their scales without being told.
+struct Fp8BlockScales {
+  const float* data = nullptr;
+  const uint8_t* origin = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t block_rows = 0;
+  int64_t block_cols = 0;
+
+  bool present() const { return data != nullptr; }
+  int64_t grid_rows() const { return (rows + block_rows - 1) / block_rows; }
+  int64_t grid_cols() const { return (cols + block_cols - 1) / block_cols; }
+  int64_t count() const { return grid_rows() * grid_cols(); }
+  // The scale of stored element (row, col).
+  float At(int64_t row, int64_t col) const {
+    return data[(row / block_rows) * grid_cols() + col / block_cols];
+  }
+  // The scale of the element `offset` elements past `origin`.
+  float AtOffset(int64_t offset) const { return At(offset / cols, offset % cols); }
+};
+
 // A linear map y = W x with W of shape [out, in], in any stored layout: element (o, i) sits at
 // data[o * out_stride + i * in_stride]. Checkpoints that store W transposed or with gate and
 // up interleaved (gpt-oss) are described by their strides instead of being repacked. FP8
-// weights carry one float32 scale per output row: W[o, i] = scale[o] * stored (o, i).
+// weights carry float32 scales, one per output row (`scale`, the per-channel layout) or one
+// per block (`blocks`, DeepSeek's layout): W[o, i] = ScaleAt(o, i) * stored (o, i).
 struct WeightMatrix {
   const void* data = nullptr;
   DType dtype = DType::kBF16;
@@ -26,16 +53,35 @@ struct WeightMatrix {
   int64_t in = 0;
   int64_t out_stride = 0;
   int64_t in_stride = 1;
-  const float* scale = nullptr;  // [out], FP8 only
+  const float* scale = nullptr;  // [out], per-row FP8 only
+  Fp8BlockScales blocks;         // block-scaled FP8 only
 
   bool present() const { return data != nullptr; }
   // Rows stored one after another, each packed: the layout a copy can take whole.
   bool row_major() const { return in_stride == 1 && out_stride == in; }
-  // FP8 E4M3 matrices carry row scales, and only they.
-  bool scales_match_dtype() const { return (dtype == DType::kF8E4M3) == (scale != nullptr); }
+  bool scaled() const { return scale != nullptr || blocks.present(); }
+  // FP8 E4M3 matrices carry scales of one layout, and only they.
+  bool scales_match_dtype() const {
+    return (dtype == DType::kF8E4M3) == scaled() && !(scale != nullptr && blocks.present());
+  }
+  // The whole stored tensor, row-major, with its block scales: what can be copied as it is
+  // (codes, then count() scales) and described again over the copy.
+  bool whole_block_scaled() const {
+    return blocks.present() && row_major() && blocks.origin == data && blocks.rows == out &&
+           blocks.cols == in;
+  }
+  // The one rule for which scale applies to element (o, i); 1 for unscaled weights.
+  float ScaleAt(int64_t o, int64_t i) const {
+    if (scale != nullptr) return scale[o];
+    if (blocks.present()) {
+      return blocks.AtOffset(static_cast<const uint8_t*>(data) - blocks.origin + o * out_stride +
+                             i * in_stride);
+    }
+    return 1.0f;
+  }
   float At(int64_t o, int64_t i) const {
     const float v = LoadAsFloat(data, dtype, o * out_stride + i * in_stride);
-    return scale != nullptr ? v * scale[o] : v;
+    return scaled() ? v * ScaleAt(o, i) : v;
   }
 };
 

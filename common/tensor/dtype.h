@@ -12,8 +12,8 @@
 
 namespace strata {
 
-// kF8E4M3: FP8 E4M3 (finite, no infinities), stored with a float32 scale per output row
-// (WeightMatrix::scale); LoadAsFloat reads the unscaled value.
+// kF8E4M3: FP8 E4M3 (finite, no infinities), stored with float32 scales per output row or per
+// block (WeightMatrix::ScaleAt); LoadAsFloat reads the unscaled value.
 enum class DType { kF32, kBF16, kF16, kF8E4M3 };
 
 // Bytes per element.

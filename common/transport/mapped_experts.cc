@@ -73,8 +73,8 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
     if (config.layer_is_moe[layer]) mapped->experts_[layer].resize(config.num_experts);
   }
   const int64_t h = config.hidden_size, inter = config.moe_intermediate_size;
-  // What each layout tensor name binds: a matrix, a vector, or a matrix's row scales.
-  enum Kind { kMatrix, kVector, kRowScales };
+  // What each layout tensor name binds: a matrix, a vector, or a matrix's row or block scales.
+  enum Kind { kMatrix, kVector, kRowScales, kBlockScales };
   struct Binding {
     const char* name;
     Kind kind;
@@ -92,6 +92,9 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
       {"gate_scale", kRowScales, &FfnWeights::gate, nullptr, inter, 0},
       {"up_scale", kRowScales, &FfnWeights::up, nullptr, inter, 0},
       {"down_scale", kRowScales, &FfnWeights::down, nullptr, h, 0},
+      {"gate_block_scales", kBlockScales, &FfnWeights::gate, nullptr, inter, h},
+      {"up_block_scales", kBlockScales, &FfnWeights::up, nullptr, inter, h},
+      {"down_block_scales", kBlockScales, &FfnWeights::down, nullptr, h, inter},
   };
   for (const auto& t : layout.tensors()) {
     const std::string where = absl::StrCat("expert store: layer ", t.layer(), " expert ",
@@ -117,9 +120,12 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
       if (t.shape_size() != 2 || t.shape(0) != out || t.shape(1) != in) {
         return absl::FailedPreconditionError(where + "shape does not match the model");
       }
-      const float* scale = m.scale;  // a scale may come first
+      const float* scale = m.scale;  // scales may come first
+      const Fp8BlockScales blocks = m.blocks;
       m = WeightMatrix{data, *dtype, out, in, in, 1};
       m.scale = scale;
+      m.blocks = blocks;
+      m.blocks.origin = static_cast<const uint8_t*>(data);
       return absl::OkStatus();
     };
     auto row_scale = [&](WeightMatrix& m, int64_t out) -> absl::Status {
@@ -127,6 +133,25 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
         return absl::FailedPreconditionError(where + "row scales must be F32 [out]");
       }
       m.scale = static_cast<const float*>(data);
+      return absl::OkStatus();
+    };
+    // The model's blocks over the whole [out, in] expert matrix, wherever it is mapped.
+    auto block_scales = [&](WeightMatrix& m, int64_t out, int64_t in) -> absl::Status {
+      Fp8BlockScales b = m.blocks;
+      b.rows = out;
+      b.cols = in;
+      b.block_rows = config.fp8_block_rows;
+      b.block_cols = config.fp8_block_cols;
+      if (!config.fp8_block_scaled() || t.shape_size() != 2 || t.shape(0) != b.grid_rows() ||
+          t.shape(1) != b.grid_cols() || *dtype != DType::kF32) {
+        return absl::FailedPreconditionError(
+            where +
+            "block scales must be F32 [ceil(out / block rows), ceil(in / block cols)] "
+            "of the model's quantization_config.weight_block_size");
+      }
+      b.data = static_cast<const float*>(data);
+      b.origin = static_cast<const uint8_t*>(m.data);  // null until the matrix is bound
+      m.blocks = b;
       return absl::OkStatus();
     };
     auto vector = [&](WeightVector& v, int64_t size) -> absl::Status {
@@ -149,6 +174,9 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
         case kRowScales:
           status = row_scale(f.*b.matrix, b.rows);
           break;
+        case kBlockScales:
+          status = block_scales(f.*b.matrix, b.rows, b.cols);
+          break;
       }
       break;
     }
@@ -163,10 +191,10 @@ absl::StatusOr<std::unique_ptr<MappedExperts>> MappedExperts::Map(const v1::Expe
       }
       for (const WeightMatrix* m : {&f.gate, &f.up, &f.down}) {
         if (!m->scales_match_dtype()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "expert store: layer ", layer, " expert ", e, ": a ", DTypeName(m->dtype), " matrix ",
-              m->scale != nullptr ? "with" : "without",
-              " row scales (FP8 E4M3 matrices, and only they, have them)"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("expert store: layer ", layer, " expert ", e, ": a ",
+                           DTypeName(m->dtype), " matrix ", m->scaled() ? "with" : "without",
+                           " scales (FP8 E4M3 matrices, and only they, have them, of one layout)"));
         }
       }
     }

@@ -43,9 +43,16 @@ std::vector<TensorSource> ExpertTensors(const FfnWeights& f) {
   auto vector = [&](const char* name, const WeightVector& v) {
     if (v.present()) t.push_back({name, v.data, v.dtype, v.size, 0, v.stride, 0});
   };
-  // FP8 matrices' per-row float32 scales travel as vectors.
+  // FP8 matrices' per-row float32 scales travel as vectors, block scales as their
+  // [grid rows, grid cols] matrix (an expert is a whole tensor, so its blocks start at its
+  // element (0, 0); workers describe them again over their mapping, MappedExperts::Map).
   auto scale = [&](const char* name, const WeightMatrix& m) {
     if (m.scale != nullptr) t.push_back({name, m.scale, DType::kF32, m.out, 0, 1, 0});
+  };
+  auto block_scales = [&](const char* name, const WeightMatrix& m) {
+    if (!m.blocks.present()) return;
+    const Fp8BlockScales& b = m.blocks;
+    t.push_back({name, b.data, DType::kF32, b.grid_rows(), b.grid_cols(), b.grid_cols(), 1});
   };
   matrix("gate", f.gate);
   matrix("up", f.up);
@@ -56,6 +63,9 @@ std::vector<TensorSource> ExpertTensors(const FfnWeights& f) {
   scale("gate_scale", f.gate);
   scale("up_scale", f.up);
   scale("down_scale", f.down);
+  block_scales("gate_block_scales", f.gate);
+  block_scales("up_block_scales", f.up);
+  block_scales("down_block_scales", f.down);
   return t;
 }
 

@@ -488,6 +488,311 @@ TEST(MakeModelTest, Fp8ExpertsWithRowScales) {
   EXPECT_LT(std::sqrt(diff / norm), 0.05);
 }
 
+// The parameters of a DeepSeek-V3-type shape cut to `layers` layers, from its dimensions: the
+// embedding and lm_head, the final norm, and per layer two norms, latent attention and a dense
+// MLP (the first DenseLayersOf) or the gate, its correction bias, the routed experts and one
+// shared expert.
+int64_t DeepseekParams(const ModelShape& s, int layers) {
+  const int64_t h = s.hidden, heads = s.heads, q = s.q_lora_rank, kv = s.kv_lora_rank;
+  const int64_t qk = s.qk_nope_head_dim + s.qk_rope_head_dim;
+  const int64_t attention =
+      (q > 0 ? q * h + q + heads * qk * q : heads * qk * h) + (kv + s.qk_rope_head_dim) * h + kv +
+      heads * (s.qk_nope_head_dim + s.v_head_dim) * kv + h * heads * s.v_head_dim;
+  const int64_t dense_mlp = 3 * h * s.dense_ffn;
+  const int64_t moe = s.experts * h + s.experts + (s.experts + 1) * 3 * h * s.expert_ffn;
+  const int dense = std::min(s.dense_layers, layers - 1);
+  return 2 * s.vocab * h + h + layers * (attention + 2 * h) + dense * dense_mlp +
+         (layers - dense) * moe;
+}
+
+// tiny-deepseek: the names and shapes the deepseek_v3 loader binds, the CPU engine runs it,
+// and greedy decoding gives the same tokens from the same model every time.
+TEST(MakeModelTest, TinyDeepseekLoadsAndGeneratesDeterministically) {
+  TempDir tmp;
+  MakeModelOptions options = Tiny(tmp.File("d"), 5);
+  options.shape = "tiny-deepseek";
+  auto made = MakeModel(options);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_EQ(made->params, DeepseekParams(*FindModelShape("tiny-deepseek"), 3));
+  auto model = LoadModel(tmp.File("d"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config;
+  EXPECT_EQ(c.arch, Architecture::kDeepseekV3);
+  EXPECT_TRUE(c.mla());
+  EXPECT_EQ(c.q_lora_rank, 32);
+  EXPECT_EQ(c.kv_lora_rank, 16);
+  EXPECT_EQ(c.head_dim, 24);
+  EXPECT_EQ(c.RopeDim(), 8);
+  EXPECT_EQ(c.v_head_dim, 16);
+  EXPECT_TRUE(c.rope_interleave);
+  EXPECT_EQ(c.rope.type, RopeConfig::Type::kYarn);
+  EXPECT_EQ(c.num_expert_groups, 4);
+  EXPECT_EQ(c.top_k_groups, 2);
+  EXPECT_EQ(c.layer_is_moe, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(c.dense_intermediate_size, 192);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 32);
+  // 3 + per layer 2 norms and 7 attention tensors, then the dense MLP's 3 or the gate, its
+  // bias, 8 x 3 expert and 3 shared-expert matrices.
+  EXPECT_EQ((*model)->checkpoint->num_tensors(), 3u + 12u + 2u * 38u);
+  for (const char* name :
+       {"model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.q_a_proj.weight",
+        "model.layers.1.self_attn.q_a_layernorm.weight",
+        "model.layers.1.self_attn.kv_a_proj_with_mqa.weight",
+        "model.layers.2.mlp.experts.7.down_proj.weight",
+        "model.layers.2.mlp.shared_experts.up_proj.weight"}) {
+    EXPECT_TRUE((*model)->checkpoint->Has(name)) << name;
+  }
+  // As DeepSeek stores it, the correction bias is float32 in a bf16 checkpoint.
+  auto bias = (*model)->checkpoint->Get("model.layers.1.mlp.gate.e_score_correction_bias", {8});
+  ASSERT_TRUE(bias.ok()) << bias.status();
+  EXPECT_EQ(bias->dtype, DType::kF32);
+  const nlohmann::json config = ReadJson(tmp.File("d") + "/config.json");
+  EXPECT_EQ(config["architectures"][0], "DeepseekV3ForCausalLM");
+  EXPECT_EQ(config["rope_scaling"]["type"], "yarn");
+  EXPECT_FALSE(config.contains("head_dim"));
+  EXPECT_FALSE(config.contains("quantization_config"));
+
+  auto generate = [&] {
+    LocalEngineOptions engine_options;
+    engine_options.model_dir = tmp.File("d");
+    engine_options.num_threads = 2;
+    auto engine = LocalEngine::Create(engine_options);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    GenerateOptions greedy;
+    greedy.max_new_tokens = 8;
+    greedy.ignore_eos = true;
+    auto tokens = (*engine)->Generate(std::vector<int32_t>{1, 17, 99, 200, 3}, greedy);
+    EXPECT_TRUE(tokens.ok()) << tokens.status();
+    return tokens.ok() ? *tokens : std::vector<int32_t>{};
+  };
+  const std::vector<int32_t> first = generate();
+  ASSERT_EQ(first.size(), 8u);
+  for (int32_t t : first) EXPECT_TRUE(t >= 0 && t < 256) << t;
+  EXPECT_EQ(generate(), first);
+}
+
+// DeepSeek-V3 and Kimi-K2 at full depth, counted without writing a byte of weights: the counts
+// the generator reports are the formula's (DeepSeek-V3: 671.0B, its multi-token-prediction
+// layer left out; Kimi-K2: 1.026T), and the configs read back as the released ones.
+TEST(MakeModelTest, DeepseekShapesHaveTheirParameterCounts) {
+  TempDir tmp;
+  // What differs between the two released configs.
+  struct Want {
+    const char* shape;
+    int64_t params;
+    int moe_layers;
+    const char* model_type;
+    int64_t vocab;
+    int heads, groups, top_groups;
+    double scaling, theta, yarn_factor, beta_fast;
+    int64_t positions;
+    int bos, eos;
+  };
+  for (const Want& want : {Want{"deepseek-v3", 671'026'419'200, 58, "deepseek_v3", 129280, 128, 8,
+                                4, 2.5, 10000, 40, 32, 163840, 0, 1},
+                           Want{"kimi-k2", 1'026'408'232'448, 60, "kimi_k2", 163840, 64, 1, 1,
+                                2.827, 50000, 32, 1, 131072, 163584, 163585}}) {
+    MakeModelOptions options;
+    options.shape = want.shape;
+    options.out_dir = tmp.File(want.shape);
+    options.write_tensors = false;
+    auto result = MakeModel(options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    const ModelShape shape = *FindModelShape(want.shape);
+    EXPECT_EQ(result->params, DeepseekParams(shape, 61)) << want.shape;
+    EXPECT_EQ(result->params, want.params) << want.shape;
+    // bf16, but for the float32 correction biases.
+    EXPECT_EQ(result->bytes,
+              2 * static_cast<uint64_t>(result->params) + 2ull * shape.experts * want.moe_layers)
+        << want.shape;
+    auto c = LoadModelConfig(tmp.File(want.shape));
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->arch, Architecture::kDeepseekV3);
+    EXPECT_EQ(c->num_layers, 61);
+    EXPECT_EQ(c->hidden_size, 7168);
+    EXPECT_EQ(c->num_experts, shape.experts);
+    EXPECT_EQ(c->top_k, 8);
+    EXPECT_EQ(c->moe_intermediate_size, 2048);
+    EXPECT_EQ(c->dense_intermediate_size, 18432);
+    EXPECT_EQ(c->shared_expert_intermediate_size, 2048);
+    EXPECT_EQ(c->q_lora_rank, 1536);
+    EXPECT_EQ(c->kv_lora_rank, 512);
+    EXPECT_EQ(c->head_dim, 192);
+    EXPECT_EQ(c->RopeDim(), 64);
+    EXPECT_EQ(c->v_head_dim, 128);
+    EXPECT_EQ(c->KvHeadDim(), 576);
+    EXPECT_TRUE(c->rope_interleave);
+    EXPECT_EQ(c->rope.type, RopeConfig::Type::kYarn);
+    EXPECT_DOUBLE_EQ(c->rope.original_max_position_embeddings, 4096);
+    EXPECT_DOUBLE_EQ(*c->rope.mscale_all_dim, 1.0);
+    EXPECT_EQ(c->rms_norm_eps, 1e-6);
+    EXPECT_TRUE(c->norm_topk_prob);
+    EXPECT_EQ(c->gate_scoring, GateScoring::kSigmoidGrouped);
+    EXPECT_EQ(std::count(c->layer_is_moe.begin(), c->layer_is_moe.end(), true), want.moe_layers);
+    EXPECT_EQ(ReadJson(tmp.File(want.shape) + "/config.json")["model_type"], want.model_type);
+    EXPECT_EQ(c->vocab_size, want.vocab);
+    EXPECT_EQ(c->num_heads, want.heads);
+    EXPECT_EQ(c->num_expert_groups, want.groups);
+    EXPECT_EQ(c->top_k_groups, want.top_groups);
+    EXPECT_DOUBLE_EQ(c->routed_scaling_factor, want.scaling);
+    EXPECT_EQ(c->rope.theta, want.theta);
+    EXPECT_DOUBLE_EQ(c->rope.factor, want.yarn_factor);
+    EXPECT_DOUBLE_EQ(c->rope.beta_fast, want.beta_fast);
+    EXPECT_EQ(c->max_position_embeddings, want.positions);
+    const nlohmann::json generation = ReadJson(tmp.File(want.shape) + "/generation_config.json");
+    EXPECT_EQ(generation["bos_token_id"], want.bos);
+    EXPECT_EQ(generation["eos_token_id"], want.eos);
+  }
+  // FP8 at full depth: what docs/make-model.md gives (block scales a little smaller than rows').
+  for (const auto& [scaling, bytes] : {std::pair{Fp8Scaling::kChannel, 674'691'063'040ull},
+                                       std::pair{Fp8Scaling::kBlock, 674'173'772'128ull}}) {
+    MakeModelOptions options;
+    options.shape = "deepseek-v3";
+    options.out_dir = tmp.File("fp8");
+    options.dtype = "fp8";
+    options.fp8_scaling = scaling;
+    options.force = true;
+    options.write_tensors = false;
+    auto result = MakeModel(options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->params, 671'026'419'200);
+    EXPECT_EQ(result->bytes, bytes);
+  }
+}
+
+// A cut of N layers keeps the shape's dense layers first but at most N - 1 of them: every cut
+// has an MoE layer to benchmark.
+TEST(MakeModelTest, LayerCutsKeepDenseLayersFirstAndAnMoeLayer) {
+  TempDir tmp;
+  struct Cut {
+    const char* shape;
+    int layers;
+    std::vector<bool> moe;
+  };
+  for (const Cut& cut : {Cut{"deepseek-v3", 1, {true}}, Cut{"deepseek-v3", 2, {false, true}},
+                         Cut{"deepseek-v3", 4, {false, false, false, true}},
+                         Cut{"deepseek-v3", 5, {false, false, false, true, true}},
+                         Cut{"kimi-k2", 1, {true}}, Cut{"kimi-k2", 3, {false, true, true}},
+                         Cut{"glm-4.5", 1, {true}}, Cut{"glm-4.5", 2, {false, true}}}) {
+    const std::string dir = tmp.File(absl::StrCat(cut.shape, "-", cut.layers));
+    MakeModelOptions options;
+    options.shape = cut.shape;
+    options.out_dir = dir;
+    options.layers = cut.layers;
+    options.write_tensors = false;
+    auto result = MakeModel(options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    auto c = LoadModelConfig(dir);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->layer_is_moe, cut.moe) << cut.shape << " " << cut.layers;
+    const nlohmann::json index = ReadJson(dir + "/model.safetensors.index.json");
+    for (int l = 0; l < cut.layers; ++l) {
+      const std::string dense = absl::StrCat("model.layers.", l, ".mlp.down_proj.weight");
+      const std::string gate = absl::StrCat("model.layers.", l, ".mlp.gate.weight");
+      EXPECT_EQ(index["weight_map"].contains(dense), !cut.moe[l]) << dense;
+      EXPECT_EQ(index["weight_map"].contains(gate), cut.moe[l]) << gate;
+    }
+    if (std::string(cut.shape) != "glm-4.5") {
+      EXPECT_EQ(result->params, DeepseekParams(*FindModelShape(cut.shape), cut.layers));
+    }
+  }
+}
+
+// --dtype fp8 on a DeepSeek shape makes FP8 what `strata quantize` makes FP8 (attention but
+// kv_b_proj, every MLP), with row scales or, with --fp8-scaling block, float32 scales per
+// 128 x 128 block and DeepSeek's quantization_config; the weights are the bf16 model's within
+// E4M3 rounding and the CPU engine runs both.
+TEST(MakeModelTest, DeepseekFp8FollowsTheQuantizeRules) {
+  TempDir tmp;
+  MakeModelOptions bf16 = Tiny(tmp.File("b"), 4);
+  bf16.shape = "tiny-deepseek";
+  ASSERT_TRUE(MakeModel(bf16).ok());
+  auto reference = LoadModel(tmp.File("b"));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  for (const Fp8Scaling scaling : {Fp8Scaling::kChannel, Fp8Scaling::kBlock}) {
+    const bool block = scaling == Fp8Scaling::kBlock;
+    const std::string dir = tmp.File(block ? "block" : "channel");
+    MakeModelOptions fp8 = bf16;
+    fp8.out_dir = dir;
+    fp8.dtype = "fp8";
+    fp8.fp8_scaling = scaling;
+    auto made = MakeModel(fp8);
+    ASSERT_TRUE(made.ok()) << made.status();
+    auto model = LoadModel(dir);
+    ASSERT_TRUE(model.ok()) << model.status();
+    // 4 attention linears a layer, 3 dense MLP ones, 8 x 3 + 3 a MoE layer: each with scales.
+    EXPECT_EQ((*model)->checkpoint->num_tensors(), 91u + 3u * 4u + 3u + 2u * 27u);
+    const ModelWeights& w = (*model)->weights;
+    const ModelWeights& want = (*reference)->weights;
+    EXPECT_EQ(w.layers[1].attention.kv_b.dtype, DType::kBF16);
+    EXPECT_EQ(w.layers[1].router.dtype, DType::kBF16);
+    EXPECT_EQ(w.embedding.dtype, DType::kBF16);
+    const std::vector<std::pair<const WeightMatrix*, const WeightMatrix*>> matrices = {
+        {&w.layers[1].attention.q_a, &want.layers[1].attention.q_a},
+        {&w.layers[1].attention.q, &want.layers[1].attention.q},
+        {&w.layers[1].attention.kv_a, &want.layers[1].attention.kv_a},
+        {&w.layers[1].attention.o, &want.layers[1].attention.o},
+        {&w.layers[0].dense_mlp->gate, &want.layers[0].dense_mlp->gate},
+        {&w.layers[0].dense_mlp->down, &want.layers[0].dense_mlp->down},
+        {&w.layers[2].shared_expert->up, &want.layers[2].shared_expert->up},
+        {&w.layers[2].experts[6].down, &want.layers[2].experts[6].down}};
+    for (const auto& [got, bf] : matrices) {
+      ASSERT_EQ(got->dtype, DType::kF8E4M3);
+      ASSERT_TRUE(got->scales_match_dtype());
+      EXPECT_EQ(got->blocks.present(), block);
+      for (int64_t o = 0; o < got->out; ++o) {
+        for (int64_t i = 0; i < got->in; ++i) {
+          ASSERT_NEAR(
+              got->At(o, i), bf->At(o, i),
+              std::fabs(bf->At(o, i)) * (1.0f / 16 + 1.0f / 256) + got->ScaleAt(o, i) / 1024)
+              << o << ", " << i;
+        }
+      }
+    }
+    const nlohmann::json config = ReadJson(dir + "/config.json");
+    if (block) {
+      // The dense MLP is 192 wide: its blocks end part-way, [2, 1] and [1, 2] of them, and
+      // the two blocks' scales differ (a factor per block, as a checkpoint's do).
+      const WeightMatrix& down = w.layers[0].dense_mlp->down;
+      EXPECT_EQ(down.blocks.grid_rows(), 1);
+      EXPECT_EQ(down.blocks.grid_cols(), 2);
+      EXPECT_EQ(w.layers[0].dense_mlp->gate.blocks.grid_rows(), 2);
+      const nlohmann::json& q = config.at("quantization_config");
+      EXPECT_EQ(q.at("quant_method"), "fp8");
+      EXPECT_EQ(q.at("fmt"), "e4m3");
+      EXPECT_EQ(q.at("activation_scheme"), "dynamic");
+      EXPECT_EQ(q.at("weight_block_size"), nlohmann::json::array({128, 128}));
+      const auto kept = q.at("modules_to_not_convert").get<std::vector<std::string>>();
+      EXPECT_THAT(kept, ::testing::Contains("lm_head"));
+      EXPECT_THAT(kept, ::testing::Contains("model.layers.1.self_attn.kv_b_proj"));
+      EXPECT_THAT(kept, ::testing::Contains("model.layers.2.mlp.gate"));
+      EXPECT_EQ(kept.size(), 1u + 3u + 2u);
+    } else {
+      EXPECT_FALSE(config.contains("quantization_config"));
+    }
+
+    LocalEngineOptions options;
+    options.num_threads = 2;
+    options.model_dir = tmp.File("b");
+    auto a = LocalEngine::Create(options);
+    options.model_dir = dir;
+    auto b = LocalEngine::Create(options);
+    ASSERT_TRUE(a.ok() && b.ok());
+    const std::vector<int32_t> ids = {5, 17, 3, 99, 42, 7};
+    auto la = (*a)->Logits(ids);
+    auto lb = (*b)->Logits(ids);
+    ASSERT_TRUE(la.ok() && lb.ok());
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < la->size(); ++i) {
+      diff += (la->data()[i] - lb->data()[i]) * static_cast<double>(la->data()[i] - lb->data()[i]);
+      norm += la->data()[i] * static_cast<double>(la->data()[i]);
+    }
+    std::cout << (block ? "block" : "channel") << " fp8 tiny-deepseek: logits relative error "
+              << std::sqrt(diff / norm) << "\n";
+    EXPECT_LT(std::sqrt(diff / norm), 0.05);
+  }
+}
+
 TEST(MakeModelTest, BadArgumentsGetClearErrors) {
   TempDir tmp;
   auto error = [&](MakeModelOptions options) {
@@ -498,7 +803,7 @@ TEST(MakeModelTest, BadArgumentsGetClearErrors) {
   o.shape = "llama-7b";
   EXPECT_THAT(error(o), HasSubstr("unknown shape \"llama-7b\" (qwen3-30b-a3b, mixtral-8x7b, "
                                   "seed-125b, tiny-qwen3, tiny-mixtral, glm-4.5, glm-4.5-air, "
-                                  "tiny-glm4)"));
+                                  "tiny-glm4, deepseek-v3, kimi-k2, tiny-deepseek)"));
   for (const char* bad : {"zipf:", "zipf:abc", "pareto:1", "zipf:-1", "zipf:nan", "zipf:11"}) {
     o = Tiny(tmp.File("x"));
     o.skew = bad;

@@ -235,8 +235,10 @@ TEST(StrataCliTest, EachCommandsHelpIsItsOwn) {
       {"kv-resize", {"server", "admin", "cluster-token-file", "kv-blocks", "log-level"}},
       {"plan", with_engine({"model", "calibration", "workers", "out"})},
       {"make-model",
-       {"shape", "out", "dtype", "skew", "seed", "layers", "force", "threads", "log-level"}},
-      {"quantize", with_engine({"model", "out", "calibration", "samples", "kv-scales", "force"})},
+       {"shape", "out", "dtype", "fp8-scaling", "skew", "seed", "layers", "force", "threads",
+        "log-level"}},
+      {"quantize", with_engine({"model", "out", "fp8-scaling", "calibration", "samples",
+                                "kv-scales", "force"})},
   };
   std::map<std::string, std::map<std::string, std::string>> pages;
   for (const auto& [command, flags] : expected) {

@@ -89,9 +89,14 @@ ABSL_FLAG(std::string, hit_rates, "",
           "Shares of the (layer, expert) pairs, e.g. 0.25,0.5: hit rates of expert caches that "
           "size over the text's routing replayed as decode steps (in process)");
 ABSL_FLAG(std::string, shape, "",
-          "qwen3-30b-a3b, mixtral-8x7b, seed-125b, glm-4.5, glm-4.5-air, tiny-qwen3");
+          "qwen3-30b-a3b, mixtral-8x7b, seed-125b, glm-4.5, glm-4.5-air, deepseek-v3, kimi-k2, "
+          "tiny-qwen3, tiny-mixtral, tiny-glm4, tiny-deepseek");
 ABSL_FLAG(std::string, dtype, "bf16",
-          "bf16, f16, f32, or fp8 (FP8 E4M3 experts with per-row F32 scales, the rest bf16)");
+          "bf16, f16, f32, or fp8 (FP8 E4M3 experts with F32 scales, the rest bf16; DeepSeek "
+          "shapes: every linear but the gates and kv_b_proj)");
+ABSL_FLAG(std::string, fp8_scaling, "channel",
+          "FP8 scales: channel (one per output row, `<name>_scale`) or block (one per 128x128 "
+          "block, `<name>_scale_inv`, as DeepSeek-V3 ships)");
 ABSL_FLAG(std::string, skew, "none", "zipf:S, expert popularity ~ 1/rank^S");
 ABSL_FLAG(int, layers, 0, "Layers instead of the shape's own (0 keeps them)");
 ABSL_FLAG(bool, force, false, "Write --out even when it is not empty");
@@ -268,11 +273,13 @@ const std::vector<Command>& Commands() {
              {"out", "The plan file to write"}},
             kEngineFlags)},
       {"make-model",
-       "--shape NAME --out DIR [--dtype bf16|fp8] [--skew zipf:S] [--layers L]",
+       "--shape NAME --out DIR [--dtype bf16|fp8 [--fp8-scaling channel|block]] [--skew zipf:S] "
+       "[--layers L]",
        "a random-weight model in the Hugging Face format",
        {"shape",
         {"out", "The model directory to write"},
         "dtype",
+        "fp8-scaling",
         "skew",
         {"seed", "Seed of the random weights; 0 when not given"},
         "layers",
@@ -280,11 +287,14 @@ const std::vector<Command>& Commands() {
         "threads",
         "log-level"}},
       {"quantize",
-       "--model DIR --out DIR [--calibration FILE.jsonl --samples 512 [--kv-scales]] [--force]",
-       "FP8 E4M3 per-channel weights in the compressed-tensors layout; with --calibration, the "
-       "perplexity of both models on the prompts (and with --kv-scales, FP8 KV-cache scales)",
+       "--model DIR --out DIR [--fp8-scaling channel|block] [--calibration FILE.jsonl "
+       "--samples 512 [--kv-scales]] [--force]",
+       "FP8 E4M3 weights, per-channel in the compressed-tensors layout or per 128x128 block in "
+       "DeepSeek's; with --calibration, the perplexity of both models on the prompts (and with "
+       "--kv-scales, FP8 KV-cache scales)",
        With({"model",
              {"out", "The directory of the quantized model"},
+             "fp8-scaling",
              {"calibration",
               "JSON Lines of prompts, {\"text\": ...} or {\"token_ids\": [...]} "
               "a line: both models' perplexities on them are compared"},
@@ -548,6 +558,8 @@ absl::Status Run(const std::string& command, const std::vector<std::string>& sto
     options.quantize.model_dir = absl::GetFlag(FLAGS_model);
     options.quantize.out_dir = absl::GetFlag(FLAGS_out);
     options.quantize.force = absl::GetFlag(FLAGS_force);
+    ASSIGN_OR_RETURN(options.quantize.scaling,
+                     strata::ParseFp8Scaling(absl::GetFlag(FLAGS_fp8_scaling)));
     options.quantize.num_threads = absl::GetFlag(FLAGS_threads);
     options.quantize.progress = true;
     options.calibration_file = absl::GetFlag(FLAGS_calibration);
@@ -563,6 +575,8 @@ absl::Status Run(const std::string& command, const std::vector<std::string>& sto
     options.shape = absl::GetFlag(FLAGS_shape);
     options.out_dir = absl::GetFlag(FLAGS_out);
     options.dtype = absl::GetFlag(FLAGS_dtype);
+    ASSIGN_OR_RETURN(options.fp8_scaling,
+                     strata::ParseFp8Scaling(absl::GetFlag(FLAGS_fp8_scaling)));
     options.skew = absl::GetFlag(FLAGS_skew);
     options.seed = absl::GetFlag(FLAGS_seed).value_or(0);
     options.layers = absl::GetFlag(FLAGS_layers);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <optional>
 #include <thread>
@@ -38,30 +39,6 @@ using OrderedJson = nlohmann::ordered_json;
 constexpr double kInitStd = 0.02;
 // The most a gate-row scale can give one expert: below 1/2 (see SolveZipfGateSkew).
 constexpr double kMaxSelectionProbability = 0.45;
-
-const std::vector<ModelShape>& Shapes() {
-  static const auto* shapes = new std::vector<ModelShape>{
-      // name, type, layers, hidden, vocab, experts, top_k, expert_ffn, dense_ffn, heads,
-      // kv_heads, head_dim, rope_theta, rms_norm_eps, max_position_embeddings, bos, eos
-      {"qwen3-30b-a3b", "qwen3_moe", 48, 2048, 151936, 128, 8, 768, 6144, 32, 4, 128, 1e6, 1e-6,
-       40960, 151643, 151645},
-      {"mixtral-8x7b", "mixtral", 32, 4096, 32000, 8, 2, 14336, 0, 32, 8, 128, 1e6, 1e-5, 32768, 1,
-       2},
-      {"seed-125b", "qwen3_moe", 26, 4096, 151936, 64, 2, 6144, 12288, 32, 8, 128, 1e6, 1e-6, 40960,
-       151643, 151645},
-      {"tiny-qwen3", "qwen3_moe", 2, 64, 256, 8, 2, 32, 128, 4, 2, 16, 1e6, 1e-6, 2048, 1, 2},
-      {"tiny-mixtral", "mixtral", 2, 64, 256, 8, 2, 32, 0, 4, 2, 16, 1e6, 1e-5, 2048, 1, 2},
-      // GLM-4.5 (355B with its multi-token-prediction layer, which is not made) and GLM-4.5-Air;
-      // then dense_layers, qk_norm, routed_scaling_factor.
-      {"glm-4.5", "glm4_moe", 92,  5120, 151552, 160, 8,      1536, 12288, 96,
-       8,         128,        1e6, 1e-5, 131072, -1,  151329, 3,    true,  2.5},
-      {"glm-4.5-air", "glm4_moe", 46,   4096,   151552, 128,    8, 1408,  10944, 96, 8,
-       128,           1e6,        1e-5, 131072, -1,     151329, 1, false, 1.0},
-      {"tiny-glm4", "glm4_moe", 3,   64,   256,  8,  2, 32, 128,  4,
-       2,           32,         1e6, 1e-5, 2048, -1, 2, 1,  true, 2.5},
-  };
-  return *shapes;
-}
 
 // splitmix64's output function. The generator is counter-based: element i of a tensor is
 // 16-bit lane i % 4 of Mix(key + (i / 4 + 1) * golden) mapped through a table of normal
@@ -151,17 +128,22 @@ struct TensorSpec {
   std::vector<float> row_scale;  // per row of a 2-D tensor (a skewed gate); empty: none
   uint64_t key = 0;
   DType dtype = DType::kBF16;
-  // F32 [rows]: the FP8 row scales of the matrix whose std this is (std * max|z| / 448).
+  // F32 [rows], or [ceil(rows / b), ceil(cols / b)] blocks: the FP8 scales of the matrix whose
+  // std this is (std * max|z| / 448 times its scale factor).
   bool fp8_scales = false;
-  bool zeros = false;  // a bias that starts at 0 (GLM's router correction bias)
+  // FP8 codes: 0 for one scale per row, else the side of the square blocks sharing a scale.
+  int64_t fp8_block = 0;
+  bool zeros = false;     // a bias that starts at 0 (GLM's and DeepSeek's router correction bias)
+  bool keep_f32 = false;  // float32 whatever the model's dtype (DeepSeek's correction bias)
   int64_t numel() const {
     return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
   }
 };
 
-// 0 or 1: row `row` of an FP8 matrix with key `key` has the row factor 1 or 2 (NormalTables).
-int Fp8RowFactor(uint64_t key, int64_t row) {
-  return static_cast<int>(Mix(key ^ (static_cast<uint64_t>(row) * kGolden)) & 1);
+// 0 or 1: scale `index` (a row's, or a block's in row-major block order) of an FP8 matrix with
+// key `key` has the factor 1 or 2 (NormalTables).
+int Fp8ScaleFactor(uint64_t key, int64_t index) {
+  return static_cast<int>(Mix(key ^ (static_cast<uint64_t>(index) * kGolden)) & 1);
 }
 
 // Writes elements [begin, begin + n) of `t` into `out` as t.dtype.
@@ -171,18 +153,23 @@ void Fill(const TensorSpec& t, int64_t begin, int64_t n, uint8_t* out) {
   uint16_t* out16 = reinterpret_cast<uint16_t*>(out);
   float* out32 = reinterpret_cast<float*>(out);
   const int64_t end = begin + n;
-  if (t.fp8_scales) {  // element o: row o's scale
+  if (t.fp8_scales) {  // element o: scale o (a row's or a block's)
     for (int64_t o = begin; o < end; ++o) {
-      out32[o - begin] = (1 + Fp8RowFactor(t.key, o)) * t.std * tables.z_max / kFp8E4M3MaxValue;
+      out32[o - begin] = (1 + Fp8ScaleFactor(t.key, o)) * t.std * tables.z_max / kFp8E4M3MaxValue;
     }
     return;
   }
   if (dtype == DType::kF8E4M3) {  // rows of std * z: the codes alone (see NormalTables::fp8)
     const int64_t row_len = t.shape[1];
+    // Columns sharing a scale, and the scales a row of blocks holds.
+    const int64_t span = t.fp8_block > 0 ? t.fp8_block : row_len;
+    const int64_t grid_cols = (row_len + span - 1) / span;
     for (int64_t i = begin; i < end;) {
-      const int64_t row = i / row_len;
-      const int64_t seg_end = std::min(end, (row + 1) * row_len);
-      const uint8_t* codes = tables.fp8[Fp8RowFactor(t.key, row)].data();
+      const int64_t row = i / row_len, col = i % row_len;
+      const int64_t seg_end =
+          std::min(end, row * row_len + std::min(row_len, (col / span + 1) * span));
+      const int64_t scale = t.fp8_block > 0 ? (row / t.fp8_block) * grid_cols + col / span : row;
+      const uint8_t* codes = tables.fp8[Fp8ScaleFactor(t.key, scale)].data();
       ForEachUniform(t.key, i, seg_end, [&](int64_t k, uint32_t u) { out[k - begin] = codes[u]; });
       i = seg_end;
     }
@@ -237,6 +224,28 @@ std::vector<int> ExpertOrder(uint64_t seed, int layer, int experts) {
   return order;
 }
 
+// DeepSeek-V3's multi-head latent attention: the q latent (or q_proj), the kv latent with the
+// shared RoPE key, kv_b_proj (per head its k_nope rows, then its v rows) and o_proj.
+void PlanLatentAttention(
+    const ModelShape& s, const std::string& p,
+    const std::function<TensorSpec&(std::string, std::vector<int64_t>)>& normal,
+    const std::function<void(std::string, int64_t)>& ones) {
+  const int64_t h = s.hidden, heads = s.heads;
+  const int64_t q_dim = heads * (s.qk_nope_head_dim + s.qk_rope_head_dim);
+  if (s.q_lora_rank > 0) {
+    normal(p + "self_attn.q_a_proj.weight", {s.q_lora_rank, h});
+    ones(p + "self_attn.q_a_layernorm.weight", s.q_lora_rank);
+    normal(p + "self_attn.q_b_proj.weight", {q_dim, s.q_lora_rank});
+  } else {
+    normal(p + "self_attn.q_proj.weight", {q_dim, h});
+  }
+  normal(p + "self_attn.kv_a_proj_with_mqa.weight", {s.kv_lora_rank + s.qk_rope_head_dim, h});
+  ones(p + "self_attn.kv_a_layernorm.weight", s.kv_lora_rank);
+  normal(p + "self_attn.kv_b_proj.weight",
+         {heads * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank});
+  normal(p + "self_attn.o_proj.weight", {h, heads * s.v_head_dim});
+}
+
 // Every tensor the architecture needs (names and shapes as common/model/model_weights.cc binds
 // them), in module order as transformers saves them.
 std::vector<TensorSpec> PlanTensors(const ModelShape& s, int layers, uint64_t seed,
@@ -261,26 +270,32 @@ std::vector<TensorSpec> PlanTensors(const ModelShape& s, int layers, uint64_t se
     normal(x + "down_proj.weight", {s.hidden, width});
   };
   const bool glm = s.model_type == "glm4_moe";
-  const bool qwen = s.model_type == "qwen3_moe" || glm;  // Qwen's module names
+  const bool mla = s.latent_attention();
+  const bool qwen = s.model_type == "qwen3_moe" || glm || mla;  // Qwen's module names
   const int64_t h = s.hidden, q_dim = int64_t{s.heads} * s.head_dim;
   const int64_t kv_dim = int64_t{s.kv_heads} * s.head_dim;
+  const int dense = DenseLayersOf(s, layers);
   normal("model.embed_tokens.weight", {s.vocab, h});
   for (int l = 0; l < layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     ones(p + "input_layernorm.weight", h);
-    normal(p + "self_attn.q_proj.weight", {q_dim, h});
-    if (glm) normal(p + "self_attn.q_proj.bias", {q_dim});
-    normal(p + "self_attn.k_proj.weight", {kv_dim, h});
-    if (glm) normal(p + "self_attn.k_proj.bias", {kv_dim});
-    normal(p + "self_attn.v_proj.weight", {kv_dim, h});
-    if (glm) normal(p + "self_attn.v_proj.bias", {kv_dim});
-    normal(p + "self_attn.o_proj.weight", {h, q_dim});
-    if (glm ? s.qk_norm : qwen) {
-      ones(p + "self_attn.q_norm.weight", s.head_dim);
-      ones(p + "self_attn.k_norm.weight", s.head_dim);
+    if (mla) {
+      PlanLatentAttention(s, p, normal, ones);
+    } else {
+      normal(p + "self_attn.q_proj.weight", {q_dim, h});
+      if (glm) normal(p + "self_attn.q_proj.bias", {q_dim});
+      normal(p + "self_attn.k_proj.weight", {kv_dim, h});
+      if (glm) normal(p + "self_attn.k_proj.bias", {kv_dim});
+      normal(p + "self_attn.v_proj.weight", {kv_dim, h});
+      if (glm) normal(p + "self_attn.v_proj.bias", {kv_dim});
+      normal(p + "self_attn.o_proj.weight", {h, q_dim});
+      if (glm ? s.qk_norm : qwen) {
+        ones(p + "self_attn.q_norm.weight", s.head_dim);
+        ones(p + "self_attn.k_norm.weight", s.head_dim);
+      }
     }
     ones(p + "post_attention_layernorm.weight", h);
-    if (l < s.dense_layers) {
+    if (l < dense) {
       swiglu(p + "mlp.", s.dense_ffn);
       if (skew != nullptr) orders->push_back({});  // expert_order stays indexed by layer
       continue;
@@ -288,8 +303,12 @@ std::vector<TensorSpec> PlanTensors(const ModelShape& s, int layers, uint64_t se
     const std::string moe = p + (qwen ? "mlp." : "block_sparse_moe.");
     TensorSpec& gate = normal(moe + "gate.weight", {s.experts, h});
     // With one group and a zero correction bias the sigmoid router ranks experts by logit,
-    // as the skew's construction assumes.
-    if (glm) zeros(moe + "gate.e_score_correction_bias", s.experts);
+    // as the skew's construction assumes (with several groups, see the sidecar). DeepSeek
+    // stores the bias in float32.
+    if (s.grouped_router()) {
+      zeros(moe + "gate.e_score_correction_bias", s.experts);
+      plan.back().keep_f32 = mla;
+    }
     if (skew != nullptr) {
       orders->push_back(ExpertOrder(seed, l, s.experts));
       gate.row_scale.resize(s.experts);
@@ -303,7 +322,7 @@ std::vector<TensorSpec> PlanTensors(const ModelShape& s, int layers, uint64_t se
       normal(x + (qwen ? "up_proj" : "w3") + ".weight", {s.expert_ffn, h});
       normal(x + (qwen ? "down_proj" : "w2") + ".weight", {h, s.expert_ffn});
     }
-    if (glm) swiglu(moe + "shared_experts.", s.expert_ffn);
+    if (s.grouped_router()) swiglu(moe + "shared_experts.", s.expert_ffn);
   }
   ones("model.norm.weight", h);
   normal("lm_head.weight", {s.vocab, h});
@@ -311,93 +330,44 @@ std::vector<TensorSpec> PlanTensors(const ModelShape& s, int layers, uint64_t se
   return plan;
 }
 
-// The expert matrices as FP8 E4M3, each followed by its F32 row scales (`<name>_scale`).
-std::vector<TensorSpec> WithFp8Experts(std::vector<TensorSpec> plan) {
+// Whether tensor `t` is FP8 in a --dtype fp8 model: the routed experts' matrices, or for the
+// DeepSeek shapes, which ship FP8 throughout, every linear `strata quantize` makes FP8
+// (attention and every MLP; the gates and kv_b_proj stay 16-bit).
+bool IsFp8Tensor(const ModelShape& s, const TensorSpec& t) {
+  if (s.latent_attention()) return IsFp8Linear(t.name, t.shape);
+  return t.name.find(".experts.") != std::string::npos && t.shape.size() == 2;
+}
+
+// The FP8 matrices, each followed by its F32 scales: `<name>_scale` [rows] per row, or
+// `<name>_scale_inv` [ceil(rows / 128), ceil(cols / 128)] per block. `ignore` gets the module
+// of every linear left 16-bit (the quantization_config's list).
+std::vector<TensorSpec> WithFp8(const ModelShape& s, std::vector<TensorSpec> plan,
+                                Fp8Scaling scaling, std::vector<std::string>* ignore) {
   std::vector<TensorSpec> out;
   out.reserve(plan.size() * 2);
+  const bool block = scaling == Fp8Scaling::kBlock;
   for (TensorSpec& t : plan) {
-    const bool expert = t.name.find(".experts.") != std::string::npos && t.shape.size() == 2;
-    if (!expert) {
+    if (!IsFp8Tensor(s, t)) {
+      if (t.shape.size() == 2 && t.name.rfind("model.layers.", 0) == 0) {
+        ignore->push_back(ModuleOf(t.name));
+      }
       out.push_back(std::move(t));
       continue;
     }
     t.dtype = DType::kF8E4M3;
     TensorSpec scales{t.name + "_scale", {t.shape[0]}, false, t.std, {}, t.key};
+    if (block) {
+      t.fp8_block = kFp8Block;
+      scales.name = t.name + "_scale_inv";
+      scales.shape = {(t.shape[0] + kFp8Block - 1) / kFp8Block,
+                      (t.shape[1] + kFp8Block - 1) / kFp8Block};
+    }
     scales.dtype = DType::kF32;
     scales.fp8_scales = true;
     out.push_back(std::move(t));
     out.push_back(std::move(scales));
   }
   return out;
-}
-
-// config.json as transformers writes it (keys sorted).
-nlohmann::json ConfigJson(const ModelShape& s, int layers, absl::string_view torch_dtype) {
-  const bool qwen = s.model_type == "qwen3_moe";
-  const bool glm = s.model_type == "glm4_moe";
-  nlohmann::json c = {
-      {"architectures",
-       {qwen  ? "Qwen3MoeForCausalLM"
-        : glm ? "Glm4MoeForCausalLM"
-              : "MixtralForCausalLM"}},
-      {"attention_dropout", 0.0},
-      {"bos_token_id", s.bos_token_id >= 0 ? nlohmann::json(s.bos_token_id) : nullptr},
-      {"eos_token_id", s.eos_token_id},
-      {"head_dim", s.head_dim},
-      {"hidden_act", "silu"},
-      {"hidden_size", s.hidden},
-      {"initializer_range", kInitStd},
-      {"max_position_embeddings", s.max_position_embeddings},
-      {"model_type", s.model_type},
-      {"num_attention_heads", s.heads},
-      {"num_experts_per_tok", s.top_k},
-      {"num_hidden_layers", layers},
-      {"num_key_value_heads", s.kv_heads},
-      {"output_router_logits", false},
-      {"rms_norm_eps", s.rms_norm_eps},
-      {"rope_theta", s.rope_theta},
-      {"sliding_window", nullptr},
-      {"tie_word_embeddings", false},
-      {"torch_dtype", torch_dtype},
-      {"transformers_version", "4.51.0"},
-      {"use_cache", true},
-      {"vocab_size", s.vocab},
-  };
-  if (qwen) {
-    c.update({{"attention_bias", false},
-              {"decoder_sparse_step", 1},
-              {"intermediate_size", s.dense_ffn},
-              {"max_window_layers", layers},
-              {"mlp_only_layers", nlohmann::json::array()},
-              {"moe_intermediate_size", s.expert_ffn},
-              {"norm_topk_prob", true},
-              {"num_experts", s.experts},
-              {"rope_scaling", nullptr},
-              {"router_aux_loss_coef", 0.001},
-              {"use_sliding_window", false}});
-  } else if (glm) {
-    c.update({{"attention_bias", true},
-              {"first_k_dense_replace", s.dense_layers},
-              {"intermediate_size", s.dense_ffn},
-              {"moe_intermediate_size", s.expert_ffn},
-              {"n_group", 1},
-              {"n_routed_experts", s.experts},
-              {"n_shared_experts", 1},
-              {"norm_topk_prob", true},
-              {"num_nextn_predict_layers", 0},
-              {"partial_rotary_factor", 0.5},
-              {"rope_scaling", nullptr},
-              {"routed_scaling_factor", s.routed_scaling_factor},
-              {"topk_group", 1},
-              {"use_qk_norm", s.qk_norm}});
-    c.erase("sliding_window");
-  } else {
-    c.update({{"intermediate_size", s.expert_ffn},
-              {"num_local_experts", s.experts},
-              {"router_aux_loss_coef", 0.02},
-              {"router_jitter_noise", 0.0}});
-  }
-  return c;
 }
 
 struct Shard {
@@ -474,20 +444,6 @@ std::string Count(int64_t n) {
 }
 
 }  // namespace
-
-std::vector<std::string> ModelShapeNames() {
-  std::vector<std::string> names;
-  for (const ModelShape& s : Shapes()) names.push_back(s.name);
-  return names;
-}
-
-absl::StatusOr<ModelShape> FindModelShape(absl::string_view name) {
-  for (const ModelShape& s : Shapes()) {
-    if (s.name == name) return s;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown shape \"", name, "\" (", absl::StrJoin(ModelShapeNames(), ", "), ")"));
-}
 
 absl::StatusOr<double> ParseSkew(absl::string_view spec) {
   if (spec.empty() || spec == "none") return 0.0;
@@ -629,7 +585,7 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
   } else if (options.dtype == "f32") {
     dtype = DType::kF32, torch_dtype = "float32";
   } else if (options.dtype == "fp8") {
-    // FP8 E4M3 experts with per-row F32 scales (`<name>_scale`); everything else bf16.
+    // FP8 E4M3 matrices (IsFp8Tensor) with F32 scales per row or per block; the rest bf16.
     dtype = DType::kBF16, torch_dtype = "bfloat16";
   } else {
     return absl::InvalidArgumentError(
@@ -648,8 +604,10 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
   std::vector<std::vector<int>> orders;
   std::vector<TensorSpec> plan =
       PlanTensors(shape, layers, options.seed, skew ? &*skew : nullptr, &orders);
-  for (TensorSpec& t : plan) t.dtype = dtype;
-  if (options.dtype == "fp8") plan = WithFp8Experts(std::move(plan));
+  for (TensorSpec& t : plan) t.dtype = t.keep_f32 ? DType::kF32 : dtype;
+  const bool fp8 = options.dtype == "fp8";
+  std::vector<std::string> ignore;
+  if (fp8) plan = WithFp8(shape, std::move(plan), options.fp8_scaling, &ignore);
 
   // Shards of at most max_shard_bytes of tensor data, in order, as transformers cuts them.
   MakeModelResult result;
@@ -727,8 +685,13 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
   index["metadata"] = {{"total_size", result.bytes}};
   index["weight_map"] = std::move(weight_map);
   RETURN_IF_ERROR(WriteText(dir / "model.safetensors.index.json", index.dump(2) + "\n"));
-  RETURN_IF_ERROR(
-      WriteText(dir / "config.json", ConfigJson(shape, layers, torch_dtype).dump(2) + "\n"));
+  nlohmann::json config = ShapeConfigJson(shape, layers, torch_dtype);
+  // Block scales need their block size from the config; the per-row layout has always been
+  // read from the tensors alone.
+  if (fp8 && options.fp8_scaling == Fp8Scaling::kBlock) {
+    config["quantization_config"] = BlockQuantizationConfigJson(std::move(ignore));
+  }
+  RETURN_IF_ERROR(WriteText(dir / "config.json", config.dump(2) + "\n"));
   const nlohmann::json generation = {
       {"_from_model_config", true},
       {"bos_token_id", shape.bos_token_id >= 0 ? nlohmann::json(shape.bos_token_id) : nullptr},
@@ -741,6 +704,8 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
   sidecar["shape"] = shape.name;
   sidecar["layers"] = layers;
   sidecar["dtype"] = options.dtype;
+  if (fp8) sidecar["fp8_scaling"] = options.fp8_scaling == Fp8Scaling::kBlock ? "block" : "channel";
+  sidecar["dense_layers"] = DenseLayersOf(shape, layers);
   sidecar["seed"] = options.seed;
   sidecar["init"] = {
       {"linear_std", kInitStd},
@@ -762,6 +727,15 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
         "it equals selection_probability[r] = clamp(c / (r + 1)^S, lo, hi), c making them sum "
         "to top_k: Zipf's law where this construction can reach it (hi < 1/2; lo above "
         "P(Binomial(experts - 1, 1/2) < top_k)).");
+    if (shape.n_group > 1) {
+      // The router first keeps the topk_group groups of the best two biased scores, which the
+      // construction does not model: popular experts still win, but not at these rates.
+      s["groups"] = absl::StrCat(
+          "This router chooses within the best ", shape.topk_group, " of ", shape.n_group,
+          " expert groups; the construction assumes one group, so the achieved probabilities "
+          "only approximate selection_probability (measure them, e.g. strata eval "
+          "--expert-stats).");
+    }
     s["selection_probability"] = skew->target;
     s["achieved_selection_probability"] = skew->achieved;
     s["gate_row_scale"] = skew->scale;

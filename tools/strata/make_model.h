@@ -11,39 +11,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "tools/strata/model_shapes.h"
+#include "tools/strata/quantize_rules.h"
 
 namespace strata {
-
-// The architecture of one benchmark shape (BRIEF.md §3), as config.json spells it.
-struct ModelShape {
-  std::string name;
-  std::string model_type;  // "qwen3_moe", "mixtral" or "glm4_moe"
-  int layers = 0;
-  int64_t hidden = 0;
-  int64_t vocab = 0;
-  int experts = 0;
-  int top_k = 0;
-  int64_t expert_ffn = 0;  // moe_intermediate_size (qwen3_moe) / intermediate_size (mixtral)
-  int64_t dense_ffn = 0;   // qwen3_moe intermediate_size (dense layers; none here)
-  int heads = 0;
-  int kv_heads = 0;
-  int head_dim = 0;
-  double rope_theta = 1e6;
-  double rms_norm_eps = 1e-6;
-  int64_t max_position_embeddings = 0;
-  int bos_token_id = 0;  // negative: none (GLM)
-  int eos_token_id = 0;
-  // glm4_moe only: first_k_dense_replace, use_qk_norm, routed_scaling_factor. One ungated
-  // shared expert of expert_ffn, one expert group, partial_rotary_factor 0.5.
-  int dense_layers = 0;
-  bool qk_norm = false;
-  double routed_scaling_factor = 1.0;
-};
-
-// qwen3-30b-a3b, mixtral-8x7b, seed-125b, glm-4.5, glm-4.5-air, and tiny-qwen3 / tiny-mixtral /
-// tiny-glm4 for tests.
-std::vector<std::string> ModelShapeNames();
-absl::StatusOr<ModelShape> FindModelShape(absl::string_view name);
 
 // The gate skew: expert popularity follows Zipf's law with this exponent (0: no skew).
 // `spec` is "", "none" or "zipf:S" with 0 <= S <= 10.
@@ -73,10 +44,13 @@ absl::StatusOr<ZipfGateSkew> SolveZipfGateSkew(int experts, int top_k, double ex
 std::vector<double> TopKSelectionProbability(const std::vector<double>& scale, int top_k);
 
 struct MakeModelOptions {
-  std::string shape;           // a ModelShapeNames() entry
-  std::string out_dir;         // created if missing; must be empty unless `force`
-  std::string dtype = "bf16";  // bf16, f16 or f32
-  std::string skew;            // "", "none" or "zipf:S"
+  std::string shape;    // a ModelShapeNames() entry
+  std::string out_dir;  // created if missing; must be empty unless `force`
+  // bf16, f16, f32, or fp8: FP8 E4M3 experts (DeepSeek shapes: every linear `strata quantize`
+  // makes FP8) scaled as `fp8_scaling` says, the rest bf16.
+  std::string dtype = "bf16";
+  Fp8Scaling fp8_scaling = Fp8Scaling::kChannel;
+  std::string skew;  // "", "none" or "zipf:S"
   uint64_t seed = 0;
   int layers = 0;       // 0: the shape's own count
   bool force = false;   // write into a non-empty directory (old shards are removed)

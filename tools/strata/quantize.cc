@@ -106,30 +106,50 @@ float StoreAs(DType dtype, float value, uint8_t* out) {
   return value;
 }
 
-// A tensor being quantized: the source in the mapped file and its row scales, both as stored
-// (the checkpoint's dtype, what loaders read) and as the float the codes were divided by.
+// A tensor being quantized: the source in the mapped file and its scales, per row or per
+// block, both as stored (what loaders read: the checkpoint's dtype for row scales, float32 for
+// block scales as DeepSeek stores them) and as the float the codes were divided by.
 struct Fp8Tensor {
   const uint8_t* source = nullptr;
   DType dtype = DType::kBF16;
   int64_t rows = 0;
   int64_t cols = 0;
+  Fp8Scaling scaling = Fp8Scaling::kChannel;
   std::vector<uint8_t> stored_scales;
   std::vector<float> scales;
+
+  DType scale_dtype() const { return scaling == Fp8Scaling::kBlock ? DType::kF32 : dtype; }
+  // [rows, 1], or [ceil(rows / 128), ceil(cols / 128)].
+  std::vector<int64_t> scale_shape() const {
+    if (scaling == Fp8Scaling::kChannel) return {rows, 1};
+    return {(rows + kFp8Block - 1) / kFp8Block, (cols + kFp8Block - 1) / kFp8Block};
+  }
+  // Which of `scales` element (r, c) is divided by.
+  int64_t ScaleIndex(int64_t r, int64_t c) const {
+    if (scaling == Fp8Scaling::kChannel) return r;
+    return (r / kFp8Block) * ((cols + kFp8Block - 1) / kFp8Block) + c / kFp8Block;
+  }
 };
 
 void ComputeScales(Fp8Tensor& t) {
-  const size_t elem = DTypeSize(t.dtype);
-  t.stored_scales.resize(static_cast<size_t>(t.rows) * elem);
-  t.scales.resize(static_cast<size_t>(t.rows));
+  const std::vector<int64_t> shape = t.scale_shape();
+  const int64_t count = shape[0] * shape[1];
+  std::vector<float> absmax(static_cast<size_t>(count), 0.0f);
   for (int64_t r = 0; r < t.rows; ++r) {
-    float absmax = 0.0f;
     for (int64_t c = 0; c < t.cols; ++c) {
-      absmax = std::max(absmax, std::fabs(LoadAsFloat(t.source, t.dtype, r * t.cols + c)));
+      float& m = absmax[t.ScaleIndex(r, c)];
+      m = std::max(m, std::fabs(LoadAsFloat(t.source, t.dtype, r * t.cols + c)));
     }
-    float s = StoreAs(t.dtype, Fp8RowScale(absmax), &t.stored_scales[r * elem]);
+  }
+  const DType dtype = t.scale_dtype();
+  const size_t elem = DTypeSize(dtype);
+  t.stored_scales.resize(static_cast<size_t>(count) * elem);
+  t.scales.resize(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) {
+    float s = StoreAs(dtype, Fp8RowScale(absmax[k]), &t.stored_scales[k * elem]);
     // A row too small for a 16-bit scale (F16 underflows to 0): scale 1, codes of ~0.
-    if (!(s > 0.0f) || !std::isfinite(s)) s = StoreAs(t.dtype, 1.0f, &t.stored_scales[r * elem]);
-    t.scales[r] = s;
+    if (!(s > 0.0f) || !std::isfinite(s)) s = StoreAs(dtype, 1.0f, &t.stored_scales[k * elem]);
+    t.scales[k] = s;
   }
 }
 
@@ -137,7 +157,8 @@ void ComputeScales(Fp8Tensor& t) {
 // a hair above 448: FloatToFp8E4M3 saturates it).
 void FillCodes(const Fp8Tensor& t, uint64_t begin, uint64_t n, uint8_t* out) {
   for (uint64_t i = begin; i < begin + n; ++i) {
-    const float inverse = 1.0f / t.scales[static_cast<int64_t>(i) / t.cols];
+    const int64_t r = static_cast<int64_t>(i) / t.cols, c = static_cast<int64_t>(i) % t.cols;
+    const float inverse = 1.0f / t.scales[t.ScaleIndex(r, c)];
     out[i - begin] =
         FloatToFp8E4M3(LoadAsFloat(t.source, t.dtype, static_cast<int64_t>(i)) * inverse);
   }
@@ -259,12 +280,16 @@ absl::StatusOr<QuantizeResult> Quantize(const QuantizeOptions& options) {
       t.dtype = shard.dtypes[i];
       t.rows = e.shape[0];
       t.cols = e.shape[1];
+      t.scaling = options.scaling;
+      const bool block = t.scaling == Fp8Scaling::kBlock;
+      const SafetensorsTensorHeader scale_header{e.name + (block ? "_scale_inv" : "_scale"),
+                                                 t.scale_dtype(), t.scale_shape()};
       fp8.push_back(std::move(t));
       const int q = static_cast<int>(fp8.size()) - 1;
       items.push_back({Kind::kCodes, &e, q});
       headers.push_back({e.name, DType::kF8E4M3, e.shape});
       items.push_back({Kind::kScales, &e, q});
-      headers.push_back({e.name + "_scale", shard.dtypes[i], {e.shape[0], 1}});
+      headers.push_back(scale_header);
       ++result.quantized_tensors;
     }
     ParallelFor(static_cast<int>(fp8.size()), threads, [&](int q) { ComputeScales(fp8[q]); });
@@ -308,7 +333,9 @@ absl::StatusOr<QuantizeResult> Quantize(const QuantizeOptions& options) {
     RETURN_IF_ERROR(
         WriteTextFile((temp / "model.safetensors.index.json").string(), index.dump(2) + "\n"));
   }
-  config["quantization_config"] = QuantizationConfigJson(std::move(ignore));
+  config["quantization_config"] = options.scaling == Fp8Scaling::kBlock
+                                      ? BlockQuantizationConfigJson(std::move(ignore))
+                                      : QuantizationConfigJson(std::move(ignore));
   RETURN_IF_ERROR(WriteTextFile((temp / "config.json").string(), config.dump(2) + "\n"));
   for (const char* name : kCopiedFiles) {
     if (!fs::exists(in / name, ec)) continue;

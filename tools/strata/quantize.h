@@ -1,6 +1,7 @@
 // `strata quantize`: a 16- or 32-bit Hugging Face MoE checkpoint to FP8 E4M3 weights with
 // per-output-channel scales, in the compressed-tensors layout (`<name>_scale` [out, 1] beside
-// each FP8 `<name>`, a quantization_config in config.json) that Strata and transformers load.
+// each FP8 `<name>`, a quantization_config in config.json), or with one scale per 128 x 128
+// block as DeepSeek-V3 ships (`<name>_scale_inv`, float32); Strata and transformers load both.
 #ifndef STRATA_TOOLS_STRATA_QUANTIZE_H_
 #define STRATA_TOOLS_STRATA_QUANTIZE_H_
 
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "tools/strata/quantize_rules.h"
 
 namespace strata {
 
@@ -15,6 +17,7 @@ struct QuantizeOptions {
   std::string model_dir;
   std::string out_dir;  // must not exist or be empty unless `force` (then it is replaced)
   bool force = false;
+  Fp8Scaling scaling = Fp8Scaling::kChannel;
   int num_threads = 0;    // 0: every hardware thread
   bool progress = false;  // status lines on stderr
 };

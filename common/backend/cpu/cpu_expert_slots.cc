@@ -21,21 +21,35 @@ uint64_t BiasElementBytes(DType weights) {
   return weights == DType::kF8E4M3 ? sizeof(float) : DTypeSize(weights);
 }
 
-// A matrix's bytes, then (FP8) its row scales.
+// The most float32 scales an FP8 expert matrix carries: a row's (max(h, inter) rows), or its
+// blocks' when the model's FP8 is block-scaled.
+uint64_t MaxScales(const ModelConfig& config) {
+  const uint64_t h = config.hidden_size, inter = config.moe_intermediate_size;
+  uint64_t most = std::max(h, inter);
+  if (config.fp8_block_scaled()) {
+    const uint64_t br = config.fp8_block_rows, bc = config.fp8_block_cols;
+    const uint64_t blocks = std::max(((inter + br - 1) / br) * ((h + bc - 1) / bc),
+                                     ((h + br - 1) / br) * ((inter + bc - 1) / bc));
+    most = std::max(most, blocks);
+  }
+  return most;
+}
+
+// A matrix's bytes, then (FP8) its row or block scales.
 SlotLayout LayoutOf(const ModelConfig& config, DType dtype, bool biased) {
   const uint64_t h = config.hidden_size, inter = config.moe_intermediate_size;
   const uint64_t size = DTypeSize(dtype);
   SlotLayout l;
   l.matrix = AlignUp(h * inter * size) +
-             (dtype == DType::kF8E4M3 ? AlignUp(std::max(h, inter) * sizeof(float)) : 0);
+             (dtype == DType::kF8E4M3 ? AlignUp(MaxScales(config) * sizeof(float)) : 0);
   l.gate_bias = biased ? AlignUp(inter * BiasElementBytes(dtype)) : 0;
   l.down_bias = biased ? AlignUp(h * BiasElementBytes(dtype)) : 0;
   l.total = 3 * l.matrix + 2 * l.gate_bias + l.down_bias;
   return l;
 }
 
-// Copies `src` into `dst` as a packed row-major matrix of the same dtype, its row scales (FP8)
-// after it.
+// Copies `src` into `dst` as a packed row-major matrix of the same dtype, its row or block
+// scales (FP8) after it.
 WeightMatrix CopyMatrix(const WeightMatrix& src, uint8_t* dst) {
   const size_t size = DTypeSize(src.dtype);
   if (src.row_major()) {
@@ -50,10 +64,15 @@ WeightMatrix CopyMatrix(const WeightMatrix& src, uint8_t* dst) {
     }
   }
   WeightMatrix m{dst, src.dtype, src.out, src.in, src.in, 1};
+  float* scale = reinterpret_cast<float*>(dst + AlignUp(src.out * src.in * size));
   if (src.scale != nullptr) {
-    float* scale = reinterpret_cast<float*>(dst + AlignUp(src.out * src.in * size));
     std::memcpy(scale, src.scale, static_cast<size_t>(src.out) * sizeof(float));
     m.scale = scale;
+  } else if (src.blocks.present()) {  // whole_block_scaled(), checked by Load
+    std::memcpy(scale, src.blocks.data, static_cast<size_t>(src.blocks.count()) * sizeof(float));
+    m.blocks = src.blocks;
+    m.blocks.data = scale;
+    m.blocks.origin = dst;
   }
   return m;
 }
@@ -106,7 +125,12 @@ absl::Status CpuExpertSlots::Load(int slot, int layer, int expert, const FfnWeig
       return absl::InvalidArgumentError("expert weights are not in the slots' dtype");
     }
     if (!m->scales_match_dtype()) {
-      return absl::InvalidArgumentError("FP8 expert weights need row scales (and only they)");
+      return absl::InvalidArgumentError("FP8 expert weights need scales (and only they)");
+    }
+    if (m->blocks.present() && (!m->whole_block_scaled() ||
+                                static_cast<uint64_t>(m->blocks.count()) > MaxScales(config_))) {
+      return absl::InvalidArgumentError(
+          "block-scaled FP8 expert weights must be whole tensors in the model's blocks");
     }
     if (m->out != shape.first || m->in != shape.second) {
       return absl::InvalidArgumentError(absl::StrCat("expert weights of shape [", m->out, ", ",

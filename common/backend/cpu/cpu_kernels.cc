@@ -9,8 +9,40 @@
 namespace strata::cpu {
 namespace {
 
-// Row o of W as float32, times its row scale when it has one (as WeightMatrix::At).
+// Row o of a block-scaled FP8 W as float32: within a stored row the scale changes every
+// block_cols elements, so a packed row converts segment by segment; any other view (a
+// transpose of kv_b_proj) asks WeightMatrix::ScaleAt element by element.
+void LoadBlockScaledRow(const WeightMatrix& w, int64_t o, float* row) {
+  const uint8_t* src = static_cast<const uint8_t*>(w.data) + o * w.out_stride;
+  const Fp8BlockScales& b = w.blocks;
+  const int64_t offset = src - b.origin;
+  const int64_t col = offset % b.cols;
+  if (w.in_stride != 1 || col + w.in > b.cols) {
+    for (int64_t i = 0; i < w.in; ++i) {
+      row[i] = Fp8E4M3ToFloat(src[i * w.in_stride]) * w.ScaleAt(o, i);
+    }
+    return;
+  }
+  const int64_t stored_row = offset / b.cols;
+  for (int64_t i = 0; i < w.in;) {
+    const int64_t c = col + i;
+    const int64_t end = std::min(w.in, i + b.block_cols - c % b.block_cols);
+    const float scale = b.At(stored_row, c);
+    if (simd::Available()) {
+      simd::Fp8E4M3ToFloat(src + i, end - i, scale, row + i);
+    } else {
+      for (int64_t k = i; k < end; ++k) row[k] = Fp8E4M3ToFloat(src[k]) * scale;
+    }
+    i = end;
+  }
+}
+
+// Row o of W as float32, times its scales when it has them (as WeightMatrix::At).
 void LoadRow(const WeightMatrix& w, int64_t o, float* row) {
+  if (w.blocks.present()) {
+    LoadBlockScaledRow(w, o, row);
+    return;
+  }
   const int64_t base = o * w.out_stride;
   if (w.in_stride == 1 && w.dtype == DType::kF8E4M3 && simd::Available()) {
     simd::Fp8E4M3ToFloat(static_cast<const uint8_t*>(w.data) + base, w.in,

@@ -30,8 +30,9 @@ void ApplyLatentRope(const RopeTable& rope, int64_t pos, bool interleave, float*
 }
 
 // The [out, in] matrix of rows [first, first + out) of kv_b_proj, or its transpose (W_UK^T:
-// kv_lora_rank outputs from qk_nope_head_dim inputs). Binding refuses an FP8 kv_b, so no row
-// scales need to follow the transpose.
+// kv_lora_rank outputs from qk_nope_head_dim inputs). Binding refuses per-row FP8 scales on
+// kv_b, which would not follow the transpose; block scales follow any view of the stored tensor
+// (WeightMatrix::ScaleAt).
 WeightMatrix KvBRows(const WeightMatrix& kv_b, int64_t first, int64_t out, bool transpose) {
   WeightMatrix m = kv_b;
   m.data = static_cast<const uint8_t*>(kv_b.data) + first * kv_b.out_stride * DTypeSize(kv_b.dtype);

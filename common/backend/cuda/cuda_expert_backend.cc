@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/cuda/cuda_weights.h"
 #include "common/backend/cuda/expert_repack.h"
+#include "common/backend/cuda_model_support.h"
 #include "common/cuda/kernels/fp8_quant.h"
 #include "common/util/status_macros.h"
 
@@ -23,6 +24,7 @@ GluParams ExpertGluParams(const ModelConfig& config) {
 absl::StatusOr<std::unique_ptr<CudaExpertBackend>> CudaExpertBackend::Create(
     const ModelConfig& config, const ExpertWeightSource& experts, CudaContext* context,
     CudaExpertOptions options) {
+  RETURN_IF_ERROR(CudaExpertsSupport(config));
   std::unique_ptr<CudaExpertBackend> b(new CudaExpertBackend(config, context, std::move(options)));
   b->layers_.resize(config.num_layers);
   const int64_t h = config.hidden_size, inter = config.moe_intermediate_size;

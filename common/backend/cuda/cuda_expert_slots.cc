@@ -15,6 +15,7 @@
 #include "common/backend/cuda/host_regions.h"
 #include "common/backend/cuda/host_tier_split.h"
 #include "common/backend/cuda/staged_expert_backend.h"
+#include "common/backend/cuda_model_support.h"
 #include "common/cuda/cuda_context.h"
 #include "common/cuda/device_buffer.h"
 #include "common/cuda/kernels/grouped_expert_kernels.h"
@@ -754,6 +755,7 @@ uint64_t CudaExpertSlotBytes(const ModelConfig& config, WeightFormat format) {
 absl::StatusOr<std::unique_ptr<ExpertSlots>> CreateCudaExpertSlots(const ModelConfig& config,
                                                                    int device,
                                                                    CudaExpertSlotOptions options) {
+  RETURN_IF_ERROR(CudaExpertsSupport(config));
   if (options.num_slots < 1 || options.max_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("cuda expert slots: ", options.num_slots,
                                                    " slots, ", options.max_tokens, " tokens"));

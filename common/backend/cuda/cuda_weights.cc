@@ -18,6 +18,9 @@ size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 absl::StatusOr<DeviceWeight> DeviceWeightStore::Matrix(const WeightMatrix& w,
                                                        const WeightVector& bias,
                                                        WeightFormat format) {
+  if (w.blocks.present()) {  // CudaRouterSupports names them; this guards other callers
+    return absl::UnimplementedError("the CUDA backend takes per-row FP8 scales, not block scales");
+  }
   DeviceWeight d;
   d.format = format;
   d.out = w.out;
@@ -177,6 +180,9 @@ absl::Status EnqueueExpertUpload(const FfnWeights& weights, const ExpertDeviceLa
   bool staged = false;
   for (int m = 0; m < 3; ++m) {
     const WeightMatrix& w = *mats[m];
+    if (w.blocks.present()) {  // CudaExpertsSupport names them; this guards other callers
+      return absl::UnimplementedError("CUDA expert uploads take per-row FP8 scales, not blocks");
+    }
     void* out = const_cast<void*>(dst[m]);
     if (fp8 && w.dtype == DType::kF8E4M3 && w.scale != nullptr && w.row_major()) {
       // An FP8 checkpoint's codes and row scales go up as they are: exact, and no staging.

@@ -32,6 +32,22 @@ TEST(CudaModelSupportTest, TakesTheOtherArchitectures) {
     auto c = LoadModelConfig(OracleDir(name));
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_TRUE(CudaRouterSupports(*c).ok()) << name;
+    EXPECT_TRUE(CudaExpertsSupport(*c).ok()) << name;
+  }
+}
+
+// Block-scaled FP8 (DeepSeek's weight_scale_inv) is refused by the router and the expert
+// backends alike, naming the layout, rather than read with per-row scales.
+TEST(CudaModelSupportTest, RefusesBlockScaledFp8) {
+  auto c = LoadModelConfig(OracleDir("qwen3_moe"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  c->fp8_block_rows = 128;
+  c->fp8_block_cols = 128;
+  for (const absl::Status& s : {CudaRouterSupports(*c), CudaExpertsSupport(*c)}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("block-scaled FP8 weights (quantization_config weight_block_size "
+                          "[128, 128]: each matrix's weight_scale_inv"));
   }
 }
 

@@ -154,15 +154,19 @@ TEST(ModelConfigTest, OlderRopeSpelling) {
   EXPECT_EQ(c->rope.type, RopeConfig::Type::kDefault);
 }
 
+// A small valid qwen3_moe config.json.
+nlohmann::json SmallQwen3Config() {
+  return {{"model_type", "qwen3_moe"},     {"vocab_size", 32},         {"hidden_size", 16},
+          {"num_hidden_layers", 2},        {"num_attention_heads", 2}, {"num_key_value_heads", 1},
+          {"max_position_embeddings", 64}, {"num_experts", 4},         {"num_experts_per_tok", 2},
+          {"moe_intermediate_size", 8},    {"intermediate_size", 32}};
+}
+
 // Each malformed config names the file and the key at fault.
 class BadConfigTest : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
 
 TEST_P(BadConfigTest, ClearError) {
-  nlohmann::json base = {
-      {"model_type", "qwen3_moe"},     {"vocab_size", 32},         {"hidden_size", 16},
-      {"num_hidden_layers", 2},        {"num_attention_heads", 2}, {"num_key_value_heads", 1},
-      {"max_position_embeddings", 64}, {"num_experts", 4},         {"num_experts_per_tok", 2},
-      {"moe_intermediate_size", 8},    {"intermediate_size", 32}};
+  nlohmann::json base = SmallQwen3Config();
   ExpectRefused(base, GetParam().first, GetParam().second);
 }
 
@@ -216,7 +220,47 @@ INSTANTIATE_TEST_SUITE_P(
         std::make_pair(R"({"rms_norm_eps": 2.5})", "\"rms_norm_eps\" must be less than 1"),
         std::make_pair(R"({"rope_theta": -10000})", "\"rope_theta\" must be greater than 0"),
         std::make_pair(R"({"eos_token_id": 4294967296})", "eos_token_id"),
-        std::make_pair(R"({"eos_token_id": [1, -2]})", "eos_token_id")));
+        std::make_pair(R"({"eos_token_id": [1, -2]})", "eos_token_id"),
+        // Block-scaled FP8's quantization_config.
+        std::make_pair(R"({"quantization_config": 8})",
+                       "\"quantization_config\" must be an object"),
+        std::make_pair(R"({"quantization_config": {"quant_method": "fp8"}})",
+                       "\"quantization_config.weight_block_size\" is missing"),
+        std::make_pair(R"({"quantization_config": {"quant_method": "fp8", "fmt": "e5m2",
+                           "weight_block_size": [128, 128]}})",
+                       "\"quantization_config.fmt\" \"e5m2\" is not supported (e4m3)"),
+        std::make_pair(R"({"quantization_config": {"quant_method": "fp8",
+                           "activation_scheme": "static", "weight_block_size": [128, 128]}})",
+                       "\"quantization_config.activation_scheme\" \"static\" is not supported"),
+        std::make_pair(R"({"quantization_config": {"quant_method": "fp8",
+                           "weight_block_size": [128]}})",
+                       "\"quantization_config.weight_block_size\" must be two positive integers"),
+        std::make_pair(R"({"quantization_config": {"quant_method": "fp8",
+                           "weight_block_size": [0, 128]}})",
+                       "\"quantization_config.weight_block_size\" must be two positive integers")));
+
+// DeepSeek's quantization_config gives the FP8 block size; compressed-tensors' does not concern
+// the config (its per-row scales are read from the tensors).
+TEST(ModelConfigTest, Fp8BlockSizeFromTheQuantizationConfig) {
+  nlohmann::json base = SmallQwen3Config();
+  auto plain = ParseModelConfig(base.dump(), "config.json");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->fp8_block_scaled());
+  base["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                 {"fmt", "e4m3"},
+                                 {"quant_method", "fp8"},
+                                 {"weight_block_size", {128, 64}}};
+  auto blocks = ParseModelConfig(base.dump(), "config.json");
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  EXPECT_TRUE(blocks->fp8_block_scaled());
+  EXPECT_EQ(blocks->fp8_block_rows, 128);
+  EXPECT_EQ(blocks->fp8_block_cols, 64);
+  base["quantization_config"] = {{"quant_method", "compressed-tensors"},
+                                 {"format", "float-quantized"}};
+  auto channel = ParseModelConfig(base.dump(), "config.json");
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  EXPECT_FALSE(channel->fp8_block_scaled());
+}
 
 // The same for GLM-4.5's keys: unsupported router, rope and group settings are refused.
 class BadGlmConfigTest : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};

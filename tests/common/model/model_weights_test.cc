@@ -1,12 +1,14 @@
 // Binding a checkpoint to an architecture: a missing or misshapen tensor is reported by name.
 #include "common/model/model_weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/safetensors_builder.h"
@@ -19,6 +21,22 @@ namespace fs = std::filesystem;
 using ::strata::testing::SafetensorsBuilder;
 using ::strata::testing::TempDir;
 using ::testing::HasSubstr;
+
+// `values` as the bytes of a tensor of `dtype`, F32 or BF16.
+std::vector<uint8_t> ScaleBytes(const std::vector<float>& values, const std::string& dtype) {
+  std::vector<uint8_t> bytes;
+  for (float f : values) {
+    if (dtype == "F32") {
+      const auto* p = reinterpret_cast<const uint8_t*>(&f);
+      bytes.insert(bytes.end(), p, p + 4);
+    } else {
+      const uint16_t b = FloatToBf16(f);
+      const auto* p = reinterpret_cast<const uint8_t*>(&b);
+      bytes.insert(bytes.end(), p, p + 2);
+    }
+  }
+  return bytes;
+}
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -233,40 +251,38 @@ TEST(ModelWeightsTest, WrongDtypeIsNamed) {
       HasSubstr("tensor 'model.layers.0.mlp.shared_expert_gate.weight': unsupported dtype"));
 }
 
+// The qwen3_moe oracle copied into `dir` with layer 0's expert 1 down_proj ([64, 32], bf16)
+// replaced by what replace(entry, bytes, builder) adds.
+template <typename Replace>
+void ReplaceExpertMatrix(const TempDir& dir, Replace replace) {
+  RewriteModel(
+      "qwen3_moe", dir,
+      [&](const SafetensorsEntry& e, std::vector<uint8_t>& bytes, SafetensorsBuilder& builder) {
+        if (e.name == "model.layers.0.mlp.experts.1.down_proj.weight") {
+          ASSERT_EQ(e.dtype, "BF16");
+          replace(e, bytes, builder);
+        } else {
+          builder.Add(e.name, e.dtype, e.shape, bytes);
+        }
+      });
+}
+
 // One expert matrix of an oracle stored as FP8 E4M3 with per-row scales beside it, as
 // `scale_dtype` of `scale_shape` under `scale_name` (empty: none).
 void CopyWithFp8Expert(const TempDir& dir, const std::string& scale_name,
                        const std::string& scale_dtype, std::vector<int64_t> scale_shape) {
-  const std::string target = "model.layers.0.mlp.experts.1.down_proj.weight";
-  RewriteModel(
-      "qwen3_moe", dir,
-      [&](const SafetensorsEntry& e, std::vector<uint8_t>& bytes, SafetensorsBuilder& builder) {
-        if (e.name != target) {
-          builder.Add(e.name, e.dtype, e.shape, bytes);
-          return;
-        }
-        ASSERT_EQ(e.dtype, "BF16");
-        const int64_t out = e.shape[0], in = e.shape[1];
-        std::vector<uint16_t> bf16(out * in);
-        std::memcpy(bf16.data(), bytes.data(), bf16.size() * 2);
-        std::vector<uint8_t> codes(out * in);
-        std::vector<float> scales(out);
-        QuantizeBf16RowsToFp8E4M3(bf16.data(), out, in, codes.data(), scales.data());
-        builder.Add(e.name, "F8_E4M3", e.shape, codes);
-        if (scale_name.empty()) return;
-        std::vector<uint8_t> scale_bytes;
-        for (float f : scales) {
-          if (scale_dtype == "F32") {
-            const auto* p = reinterpret_cast<const uint8_t*>(&f);
-            scale_bytes.insert(scale_bytes.end(), p, p + 4);
-          } else {
-            const uint16_t b = FloatToBf16(f);
-            const auto* p = reinterpret_cast<const uint8_t*>(&b);
-            scale_bytes.insert(scale_bytes.end(), p, p + 2);
-          }
-        }
-        builder.Add(target + scale_name, scale_dtype, scale_shape, scale_bytes);
-      });
+  ReplaceExpertMatrix(dir, [&](const SafetensorsEntry& e, std::vector<uint8_t>& bytes,
+                               SafetensorsBuilder& builder) {
+    const int64_t out = e.shape[0], in = e.shape[1];
+    std::vector<uint16_t> bf16(out * in);
+    std::memcpy(bf16.data(), bytes.data(), bf16.size() * 2);
+    std::vector<uint8_t> codes(out * in);
+    std::vector<float> scales(out);
+    QuantizeBf16RowsToFp8E4M3(bf16.data(), out, in, codes.data(), scales.data());
+    builder.Add(e.name, "F8_E4M3", e.shape, codes);
+    if (scale_name.empty()) return;
+    builder.Add(e.name + scale_name, scale_dtype, scale_shape, ScaleBytes(scales, scale_dtype));
+  });
 }
 
 // FP8 matrices bind with their row scales ([out] or [out, 1]; F32, or BF16 converted) and read
@@ -310,9 +326,116 @@ TEST(ModelWeightsTest, Fp8MatricesNeedPerRowScales) {
   EXPECT_THAT(error("", "F32", {out}),
               HasSubstr("down_proj.weight is FP8 E4M3 and needs per-row scales: "));
   EXPECT_THAT(error("_scale", "F32", {out / 2, 2}), HasSubstr("expected shape"));
+  // Block scales without the block size of a quantization_config.
   EXPECT_THAT(error("_scale_inv", "F32", {out}),
-              HasSubstr("UNIMPLEMENTED: model.layers.0.mlp.experts.1.down_proj.weight has "
-                        "block-wise FP8 scales"));
+              HasSubstr("model.layers.0.mlp.experts.1.down_proj.weight_scale_inv: block-scaled "
+                        "FP8 needs the block size"));
+}
+
+// The qwen3_moe oracle with expert 1's down_proj of layer 0 ([64, 32]) block-scaled as DeepSeek
+// stores FP8: blocks of 24 x 20 here, so that its 3 x 2 grid ends in partial blocks both ways;
+// F32 scales under `<name>_scale_inv` of `scale_shape` (`scale_dtype` BF16: the same values
+// rounded). The codes and scales written are returned.
+struct BlockScaledExpert {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+};
+constexpr int64_t kBlockRows = 24, kBlockCols = 20;
+
+BlockScaledExpert CopyWithBlockScaledExpert(const TempDir& dir, std::vector<int64_t> scale_shape,
+                                            const std::string& scale_dtype = "F32",
+                                            bool with_block_size = true) {
+  BlockScaledExpert written;
+  ReplaceExpertMatrix(dir, [&](const SafetensorsEntry& e, std::vector<uint8_t>& bytes,
+                               SafetensorsBuilder& builder) {
+    const int64_t out = e.shape[0], in = e.shape[1];
+    const int64_t grid_cols = (in + kBlockCols - 1) / kBlockCols;
+    auto value = [&](int64_t r, int64_t c) {
+      uint16_t v;
+      std::memcpy(&v, bytes.data() + (r * in + c) * 2, 2);
+      return Bf16ToFloat(v);
+    };
+    written.scales.assign(((out + kBlockRows - 1) / kBlockRows) * grid_cols, 0.0f);
+    for (int64_t r = 0; r < out; ++r) {
+      for (int64_t c = 0; c < in; ++c) {
+        float& s = written.scales[(r / kBlockRows) * grid_cols + c / kBlockCols];
+        s = std::max(s, std::fabs(value(r, c)) / 448.0f);
+      }
+    }
+    for (int64_t r = 0; r < out; ++r) {
+      for (int64_t c = 0; c < in; ++c) {
+        const float s = written.scales[(r / kBlockRows) * grid_cols + c / kBlockCols];
+        written.codes.push_back(FloatToFp8E4M3(value(r, c) / s));
+      }
+    }
+    builder.Add(e.name, "F8_E4M3", e.shape, written.codes);
+    std::vector<uint8_t> scale_bytes = ScaleBytes(written.scales, scale_dtype);
+    scale_bytes.resize(scale_shape[0] * scale_shape[1] * (scale_dtype == "BF16" ? 2 : 4));
+    builder.Add(e.name + "_scale_inv", scale_dtype, scale_shape, scale_bytes);
+  });
+  if (with_block_size) {
+    std::string config = ReadAll(dir.File("config.json"));
+    config.replace(config.find('{'), 1,
+                   absl::StrCat("{\"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": "
+                                "\"e4m3\", \"activation_scheme\": \"dynamic\", "
+                                "\"weight_block_size\": [",
+                                kBlockRows, ", ", kBlockCols, "]},"));
+    std::ofstream(dir.File("config.json"), std::ios::trunc) << config;
+  }
+  return written;
+}
+
+// Block-scaled FP8 loads as stored: each element is its code times its block's scale, at every
+// block edge and in the partial blocks, within E4M3 rounding of the bf16 weights.
+TEST(ModelWeightsTest, BlockScaledFp8TakesEachBlocksScale) {
+  auto reference = LoadModel(std::string(STRATA_TEST_DATA_DIR) + "/oracles/qwen3_moe");
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  const WeightMatrix& want = reference.value()->weights.layers[0].experts[1].down;
+  ASSERT_EQ(want.out, 64);
+  ASSERT_EQ(want.in, 32);
+  TempDir dir;
+  const BlockScaledExpert written = CopyWithBlockScaledExpert(dir, {3, 2});
+  auto model = LoadModel(dir.path());
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->config.fp8_block_rows, kBlockRows);
+  EXPECT_EQ((*model)->config.fp8_block_cols, kBlockCols);
+  const WeightMatrix& got = (*model)->weights.layers[0].experts[1].down;
+  EXPECT_EQ(got.dtype, DType::kF8E4M3);
+  EXPECT_EQ(got.scale, nullptr);
+  ASSERT_TRUE(got.blocks.present());
+  EXPECT_TRUE(got.whole_block_scaled());
+  EXPECT_EQ(got.blocks.count(), 6);
+  for (int64_t o = 0; o < want.out; ++o) {
+    for (int64_t i = 0; i < want.in; ++i) {
+      const float scale = written.scales[(o / kBlockRows) * 2 + i / kBlockCols];
+      ASSERT_EQ(got.At(o, i), Fp8E4M3ToFloat(written.codes[o * want.in + i]) * scale)
+          << o << ", " << i;
+      ASSERT_NEAR(got.At(o, i), want.At(o, i), std::fabs(want.At(o, i)) / 16 + scale / 512)
+          << o << ", " << i;
+    }
+  }
+  // The other matrices are as they were.
+  EXPECT_EQ((*model)->weights.layers[0].experts[1].up.dtype, DType::kBF16);
+}
+
+// A malformed block-scale tensor is refused with an error naming it.
+TEST(ModelWeightsTest, BlockScaledFp8RefusesMalformedScales) {
+  auto error = [](std::vector<int64_t> shape, const std::string& dtype, bool block_size) {
+    TempDir dir;
+    CopyWithBlockScaledExpert(dir, shape, dtype, block_size);
+    auto model = LoadModel(dir.path());
+    return model.ok() ? std::string("ok") : model.status().ToString();
+  };
+  const std::string name = "model.layers.0.mlp.experts.1.down_proj.weight_scale_inv";
+  EXPECT_EQ(error({3, 2}, "F32", true), "ok");
+  EXPECT_THAT(error({3, 1}, "F32", true),
+              HasSubstr(name + " must hold one scale per 24x20 block of "
+                               "model.layers.0.mlp.experts.1.down_proj.weight [64, 32]"));
+  EXPECT_THAT(error({2, 2}, "F32", true), HasSubstr("expected shape [3, 2], found [2, 2]"));
+  EXPECT_THAT(error({3, 2}, "BF16", true),
+              HasSubstr(name + ": block scales must be F32, not BF16"));
+  EXPECT_THAT(error({3, 2}, "F32", false),
+              HasSubstr(name + ": block-scaled FP8 needs the block size"));
 }
 
 }  // namespace

@@ -62,13 +62,18 @@ INSTANTIATE_TEST_SUITE_P(AllOracles, OracleClusterTest,
                          [](const auto& info) { return info.param; });
 
 // A checkpoint with FP8 E4M3 experts (`strata make-model --dtype fp8`): the store carries
-// their row scales to the workers, and the cluster gives the in-process engine's greedy tokens.
-TEST(ClusterTest, Fp8CheckpointMatchesInProcess) {
+// their scales to the workers, per row (tiny-qwen3) or per 128 x 128 block (tiny-deepseek
+// with --fp8-scaling block, DeepSeek's layout), and the cluster gives the in-process engine's
+// greedy tokens.
+class Fp8ClusterTest : public ::testing::TestWithParam<std::pair<std::string, Fp8Scaling>> {};
+
+TEST_P(Fp8ClusterTest, CheckpointMatchesInProcess) {
   testing::TempDir tmp;
   MakeModelOptions make;
-  make.shape = "tiny-qwen3";
+  make.shape = GetParam().first;
   make.out_dir = tmp.File("fp8");
   make.dtype = "fp8";
+  make.fp8_scaling = GetParam().second;
   make.num_threads = 2;
   auto made = MakeModel(make);
   ASSERT_TRUE(made.ok()) << made.status();
@@ -100,6 +105,12 @@ TEST(ClusterTest, Fp8CheckpointMatchesInProcess) {
     EXPECT_EQ(cluster.Stop(), 0);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, Fp8ClusterTest,
+    ::testing::Values(std::pair<std::string, Fp8Scaling>{"tiny-qwen3", Fp8Scaling::kChannel},
+                      std::pair<std::string, Fp8Scaling>{"tiny-deepseek", Fp8Scaling::kBlock}),
+    [](const auto& info) { return info.param.second == Fp8Scaling::kBlock ? "Block" : "Channel"; });
 
 TEST(ClusterTest, GrpcTransportMatchesTheOracle) {
   ClusterProcess cluster(
