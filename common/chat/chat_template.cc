@@ -42,6 +42,26 @@ std::string PlainToolCalls(const jinja::Value& message) {
   return out;
 }
 
+// The messages with each tool call's object arguments as JSON text (json.dumps), or null when
+// no call has object arguments.
+jinja::Value ArgumentsAsText(const jinja::Value& messages) {
+  jinja::Value out = messages;
+  bool changed = false;
+  if (!out.is_array()) return nullptr;
+  for (jinja::Value& m : out) {
+    if (!m.is_object() || !m.contains("tool_calls") || !m["tool_calls"].is_array()) continue;
+    for (jinja::Value& c : m["tool_calls"]) {
+      if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) continue;
+      jinja::Value& f = c["function"];
+      if (f.contains("arguments") && f["arguments"].is_object()) {
+        f["arguments"] = jinja::ToJson(f["arguments"], 0);
+        changed = true;
+      }
+    }
+  }
+  return changed ? out : jinja::Value(nullptr);
+}
+
 }  // namespace
 
 absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(const std::string& source,
@@ -114,7 +134,16 @@ absl::StatusOr<std::string> ChatTemplate::Render(const jinja::Value& messages,
   context["add_generation_prompt"] = add_generation_prompt;
   context["bos_token"] = bos_token_;
   context["eos_token"] = eos_token_;
-  return jinja::Render(*body_, context);
+  absl::StatusOr<std::string> rendered = jinja::Render(*body_, context);
+  if (rendered.ok()) return rendered;
+  // Tool calls' arguments come as objects, as vLLM hands them over and most templates write
+  // them (tojson). DeepSeek's own templates add them to strings instead ('...' + arguments),
+  // which fails on an object: such a template gets them again as the JSON text the model wrote.
+  jinja::Value as_text = ArgumentsAsText(messages);
+  if (as_text.is_null()) return rendered;
+  context["messages"] = std::move(as_text);
+  absl::StatusOr<std::string> retried = jinja::Render(*body_, context);
+  return retried.ok() ? retried : rendered;
 }
 
 }  // namespace strata

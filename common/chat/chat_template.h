@@ -33,7 +33,9 @@ class ChatTemplate {
   // `messages`: [{"role": ..., "content": "..."}, ...]. add_generation_prompt opens the
   // assistant's turn. The keys of `variables` (an object, or null) are further names the
   // template sees, e.g. enable_thinking, or tools (OpenAI's list of
-  // {"type": "function", "function": {...}}, as apply_chat_template takes them).
+  // {"type": "function", "function": {...}}, as apply_chat_template takes them). A template
+  // that fails with the tool calls' arguments as objects is rendered again with them as JSON
+  // text (DeepSeek's templates add them to strings).
   absl::StatusOr<std::string> Render(const jinja::Value& messages, bool add_generation_prompt,
                                      const jinja::Value& variables = nullptr) const;
 

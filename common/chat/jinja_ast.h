@@ -47,11 +47,14 @@ using Body = std::vector<std::unique_ptr<Stmt>>;
 
 struct Stmt {
   enum class Kind {
-    kText,    // text
-    kOutput,  // {{ expr }}
-    kIf,      // branches: (condition, body); a null condition is the else
-    kFor,     // {% for targets in expr %} body {% else %} else_body {% endfor %}
-    kSet,     // {% set target[.attribute] = expr %}
+    kText,      // text
+    kOutput,    // {{ expr }}
+    kIf,        // branches: (condition, body); a null condition is the else
+    kFor,       // {% for targets in expr %} body {% else %} else_body {% endfor %}
+    kSet,       // {% set target[.attribute] = expr %}
+    kMacro,     // {% macro targets[0](params) %} body {% endmacro %}
+    kBreak,     // {% break %} (loop controls)
+    kContinue,  // {% continue %}
   };
   Kind kind;
   std::string text;
@@ -59,6 +62,8 @@ struct Stmt {
   std::vector<std::pair<ExprPtr, Body>> branches;
   std::vector<std::string> targets;  // for: one or two names; set: the name
   std::string attribute;             // set ns.attribute
+  // A macro's parameters in order, each with its default (null when it has none).
+  std::vector<std::pair<std::string, ExprPtr>> params;
   Body body;
   Body else_body;
   int line = 1;

@@ -54,9 +54,43 @@ std::string Repr(const Value& v) {
   return ToText(v);
 }
 
-std::string JsonString(const std::string& s) {
+// The code point of the UTF-8 sequence at s[i] (advancing i past it); invalid bytes are taken
+// one at a time as themselves.
+uint32_t NextCodePoint(const std::string& s, size_t& i) {
+  const unsigned char c = s[i];
+  const size_t extra = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+  bool whole = extra > 0 && i + extra < s.size();
+  for (size_t k = 1; whole && k <= extra; ++k) whole = (s[i + k] & 0xC0) == 0x80;
+  if (!whole) {
+    ++i;
+    return c;
+  }
+  uint32_t cp = c & (0x3F >> extra);
+  for (size_t k = 1; k <= extra; ++k)
+    cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  i += extra + 1;
+  return cp;
+}
+
+std::string JsonString(const std::string& s, bool ensure_ascii) {
   std::string out = "\"";
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = s[i];
+    if (ensure_ascii && c >= 0x80) {
+      // As json.dumps: each UTF-16 unit of the character as \uXXXX.
+      uint32_t cp = NextCodePoint(s, i);
+      --i;
+      char buffer[16];
+      if (cp >= 0x10000) {
+        cp -= 0x10000;
+        std::snprintf(buffer, sizeof(buffer), "\\u%04x\\u%04x", 0xD800 + (cp >> 10),
+                      0xDC00 + (cp & 0x3FF));
+      } else {
+        std::snprintf(buffer, sizeof(buffer), "\\u%04x", cp);
+      }
+      out += buffer;
+      continue;
+    }
     switch (c) {
       case '"':
         out += "\\\"";
@@ -92,22 +126,30 @@ std::string JsonString(const std::string& s) {
   return out + "\"";
 }
 
-void DumpJson(const Value& v, int indent, int depth, std::string& out) {
+void DumpJson(const Value& v, const JsonFormat& f, int depth, std::string& out) {
+  const int indent = f.indent;
   const std::string pad = indent > 0 ? "\n" + std::string(indent * (depth + 1), ' ') : "";
   const std::string close = indent > 0 ? "\n" + std::string(indent * depth, ' ') : "";
-  const std::string comma = indent > 0 ? "," : ", ";
+  const std::string comma = !f.item_separator.empty() ? f.item_separator : indent > 0 ? "," : ", ";
+  const std::string colon = !f.key_separator.empty() ? f.key_separator : ": ";
   if (v.is_object()) {
     if (v.empty()) {
       out += "{}";
       return;
     }
+    std::vector<std::pair<const std::string*, const Value*>> items;
+    for (auto it = v.begin(); it != v.end(); ++it) items.emplace_back(&it.key(), &it.value());
+    if (f.sort_keys) {
+      std::sort(items.begin(), items.end(),
+                [](const auto& a, const auto& b) { return *a.first < *b.first; });
+    }
     out += "{";
     bool first = true;
-    for (auto it = v.begin(); it != v.end(); ++it) {
+    for (const auto& [key, value] : items) {
       if (!first) out += comma;
       first = false;
-      out += pad + JsonString(it.key()) + ": ";
-      DumpJson(it.value(), indent, depth + 1, out);
+      out += pad + JsonString(*key, f.ensure_ascii) + colon;
+      DumpJson(*value, f, depth + 1, out);
     }
     out += close + "}";
   } else if (v.is_array()) {
@@ -119,11 +161,11 @@ void DumpJson(const Value& v, int indent, int depth, std::string& out) {
     for (size_t i = 0; i < v.size(); ++i) {
       if (i > 0) out += comma;
       out += pad;
-      DumpJson(v[i], indent, depth + 1, out);
+      DumpJson(v[i], f, depth + 1, out);
     }
     out += close + "]";
   } else if (v.is_string()) {
-    out += JsonString(v.get<std::string>());
+    out += JsonString(v.get<std::string>(), f.ensure_ascii);
   } else if (v.is_number_float()) {
     out += FloatText(v.get<double>());
   } else if (IsUndefined(v)) {
@@ -249,8 +291,14 @@ std::string ToText(const Value& v) {
 }
 
 std::string ToJson(const Value& v, int indent) {
+  JsonFormat format;
+  format.indent = indent;
+  return ToJson(v, format);
+}
+
+std::string ToJson(const Value& v, const JsonFormat& format) {
   std::string out;
-  DumpJson(v, indent, 0, out);
+  DumpJson(v, format, 0, out);
   return out;
 }
 
@@ -282,11 +330,26 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& v, const
     return absl::InvalidArgumentError(absl::StrCat("length of ", ToText(v)));
   }
   if (name == "tojson") {
-    int indent = args.empty() || !args[0].is_number_integer() ? 0 : args[0].get<int>();
+    // transformers' filter: tojson(x, ensure_ascii=False, indent=None, separators=None,
+    // sort_keys=False), each handed to json.dumps.
+    JsonFormat format;
+    if (!args.empty() && args[0].is_number_integer()) format.indent = args[0].get<int>();
     for (const auto& [key, value] : kwargs) {
-      if (key == "indent" && value.is_number_integer()) indent = value.get<int>();
+      if (key == "indent" && value.is_number_integer()) {
+        format.indent = value.get<int>();
+      } else if (key == "ensure_ascii") {
+        format.ensure_ascii = Truthy(value);
+      } else if (key == "sort_keys") {
+        format.sort_keys = Truthy(value);
+      } else if (key == "separators" && value.is_array() && value.size() == 2 &&
+                 value[0].is_string() && value[1].is_string()) {
+        format.item_separator = value[0].get<std::string>();
+        format.key_separator = value[1].get<std::string>();
+      } else if (key != "indent" && key != "separators") {
+        return absl::InvalidArgumentError(absl::StrCat("tojson has no argument '", key, "'"));
+      }
     }
-    return ToJson(v, indent);
+    return ToJson(v, format);
   }
   if (name == "string") return ToText(v);
   if (name == "safe" || name == "e" || name == "escape") return v;

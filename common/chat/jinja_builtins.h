@@ -23,6 +23,17 @@ std::string ToText(const Value& v);
 // json.dumps(v, ensure_ascii=False, indent=indent) as the `tojson` filter of transformers.
 std::string ToJson(const Value& v, int indent);
 
+// json.dumps's other arguments, which `tojson` passes on.
+struct JsonFormat {
+  int indent = 0;  // 0: none (one line)
+  // The separators between items and after keys; empty: json.dumps's defaults for the indent.
+  std::string item_separator;
+  std::string key_separator;
+  bool ensure_ascii = false;  // non-ASCII as \uXXXX escapes (surrogate pairs past U+FFFF)
+  bool sort_keys = false;
+};
+std::string ToJson(const Value& v, const JsonFormat& format);
+
 using Args = std::vector<Value>;
 using Kwargs = std::vector<std::pair<std::string, Value>>;
 

@@ -553,6 +553,14 @@ class BlockParser {
         RETURN_IF_ERROR(ParseFor(x, *stmt));
       } else if (keyword == "set") {
         RETURN_IF_ERROR(ParseSet(x, *stmt));
+      } else if (keyword == "macro") {
+        RETURN_IF_ERROR(ParseMacro(x, *stmt));
+      } else if (keyword == "break" || keyword == "continue") {
+        if (loop_depth_ == 0) {
+          return ErrorAt(piece.line, absl::StrCat("{% ", keyword, " %} outside a loop"));
+        }
+        stmt->kind = keyword == "break" ? Stmt::Kind::kBreak : Stmt::Kind::kContinue;
+        RETURN_IF_ERROR(x.ExpectEnd());
       } else {
         return ErrorAt(piece.line, absl::StrCat("'", keyword,
                                                 "' is not supported by Strata's chat templates "
@@ -615,7 +623,11 @@ class BlockParser {
     if (x.IsName("recursive")) return x.Error("recursive loops are not supported");
     RETURN_IF_ERROR(x.ExpectEnd());
     std::string end;
-    ASSIGN_OR_RETURN(stmt.body, ParseBody({"endfor", "else"}, &end));
+    ++loop_depth_;
+    absl::StatusOr<Body> body = ParseBody({"endfor", "else"}, &end);
+    --loop_depth_;
+    if (!body.ok()) return body.status();
+    stmt.body = *std::move(body);
     std::string keyword;
     Current(&keyword);
     ++i_;
@@ -641,8 +653,47 @@ class BlockParser {
     return x.ExpectEnd();
   }
 
+  // {% macro name(a, b=default) %}: the body runs when the macro is called (jinja_render.cc).
+  absl::Status ParseMacro(ExprParser& x, Stmt& stmt) {
+    stmt.kind = Stmt::Kind::kMacro;
+    ASSIGN_OR_RETURN(std::string name, x.TakeName());
+    stmt.targets.push_back(std::move(name));
+    RETURN_IF_ERROR(x.Expect("("));
+    while (!x.IsOp(")")) {
+      ASSIGN_OR_RETURN(std::string param, x.TakeName());
+      ExprPtr fallback;
+      if (x.IsOp("=")) {
+        RETURN_IF_ERROR(x.Expect("="));
+        ASSIGN_OR_RETURN(fallback, x.Parse());
+      }
+      stmt.params.emplace_back(std::move(param), std::move(fallback));
+      if (!x.IsOp(",")) break;
+      RETURN_IF_ERROR(x.Expect(","));
+    }
+    RETURN_IF_ERROR(x.Expect(")"));
+    RETURN_IF_ERROR(x.ExpectEnd());
+    // A loop around the definition is not around the body, which runs where it is called.
+    const int outer_loops = loop_depth_;
+    loop_depth_ = 0;
+    std::string end;
+    absl::StatusOr<Body> body = ParseBody({"endmacro"}, &end);
+    loop_depth_ = outer_loops;
+    if (!body.ok()) return body.status();
+    stmt.body = *std::move(body);
+    std::string keyword;
+    ExprParser close = Current(&keyword);
+    ++i_;
+    // {% endmacro name %} may repeat the name.
+    if (!close.AtEnd()) {
+      ASSIGN_OR_RETURN(std::string repeated, close.TakeName());
+      if (repeated != stmt.targets[0]) return close.Error("{% endmacro %} names another macro");
+    }
+    return close.ExpectEnd();
+  }
+
   std::vector<Piece> p_;
   size_t i_ = 0;
+  int loop_depth_ = 0;  // for loops around the statement being parsed
 };
 
 }  // namespace

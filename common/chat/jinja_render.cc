@@ -15,6 +15,8 @@ namespace {
 
 // Namespaces are the only mutable objects: a value holding this key refers to one by index.
 constexpr char kNamespaceKey[] = "__namespace__";
+// A macro is a value holding this key: the index of its definition.
+constexpr char kMacroKey[] = "__macro__";
 
 absl::Status ErrorAt(int line, absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat("chat template line ", line, ": ", message));
@@ -25,7 +27,11 @@ class Renderer {
   explicit Renderer(const Value& context) { scopes_.push_back({}), globals_ = &context; }
 
   absl::Status Run(const Body& body, std::string& out) {
-    for (const auto& stmt : body) RETURN_IF_ERROR(Exec(*stmt, out));
+    for (const auto& stmt : body) {
+      RETURN_IF_ERROR(Exec(*stmt, out));
+      // A {% break %} or {% continue %} skips the rest of every body up to its loop.
+      if (control_ != Control::kNone) break;
+    }
     return absl::OkStatus();
   }
 
@@ -66,8 +72,53 @@ class Renderer {
         namespaces_[target[kNamespaceKey].get<size_t>()][s.attribute] = std::move(v);
         return absl::OkStatus();
       }
+      case Stmt::Kind::kMacro: {
+        // Defined where the statement runs, as Jinja does: a call before it finds no macro.
+        Value handle = Value::object();
+        handle[kMacroKey] = macros_.size();
+        macros_.push_back(&s);
+        scopes_.back()[s.targets[0]] = std::move(handle);
+        return absl::OkStatus();
+      }
+      case Stmt::Kind::kBreak:
+        control_ = Control::kBreak;
+        return absl::OkStatus();
+      case Stmt::Kind::kContinue:
+        control_ = Control::kContinue;
+        return absl::OkStatus();
     }
     return absl::OkStatus();
+  }
+
+  // A macro's body sees its parameters and the template's top-level names (not the variables
+  // of the loops around the call), as in Jinja; what it sets stays inside it.
+  absl::StatusOr<Value> CallMacro(const Stmt& macro, Args args, Kwargs kwargs, int line) {
+    if (args.size() > macro.params.size()) {
+      return ErrorAt(line, absl::StrCat("the macro '", macro.targets[0], "' takes ",
+                                        macro.params.size(), " arguments, not ", args.size()));
+    }
+    std::map<std::string, Value> params;
+    for (size_t i = 0; i < macro.params.size(); ++i) {
+      const auto& [name, fallback] = macro.params[i];
+      auto given = std::find_if(kwargs.begin(), kwargs.end(),
+                                [&name = name](const auto& kw) { return kw.first == name; });
+      if (i < args.size()) {
+        params[name] = std::move(args[i]);
+      } else if (given != kwargs.end()) {
+        params[name] = std::move(given->second);
+      } else if (fallback != nullptr) {
+        ASSIGN_OR_RETURN(params[name], Eval(*fallback));
+      } else {
+        params[name] = Undefined();
+      }
+    }
+    std::vector<std::map<std::string, Value>> caller_scopes = {scopes_.front(), std::move(params)};
+    std::swap(scopes_, caller_scopes);
+    std::string out;
+    absl::Status status = Run(macro.body, out);
+    std::swap(scopes_, caller_scopes);
+    RETURN_IF_ERROR(status);
+    return out;
   }
 
   absl::Status ExecFor(const Stmt& s, std::string& out) {
@@ -102,6 +153,9 @@ class Renderer {
       absl::Status status = Run(s.body, out);
       scopes_.pop_back();
       RETURN_IF_ERROR(status);
+      const Control control = control_;
+      control_ = Control::kNone;
+      if (control == Control::kBreak) break;
     }
     return absl::OkStatus();
   }
@@ -205,6 +259,10 @@ class Renderer {
       return result;
     }
     if (callee.kind != Expr::Kind::kName) return ErrorAt(e.line, "only names can be called");
+    if (const Value macro = Lookup(callee.name); macro.is_object() && macro.contains(kMacroKey)) {
+      return CallMacro(*macros_[macro[kMacroKey].get<size_t>()], std::move(args), std::move(kwargs),
+                       e.line);
+    }
     if (callee.name == "raise_exception") {
       return ErrorAt(e.line, args.empty() ? "raise_exception" : ToText(args[0]));
     }
@@ -380,9 +438,13 @@ class Renderer {
     return ErrorAt(e.line, "an unknown expression");
   }
 
+  enum class Control { kNone, kBreak, kContinue };
+
   std::vector<std::map<std::string, Value>> scopes_;
   const Value* globals_;
   std::vector<Value> namespaces_;
+  std::vector<const Stmt*> macros_;
+  Control control_ = Control::kNone;  // a {% break %} or {% continue %} on its way to its loop
 };
 
 }  // namespace

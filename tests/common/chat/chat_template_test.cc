@@ -231,10 +231,14 @@ TEST(JinjaTest, ExpressionsAndWhitespace) {
 }
 
 TEST(JinjaTest, UnsupportedConstructsAreClearErrors) {
-  auto macro = jinja::Parse("text\n{% macro f(x) %}{{ x }}{% endmacro %}");
-  ASSERT_FALSE(macro.ok());
-  EXPECT_NE(macro.status().message().find("line 2"), std::string::npos) << macro.status();
-  EXPECT_NE(macro.status().message().find("'macro' is not supported"), std::string::npos);
+  auto call = jinja::Parse("text\n{% call f(x) %}{{ x }}{% endcall %}");
+  ASSERT_FALSE(call.ok());
+  EXPECT_NE(call.status().message().find("line 2"), std::string::npos) << call.status();
+  EXPECT_NE(call.status().message().find("'call' is not supported"), std::string::npos);
+  EXPECT_FALSE(jinja::Parse("{% break %}").ok());  // outside a loop
+  EXPECT_FALSE(jinja::Parse("{% for x in y %}{% macro m() %}{% break %}{% endmacro %}"
+                            "{% endfor %}")
+                   .ok());
 
   auto body = jinja::Parse("{{ x|wordcount }}");
   ASSERT_TRUE(body.ok());
@@ -249,15 +253,104 @@ TEST(JinjaTest, UnsupportedConstructsAreClearErrors) {
   EXPECT_FALSE(jinja::Parse("{{ 'open string }}").ok());
 }
 
-TEST(JinjaTest, NamespacesOutliveLoopScopes) {
-  auto body = jinja::Parse(
-      "{% set ns = namespace(n=0) %}{% set plain = 0 %}"
-      "{% for i in range(3) %}{% set ns.n = ns.n + i %}{% set plain = i %}{% endfor %}"
-      "{{ ns.n }} {{ plain }} {{ 'a,b,c'.split(',')[-1] }} {{ ' x '.strip() }}");
-  ASSERT_TRUE(body.ok()) << body.status();
-  auto out = jinja::Render(*body, Value::object());
+// `source` parsed and rendered against `context`; a parse error is returned as it is.
+absl::StatusOr<std::string> RenderSource(const std::string& source,
+                                         const Value& context = Value::object()) {
+  absl::StatusOr<jinja::Body> body = jinja::Parse(source);
+  if (!body.ok()) return body.status();
+  return jinja::Render(*body, context);
+}
+
+// Each source against what jinja2 renders for it.
+TEST(JinjaTest, StatementsRenderAsJinja2Does) {
+  const std::pair<const char*, const char*> cases[] = {
+      // Namespaces outlive loop scopes; other sets in a loop stay in it.
+      {"{% set ns = namespace(n=0) %}{% set plain = 0 %}"
+       "{% for i in range(3) %}{% set ns.n = ns.n + i %}{% set plain = i %}{% endfor %}"
+       "{{ ns.n }} {{ plain }} {{ 'a,b,c'.split(',')[-1] }} {{ ' x '.strip() }}",
+       "3 0 c x"},
+      // Macros: parameters with defaults, by position or keyword; the body sees the template's
+      // top-level names (as they are when it is called) but not the caller's loop variables,
+      // and what it sets stays inside it.
+      {"{% set top = 'T' %}{%- macro m(a, b='d') -%}[{{ a }}{{ b }}{{ top }}{{ i }}]"
+       "{% set top = 'changed' %}{%- endmacro -%}"
+       "{{ m(1) }}{{ m(1, b=2) }}{% for i in [7] %}{{ m(i) }}{% endfor %}{{ top }}"
+       "{{ m('x').endswith(']') }}{% macro n() %}{{ m('n') }}{% endmacro %}{{ n() }}",
+       "[1dT][12T][7dT]TTrue[ndT]"},
+      // Loop controls leave the innermost loop.
+      {"{% for i in range(10) %}{% if i == 1 %}{% continue %}{% endif %}"
+       "{% for j in [0, 1] %}{% if j %}{% break %}{% endif %}{{ i }}{% endfor %}"
+       "{% if i == 3 %}{% break %}{% endif %},{% endfor %}.",
+       "0,2,3."},
+  };
+  for (const auto& [source, expected] : cases) {
+    auto out = RenderSource(source);
+    ASSERT_TRUE(out.ok()) << source << ": " << out.status();
+    EXPECT_EQ(*out, expected) << source;
+  }
+  // A macro exists from its definition on, and takes no more arguments than it names.
+  EXPECT_FALSE(RenderSource("{{ m() }}{% macro m() %}x{% endmacro %}").ok());
+  EXPECT_FALSE(RenderSource("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}").ok());
+}
+
+TEST(JinjaTest, TojsonArguments) {
+  Value context = Value::object();
+  context["x"] = Value::parse(R"({"b": "é東🌧", "a": [1, 2]})");
+  auto out = RenderSource(
+      "{{ x|tojson(ensure_ascii=True) }} {{ x|tojson(separators=(',', ':')) }} "
+      "{{ x|tojson(sort_keys=true) }} {{ [1]|tojson(indent=1) }}",
+      context);
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_EQ(*out, "3 0 c x");
+  EXPECT_EQ(*out,
+            "{\"b\": \"\\u00e9\\u6771\\ud83c\\udf27\", \"a\": [1, 2]} "
+            "{\"b\":\"é東🌧\",\"a\":[1,2]} {\"a\": [1, 2], \"b\": \"é東🌧\"} [\n 1\n]");
+  EXPECT_FALSE(RenderSource("{{ x|tojson(bogus=1) }}", context).ok());
+}
+
+// The templates of tests/data/chat_templates/conversations.json, each rendered for each of its
+// conversations, against what jinja2 renders (render_expected.py wrote expected/).
+TEST(ChatTemplateTest, ModelTemplatesRenderAsJinja2Does) {
+  const Value spec = Value::parse(ReadTemplate("conversations.json"));
+  ASSERT_TRUE(spec.is_object());
+  int compared = 0;
+  for (const auto& [name, tokens] : spec["templates"].items()) {
+    auto t = ChatTemplate::FromSource(ReadTemplate(name), tokens["bos_token"].get<std::string>(),
+                                      tokens["eos_token"].get<std::string>());
+    ASSERT_TRUE(t.ok()) << name << ": " << t.status();
+    for (const auto& [case_name, c] : spec["cases"].items()) {
+      Value variables = c.value("variables", Value::object());
+      if (c.value("with_tools", false)) variables["tools"] = spec["tools"];
+      auto out = t->Render(c["messages"], c["add_generation_prompt"].get<bool>(), variables);
+      ASSERT_TRUE(out.ok()) << name << " " << case_name << ": " << out.status();
+      const std::string expected =
+          ReadTemplate("expected/" + name.substr(0, name.size() - std::string(".jinja").size()) +
+                       "." + case_name + ".txt");
+      ASSERT_FALSE(expected.empty()) << name << " " << case_name;
+      EXPECT_EQ(*out, expected) << name << " " << case_name;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 28);
+}
+
+// DeepSeek's own templates add the arguments to strings: they get them as JSON text.
+TEST(ChatTemplateTest, StringArgumentsForTemplatesThatAddThem) {
+  const ChatTemplate t = Load("deepseek_v3.1.jinja");
+  const Value messages = Value::parse(R"([{"role": "user", "content": "Go"},
+      {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+       "function": {"name": "f", "arguments": {"a": "é", "b": [1, 2.5]}}}]}])");
+  auto out = t.Render(messages, false);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "<s><｜User｜>Go<｜Assistant｜></think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f"
+            "<｜tool▁sep｜>{\"a\": \"é\", \"b\": [1, 2.5]}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+            "<｜end▁of▁sentence｜>");
+  // Another error is still the template's error.
+  auto bad = ChatTemplate::FromSource("{{ raise_exception('no') }}", "", "");
+  ASSERT_TRUE(bad.ok());
+  auto failed = bad->Render(messages, false);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.status().message().find("no"), std::string::npos);
 }
 
 }  // namespace
