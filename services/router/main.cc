@@ -46,8 +46,10 @@ ABSL_FLAG(std::string, api_key, "",
           "$STRATA_API_KEY, or none");
 ABSL_FLAG(std::string, tool_call_parser, "auto",
           "How the HTTP API reads the model's tool calls: hermes (<tool_call> blocks of JSON), "
-          "none (requests with tools refused), or auto: hermes when the chat template writes "
-          "such blocks or the model has none (the plain format writes them), none otherwise");
+          "deepseek_v3 (DeepSeek-V3/R1), deepseek_v31 (DeepSeek-V3.1), glm45 (GLM-4.5/4.6), "
+          "kimi_k2, none (requests with tools refused), or auto: the format the chat template "
+          "writes, hermes for a model without one (the plain format writes hermes blocks), none "
+          "when it writes no format of these");
 ABSL_FLAG(int, workers, 1, "Expert workers to wait for; 0 runs the experts in this process");
 ABSL_FLAG(std::string, plan, "", "Expert placement from `strata plan`; default: contiguous");
 ABSL_FLAG(std::string, router_device, "cpu",

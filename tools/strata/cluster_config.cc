@@ -218,11 +218,14 @@ const std::map<std::string, Key>& Keys() {
       {"tool_call_parser",
        KeyOf<S>("tool-call-parser", &ClusterConfig::tool_call_parser,
                 [](const S& v) {
-                  return OneOf(v, {"auto", "hermes", "none"});
+                  // ChooseToolCallFormat's names (vLLM's, with its older deepseekv3/v31).
+                  return OneOf(v, {"auto", "hermes", "deepseek_v3", "deepseekv3", "deepseek_v31",
+                                   "deepseekv31", "glm45", "kimi_k2", "none"});
                 })
            .Help("how the HTTP API reads the model's tool calls: hermes (<tool_call> blocks of "
-                 "JSON), none (tools refused), or auto: hermes when the chat template writes "
-                 "such blocks or there is no template")
+                 "JSON), deepseek_v3 (DeepSeek-V3/R1), deepseek_v31 (DeepSeek-V3.1), glm45 "
+                 "(GLM-4.5/4.6), kimi_k2, none (tools refused), or auto: the format the chat "
+                 "template writes (hermes when there is no template)")
            .To(kRouter)},
       {"transport", KeyOf<S>("transport", &ClusterConfig::transport,
                              [](const S& v) {

@@ -29,7 +29,8 @@ struct ClusterConfig {
   // The key the HTTP API asks for (IsApiKey); empty: $STRATA_API_KEY, or none. Handed to the
   // router in its environment, not its command line.
   std::string api_key;
-  // How the HTTP API reads the model's tool calls: auto (from its chat template), hermes or none.
+  // How the HTTP API reads the model's tool calls: auto (from its chat template), or a format
+  // (ChooseToolCallFormat's names: hermes, deepseek_v3, deepseek_v31, glm45, kimi_k2, none).
   std::string tool_call_parser = "auto";
   std::string transport = "shm";  // shm or grpc between router and workers
   // gRPC transport: activations as f32, or fp8 (E4M3, a scale per token).

@@ -249,7 +249,8 @@ absl::StatusOr<std::string> OpenAiService::ChatText(const OpenAiRequest& r) cons
     if (tool_format_ == ToolCallFormat::kNone) {
       return BadParam("tools",
                       "this model's chat template has no tool-call format the server reads; "
-                      "a router started with --tool-call-parser hermes reads <tool_call> blocks");
+                      "--tool-call-parser names one (hermes, deepseek_v3, deepseek_v31, glm45, "
+                      "kimi_k2)");
     }
     variables["tools"] = r.tools.tools;
   }
@@ -313,6 +314,9 @@ absl::StatusOr<RequestSpec> OpenAiService::ToSpec(const OpenAiRequest& r) const 
   spec.max_new_tokens = static_cast<int>(max_tokens);
   ASSIGN_OR_RETURN(spec.sampling,
                    NormalizeSampling(r.sampling, config_.vocab_size, kOpenAiTemperature));
+  // The parser reads the calls' markers in the reply's text, and some models' markers are
+  // special tokens (Kimi-K2's): they are kept, as vLLM's parsers keep them.
+  if (r.tools.offered()) spec.sampling.skip_special_tokens = false;
   spec.stop = r.stop;
   spec.ignore_eos = r.ignore_eos;
   ResponseFormat format = r.format.format;
@@ -416,7 +420,7 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
     if (r.tools.offered()) {
       tool_calls = std::make_unique<ChatToolCalls>(
           tool_format_, r.tools.parallel && r.tools.choice != ToolChoice::kFunction,
-          ForcedPrefix(r));
+          ForcedPrefix(r), r.tools.tools);
     }
     choices.push_back(std::make_unique<OpenAiChoice>(
         i, r, [this](int32_t token) { return TokenText(token); }, std::move(tool_calls)));

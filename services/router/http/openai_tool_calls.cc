@@ -2,8 +2,11 @@
 
 namespace strata {
 
-ChatToolCalls::ChatToolCalls(ToolCallFormat format, bool parallel, absl::string_view forced_prefix)
-    : parser_(NewToolCallParser(format)), parallel_(parallel), random_(std::random_device()()) {
+ChatToolCalls::ChatToolCalls(ToolCallFormat format, bool parallel, absl::string_view forced_prefix,
+                             const Json& tools)
+    : parser_(NewToolCallParser(format, tools)),
+      parallel_(parallel),
+      random_(std::random_device()()) {
   // The prefix opens a block: nothing of it is decided before the reply's own text.
   if (!forced_prefix.empty()) Deltas(parser_->Feed(forced_prefix));
 }
@@ -29,7 +32,8 @@ std::vector<Json> ChatToolCalls::Deltas(std::vector<ReplyPiece> pieces) {
     }
     if (!parallel_ && called()) continue;
     const int index = static_cast<int>(calls_.size());
-    Json call{{"id", NewId()},
+    // A model that names its calls (Kimi-K2) gets its ids back in later turns, as it expects.
+    Json call{{"id", piece.call->id.empty() ? NewId() : piece.call->id},
               {"type", "function"},
               {"function", {{"name", piece.call->name}, {"arguments", piece.call->arguments}}}};
     // The name first, then the arguments, as OpenAI streams them.

@@ -21,8 +21,9 @@ class ChatToolCalls {
  public:
   // `parallel` false keeps the first call only (as vLLM does: the later ones are dropped).
   // `forced_prefix`: what the assistant's turn was started with (ForcedCallPrefix), the reply's
-  // beginning for the parser.
-  ChatToolCalls(ToolCallFormat format, bool parallel, absl::string_view forced_prefix);
+  // beginning for the parser. `tools`: the request's (NewToolCallParser).
+  ChatToolCalls(ToolCallFormat format, bool parallel, absl::string_view forced_prefix,
+                const Json& tools = Json());
 
   // The stream deltas that may go out after the reply's next `text`, in order.
   std::vector<Json> Feed(absl::string_view text);
@@ -34,7 +35,7 @@ class ChatToolCalls {
   // made.
   Json content() const;
   // The message's tool_calls: [{"id": "call_...", "type": "function", "function": {"name",
-  // "arguments"}}].
+  // "arguments"}}], the id the model's own where its format has one (Kimi-K2's).
   const Json& tool_calls() const { return calls_; }
 
  private:

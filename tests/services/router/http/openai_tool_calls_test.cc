@@ -258,6 +258,57 @@ TEST(OpenAiToolCallsTest, LogprobsAreKeptWhileTextIsHeldBack) {
   EXPECT_GT(completion_tokens, 20);
 }
 
+// A GLM reply: the request's tools tell the parser that `city` is a string (kept as written);
+// a forced call starts with the function's name.
+TEST(OpenAiToolCallsTest, GlmCallsReadWithTheRequestsSchemas) {
+  auto options = Named("strata-demo");
+  options.tool_call_format = ToolCallFormat::kGlm45;
+  Api api(options);
+  api.SetScript(
+      "On it.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>2046</arg_value>\n"
+      "</tool_call>\n<tool_call>get_time\n</tool_call>");
+  for (const bool stream : {false, true}) {
+    const HttpReply reply = api.Post("/v1/chat/completions", ChatRequest({{"stream", stream}}));
+    ASSERT_EQ(reply.status, 200) << reply.body;
+    const Json choice = stream ? Json() : BodyOf(reply)["choices"][0];
+    const Streamed s = stream ? Accumulate(StreamEvents(reply)) : Streamed();
+    const Json calls = stream ? s.calls : choice["message"]["tool_calls"];
+    EXPECT_EQ(stream ? Json(s.content) : choice["message"]["content"], "On it.");
+    ASSERT_EQ(calls.size(), 2u) << reply.body;
+    EXPECT_EQ(calls[0]["function"]["arguments"], "{\"city\": \"2046\"}");
+    EXPECT_EQ(calls[1]["function"]["name"], "get_time");
+    EXPECT_EQ(calls[1]["function"]["arguments"], "{}");
+  }
+  api.SetScript("<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>");
+  const Json named{{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  const HttpReply reply = api.Post("/v1/chat/completions", ChatRequest({{"tool_choice", named}}));
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  const Json calls = BodyOf(reply)["choices"][0]["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 1u) << reply.body;
+  EXPECT_EQ(calls[0]["function"]["arguments"], "{\"city\": \"Oslo\"}");
+}
+
+// Kimi-K2 names its calls functions.NAME:INDEX and expects those ids back: they are the calls'
+// ids.
+TEST(OpenAiToolCallsTest, KimiCallsKeepTheModelsIds) {
+  auto options = Named("strata-demo");
+  options.tool_call_format = ToolCallFormat::kKimiK2;
+  Api api(options);
+  api.SetScript(
+      "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:3"
+      "<|tool_call_argument_begin|>{\"city\": \"Zürich\"}<|tool_call_end|>"
+      "<|tool_calls_section_end|>");
+  const HttpReply reply = api.Post("/v1/chat/completions", ChatRequest());
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  const Json choice = BodyOf(reply)["choices"][0];
+  EXPECT_EQ(choice["message"]["content"], nullptr);
+  const Json calls = choice["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 1u) << reply.body;
+  EXPECT_EQ(calls[0]["id"], "functions.get_weather:3");
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(calls[0]["function"]["arguments"], "{\"city\": \"Zürich\"}");
+}
+
 TEST(OpenAiToolCallsTest, ModelsWithoutAToolFormatRefuseTools) {
   auto options = Named("strata-demo");
   options.tool_call_format = ToolCallFormat::kNone;
