@@ -205,7 +205,9 @@ const CallSyntax* SyntaxOf(ToolCallFormat format) {
     s.tail = "<｜tool▁call▁end｜>";
     return s;
   }();
-  // The template writes each pair on its lines and the block's end on its own.
+  // The template writes each pair on its lines and the block's end on its own; the arguments'
+  // grammar (glm_xml) takes the newline before the end, and a call without arguments has one
+  // newline only.
   static const CallSyntax kGlm = {
       .call_open = "<tool_call>",
       .call_close = "</tool_call>",
@@ -213,7 +215,7 @@ const CallSyntax* SyntaxOf(ToolCallFormat format) {
       .first_open = "<tool_call>",
       .next_open = "\n<tool_call>",
       .lead = GlmLead,
-      .tail = "\n</tool_call>",
+      .tail = "</tool_call>",
       .style = "glm_xml",
   };
   static const CallSyntax kKimi = {

@@ -464,13 +464,13 @@ TEST(ToolCallParserTest, ForcedCallGrammarOfEachFormat) {
   ASSERT_EQ(one["type"], "sequence");
   EXPECT_EQ(one["elements"][0]["type"], "or");
   EXPECT_EQ(one["elements"][1]["value"], "<｜tool▁calls▁end｜>");
-  // GLM: the arguments as pairs (xgrammar's glm_xml), the block's end on its line.
+  // GLM: the arguments as pairs (xgrammar's glm_xml, which takes the newline before the end).
   auto glm = grammar(ToolCallFormat::kGlm45, std::nullopt, false);
   ASSERT_EQ(glm["type"], "or");
   const auto& f = glm["elements"][0]["elements"];
   EXPECT_EQ(f[0]["value"], "f\n");
   EXPECT_EQ(f[1]["style"], "glm_xml");
-  EXPECT_EQ(f[2]["value"], "\n</tool_call>");
+  EXPECT_EQ(f[2]["value"], "</tool_call>");
   // Kimi: the index is the model's, then the arguments' marker.
   auto kimi = grammar(ToolCallFormat::kKimiK2, "f", false);
   EXPECT_EQ(kimi["elements"][0]["type"], "regex");
