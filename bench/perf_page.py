@@ -5,7 +5,7 @@ exact command. Older records live in bench/archive/results/ and are not shown.
 
     python3 bench/perf_page.py [--out docs/performance.md]
 """
-import argparse, glob, json, os, subprocess
+import argparse, glob, json, os, re, subprocess
 
 ap = argparse.ArgumentParser()
 ap.add_argument('--results', default='bench/results')
@@ -31,6 +31,9 @@ def config(name, r):
         words.append('Zipf(1.0) routing skew')
     if 'tiered-24g' in name:
         words.append('**24 GiB expert budget**')
+    elif 'tiered-1g' in name:
+        words.append('**1 GiB expert budget** (19 slots for 2 MoE layers, the 10 a MoE layer the whole '
+                     'model gets under 24 GiB), 2-token steps')
     elif 'tiered-7.4g' in name:
         words.append('**7.4 GiB expert budget per worker** (24 GiB scaled to 8 of 26 layers)')
     elif 'resident' in name:
@@ -101,8 +104,11 @@ def config(name, r):
         words.append('build before the redesign')
     if name.endswith('-before-groups.json'):
         words.append('build before the decode attention split long contexts over clusters')
-    if '8L' in name:
-        words.append('8 of 26 layers')
+    cut = re.search(r'-(\d+)L-', name)
+    depth = {'seed-125b': 26, 'deepseek-v3': 61, 'kimi-k2': 61}
+    model = next((m for m in depth if name.startswith(f'strata-{m}-')), None)
+    if cut and model:
+        words.append(f'{cut.group(1)} of {depth[model]} layers')
     if '2gpu' in name:
         words.append('2 GPUs')
     if '-2w-' in name:
@@ -178,9 +184,10 @@ lines += ['',
           'where independent draws from the designed distribution would make 3% and 19% cold. These',
           'rows therefore measure the tiered machinery (tables, counting, graphs) at near-full hit',
           'rates, not the cost of misses.', '',
-          '**Sampled decoding.** The rows "picked on the device" (build 28d6ad3, H100) draw their',
+          '**Sampled decoding.** The kernels before the one measured here (records in',
+          'bench/archive/results/): the rows "picked on the device" (build 28d6ad3, H100) drew their',
           'tokens inside the replayed decode step, penalties too, with steps launched ahead: T 0.7 and',
-          'top_p 0.9 decode at 96% of greedy at batch 1 (334.7 against 349.1 tok/s) and 93% with 8',
+          'top_p 0.9 decoded at 96% of greedy at batch 1 (334.7 against 349.1 tok/s) and 93% with 8',
           'requests (118.4 against 127.6). The kernel of 0fefb73 (any top-k and nucleus size, the host',
           'Sampler\'s draws exactly) made them slower, measured on build fe4dcbe ("radix" rows): 65% of',
           'greedy at batch 1 (225.0 against 348.7) and 83% with 8 requests (105.2 against 127.3). This',

@@ -4,6 +4,7 @@
 // test holds the typical (median) row to bf16 accuracy and the argmax to the reference wherever
 // the reference's top-two margin is clear (at least a tenth of the row's RMS). The trained
 // demo model is the tighter check (cuda_demo_model_test). Skips without a GPU.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -91,57 +92,101 @@ TEST_P(CudaEngineTest, MatchesTransformers) {
   EXPECT_GE(agreeing, clear_rows * (weights == "fp8" ? 60 : 95) / 100);
 }
 
+// The logits of `ids` from the checkpoint in `dir` on `device`, experts and attention as
+// `experts` and `attention` say; empty after a recorded failure.
+std::vector<float> CheckpointLogits(const std::string& dir, const std::string& device,
+                                    const std::string& experts, const std::string& attention,
+                                    const std::vector<int32_t>& ids) {
+  LocalEngineOptions options;
+  options.model_dir = dir;
+  options.device = device;
+  options.expert_weights = experts;
+  options.attention_weights = attention;
+  auto engine = LocalEngine::Create(options);
+  if (!engine.ok()) {
+    ADD_FAILURE() << device << " " << experts << ": " << engine.status();
+    return {};
+  }
+  auto logits = (*engine)->Logits(ids);
+  if (!logits.ok()) {
+    ADD_FAILURE() << device << " " << experts << ": " << logits.status();
+    return {};
+  }
+  return std::vector<float>(logits->data(), logits->data() + logits->size());
+}
+
+double RelativeError(const std::vector<float>& out, const std::vector<float>& ref) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    diff += (out[i] - ref[i]) * (out[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// One layer of `shape` (make-model's cut: a MoE layer), FP8, into `dir`.
+bool MakeFp8Layer(const std::string& shape, const std::string& dir) {
+  MakeModelOptions make;
+  make.shape = shape;
+  make.layers = 1;
+  make.out_dir = dir;
+  make.dtype = "fp8";
+  make.num_threads = 0;
+  const absl::StatusOr<MakeModelResult> made = MakeModel(make);
+  if (!made.ok()) ADD_FAILURE() << shape << ": " << made.status();
+  return made.ok();
+}
+
 // A checkpoint with FP8 E4M3 experts and row scales (`strata make-model --dtype fp8`) on the
 // GPU, dequantized to bf16 or uploaded as FP8 as it is, against the CPU backend on the same
 // checkpoint.
 TEST(CudaEngineFp8CheckpointTest, MatchesTheCpuBackend) {
   if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   testing::TempDir tmp;
-  MakeModelOptions make;
   // One layer of the real shape: the CUDA attention kernels take head_dim 64/128/256.
-  make.shape = "qwen3-30b-a3b";
-  make.layers = 1;
-  make.out_dir = tmp.File("fp8");
-  make.dtype = "fp8";
-  make.num_threads = 0;
-  ASSERT_TRUE(MakeModel(make).ok());
+  const std::string dir = tmp.File("fp8");
+  ASSERT_TRUE(MakeFp8Layer("qwen3-30b-a3b", dir));
   const std::vector<int32_t> ids = {5, 17, 3, 99, 42, 7, 250, 11};
-  auto logits_on = [&](const std::string& device, const std::string& weights) {
-    LocalEngineOptions options;
-    options.model_dir = make.out_dir;
-    options.device = device;
-    options.expert_weights = weights;
-    // The checkpoint's attention is bf16: quantizing it too would test FP8 attention, which the
-    // oracle test above bounds, rather than the FP8 experts going up as they are.
-    options.attention_weights = "bf16";
-    auto engine = LocalEngine::Create(options);
-    if (!engine.ok()) {
-      ADD_FAILURE() << device << " " << weights << ": " << engine.status();
-      return std::vector<float>();
-    }
-    auto logits = (*engine)->Logits(ids);
-    if (!logits.ok()) {
-      ADD_FAILURE() << device << " " << weights << ": " << logits.status();
-      return std::vector<float>();
-    }
-    return std::vector<float>(logits->data(), logits->data() + logits->size());
-  };
-  const std::vector<float> cpu = logits_on("cpu", "bf16");
+  // The checkpoint's attention is bf16: quantizing it too would test FP8 attention, which the
+  // oracle test above bounds, rather than the FP8 experts going up as they are.
+  const std::vector<float> cpu = CheckpointLogits(dir, "cpu", "bf16", "bf16", ids);
   ASSERT_FALSE(cpu.empty());
   for (const char* weights : {"bf16", "fp8"}) {
-    const std::vector<float> gpu = logits_on("cuda", weights);
+    const std::vector<float> gpu = CheckpointLogits(dir, "cuda", weights, "bf16", ids);
     ASSERT_EQ(gpu.size(), cpu.size());
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < cpu.size(); ++i) {
-      diff += (gpu[i] - cpu[i]) * (gpu[i] - cpu[i]);
-      norm += cpu[i] * cpu[i];
-    }
     std::cout << "fp8 checkpoint on the GPU, " << weights << " at load: logits relative error "
-              << std::sqrt(diff / norm) << "\n";
+              << RelativeError(gpu, cpu) << "\n";
     // The same weights on both sides (FP8 experts go up as they are, or dequantized to bf16
     // with at most 2^-8 relative error): what is left is bf16 activations (METHOD.md, 1e-2).
-    EXPECT_LT(std::sqrt(diff / norm), 3e-2) << weights;
+    EXPECT_LT(RelativeError(gpu, cpu), 3e-2) << weights;
   }
+}
+
+// One MoE layer of DeepSeek-V3's real shape (128 heads of latent attention at rank 512, 256
+// experts in 8 groups, FP8 as DeepSeek ships it but per row): the GPU against the CPU backend.
+TEST(CudaEngineFp8CheckpointTest, DeepseekV3LayerMatchesTheCpuBackend) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  testing::TempDir tmp;
+  const std::string dir = tmp.File("dsv3");
+  ASSERT_TRUE(MakeFp8Layer("deepseek-v3", dir));
+  const std::vector<int32_t> ids = {5, 17, 3, 99, 42, 7, 250, 11, 1000, 64000};
+  const std::vector<float> cpu = CheckpointLogits(dir, "cpu", "fp8", "fp8", ids);
+  ASSERT_FALSE(cpu.empty());
+  const std::vector<float> gpu = CheckpointLogits(dir, "cuda", "fp8", "fp8", ids);
+  ASSERT_EQ(gpu.size(), cpu.size());
+  // Per token: a token whose top 8 of 256 sigmoid scores sit closer than bf16 rounding may pick
+  // another expert on each side, and its row then differs by that expert's whole share.
+  const size_t vocab = cpu.size() / ids.size();
+  std::vector<double> rows;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    rows.push_back(
+        RelativeError(std::vector<float>(gpu.begin() + t * vocab, gpu.begin() + (t + 1) * vocab),
+                      std::vector<float>(cpu.begin() + t * vocab, cpu.begin() + (t + 1) * vocab)));
+    std::cout << "deepseek-v3 layer on the GPU, token " << t << ": logits relative error "
+              << rows.back() << "\n";
+  }
+  std::sort(rows.begin(), rows.end());
+  EXPECT_LT(rows[rows.size() / 2], 3e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllOracles, CudaEngineTest,
