@@ -27,6 +27,9 @@ ABSL_FLAG(std::string, attention_weights, "",
           "The attention projections' weights when they differ from --weights: bf16 or fp8");
 ABSL_FLAG(int, input_len, 128, "Prompt tokens");
 ABSL_FLAG(int, output_len, 512, "Generated tokens per run");
+ABSL_FLAG(float, temperature, 0.0f, "Sampling temperature (0: greedy)");
+ABSL_FLAG(float, top_p, 1.0f, "Nucleus mass kept when sampling");
+ABSL_FLAG(int, top_k, 0, "Tokens kept when sampling (0: no limit)");
 ABSL_FLAG(int, runs, 10, "Measured runs");
 ABSL_FLAG(int, warmup, 1, "Unmeasured runs first");
 ABSL_FLAG(int, threads, 0, "CPU threads for --device cpu");
@@ -89,6 +92,10 @@ int main(int argc, char** argv) {
     strata::GenerateOptions g;
     g.max_new_tokens = absl::GetFlag(FLAGS_output_len);
     g.ignore_eos = true;
+    g.sampling.temperature = absl::GetFlag(FLAGS_temperature);
+    g.sampling.top_p = absl::GetFlag(FLAGS_top_p);
+    g.sampling.top_k = absl::GetFlag(FLAGS_top_k);
+    g.sampling.seed = 1 + static_cast<uint64_t>(run);
     std::chrono::steady_clock::time_point first, last;
     int count = 0;
     g.on_token = [&](int32_t) {
