@@ -46,11 +46,11 @@ ColdPath ColdPathSplit::Choose(int64_t tokens) {
   return on_cpu ? ColdPath::kCpu : ColdPath::kCopy;
 }
 
-bool FitCpuRates(double one_token_s, double eight_tokens_s, uint64_t expert_bytes, int64_t hidden,
-                 int64_t intermediate, ColdPathOptions& options) {
-  if (!(eight_tokens_s > one_token_s) || !(one_token_s > 0.0)) return false;
+bool FitCpuRates(double one_token_s, double many_tokens_s, int many_tokens, uint64_t expert_bytes,
+                 int64_t hidden, int64_t intermediate, ColdPathOptions& options) {
+  if (many_tokens < 2 || !(many_tokens_s > one_token_s) || !(one_token_s > 0.0)) return false;
   const double flop = 6.0 * static_cast<double>(hidden) * static_cast<double>(intermediate);
-  const double flops = 7.0 * flop / (eight_tokens_s - one_token_s);
+  const double flops = (many_tokens - 1) * flop / (many_tokens_s - one_token_s);
   const double stream = one_token_s - flop / flops;
   if (stream < 0.25 * one_token_s) return false;
   options.cpu_flops = flops;

@@ -70,13 +70,13 @@ ColdPath ChooseColdPath(const ColdPathOptions& options, uint64_t expert_bytes, i
                         int64_t hidden, int64_t intermediate);
 
 // Sets options' cpu_flops and cpu_bytes_per_s from the CPU tier's seconds for one expert of
-// `expert_bytes` at 1 and at 8 tokens: 7 tokens more cost 7 x 6 x hidden x intermediate /
-// cpu_flops, the rest of the one-token time is streaming (requests back to back, the store's
-// thread awake: no fixed cost taken off). False, leaving options as they were, when the two
-// times are too close to tell the terms apart (a fixed cost or a cache dominates: streaming
-// under a quarter of the one-token time).
-bool FitCpuRates(double one_token_s, double eight_tokens_s, uint64_t expert_bytes, int64_t hidden,
-                 int64_t intermediate, ColdPathOptions& options);
+// `expert_bytes` at 1 and at `many_tokens` (> 1) tokens: the many_tokens - 1 more cost
+// (many_tokens - 1) x 6 x hidden x intermediate / cpu_flops, the rest of the one-token time is
+// streaming (requests back to back, the store's thread awake: no fixed cost taken off). False,
+// leaving options as they were, when the two times are too close to tell the terms apart (a
+// fixed cost or a cache dominates: streaming under a quarter of the one-token time).
+bool FitCpuRates(double one_token_s, double many_tokens_s, int many_tokens, uint64_t expert_bytes,
+                 int64_t hidden, int64_t intermediate, ColdPathOptions& options);
 
 // One layer step's misses shared between the two paths, which run at once (the copies and the
 // GPU's work on one side, strata-expert-store's CPUs on the other): each miss goes to the path

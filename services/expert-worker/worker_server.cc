@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <ctime>
 #include <random>
 
@@ -299,8 +300,14 @@ void WorkerServer::AttachCpuTier() {
 }
 
 absl::Status WorkerServer::CalibrateCpuTier() {
-  // Requests of 1 and of 8 tokens, each for (layer, expert) pairs of its own, read from memory:
-  // at least 5 pairs each, and 256 MiB (past any CPU's last-level cache).
+  // Requests of 1 and of 8 tokens (or as many as a step holds), each for (layer, expert) pairs
+  // of its own, read from memory: at least 5 pairs each, and 256 MiB (past any CPU's last-level
+  // cache). Steps of one token leave nothing to compare: the cost model keeps its defaults.
+  const int many_tokens = std::min(8, options_.max_tokens_per_step);
+  if (many_tokens < 2) {
+    options_.log("CPU tier: steps of one token; the cost model keeps its defaults");
+    return absl::OkStatus();
+  }
   std::vector<int> moe;
   for (int l = 0; l < config_.num_layers; ++l) {
     if (config_.layer_is_moe[l]) moe.push_back(l);
@@ -315,21 +322,23 @@ absl::Status WorkerServer::CalibrateCpuTier() {
   const int hidden = static_cast<int>(config_.hidden_size), k = config_.top_k;
   // A request that failed or timed out leaves the channel out of step: no CPU tier then.
   ASSIGN_OR_RETURN(const double one, TimeCpuTierExpert(*cpu_tier_, probe[0], 1, k, hidden));
-  ASSIGN_OR_RETURN(const double many, TimeCpuTierExpert(*cpu_tier_, probe[1], 8, k, hidden));
+  ASSIGN_OR_RETURN(const double many,
+                   TimeCpuTierExpert(*cpu_tier_, probe[1], many_tokens, k, hidden));
   ColdPathOptions& cold = options_.cold_path;
   const uint64_t bytes = slots_->slot_bytes();
-  if (!FitCpuRates(one, many, bytes, config_.hidden_size, config_.moe_intermediate_size, cold)) {
+  if (!FitCpuRates(one, many, many_tokens, bytes, config_.hidden_size,
+                   config_.moe_intermediate_size, cold)) {
     options_.log(absl::StrFormat(
-        "CPU tier: one expert in %.3f ms for one token, %.3f ms for 8: too close to tell its "
+        "CPU tier: one expert in %.3f ms for one token, %.3f ms for %d: too close to tell its "
         "rates apart; the cost model keeps its defaults",
-        one * 1e3, many * 1e3));
+        one * 1e3, many * 1e3, many_tokens));
     return absl::OkStatus();
   }
   options_.log(absl::StrFormat(
-      "CPU tier: one expert (%.2f MiB) in %.2f ms for one token, %.2f ms for 8; the cost model "
+      "CPU tier: one expert (%.2f MiB) in %.2f ms for one token, %.2f ms for %d; the cost model "
       "streams %.1f GB/s and computes %.0f GFLOP/s on it, against %.1f GB/s copied",
-      bytes / 1048576.0, one * 1e3, many * 1e3, cold.cpu_bytes_per_s / 1e9, cold.cpu_flops / 1e9,
-      cold.copy_bytes_per_s / 1e9));
+      bytes / 1048576.0, one * 1e3, many * 1e3, many_tokens, cold.cpu_bytes_per_s / 1e9,
+      cold.cpu_flops / 1e9, cold.copy_bytes_per_s / 1e9));
   return absl::OkStatus();
 }
 

@@ -126,14 +126,21 @@ TEST(ColdPathModelTest, FitCpuRatesRecoversTheRatesOfTwoTimings) {
   const double one = kBytes / bytes_per_s + flop / flops;
   const double eight = kBytes / bytes_per_s + 8 * flop / flops;
   ColdPathOptions o;
-  ASSERT_TRUE(FitCpuRates(one, eight, kBytes, kHidden, kInter, o));
+  ASSERT_TRUE(FitCpuRates(one, eight, 8, kBytes, kHidden, kInter, o));
   EXPECT_NEAR(o.cpu_bytes_per_s, bytes_per_s, bytes_per_s * 1e-9);
   EXPECT_NEAR(o.cpu_flops, flops, flops * 1e-9);
-  // No spread, or one dominated by compute (streaming under a quarter): defaults kept.
+  // Steps of two tokens (a worker's channel sized for them) fit the same rates.
+  ColdPathOptions two;
+  ASSERT_TRUE(
+      FitCpuRates(one, kBytes / bytes_per_s + 2 * flop / flops, 2, kBytes, kHidden, kInter, two));
+  EXPECT_NEAR(two.cpu_flops, flops, flops * 1e-9);
+  // No spread, one dominated by compute (streaming under a quarter), or a single token:
+  // defaults kept.
   const ColdPathOptions defaults;
   ColdPathOptions same = defaults;
-  EXPECT_FALSE(FitCpuRates(one, one, kBytes, kHidden, kInter, same));
-  EXPECT_FALSE(FitCpuRates(1e-3, 8e-3, kBytes, kHidden, kInter, same));
+  EXPECT_FALSE(FitCpuRates(one, one, 8, kBytes, kHidden, kInter, same));
+  EXPECT_FALSE(FitCpuRates(1e-3, 8e-3, 8, kBytes, kHidden, kInter, same));
+  EXPECT_FALSE(FitCpuRates(one, eight, 1, kBytes, kHidden, kInter, same));
   EXPECT_EQ(same.cpu_bytes_per_s, defaults.cpu_bytes_per_s);
   EXPECT_EQ(same.cpu_flops, defaults.cpu_flops);
 }
