@@ -28,11 +28,8 @@ LatentShape ShapeOf(const ModelConfig& c, const float* inv_freq, float attention
 absl::Status CudaRouterBackend::LoadLatentWeights(const AttentionWeights& a, WeightFormat format,
                                                   LayerWeights& dst) {
   const ModelConfig& c = config_;
-  // The kernels' limits, checked before anything is uploaded (inv_freq is not known yet).
-  LatentShape shape = ShapeOf(c, nullptr, 1.0f);
-  static const float kAnyFrequency = 0.0f;
-  shape.inv_freq = &kAnyFrequency;
-  if (!LatentShapeFits(shape)) {
+  // The kernels' limits, checked before anything is uploaded.
+  if (!LatentShapeFits(ShapeOf(c, nullptr, 1.0f))) {
     return absl::UnimplementedError(absl::StrCat(
         "the CUDA latent attention takes kv_lora_rank a multiple of 32 up to 512, "
         "qk_nope_head_dim up to 256 and rows of a multiple of 4 values; this model has rank ",

@@ -223,14 +223,14 @@ dim3 HeadTokenGrid(const LatentShape& s, int64_t n) {
 bool LatentShapeFits(const LatentShape& s) {
   return s.num_heads > 0 && s.nope > 0 && s.nope <= kMaxNope && s.rope > 0 && s.rope % 2 == 0 &&
          s.rank > 0 && s.rank % kWarpSize == 0 && s.rank <= kMaxRank && s.v_dim > 0 &&
-         RowWidth(s) % 4 == 0 && s.inv_freq != nullptr && AttentionSharedBytes(s) <= 48 * 1024;
+         RowWidth(s) % 4 == 0 && AttentionSharedBytes(s) <= 48 * 1024;
 }
 
 cudaError_t LaunchLatentKvAppend(const bf16* kv_a, const bf16* norm, float eps,
                                  const LatentShape& shape, const TokenBatch& tokens,
                                  const PagedKvLayer& kv, cudaStream_t stream) {
-  if (!LatentShapeFits(shape) || kv.fp8 || kv.head_dim != RowWidth(shape) || tokens.n < 0 ||
-      tokens.n > 0x7fffffff) {
+  if (!LatentShapeFits(shape) || shape.inv_freq == nullptr || kv.fp8 ||
+      kv.head_dim != RowWidth(shape) || tokens.n < 0 || tokens.n > 0x7fffffff) {
     return cudaErrorInvalidValue;
   }
   if (tokens.n == 0) return cudaSuccess;
@@ -242,7 +242,8 @@ cudaError_t LaunchLatentKvAppend(const bf16* kv_a, const bf16* norm, float eps,
 cudaError_t LaunchLatentQueries(const bf16* q, const bf16* kv_b, const LatentShape& shape,
                                 const int32_t* positions, int64_t n, bf16* queries,
                                 cudaStream_t stream) {
-  if (!LatentShapeFits(shape) || n < 0 || (n + kTokens - 1) / kTokens > 65535) {
+  if (!LatentShapeFits(shape) || shape.inv_freq == nullptr || n < 0 ||
+      (n + kTokens - 1) / kTokens > 65535) {
     return cudaErrorInvalidValue;
   }
   if (n == 0) return cudaSuccess;

@@ -27,7 +27,7 @@ struct LatentShape {
 };
 // A cache row is rank + rope values, a query head nope + rope.
 
-// Whether the kernels take this shape.
+// Whether the kernels take this shape's sizes (the launchers that rotate also need inv_freq).
 bool LatentShapeFits(const LatentShape& shape);
 
 // The cache rows of a step: kv_a [n, rank + rope] (kv_a_proj_with_mqa's output), the latent

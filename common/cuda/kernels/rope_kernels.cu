@@ -92,24 +92,22 @@ __global__ void __launch_bounds__(kThreads)
   const WarpHead w = WarpHeadOf(q, k, n, p);
   if (w.x == nullptr) return;
   bf16* x = w.x;
-  const bf16* norm = w.norm;
-  const int64_t t = w.t;
   float* h = staged[threadIdx.x / kWarpSize];
   float sum_sq = 0.0f;
   for (int j = lane; j < p.head_dim; j += kWarpSize) {
     h[j] = __bfloat162float(x[j]);
     sum_sq += h[j] * h[j];
   }
-  if (norm != nullptr) {
+  if (w.norm != nullptr) {
     sum_sq = WarpSum(sum_sq);
     const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(p.head_dim) + p.eps);
     for (int j = lane; j < p.head_dim; j += kWarpSize) {
-      h[j] = __bfloat162float(norm[j]) * (h[j] * inv);
+      h[j] = __bfloat162float(w.norm[j]) * (h[j] * inv);
     }
   }
   __syncwarp();
   const int half = p.rope_dim / 2;
-  const float pos = static_cast<float>(positions[t]);
+  const float pos = static_cast<float>(positions[w.t]);
   for (int j = lane; j < half; j += kWarpSize) {
     float s, c;
     sincosf(pos * p.inv_freq[j], &s, &c);
