@@ -30,6 +30,7 @@ ABSL_FLAG(int, output_len, 512, "Generated tokens per run");
 ABSL_FLAG(float, temperature, 0.0f, "Sampling temperature (0: greedy)");
 ABSL_FLAG(float, top_p, 1.0f, "Nucleus mass kept when sampling");
 ABSL_FLAG(int, top_k, 0, "Tokens kept when sampling (0: no limit)");
+ABSL_FLAG(float, repetition_penalty, 1.0f, "Repetition penalty when sampling (1: off)");
 ABSL_FLAG(int, runs, 10, "Measured runs");
 ABSL_FLAG(int, warmup, 1, "Unmeasured runs first");
 ABSL_FLAG(int, threads, 0, "CPU threads for --device cpu");
@@ -95,6 +96,7 @@ int main(int argc, char** argv) {
     g.sampling.temperature = absl::GetFlag(FLAGS_temperature);
     g.sampling.top_p = absl::GetFlag(FLAGS_top_p);
     g.sampling.top_k = absl::GetFlag(FLAGS_top_k);
+    g.sampling.repetition_penalty = absl::GetFlag(FLAGS_repetition_penalty);
     g.sampling.seed = 1 + static_cast<uint64_t>(run);
     std::chrono::steady_clock::time_point first, last;
     int count = 0;

@@ -92,6 +92,12 @@ class RouterBackend {
   // A guess at MoE layer `layer`'s routing from the residual stream as it is now (its norm and
   // gate without its attention), for prefetching that layer's experts; the step is unchanged.
   virtual absl::Status PredictRouting(int layer, float temperature, RoutingTable& predicted) = 0;
+  // The expert ids of the device routing PredictRouting last made, into `host` (weights
+  // zero), for the workers' prefetch hints: waits for the step's work queued so far. Host
+  // backends predict on the host.
+  virtual absl::Status ReadPredictedRouting(RoutingTable& host) {
+    return absl::UnimplementedError("this router backend predicts routing on the host");
+  }
 
   // A backend that predicts into device routing scores its guesses where they are, when the
   // predicted layer's gate has run: picks predicted, those the gate then made, the gate's

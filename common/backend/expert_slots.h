@@ -135,6 +135,9 @@ class ExpertSlots {
   virtual absl::Status UnregisterHostMemory(absl::Span<const uint8_t> memory) {
     return absl::OkStatus();
   }
+  // Starts the copies of the Loads queued so far now instead of at the next run (a prefetch:
+  // the copies overlap whatever runs before their layer). Host slots copy as they Load.
+  virtual absl::Status StartLoads() { return absl::OkStatus(); }
   // Waits until every Load queued so far has landed (for measurements, tests and a worker's
   // warm start; RunExperts needs no such wait). Host slots copy as they Load.
   virtual absl::Status WaitForLoads() { return absl::OkStatus(); }

@@ -30,6 +30,7 @@ absl::Status ForwardPass::Run(absl::Span<const int32_t> ids, const BatchLayout& 
   if (options_.on_batch) options_.on_batch(batch);
   RETURN_IF_ERROR(router_.BeginStep(ids, batch, kv));
   predicted_layer_ = -1;
+  hinted_through_ = 0;
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     RETURN_IF_ERROR(router_.Attention(layer));
     RETURN_IF_ERROR(router_.PrepareFfn(layer, options_.gate_temperature, ffn_input_, routing_));
@@ -50,17 +51,40 @@ absl::Status ForwardPass::Run(absl::Span<const int32_t> ids, const BatchLayout& 
 }
 
 absl::Status ForwardPass::PredictNext(int layer) {
+  if (!experts_.wants_prefetch()) return absl::OkStatus();  // every expert resident
   const int next = layer + 1;
-  if (next >= config_.num_layers || !config_.layer_is_moe[next] || !experts_.wants_prefetch()) {
-    return absl::OkStatus();  // every expert resident: a prediction would help nobody
+  const int reach = std::min(layer + options_.prefetch_lookahead, config_.num_layers - 1);
+  // Layers further ahead first: the backend scores the prediction it made last (the next
+  // layer's). Each is hinted once, from the earliest residual within reach.
+  for (int target = std::max(hinted_through_ + 1, next + 1); target <= reach; ++target) {
+    hinted_through_ = target;
+    if (!config_.layer_is_moe[target]) continue;
+    RETURN_IF_ERROR(router_.PredictRouting(target, options_.gate_temperature, ahead_));
+    if (ahead_.tokens == 0) break;  // a captured step predicts nothing
+    RETURN_IF_ERROR(SendPrediction(target, ahead_));
   }
+  if (next >= config_.num_layers || !config_.layer_is_moe[next]) return absl::OkStatus();
   // The next layer's gate sees norm(hidden + its attention); without the attention yet, this
   // layer's output is the best guess, and the copies overlap that attention.
   RETURN_IF_ERROR(router_.PredictRouting(next, options_.gate_temperature, predicted_));
-  // Device routing is scored by the backend (DevicePredictionCounts); none is sent.
-  if (predicted_.on_device() || predicted_.tokens == 0) return absl::OkStatus();
+  if (predicted_.tokens == 0) return absl::OkStatus();
+  // Device routing is scored by the backend (DevicePredictionCounts), and sent only with a
+  // lookahead (reading it waits for the layer's work).
+  if (predicted_.on_device()) {
+    return options_.prefetch_lookahead > 0 ? SendPrediction(next, predicted_) : absl::OkStatus();
+  }
   experts_.Prefetch(next, predicted_);
   predicted_layer_ = next;
+  return absl::OkStatus();
+}
+
+absl::Status ForwardPass::SendPrediction(int layer, RoutingTable& predicted) {
+  if (!predicted.on_device()) {
+    experts_.Prefetch(layer, predicted);
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(router_.ReadPredictedRouting(predicted_on_host_));
+  experts_.Prefetch(layer, predicted_on_host_);
   return absl::OkStatus();
 }
 

@@ -21,6 +21,12 @@ struct ForwardOptions {
   // predict its experts, and hand them to ExpertBackend::Prefetch before the next attention
   // (only while the expert backend wants_prefetch()).
   bool predict_next_experts = false;
+  // With predict_next_experts: also hint the experts of MoE layers up to this many layers ahead,
+  // each once, at the earliest layer within reach (its gate on the residual as it is then), so
+  // that their copies overlap more than one attention; and hand device predictions (GPU
+  // router, eager steps) to the workers, which costs a wait for the layer's work. 0: host
+  // predictions of the next layer only (device ones are scored, not sent).
+  int prefetch_lookahead = 0;
 };
 
 // How well the next layer's experts were predicted: per (token, slot), over layers that had a
@@ -65,13 +71,17 @@ class ForwardPass {
   ExpertBackend& experts_;
   ForwardOptions options_;
   absl::Status Check(absl::Span<const int32_t> ids, const BatchLayout& batch) const;
-  // Predicts layer + 1's experts from the residual stream and sends the hint.
+  // Predicts layer + 1's experts from the residual stream and sends the hint; with a
+  // lookahead, first the layers further ahead not hinted yet.
   absl::Status PredictNext(int layer);
+  // Hands `predicted` (of `layer`; device routing read first) to the experts' prefetch.
+  absl::Status SendPrediction(int layer, RoutingTable& predicted);
   void ScorePrediction(const RoutingTable& actual);
 
   Tensor ffn_input_, expert_out_;
-  RoutingTable routing_, predicted_;
+  RoutingTable routing_, predicted_, ahead_, predicted_on_host_;
   int predicted_layer_ = -1;
+  int hinted_through_ = 0;  // the last layer a lookahead hint went out for, this step
   PrefetchCounters prefetch_;
 };
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
 
@@ -171,7 +172,8 @@ absl::Status ExpertTiers::SetLentSlots(int lent) {
 }
 
 absl::Status ExpertTiers::LoadInto(ExpertKey key, bool hot,
-                                   const absl::flat_hash_set<ExpertKey>& protect) {
+                                   const absl::flat_hash_set<ExpertKey>& protect,
+                                   bool spare_prefetched) {
   const FfnWeights* weights = store_.Find(key.layer, key.expert);
   if (weights == nullptr) {
     return absl::NotFoundError(
@@ -179,8 +181,11 @@ absl::Status ExpertTiers::LoadInto(ExpertKey key, bool hot,
   }
   // A warm expert needs room in the warm share; any load needs a free slot.
   while (free_slots_.empty() || (!hot && warm_->size() >= warm_capacity())) {
-    const std::optional<ExpertKey> victim =
-        warm_->Victim([&](ExpertKey k) { return !protect.contains(k); });
+    std::optional<ExpertKey> victim = warm_->Victim(
+        [&](ExpertKey k) { return !protect.contains(k) && !prefetched_.contains(k); });
+    if (!victim && !spare_prefetched) {
+      victim = warm_->Victim([&](ExpertKey k) { return !protect.contains(k); });
+    }
     if (!victim) {
       return absl::ResourceExhaustedError(
           absl::StrCat("no expert slot to free for layer ", key.layer, " expert ", key.expert, " (",
@@ -211,6 +216,8 @@ void ExpertTiers::Evict(ExpertKey key) {
 absl::Status ExpertTiers::Acquire(int layer, absl::Span<const int> experts,
                                   absl::Span<const int64_t> tokens, const ColdPathChooser& cpu_path,
                                   std::vector<int>* cpu) {
+  // The layer's request has come: its predictions not used are ordinary warm experts now.
+  absl::Cleanup expire = [this, layer] { ExpirePrefetched(layer); };
   cpu->clear();
   RETURN_IF_ERROR(RepickIfDue());
   total_uses_ += experts.size();
@@ -246,6 +253,10 @@ absl::Status ExpertTiers::Acquire(int layer, absl::Span<const int> experts,
     RETURN_IF_ERROR(LoadInto(key, hot, protect));
   }
   return absl::OkStatus();
+}
+
+void ExpertTiers::ExpirePrefetched(int layer) {
+  absl::erase_if(prefetched_, [layer](const ExpertKey& key) { return key.layer == layer; });
 }
 
 absl::Status ExpertTiers::EnsureResident(int layer, absl::Span<const int> experts,
@@ -312,12 +323,15 @@ absl::Status ExpertTiers::Prefetch(int layer, absl::Span<const int32_t> experts)
     const ExpertKey key{layer, e};
     if (e < 0 || e >= config_.num_experts || slot_of_.contains(key)) continue;
     // Never let one prediction take more than the warm share.
-    if (++loaded > warm_capacity()) break;
-    RETURN_IF_ERROR(LoadInto(key, hot_.contains(key), protect));
+    if (loaded + 1 > warm_capacity()) break;
+    const absl::Status load = LoadInto(key, hot_.contains(key), protect, /*spare_prefetched=*/true);
+    if (absl::IsResourceExhausted(load)) break;  // the slots hold other predictions
+    RETURN_IF_ERROR(load);
+    ++loaded;
     prefetched_.insert(key);
     ++counters_.prefetch_loads;
   }
-  return absl::OkStatus();
+  return loaded > 0 ? slots_.StartLoads() : absl::OkStatus();
 }
 
 }  // namespace strata

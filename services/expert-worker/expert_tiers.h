@@ -93,7 +93,9 @@ class ExpertTiers : public SlotResidency {
   // keeping `keep` resident too.
   absl::Status EnsureResident(int layer, absl::Span<const int> experts,
                               absl::Span<const int> keep) override;
-  // Starts loading the predicted experts of `layer` that are not resident, into warm slots.
+  // Starts loading the predicted experts of `layer` that are not resident, into warm slots
+  // (the copies start now: ExpertSlots::StartLoads), as far as slots allow without evicting
+  // other predictions not used yet. Those stay spared until `layer`'s request has come.
   absl::Status Prefetch(int layer, absl::Span<const int32_t> experts);
 
   // Hands the slots `tier` for their eager layer steps (ExpertSlots::SetHostTier) and keeps
@@ -133,9 +135,14 @@ class ExpertTiers : public SlotResidency {
   absl::Status FillFreeSlots();
   // Evicts warm experts past the warm share, then loads the hot experts not resident.
   absl::Status FitWarmAndLoadHot();
-  // Loads (layer, expert) into a free slot, evicting warm experts `protect` does not keep.
-  absl::Status LoadInto(ExpertKey key, bool hot, const absl::flat_hash_set<ExpertKey>& protect);
+  // Loads (layer, expert) into a free slot, evicting warm experts `protect` does not keep:
+  // prefetched experts not used yet last, and with `spare_prefetched` never (a prediction does
+  // not evict another's).
+  absl::Status LoadInto(ExpertKey key, bool hot, const absl::flat_hash_set<ExpertKey>& protect,
+                        bool spare_prefetched = false);
   void Evict(ExpertKey key);
+  // `layer`'s prefetched experts not used yet are spared no longer.
+  void ExpirePrefetched(int layer);
 
   const ModelConfig& config_;
   ExpertSlots& slots_;

@@ -31,6 +31,9 @@ class CudaIpcConnection : public ExpertConnection {
                        absl::Duration timeout) override {
     return channel_->Receive(consume, timeout);
   }
+  absl::Status Prefetch(uint32_t layer, absl::Span<const int32_t> experts) override {
+    return channel_->Prefetch(layer, experts);
+  }
   bool Alive() const override { return channel_->Alive(); }
   absl::Status PeerStatus() const override { return channel_->PeerStatus(); }
   bool Stalled() const override { return channel_->Stalled(); }

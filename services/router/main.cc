@@ -89,6 +89,9 @@ ABSL_FLAG(std::string, hot_ratio, "auto",
 ABSL_FLAG(std::string, hot_ratio_policy, strata::HotRatioPolicy().ToString(),
           "Hot ratio by longest context in the batch: LIMIT:RATIO,... then the ratio beyond");
 ABSL_FLAG(bool, prefetch, true, "Predict the next layer's experts and tell the workers");
+ABSL_FLAG(int, prefetch_lookahead, 0,
+          "With --prefetch: hint MoE layers up to this many layers ahead, and send the GPU's "
+          "predictions of eager steps to the workers (0: the next layer, host predictions only)");
 ABSL_FLAG(std::string, expert_activations, "f32",
           "How hidden states and partial sums cross to gRPC-transport workers: f32, or fp8 "
           "(E4M3 with a scale per token, a quarter of the bytes; approximate)");
@@ -182,6 +185,11 @@ int main(int argc, char** argv) {
   options.worker_kill_after =
       kill_after < 0 ? absl::InfiniteDuration() : absl::Seconds(std::min(kill_after, 1e6));
   options.prefetch = absl::GetFlag(FLAGS_prefetch);
+  options.prefetch_lookahead = absl::GetFlag(FLAGS_prefetch_lookahead);
+  if (options.prefetch_lookahead < 0) {
+    std::cerr << "strata-router: --prefetch-lookahead must be 0 or more\n";
+    return 2;
+  }
   const std::string activations = absl::GetFlag(FLAGS_expert_activations);
   if (activations != "f32" && activations != "fp8") {
     std::cerr << "strata-router: --expert-activations must be f32 or fp8\n";

@@ -141,6 +141,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
     // Only while a worker keeps some experts cold (wants_prefetch). A GPU router predicts on
     // the device, for its accuracy (eager steps; CudaRouterBackend::PredictRouting).
     forward_options.predict_next_experts = options.prefetch;
+    forward_options.prefetch_lookahead = options.prefetch ? options.prefetch_lookahead : 0;
     if (lending) {
       const PagedKvCache& kv = s->stack_->kv();
       s->lending_ = std::make_unique<KvLending>(

@@ -72,6 +72,9 @@ struct RouterOptions {
   float hot_ratio = -1.0f;
   HotRatioPolicy hot_ratio_policy;
   bool prefetch = true;  // predict the next layer's experts and tell the workers
+  // With prefetch: hint MoE layers up to this many layers ahead too, and send the GPU's
+  // predictions of eager steps (ForwardOptions::prefetch_lookahead); 0: the next layer only.
+  int prefetch_lookahead = 0;
   // gRPC-transport workers: hidden states and partial sums cross as FP8 E4M3 with a scale per
   // token (a quarter of the bytes) instead of float32.
   bool fp8_activations = false;

@@ -373,6 +373,16 @@ const std::map<std::string, Key>& Keys() {
       {"prefetch", KeyOf<bool>("prefetch", &ClusterConfig::prefetch)
                        .Help("predict the next layer's experts and prefetch them")
                        .To(kRouter)},
+      {"prefetch_lookahead",
+       KeyOf<int>("prefetch-lookahead", &ClusterConfig::prefetch_lookahead,
+                  [](const int& v) {
+                    return v >= 0 ? absl::OkStatus()
+                                  : absl::InvalidArgumentError("must be 0 or more");
+                  })
+           .Help("with prefetch: also hint MoE layers up to this many layers ahead, and send "
+                 "the GPU router's predictions of eager steps to the workers (0: the next "
+                 "layer only, host predictions only)")
+           .To(kRouter)},
       {"overlap_steps", KeyOf<bool>("overlap-steps", &ClusterConfig::overlap_steps)
                             .Help("GPU router: launch the next greedy decode step before the "
                                   "last one's tokens are read")

@@ -63,6 +63,7 @@ struct ClusterConfig {
   // files in place (in-place: no second copy in memory).
   std::string expert_store = "copy";
   bool prefetch = true;
+  int prefetch_lookahead = 0;
   // GPU router: decode steps of up to this many sequences replay CUDA graphs (0: off).
   int cuda_graph_max_batch = 32;
   // GPU router: greedy decode steps launched before the last one's tokens are read.

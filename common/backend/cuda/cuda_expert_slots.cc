@@ -92,6 +92,7 @@ class CudaExpertSlots : public ExpertSlots, public ExpertBackend, public DeviceE
     return regions_.Register(memory);
   }
   absl::Status UnregisterHostMemory(absl::Span<const uint8_t> memory) override;
+  absl::Status StartLoads() override;
   absl::Status WaitForLoads() override;
 
  private:
@@ -134,8 +135,9 @@ class CudaExpertSlots : public ExpertSlots, public ExpertBackend, public DeviceE
   // done are bound; the tables go up (so an evicted expert is read in place from here on); the
   // queued loads' copies start behind everything queued so far; then, with `wait`, or for an
   // expert that cannot be read in place, the compute stream waits for its copy and the tables
-  // go up again.
-  absl::Status Sync(bool wait);
+  // go up again. `layer` >= 0: an eager run of that layer, which reads its own table only, so
+  // the copies of other layers' loads (prefetches) go on behind it.
+  absl::Status Sync(bool wait, int layer = -1);
   absl::Status UploadDirty();
   absl::Status IssueQueued();
   // Uses counted by replays that finished since the last call (their reads landed).
@@ -500,7 +502,7 @@ absl::Status CudaExpertSlots::IssueQueued() {
   return absl::OkStatus();
 }
 
-absl::Status CudaExpertSlots::Sync(bool wait) {
+absl::Status CudaExpertSlots::Sync(bool wait, int layer) {
   for (const int slot : std::vector<int>(copying_)) {
     const EventState state = Query(ready_[slot]);
     if (state == EventState::kDone) Bind(slot);
@@ -512,6 +514,7 @@ absl::Status CudaExpertSlots::Sync(bool wait) {
   bool bound = false;
   for (const int slot : std::vector<int>(copying_)) {
     const Slot& s = slots_[slot];
+    if (layer >= 0 && s.layer != layer) continue;
     if (!wait && ReadableInPlace(layers_[s.layer], s.expert)) continue;
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(context_->stream(), ready_[slot], 0));
     Bind(slot);
@@ -553,7 +556,7 @@ absl::Status CudaExpertSlots::RunExperts(int layer, const Tensor& x, const Routi
       out.Resize(0, config_.hidden_size);
       return absl::OkStatus();
     }
-    RETURN_IF_ERROR(Sync(/*wait=*/true));
+    RETURN_IF_ERROR(Sync(/*wait=*/true, layer));
     const RoutingTable device_routing = io_.device_routing();
     const ExpertWorkspace ws = CarveExpertWorkspace(workspace_.data(), n, routing.top_k,
                                                     layout_.hidden, layout_.intermediate);
@@ -587,7 +590,7 @@ absl::Status CudaExpertSlots::RunExpertsInto(int layer, const bf16* x, const int
   if (split) return RunSplit(layer, x, ids, weights, n, top_k, out);
   std::lock_guard<std::mutex> lock(mu_);
   // A replay reads the tables as PrepareReplay left them; an eager run brings them up to date.
-  if (!capturing) RETURN_IF_ERROR(Sync(/*wait=*/true));
+  if (!capturing) RETURN_IF_ERROR(Sync(/*wait=*/true, layer));
   return Launch(layer, x, ids, weights, n, top_k, out, signal, capturing);
 }
 
@@ -621,7 +624,7 @@ absl::Status CudaExpertSlots::RunSplit(int layer, const bf16* x, const int32_t* 
     absl::Status launched;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      launched = Sync(/*wait=*/true);
+      launched = Sync(/*wait=*/true, layer);
       if (launched.ok()) {
         launched = Launch(layer, x, *device_ids, weights, n, top_k, out, {}, false);
       }
@@ -637,7 +640,7 @@ absl::Status CudaExpertSlots::RunSplit(int layer, const bf16* x, const int32_t* 
   DropHostTier(status);
   RETURN_IF_ERROR(residency_->EnsureResident(layer, host_experts_, used_experts_));
   std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(Sync(/*wait=*/true));
+  RETURN_IF_ERROR(Sync(/*wait=*/true, layer));
   return Launch(layer, x, ids, weights, n, top_k, out, {}, false);
 }
 
@@ -731,6 +734,13 @@ absl::Status CudaExpertSlots::UnregisterHostMemory(absl::Span<const uint8_t> mem
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_));               // copies from it must be done
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(context_->stream()));  // and reads in place
   return regions_.Unregister(memory);
+}
+
+absl::Status CudaExpertSlots::StartLoads() {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(UploadDirty());
+  return IssueQueued();
 }
 
 absl::Status CudaExpertSlots::WaitForLoads() {

@@ -825,6 +825,19 @@ absl::Status CudaRouterBackend::PredictRouting(int layer, float temperature,
   return absl::OkStatus();
 }
 
+absl::Status CudaRouterBackend::ReadPredictedRouting(RoutingTable& host) {
+  if (predicted_layer_ < 0 || graph_mode_) {
+    return absl::FailedPreconditionError("no routing predicted on the device in this step");
+  }
+  host.Resize(step_tokens_, config_.top_k);
+  cudaStream_t stream = context_->stream();
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.expert.data(), predicted_ids_.data(),
+                                       host.expert.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                       stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> CudaRouterBackend::ResizeKv(PagedKvCache& kv, int blocks) {
   if (blocks < 1 || blocks > kv.options().num_blocks) return kv.Resize(blocks);  // its error
   // Growing: the memory is mapped before a block of it is handed out.

@@ -55,6 +55,7 @@ class CudaRouterBackend : public RouterBackend, public DeviceRouter {
   // captured decode step predicts nothing (tokens 0): three launches a layer would cost every
   // replay what the prediction saves only where copies happen.
   absl::Status PredictRouting(int layer, float temperature, RoutingTable& predicted) override;
+  absl::Status ReadPredictedRouting(RoutingTable& host) override;
   PredictionCounts DevicePredictionCounts() const override;
   absl::StatusOr<int64_t> ResizeKv(PagedKvCache& kv, int blocks) override;
   absl::Status Logits(absl::Span<const int64_t> rows, Tensor& logits) override;

@@ -148,6 +148,27 @@ TEST(CudaTiersTest, Fp8SlotsOverABf16StoreRunEagerlyWithTheResidentTokens) {
   EXPECT_EQ(cluster.Stop(), 0);
 }
 
+// The same eager cluster with hints two layers ahead: the router reads its device predictions
+// and the worker starts their copies before the layers' requests (which then wait for their
+// own copies only). The tokens stay the resident cluster's; hinted experts are used.
+TEST(CudaTiersTest, PrefetchHintsAheadOfEagerLayersKeepTheResidentTokens) {
+  if (gpu::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const auto want = Resident("fp8", /*eager=*/true);
+  std::vector<std::string> args = Args("fp8", true);
+  args.push_back("--prefetch-lookahead=2");
+  ClusterProcess cluster(args);
+  ASSERT_FALSE(cluster.address().empty());
+  const auto got = OneAtATime(cluster.address());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+  const v1::StatsResponse stats = RouterStats(cluster.address());
+  PrintTiers("tiered fp8 eager, hints 2 layers ahead", stats);
+  ASSERT_EQ(stats.workers_size(), 1);
+  const v1::TierCounters& t = stats.workers(0).tiers();
+  EXPECT_GT(t.prefetch_loads(), 0u);
+  EXPECT_GT(t.prefetch_hits(), 0u);
+  EXPECT_EQ(cluster.Stop(), 0);
+}
+
 // Cold experts on strata-expert-store's CPUs with the router on the GPU (`--cold-experts cpu`): the
 // worker runs its layers eagerly, hands the CPU tier the rows of its cold experts and adds the
 // CPU's float sums into its bf16 output, one rounding more than the resident cluster's (and the

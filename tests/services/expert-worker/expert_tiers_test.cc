@@ -191,6 +191,30 @@ TEST_F(ExpertTiersTest, PrefetchedExpertsCountAsPrefetchHits) {
   EXPECT_EQ(c.misses, 1u);
 }
 
+// Predictions for layers further ahead come before the nearer layers' requests: a later
+// prediction never evicts an earlier one's experts that no request has used yet, and a
+// request evicts them last. The predicted layer's request makes them ordinary warm experts.
+TEST_F(ExpertTiersTest, PredictionsAheadSpareEachOther) {
+  Make(/*slots=*/4);
+  ASSERT_TRUE(tiers_->SetOwned(Owned(), 0.0f).ok());
+  ASSERT_TRUE(tiers_->Prefetch(0, std::vector<int32_t>{5, 6}).ok());
+  ASSERT_TRUE(tiers_->Prefetch(1, std::vector<int32_t>{5, 6, 7}).ok());  // room for two
+  EXPECT_EQ(tiers_->counters().prefetch_loads, 4u);
+  EXPECT_TRUE(tiers_->resident(0, 5) && tiers_->resident(0, 6));
+  EXPECT_TRUE(tiers_->resident(1, 5) && tiers_->resident(1, 6));
+  EXPECT_FALSE(tiers_->resident(1, 7));
+  ASSERT_TRUE(Use(0, {5}).ok());  // layer 0's request: (0, 6) is no longer spared
+  ASSERT_TRUE(Use(0, {2}).ok());  // evicts (0, 6), the least recent of the unspared
+  EXPECT_FALSE(tiers_->resident(0, 6));
+  ASSERT_TRUE(Use(0, {3, 4}).ok());  // evicts (0, 5) and (0, 2), not layer 1's predictions
+  EXPECT_FALSE(tiers_->resident(0, 5) || tiers_->resident(0, 2));
+  EXPECT_TRUE(tiers_->resident(1, 5) && tiers_->resident(1, 6));
+  ASSERT_TRUE(Use(0, {1, 2, 3}).ok());  // nothing else left: a request evicts a prediction
+  EXPECT_TRUE(tiers_->resident(0, 1) && tiers_->resident(0, 2) && tiers_->resident(0, 3));
+  EXPECT_NE(tiers_->resident(1, 5), tiers_->resident(1, 6));
+  EXPECT_EQ(tiers_->counters().prefetch_hits, 1u);
+}
+
 TEST_F(ExpertTiersTest, HotRatioChangesPinAndUnpin) {
   Make(/*slots=*/8);
   ASSERT_TRUE(tiers_->SetOwned(Owned(), 0.0f).ok());
