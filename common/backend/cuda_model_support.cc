@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/cuda/kernels/moe_gate_limits.h"
 
 namespace strata {
 namespace {
@@ -39,9 +40,9 @@ absl::Status CudaRouterSupports(const ModelConfig& c) {
       std::abs(c.softmax_scale * std::sqrt(static_cast<double>(c.head_dim)) - 1.0) > 1e-12) {
     missing.push_back("a YaRN mscale on the softmax scale");
   }
-  // The gate kernel keeps a token's scores in registers and shared memory sized for 384.
-  if (c.num_experts > 384) {
-    missing.push_back(absl::StrCat("a gate over ", c.num_experts, " experts (384 at most)"));
+  if (c.num_experts > gpu::kMaxGateExperts) {
+    missing.push_back(absl::StrCat("a gate over ", c.num_experts, " experts (",
+                                   gpu::kMaxGateExperts, " at most)"));
   }
   if (missing.empty()) return absl::OkStatus();
   return absl::UnimplementedError(absl::StrCat("the CUDA backend cannot run this ",

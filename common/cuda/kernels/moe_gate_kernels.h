@@ -4,6 +4,7 @@
 #define STRATA_COMMON_CUDA_KERNELS_MOE_GATE_KERNELS_H_
 
 #include "common/cuda/cuda_types.h"
+#include "common/cuda/kernels/moe_gate_limits.h"
 
 namespace strata::gpu {
 
@@ -15,9 +16,6 @@ enum class GateScoring : int {
   // renormalized (+1e-20) when asked, times `scaling` (DeepSeek-V3, GLM-4.5).
   kSigmoidGrouped = 2,
 };
-
-inline constexpr int kMaxGateExperts = 384;  // Kimi-K2's
-inline constexpr int kMaxGateTopK = 8;
 
 struct MoeGateParams {
   int num_experts = 0;       // <= kMaxGateExperts

@@ -58,34 +58,18 @@ void ReleaseHeldStream(cudaStream_t stream, uint32_t* flag, std::vector<GuardedC
   CUDA_ASSERT_OK(cudaStreamDestroy(side));
 }
 
-// SelectExperts (common/backend/routing.h) of the softmax scorings, on a copy of one token's
-// logits.
-void SelectExpertsRef(std::vector<float> logits, int k, float temperature, gpu::GateScoring scoring,
-                      bool renormalize, int32_t* experts, float* weights) {
-  const int e_count = static_cast<int>(logits.size());
-  for (float& l : logits) l /= temperature;
-  auto softmax = [](float* v, int count) {
-    const float m = *std::max_element(v, v + count);
-    float sum = 0.0f;
-    for (int i = 0; i < count; ++i) sum += (v[i] = std::exp(v[i] - m));
-    for (int i = 0; i < count; ++i) v[i] /= sum;
-  };
-  if (scoring == gpu::GateScoring::kSoftmaxThenTopK) softmax(logits.data(), e_count);
-  std::vector<int> order(e_count);
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int x, int y) {
-    return logits[x] > logits[y] || (logits[x] == logits[y] && x < y);
-  });
-  for (int i = 0; i < k; ++i) {
-    experts[i] = order[i];
-    weights[i] = logits[order[i]];
-  }
-  if (scoring == gpu::GateScoring::kTopKThenSoftmax) {
-    softmax(weights, k);
-  } else if (renormalize) {
-    float sum = 0.0f;
-    for (int i = 0; i < k; ++i) sum += weights[i];
-    for (int i = 0; i < k; ++i) weights[i] /= sum;
+// The reference gate: the CPU backend's SelectExperts (routing.h) over each of n tokens'
+// logits; ids and weights [n, top_k].
+void SelectExpertsOnCpu(const ModelConfig& config, const std::vector<float>& logits, int64_t n,
+                        float temperature, const float* correction_bias, std::vector<int32_t>& ids,
+                        std::vector<float>& weights) {
+  const int e = config.num_experts, k = config.top_k;
+  ids.resize(n * k);
+  weights.resize(n * k);
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<float> row(logits.begin() + t * e, logits.begin() + (t + 1) * e);
+    SelectExperts(config, row.data(), temperature, correction_bias, ids.data() + t * k,
+                  weights.data() + t * k);
   }
 }
 
@@ -116,15 +100,18 @@ TEST_F(CudaOpsTest, MoeGate) {
       row[b] = row[a];
       if (t % 4 == 0 && top != a) row[a] = row[top];  // a tie at the very top
     }
+    ModelConfig config;
+    config.num_experts = c.experts;
+    config.top_k = c.top_k;
+    config.gate_scoring = c.scoring == gpu::GateScoring::kTopKThenSoftmax
+                              ? GateScoring::kTopKThenSoftmax
+                              : GateScoring::kSoftmaxThenTopK;
+    config.norm_topk_prob = c.renormalize;
     const int64_t slots = c.n * c.top_k;
-    std::vector<int32_t> ref_ids(slots);
-    std::vector<float> ref_w(slots);
-    for (int64_t t = 0; t < c.n; ++t) {
-      SelectExpertsRef(
-          std::vector<float>(logits.begin() + t * c.experts, logits.begin() + (t + 1) * c.experts),
-          c.top_k, c.temperature, c.scoring, c.renormalize, ref_ids.data() + t * c.top_k,
-          ref_w.data() + t * c.top_k);
-    }
+    std::vector<int32_t> ref_ids;
+    std::vector<float> ref_w;
+    SelectExpertsOnCpu(config, logits, c.n, c.temperature, /*correction_bias=*/nullptr, ref_ids,
+                       ref_w);
     const float* d_logits = Put(logits);
     int32_t* d_ids = Poisoned<int32_t>(slots);
     float* d_w = Poisoned<float>(slots);
@@ -197,13 +184,10 @@ TEST_F(CudaOpsTest, MoeGateSigmoidGroupedMatchesSelectExperts) {
     // Biases of the size of the scores' spread, so they change the choice.
     const std::vector<float> bias = c.bias ? RandomFloats(c.experts, 0.3f) : std::vector<float>();
     const int64_t slots = c.n * c.top_k;
-    std::vector<int32_t> ref_ids(slots);
-    std::vector<float> ref_w(slots);
-    for (int64_t t = 0; t < c.n; ++t) {
-      std::vector<float> row(logits.begin() + t * c.experts, logits.begin() + (t + 1) * c.experts);
-      SelectExperts(config, row.data(), c.temperature, c.bias ? bias.data() : nullptr,
-                    ref_ids.data() + t * c.top_k, ref_w.data() + t * c.top_k);
-    }
+    std::vector<int32_t> ref_ids;
+    std::vector<float> ref_w;
+    SelectExpertsOnCpu(config, logits, c.n, c.temperature, c.bias ? bias.data() : nullptr, ref_ids,
+                       ref_w);
     const float* d_logits = Put(logits);
     const float* d_bias = c.bias ? Put(bias) : nullptr;
     int32_t* d_ids = Poisoned<int32_t>(slots);
