@@ -53,6 +53,11 @@ absl::StatusOr<Tunables> ParseTunables(const std::function<const char*(const cha
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = ReadSwitch(lookup, "STRATA_FP8_GEMM", "tensor-cores", "dequantize",
+                                  t.fp8_tensor_core_gemm);
+      !s.ok()) {
+    return s;
+  }
   if (const char* dir = lookup("STRATA_GPU_CLOCK_STAMPS"); dir != nullptr) {
     t.gpu_clock_stamps = dir;
   }
@@ -105,6 +110,10 @@ std::string DescribeTunables(const Tunables& t) {
   if (t.step_trials != d.step_trials) {
     changed.push_back(t.step_trials == Tunables::StepTrials::kOff ? "STRATA_STEP_TRIALS=off"
                                                                   : "STRATA_STEP_TRIALS=always");
+  }
+  if (t.fp8_tensor_core_gemm != d.fp8_tensor_core_gemm) {
+    changed.push_back(t.fp8_tensor_core_gemm ? "STRATA_FP8_GEMM=tensor-cores"
+                                             : "STRATA_FP8_GEMM=dequantize");
   }
   return changed.empty() ? "defaults" : absl::StrJoin(changed, " ");
 }

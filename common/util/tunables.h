@@ -10,6 +10,9 @@
 //   STRATA_STEP_TRIALS=off|always decode steps that fit a graph always replay it (off), or are
 //                                 timed eagerly against replays whatever the replays read
 //                                 from the host (always; default: only while they read much)
+//   STRATA_FP8_GEMM=tensor-cores  FP8 projections of many tokens multiply FP8 tokens (a scale
+//                                 each) on the tensor cores (default: dequantize, a bf16 copy
+//                                 of the weights first)
 #ifndef STRATA_COMMON_UTIL_TUNABLES_H_
 #define STRATA_COMMON_UTIL_TUNABLES_H_
 
@@ -26,6 +29,7 @@ struct Tunables {
   bool system_scope_signals = false;
   std::string gpu_clock_stamps;  // empty: none
   enum class StepTrials { kAuto, kOff, kAlways } step_trials = StepTrials::kAuto;
+  bool fp8_tensor_core_gemm = false;
 
   bool operator==(const Tunables&) const = default;
 };

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda/cuda_status.h"
+#include "common/util/status_macros.h"
 
 namespace strata::gpu {
 namespace {
@@ -29,7 +30,7 @@ void CublasLtGemm::DestroyPlan(Plan& plan) {
 }
 
 absl::Status CublasLtGemm::MakePlan(const Key& key, Plan& plan) {
-  const auto [n, out, in, y_type, align_w, align_x, align_y] = key;
+  const auto [n, out, in, y_type, align_w, align_x, align_y, fp8] = key;
   // Column-major view: C[out, n] = op(A)[out, in] * B[in, n], where A is W read as the
   // column-major [in, out] matrix and transposed, and B is x read as column-major [in, n].
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -41,8 +42,18 @@ absl::Status CublasLtGemm::MakePlan(const Key& key, Plan& plan) {
                                                         &trans_b, sizeof(trans_b)));
   const cudaDataType_t c_type =
       static_cast<OutType>(y_type) == OutType::kBf16 ? CUDA_R_16BF : CUDA_R_32F;
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, in, out, in));
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, in, n, in));
+  const cudaDataType_t ab_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  if (fp8) {
+    // A's scales run along its rows after the transpose (the weight's output channels), B's
+    // along its columns (the tokens).
+    const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
+  }
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.a, ab_type, in, out, in));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.b, ab_type, in, n, in));
   CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.c, c_type, out, n, out));
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -77,22 +88,19 @@ absl::Status CublasLtGemm::MakePlan(const Key& key, Plan& plan) {
   cublasLtMatmulPreferenceDestroy(pref);
   CUBLAS_RETURN_IF_ERROR(st);
   if (found == 0) {
-    return absl::UnimplementedError(
-        absl::StrCat("cuBLASLt has no bf16 algorithm for n=", n, " out=", out, " in=", in));
+    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no ", fp8 ? "fp8" : "bf16",
+                                                 " algorithm for n=", n, " out=", out, " in=", in));
   }
   plan.algo = result.algo;
   return absl::OkStatus();
 }
 
-absl::Status CublasLtGemm::Run(const bf16* w, int64_t out, int64_t in, const bf16* x, int64_t n,
-                               void* y, OutType y_type, cudaStream_t stream) {
-  if (out <= 0 || in <= 0 || n < 0) {
+absl::StatusOr<const CublasLtGemm::Plan*> CublasLtGemm::PlanFor(const Key& key) {
+  const auto [n, out, in, y_type, align_w, align_x, align_y, fp8] = key;
+  if (out <= 0 || in <= 0 || n <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("gemm: bad shape n=", n, " out=", out, " in=", in));
   }
-  if (n == 0) return absl::OkStatus();
-  const Key key = {n,           out, in, static_cast<int64_t>(y_type), Alignment(w), Alignment(x),
-                   Alignment(y)};
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     Plan plan;
@@ -103,7 +111,33 @@ absl::Status CublasLtGemm::Run(const bf16* w, int64_t out, int64_t in, const bf1
     }
     it = plans_.emplace(key, plan).first;
   }
-  const Plan& plan = it->second;
+  return &it->second;
+}
+
+absl::Status CublasLtGemm::RunFp8(const uint8_t* w, const float* w_scale, int64_t out, int64_t in,
+                                  const uint8_t* x, const float* x_scale, int64_t n, void* y,
+                                  OutType y_type, cudaStream_t stream) {
+  if (n == 0 && out > 0 && in > 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const Plan* plan, PlanFor({n, out, in, static_cast<int64_t>(y_type),
+                                              Alignment(w), Alignment(x), Alignment(y), 1}));
+  // The scales change with every weight: set on the cached descriptor for this call only.
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      plan->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale, sizeof(w_scale)));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      plan->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale, sizeof(x_scale)));
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
+      context_->cublaslt(), plan->op, &alpha, w, plan->a, x, plan->b, &beta, y, plan->c, y, plan->c,
+      &plan->algo, context_->cublas_workspace(), context_->cublas_workspace_bytes(), stream));
+  return absl::OkStatus();
+}
+
+absl::Status CublasLtGemm::Run(const bf16* w, int64_t out, int64_t in, const bf16* x, int64_t n,
+                               void* y, OutType y_type, cudaStream_t stream) {
+  if (n == 0 && out > 0 && in > 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const Plan* found, PlanFor({n, out, in, static_cast<int64_t>(y_type),
+                                               Alignment(w), Alignment(x), Alignment(y), 0}));
+  const Plan& plan = *found;
   const float alpha = 1.0f, beta = 0.0f;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
       context_->cublaslt(), plan.op, &alpha, w, plan.a, x, plan.b, &beta, y, plan.c, y, plan.c,

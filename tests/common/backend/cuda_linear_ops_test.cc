@@ -122,15 +122,18 @@ struct LinearCase {
 TEST_F(CudaOpsTest, Linear) {
   const LinearCase cases[] = {
       {1, 768, 2048, false, gpu::OutType::kBf16},  // GEMV
-      {3, 17, 64, true, gpu::OutType::kF32},       {16, 2048, 768, true, gpu::OutType::kBf16},
+      {3, 17, 64, true, gpu::OutType::kF32},
+      {16, 2048, 768, true, gpu::OutType::kBf16},
       {1, 1000, 100, true, gpu::OutType::kF32},     // scalar path (in not a vector multiple)
       {5, 64, 72, false, gpu::OutType::kBf16},      // bf16 vector, FP8 scalar
       {17, 768, 2048, false, gpu::OutType::kBf16},  // cuBLASLt
-      {64, 2048, 768, true, gpu::OutType::kF32},   {300, 512, 256, true, gpu::OutType::kBf16},
+      {64, 2048, 768, true, gpu::OutType::kF32},
+      {300, 512, 256, true, gpu::OutType::kBf16},
       {33, 100, 100, false, gpu::OutType::kF32},
       // Tensor-core GEMV: the MoE gate's shape (k split over warps, FP8 in 128-byte pieces),
       // two tokens of a q projection, eight of an o projection with its k split.
-      {8, 128, 2048, false, gpu::OutType::kF32},   {2, 4096, 2048, true, gpu::OutType::kBf16},
+      {8, 128, 2048, false, gpu::OutType::kF32},
+      {2, 4096, 2048, true, gpu::OutType::kBf16},
       {8, 2048, 4096, false, gpu::OutType::kBf16},
   };
   gpu::LinearRunner runner(&context());
@@ -191,6 +194,79 @@ TEST_F(CudaOpsTest, Linear) {
         ExpectClose(path + " bf16", shape, y, ref, 1e-2);
       }
     }
+  }
+}
+
+// FP8 weights times FP8 tokens on the tensor cores (cuBLASLt, a scale per weight row and per
+// token): against the host product of the same dequantized operands, and through the runner
+// (tokens quantized on the device) against bf16 tokens times the dequantized weights.
+TEST_F(CudaOpsTest, Fp8TensorCoreLinear) {
+  const LinearCase cases[] = {
+      {65, 2048, 768, false, gpu::OutType::kBf16},
+      {300, 512, 256, true, gpu::OutType::kBf16},
+      {128, 4096, 2048, false, gpu::OutType::kF32},
+      {1024, 768, 2048, true, gpu::OutType::kBf16},
+  };
+  gpu::CublasLtGemm gemm(&context());
+  gpu::LinearRunner runner(&context(), {.fp8_tensor_cores = true});
+  for (const LinearCase& c : cases) {
+    const std::vector<uint16_t> w = RandomBf16(c.out * c.in, 2.0f / std::sqrt(float(c.in)));
+    const std::vector<uint16_t> x = RandomBf16(c.n * c.in, 1.0f);
+    const std::vector<uint16_t> bias = RandomBf16(c.out, 0.5f);
+    std::vector<uint8_t> wq(c.out * c.in), xq(c.n * c.in);
+    std::vector<float> w_scales(c.out), x_scales(c.n);
+    QuantizeBf16RowsToFp8E4M3(w.data(), c.out, c.in, wq.data(), w_scales.data());
+    QuantizeBf16RowsToFp8E4M3(x.data(), c.n, c.in, xq.data(), x_scales.data());
+    const std::vector<float> w_deq = DequantizeHost(wq, w_scales, c.out, c.in);
+    const std::vector<float> x_deq = DequantizeHost(xq, x_scales, c.n, c.in);
+    const WeightMatrix w_view{.data = w_deq.data(),
+                              .dtype = DType::kF32,
+                              .out = c.out,
+                              .in = c.in,
+                              .out_stride = c.in,
+                              .in_stride = 1};
+    const WeightVector bias_view = c.bias ? HostVector(bias) : WeightVector{};
+    std::vector<float> both_fp8(c.n * c.out), tokens_bf16(c.n * c.out);
+    cpu::Linear(Pool(), x_deq.data(), c.n, w_view, {}, both_fp8.data());
+    cpu::Linear(Pool(), ToFloat(x).data(), c.n, w_view, bias_view, tokens_bf16.data());
+
+    const uint8_t* d_wq = Put(wq);
+    const uint8_t* d_xq = Put(xq);
+    const float* d_ws = Put(w_scales);
+    const float* d_xs = Put(x_scales);
+    const uint16_t* d_x = Put(x);
+    const uint16_t* d_bias = Put(bias);
+    ASSERT_FALSE(HasFailure());
+    const bool f32 = c.out_type == gpu::OutType::kF32;
+    const std::string shape = absl::StrCat("n=", c.n, " out=", c.out, " in=", c.in,
+                                           c.bias ? " bias" : "", f32 ? " f32" : " bf16");
+    auto output = [&]() -> void* {
+      return f32 ? static_cast<void*>(Poisoned<float>(c.n * c.out))
+                 : static_cast<void*>(Poisoned<uint16_t>(c.n * c.out));
+    };
+    auto read = [&](void* d_y) {
+      return f32 ? Get(static_cast<float*>(d_y), c.n * c.out)
+                 : GetBf16(static_cast<gpu::bf16*>(d_y), c.n * c.out);
+    };
+    void* d_y = output();
+    ASSERT_FALSE(HasFailure());
+    STATUS_ASSERT_OK(
+        gemm.RunFp8(d_wq, d_ws, c.out, c.in, d_xq, d_xs, c.n, d_y, c.out_type, stream()));
+    CUDA_ASSERT_OK(cudaStreamSynchronize(stream()));
+    ExpectClose("cublaslt fp8 x fp8", shape, read(d_y), both_fp8, 1e-2);
+
+    const gpu::DeviceWeight weight{.data = d_wq,
+                                   .format = gpu::WeightFormat::kFp8E4M3,
+                                   .out = c.out,
+                                   .in = c.in,
+                                   .scale = d_ws,
+                                   .bias = c.bias ? AsBf16(d_bias) : nullptr};
+    d_y = output();
+    ASSERT_FALSE(HasFailure());
+    STATUS_ASSERT_OK(runner.Run(weight, AsBf16(d_x), c.n, d_y, c.out_type));
+    CUDA_ASSERT_OK(cudaStreamSynchronize(stream()));
+    // The tokens' own E4M3 rounding: about 2.6% rms per element, as the weights'.
+    ExpectClose("linear fp8 tensor cores vs bf16 tokens", shape, read(d_y), tokens_bf16, 4e-2);
   }
 }
 

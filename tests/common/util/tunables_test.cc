@@ -31,16 +31,19 @@ TEST(TunablesTest, EveryVariableIsRead) {
                       {"STRATA_FLAG_WAIT", "memop"},
                       {"STRATA_SIGNAL_SCOPE", "system"},
                       {"STRATA_GPU_CLOCK_STAMPS", "/tmp/stamps"},
-                      {"STRATA_STEP_TRIALS", "always"}});
+                      {"STRATA_STEP_TRIALS", "always"},
+                      {"STRATA_FP8_GEMM", "tensor-cores"}});
   ASSERT_TRUE(t.ok());
   EXPECT_FALSE(t->tensor_core_experts);
+  EXPECT_TRUE(t->fp8_tensor_core_gemm);
   EXPECT_EQ(t->step_trials, Tunables::StepTrials::kAlways);
   EXPECT_TRUE(t->flag_wait_memop);
   EXPECT_TRUE(t->system_scope_signals);
   EXPECT_EQ(t->gpu_clock_stamps, "/tmp/stamps");
   EXPECT_EQ(DescribeTunables(*t),
             "STRATA_MMA_EXPERTS=0 STRATA_FLAG_WAIT=memop STRATA_SIGNAL_SCOPE=system "
-            "STRATA_GPU_CLOCK_STAMPS=/tmp/stamps STRATA_STEP_TRIALS=always");
+            "STRATA_GPU_CLOCK_STAMPS=/tmp/stamps STRATA_STEP_TRIALS=always "
+            "STRATA_FP8_GEMM=tensor-cores");
   EXPECT_EQ(DescribeTunables(*ParseFrom({{"STRATA_STEP_TRIALS", "off"}})),
             "STRATA_STEP_TRIALS=off");
 }
@@ -50,7 +53,8 @@ TEST(TunablesTest, TheDefaultsSpelledOutAreAccepted) {
                       {"STRATA_FLAG_WAIT", "poll"},
                       {"STRATA_SIGNAL_SCOPE", "device"},
                       {"STRATA_GPU_CLOCK_STAMPS", ""},
-                      {"STRATA_STEP_TRIALS", "auto"}});
+                      {"STRATA_STEP_TRIALS", "auto"},
+                      {"STRATA_FP8_GEMM", "dequantize"}});
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(*t, Tunables());
 }
