@@ -256,8 +256,9 @@ bool HttpServer::EvictOneLocked() {
     }
     return oldest;
   };
-  auto victim = pick(Phase::kIdle, options_.eviction_grace);
-  if (victim == connections_.end()) victim = pick(Phase::kReading, options_.eviction_grace);
+  // A second's grace: a connection just accepted is "idle" until its first byte is read.
+  auto victim = pick(Phase::kIdle, absl::Seconds(1));
+  if (victim == connections_.end()) victim = pick(Phase::kReading, absl::Seconds(1));
   if (victim == connections_.end()) return false;
   victim->second.evicted = true;
   --active_;

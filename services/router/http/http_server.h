@@ -36,9 +36,6 @@ struct HttpServerOptions {
   size_t max_body_bytes = 8 << 20;  // larger bodies get 413
   size_t max_header_bytes = 64 << 10;
   int max_connections = 512;  // beyond this the longest idle (or slowest) one makes room
-  // A connection this new is not made to room: one just accepted is idle until its first
-  // byte is read.
-  absl::Duration eviction_grace = absl::Seconds(1);
   int idle_timeout_s = 60;    // a keep-alive connection with no request for this long closes
   int header_timeout_s = 10;  // from a request's first byte to the end of its headers
   int body_timeout_s = 30;    // from the end of its headers to the end of its body
