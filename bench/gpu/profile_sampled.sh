@@ -3,6 +3,7 @@
 # qwen3-30b-a3b shape cut to LAYERS layers (FP8), greedy against each sampled setting, then
 # Nsight Compute's per-kernel durations of one greedy and one sampled decode step (graph
 # replay; bench/gpu/ncu_summary.py takes the last step of each).
+# ONLY="greedy t07p09rep" limits the settings timed; NCU=0 skips the profiles.
 #   bench/gpu/profile_sampled.sh OUT_DIR LAYERS BIN_DIR
 set -uo pipefail
 out=$1 layers=$2 bin=$3
@@ -16,11 +17,13 @@ settings=("greedy|--temperature 0"
           "t07k50p09|--temperature 0.7 --top_k 50 --top_p 0.9")
 for s in "${settings[@]}"; do
   name=${s%%|*} flags=${s#*|}
+  [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]] && continue
   # shellcheck disable=SC2086
   "$bin/decode_bench" --model "$model" --model-name "q3-${layers}L-$name" --weights fp8 \
     --runs 3 --output-len 256 $flags --out "$out/decode-$name.json" 2>"$out/decode-$name.log" |
     tail -1 | sed "s/^/$name: /"
 done
+[ "${NCU:-1}" = 0 ] && exit 0
 metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
 metrics+=,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread
 metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active

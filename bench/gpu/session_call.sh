@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One GPU-machine call of several parts, in order, each optional: the GPU tests of TESTS
+# (tiers_call.sh's TESTS, GTEST_FILTER), a tiers plan (PLAN, stopped after PLAN_S seconds,
+# 400 by default; what ran is kept), then the sampled-decode A/B of profile_sampled.sh between
+# the binaries in .device-ipc/bin and decode_bench_base (SAMPLED=1; ONLY, NCU as there).
+# Everything lands in /tmp/session-out, packed again into OUT_DIR/all.tgz after each part (the
+# device tool brings back few files, and what a call killed at its limit left), with
+# OUT_DIR/summary.txt.
+#   TESTS=cuda_ops_test SAMPLED=1 PLAN=bench/gpu/plans/deepseek-prefetch.txt \
+#     bash bench/gpu/session_call.sh OUT_DIR
+set -uo pipefail
+final=$1 work=/tmp/session-out
+mkdir -p "$final" "$work" .device-ipc
+tar xJf .device-ipc/bundle.tar.xz -C .device-ipc
+export LD_LIBRARY_PATH=$PWD/.device-ipc/lib:/usr/local/cuda/lib64 NCCL_NVLS_ENABLE=0
+pack() { cp "$work/summary.txt" "$final/" 2>/dev/null; tar czf "$final/all.tgz" -C "$work" .; }
+nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$work/summary.txt"
+if [ -n "${TESTS:-}" ]; then
+  bash bench/gpu/tiers_call.sh "$work/tests" /dev/null 2>&1 | tail -12 | tee -a "$work/summary.txt"
+  pack
+fi
+if [ -n "${PLAN:-}" ]; then
+  rm -rf /tmp/tiers-out
+  TESTS="" timeout "${PLAN_S:-400}" bash bench/gpu/tiers_call.sh "$work/plan" "$PLAN" 2>&1 |
+    tail -12 | tee -a "$work/summary.txt"
+  mkdir -p "$work/plan" && cp -r /tmp/tiers-out/. "$work/plan/"
+  pack
+fi
+if [ "${SAMPLED:-0}" = 1 ]; then
+  mkdir -p .device-ipc/base "$work/sampled-base" "$work/sampled-new"
+  cp .device-ipc/bin/decode_bench_base .device-ipc/base/decode_bench
+  NCU=0 bash bench/gpu/profile_sampled.sh "$work/sampled-base" 4 .device-ipc/base 2>&1 |
+    sed 's/^/base /' | tee -a "$work/summary.txt"
+  pack
+  NCU=${NCU:-0} bash bench/gpu/profile_sampled.sh "$work/sampled-new" 4 .device-ipc/bin 2>&1 |
+    sed 's/^/new /' | tee -a "$work/summary.txt"
+  pack
+fi
