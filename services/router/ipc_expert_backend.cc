@@ -127,6 +127,18 @@ absl::StatusOr<std::shared_ptr<ExpertConnection>> IpcExpertBackend::Attach(
   return std::shared_ptr<ExpertConnection>(std::move(link));
 }
 
+absl::StatusOr<cuda_ipc::LinkViews> IpcExpertBackend::AttachedViews(int index) {
+  std::shared_ptr<CudaIpcConnection> link;
+  {
+    std::lock_guard<std::mutex> lock(attached_mu_);
+    if (index >= 0 && index < static_cast<int>(attached_.size())) link = attached_[index].lock();
+  }
+  if (link == nullptr) {
+    return absl::NotFoundError(absl::StrCat("expert worker ", index, " has no CUDA IPC link"));
+  }
+  return link->buffers().views(input_.data());
+}
+
 std::vector<std::shared_ptr<CudaIpcConnection>> IpcExpertBackend::LinksOf(
     const std::vector<std::shared_ptr<ExpertConnection>>& connections) const {
   std::vector<std::shared_ptr<CudaIpcConnection>> links(connections.size());

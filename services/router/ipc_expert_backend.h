@@ -99,6 +99,10 @@ class IpcExpertBackend : public WorkerExpertBackend,
   absl::StatusOr<std::shared_ptr<ExpertConnection>> Attach(
       int index, std::unique_ptr<ShmExpertConnection> channel, v1::CudaIpcBuffers& buffers,
       const std::string& worker_gpu_uuid, bool graph_steps);
+  // What Attach last exported for worker `index`, as addresses of this process: for a worker's
+  // end in the same process (AttachWorkerLink), which cannot open the handles. NOT_FOUND before
+  // Attach.
+  absl::StatusOr<cuda_ipc::LinkViews> AttachedViews(int index);
 
  protected:
   // `x` and `routing` on the router's device; `out` becomes a device view [n, hidden] bf16.
