@@ -172,12 +172,9 @@ absl::Status ParseLogprobs(const Json& body, OpenAiRequest& r) {
   }
   if (Present(body, "echo")) {
     if (!body["echo"].is_boolean()) return BadParam("echo", "'echo' must be a boolean");
-    if (r.chat && body["echo"].get<bool>()) {
-      return BadParam("echo", "'echo' is supported on /v1/completions only");
-    }
     r.echo = body["echo"].get<bool>();
   }
-  if (r.max_tokens == 0 && !r.echo) {
+  if (r.max_tokens == 0 && !(r.echo && !r.chat)) {
     return BadParam("max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo': true)");
   }
   return absl::OkStatus();
@@ -471,6 +468,14 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view text, bool ch
     return BadParam("user", "'user' must be a string");
   }
   return r;
+}
+
+std::string ContinuedAssistantText(const Json& messages) {
+  if (!messages.is_array() || messages.empty()) return "";
+  const Json& last = messages.back();
+  if (!last.is_object() || last.value("role", Json()) != Json("assistant")) return "";
+  const Json content = last.value("content", Json());
+  return content.is_string() ? content.get<std::string>() : "";
 }
 
 }  // namespace strata

@@ -94,6 +94,10 @@ absl::Status RefuseUnknownKeys(const Json& body,
 // (openai_tools.h) into `r`.
 absl::Status ParseChatFields(const Json& body, OpenAiRequest& r);
 
+// The text of the last of (parsed) `messages` when the reply continues it, an assistant's
+// message; else empty.
+std::string ContinuedAssistantText(const Json& messages);
+
 }  // namespace strata
 
 #endif  // STRATA_SERVICES_ROUTER_HTTP_OPENAI_REQUEST_H_

@@ -343,7 +343,7 @@ absl::StatusOr<RequestSpec> OpenAiService::ToSpec(const OpenAiRequest& r) const 
   spec.logprobs = r.logprobs;
   spec.top_logprobs = r.top_logprobs;
   spec.n = r.n;
-  if (r.echo) {
+  if (r.echo && !r.chat) {
     if (tokenizer_ == nullptr) {
       return BadParam("echo", "'echo' needs a model with a tokenizer (to write the prompt's text)");
     }
@@ -368,6 +368,9 @@ std::string OpenAiService::TokenText(int32_t id) const {
 
 std::string OpenAiService::EchoText(const OpenAiRequest& r,
                                     const std::vector<int32_t>& prompt) const {
+  // A chat echoes its last message when the reply continues it (vLLM's rule): an assistant's
+  // text, then the reply's.
+  if (r.chat) return ContinuedAssistantText(r.messages);
   if (r.prompt_text) return *r.prompt_text;
   absl::StatusOr<std::string> text = tokenizer_->Decode(prompt, /*skip_special_tokens=*/false);
   return text.ok() ? *text : std::string();
@@ -381,11 +384,12 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
   const OpenAiRequest& r = *parsed;
   absl::StatusOr<RequestSpec> spec = ToSpec(r);
   if (!spec.ok()) return SendError(responder, ToApiError(spec.status()), RequestOutcome::kInvalid);
-  // What echo writes before the completion: the prompt's text, and its tokens for logprobs.
+  // What echo writes before the completion: the prompt's text, and its tokens for logprobs
+  // (a chat: its last message's text, without logprobs).
   std::vector<int32_t> prompt_ids;
   std::string echo_text;
   if (r.echo) {
-    prompt_ids = spec->prompt;
+    if (!r.chat) prompt_ids = spec->prompt;
     echo_text = EchoText(r, prompt_ids);
   }
   const int n = spec->n;
@@ -442,7 +446,7 @@ void OpenAiService::Generate(const HttpRequest& http, bool chat, HttpResponder& 
   }
   // Without logprobs the echo needs nothing from the model; with them it waits for the
   // prompt's (the prompt event below, sent to the first sample for all).
-  if (r.echo && !r.logprobs) {
+  if (r.echo && (!r.logprobs || r.chat) && !echo_text.empty()) {
     for (auto& choice : choices) send(choice->Echo(echo_text, prompt_ids, nullptr));
   }
   int unfinished = n;

@@ -97,7 +97,7 @@ void ExpectError(const std::string& body, bool chat, const std::string& param, i
 }
 
 // Completions' `logprobs: N` and chat's `top_logprobs: N` take 0..20 alternatives; chat's
-// needs `logprobs: true`. `echo` is the completions' (with max_tokens 0 only there).
+// needs `logprobs: true`. `echo` on both (max_tokens 0 with it: the completions' only).
 TEST(OpenAiRequestTest, LogprobsAndEcho) {
   for (const int n : {0, 1, 5, 20}) {
     auto r = ParseOpenAiRequest(
@@ -122,6 +122,11 @@ TEST(OpenAiRequestTest, LogprobsAndEcho) {
   r = ParseOpenAiRequest(R"({"model": "m", "prompt": "x", "echo": false})", false);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->echo);
+  r = ParseOpenAiRequest(R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                             "echo": true})",
+                         true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->echo);
   // Out of range, of the wrong type, or without what it needs: a 400 naming the field.
   for (const char* n : {"21", "-1", "100", "1.5", "\"3\"", "true"}) {
     ExpectError(absl::StrCat(R"({"model": "m", "prompt": "x", "logprobs": )", n, "}"), false,
@@ -140,8 +145,9 @@ TEST(OpenAiRequestTest, LogprobsAndEcho) {
   ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
                   "logprobs": false, "top_logprobs": 2})",
               true, "top_logprobs");
-  ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "echo": true})",
-              true, "echo");
+  ExpectError(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "echo": true,
+                  "max_tokens": 0})",
+              true, "max_tokens");
   ExpectError(R"({"model": "m", "prompt": "x", "echo": 1})", false, "echo");
   ExpectError(R"({"model": "m", "prompt": "x", "echo": false, "max_tokens": 0})", false,
               "max_tokens");

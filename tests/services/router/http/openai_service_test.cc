@@ -23,6 +23,7 @@ using ::strata::testing::BodyOf;
 using ::strata::testing::ExpectError;
 using ::strata::testing::HttpReply;
 using ::strata::testing::Named;
+using ::strata::testing::StreamEvents;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -230,6 +231,53 @@ TEST(OpenAiServiceTest, UnknownRequestKeysAreRefused) {
   Json wrong_endpoint = completion;
   wrong_endpoint["max_completion_tokens"] = 4;  // a chat parameter
   ExpectError(api.Post("/v1/completions", wrong_endpoint), 400, "max_completion_tokens");
+}
+
+// echo on a chat (vLLM's rule): a reply that continues an assistant's last message starts
+// with that message's text, whole or streamed; after a user's message nothing is echoed.
+TEST(OpenAiServiceTest, ChatEchoPrependsTheAssistantsLastMessage) {
+  Api api(Named("strata-demo"));
+  const std::string started = "The answer is";
+  Json chat{{"model", "strata-demo"},
+            {"messages", Json::array({Json{{"role", "user"}, {"content", "Say it."}},
+                                      Json{{"role", "assistant"}, {"content", started}}})},
+            {"add_generation_prompt", false},
+            {"max_tokens", 4},
+            {"temperature", 0},
+            {"ignore_eos", true}};
+  auto content = [&](const Json& request) {
+    const HttpReply reply = api.Post("/v1/chat/completions", request);
+    EXPECT_EQ(reply.status, 200) << reply.body;
+    return reply.status == 200
+               ? BodyOf(reply)["choices"][0]["message"]["content"].get<std::string>()
+               : std::string();
+  };
+  const std::string reply = content(chat);
+  chat["echo"] = true;
+  EXPECT_EQ(content(chat), started + reply);
+
+  chat["stream"] = true;
+  const std::vector<Json> events = StreamEvents(api.Post("/v1/chat/completions", chat));
+  std::string streamed, first;
+  for (const Json& event : events) {
+    const Json& delta = event["choices"][0]["delta"];
+    if (!delta.contains("content") || !delta["content"].is_string()) continue;
+    if (first.empty()) first = delta["content"].get<std::string>();
+    streamed += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(first, started);
+  EXPECT_EQ(streamed, started + reply);
+
+  Json asked{{"model", "strata-demo"},
+             {"messages", Json::array({Json{{"role", "user"}, {"content", "Say it."}}})},
+             {"max_tokens", 4},
+             {"temperature", 0},
+             {"ignore_eos", true}};
+  const std::string answer = content(asked);
+  asked["echo"] = true;
+  EXPECT_EQ(content(asked), answer);
+  asked["max_tokens"] = 0;  // the prompt alone is the completions' only
+  ExpectError(api.Post("/v1/chat/completions", asked), 400, "max_tokens");
 }
 
 }  // namespace
