@@ -119,6 +119,21 @@ struct LinearCase {
   gpu::OutType out_type;
 };
 
+// A host float32 [out, in] matrix as a weight.
+WeightMatrix F32Matrix(const std::vector<float>& m, int64_t out, int64_t in) {
+  return WeightMatrix{.data = m.data(),
+                      .dtype = DType::kF32,
+                      .out = out,
+                      .in = in,
+                      .out_stride = in,
+                      .in_stride = 1};
+}
+
+std::string ShapeName(const LinearCase& c) {
+  return absl::StrCat("n=", c.n, " out=", c.out, " in=", c.in, c.bias ? " bias" : "",
+                      c.out_type == gpu::OutType::kF32 ? " f32" : " bf16");
+}
+
 TEST_F(CudaOpsTest, Linear) {
   const LinearCase cases[] = {
       {1, 768, 2048, false, gpu::OutType::kBf16},  // GEMV
@@ -151,13 +166,7 @@ TEST_F(CudaOpsTest, Linear) {
     const WeightVector bias_view = c.bias ? HostVector(bias) : WeightVector{};
     std::vector<float> ref(c.n * c.out), ref_fp8(c.n * c.out);
     cpu::Linear(Pool(), xf.data(), c.n, HostMatrix(w, c.out, c.in), bias_view, ref.data());
-    const WeightMatrix deq_view{.data = w_deq.data(),
-                                .dtype = DType::kF32,
-                                .out = c.out,
-                                .in = c.in,
-                                .out_stride = c.in,
-                                .in_stride = 1};
-    cpu::Linear(Pool(), xf.data(), c.n, deq_view, bias_view, ref_fp8.data());
+    cpu::Linear(Pool(), xf.data(), c.n, F32Matrix(w_deq, c.out, c.in), bias_view, ref_fp8.data());
 
     const uint16_t* d_w = Put(w);
     const uint8_t* d_q = Put(q);
@@ -166,8 +175,7 @@ TEST_F(CudaOpsTest, Linear) {
     const uint16_t* d_bias = Put(bias);
     ASSERT_FALSE(HasFailure());
     const bool f32 = c.out_type == gpu::OutType::kF32;
-    const std::string shape = absl::StrCat("n=", c.n, " out=", c.out, " in=", c.in,
-                                           c.bias ? " bias" : "", f32 ? " f32" : " bf16");
+    const std::string shape = ShapeName(c);
     for (bool fp8 : {false, true}) {
       const gpu::DeviceWeight weight{
           .data = fp8 ? static_cast<const void*>(d_q) : d_w,
@@ -219,12 +227,7 @@ TEST_F(CudaOpsTest, Fp8TensorCoreLinear) {
     QuantizeBf16RowsToFp8E4M3(x.data(), c.n, c.in, xq.data(), x_scales.data());
     const std::vector<float> w_deq = DequantizeHost(wq, w_scales, c.out, c.in);
     const std::vector<float> x_deq = DequantizeHost(xq, x_scales, c.n, c.in);
-    const WeightMatrix w_view{.data = w_deq.data(),
-                              .dtype = DType::kF32,
-                              .out = c.out,
-                              .in = c.in,
-                              .out_stride = c.in,
-                              .in_stride = 1};
+    const WeightMatrix w_view = F32Matrix(w_deq, c.out, c.in);
     const WeightVector bias_view = c.bias ? HostVector(bias) : WeightVector{};
     std::vector<float> both_fp8(c.n * c.out), tokens_bf16(c.n * c.out);
     cpu::Linear(Pool(), x_deq.data(), c.n, w_view, {}, both_fp8.data());
@@ -238,8 +241,7 @@ TEST_F(CudaOpsTest, Fp8TensorCoreLinear) {
     const uint16_t* d_bias = Put(bias);
     ASSERT_FALSE(HasFailure());
     const bool f32 = c.out_type == gpu::OutType::kF32;
-    const std::string shape = absl::StrCat("n=", c.n, " out=", c.out, " in=", c.in,
-                                           c.bias ? " bias" : "", f32 ? " f32" : " bf16");
+    const std::string shape = ShapeName(c);
     auto output = [&]() -> void* {
       return f32 ? static_cast<void*>(Poisoned<float>(c.n * c.out))
                  : static_cast<void*>(Poisoned<uint16_t>(c.n * c.out));
