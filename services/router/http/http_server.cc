@@ -266,12 +266,13 @@ bool HttpServer::EvictOneLocked() {
   return true;
 }
 
-void HttpServer::SetPhase(int fd, Phase phase) {
+bool HttpServer::SetPhase(int fd, Phase phase) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = connections_.find(fd);
-  if (it == connections_.end()) return;
+  if (it == connections_.end() || it->second.evicted) return false;
   it->second.phase = phase;
   it->second.since = absl::Now();
+  return true;
 }
 
 void HttpServer::AcceptLoop() {
@@ -406,7 +407,9 @@ void HttpServer::Serve(int fd, const std::string& client) {
       responder.set_keep_alive(false);
     }
     hold->Release();  // bounded from here by the connection limit and the scheduler's queue
-    SetPhase(fd, Phase::kHandling);
+    // Evicted while its request was read (already buffered past the shutdown): the room is
+    // another's now, so handling it would run one connection past the cap.
+    if (!SetPhase(fd, Phase::kHandling)) return;
     handler_(request, responder);
     if (!responder.responded()) {
       responder.Send(500, "application/json", ErrorBody("no response", "server_error"))

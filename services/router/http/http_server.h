@@ -105,7 +105,8 @@ class HttpServer {
   explicit HttpServer(const HttpServerOptions& options);
   void AcceptLoop();
   void Serve(int fd, const std::string& client);
-  void SetPhase(int fd, Phase phase);
+  // False when the connection was evicted (its room went to another): it must not go on.
+  bool SetPhase(int fd, Phase phase);
   // Under mu_: closes the connection idle longest, else the one reading a request longest
   // (either for at least a second); false when there is none such.
   bool EvictOneLocked();
