@@ -70,12 +70,10 @@ absl::Status ForwardPass::PredictNext(int layer) {
   if (predicted_.tokens == 0) return absl::OkStatus();
   // Device routing is scored by the backend (DevicePredictionCounts), and sent only with a
   // lookahead (reading it waits for the layer's work).
-  if (predicted_.on_device()) {
-    return options_.prefetch_lookahead > 0 ? SendPrediction(next, predicted_) : absl::OkStatus();
-  }
-  experts_.Prefetch(next, predicted_);
-  predicted_layer_ = next;
-  return absl::OkStatus();
+  if (predicted_.on_device() && options_.prefetch_lookahead == 0) return absl::OkStatus();
+  // Host routing is scored here (ScorePrediction), device routing by the backend.
+  if (!predicted_.on_device()) predicted_layer_ = next;
+  return SendPrediction(next, predicted_);
 }
 
 absl::Status ForwardPass::SendPrediction(int layer, RoutingTable& predicted) {

@@ -107,10 +107,12 @@ absl::StatusOr<const CublasLtGemm::Plan*> CublasLtGemm::PlanFor(const Key& key) 
     absl::Status made = MakePlan(key, plan);
     if (!made.ok()) {
       DestroyPlan(plan);
-      return made;
+      if (!absl::IsUnimplemented(made)) return made;
+      plan.missing = std::move(made);
     }
     it = plans_.emplace(key, plan).first;
   }
+  if (!it->second.missing.ok()) return it->second.missing;
   return &it->second;
 }
 

@@ -46,6 +46,9 @@ class CublasLtGemm {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    // UNIMPLEMENTED: cuBLASLt has no algorithm for the key (kept, so that a caller falling
+    // back every step does not query the heuristic every step).
+    absl::Status missing;
   };
 
   absl::Status MakePlan(const Key& key, Plan& plan);

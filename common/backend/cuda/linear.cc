@@ -30,12 +30,11 @@ absl::Status LinearRunner::Run(const DeviceWeight& w, const bf16* x, int64_t n, 
     CUDA_RETURN_IF_ERROR(LaunchGemv(w, x, w.in, n, y, y_type, w.out, stream));
     return absl::OkStatus();
   }
-  absl::Status gemm = absl::UnimplementedError("no FP8 tensor-core product asked for");
-  if (w.format == WeightFormat::kFp8E4M3 &&
-      options_.fp8_tensor_cores.value_or(GetTunables().fp8_tensor_core_gemm)) {
-    gemm = RunFp8TensorCores(w, x, n, y, y_type);
-  }
-  if (absl::IsUnimplemented(gemm)) gemm = RunDense(w, x, n, y, y_type);
+  const bool fp8_cores = w.format == WeightFormat::kFp8E4M3 &&
+                         options_.fp8_tensor_cores.value_or(GetTunables().fp8_tensor_core_gemm);
+  absl::Status gemm =
+      fp8_cores ? RunFp8TensorCores(w, x, n, y, y_type) : RunDense(w, x, n, y, y_type);
+  if (fp8_cores && absl::IsUnimplemented(gemm)) gemm = RunDense(w, x, n, y, y_type);
   if (absl::IsUnimplemented(gemm)) {
     // cuBLASLt has no kernel for this shape or alignment: the GEMV kernel is always correct.
     CUDA_RETURN_IF_ERROR(LaunchGemv(w, x, w.in, n, y, y_type, w.out, stream));
