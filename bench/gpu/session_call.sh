@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One GPU-machine call of several parts, in order, each optional: the GPU tests of TESTS
+# One GPU-machine call of several parts, in order, each optional: the host-to-device copy
+# rate (bench/gpu/h2d_rate.py; H2D=0 skips it), the GPU tests of TESTS
 # (tiers_call.sh's TESTS, GTEST_FILTER), a tiers plan (PLAN, stopped after PLAN_S seconds,
 # 400 by default; what ran is kept), then the sampled-decode A/B of profile_sampled.sh between
 # the binaries in .device-ipc/bin and decode_bench_base (SAMPLED=1; ONLY, NCU as there).
@@ -15,6 +16,10 @@ tar xJf .device-ipc/bundle.tar.xz -C .device-ipc
 export LD_LIBRARY_PATH=$PWD/.device-ipc/lib:/usr/local/cuda/lib64 NCCL_NVLS_ENABLE=0
 pack() { cp "$work/summary.txt" "$final/" 2>/dev/null; tar czf "$final/all.tgz" -C "$work" .; }
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$work/summary.txt"
+# The host-to-device copy rate the tiers' copy bound divides by (H2D=0 skips it).
+if [ "${H2D:-1}" = 1 ]; then
+  python3 bench/gpu/h2d_rate.py "$work/h2d_rate.json" 2>&1 | tee -a "$work/summary.txt"
+fi
 if [ -n "${TESTS:-}" ]; then
   bash bench/gpu/tiers_call.sh "$work/tests" /dev/null 2>&1 | tail -12 | tee -a "$work/summary.txt"
   pack
