@@ -26,8 +26,8 @@ absl::Status CudaExpertsSupport(const ModelConfig& c) {
   if (!c.fp8_block_scaled()) return absl::OkStatus();
   return absl::UnimplementedError(
       absl::StrCat("the CUDA expert backend cannot load ", BlockScaledFp8(c),
-                   ". Use --device cpu, or strata quantize a 16-bit checkpoint with "
-                   "--fp8-scaling channel"));
+                   ". Use --device cpu, or requantize it per row: strata quantize --model DIR "
+                   "--out DIR"));
 }
 
 absl::Status CudaRouterSupports(const ModelConfig& c) {
@@ -45,9 +45,12 @@ absl::Status CudaRouterSupports(const ModelConfig& c) {
                                    gpu::kMaxGateExperts, " at most)"));
   }
   if (missing.empty()) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat("the CUDA backend cannot run this ",
-                                               ArchitectureName(c.arch), " model yet: it lacks ",
-                                               absl::StrJoin(missing, "; "), ". Use --device cpu"));
+  return absl::UnimplementedError(
+      absl::StrCat("the CUDA backend cannot run this ", ArchitectureName(c.arch),
+                   " model yet: it lacks ", absl::StrJoin(missing, "; "), ". Use --device cpu",
+                   c.fp8_block_scaled() ? ", or requantize block-scaled FP8 per row: "
+                                          "strata quantize --model DIR --out DIR"
+                                        : ""));
 }
 
 }  // namespace strata

@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/block_fp8_twins.h"
 #include "tests/testing/temp_dir.h"
 #include "tools/strata/make_model.h"
 #include "tools/strata/quantize_command.h"
@@ -324,6 +325,107 @@ TEST(QuantizeTest, DeepseekV3PerChannelKeepsKvBProj16Bit) {
   const LogitError e = CompareLogits(src, out, {1, 17, 200, 33, 4, 90, 300, 7, 12, 450});
   std::cout << "deepseek_v3 per channel: relative logit error " << e.relative << "\n";
   EXPECT_LT(e.relative, 0.15);
+}
+
+// A block-scaled FP8 checkpoint (DeepSeek's release layout) requantized with a scale per row,
+// what the CUDA backend loads: each FP8 linear's codes x row scale within E4M3 rounding of the
+// block-dequantized weight, kv_b_proj (FP8 with block scales in DeepSeek's release) written
+// 16-bit, no `_scale_inv` left, the compressed-tensors config, and logits close to the
+// block-scaled model's.
+TEST(QuantizeTest, BlockScaledFp8RequantizesPerChannel) {
+  for (const std::string oracle : {"qwen3_moe", "deepseek_v3"}) {
+    TempDir tmp;
+    const int block_linears =
+        testing::WriteBlockFp8Twins(oracle, tmp.File("block"), tmp.File("dequantized"));
+    auto result = Quantize(Options(tmp.File("block"), tmp.File("channel")));
+    ASSERT_TRUE(result.ok()) << result.status();
+    // deepseek_v3's three kv_b_proj stay 16-bit.
+    EXPECT_EQ(result->quantized_tensors, block_linears - (oracle == "deepseek_v3" ? 3 : 0));
+    const Tensors f32 = Read(tmp.File("dequantized") + "/model.safetensors");
+    const Tensors q = Read(tmp.File("channel") + "/model.safetensors");
+    int checked = 0;
+    for (const auto& [name, e] : f32.entries) {
+      EXPECT_FALSE(q.entries.contains(name + "_scale_inv")) << name;
+      if (e.dtype != "F32" || !IsFp8Linear(name, e.shape)) continue;
+      const int64_t rows = e.shape[0], cols = e.shape[1];
+      const auto* want = reinterpret_cast<const float*>(f32.data(name));
+      ASSERT_EQ(q.entries.at(name).dtype, "F8_E4M3") << name;
+      ASSERT_EQ(q.entries.at(name + "_scale").shape, (std::vector<int64_t>{rows, 1})) << name;
+      const auto* scales = reinterpret_cast<const uint16_t*>(q.data(name + "_scale"));
+      const uint8_t* codes = q.data(name);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float scale = Bf16ToFloat(scales[r]);
+        float absmax = 0.0f;
+        for (int64_t c = 0; c < cols; ++c) absmax = std::max(absmax, std::fabs(want[r * cols + c]));
+        ASSERT_NEAR(scale, absmax / 448.0f, absmax / 448.0f / 128.0f) << name << " row " << r;
+        for (int64_t c = 0; c < cols; ++c) {
+          const float x = want[r * cols + c];
+          const float got = Fp8E4M3ToFloat(codes[r * cols + c]) * scale;
+          // Half an E4M3 step: 2^-4 of the value among normals, 2^-10 of the scale below them
+          // (and the bf16 scale's rounding).
+          const float bound =
+              std::max(std::fabs(x) * 0x1p-4f, scale * 0x1p-10f) * 1.01f + std::fabs(x) * 0x1p-8f;
+          ASSERT_LE(std::fabs(got - x), bound) << name << " (" << r << ", " << c << ")";
+        }
+      }
+      ++checked;
+    }
+    EXPECT_EQ(checked, result->quantized_tensors) << oracle;
+    if (oracle == "deepseek_v3") {
+      const std::string kv_b = "model.layers.1.self_attn.kv_b_proj.weight";
+      ASSERT_EQ(q.entries.at(kv_b).dtype, "BF16");
+      const auto* got = reinterpret_cast<const uint16_t*>(q.data(kv_b));
+      const auto* want = reinterpret_cast<const float*>(f32.data(kv_b));
+      for (size_t i = 0; i < q.size(kv_b) / 2; ++i) {
+        ASSERT_EQ(got[i], FloatToBf16(want[i])) << kv_b << " element " << i;
+      }
+    }
+    const nlohmann::json qc =
+        ReadJson(tmp.File("channel") + "/config.json").at("quantization_config");
+    EXPECT_EQ(qc.at("quant_method"), "compressed-tensors");
+    EXPECT_EQ(qc.at("config_groups").at("group_0").at("weights").at("strategy"), "channel");
+    if (oracle == "deepseek_v3") {
+      EXPECT_THAT(qc.at("ignore").get<std::vector<std::string>>(),
+                  Contains("model.layers.2.self_attn.kv_b_proj"));
+    }
+    // Against the block-scaled weights (dequantized exactly): one more E4M3 rounding. The
+    // random oracles amplify it (OracleLoadsAndLogitsStayClose): 0.092 (qwen3_moe) and 0.149
+    // (deepseek_v3), within their per-channel and block bounds.
+    const LogitError e = CompareLogits(tmp.File("dequantized"), tmp.File("channel"),
+                                       {1, 17, 200, 33, 4, 90, 300, 7, 12, 450});
+    std::cout << oracle << " block-scaled to per channel: relative logit error " << e.relative
+              << ", argmax agreement " << e.argmax_agreement << "\n";
+    EXPECT_LT(e.relative, oracle == "qwen3_moe" ? 0.15 : 0.2) << oracle;
+  }
+}
+
+// A block-scaled input asked to stay block-scaled, or missing a weight's scales: refused,
+// naming what is wrong, and nothing written.
+TEST(QuantizeTest, BlockScaledFp8Refusals) {
+  TempDir tmp;
+  testing::WriteBlockFp8Twins("qwen3_moe", tmp.File("block"), tmp.File("dequantized"));
+  QuantizeOptions block = Options(tmp.File("block"), tmp.File("again"));
+  block.scaling = Fp8Scaling::kBlock;
+  auto r = Quantize(block);
+  EXPECT_THAT(r.status().message(), HasSubstr("block-scaled FP8 already"));
+  EXPECT_FALSE(fs::exists(tmp.File("again")));
+
+  // The same checkpoint without one weight's scales.
+  const std::string missing = tmp.File("missing");
+  fs::create_directories(missing);
+  fs::copy_file(tmp.File("block") + "/config.json", missing + "/config.json");
+  const Tensors in = Read(tmp.File("block") + "/model.safetensors");
+  testing::SafetensorsBuilder without;
+  const std::string dropped = "model.layers.1.self_attn.q_proj.weight_scale_inv";
+  for (const auto& [name, e] : in.entries) {
+    if (name == dropped) continue;
+    without.Add(name, e.dtype, e.shape,
+                std::vector<uint8_t>(in.data(name), in.data(name) + in.size(name)));
+  }
+  testing::SafetensorsBuilder::WriteFile(missing + "/model.safetensors", without.Build());
+  r = Quantize(Options(missing, tmp.File("missing-out")));
+  EXPECT_THAT(r.status().message(), HasSubstr("has no " + dropped));
+  EXPECT_FALSE(fs::exists(tmp.File("missing-out")));
 }
 
 TEST(QuantizeTest, DemoModelLoadsAndLogitsStayClose) {

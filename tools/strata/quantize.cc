@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -64,7 +65,10 @@ struct InputShard {
   std::vector<DType> dtypes;  // of `entries`
 };
 
-absl::StatusOr<InputShard> OpenShard(const fs::path& dir, const std::string& name) {
+// `block_input`: the checkpoint is block-scaled FP8 (DeepSeek's layout), whose FP8 weights and
+// `_scale_inv` tensors are read, not refused.
+absl::StatusOr<InputShard> OpenShard(const fs::path& dir, const std::string& name,
+                                     bool block_input) {
   InputShard shard;
   shard.name = name;
   ASSIGN_OR_RETURN(shard.file, MappedFile::Open((dir / name).string()));
@@ -72,8 +76,10 @@ absl::StatusOr<InputShard> OpenShard(const fs::path& dir, const std::string& nam
   std::sort(shard.entries.begin(), shard.entries.end(),
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
   for (const SafetensorsEntry& e : shard.entries) {
-    if (e.dtype == "F8_E4M3" || absl::EndsWith(e.name, "_scale") ||
-        absl::EndsWith(e.name, "_scale_inv")) {
+    const bool block_tensor =
+        block_input && (e.dtype == "F8_E4M3" || absl::EndsWith(e.name, "_scale_inv"));
+    if (!block_tensor && (e.dtype == "F8_E4M3" || absl::EndsWith(e.name, "_scale") ||
+                          absl::EndsWith(e.name, "_scale_inv"))) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": tensor '", e.name, "' shows the model is already quantized (",
                        e.dtype, "); quantize takes a BF16, F16 or F32 checkpoint"));
@@ -106,18 +112,80 @@ float StoreAs(DType dtype, float value, uint8_t* out) {
   return value;
 }
 
+// The block scales of an FP8 source tensor (DeepSeek's `weight_scale_inv`): float32
+// [ceil(rows / block_rows), ceil(cols / block_cols)], row-major.
+struct Fp8BlockSource {
+  const float* scales = nullptr;
+  int64_t block_rows = 0;
+  int64_t block_cols = 0;
+  int64_t grid_cols = 0;
+  float ScaleOf(int64_t r, int64_t c) const {
+    return scales[(r / block_rows) * grid_cols + c / block_cols];
+  }
+};
+
+// A checkpoint that is block-scaled FP8 already (quantization_config quant_method "fp8" with a
+// weight_block_size): its FP8 weights are requantized per channel, the others copied.
+struct BlockInput {
+  bool present = false;
+  int64_t block_rows = 0;
+  int64_t block_cols = 0;
+  DType model_dtype = DType::kBF16;  // of row scales and of weights dequantized to 16 bits
+};
+
+absl::StatusOr<BlockInput> ReadBlockInput(const OrderedJson& config, const fs::path& path,
+                                          Fp8Scaling scaling) {
+  BlockInput input;
+  if (!config.contains("quantization_config")) return input;
+  const OrderedJson& q = config["quantization_config"];
+  const bool block =
+      q.is_object() && q.value("quant_method", "") == "fp8" && q.contains("weight_block_size") &&
+      q["weight_block_size"].is_array() && q["weight_block_size"].size() == 2 &&
+      q["weight_block_size"][0].is_number_integer() &&
+      q["weight_block_size"][1].is_number_integer() &&
+      q["weight_block_size"][0].get<int64_t>() > 0 && q["weight_block_size"][1].get<int64_t>() > 0;
+  if (!block) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path.string(), ": the model is already quantized (config.json has a quantization_config",
+        "; only block-scaled FP8, quant_method \"fp8\" with a weight_block_size, is requantized)"));
+  }
+  if (scaling == Fp8Scaling::kBlock) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(),
+                     ": the model is block-scaled FP8 already; --fp8-scaling channel "
+                     "requantizes it with a scale per row"));
+  }
+  input.present = true;
+  input.block_rows = q["weight_block_size"][0].get<int64_t>();
+  input.block_cols = q["weight_block_size"][1].get<int64_t>();
+  const std::string dtype = config.value("torch_dtype", config.value("dtype", "bfloat16"));
+  if (dtype == "float16") {
+    input.model_dtype = DType::kF16;
+  } else if (dtype == "float32") {
+    input.model_dtype = DType::kF32;
+  }
+  return input;
+}
+
 // A tensor being quantized: the source in the mapped file and its scales, per row or per
 // block, both as stored (what loaders read: the checkpoint's dtype for row scales, float32 for
 // block scales as DeepSeek stores them) and as the float the codes were divided by.
 struct Fp8Tensor {
   const uint8_t* source = nullptr;
-  DType dtype = DType::kBF16;
+  DType dtype = DType::kBF16;  // of the source; for FP8 sources, of the model (row scales)
   int64_t rows = 0;
   int64_t cols = 0;
   Fp8Scaling scaling = Fp8Scaling::kChannel;
+  Fp8BlockSource block_source;  // an FP8 source with its block scales
+  bool dequantize = false;      // written as `dtype` values, not requantized
   std::vector<uint8_t> stored_scales;
   std::vector<float> scales;
 
+  // Element i of the source as a float (an FP8 source: its code times its block's scale).
+  float Source(int64_t i) const {
+    if (block_source.scales == nullptr) return LoadAsFloat(source, dtype, i);
+    return Fp8E4M3ToFloat(source[i]) * block_source.ScaleOf(i / cols, i % cols);
+  }
   DType scale_dtype() const { return scaling == Fp8Scaling::kBlock ? DType::kF32 : dtype; }
   // [rows, 1], or [ceil(rows / 128), ceil(cols / 128)].
   std::vector<int64_t> scale_shape() const {
@@ -138,7 +206,7 @@ void ComputeScales(Fp8Tensor& t) {
   for (int64_t r = 0; r < t.rows; ++r) {
     for (int64_t c = 0; c < t.cols; ++c) {
       float& m = absmax[t.ScaleIndex(r, c)];
-      m = std::max(m, std::fabs(LoadAsFloat(t.source, t.dtype, r * t.cols + c)));
+      m = std::max(m, std::fabs(t.Source(r * t.cols + c)));
     }
   }
   const DType dtype = t.scale_dtype();
@@ -159,9 +227,45 @@ void FillCodes(const Fp8Tensor& t, uint64_t begin, uint64_t n, uint8_t* out) {
   for (uint64_t i = begin; i < begin + n; ++i) {
     const int64_t r = static_cast<int64_t>(i) / t.cols, c = static_cast<int64_t>(i) % t.cols;
     const float inverse = 1.0f / t.scales[t.ScaleIndex(r, c)];
-    out[i - begin] =
-        FloatToFp8E4M3(LoadAsFloat(t.source, t.dtype, static_cast<int64_t>(i)) * inverse);
+    out[i - begin] = FloatToFp8E4M3(t.Source(static_cast<int64_t>(i)) * inverse);
   }
+}
+
+// Bytes [begin, begin + n) of `t`'s source written as `t.dtype` values.
+void FillDequantized(const Fp8Tensor& t, uint64_t begin, uint64_t n, uint8_t* out) {
+  const size_t elem = DTypeSize(t.dtype);
+  for (uint64_t b = begin; b < begin + n; b += elem) {
+    StoreAs(t.dtype, t.Source(static_cast<int64_t>(b / elem)), out + (b - begin));
+  }
+}
+
+// The block scales of FP8 weight `e` of a block-scaled input: `<name>_scale_inv`, float32,
+// one per block.
+absl::StatusOr<Fp8BlockSource> BlockScalesOf(
+    const SafetensorsEntry& e, const BlockInput& input,
+    const absl::flat_hash_map<std::string, std::pair<const uint8_t*, const SafetensorsEntry*>>&
+        scale_invs) {
+  if (e.shape.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(e.name, ": an FP8 tensor of ", e.shape.size(), " dimensions (2 expected)"));
+  }
+  const auto it = scale_invs.find(e.name + "_scale_inv");
+  if (it == scale_invs.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(e.name, " is FP8 but the checkpoint has no ", e.name, "_scale_inv"));
+  }
+  const SafetensorsEntry& s = *it->second.second;
+  Fp8BlockSource b{.block_rows = input.block_rows, .block_cols = input.block_cols};
+  b.grid_cols = (e.shape[1] + b.block_cols - 1) / b.block_cols;
+  const std::vector<int64_t> want = {(e.shape[0] + b.block_rows - 1) / b.block_rows, b.grid_cols};
+  if (s.dtype != "F32" || s.shape != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(s.name, ": ", s.dtype, " [", absl::StrJoin(s.shape, ", "), "], expected F32 [",
+                     absl::StrJoin(want, ", "), "] (one scale per ", input.block_rows, " x ",
+                     input.block_cols, " block)"));
+  }
+  b.scales = reinterpret_cast<const float*>(it->second.first + s.begin);
+  return b;
 }
 
 // Runs `job(i)` for i in [0, n) on up to `threads` threads.
@@ -216,17 +320,23 @@ absl::StatusOr<QuantizeResult> Quantize(const QuantizeOptions& options) {
         (in / "config.json").string(), ": model_type \"", model_type,
         "\" is not one quantize knows (", absl::StrJoin(QuantizableModelTypes(), ", "), ")"));
   }
-  if (config.contains("quantization_config")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat((in / "config.json").string(),
-                     ": the model is already quantized (config.json has a quantization_config)"));
-  }
+  ASSIGN_OR_RETURN(const BlockInput block_input,
+                   ReadBlockInput(config, in / "config.json", options.scaling));
   ASSIGN_OR_RETURN(const CheckpointFiles files, ListCheckpointFiles(options.model_dir));
   // Every header first: an unsupported tensor fails before anything is written.
   std::vector<InputShard> shards;
   for (const std::string& name : files.names) {
-    ASSIGN_OR_RETURN(InputShard shard, OpenShard(in, name));
+    ASSIGN_OR_RETURN(InputShard shard, OpenShard(in, name, block_input.present));
     shards.push_back(std::move(shard));
+  }
+  // A block-scaled input's scales, wherever their weights' shards are.
+  absl::flat_hash_map<std::string, std::pair<const uint8_t*, const SafetensorsEntry*>> scale_invs;
+  for (const InputShard& shard : shards) {
+    for (const SafetensorsEntry& e : shard.entries) {
+      if (block_input.present && absl::EndsWith(e.name, "_scale_inv")) {
+        scale_invs[e.name] = {shard.file->bytes().data(), &e};
+      }
+    }
   }
 
   // Written beside the destination (same file system, so the final rename is atomic) and
@@ -256,7 +366,7 @@ absl::StatusOr<QuantizeResult> Quantize(const QuantizeOptions& options) {
   for (InputShard& shard : shards) {
     const uint8_t* base = shard.file->bytes().data();
     // Output tensors in input order, each FP8 weight followed by its scales.
-    enum class Kind { kCopy, kCodes, kScales };
+    enum class Kind { kCopy, kCodes, kScales, kDequantized };
     struct Item {
       Kind kind;
       const SafetensorsEntry* entry;
@@ -268,8 +378,11 @@ absl::StatusOr<QuantizeResult> Quantize(const QuantizeOptions& options) {
     for (size_t i = 0; i < shard.entries.size(); ++i) {
       const SafetensorsEntry& e = shard.entries[i];
       result.bytes_before += e.end - e.begin;
+      const bool fp8_source = block_input.present && e.dtype == "F8_E4M3";
+      // A block-scaled input's scales go with their weights' codes.
+      if (block_input.present && absl::EndsWith(e.name, "_scale_inv")) continue;
       if (IsIgnoredLinear(e.name)) ignore.push_back(ModuleOf(e.name));
-      if (!IsFp8Linear(e.name, e.shape)) {
+      if (!IsFp8Linear(e.name, e.shape) && !fp8_source) {
         items.push_back({Kind::kCopy, &e});
         headers.push_back({e.name, shard.dtypes[i], e.shape});
         ++result.kept_tensors;
@@ -278,9 +391,23 @@ absl::StatusOr<QuantizeResult> Quantize(const QuantizeOptions& options) {
       Fp8Tensor t;
       t.source = base + e.begin;
       t.dtype = shard.dtypes[i];
-      t.rows = e.shape[0];
-      t.cols = e.shape[1];
+      t.rows = e.shape.size() == 2 ? e.shape[0] : 0;
+      t.cols = e.shape.size() == 2 ? e.shape[1] : 0;
       t.scaling = options.scaling;
+      if (fp8_source) {
+        ASSIGN_OR_RETURN(t.block_source, BlockScalesOf(e, block_input, scale_invs));
+        t.dtype = block_input.model_dtype;
+        if (!IsFp8Linear(e.name, e.shape)) {
+          // Left 16-bit per channel (kv_b_proj: attention reads it transposed), dequantized.
+          if (!IsIgnoredLinear(e.name)) ignore.push_back(ModuleOf(e.name));
+          t.dequantize = true;
+          fp8.push_back(std::move(t));
+          items.push_back({Kind::kDequantized, &e, static_cast<int>(fp8.size()) - 1});
+          headers.push_back({e.name, block_input.model_dtype, e.shape});
+          ++result.kept_tensors;
+          continue;
+        }
+      }
       const bool block = t.scaling == Fp8Scaling::kBlock;
       const SafetensorsTensorHeader scale_header{e.name + (block ? "_scale_inv" : "_scale"),
                                                  t.scale_dtype(), t.scale_shape()};
@@ -292,7 +419,9 @@ absl::StatusOr<QuantizeResult> Quantize(const QuantizeOptions& options) {
       headers.push_back(scale_header);
       ++result.quantized_tensors;
     }
-    ParallelFor(static_cast<int>(fp8.size()), threads, [&](int q) { ComputeScales(fp8[q]); });
+    ParallelFor(static_cast<int>(fp8.size()), threads, [&](int q) {
+      if (!fp8[q].dequantize) ComputeScales(fp8[q]);
+    });
     const auto shard_start = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(
         WriteSafetensorsFile((temp / shard.name).string(), headers,
@@ -307,6 +436,9 @@ absl::StatusOr<QuantizeResult> Quantize(const QuantizeOptions& options) {
                                    break;
                                  case Kind::kScales:
                                    std::memcpy(dst, fp8[item.fp8].stored_scales.data() + begin, n);
+                                   break;
+                                 case Kind::kDequantized:
+                                   FillDequantized(fp8[item.fp8], begin, n, dst);
                                    break;
                                }
                              },
@@ -323,7 +455,9 @@ absl::StatusOr<QuantizeResult> Quantize(const QuantizeOptions& options) {
       StatusLine(absl::StrFormat("%s: %d tensors to FP8, %s in %.2f s", shard.name, fp8.size(),
                                  Gb(shard_bytes), sec));
     }
-    shard.file.reset();  // unmap: a checkpoint larger than memory stays streamed
+    // Unmap: a checkpoint larger than memory stays streamed. A block-scaled input's shards stay
+    // mapped: a later shard's weights may have their scales in this one.
+    if (!block_input.present) shard.file.reset();
   }
 
   if (files.indexed) {
