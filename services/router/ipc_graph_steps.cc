@@ -35,7 +35,9 @@ uint64_t IpcExpertBackend::graph_version() const {
   }
   // A rerouted layer changes the owners the captured split routes by, not the connections.
   version = version * 1000003 + owners_version_.load();
-  return any ? (version | 1) : 0;
+  // Shifted, not or-ed, to keep 0 for "no graphs": `| 1` would absorb an owners bump of one
+  // whenever the rest of the hash is even.
+  return any ? (version << 1 | 1) : 0;
 }
 
 uint64_t IpcExpertBackend::missed_expert_bytes() const {
