@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One GPU-machine call of several parts, in order, each optional: the host-to-device copy
-# rate (bench/gpu/h2d_rate.py; H2D=0 skips it), the GPU tests of TESTS
-# (tiers_call.sh's TESTS, GTEST_FILTER), a tiers plan (PLAN, stopped after PLAN_S seconds,
-# 400 by default; what ran is kept), then the sampled-decode A/B of profile_sampled.sh between
-# the binaries in .device-ipc/bin and decode_bench_base (SAMPLED=1; ONLY, NCU as there).
+# rate (bench/gpu/h2d_rate.py; H2D=0 skips it), the GPU tests of TESTS (tiers_call.sh's TESTS,
+# GTEST_FILTER), the sampled-decode A/B of profile_sampled.sh between the binaries in
+# .device-ipc/bin and decode_bench_base (SAMPLED=1; ONLY, NCU as there), then a tiers plan
+# (PLAN), stopped after PLAN_S seconds (by default what is left of CALL_S, 580, since the call
+# began; what ran is kept).
 # Everything lands in /tmp/session-out, packed again into OUT_DIR/all.tgz after each part (the
 # device tool brings back few files, and what a call killed at its limit left), with
 # OUT_DIR/summary.txt.
@@ -24,13 +25,6 @@ if [ -n "${TESTS:-}" ]; then
   bash bench/gpu/tiers_call.sh "$work/tests" /dev/null 2>&1 | tail -12 | tee -a "$work/summary.txt"
   pack
 fi
-if [ -n "${PLAN:-}" ]; then
-  rm -rf /tmp/tiers-out
-  TESTS="" timeout "${PLAN_S:-400}" bash bench/gpu/tiers_call.sh "$work/plan" "$PLAN" 2>&1 |
-    tail -12 | tee -a "$work/summary.txt"
-  mkdir -p "$work/plan" && cp -r /tmp/tiers-out/. "$work/plan/"
-  pack
-fi
 if [ "${SAMPLED:-0}" = 1 ]; then
   mkdir -p .device-ipc/base "$work/sampled-base" "$work/sampled-new"
   cp .device-ipc/bin/decode_bench_base .device-ipc/base/decode_bench
@@ -39,5 +33,12 @@ if [ "${SAMPLED:-0}" = 1 ]; then
   pack
   NCU=${NCU:-0} bash bench/gpu/profile_sampled.sh "$work/sampled-new" 4 .device-ipc/bin 2>&1 |
     sed 's/^/new /' | tee -a "$work/summary.txt"
+  pack
+fi
+if [ -n "${PLAN:-}" ]; then
+  rm -rf /tmp/tiers-out
+  TESTS="" timeout "${PLAN_S:-$((${CALL_S:-580} - SECONDS))}" bash bench/gpu/tiers_call.sh "$work/plan" "$PLAN" 2>&1 |
+    tail -12 | tee -a "$work/summary.txt"
+  mkdir -p "$work/plan" && cp -r /tmp/tiers-out/. "$work/plan/"
   pack
 fi
