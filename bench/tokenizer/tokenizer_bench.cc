@@ -63,8 +63,7 @@ TEST(TokenizerBench, LongTexts) {
   }
   for (const auto& entry : std::filesystem::directory_iterator(FixtureDir())) {
     const std::string name = entry.path().filename().string();
-    absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
-        Tokenizer::FromFile((entry.path() / "tokenizer.json").string());
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromModelDir(entry.path().string());
     ASSERT_TRUE(tok.ok()) << tok.status();
     for (const auto& [label, text] : texts) {
       const Timing cold = TimeEncode(**tok, text);  // fills the word cache
@@ -89,9 +88,10 @@ TEST(TokenizerBench, AdversarialInputs) {
         return s;
       }(),
   };
-  for (const char* name : {"qwen2-style", "o200k-style", "llama-style", "gpt2-style"}) {
+  for (const char* name :
+       {"qwen2-style", "o200k-style", "llama-style", "gpt2-style", "kimi-style"}) {
     absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
-        Tokenizer::FromFile(FixtureDir() + "/" + name + "/tokenizer.json");
+        Tokenizer::FromModelDir(FixtureDir() + "/" + name);
     ASSERT_TRUE(tok.ok()) << tok.status();
     for (size_t i = 0; i < texts.size(); ++i) {
       const Timing t = TimeEncode(**tok, texts[i]);

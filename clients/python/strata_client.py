@@ -330,7 +330,7 @@ class Client:
 
     def tokenize(self, text: str, add_special_tokens: bool = False,
                  timeout: Optional[float] = None) -> List[int]:
-        """FAILED_PRECONDITION for a model without tokenizer.json."""
+        """FAILED_PRECONDITION for a model without a tokenizer."""
         try:
             m = self._stub.Tokenize(
                 generation_pb2.TokenizeRequest(text=text, add_special_tokens=add_special_tokens),

@@ -77,37 +77,50 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(const std::string& source,
 }
 
 absl::StatusOr<ChatTemplate> ChatTemplate::FromModelDir(const std::string& model_dir) {
-  const std::filesystem::path path = std::filesystem::path(model_dir) / "tokenizer_config.json";
-  absl::StatusOr<std::string> text = ReadFileToString(path.string());
-  if (absl::IsNotFound(text.status())) return ChatTemplate();  // a model without one
-  if (!text.ok()) return text.status();
-  const nlohmann::json config = nlohmann::json::parse(*text, nullptr, false);
-  if (config.is_discarded() || !config.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not a JSON object"));
+  const std::filesystem::path dir(model_dir);
+  const std::string path = (dir / "tokenizer_config.json").string();
+  nlohmann::json config = nlohmann::json::object();
+  if (absl::StatusOr<std::string> text = ReadFileToString(path); text.ok()) {
+    config = nlohmann::json::parse(*text, nullptr, false);
+    if (config.is_discarded() || !config.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+    }
+  } else if (!absl::IsNotFound(text.status())) {
+    return text.status();
   }
-  auto it = config.find("chat_template");
-  if (it == config.end() || it->is_null()) return ChatTemplate();
+  // As transformers loads a tokenizer: chat_template.jinja (Kimi-K2's and GLM-4.6's layout)
+  // takes priority over tokenizer_config.json's chat_template.
   std::string source;
-  if (it->is_string()) {
-    source = it->get<std::string>();
-  } else if (it->is_array()) {
-    for (const auto& named : *it) {
-      if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
-          named["template"].is_string()) {
-        source = named["template"].get<std::string>();
+  std::string source_path = (dir / "chat_template.jinja").string();
+  if (absl::StatusOr<std::string> jinja = ReadFileToString(source_path); jinja.ok()) {
+    source = *std::move(jinja);
+  } else if (!absl::IsNotFound(jinja.status())) {
+    return jinja.status();
+  } else {
+    source_path = path;
+    auto it = config.find("chat_template");
+    if (it == config.end() || it->is_null()) return ChatTemplate();  // a model without one
+    if (it->is_string()) {
+      source = it->get<std::string>();
+    } else if (it->is_array()) {
+      for (const auto& named : *it) {
+        if (named.is_object() && named.value("name", "") == "default" &&
+            named.contains("template") && named["template"].is_string()) {
+          source = named["template"].get<std::string>();
+        }
       }
     }
-  }
-  if (source.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path.string(),
-                     ": chat_template is neither a string nor a list with a "
-                     "\"default\" template"));
+    if (source.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path,
+                       ": chat_template is neither a string nor a list with a "
+                       "\"default\" template"));
+    }
   }
   absl::StatusOr<ChatTemplate> t =
       FromSource(source, TokenText(config, "bos_token"), TokenText(config, "eos_token"));
   if (!t.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": ", t.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(source_path, ": ", t.status().message()));
   }
   return t;
 }

@@ -1,6 +1,6 @@
-// A model's chat template (tokenizer_config.json's `chat_template`), rendered the way Hugging
-// Face's apply_chat_template does for the supported Jinja subset (jinja_parser.h). A model
-// without one gets the plain format:
+// A model's chat template (chat_template.jinja or tokenizer_config.json's `chat_template`),
+// rendered the way Hugging Face's apply_chat_template does for the supported Jinja subset
+// (jinja_parser.h). A model without one gets the plain format:
 //   "<role>: <content>\n" per message, then "assistant:" when a reply is asked for.
 #ifndef STRATA_COMMON_CHAT_CHAT_TEMPLATE_H_
 #define STRATA_COMMON_CHAT_CHAT_TEMPLATE_H_
@@ -22,8 +22,9 @@ class ChatTemplate {
   static absl::StatusOr<ChatTemplate> FromSource(const std::string& source, std::string bos_token,
                                                  std::string eos_token);
   // Reads `model_dir`/tokenizer_config.json: its chat_template (a string, or a list of named
-  // templates of which "default" is taken), bos_token and eos_token. No file or no template:
-  // the plain format. A template outside the subset is an error naming its line.
+  // templates of which "default" is taken), bos_token and eos_token; `model_dir`/
+  // chat_template.jinja, when it exists, is the template instead (as transformers takes it).
+  // No template: the plain format. A template outside the subset is an error naming its line.
   static absl::StatusOr<ChatTemplate> FromModelDir(const std::string& model_dir);
 
   bool has_template() const { return body_ != nullptr; }

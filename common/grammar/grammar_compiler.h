@@ -32,7 +32,8 @@ struct GrammarCompilerOptions {
 struct GrammarVocabulary {
   const Tokenizer* tokenizer = nullptr;  // the token strings; must outlive the compiler
   // The tokenizer.json text: how token strings map to bytes (byte-level BPE, as Qwen's, or
-  // SentencePiece byte fallback, as Llama's), read from its decoder and normalizer.
+  // SentencePiece byte fallback, as Llama's), read from its decoder and normalizer. Unused
+  // for a tiktoken tokenizer (Kimi's), whose token strings are byte-level.
   std::string tokenizer_json;
   std::vector<int> eos_token_ids;  // what ends a complete output
   int64_t vocab_size = 0;          // the model's logit rows (at least the tokenizer's ids)

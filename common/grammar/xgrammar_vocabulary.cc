@@ -21,7 +21,7 @@ std::vector<std::string> GrammarTokenStrings(const Tokenizer& tokenizer, int64_t
 
 absl::StatusOr<xgrammar::TokenizerInfo> MakeTokenizerInfo(const GrammarVocabulary& v) {
   if (v.tokenizer == nullptr) {
-    return absl::InvalidArgumentError("structured output needs the model's tokenizer.json");
+    return absl::InvalidArgumentError("structured output needs the model's tokenizer");
   }
   std::vector<int32_t> stop;
   for (int id : v.eos_token_ids) {
@@ -33,14 +33,20 @@ absl::StatusOr<xgrammar::TokenizerInfo> MakeTokenizerInfo(const GrammarVocabular
   }
   std::vector<std::string> strings = GrammarTokenStrings(*v.tokenizer, v.vocab_size);
   try {
-    // xgrammar's own reading of the decoder (ByteLevel or ByteFallback) and of the Metaspace or
-    // Prepend that puts a space before the first word.
-    const nlohmann::json metadata =
-        nlohmann::json::parse(xgrammar::TokenizerInfo::DetectMetadataFromHF(v.tokenizer_json));
+    // A tiktoken tokenizer's strings are byte-level (IdToToken); otherwise xgrammar's own
+    // reading of the decoder (ByteLevel or ByteFallback) and of the Metaspace or Prepend that
+    // puts a space before the first word.
+    xgrammar::VocabType vocab_type = xgrammar::VocabType::BYTE_LEVEL;
+    bool add_prefix_space = false;
+    if (v.tokenizer->format() != Tokenizer::Format::kTiktoken) {
+      const nlohmann::json metadata =
+          nlohmann::json::parse(xgrammar::TokenizerInfo::DetectMetadataFromHF(v.tokenizer_json));
+      vocab_type = static_cast<xgrammar::VocabType>(metadata.at("vocab_type").get<int>());
+      add_prefix_space = metadata.at("add_prefix_space").get<bool>();
+    }
     return xgrammar::TokenizerInfo(
-        strings, static_cast<xgrammar::VocabType>(metadata.at("vocab_type").get<int>()),
-        static_cast<int>(std::max<int64_t>(v.vocab_size, std::ssize(strings))), stop,
-        metadata.at("add_prefix_space").get<bool>());
+        strings, vocab_type, static_cast<int>(std::max<int64_t>(v.vocab_size, std::ssize(strings))),
+        stop, add_prefix_space);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("the grammar engine cannot read the tokenizer: ", e.what()));

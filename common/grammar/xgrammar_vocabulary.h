@@ -19,7 +19,7 @@ namespace strata {
 std::vector<std::string> GrammarTokenStrings(const Tokenizer& tokenizer, int64_t vocab_size);
 
 // INVALID_ARGUMENT without a tokenizer or an end-of-sequence token, or for a tokenizer.json
-// xgrammar cannot read.
+// xgrammar cannot read. A tiktoken tokenizer's vocabulary is byte-level.
 absl::StatusOr<xgrammar::TokenizerInfo> MakeTokenizerInfo(const GrammarVocabulary& vocabulary);
 
 }  // namespace strata

@@ -85,8 +85,7 @@ int32_t AddedVocabulary::Trie::LongestAt(absl::string_view text, size_t start, s
 }
 
 absl::StatusOr<std::unique_ptr<AddedVocabulary>> AddedVocabulary::FromJson(
-    const Json& json, const BpeModel& model, const Normalizer* normalizer,
-    absl::string_view where) {
+    const Json& json, const Model& model, const Normalizer* normalizer, absl::string_view where) {
   std::unique_ptr<AddedVocabulary> vocab(new AddedVocabulary());
   if (json.is_null()) return vocab;
   if (!json.is_array()) return ConfigError(where, "must be an array");
@@ -126,21 +125,37 @@ absl::StatusOr<std::unique_ptr<AddedVocabulary>> AddedVocabulary::FromJson(
     vocab->by_id_[id] = std::move(token);
     vocab->id_limit_ = std::max(vocab->id_limit_, id + 1);
   }
+  vocab->BuildTries();
+  return vocab;
+}
+
+std::unique_ptr<AddedVocabulary> AddedVocabulary::FromTokens(
+    std::vector<std::pair<int32_t, AddedToken>> tokens) {
+  std::unique_ptr<AddedVocabulary> vocab(new AddedVocabulary());
+  for (auto& [id, token] : tokens) {
+    vocab->by_content_[token.content] = id;
+    if (token.special) vocab->special_.insert(token.content);
+    vocab->id_limit_ = std::max(vocab->id_limit_, id + 1);
+    vocab->by_id_[id] = std::move(token);
+  }
+  vocab->BuildTries();
+  return vocab;
+}
+
+void AddedVocabulary::BuildTries() {
   // Insert in id order so that equal patterns resolve the same way every time.
   std::vector<int32_t> ids;
-  for (const auto& [id, token] : vocab->by_id_) ids.push_back(id);
+  for (const auto& [id, token] : by_id_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
   for (int32_t id : ids) {
-    const AddedToken& token = vocab->by_id_[id];
+    const AddedToken& token = by_id_[id];
     if (token.normalized) {
-      auto form = vocab->decode_form_.find(id);
-      vocab->normalized_trie_.Insert(
-          form == vocab->decode_form_.end() ? token.content : form->second, id);
+      auto form = decode_form_.find(id);
+      normalized_trie_.Insert(form == decode_form_.end() ? token.content : form->second, id);
     } else {
-      vocab->raw_trie_.Insert(token.content, id);
+      raw_trie_.Insert(token.content, id);
     }
   }
-  return vocab;
 }
 
 void AddedVocabulary::Split(absl::string_view text, bool normalized,

@@ -8,14 +8,15 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/tokenizer/bpe_model.h"
 #include "common/tokenizer/json_config.h"
+#include "common/tokenizer/model.h"
 #include "common/tokenizer/normalizers.h"
 
 namespace strata {
@@ -44,9 +45,13 @@ class AddedVocabulary {
   // whose content is in the model's vocabulary takes that id; the others get ids from the
   // model's vocabulary size upwards, in file order.
   static absl::StatusOr<std::unique_ptr<AddedVocabulary>> FromJson(const Json& json,
-                                                                   const BpeModel& model,
+                                                                   const Model& model,
                                                                    const Normalizer* normalizer,
                                                                    absl::string_view where);
+  // Tokens with fixed ids (a tiktoken file's special tokens), all matched on the raw input.
+  // Each content must be non-empty and unique; `normalized` must be false.
+  static std::unique_ptr<AddedVocabulary> FromTokens(
+      std::vector<std::pair<int32_t, AddedToken>> tokens);
 
   // Splits `text` around the tokens whose `normalized` flag equals `normalized`; appends the
   // non-empty segments, which cover `text`.
@@ -77,6 +82,8 @@ class AddedVocabulary {
   };
 
   AddedVocabulary() = default;
+  // Fills the tries from by_id_ (and decode_form_), once every token is in.
+  void BuildTries();
 
   absl::flat_hash_map<std::string, int32_t> by_content_;
   absl::flat_hash_map<int32_t, AddedToken> by_id_;

@@ -18,11 +18,12 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/tokenizer/json_config.h"
+#include "common/tokenizer/model.h"
 
 namespace strata {
 namespace tokenizer_internal {
 
-class BpeModel {
+class BpeModel : public Model {
  public:
   // Builds the model from the "model" object of tokenizer.json (which must have type BPE).
   static absl::StatusOr<std::unique_ptr<BpeModel>> FromJson(const Json& json,
@@ -30,15 +31,13 @@ class BpeModel {
 
   // Appends the ids of `word` (one pre-token) to `ids`.  Fails only when a character is unknown
   // and the configured unk_token is not in the vocabulary.
-  absl::Status Tokenize(absl::string_view word, std::vector<int32_t>* ids) const;
+  absl::Status Tokenize(absl::string_view word, std::vector<int32_t>* ids) const override;
 
-  std::optional<int32_t> TokenToId(absl::string_view token) const;
-  // The token of `id`, or nullptr for ids that the vocabulary does not use.
-  const std::string* IdToToken(int32_t id) const;
+  std::optional<int32_t> TokenToId(absl::string_view token) const override;
+  const std::string* IdToToken(int32_t id) const override;
   // The number of vocabulary entries (tokenizers' get_vocab_size).
-  size_t vocab_count() const { return vocab_.size(); }
-  // One more than the largest id of the vocabulary.
-  int32_t id_limit() const { return static_cast<int32_t>(id_to_token_.size()); }
+  size_t vocab_count() const override { return vocab_.size(); }
+  int32_t id_limit() const override { return static_cast<int32_t>(id_to_token_.size()); }
 
  private:
   struct Merge {

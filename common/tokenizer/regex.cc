@@ -126,7 +126,161 @@ std::string TranslateOnigPattern(absl::string_view pattern) {
   return out;
 }
 
+// Whether `name` is a general category (or group of them) by its short name, which \p{...}
+// means the same in Rust and PCRE2.
+bool IsGeneralCategory(absl::string_view name) {
+  static constexpr absl::string_view kNames[] = {
+      "L",  "L&", "LC", "Lu", "Ll", "Lt", "Lm", "Lo", "M",  "Mn", "Mc", "Me", "N",  "Nd",
+      "Nl", "No", "P",  "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "S",  "Sm", "Sc", "Sk",
+      "So", "Z",  "Zs", "Zl", "Zp", "C",  "Cc", "Cf", "Cs", "Co", "Cn", "Any"};
+  for (absl::string_view n : kNames) {
+    if (n == name) return true;
+  }
+  return false;
+}
+
+// Rust's \p{Script} is the Script property; PCRE2's is Script_Extensions, hence \p{sc=...}.
+std::string TranslateRustScripts(absl::string_view pattern) {
+  std::string out;
+  out.reserve(pattern.size() + 16);
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '\\' || i + 1 >= pattern.size()) {
+      out.push_back(pattern[i]);
+      continue;
+    }
+    const char e = pattern[i + 1];
+    const size_t close = pattern.find('}', i + 2);
+    if ((e == 'p' || e == 'P') && i + 2 < pattern.size() && pattern[i + 2] == '{' &&
+        close != absl::string_view::npos) {
+      const absl::string_view name = pattern.substr(i + 3, close - i - 3);
+      const bool script =
+          !IsGeneralCategory(name) && name.find_first_of("=:") == absl::string_view::npos;
+      absl::StrAppend(&out, "\\", std::string(1, e), "{", script ? "sc=" : "", name, "}");
+      i = close;
+      continue;
+    }
+    out.push_back('\\');
+    out.push_back(e);
+    ++i;
+  }
+  return out;
+}
+
+// The end of the class that opens at `pattern[open]` (the index of its "]"), with the top-level
+// "&&" positions of its body and whether it nests classes or uses another set operation ("--",
+// "~~"); npos when it does not close.
+size_t ClassEnd(absl::string_view pattern, size_t open, std::vector<size_t>* ands, bool* nested,
+                bool* other_operation) {
+  size_t i = open + 1;
+  if (i < pattern.size() && pattern[i] == '^') ++i;
+  if (i < pattern.size() && pattern[i] == ']') ++i;  // a leading "]" is literal
+  int depth = 0;
+  for (; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\') {
+      ++i;
+    } else if (c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      const size_t close = pattern.find(":]", i + 2);  // a POSIX class such as [:alpha:]
+      if (close != absl::string_view::npos) i = close + 1;
+    } else if (c == '[') {
+      ++depth;
+      *nested = true;
+    } else if (c == ']') {
+      if (depth == 0) return i;
+      --depth;
+    } else if (depth == 0 && i + 1 < pattern.size() && pattern[i + 1] == c &&
+               (c == '&' || c == '-' || c == '~')) {
+      if (c == '&') {
+        ands->push_back(i);
+      } else {
+        *other_operation = true;
+      }
+      ++i;
+    }
+  }
+  return absl::string_view::npos;
+}
+
+// Rewrites the class intersections of a Rust pattern into lookaheads.
+absl::StatusOr<std::string> TranslateRustIntersections(absl::string_view pattern) {
+  std::string out;
+  out.reserve(pattern.size() + 32);
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      out.append(pattern.data() + i, 2);
+      ++i;
+      continue;
+    }
+    if (c != '[') {
+      out.push_back(c);
+      continue;
+    }
+    std::vector<size_t> ands;
+    bool nested = false;
+    bool other_operation = false;
+    const size_t end = ClassEnd(pattern, i, &ands, &nested, &other_operation);
+    if (end == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("the class at offset ", i, " does not close"));
+    }
+    if (other_operation) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the class at offset ", i, " uses a set operation other than \"&&\", not supported"));
+    }
+    if (ands.empty()) {
+      if (nested) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the nested class at offset ", i, " is not supported"));
+      }
+      out.append(pattern.data() + i, end + 1 - i);
+      i = end;
+      continue;
+    }
+    // [A&&B&&...]: A where every B holds.
+    const absl::string_view first = pattern.substr(i + 1, ands[0] - i - 1);
+    if (first.empty() || first[0] == '^' || first.find('[') != absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("the class intersection at offset ", i,
+                                                     " must start with a plain set: [A&&B]"));
+    }
+    absl::StrAppend(&out, "(?:");
+    for (size_t k = 0; k < ands.size(); ++k) {
+      const size_t from = ands[k] + 2;
+      const size_t to = k + 1 < ands.size() ? ands[k + 1] : end;
+      absl::string_view operand = pattern.substr(from, to - from);
+      if (operand.size() >= 2 && operand.front() == '[' && operand.back() == ']') {
+        operand = operand.substr(1, operand.size() - 2);
+      }
+      const bool negated = !operand.empty() && operand[0] == '^';
+      if (negated) operand.remove_prefix(1);
+      if (operand.empty() || operand.find('[') != absl::string_view::npos) {
+        return absl::InvalidArgumentError(absl::StrCat("the class intersection at offset ", i,
+                                                       " has an operand that is not a plain set"));
+      }
+      absl::StrAppend(&out, negated ? "(?![" : "(?=[", operand, "])");
+    }
+    absl::StrAppend(&out, "[", first, "])");
+    i = end;
+  }
+  return out;
+}
+
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<Regex>> Regex::CompileRust(absl::string_view pattern) {
+  if (!IsValidUtf8(pattern)) return absl::InvalidArgumentError("regex is not valid UTF-8");
+  absl::StatusOr<std::string> translated = TranslateRustIntersections(pattern);
+  void* code = nullptr;
+  absl::Status status = translated.status();
+  if (status.ok()) {
+    status = CompileWith(TranslateOnigPattern(TranslateRustScripts(*translated)),
+                         PCRE2_UTF | PCRE2_UCP, &code);
+  }
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot compile regex \"", pattern, "\": ", status.message()));
+  }
+  return std::unique_ptr<Regex>(new Regex(std::string(pattern), code));
+}
 
 absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(absl::string_view pattern) {
   if (!IsValidUtf8(pattern)) return absl::InvalidArgumentError("regex is not valid UTF-8");

@@ -34,6 +34,14 @@ class Regex {
  public:
   // Compiles a regular expression (errors name the pattern and the position).
   static absl::StatusOr<std::unique_ptr<Regex>> Compile(absl::string_view pattern);
+  // Compiles a pattern in the syntax of Rust's `regex` crate, which tiktoken uses, where it
+  // differs from PCRE2 (beyond the \s and \w sets, as in Compile): a class intersection
+  // `[A&&[^B]]`, `[A&&[B]]` or `[A&&B]` becomes `(?:(?![B])[A])` or `(?:(?=[B])[A])`, and
+  // `\p{Han}` (any name other than a general category is a script) becomes `\p{sc=Han}`,
+  // since PCRE2's `\p{Han}` also takes characters whose Script_Extensions include Han (such
+  // as "、") and Rust's does not.  Other intersections, nested classes and the other set
+  // operations ("--", "~~") are errors.
+  static absl::StatusOr<std::unique_ptr<Regex>> CompileRust(absl::string_view pattern);
   // A pattern that matches `text` literally.
   static absl::StatusOr<std::unique_ptr<Regex>> Literal(absl::string_view text);
 

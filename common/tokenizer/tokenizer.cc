@@ -12,6 +12,7 @@
 #include "common/tokenizer/normalizers.h"
 #include "common/tokenizer/post_processor.h"
 #include "common/tokenizer/pre_tokenizers.h"
+#include "common/tokenizer/tiktoken_model.h"
 #include "common/tokenizer/utf8.h"
 #include "common/util/read_file.h"
 #include "common/util/status_macros.h"
@@ -131,7 +132,18 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text,
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
   if (add_special_tokens) ids = frame_->prefix;
+  if (tiktoken_ != nullptr) {
+    for (absl::string_view piece : tokenizer_internal::TiktokenPieces(text)) {
+      RETURN_IF_ERROR(EncodePiece(piece, &ids));
+    }
+  } else {
+    RETURN_IF_ERROR(EncodePiece(text, &ids));
+  }
+  if (add_special_tokens) ids.insert(ids.end(), frame_->suffix.begin(), frame_->suffix.end());
+  return ids;
+}
 
+absl::Status Tokenizer::EncodePiece(absl::string_view text, std::vector<int32_t>* ids) const {
   // 1. Split around the added tokens matched on the raw text, 2. normalize the rest and split
   // it around the added tokens matched on normalized text, 3. pre-tokenize, 4. run the model.
   std::vector<Segment> raw_segments;
@@ -141,7 +153,7 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text,
   std::string normalized;
   for (const Segment& raw : raw_segments) {
     if (raw.token_id >= 0) {
-      ids.push_back(raw.token_id);
+      ids->push_back(raw.token_id);
       continue;
     }
     normalized.assign(text.data() + raw.start, raw.end - raw.start);
@@ -150,18 +162,17 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text,
     added_->Split(normalized, /*normalized=*/true, &segments);
     for (const Segment& segment : segments) {
       if (segment.token_id >= 0) {
-        ids.push_back(segment.token_id);
+        ids->push_back(segment.token_id);
         continue;
       }
       pieces.clear();
       pieces.push_back({normalized.substr(segment.start, segment.end - segment.start),
                         raw.start == 0 && segment.start == 0});
       if (pre_tokenizer_ != nullptr) RETURN_IF_ERROR(pre_tokenizer_->PreTokenize(&pieces));
-      for (const PreToken& piece : pieces) RETURN_IF_ERROR(model_->Tokenize(piece.text, &ids));
+      for (const PreToken& piece : pieces) RETURN_IF_ERROR(model_->Tokenize(piece.text, ids));
     }
   }
-  if (add_special_tokens) ids.insert(ids.end(), frame_->suffix.begin(), frame_->suffix.end());
-  return ids;
+  return absl::OkStatus();
 }
 
 const std::string* Tokenizer::DecodeToken(int32_t id, bool skip_special_tokens) const {
@@ -174,6 +185,17 @@ const std::string* Tokenizer::DecodeToken(int32_t id, bool skip_special_tokens) 
 
 std::string Tokenizer::DecodeInRange(absl::Span<const int32_t> ids,
                                      bool skip_special_tokens) const {
+  if (tiktoken_ != nullptr) {  // tiktoken's decode: the bytes, special tokens as their text
+    std::string bytes;
+    for (int32_t id : ids) {
+      if (const tokenizer_internal::AddedToken* token = added_->Find(id)) {
+        if (!skip_special_tokens || !token->special) bytes.append(token->content);
+      } else if (const std::string* b = tiktoken_->IdToBytes(id)) {
+        bytes.append(*b);
+      }
+    }
+    return tokenizer_internal::Utf8Lossy(bytes);
+  }
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {

@@ -1,5 +1,5 @@
-// A Hugging Face tokenizer.json loader that encodes and decodes exactly as the Python
-// `tokenizers` library does, for BPE tokenizers:
+// A Hugging Face tokenizer loader that encodes and decodes exactly as the model's own Python
+// tokenizer does.  From tokenizer.json, as the `tokenizers` library does, for BPE tokenizers:
 //   - byte-level BPE (GPT-2, Qwen2/Qwen3, gpt-oss): ByteLevel pre-tokenizer or Split(regex) +
 //     ByteLevel, NFC normalizer, ignore_merges, ByteLevel decoder;
 //   - SentencePiece-style BPE (Llama, Mixtral): Prepend/Replace normalizers or the Metaspace
@@ -10,6 +10,8 @@
 // Unsupported components (other models such as Unigram or WordPiece, and a few rarely used
 // normalizers, pre-tokenizers and decoders) are rejected when loading, naming the file and the
 // component.  Truncation and padding settings are ignored.
+// From tiktoken.model and tokenizer_config.json (Kimi-K2, which has no tokenizer.json), as
+// Kimi's tokenization_kimi.py does with tiktoken: see FromTiktoken.
 //
 // A Tokenizer is immutable after loading and safe to use from many threads.
 #ifndef STRATA_COMMON_TOKENIZER_TOKENIZER_H_
@@ -29,15 +31,26 @@ namespace strata {
 
 namespace tokenizer_internal {
 class AddedVocabulary;
-class BpeModel;
 class Decoder;
+class Model;
 class Normalizer;
 class PreTokenizer;
 struct SpecialTokenFrame;
+class TiktokenModel;
 }  // namespace tokenizer_internal
 
 class Tokenizer {
  public:
+  // Where a tokenizer was loaded from: what its token strings are (byte-level characters for a
+  // tiktoken model, as its Hugging Face tokenizer spells them).
+  enum class Format { kTokenizerJson, kTiktoken };
+
+  // The tokenizer of a Hugging Face model directory: `dir`/tokenizer.json when it exists, else
+  // `dir`/tiktoken.model with `dir`/tokenizer_config.json (FromTiktoken).  NotFound, naming
+  // both files, only when the directory has neither (a model without a tokenizer); a file
+  // that exists but cannot be read is FailedPrecondition, a bad one InvalidArgument.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromModelDir(const std::string& dir);
+
   // Loads a tokenizer.json.  Errors: NotFound when the file cannot be read, InvalidArgument
   // (naming the file and the offending value) when it is not valid JSON or uses something that
   // is not supported.
@@ -45,6 +58,20 @@ class Tokenizer {
   // Loads tokenizer.json text; `source_name` names it in error messages.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(absl::string_view json_text,
                                                              absl::string_view source_name);
+
+  // A tiktoken tokenizer as Kimi's tokenization_kimi.py builds it: `model_text` is a
+  // tiktoken.model (ids are ranks, which must be 0..N-1); `config_text` a tokenizer_config.json
+  // whose added_tokens_decoder names the special tokens among the 256 ids after the ranks (the
+  // others are "<|reserved_token_{id}|>"; entries outside those ids are ignored, as Kimi does).
+  // Text is encoded as tokenization_kimi.py's encode(text): cut into pieces (400,000
+  // characters, runs of 25,000), special tokens matched anywhere, Kimi's pattern, tiktoken's
+  // BPE; add_special_tokens adds nothing.  Decoding joins the tokens' bytes (special tokens as
+  // their text) and replaces invalid UTF-8 with U+FFFD; skip_special_tokens leaves out the
+  // special tokens marked "special" (reserved ones are).  The names are for error messages.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromTiktoken(absl::string_view model_text,
+                                                                 absl::string_view config_text,
+                                                                 absl::string_view model_name,
+                                                                 absl::string_view config_name);
 
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
@@ -82,6 +109,9 @@ class Tokenizer {
 
   // The name given when loading (the file path for FromFile).
   const std::string& source_name() const { return source_name_; }
+  Format format() const {
+    return tiktoken_ != nullptr ? Format::kTiktoken : Format::kTokenizerJson;
+  }
 
  private:
   friend class StreamingDecoder;
@@ -90,6 +120,8 @@ class Tokenizer {
 
   // The token string that decoding uses for `id`, or nullptr when it is skipped or unused.
   const std::string* DecodeToken(int32_t id, bool skip_special_tokens) const;
+  // Encode of one piece of text (all of it, but for a tiktoken tokenizer's long texts).
+  absl::Status EncodePiece(absl::string_view text, std::vector<int32_t>* ids) const;
   // Decode for ids known to be in range.
   std::string DecodeInRange(absl::Span<const int32_t> ids, bool skip_special_tokens) const;
   // Whether the decoded text of `ids` may still change when more ids follow (streaming).
@@ -98,7 +130,9 @@ class Tokenizer {
   std::string source_name_;
   std::unique_ptr<tokenizer_internal::Normalizer> normalizer_;
   std::unique_ptr<tokenizer_internal::PreTokenizer> pre_tokenizer_;
-  std::unique_ptr<tokenizer_internal::BpeModel> model_;
+  std::unique_ptr<tokenizer_internal::Model> model_;
+  // model_ when it is a tiktoken model (decoded from raw bytes; long texts encoded in pieces).
+  const tokenizer_internal::TiktokenModel* tiktoken_ = nullptr;
   std::unique_ptr<tokenizer_internal::AddedVocabulary> added_;
   std::unique_ptr<tokenizer_internal::SpecialTokenFrame> frame_;
   std::unique_ptr<tokenizer_internal::Decoder> decoder_;

@@ -322,7 +322,8 @@ absl::StatusOr<RequestSpec> GenerationService::ToSpec(const v1::GenerateRequest&
   if (has_text) {
     if (tokenizer_ == nullptr) {
       return absl::InvalidArgumentError(
-          "this model has no tokenizer.json: send prompt_token_ids instead of prompt");
+          "this model has no tokenizer (tokenizer.json or tiktoken.model): send "
+          "prompt_token_ids instead of prompt");
     }
     // A prompt that cannot fit is refused by its length, before paying for its tokens.
     RETURN_IF_ERROR(scheduler_.CheckTextFits("the prompt", request.prompt().size(), true));
@@ -507,7 +508,8 @@ absl::StatusOr<RequestSpec> GenerationService::ScoreSpec(const v1::ScoreRequest&
   }
   if (!request.text().empty()) {
     if (tokenizer_ == nullptr) {
-      return absl::InvalidArgumentError("this model has no tokenizer.json: send token_ids");
+      return absl::InvalidArgumentError(
+          "this model has no tokenizer (tokenizer.json or tiktoken.model): send token_ids");
     }
     RETURN_IF_ERROR(scheduler_.CheckTextFits("the text", request.text().size(), false));
     absl::StatusOr<std::vector<int32_t>> ids =

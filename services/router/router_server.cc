@@ -58,17 +58,23 @@ absl::Status CheckOptions(const RouterOptions& o) {
 // Structured output over this model's vocabulary; one that refuses every format, saying why,
 // when the model or the build cannot have it.
 std::unique_ptr<GrammarCompiler> CreateGrammarCompiler(const Tokenizer* tokenizer,
-                                                       const std::string& tokenizer_path,
                                                        const ModelConfig& config) {
   if (tokenizer == nullptr) {
-    return GrammarCompiler::Unavailable(absl::FailedPreconditionError(
-        "structured output needs the model's tokenizer.json, which it lacks"));
+    return GrammarCompiler::Unavailable(
+        absl::FailedPreconditionError("structured output needs the model's tokenizer "
+                                      "(tokenizer.json or tiktoken.model), which it lacks"));
   }
-  absl::StatusOr<std::string> json = ReadFileToString(tokenizer_path);
-  if (!json.ok()) return GrammarCompiler::Unavailable(json.status());
+  // The grammar engine reads how token strings map to bytes from tokenizer.json; a tiktoken
+  // model's strings are byte-level, which it is told without one.
+  std::string tokenizer_json;
+  if (tokenizer->format() == Tokenizer::Format::kTokenizerJson) {
+    absl::StatusOr<std::string> json = ReadFileToString(tokenizer->source_name());
+    if (!json.ok()) return GrammarCompiler::Unavailable(json.status());
+    tokenizer_json = *std::move(json);
+  }
   absl::StatusOr<std::unique_ptr<GrammarCompiler>> compiler =
       GrammarCompiler::Create({.tokenizer = tokenizer,
-                               .tokenizer_json = *std::move(json),
+                               .tokenizer_json = std::move(tokenizer_json),
                                .eos_token_ids = config.eos_token_ids,
                                .vocab_size = config.vocab_size});
   if (compiler.ok()) return *std::move(compiler);
@@ -101,13 +107,14 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
                      options.kv.memory_mb, " MiB (kv_cache.memory_mb)"));
   }
   const ModelConfig& c = s->stack_->config();
-  const std::string tokenizer_path =
-      (std::filesystem::path(options.model_dir) / "tokenizer.json").string();
-  std::error_code ec;
-  if (std::filesystem::exists(tokenizer_path, ec)) {
-    ASSIGN_OR_RETURN(s->tokenizer_, Tokenizer::FromFile(tokenizer_path));
+  if (absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
+          Tokenizer::FromModelDir(options.model_dir);
+      tokenizer.ok()) {
+    s->tokenizer_ = *std::move(tokenizer);
+  } else if (!absl::IsNotFound(tokenizer.status())) {
+    return tokenizer.status();
   }
-  s->grammar_ = CreateGrammarCompiler(s->tokenizer_.get(), tokenizer_path, c);
+  s->grammar_ = CreateGrammarCompiler(s->tokenizer_.get(), c);
 
   // Channels an earlier router of this cluster made and was killed before its workers took.
   ShmChannel::RemoveOrphans(options.channel_prefix + "-w");

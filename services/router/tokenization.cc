@@ -7,7 +7,8 @@ namespace strata {
 namespace {
 
 absl::Status NoTokenizer() {
-  return absl::FailedPreconditionError("this model has no tokenizer.json");
+  return absl::FailedPreconditionError(
+      "this model has no tokenizer (tokenizer.json or tiktoken.model)");
 }
 
 }  // namespace

@@ -123,7 +123,7 @@ TEST(PlanCommandTest, ReadCalibrationNamesTheBadLine) {
       {"{\"token_ids\": [1, -2]}\n", "line 1: token_ids[1] must be a non-negative integer"},
       {"{\"token_ids\": []}\n", "line 1: the prompt has no tokens"},
       {"{\"text\": 5}\n", "line 1: \"text\" must be a string"},
-      {"{\"text\": \"hello\"}\n", "line 1: \"text\" needs the model's tokenizer.json"},
+      {"{\"text\": \"hello\"}\n", "line 1: \"text\" needs the model's tokenizer"},
       {"\n  \n", "no prompts"},
   };
   for (const auto& c : cases) {
@@ -174,7 +174,8 @@ TEST(PlanCommandTest, AModelWithoutATokenizerTakesTokenIdsOnly) {
   std::ostringstream out;
   WriteText(options.calibration_file, "{\"text\": \"In the beginning\"}\n");
   EXPECT_THAT(RunPlanCommand(options, out).message(),
-              HasSubstr("line 1: \"text\" needs the model's tokenizer.json, which it lacks"));
+              HasSubstr("line 1: \"text\" needs the model's tokenizer (tokenizer.json or "
+                        "tiktoken.model), which it lacks"));
   WriteText(options.calibration_file, "{\"token_ids\": [1, 2, 3, 4, 5, 6, 7, 8]}\n");
   ASSERT_TRUE(RunPlanCommand(options, out).ok());
   auto plan = LoadPlan(options.out, 8, 16, 4);

@@ -1,7 +1,6 @@
 #include "tools/strata/commands.h"
 
 #include <charconv>
-#include <filesystem>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -41,18 +40,19 @@ absl::Status RunLogitsCommand(const LogitsCommandOptions& options, std::ostream&
 absl::Status RunGenerateCommand(const GenerateCommandOptions& options, std::ostream& out) {
   // The model's tokenizer, when it has one: for --prompt, and to print the text.
   std::unique_ptr<Tokenizer> tokenizer;
-  const std::string tokenizer_path =
-      (std::filesystem::path(options.engine.model_dir) / "tokenizer.json").string();
-  std::error_code ec;
-  if (std::filesystem::exists(tokenizer_path, ec)) {
-    ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromFile(tokenizer_path));
+  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded =
+      Tokenizer::FromModelDir(options.engine.model_dir);
+  if (loaded.ok()) {
+    tokenizer = *std::move(loaded);
+  } else if (!absl::IsNotFound(loaded.status())) {
+    return loaded.status();
   }
   std::vector<int32_t> prompt = options.ids;
   if (!options.prompt.empty()) {
     if (!prompt.empty()) return absl::InvalidArgumentError("give --prompt or --ids, not both");
     if (tokenizer == nullptr) {
       return absl::FailedPreconditionError(
-          absl::StrCat(tokenizer_path, " is missing: --prompt needs the model's tokenizer"));
+          absl::StrCat("--prompt needs the model's tokenizer: ", loaded.status().message()));
     }
     ASSIGN_OR_RETURN(prompt, tokenizer->Encode(options.prompt, /*add_special_tokens=*/true));
   }

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <future>
 
 #include "absl/container/flat_hash_map.h"
@@ -79,9 +78,8 @@ double WindowNll(const Tensor& logits, absl::Span<const int32_t> ids) {
 
 absl::StatusOr<EvalResult> Evaluate(const EvalOptions& options) {
   if (options.window < 2) return absl::InvalidArgumentError("--window must be at least 2");
-  const std::string tokenizer_path =
-      (std::filesystem::path(options.engine.model_dir) / "tokenizer.json").string();
-  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::FromFile(tokenizer_path));
+  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
+                   Tokenizer::FromModelDir(options.engine.model_dir));
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(options.text_file));
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(text, false));
   const auto windows = Windows(ids, options.window);

@@ -43,7 +43,8 @@
 // temperature, the KV cache's) are engine_flags.h's, shared with strata-router.
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json + safetensors)");
 ABSL_FLAG(std::string, ids, "", "Prompt token ids, comma-separated");
-ABSL_FLAG(std::string, prompt, "", "Prompt text (the model needs a tokenizer.json)");
+ABSL_FLAG(std::string, prompt, "",
+          "Prompt text (the model needs a tokenizer.json or tiktoken.model)");
 ABSL_FLAG(std::string, server, "", "A running cluster's client address, HOST:PORT");
 ABSL_FLAG(std::string, admin, "",
           "The router's internal listener (unix:PATH or HOST:PORT); default: found from --server "
@@ -468,7 +469,7 @@ absl::Status Bench() {
   if (const std::string prompts = absl::GetFlag(FLAGS_prompts); !prompts.empty()) {
     if (model.empty()) return absl::InvalidArgumentError("--prompts needs --model (its tokenizer)");
     ASSIGN_OR_RETURN(std::unique_ptr<strata::Tokenizer> tokenizer,
-                     strata::Tokenizer::FromFile(model + "/tokenizer.json"));
+                     strata::Tokenizer::FromModelDir(model));
     ASSIGN_OR_RETURN(std::vector<strata::CalibrationPrompt> texts,
                      strata::ReadCalibration(prompts, tokenizer.get()));
     for (strata::CalibrationPrompt& t : texts) o.prompts.push_back(std::move(t.ids));

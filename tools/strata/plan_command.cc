@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <numeric>
@@ -35,7 +34,9 @@ absl::StatusOr<std::vector<int32_t>> ParseLine(const std::string& text, const st
   if (text_field != json.end()) {
     if (!text_field->is_string()) return LineError(path, line, "\"text\" must be a string");
     if (tokenizer == nullptr) {
-      return LineError(path, line, "\"text\" needs the model's tokenizer.json, which it lacks");
+      return LineError(path, line,
+                       "\"text\" needs the model's tokenizer (tokenizer.json or tiktoken.model), "
+                       "which it lacks");
     }
     absl::StatusOr<std::vector<int32_t>> encoded =
         tokenizer->Encode(text_field->get<std::string>(), /*add_special_tokens=*/false);
@@ -113,10 +114,12 @@ absl::StatusOr<PlanResult> MakePlan(const PlanOptions& options) {
   }
   // Text lines need the tokenizer; a model without one can still plan from token ids.
   std::unique_ptr<Tokenizer> tokenizer;
-  const std::string tokenizer_path =
-      (std::filesystem::path(options.engine.model_dir) / "tokenizer.json").string();
-  if (std::filesystem::exists(tokenizer_path)) {
-    ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromFile(tokenizer_path));
+  if (absl::StatusOr<std::unique_ptr<Tokenizer>> loaded =
+          Tokenizer::FromModelDir(options.engine.model_dir);
+      loaded.ok()) {
+    tokenizer = *std::move(loaded);
+  } else if (!absl::IsNotFound(loaded.status())) {
+    return loaded.status();
   }
   ASSIGN_OR_RETURN(std::vector<CalibrationPrompt> prompts,
                    ReadCalibration(options.calibration_file, tokenizer.get()));

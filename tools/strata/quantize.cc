@@ -37,16 +37,11 @@ namespace fs = std::filesystem;
 using OrderedJson = nlohmann::ordered_json;
 
 // Files beside the weights that a loader of the quantized model still needs, copied as they are.
-constexpr const char* kCopiedFiles[] = {"generation_config.json",
-                                        "tokenizer.json",
-                                        "tokenizer_config.json",
-                                        "tokenizer.model",
-                                        "special_tokens_map.json",
-                                        "added_tokens.json",
-                                        "vocab.json",
-                                        "merges.txt",
-                                        "chat_template.jinja",
-                                        "chat_template.json"};
+constexpr const char* kCopiedFiles[] = {
+    "generation_config.json", "tokenizer.json",    "tokenizer_config.json",
+    "tokenizer.model",        "tiktoken.model",    "special_tokens_map.json",
+    "added_tokens.json",      "vocab.json",        "merges.txt",
+    "chat_template.jinja",    "chat_template.json"};
 
 absl::StatusOr<OrderedJson> ReadJsonObject(const fs::path& path) {
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(path.string()));

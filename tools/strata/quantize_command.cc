@@ -54,11 +54,12 @@ absl::StatusOr<CalibrationPerplexity> ComparePerplexity(const std::string& origi
                                                         int samples,
                                                         const LocalEngineOptions& engine) {
   if (samples < 1) return absl::InvalidArgumentError("--samples must be at least 1");
-  const std::string tokenizer_path =
-      (std::filesystem::path(original_dir) / "tokenizer.json").string();
   std::unique_ptr<Tokenizer> tokenizer;
-  if (std::filesystem::exists(tokenizer_path)) {
-    ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromFile(tokenizer_path));
+  if (absl::StatusOr<std::unique_ptr<Tokenizer>> loaded = Tokenizer::FromModelDir(original_dir);
+      loaded.ok()) {
+    tokenizer = *std::move(loaded);
+  } else if (!absl::IsNotFound(loaded.status())) {
+    return loaded.status();
   }
   ASSIGN_OR_RETURN(std::vector<CalibrationPrompt> prompts,
                    ReadCalibration(calibration_file, tokenizer.get()));
@@ -218,11 +219,13 @@ absl::Status RunQuantizeCommand(const QuantizeCommandOptions& options, std::ostr
     json["calibration_tokens"] = ppl.tokens;
   }
   if (options.kv_scales) {
-    const std::string tokenizer_path =
-        (std::filesystem::path(options.quantize.model_dir) / "tokenizer.json").string();
     std::unique_ptr<Tokenizer> tokenizer;
-    if (std::filesystem::exists(tokenizer_path)) {
-      ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromFile(tokenizer_path));
+    if (absl::StatusOr<std::unique_ptr<Tokenizer>> loaded =
+            Tokenizer::FromModelDir(options.quantize.model_dir);
+        loaded.ok()) {
+      tokenizer = *std::move(loaded);
+    } else if (!absl::IsNotFound(loaded.status())) {
+      return loaded.status();
     }
     ASSIGN_OR_RETURN(std::vector<CalibrationPrompt> read,
                      ReadCalibration(options.calibration_file, tokenizer.get()));

@@ -223,7 +223,9 @@ absl::StatusOr<std::vector<int32_t>> OpenAiService::PromptIds(const OpenAiReques
     return r.prompt_ids;
   }
   if (tokenizer_ == nullptr) {
-    return BadParam(param, "this model has no tokenizer.json: send the prompt as token ids");
+    return BadParam(param,
+                    "this model has no tokenizer (tokenizer.json or tiktoken.model): send the "
+                    "prompt as token ids");
   }
   std::string text;
   bool special = true;

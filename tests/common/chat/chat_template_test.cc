@@ -1,6 +1,8 @@
 #include "common/chat/chat_template.h"
 
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "common/chat/jinja_parser.h"
@@ -110,6 +112,64 @@ TEST(ChatTemplateTest, DemoModelHasNoTemplate) {
       ChatTemplate::FromModelDir(std::string(STRATA_TEST_DATA_DIR) + "/../../models/strata-demo");
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_FALSE(t->has_template());
+}
+
+// A fresh directory under the test's temporary directory with `files` (name -> text).
+std::string ModelDir(const std::string& name, const std::map<std::string, std::string>& files) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / ("chat_template_test_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const auto& [file, text] : files) std::ofstream(dir / file, std::ios::binary) << text;
+  return dir.string();
+}
+
+// Kimi-K2's layout: chat_template.jinja beside a tokenizer_config.json without a template.
+TEST(ChatTemplateTest, KimiStyleDirectoryReadsChatTemplateJinja) {
+  std::ifstream config_file(std::string(STRATA_TEST_DATA_DIR) +
+                            "/tokenizers/kimi-style/tokenizer_config.json");
+  std::stringstream config;
+  config << config_file.rdbuf();
+  ASSERT_FALSE(config.str().empty());
+  const std::string dir =
+      ModelDir("kimi", {{"tokenizer_config.json", config.str()},
+                        {"chat_template.jinja", ReadTemplate("kimi_k2_thinking.jinja")}});
+  auto t = ChatTemplate::FromModelDir(dir);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(t->has_template());
+  EXPECT_EQ(t->source(), ReadTemplate("kimi_k2_thinking.jinja"));
+  const Value spec = Value::parse(ReadTemplate("conversations.json"));
+  const Value& chat = spec["cases"]["chat"];
+  auto out = t->Render(chat["messages"], chat["add_generation_prompt"].get<bool>(),
+                       chat.value("variables", Value::object()));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, ReadTemplate("expected/kimi_k2_thinking.chat.txt"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ChatTemplateTest, ChatTemplateJinjaTakesPriorityAndKeepsTheConfigsTokens) {
+  const std::string dir = ModelDir(
+      "priority",
+      {{"tokenizer_config.json",
+        R"({"chat_template": "config", "bos_token": "[BOS]", "eos_token": {"content": "[EOS]"}})"},
+       {"chat_template.jinja", "{{ bos_token }}|{{ messages[0].content }}|{{ eos_token }}"}});
+  auto t = ChatTemplate::FromModelDir(dir);
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto out = t->Render(Alternating(), false);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "[BOS]|Hi|[EOS]");
+
+  // Without tokenizer_config.json, the template has no bos/eos; with a bad template the error
+  // names chat_template.jinja.
+  const std::string alone = ModelDir("alone", {{"chat_template.jinja", "<{{ bos_token }}>"}});
+  auto u = ChatTemplate::FromModelDir(alone);
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_EQ(u->Render(Alternating(), false).value_or("error"), "<>");
+  const std::string bad = ModelDir("bad", {{"chat_template.jinja", "{% if %}"}});
+  absl::Status status = ChatTemplate::FromModelDir(bad).status();
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("chat_template.jinja"), std::string::npos) << status;
+  for (const std::string& d : {dir, alone, bad}) std::filesystem::remove_all(d);
 }
 
 // A conversation with tools: parallel calls answered by two tool messages.

@@ -5,8 +5,10 @@
 #include <cmath>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -238,6 +240,38 @@ TEST_F(GrammarCompilerTest, CompiledGrammarsAreCachedByFormat) {
   EXPECT_TRUE(a->terminated());
   EXPECT_FALSE(b->terminated());
   EXPECT_EQ(Allowed(*b), (std::set<int>{kA}));
+}
+
+// A tiktoken tokenizer (Kimi's) has no tokenizer.json: its byte-level token strings are enough.
+TEST(GrammarVocabularyTest, TiktokenVocabularyStepsThroughItsOwnEncoding) {
+  if (!GrammarCompiler::available()) GTEST_SKIP() << "built without xgrammar";
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
+      Tokenizer::FromModelDir(std::string(STRATA_TEST_DATA_DIR) + "/tokenizers/kimi-style");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::optional<int32_t> eos = (*tokenizer)->TokenId("[EOS]");
+  ASSERT_TRUE(eos.has_value());
+  absl::StatusOr<std::unique_ptr<GrammarCompiler>> compiler =
+      GrammarCompiler::Create({.tokenizer = tokenizer->get(),
+                               .tokenizer_json = "",  // there is none
+                               .eos_token_ids = {*eos},
+                               .vocab_size = (*tokenizer)->vocab_size() + 64});
+  ASSERT_TRUE(compiler.ok()) << compiler.status();
+  for (const auto& [format, text] :
+       {std::pair{ResponseFormat::JsonObject(), std::string("{\"城市\": \"北京\", \"n\": [1, 2]}")},
+        std::pair{ResponseFormat::Regex("(中文|abc) [0-9]+"), std::string("中文 12")}}) {
+    absl::StatusOr<std::shared_ptr<const CompiledConstraint>> grammar =
+        (*compiler)->Compile(format);
+    ASSERT_TRUE(grammar.ok()) << grammar.status();
+    std::unique_ptr<TokenConstraint> constraint = (*grammar)->NewConstraint();
+    absl::StatusOr<std::vector<int32_t>> ids = (*tokenizer)->Encode(text);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    for (int32_t id : *ids) {
+      ASSERT_TRUE(constraint->Accept(id)) << text << ": " << *(*tokenizer)->IdToToken(id);
+    }
+    EXPECT_FALSE(constraint->Accept(*eos - 1)) << text;  // the last rank: not a continuation
+    ASSERT_TRUE(constraint->Accept(*eos)) << text;
+    EXPECT_TRUE(constraint->terminated()) << text;
+  }
 }
 
 TEST(GrammarVocabularyTest, NeedsAnEndOfSequenceToken) {

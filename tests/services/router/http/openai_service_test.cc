@@ -134,7 +134,7 @@ TEST(OpenAiServiceTest, TokenizerRouteErrors) {
   Api ids_only(Named("strata-demo"), /*with_tokenizer=*/false);
   const HttpReply no_tokenizer = ids_only.Post("/tokenize", {{"prompt", "x"}});
   ExpectError(no_tokenizer, 400, "");
-  EXPECT_THAT(no_tokenizer.body, HasSubstr("no tokenizer.json"));
+  EXPECT_THAT(no_tokenizer.body, HasSubstr("no tokenizer (tokenizer.json or tiktoken.model)"));
   ExpectError(ids_only.Post("/detokenize", {{"tokens", Json::array({1})}}), 400, "");
 }
 
