@@ -2,7 +2,8 @@
 # One GPU-machine call of several parts, in order, each optional: the host-to-device copy
 # rate (bench/gpu/h2d_rate.py; H2D=0 skips it), the GPU tests of TESTS (tiers_call.sh's TESTS,
 # GTEST_FILTER), the sampled-decode A/B of profile_sampled.sh between the binaries in
-# .device-ipc/bin and decode_bench_base (SAMPLED=1; ONLY, NCU as there), then a tiers plan
+# .device-ipc/bin and decode_bench_base, or of two environments (SAMPLED=1, SAMPLED_ENV="A|B";
+# ONLY, NCU as there), then a tiers plan
 # (PLAN), stopped after PLAN_S seconds (by default what is left of CALL_S, 580, since the call
 # began; what ran is kept).
 # Everything lands in /tmp/session-out, packed again into OUT_DIR/all.tgz after each part (the
@@ -26,13 +27,21 @@ if [ -n "${TESTS:-}" ]; then
   pack
 fi
 if [ "${SAMPLED:-0}" = 1 ]; then
+  # Base and new: decode_bench_base against .device-ipc/bin, or (SAMPLED_ENV="A|B") the same
+  # binaries under the environment words A, then B.
+  base_bin=.device-ipc/base base_env="" new_env=""
+  if [ -n "${SAMPLED_ENV:-}" ]; then
+    base_bin=.device-ipc/bin base_env=${SAMPLED_ENV%%|*} new_env=${SAMPLED_ENV#*|}
+  fi
   mkdir -p .device-ipc/base "$work/sampled-base" "$work/sampled-new"
-  cp .device-ipc/bin/decode_bench_base .device-ipc/base/decode_bench
-  NCU=0 bash bench/gpu/profile_sampled.sh "$work/sampled-base" 4 .device-ipc/base 2>&1 |
-    sed 's/^/base /' | tee -a "$work/summary.txt"
+  [ -f .device-ipc/bin/decode_bench_base ] && cp .device-ipc/bin/decode_bench_base .device-ipc/base/decode_bench
+  # shellcheck disable=SC2086
+  env $base_env NCU=0 bash bench/gpu/profile_sampled.sh "$work/sampled-base" 4 $base_bin 2>&1 |
+    sed "s/^/base $base_env /" | tee -a "$work/summary.txt"
   pack
-  NCU=${NCU:-0} bash bench/gpu/profile_sampled.sh "$work/sampled-new" 4 .device-ipc/bin 2>&1 |
-    sed 's/^/new /' | tee -a "$work/summary.txt"
+  # shellcheck disable=SC2086
+  env $new_env NCU=${NCU:-0} bash bench/gpu/profile_sampled.sh "$work/sampled-new" 4 .device-ipc/bin 2>&1 |
+    sed "s/^/new $new_env /" | tee -a "$work/summary.txt"
   pack
 fi
 if [ -n "${PLAN:-}" ]; then

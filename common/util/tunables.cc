@@ -58,6 +58,11 @@ absl::StatusOr<Tunables> ParseTunables(const std::function<const char*(const cha
       !s.ok()) {
     return s;
   }
+  if (absl::Status s =
+          ReadSwitch(lookup, "STRATA_NUCLEUS", "draw-first", "radix", t.nucleus_draw_first);
+      !s.ok()) {
+    return s;
+  }
   if (const char* dir = lookup("STRATA_GPU_CLOCK_STAMPS"); dir != nullptr) {
     t.gpu_clock_stamps = dir;
   }
@@ -114,6 +119,9 @@ std::string DescribeTunables(const Tunables& t) {
   if (t.fp8_tensor_core_gemm != d.fp8_tensor_core_gemm) {
     changed.push_back(t.fp8_tensor_core_gemm ? "STRATA_FP8_GEMM=tensor-cores"
                                              : "STRATA_FP8_GEMM=dequantize");
+  }
+  if (t.nucleus_draw_first != d.nucleus_draw_first) {
+    changed.push_back(t.nucleus_draw_first ? "STRATA_NUCLEUS=draw-first" : "STRATA_NUCLEUS=radix");
   }
   return changed.empty() ? "defaults" : absl::StrJoin(changed, " ");
 }

@@ -13,6 +13,9 @@
 //   STRATA_FP8_GEMM=tensor-cores  FP8 projections of many tokens multiply FP8 tokens (a scale
 //                                 each) on the tensor cores (default: dequantize, a bf16 copy
 //                                 of the weights first)
+//   STRATA_NUCLEUS=draw-first     a top-p nucleus too wide to rank on the device is drawn over
+//                                 first and the draw kept when the nucleus holds it (default:
+//                                 radix passes find the nucleus, then the draw)
 #ifndef STRATA_COMMON_UTIL_TUNABLES_H_
 #define STRATA_COMMON_UTIL_TUNABLES_H_
 
@@ -30,6 +33,7 @@ struct Tunables {
   std::string gpu_clock_stamps;  // empty: none
   enum class StepTrials { kAuto, kOff, kAlways } step_trials = StepTrials::kAuto;
   bool fp8_tensor_core_gemm = false;
+  bool nucleus_draw_first = false;
 
   bool operator==(const Tunables&) const = default;
 };

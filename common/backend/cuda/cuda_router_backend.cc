@@ -17,6 +17,7 @@
 #include "common/cuda/kernels/rope_kernels.h"
 #include "common/cuda/kernels/sampling_kernels.h"
 #include "common/util/status_macros.h"
+#include "common/util/tunables.h"
 
 namespace strata::gpu {
 namespace {
@@ -894,7 +895,7 @@ absl::Status CudaRouterBackend::Logits(absl::Span<const int64_t> rows, Tensor& l
                                       greedy_.data(), stream));
     CUDA_RETURN_IF_ERROR(LaunchSample(logits_.data(), r, config_.vocab_size, sampling_.data(),
                                       sample_scratch_.data(), greedy_.data(), stream,
-                                      /*keep_greedy_rows=*/true));
+                                      /*keep_greedy_rows=*/true, GetTunables().nucleus_draw_first));
     CUDA_RETURN_IF_ERROR(
         LaunchRecordTokens(greedy_.data(), r, sampling_.data(), token_history_.data(), stream));
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_inputs().greedy.data(), greedy_.data(),

@@ -3,8 +3,9 @@
 // the row; sums and histograms meet in block 0's shared memory, so each pass over 150k logits
 // runs on kCutBlocks SMs. A top-k or top-p cut is first looked for among the kept tokens of a
 // band below the largest logit, the narrowest band that holds it with at most kMaxCandidates
-// tokens: those are gathered into block 0 and ranked there. Wider nuclei (a nearly flat row)
-// take four radix passes over the row, as the host's Sampler does.
+// tokens: those are gathered into block 0 and ranked there. A wider nucleus (a nearly flat row)
+// takes four radix passes over the row, as the host's Sampler does, or (draw_first) is drawn
+// over first, every kept token, and the draw kept when the nucleus holds it.
 #ifndef STRATA_COMMON_CUDA_KERNELS_ROW_CUT_CUH_
 #define STRATA_COMMON_CUDA_KERNELS_ROW_CUT_CUH_
 
@@ -89,19 +90,10 @@ __device__ void BlockReduceArgmax(float& best, int& idx, Shared& s) {
   WarpArgmax(best, idx);
 }
 
-// The first index of the row's largest value(i) over the cluster, to every thread (0 when
-// none ranks: all NaN). Once a kernel.
-template <typename ValueFn>
-__device__ int ClusterArgmax(int vocab, Shared& s, Cluster& c, ValueFn&& value) {
-  float best = -INFINITY;
-  int idx = INT_MAX;
-  for (int i = c.first(); i < vocab; i += kStride) {
-    const float v = value(i);
-    if (RanksBefore(v, i, best, idx)) {
-      best = v;
-      idx = i;
-    }
-  }
+// The (best, idx) that ranks first over the cluster, from each thread's own: its index, to
+// every thread (0 when none ranks). Block 0's arg_v / arg_i are reused: calls must have a
+// cluster sync between them (every ClusterSum has one).
+__device__ int ClusterBest(float best, int idx, Shared& s, Cluster& c) {
   BlockReduceArgmax(best, idx, s);
   if (threadIdx.x == 0) {
     *c.group.map_shared_rank(&s.arg_v[c.rank], 0) = best;
@@ -119,6 +111,22 @@ __device__ int ClusterArgmax(int vocab, Shared& s, Cluster& c, ValueFn&& value) 
     }
   }
   return idx == INT_MAX ? 0 : idx;
+}
+
+// The first index of the row's largest value(i) over the cluster, to every thread (0 when
+// none ranks: all NaN).
+template <typename ValueFn>
+__device__ int ClusterArgmax(int vocab, Shared& s, Cluster& c, ValueFn&& value) {
+  float best = -INFINITY;
+  int idx = INT_MAX;
+  for (int i = c.first(); i < vocab; i += kStride) {
+    const float v = value(i);
+    if (RanksBefore(v, i, best, idx)) {
+      best = v;
+      idx = i;
+    }
+  }
+  return ClusterBest(best, idx, s, c);
 }
 
 // s.values[0..n) summed over the cluster's blocks, in place (integers: the same in any order).
@@ -284,11 +292,16 @@ __device__ __forceinline__ int BinOf(float x, float x0) {
 }
 
 // The kept tokens of each band: s.values[j] their count, s.values[kBins + j] their mass (with
-// `with_mass`), over the cluster.
+// `with_mass`), over the cluster. `copies` (1 or kHistGroups) sums them in that many copies, as
+// RadixSelect's digits are: a flat row's tokens nearly all fall in one or two bins, so one copy
+// queues every thread's atomics on them.
 __device__ void WeighBands(const float* row, int vocab, float t, const TokenCut& cut,
-                           bool with_mass, Shared& s, Cluster& c) {
-  for (int d = threadIdx.x; d < 2 * kBins; d += kThreads) s.values[d] = 0;
+                           bool with_mass, int copies, Shared& s, Cluster& c) {
+  for (int d = threadIdx.x; d < copies * 2 * kBins; d += kThreads) {
+    s.group_mass[d / (2 * kBins)][d % (2 * kBins)] = 0;
+  }
   __syncthreads();
+  unsigned long long* const group = s.group_mass[(threadIdx.x / kWarpSize) % copies];
   int run_bin = -1;
   unsigned long long run_count = 0, run_mass = 0;
   for (int i = c.first(); i < vocab; i += kStride) {
@@ -297,8 +310,8 @@ __device__ void WeighBands(const float* row, int vocab, float t, const TokenCut&
     const int bin = BinOf(x, cut.x0);
     if (bin != run_bin) {
       if (run_bin >= 0) {
-        atomicAdd(&s.values[run_bin], run_count);
-        atomicAdd(&s.values[kBins + run_bin], run_mass);
+        atomicAdd(&group[run_bin], run_count);
+        atomicAdd(&group[kBins + run_bin], run_mass);
       }
       run_bin = bin;
       run_count = 0;
@@ -308,8 +321,14 @@ __device__ void WeighBands(const float* row, int vocab, float t, const TokenCut&
     if (with_mass) run_mass += FixedMass(expf(x - cut.x0));
   }
   if (run_bin >= 0) {
-    atomicAdd(&s.values[run_bin], run_count);
-    atomicAdd(&s.values[kBins + run_bin], run_mass);
+    atomicAdd(&group[run_bin], run_count);
+    atomicAdd(&group[kBins + run_bin], run_mass);
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < 2 * kBins; d += kThreads) {
+    unsigned long long sum = 0;
+    for (int g = 0; g < copies; ++g) sum += s.group_mass[g][d];
+    s.values[d] = sum;
   }
   ClusterSum(2 * kBins, s, c);
   if (threadIdx.x == 0) {  // bins to bands
@@ -319,6 +338,59 @@ __device__ void WeighBands(const float* row, int vocab, float t, const TokenCut&
     }
   }
   __syncthreads();
+}
+
+// Folds the Gumbel scores of the tokens `cut` keeps among base .. base + 3 (those below `end`)
+// into (best, idx), with the host Sampler's draws: token i's uniform is draw i of the (seed,
+// step) stream, four tokens to a Philox block (base a multiple of four).
+__device__ __forceinline__ void FoldGumbelFour(const float* row, int base, int end, float t,
+                                               const TokenCut& cut, const SampleParams& p,
+                                               float& best, int& idx) {
+  float x[4];
+  bool kept[4], any = false;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    x[j] = base + j < end ? row[base + j] / t : NAN;
+    kept[j] = base + j < end && Kept(x[j], base + j, cut);
+    any |= kept[j];
+  }
+  if (!any) return;
+  const Philox4 bits = PhiloxBlock(p.seed, p.step, kPhiloxSample, static_cast<uint32_t>(base));
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (!kept[j]) continue;
+    const float v = GumbelScore(x[j], UniformFromBits(bits.v[j]));
+    if (RanksBefore(v, base + j, best, idx)) {
+      best = v;
+      idx = base + j;
+    }
+  }
+}
+
+// Gumbel max over every token `cut` keeps, to every thread.
+__device__ int ClusterGumbelMax(const float* row, int vocab, float t, const TokenCut& cut,
+                                const SampleParams& p, Shared& s, Cluster& c) {
+  float best = -INFINITY;
+  int idx = INT_MAX;
+  for (int base = 4 * c.first(); base < vocab; base += 4 * kStride) {
+    FoldGumbelFour(row, base, vocab, t, cut, p, best, idx);
+  }
+  return ClusterBest(best, idx, s, c);
+}
+
+// The mass of the tokens `cut` keeps that rank before token d (a larger key, or the same key
+// and a lower index), to every thread.
+__device__ unsigned long long MassRankedBefore(const float* row, int vocab, float t,
+                                               const TokenCut& cut, int d, Shared& s, Cluster& c) {
+  const uint32_t d_key = OrderedKey(row[d] / t);
+  unsigned long long part = 0;
+  for (int i = c.first(); i < vocab; i += kStride) {
+    const float x = row[i] / t;
+    if (!Kept(x, i, cut)) continue;
+    const uint32_t key = OrderedKey(x);
+    if (key > d_key || (key == d_key && i < d)) part += FixedMass(expf(x - cut.x0));
+  }
+  return ClusterSum(part, s, c);
 }
 
 // Gathers the kept tokens of bins 0..band (at most kMaxCandidates) into block 0's candidates;
@@ -435,9 +507,10 @@ struct RowDraw {
 
 // A draw under temperature, top-k, min_p and top-p: the kept prefix, found among a band's
 // ranked tokens (then drawn here, by block 0) or by radix passes. top: the row's arg-max when
-// known (LaunchArgmax wrote it), else -1. Block 0's outcome is the row's.
-__device__ RowDraw SampleRow(const float* row, int vocab, const SampleParams& p, int top, Shared& s,
-                             Cluster& c) {
+// known (LaunchArgmax wrote it), else -1. draw_first: a nucleus too wide to rank is drawn over
+// first (below). Block 0's outcome is the row's.
+__device__ RowDraw SampleRow(const float* row, int vocab, const SampleParams& p, int top,
+                             bool draw_first, Shared& s, Cluster& c) {
   const float t = p.temperature;
   RowDraw draw{.cut = {.min_p = p.min_p}};
   TokenCut& cut = draw.cut;
@@ -449,7 +522,7 @@ __device__ RowDraw SampleRow(const float* row, int vocab, const SampleParams& p,
   cut.x0 = row[top] / t;
   if (!(cut.x0 > -INFINITY)) return {.token = 0};  // every logit NaN or -inf
   if (!limited && !nucleus) return draw;
-  WeighBands(row, vocab, t, cut, nucleus, s, c);
+  WeighBands(row, vocab, t, cut, nucleus, draw_first ? kHistGroups : 1, s, c);
   const unsigned long long kept = s.values[kBins - 1], total = s.values[2 * kBins - 1];
   const bool top_k_cuts = limited && static_cast<unsigned long long>(p.top_k) < kept;
   if (!top_k_cuts && !nucleus) return draw;
@@ -471,6 +544,14 @@ __device__ RowDraw SampleRow(const float* row, int vocab, const SampleParams& p,
       last = PositionReaching(last + 1, cut.x0, want, s);
     }
     return {.token = GumbelMaxRanked(last, p, s)};
+  }
+  if (!top_k_cuts && draw_first) {
+    // A nucleus too wide to rank: draw over every kept token first. The draw is the nucleus's
+    // own whenever the nucleus holds it (the Gumbel max of a set is that of any subset holding
+    // it), that is when the tokens ranked before it weigh less than the target: about top_p of
+    // the time, two passes instead of the radix passes and the draw after them.
+    const int drawn = ClusterGumbelMax(row, vocab, t, cut, p, s, c);
+    if (MassRankedBefore(row, vocab, t, cut, drawn, s, c) < target) return {.token = drawn};
   }
   if (top_k_cuts) {
     cut = PrefixReaching(row, vocab, t, cut, p.top_k, s, c, [](float) { return 1ull; });

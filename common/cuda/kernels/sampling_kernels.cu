@@ -100,7 +100,7 @@ struct RowCut {
 __global__ void __cluster_dims__(row_cut::kCutBlocks, 1, 1) __launch_bounds__(row_cut::kThreads)
     SampleCutKernel(const float* __restrict__ logits, int vocab,
                     const SampleParams* __restrict__ params, int32_t* __restrict__ out,
-                    bool keep_greedy_rows, RowCut* __restrict__ cuts) {
+                    bool keep_greedy_rows, bool draw_first, RowCut* __restrict__ cuts) {
   __shared__ row_cut::Shared s;
   row_cut::Cluster c{.group = cooperative_groups::this_cluster()};
   c.rank = static_cast<int>(c.group.block_rank());
@@ -118,7 +118,7 @@ __global__ void __cluster_dims__(row_cut::kCutBlocks, 1, 1) __launch_bounds__(ro
     token =
         keep_greedy_rows ? -2 : row_cut::ClusterArgmax(vocab, s, c, [&](int i) { return row[i]; });
   } else {
-    draw = row_cut::SampleRow(row, vocab, p, keep_greedy_rows ? out[r] : -1, s, c);
+    draw = row_cut::SampleRow(row, vocab, p, keep_greedy_rows ? out[r] : -1, draw_first, s, c);
     token = draw.token;
   }
   c.group.sync();  // nothing reads block 0's shared memory any more: it may exit
@@ -146,26 +146,7 @@ __global__ void __launch_bounds__(kSliceThreads)
   int idx = INT_MAX;
   for (int base = begin + 4 * static_cast<int>(threadIdx.x); base < end;
        base += 4 * kSliceThreads) {
-    float x[4];
-    bool kept[4], any = false;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int i = base + j;
-      x[j] = i < end ? row[i] / p.temperature : NAN;
-      kept[j] = i < end && Kept(x[j], i, rc.cut);
-      any |= kept[j];
-    }
-    if (!any) continue;
-    const Philox4 bits = PhiloxBlock(p.seed, p.step, kPhiloxSample, static_cast<uint32_t>(base));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (!kept[j]) continue;
-      const float v = GumbelScore(x[j], UniformFromBits(bits.v[j]));
-      if (RanksBefore(v, base + j, best, idx)) {
-        best = v;
-        idx = base + j;
-      }
-    }
+    row_cut::FoldGumbelFour(row, base, end, p.temperature, rc.cut, p, best, idx);
   }
   WriteSlicePartial(best, idx, warps, partial[int64_t{blockIdx.y} * parts + blockIdx.x]);
 }
@@ -281,7 +262,8 @@ int64_t SampleScratchBytes(int64_t n, int64_t vocab) {
 }
 
 cudaError_t LaunchSample(const float* logits, int64_t n, int64_t vocab, const SampleParams* params,
-                         void* scratch, int32_t* out, cudaStream_t stream, bool keep_greedy_rows) {
+                         void* scratch, int32_t* out, cudaStream_t stream, bool keep_greedy_rows,
+                         bool draw_first) {
   if (n < 0 || n > 0xffff || vocab <= 0 || vocab > 0x7fffffff) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const int parts = ArgmaxParts(vocab);
@@ -289,7 +271,7 @@ cudaError_t LaunchSample(const float* logits, int64_t n, int64_t vocab, const Sa
   auto* partial = reinterpret_cast<ArgmaxPartial*>(cuts + n);
   const unsigned rows = static_cast<unsigned>(n);
   SampleCutKernel<<<rows * row_cut::kCutBlocks, row_cut::kThreads, 0, stream>>>(
-      logits, static_cast<int>(vocab), params, out, keep_greedy_rows, cuts);
+      logits, static_cast<int>(vocab), params, out, keep_greedy_rows, draw_first, cuts);
   GumbelSliceKernel<<<dim3(parts, rows), kSliceThreads, 0, stream>>>(
       logits, static_cast<int>(vocab), parts, params, cuts, partial);
   GumbelFinishKernel<<<rows, kWarpSize, 0, stream>>>(partial, parts, cuts, out);

@@ -54,7 +54,9 @@ cudaError_t LaunchArgmax(const float* logits, int64_t n, int64_t vocab, void* sc
 // top_p keep (common/util/token_cut.h: the host Sampler's definition, any nucleus size), by
 // Gumbel max with the host's uniforms, for r < n <= 65535. A row's cut is found by one block:
 // among the tokens of a band below its largest logit, ranked there, or for wide nuclei by
-// radix passes over the row; a draw over the whole row runs on many blocks. params: device
+// radix passes over the row (`draw_first`: a wide top-p nucleus is first drawn over every kept
+// token, the draw kept when the nucleus holds it, the radix passes only when it does not); a
+// draw over the whole row runs on many blocks. params: device
 // array of n entries; scratch: device memory of SampleScratchBytes(n, vocab). Rows with
 // temperature 0 get their arg-max, or keep out[r] as it is when `keep_greedy_rows` (LaunchArgmax
 // wrote out[r] for every row: greedy rows then cost nothing, and sampled rows read their
@@ -62,7 +64,7 @@ cudaError_t LaunchArgmax(const float* logits, int64_t n, int64_t vocab, void* sc
 int64_t SampleScratchBytes(int64_t n, int64_t vocab);
 cudaError_t LaunchSample(const float* logits, int64_t n, int64_t vocab, const SampleParams* params,
                          void* scratch, int32_t* out, cudaStream_t stream,
-                         bool keep_greedy_rows = false);
+                         bool keep_greedy_rows = false, bool draw_first = false);
 
 // In place, the logit transforms of each row that has some (a list or a penalty), as the
 // host's Sampler applies them: logit_bias, min_tokens, the repetition penalty over the tokens

@@ -59,7 +59,7 @@ class SamplingTest : public CudaOpsTest {
   // Samples `rows` copies of `logits` with steps 0..rows-1; after_argmax: as a decode step
   // does, the arg-max first, the draw reading it (keep_greedy_rows).
   std::vector<int32_t> Sample(const std::vector<float>& logits, int rows, gpu::SampleParams p,
-                              bool after_argmax = false) {
+                              bool after_argmax = false, bool draw_first = false) {
     const int64_t vocab = static_cast<int64_t>(logits.size());
     std::vector<float> all(rows * vocab);
     std::vector<gpu::SampleParams> params(rows, p);
@@ -78,7 +78,7 @@ class SamplingTest : public CudaOpsTest {
                 cudaSuccess);
     }
     const cudaError_t launched = gpu::LaunchSample(d_logits, rows, vocab, d_params, d_scratch,
-                                                   d_out, stream(), after_argmax);
+                                                   d_out, stream(), after_argmax, draw_first);
     EXPECT_EQ(launched, cudaSuccess) << cudaGetErrorString(launched);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
     EXPECT_EQ(cudaStreamSynchronize(stream()), cudaSuccess);
@@ -218,8 +218,12 @@ TEST_F(SamplingTest, GreedyAndReproducible) {
 
 // The device draws what the host's Sampler draws from the same logits at the same step: a
 // request's tokens do not depend on which of them picked each one. Only rounding may part them
-// (a draw within float error of a boundary between two tokens): at most one in the lot.
-TEST_F(SamplingTest, DeviceDrawsAreTheHostSamplersDraws) {
+// (a draw within float error of a boundary between two tokens): at most one in the lot. Both
+// ways of finding a wide nucleus (radix passes, or the draw first: STRATA_NUCLEUS).
+class DeviceDrawsTest : public SamplingTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(DeviceDrawsTest, AreTheHostSamplersDraws) {
+  const bool draw_first = GetParam();
   const int steps = 64;
   int64_t mismatches = 0, draws = 0;
   // Normal logits, and over the larger vocabularies 200 tokens lifted a little: several tokens
@@ -257,7 +261,7 @@ TEST_F(SamplingTest, DeviceDrawsAreTheHostSamplersDraws) {
                                 .seed = s.seed,
                                 .step = 0};
       // Steps 0 .. steps - 1; half the settings as a decode step draws, after the arg-max.
-      const std::vector<int32_t> device = Sample(logits, steps, p, s.seed % 2 == 0);
+      const std::vector<int32_t> device = Sample(logits, steps, p, s.seed % 2 == 0, draw_first);
       ASSERT_EQ(device.size(), static_cast<size_t>(steps));
       Sampler host(s);
       std::set<int32_t> distinct;
@@ -271,10 +275,16 @@ TEST_F(SamplingTest, DeviceDrawsAreTheHostSamplersDraws) {
       EXPECT_GT(distinct.size(), 1u) << "vocab " << vocab << " T " << s.temperature;
     }
   }
-  RecordResult("device draws unlike the host's", absl::StrCat(draws, " draws"),
+  RecordResult("device draws unlike the host's",
+               absl::StrCat(draws, " draws", draw_first ? ", nucleus drawn first" : ""),
                static_cast<double>(mismatches), 1.0);
   EXPECT_LE(mismatches, 1);
 }
+
+INSTANTIATE_TEST_SUITE_P(NucleusPaths, DeviceDrawsTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "DrawFirst" : "Radix";
+                         });
 
 // The device's logit transforms against the host's definitions (logits_transforms.h): a
 // request's list as Sampler::device_row makes it, with two tokens taken on the device since

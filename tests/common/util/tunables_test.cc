@@ -32,10 +32,12 @@ TEST(TunablesTest, EveryVariableIsRead) {
                       {"STRATA_SIGNAL_SCOPE", "system"},
                       {"STRATA_GPU_CLOCK_STAMPS", "/tmp/stamps"},
                       {"STRATA_STEP_TRIALS", "always"},
-                      {"STRATA_FP8_GEMM", "tensor-cores"}});
+                      {"STRATA_FP8_GEMM", "tensor-cores"},
+                      {"STRATA_NUCLEUS", "draw-first"}});
   ASSERT_TRUE(t.ok());
   EXPECT_FALSE(t->tensor_core_experts);
   EXPECT_TRUE(t->fp8_tensor_core_gemm);
+  EXPECT_TRUE(t->nucleus_draw_first);
   EXPECT_EQ(t->step_trials, Tunables::StepTrials::kAlways);
   EXPECT_TRUE(t->flag_wait_memop);
   EXPECT_TRUE(t->system_scope_signals);
@@ -43,7 +45,7 @@ TEST(TunablesTest, EveryVariableIsRead) {
   EXPECT_EQ(DescribeTunables(*t),
             "STRATA_MMA_EXPERTS=0 STRATA_FLAG_WAIT=memop STRATA_SIGNAL_SCOPE=system "
             "STRATA_GPU_CLOCK_STAMPS=/tmp/stamps STRATA_STEP_TRIALS=always "
-            "STRATA_FP8_GEMM=tensor-cores");
+            "STRATA_FP8_GEMM=tensor-cores STRATA_NUCLEUS=draw-first");
   EXPECT_EQ(DescribeTunables(*ParseFrom({{"STRATA_STEP_TRIALS", "off"}})),
             "STRATA_STEP_TRIALS=off");
 }
@@ -54,7 +56,8 @@ TEST(TunablesTest, TheDefaultsSpelledOutAreAccepted) {
                       {"STRATA_SIGNAL_SCOPE", "device"},
                       {"STRATA_GPU_CLOCK_STAMPS", ""},
                       {"STRATA_STEP_TRIALS", "auto"},
-                      {"STRATA_FP8_GEMM", "dequantize"}});
+                      {"STRATA_FP8_GEMM", "dequantize"},
+                      {"STRATA_NUCLEUS", "radix"}});
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(*t, Tunables());
 }
