@@ -291,7 +291,8 @@ const std::vector<Command>& Commands() {
        "--model DIR --out DIR [--fp8-scaling channel|block] [--calibration FILE.jsonl "
        "--samples 512 [--kv-scales]] [--force]",
        "FP8 E4M3 weights, per-channel in the compressed-tensors layout or per 128x128 block in "
-       "DeepSeek's; with --calibration, the perplexity of both models on the prompts (and with "
+       "DeepSeek's (a block-scaled FP8 model is requantized per channel, what CUDA loads); with "
+       "--calibration, the perplexity of both models on the prompts (and with "
        "--kv-scales, FP8 KV-cache scales)",
        With({"model",
              {"out", "The directory of the quantized model"},
