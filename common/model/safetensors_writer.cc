@@ -135,6 +135,27 @@ absl::Status WriteSafetensorsFile(const std::string& path,
   int running = generators;
   bool failed = false;
   std::atomic<uint64_t> next{0};
+  // Tensors are packed back to back (no gaps allowed), so a chunk can cut an element when an
+  // earlier tensor's size is not a multiple of this one's element: such an element is made
+  // whole in `one` and its bytes in range copied, so `fill` only sees whole elements.
+  auto fill_range = [&](size_t t, uint64_t from, uint64_t n, uint8_t* out) {
+    const uint64_t elem = DTypeSize(tensors[t].dtype), end = from + n;
+    uint8_t one[16];
+    uint64_t at = from;
+    if (at % elem != 0) {
+      const uint64_t first = at / elem * elem, take = std::min(end, first + elem) - at;
+      fill(t, first, elem, one);
+      std::memcpy(out, one + (at - first), take);
+      at += take;
+    }
+    const uint64_t whole_end = std::max(at, end / elem * elem);
+    if (whole_end > at) fill(t, at, whole_end - at, out + (at - from));
+    at = whole_end;
+    if (at < end) {
+      fill(t, at, elem, one);
+      std::memcpy(out + (at - from), one, end - at);
+    }
+  };
   auto generate = [&] {
     for (uint64_t c = next++; c < chunks; c = next++) {
       int b;
@@ -150,7 +171,7 @@ absl::Status WriteSafetensorsFile(const std::string& path,
       size_t t = std::upper_bound(offsets.begin(), offsets.end(), begin) - offsets.begin() - 1;
       for (uint64_t at = begin; at < end; ++t) {
         const uint64_t stop = std::min(end, offsets[t + 1]);
-        if (stop > at) fill(t, at - offsets[t], stop - at, buffers[b].data + (at - begin));
+        if (stop > at) fill_range(t, at - offsets[t], stop - at, buffers[b].data + (at - begin));
         at = stop;
       }
       std::lock_guard<std::mutex> lock(mu);

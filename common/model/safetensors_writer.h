@@ -22,7 +22,8 @@ struct SafetensorsTensorHeader {
 };
 
 // Writes bytes [begin, begin + n) of the data of tensor `index` into `out`. Called from several
-// threads at once, for disjoint ranges; `begin` and `n` are multiples of the element size.
+// threads at once, for disjoint ranges; `begin` and `n` are multiples of the element size (an
+// element a chunk cuts is asked for whole, into scratch).
 using SafetensorsFill = std::function<void(size_t index, uint64_t begin, uint64_t n, uint8_t* out)>;
 
 // One safetensors file at `path` holding `tensors` in order, their data from `fill` run on

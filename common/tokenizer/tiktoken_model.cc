@@ -1,5 +1,6 @@
 #include "common/tokenizer/tiktoken_model.h"
 
+#include <algorithm>
 #include <queue>
 #include <utility>
 
@@ -132,6 +133,10 @@ absl::StatusOr<std::unique_ptr<TiktokenModel>> TiktokenModel::FromText(absl::str
   std::vector<std::optional<std::string>> by_rank;
   std::vector<int> rank_line;  // the line that gave each rank, for duplicate errors
   std::string bytes;
+  // Ranks 0..N-1 of N tokens, one a line: a rank past the line count is wrong before any
+  // table is sized for it (a corrupt line would otherwise size it for 2^26 tokens).
+  const int64_t max_rank =
+      std::min<int64_t>(kMaxRank, static_cast<int64_t>(std::count(text.begin(), text.end(), '\n')));
   int line_number = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_number;
@@ -149,9 +154,10 @@ absl::StatusOr<std::unique_ptr<TiktokenModel>> TiktokenModel::FromText(absl::str
           absl::StrCat(where, ": \"", fields[0], "\" is not valid base64"));
     }
     int64_t rank = 0;
-    if (!ParseRank(fields[1], &rank) || rank > kMaxRank) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": the rank \"", fields[1], "\" is not an integer in [0, ", kMaxRank, "]"));
+    if (!ParseRank(fields[1], &rank) || rank > max_rank) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the rank \"", fields[1],
+                                                     "\" is not an integer in [0, ", max_rank,
+                                                     "] (a rank per line, from 0)"));
     }
     if (static_cast<size_t>(rank) >= by_rank.size()) {
       by_rank.resize(rank + 1);

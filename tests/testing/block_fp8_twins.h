@@ -78,6 +78,7 @@ inline int WriteBlockFp8Twins(const std::string& name, const std::string& fp8_di
         scales[block(r, c)] = std::max(scales[block(r, c)], std::fabs(value(r, c)) / 448.0f);
       }
     }
+    for (float& s : scales) s = s > 0.0f ? s : 1.0f;  // an all-zero block: codes of 0
     std::vector<uint8_t> codes(rows * cols);
     std::vector<float> dequantized(rows * cols);
     for (int64_t r = 0; r < rows; ++r) {

@@ -426,6 +426,69 @@ TEST(QuantizeTest, BlockScaledFp8Refusals) {
   r = Quantize(Options(missing, tmp.File("missing-out")));
   EXPECT_THAT(r.status().message(), HasSubstr("has no " + dropped));
   EXPECT_FALSE(fs::exists(tmp.File("missing-out")));
+
+  // Scales of a tensor that is not FP8 would be dropped with nothing to apply them to.
+  const std::string stray = tmp.File("stray");
+  fs::create_directories(stray);
+  fs::copy_file(tmp.File("block") + "/config.json", stray + "/config.json");
+  testing::SafetensorsBuilder with_stray;
+  for (const auto& [name, e] : in.entries) {
+    with_stray.Add(name, e.dtype, e.shape,
+                   std::vector<uint8_t>(in.data(name), in.data(name) + in.size(name)));
+  }
+  with_stray.Add("model.norm.weight_scale_inv", "F32", {1, 1}, std::vector<uint8_t>(4, 0));
+  testing::SafetensorsBuilder::WriteFile(stray + "/model.safetensors", with_stray.Build());
+  r = Quantize(Options(stray, tmp.File("stray-out")));
+  EXPECT_THAT(r.status().message(), HasSubstr("model.norm.weight, which is not an F8_E4M3 tensor"));
+  EXPECT_FALSE(fs::exists(tmp.File("stray-out")));
+}
+
+// A dequantized tensor (kv_b_proj) that starts at an odd byte of its file, long enough that
+// the writer's chunks end inside its elements (the writer hands the fill whole elements
+// only): every bf16 value whole and in its place.
+TEST(QuantizeTest, BlockScaledFp8DequantizesAtOddOffsets) {
+  TempDir tmp;
+  const std::string src = tmp.File("block");
+  fs::create_directories(src);
+  nlohmann::json config =
+      ReadJson(std::string(STRATA_SOURCE_DIR) + "/tests/data/oracles/deepseek_v3/config.json");
+  config["quantization_config"] = {{"quant_method", "fp8"},
+                                   {"fmt", "e4m3"},
+                                   {"activation_scheme", "dynamic"},
+                                   {"weight_block_size", {128, 128}}};
+  std::ofstream(src + "/config.json") << config.dump();
+  const int64_t rows = 2048, cols = 2560;  // 10 MB of bf16 out: several chunks
+  std::vector<uint8_t> codes(rows * cols);
+  for (size_t i = 0; i < codes.size(); ++i)
+    codes[i] = static_cast<uint8_t>((i * 37 + i / 7) % 0x7e);
+  std::vector<float> scales((rows / 128) * (cols / 128));
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = 0.001f * static_cast<float>(i + 1);
+  testing::SafetensorsBuilder b;
+  // 15 FP8 bytes and 1 bf16 row scale... then 6 bytes of row scales: kv_b_proj at an odd offset.
+  b.Add("model.layers.0.self_attn.q_a_proj.weight", "F8_E4M3", {3, 5},
+        std::vector<uint8_t>(15, 0x38));
+  b.Add("model.layers.0.self_attn.q_a_proj.weight_scale_inv", "F32", {1, 1},
+        testing::Bytes(std::vector<float>{0.5f}));
+  b.Add("model.layers.0.self_attn.kv_b_proj.weight", "F8_E4M3", {rows, cols}, codes);
+  b.Add("model.layers.0.self_attn.kv_b_proj.weight_scale_inv", "F32", {rows / 128, cols / 128},
+        testing::Bytes(scales));
+  testing::SafetensorsBuilder::WriteFile(src + "/model.safetensors", b.Build());
+  auto result = Quantize(Options(src, tmp.File("channel")));
+  ASSERT_TRUE(result.ok()) << result.status();
+  const Tensors q = Read(tmp.File("channel") + "/model.safetensors");
+  const std::string kv_b = "model.layers.0.self_attn.kv_b_proj.weight";
+  ASSERT_EQ(q.entries.at(kv_b).dtype, "BF16");
+  EXPECT_EQ(q.entries.at(kv_b).begin % 2, 1u) << "the case this test is for";
+  const uint8_t* got = q.data(kv_b);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float want =
+          Fp8E4M3ToFloat(codes[r * cols + c]) * scales[(r / 128) * (cols / 128) + c / 128];
+      uint16_t bits;
+      std::memcpy(&bits, got + 2 * (r * cols + c), 2);
+      ASSERT_EQ(bits, FloatToBf16(want)) << "(" << r << ", " << c << ")";
+    }
+  }
 }
 
 TEST(QuantizeTest, DemoModelLoadsAndLogitsStayClose) {

@@ -15,10 +15,12 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/model/checkpoint.h"
 #include "common/model/mapped_file.h"
 #include "common/model/safetensors.h"
@@ -75,6 +77,11 @@ absl::StatusOr<InputShard> OpenShard(const fs::path& dir, const std::string& nam
         block_input && (e.dtype == "F8_E4M3" || absl::EndsWith(e.name, "_scale_inv"));
     if (!block_tensor && (e.dtype == "F8_E4M3" || absl::EndsWith(e.name, "_scale") ||
                           absl::EndsWith(e.name, "_scale_inv"))) {
+      if (block_input) {  // e.g. a static activation scale
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ": tensor '", e.name, "' is not one a block-scaled FP8 checkpoint holds (",
+            "FP8 weights, their _scale_inv and 16-bit tensors are)"));
+      }
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": tensor '", e.name, "' shows the model is already quantized (",
                        e.dtype, "); quantize takes a BF16, F16 or F32 checkpoint"));
@@ -110,12 +117,14 @@ float StoreAs(DType dtype, float value, uint8_t* out) {
 // The block scales of an FP8 source tensor (DeepSeek's `weight_scale_inv`): float32
 // [ceil(rows / block_rows), ceil(cols / block_cols)], row-major.
 struct Fp8BlockSource {
-  const float* scales = nullptr;
+  const uint8_t* scales = nullptr;  // float32s, not necessarily aligned in the file
   int64_t block_rows = 0;
   int64_t block_cols = 0;
   int64_t grid_cols = 0;
   float ScaleOf(int64_t r, int64_t c) const {
-    return scales[(r / block_rows) * grid_cols + c / block_cols];
+    float s;
+    std::memcpy(&s, scales + 4 * ((r / block_rows) * grid_cols + c / block_cols), 4);
+    return s;
   }
 };
 
@@ -134,7 +143,8 @@ absl::StatusOr<BlockInput> ReadBlockInput(const OrderedJson& config, const fs::p
   if (!config.contains("quantization_config")) return input;
   const OrderedJson& q = config["quantization_config"];
   const bool block =
-      q.is_object() && q.value("quant_method", "") == "fp8" && q.contains("weight_block_size") &&
+      q.is_object() && q.contains("quant_method") && q["quant_method"].is_string() &&
+      q["quant_method"].get<std::string>() == "fp8" && q.contains("weight_block_size") &&
       q["weight_block_size"].is_array() && q["weight_block_size"].size() == 2 &&
       q["weight_block_size"][0].is_number_integer() &&
       q["weight_block_size"][1].is_number_integer() &&
@@ -153,7 +163,10 @@ absl::StatusOr<BlockInput> ReadBlockInput(const OrderedJson& config, const fs::p
   input.present = true;
   input.block_rows = q["weight_block_size"][0].get<int64_t>();
   input.block_cols = q["weight_block_size"][1].get<int64_t>();
-  const std::string dtype = config.value("torch_dtype", config.value("dtype", "bfloat16"));
+  std::string dtype = "bfloat16";
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (config.contains(key) && config[key].is_string()) dtype = config[key].get<std::string>();
+  }
   if (dtype == "float16") {
     input.model_dtype = DType::kF16;
   } else if (dtype == "float32") {
@@ -228,7 +241,7 @@ void FillCodes(const Fp8Tensor& t, uint64_t begin, uint64_t n, uint8_t* out) {
 
 // Bytes [begin, begin + n) of `t`'s source written as `t.dtype` values.
 void FillDequantized(const Fp8Tensor& t, uint64_t begin, uint64_t n, uint8_t* out) {
-  const size_t elem = DTypeSize(t.dtype);
+  const uint64_t elem = DTypeSize(t.dtype);
   for (uint64_t b = begin; b < begin + n; b += elem) {
     StoreAs(t.dtype, t.Source(static_cast<int64_t>(b / elem)), out + (b - begin));
   }
@@ -259,7 +272,7 @@ absl::StatusOr<Fp8BlockSource> BlockScalesOf(
                      absl::StrJoin(want, ", "), "] (one scale per ", input.block_rows, " x ",
                      input.block_cols, " block)"));
   }
-  b.scales = reinterpret_cast<const float*>(it->second.first + s.begin);
+  b.scales = it->second.first + s.begin;
   return b;
 }
 
@@ -309,7 +322,9 @@ absl::StatusOr<QuantizeResult> Quantize(const QuantizeOptions& options) {
   RETURN_IF_ERROR(CheckDirs(options, in, out));
 
   ASSIGN_OR_RETURN(OrderedJson config, ReadJsonObject(in / "config.json"));
-  const std::string model_type = config.value("model_type", "");
+  const std::string model_type = config.contains("model_type") && config["model_type"].is_string()
+                                     ? config["model_type"].get<std::string>()
+                                     : "";
   if (!IsQuantizableModelType(model_type)) {
     return absl::InvalidArgumentError(absl::StrCat(
         (in / "config.json").string(), ": model_type \"", model_type,
@@ -326,11 +341,22 @@ absl::StatusOr<QuantizeResult> Quantize(const QuantizeOptions& options) {
   }
   // A block-scaled input's scales, wherever their weights' shards are.
   absl::flat_hash_map<std::string, std::pair<const uint8_t*, const SafetensorsEntry*>> scale_invs;
+  absl::flat_hash_set<std::string> fp8_weights;
   for (const InputShard& shard : shards) {
     for (const SafetensorsEntry& e : shard.entries) {
-      if (block_input.present && absl::EndsWith(e.name, "_scale_inv")) {
+      if (!block_input.present) continue;
+      if (absl::EndsWith(e.name, "_scale_inv"))
         scale_invs[e.name] = {shard.file->bytes().data(), &e};
-      }
+      if (e.dtype == "F8_E4M3") fp8_weights.insert(e.name);
+    }
+  }
+  // Scales are dropped with their weights' codes: one of another tensor would be lost.
+  for (const auto& [name, scales] : scale_invs) {
+    const std::string weight(absl::StripSuffix(name, "_scale_inv"));
+    if (!fp8_weights.contains(weight)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": block scales of ", weight,
+                       ", which is not an F8_E4M3 tensor of the checkpoint"));
     }
   }
 
@@ -447,7 +473,9 @@ absl::StatusOr<QuantizeResult> Quantize(const QuantizeOptions& options) {
     if (options.progress) {
       const double sec =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - shard_start).count();
-      StatusLine(absl::StrFormat("%s: %d tensors to FP8, %s in %.2f s", shard.name, fp8.size(),
+      const auto to_fp8 = std::count_if(items.begin(), items.end(),
+                                        [](const Item& item) { return item.kind == Kind::kCodes; });
+      StatusLine(absl::StrFormat("%s: %d tensors to FP8, %s in %.2f s", shard.name, to_fp8,
                                  Gb(shard_bytes), sec));
     }
     // Unmap: a checkpoint larger than memory stays streamed. A block-scaled input's shards stay

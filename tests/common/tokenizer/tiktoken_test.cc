@@ -152,7 +152,10 @@ TEST(TiktokenLoadTest, BadRankFilesNameTheLine) {
               {"m/tiktoken.model: line 257", "rank 5 is also the rank of line 6"});
   ExpectError(TiktokenError(ByteRanks("aA== 256\n")),
               {"line 257", "token \"aA==\" is also on line 105 (rank 104)"});
-  ExpectError(TiktokenError(ByteRanks("aGk= 300\n")), {"no token has rank 256"});
+  ExpectError(TiktokenError(ByteRanks("aGk= 257\n")), {"no token has rank 256"});
+  // A rank past the line count is refused before anything is sized for it.
+  ExpectError(TiktokenError(ByteRanks("aGk= 60000000\n")),
+              {"line 257", "rank \"60000000\"", "a rank per line"});
   std::string no_byte = ByteRanks();
   no_byte.erase(0, no_byte.find('\n') + 1);  // byte 0 gone: ranks 1..255
   ExpectError(TiktokenError(no_byte), {"no token has rank 0"});
