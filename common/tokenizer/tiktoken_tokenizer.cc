@@ -121,6 +121,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromTiktoken(absl::string_
   return tok;
 }
 
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromModelDirIfAny(const std::string& dir) {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded = FromModelDir(dir);
+  if (!loaded.ok() && absl::IsNotFound(loaded.status())) return nullptr;
+  return loaded;
+}
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromModelDir(const std::string& dir) {
   const std::filesystem::path root(dir);
   const std::string json_path = (root / "tokenizer.json").string();

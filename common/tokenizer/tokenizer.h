@@ -50,6 +50,8 @@ class Tokenizer {
   // both files, only when the directory has neither (a model without a tokenizer); a file
   // that exists but cannot be read is FailedPrecondition, a bad one InvalidArgument.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromModelDir(const std::string& dir);
+  // FromModelDir for a model that may have no tokenizer: null then, the other errors as they are.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromModelDirIfAny(const std::string& dir);
 
   // Loads a tokenizer.json.  Errors: NotFound when the file cannot be read, InvalidArgument
   // (naming the file and the offending value) when it is not valid JSON or uses something that

@@ -107,13 +107,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
                      options.kv.memory_mb, " MiB (kv_cache.memory_mb)"));
   }
   const ModelConfig& c = s->stack_->config();
-  if (absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
-          Tokenizer::FromModelDir(options.model_dir);
-      tokenizer.ok()) {
-    s->tokenizer_ = *std::move(tokenizer);
-  } else if (!absl::IsNotFound(tokenizer.status())) {
-    return tokenizer.status();
-  }
+  ASSIGN_OR_RETURN(s->tokenizer_, Tokenizer::FromModelDirIfAny(options.model_dir));
   s->grammar_ = CreateGrammarCompiler(s->tokenizer_.get(), c);
 
   // Channels an earlier router of this cluster made and was killed before its workers took.

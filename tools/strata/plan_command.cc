@@ -113,14 +113,8 @@ absl::StatusOr<PlanResult> MakePlan(const PlanOptions& options) {
                                                    " experts per layer"));
   }
   // Text lines need the tokenizer; a model without one can still plan from token ids.
-  std::unique_ptr<Tokenizer> tokenizer;
-  if (absl::StatusOr<std::unique_ptr<Tokenizer>> loaded =
-          Tokenizer::FromModelDir(options.engine.model_dir);
-      loaded.ok()) {
-    tokenizer = *std::move(loaded);
-  } else if (!absl::IsNotFound(loaded.status())) {
-    return loaded.status();
-  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
+                   Tokenizer::FromModelDirIfAny(options.engine.model_dir));
   ASSIGN_OR_RETURN(std::vector<CalibrationPrompt> prompts,
                    ReadCalibration(options.calibration_file, tokenizer.get()));
 

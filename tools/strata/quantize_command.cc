@@ -54,13 +54,8 @@ absl::StatusOr<CalibrationPerplexity> ComparePerplexity(const std::string& origi
                                                         int samples,
                                                         const LocalEngineOptions& engine) {
   if (samples < 1) return absl::InvalidArgumentError("--samples must be at least 1");
-  std::unique_ptr<Tokenizer> tokenizer;
-  if (absl::StatusOr<std::unique_ptr<Tokenizer>> loaded = Tokenizer::FromModelDir(original_dir);
-      loaded.ok()) {
-    tokenizer = *std::move(loaded);
-  } else if (!absl::IsNotFound(loaded.status())) {
-    return loaded.status();
-  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
+                   Tokenizer::FromModelDirIfAny(original_dir));
   ASSIGN_OR_RETURN(std::vector<CalibrationPrompt> prompts,
                    ReadCalibration(calibration_file, tokenizer.get()));
   if (static_cast<int>(prompts.size()) > samples) prompts.resize(samples);
@@ -219,14 +214,8 @@ absl::Status RunQuantizeCommand(const QuantizeCommandOptions& options, std::ostr
     json["calibration_tokens"] = ppl.tokens;
   }
   if (options.kv_scales) {
-    std::unique_ptr<Tokenizer> tokenizer;
-    if (absl::StatusOr<std::unique_ptr<Tokenizer>> loaded =
-            Tokenizer::FromModelDir(options.quantize.model_dir);
-        loaded.ok()) {
-      tokenizer = *std::move(loaded);
-    } else if (!absl::IsNotFound(loaded.status())) {
-      return loaded.status();
-    }
+    ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
+                     Tokenizer::FromModelDirIfAny(options.quantize.model_dir));
     ASSIGN_OR_RETURN(std::vector<CalibrationPrompt> read,
                      ReadCalibration(options.calibration_file, tokenizer.get()));
     if (static_cast<int>(read.size()) > options.samples) read.resize(options.samples);

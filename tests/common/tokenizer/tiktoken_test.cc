@@ -123,10 +123,16 @@ TEST(TiktokenLoadTest, MissingFilesAreNamed) {
   EXPECT_TRUE(absl::StrContains(none.message(), "tokenizer.json")) << none;
   EXPECT_TRUE(absl::StrContains(none.message(), "tiktoken.model")) << none;
   EXPECT_TRUE(absl::StrContains(none.message(), dir.path())) << none;
+  // A model without a tokenizer is no error to those that can do without one.
+  absl::StatusOr<std::unique_ptr<Tokenizer>> if_any = Tokenizer::FromModelDirIfAny(dir.path());
+  ASSERT_TRUE(if_any.ok()) << if_any.status();
+  EXPECT_EQ(*if_any, nullptr);
 
   WriteFile(dir.File("tiktoken.model"), ByteRanks());
   absl::Status no_config = Tokenizer::FromModelDir(dir.path()).status();
   EXPECT_EQ(no_config.code(), absl::StatusCode::kFailedPrecondition) << no_config;
+  EXPECT_EQ(Tokenizer::FromModelDirIfAny(dir.path()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(no_config.message(), dir.File("tokenizer_config.json")))
       << no_config;
 
